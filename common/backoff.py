@@ -1,0 +1,17 @@
+"""Pure retry policy: how long to wait before attempt N (no I/O here)."""
+
+from __future__ import annotations
+
+import random
+
+
+def compute_backoff(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
+
+    attempt counts from 0. Jitter spreads a fleet of consumers that saw the same outage,
+    so they do not all hit the endpoint again in the same instant.
+    """
+    if attempt < 0:
+        raise ValueError("attempt must be >= 0")
+    ceiling = min(cap, base * (2 ** min(attempt, 32)))
+    return (rng or random).uniform(0.0, ceiling)

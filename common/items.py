@@ -1,0 +1,105 @@
+"""Cut a normalised conversation into work items, and the keys that name them (pure).
+
+An item is a plain JSON-serialisable dict: ``key``, ``index`` (the record's index in the
+input), ``turn``, ``messages``, ``tools`` (only when the conversation has tools) and
+``note`` (only when something was cut). Its messages are the conversation's own dicts,
+shared, not copied: treat them as read-only.
+
+Modes, as ``--mode`` names them:
+
+- ``first``: the system messages before the first user turn, and that turn; turn 0.
+- ``last``: the original history up to and including the last user turn (original
+  assistant answers and tool turns kept); turn = number of user turns - 1.
+- ``each``: one item per user turn k: the original history before it, then that turn.
+- ``regenerate`` (the default): one item per conversation holding the system messages and
+  the user turns only; the consumer regenerates every assistant turn on the regenerated
+  history. Tool rule: the target cannot replay tool results it never asked for, so the
+  conversation is cut before the first assistant message with tool calls; the user turns
+  after it are dropped and the item carries ``"note": "stopped_at_tool_turn"``. A tool call
+  before any user turn leaves nothing to regenerate: ``tool_turn_first``. ``turn`` is None.
+
+The key hashes mode, messages and tools only, so identical items from different records
+share a key: that is how duplicates are found, and it is intended.
+"""
+
+from __future__ import annotations
+
+from hashlib import blake2b
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from common.rejects import Rejected
+
+if TYPE_CHECKING:
+    from common.convert import Conversation
+
+MODES: tuple[str, ...] = ("first", "last", "each", "regenerate")
+"""Multi-turn modes, ``regenerate`` being the default."""
+
+STOPPED_AT_TOOL_TURN = "stopped_at_tool_turn"
+
+_SORT = orjson.OPT_SORT_KEYS
+
+
+def item_key(mode: str, messages: Any, tools: Any) -> str:
+    """32 hex characters naming an item: blake2b-128 of its mode, messages and tools."""
+    data = orjson.dumps([mode, messages, tools], option=_SORT)
+    return blake2b(data, digest_size=16).hexdigest()
+
+
+def conversation_key(conv: Conversation) -> bytes:
+    """16-byte digest of a whole normalised conversation, to find duplicate records."""
+    data = orjson.dumps([conv.messages, conv.tools], option=_SORT)
+    return blake2b(data, digest_size=16).digest()
+
+
+def make_items(conv: Conversation, mode: str, index: int) -> list[dict[str, Any]]:
+    """Items for one conversation in ``mode``; raises Rejected("tool_turn_first")."""
+    msgs = conv.messages
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    if not users:
+        raise Rejected("no_user_turn")
+    if mode == "regenerate":
+        return [_regenerate(conv, index)]
+    if mode == "first":
+        first = users[0]
+        picked = [m for m in msgs[:first] if m["role"] == "system"]
+        picked.append(msgs[first])
+        return [_item(mode, index, 0, picked, conv.tools)]
+    if mode == "last":
+        return [_item(mode, index, len(users) - 1, list(msgs[: users[-1] + 1]), conv.tools)]
+    if mode == "each":
+        return [
+            _item(mode, index, k, list(msgs[: u + 1]), conv.tools) for k, u in enumerate(users)
+        ]
+    raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+def _regenerate(conv: Conversation, index: int) -> dict[str, Any]:
+    msgs = conv.messages
+    cut = next(
+        (i for i, m in enumerate(msgs) if m["role"] == "assistant" and "tool_calls" in m), None
+    )
+    kept = msgs if cut is None else msgs[:cut]
+    picked = [m for m in kept if m["role"] == "system" or m["role"] == "user"]
+    if not any(m["role"] == "user" for m in picked):
+        raise Rejected("tool_turn_first", "a tool call comes before any user turn")
+    item = _item("regenerate", index, None, picked, conv.tools)
+    if cut is not None:
+        item["note"] = STOPPED_AT_TOOL_TURN
+    return item
+
+
+def _item(
+    mode: str, index: int, turn: int | None, messages: list[dict[str, Any]], tools: Any
+) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "key": item_key(mode, messages, tools),
+        "index": index,
+        "turn": turn,
+        "messages": messages,
+    }
+    if tools is not None:
+        item["tools"] = tools
+    return item

@@ -1,0 +1,3 @@
+from consumer.cli import main
+
+main()

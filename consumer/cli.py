@@ -1,0 +1,79 @@
+"""`consumer`: run a consumer against one endpoint (one per GPU), or the stand-in vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from common import __version__, defaults
+from common.cli import friendly_errors, redis_option, setup_logging
+from common.errors import UserError
+from common.redisconn import connect
+from consumer.simulate import simulate_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="genqueue consumer")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+def main(verbose: int) -> None:
+    """Generate completions for genqueue runs, one consumer per GPU."""
+    setup_logging(verbose)
+
+
+@main.command("run")
+@click.option("--run", "run_name", help="Serve only this run (default: every open run the endpoint's model fits).")
+@click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
+@click.option("--gpu", type=click.IntRange(0, 1023), default=None,
+              help="Short for --endpoint http://127.0.0.1:<8000+N>/v1; also recorded in results.")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=defaults.CONCURRENCY, show_default=True,
+              help="Requests kept in flight against the endpoint.")
+@click.option("--burst", is_flag=True, help="Exit once the served runs are drained and nothing is in flight.")
+@click.option("--spool", default=None, help="Local spool directory (default: ./genqueue-spool/<gpu or port>).")
+@click.option("--lease", type=click.IntRange(2, 3600), default=defaults.LEASE_SECONDS, show_default=True,
+              help="Seconds a job's lease lasts without renewal; a dead consumer's jobs return after this.")
+@click.option("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT, show_default=True,
+              help="On SIGTERM, seconds in-flight requests get before their jobs go back to the queue.")
+@click.option("--request-timeout", type=float, default=1800.0, show_default=True,
+              help="Seconds to wait for one completion (a long reasoning trace can take many minutes).")
+@click.option("--max-attempts", type=click.IntRange(1, 100), default=6, show_default=True,
+              help="Attempts per request on 408/429/5xx/timeouts (an endpoint that is down does not count).")
+@click.option("--shard-max-bytes", type=click.IntRange(1), default=defaults.SHARD_MAX_BYTES, show_default=True)
+@click.option("--shard-max-age", type=float, default=defaults.SHARD_MAX_AGE, show_default=True,
+              help="Seconds before an open shard is sealed and shipped (its jobs are acked then).")
+@redis_option
+@friendly_errors
+def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: int, burst: bool,
+            spool: str | None, lease: int, drain_timeout: float, request_timeout: float, max_attempts: int,
+            shard_max_bytes: int, shard_max_age: float, redis_url: str) -> None:
+    """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
+    from common.settings import check_run_name
+    from consumer.worker import Consumer, ConsumerConfig
+
+    if endpoint is None and gpu is None:
+        raise UserError("give --endpoint URL or --gpu N")
+    if endpoint is None:
+        endpoint = f"http://127.0.0.1:{8000 + gpu}/v1"  # type: ignore[operator]
+    if run_name:
+        check_run_name(run_name)
+    if spool is None:
+        tag = f"gpu{gpu}" if gpu is not None else endpoint.rstrip("/").rsplit(":", 1)[-1].split("/")[0]
+        spool = f"./genqueue-spool/{tag}"
+    cfg = ConsumerConfig(endpoint=endpoint, redis_url=redis_url, run=run_name, concurrency=concurrency,
+                         burst=burst, spool=spool, lease=lease, gpu=gpu, drain_timeout=drain_timeout,
+                         request_timeout=request_timeout, max_attempts=max_attempts,
+                         shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age)
+    conn = connect(redis_url)
+    _run_loop(Consumer(cfg, conn).run())
+
+
+def _run_loop(coro: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
+main.add_command(simulate_command, "simulate")

@@ -1,0 +1,205 @@
+"""Every touch of rq's internals lives here (rq 3.0, pinned in pyproject.toml).
+
+`GenWorker` is an rq worker that holds many jobs at once (rq 3.0 executions), driven from
+the consumer's asyncio loop. Its methods are synchronous Redis work; the consumer calls them
+from one dedicated thread, so they never block the event loop and never run concurrently.
+tests/consumer/test_rqcompat.py is the contract test for the rq behaviour relied on here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.executions import Execution
+from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
+from rq.results import Result
+from rq.utils import now
+from rq.worker import BaseWorker, WorkerStatus
+
+from common.jobs import SERIALIZER, TASK
+
+log = logging.getLogger(__name__)
+
+
+class Held:
+    """A job this worker has started and not yet finished: its rq objects and lease."""
+
+    __slots__ = ("job", "queue", "execution")
+
+    def __init__(self, job: Job, queue: Queue, execution: Execution) -> None:
+        self.job = job
+        self.queue = queue
+        self.execution = execution
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+
+class ForeignJobError(Exception):
+    """A job on our queue that is not a genqueue job (another function, or not JSON)."""
+
+
+class GenWorker(BaseWorker):
+    """An rq worker whose jobs are run by genqueue's asyncio consumer, many at a time."""
+
+    def __init__(self, queues: list[Queue], conn: redis.Redis, *, lease: int, name: str | None = None) -> None:
+        # A fresh name per process start: a killed worker's name stays "busy" until its hash
+        # expires, and a restart must not collide with it.
+        name = name or f"gq-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        super().__init__(queues, name=name, connection=conn, serializer=SERIALIZER, worker_ttl=max(lease, 10))
+        self.lease = lease
+        self.log_result_lifespan = False
+        self.log_job_description = False
+
+    # rq sizes leases from the job timeout; ours are a consumer setting.
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        return self.lease
+
+    def set_queues(self, queues: list[Queue]) -> None:
+        """Serve QUEUES from now on (runs come and go while a consumer lives)."""
+        self.queues = queues
+        self._ordered_queues = queues[:]
+        self.connection.hset(self.key, "queues", ",".join(q.name for q in queues))
+
+    # --- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self.register_birth()
+        self.set_state(WorkerStatus.IDLE)
+
+    def stop(self) -> None:
+        self.register_death()
+
+    # --- dequeue -------------------------------------------------------------------
+    def dequeue(self, queue: Queue) -> tuple[Held | None, str | None]:
+        """Take the next job of QUEUE and start it. Returns (held, None), (None, None) when the
+        queue is empty, or (None, reason) when a foreign job was found and failed."""
+        result = Queue.dequeue_any([queue], None, connection=self.connection, serializer=self.serializer)
+        if result is None:
+            return None, None
+        job, q = result
+        if job.get_status(refresh=False) != JobStatus.QUEUED:
+            # Two sweeps can push one id twice; the second copy must not run it again.
+            q.intermediate_queue.remove(job.id)
+            return None, None
+        try:
+            func = job.func_name
+            _ = job.args
+        except Exception as e:  # a pickle or garbage: never unpickled, never run
+            reason = f"refused: undecodable job payload ({type(e).__name__}); genqueue jobs are JSON"
+            self._fail_foreign(q, job, reason)
+            return None, f"job {job.id}: {reason}"
+        if func != TASK:
+            reason = f"refused: job names {func!r}; genqueue runs only {TASK}"
+            self._fail_foreign(q, job, reason)
+            return None, f"job {job.id}: {reason}"
+        execution = self.prepare_execution(job)
+        self.prepare_job_execution(job, remove_from_intermediate_queue=True)
+        job.started_at = now()
+        return Held(job, q, execution), None
+
+    def _fail_foreign(self, queue: Queue, job: Job, reason: str) -> None:
+        log.warning("job %s on %s: %s", job.id, queue.name, reason)
+        with self.connection.pipeline() as p:
+            p.lrem(queue.intermediate_queue_key, 1, job.id)
+            job.set_status(JobStatus.FAILED, pipeline=p)
+            job._handle_failure(reason, pipeline=p, worker_name=self.name)
+            p.execute()
+
+    # --- leases --------------------------------------------------------------------
+    def renew(self, held: list[Held]) -> None:
+        """Extend the lease of every held job, and the worker's own heartbeat, in one round trip."""
+        with self.connection.pipeline() as p:
+            self.heartbeat(self.lease + 60, pipeline=p)
+            ts = now()
+            for h in held:
+                h.execution.heartbeat(h.queue.started_job_registry, self.lease, pipeline=p)
+                h.job.heartbeat(ts, self.lease, pipeline=p, xx=True)
+            p.execute()
+
+    def still_ours(self, held: Held) -> bool:
+        """Whether our execution of the job is still registered (a swept lease is not ours)."""
+        score = self.connection.zscore(held.queue.started_job_registry.key, held.execution.composite_key)
+        return score is not None
+
+    # --- endings -------------------------------------------------------------------
+    def finish(self, held: Held, manifest: dict[str, Any]) -> bool:
+        """Ack: move the job to rq's finished registry with a small manifest as its result.
+        Returns False (and does nothing) when the lease was lost to a sweep meanwhile."""
+        if not self.still_ours(held):
+            log.warning("job %s: lease lost before ack; leaving it to its new owner", held.id)
+            self.executions.pop(held.execution.id, None)
+            return False
+        job = held.job
+        job.ended_at = now()
+        job._result = manifest
+        job._status = JobStatus.FINISHED
+        self.handle_job_success(job, held.queue, held.queue.started_job_registry, held.execution)
+        self._idle_if_empty()
+        return True
+
+    def fail(self, held: Held, reason: str, *, retry: bool) -> None:
+        """The job failed as a whole; with retry it goes back to the queue while its budget lasts."""
+        job = held.job
+        job.ended_at = now()
+        if not retry:
+            job.retries_left = 0
+        self.handle_job_failure(job, held.queue, held.queue.started_job_registry, exc_string=reason,
+                                execution=held.execution)
+        self._idle_if_empty()
+
+    def give_back(self, held: Held) -> None:
+        """Put an unfinished job back at the front of its queue without spending a retry."""
+        job = held.job
+        with self.connection.pipeline() as p:
+            self.cleanup_execution(job, pipeline=p, execution=held.execution)
+            job.set_status(JobStatus.QUEUED, pipeline=p)
+            held.queue.push_job_id(job.id, pipeline=p, at_front=True)
+            p.execute()
+        self._idle_if_empty()
+
+    def _idle_if_empty(self) -> None:
+        if not self.executions:
+            self.set_state(WorkerStatus.IDLE)
+
+    # --- maintenance ---------------------------------------------------------------
+    def sweep(self, queue: Queue) -> int:
+        """Re-queue jobs whose lease expired (their consumer died). Returns how many were swept.
+
+        Holds the queue's maintenance lock (rq's key, with a short expiry so a sweeper killed
+        mid-sweep does not stall the next one for rq's 15 minutes): two sweeps never race.
+        """
+        if not self.connection.set(queue.registry_cleaning_key, self.name, nx=True, ex=max(self.lease, 10)):
+            return 0
+        try:
+            registry: StartedJobRegistry = queue.started_job_registry
+            expired = registry.get_expired_job_ids()
+            if expired:
+                log.warning("queue %s: %d abandoned job(s) past their lease; re-queueing", queue.name, len(expired))
+                registry.cleanup()
+            queue.intermediate_queue.cleanup(self, queue)
+            return len(expired)
+        finally:
+            self.connection.delete(queue.registry_cleaning_key)
+
+
+def job_result(job: Job) -> Any:
+    """The manifest a finished job returned (for tests and status)."""
+    res = Result.fetch_latest(job, serializer=SERIALIZER)
+    return res.return_value if res else None
+
+
+def job_failure(job: Job) -> str | None:
+    """Why a failed job failed, as rq recorded it."""
+    res = Result.fetch_latest(job, serializer=SERIALIZER)
+    return res.exc_string if res else None
+
+
+_ = timedelta

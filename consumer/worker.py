@@ -1,0 +1,471 @@
+"""The consumer: one asyncio loop per GPU that keeps its endpoint's queue full.
+
+Admission counts prompts, not jobs: `concurrency` items are in flight at all times, and a
+finished item's slot is refilled at once from whatever job has work left, so a job waiting
+on one slow prompt holds nothing back. A job is acked in rq only when every one of its
+results sits in a shipped shard. rq calls run in one dedicated thread (consumer.rqcompat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+import redis
+
+from common import defaults
+from common.backoff import compute_backoff
+from common.errors import ModelNotServedError, UserError
+from common.jobs import job_items, queue_for
+from common.runs import RunStore, run_key
+from consumer.client import EndpointClient, EndpointDown
+from consumer.generate import Gate, Generator, RunContext
+from consumer.rqcompat import GenWorker, Held
+from consumer.shards import LocalSink, SealedShard, ShardWriter, Sink, leftover_shards
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class ConsumerConfig:
+    """How one consumer runs. The recipe (model, sampling, mode, output) is the run's, not here."""
+
+    endpoint: str
+    redis_url: str
+    run: str | None = None
+    concurrency: int = defaults.CONCURRENCY
+    burst: bool = False
+    spool: str = "./genqueue-spool"
+    lease: int = defaults.LEASE_SECONDS
+    gpu: int | None = None
+    drain_timeout: float = defaults.DRAIN_TIMEOUT
+    request_timeout: float = 1800.0
+    max_attempts: int = 6
+    shard_max_bytes: int = defaults.SHARD_MAX_BYTES
+    shard_max_age: float = defaults.SHARD_MAX_AGE
+    poll_interval: float = 0.2
+    name: str | None = None
+
+
+@dataclass
+class JobState:
+    held: Held
+    ctx: RunContext
+    items: list[dict[str, Any]]
+    remaining: int
+    attempt: int
+    enqueued_at: float | None
+    started: float = field(default_factory=time.monotonic)
+    max_seq: int = 0
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def complete(self) -> bool:
+        return self.remaining == 0
+
+
+class Consumer:
+    """Pulls jobs of the runs it serves and turns them into shipped result shards."""
+
+    def __init__(self, cfg: ConsumerConfig, conn: redis.Redis, *, sink_for: Callable[[str], Sink] | None = None):
+        self.cfg = cfg
+        self.conn = conn
+        self.store = RunStore(conn)
+        self.worker = GenWorker([queue_for(cfg.run or "_idle", conn)], conn, lease=cfg.lease, name=cfg.name)
+        self._rq_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rq")
+        self._ship_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ship")
+        self._sink_for = sink_for or (lambda output: LocalSink(output))
+        self.jobs: dict[str, JobState] = {}
+        self.pending: collections.deque[tuple[JobState, dict[str, Any]]] = collections.deque()
+        self.writers: dict[str, ShardWriter] = {}
+        self.contexts: dict[str, RunContext] = {}
+        self.served_models: list[str] = []
+        self.in_flight = 0
+        self.stopping = False
+        self.hard_stop = False
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sem: asyncio.Semaphore | None = None
+        self._client: EndpointClient | None = None
+        self._gate: Gate | None = None
+        self._gen: Generator | None = None
+        self._queues_served: list[str] = []
+
+    # --- plumbing ------------------------------------------------------------------
+    async def _rq(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a synchronous rq/Redis call in the rq thread; retry while Redis is unreachable."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                return await loop.run_in_executor(self._rq_pool, fn, *args)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+                if self.hard_stop:
+                    raise
+                delay = compute_backoff(min(attempt, 5), base=0.5, cap=5.0)
+                log.warning("Redis unreachable (%s); retrying in %.1f s", type(e).__name__, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    def _consumer_info(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "gpu": self.cfg.gpu, "worker": self.worker.name,
+                "endpoint": self.cfg.endpoint}
+
+    # --- start ---------------------------------------------------------------------
+    async def _resolve_runs(self) -> list[str]:
+        """The runs this consumer may serve now, oldest first, with contexts ready."""
+        names = [self.cfg.run] if self.cfg.run else await self._rq(self.store.names)
+        usable = []
+        for name in names:
+            if name in self.contexts:
+                usable.append(name)
+                continue
+            info = await self._rq(self.store.get, name)
+            if info is None:
+                if self.cfg.run:
+                    raise UserError(f"no run named {name!r} in Redis")
+                continue
+            model = info.settings.model
+            if model is None:
+                model = self.served_models[0]
+            elif model not in self.served_models:
+                msg = (f"run {name!r} asks for model {model!r}, but {self.cfg.endpoint} serves "
+                       f"{', '.join(self.served_models) or 'nothing'}")
+                if self.cfg.run:
+                    raise ModelNotServedError(msg)
+                log.info("skipping %s", msg)
+                continue
+            self.contexts[name] = RunContext(name, info.settings, model, self._consumer_info())
+            usable.append(name)
+        return usable
+
+    async def _probe_models(self, client: EndpointClient) -> None:
+        try:
+            models = await client.models()
+        except EndpointDown as e:
+            raise UserError(f"endpoint {self.cfg.endpoint} is not reachable: {e}") from None
+        self.served_models = [m["id"] for m in models if "id" in m]
+        if not self.served_models:
+            raise UserError(f"endpoint {self.cfg.endpoint} serves no model (/v1/models is empty)")
+        log.info("endpoint %s serves %s", self.cfg.endpoint, ", ".join(self.served_models))
+
+    # --- main ----------------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until stopped (or, with burst, until the served runs are drained). Exit code."""
+        self._sem = asyncio.Semaphore(self.cfg.concurrency)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+                pass
+        async with EndpointClient(self.cfg.endpoint, request_timeout=self.cfg.request_timeout) as client:
+            self._client = client
+            self._gate = Gate(client)
+            self._gen = Generator(client, self._gate, max_attempts=self.cfg.max_attempts)
+            await self._probe_models(client)
+            await self._resolve_runs()
+            await self._rq(self.worker.start)
+            log.info("consumer %s started: endpoint %s, concurrency %d, runs %s", self.worker.name,
+                     self.cfg.endpoint, self.cfg.concurrency, self.cfg.run or "(all open)")
+            await self._ship_leftovers()
+            t0 = time.monotonic()
+            loops = [
+                asyncio.create_task(self._fetcher(), name="fetcher"),
+                asyncio.create_task(self._dispatcher(), name="dispatcher"),
+                asyncio.create_task(self._renewer(), name="renewer"),
+                asyncio.create_task(self._sealer(), name="sealer"),
+                asyncio.create_task(self._sweeper(), name="sweeper"),
+            ]
+            try:
+                await loops[0]  # the fetcher returns when it is time to stop
+                await self._drain()
+            finally:
+                for t in loops[1:]:
+                    t.cancel()
+                await asyncio.gather(*loops[1:], return_exceptions=True)
+                await self._rq(self.worker.stop)
+            elapsed = time.monotonic() - t0
+            log.warning(
+                "consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back, "
+                "%.1f items/s", self.worker.name, elapsed, self.stats["items"], self.stats["item_errors"],
+                self.stats["jobs_acked"], self.stats["jobs_given_back"],
+                self.stats["items"] / elapsed if elapsed > 0 else 0.0)
+        self._rq_pool.shutdown(wait=True)
+        self._ship_pool.shutdown(wait=True)
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stopping:
+            log.warning("second signal: stopping now")
+            self.hard_stop = True
+        else:
+            log.warning("signal %s: draining (in flight finishes, the rest goes back to the queue)",
+                        signal.Signals(sig).name)
+            self.stopping = True
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        """Begin a graceful drain, as SIGTERM does."""
+        self._on_signal(signal.SIGTERM)
+
+    # --- fetching ------------------------------------------------------------------
+    def _low_water(self) -> int:
+        return max(self.cfg.concurrency // 2, 8)
+
+    async def _fetcher(self) -> None:
+        idle_rounds = 0
+        last_resolve = 0.0
+        runs: list[str] = []
+        while not self.stopping:
+            if time.monotonic() - last_resolve > 5.0 or not runs:
+                runs = await self._resolve_runs()
+                self._serve(runs)
+                last_resolve = time.monotonic()
+            if len(self.pending) < self._low_water() and self._gate is not None and not self._gate.paused:
+                got = await self._fetch_one(runs)
+                if got:
+                    idle_rounds = 0
+                    continue
+                if self.cfg.burst and await self._drained(runs):
+                    log.info("burst: served runs drained; stopping")
+                    return
+                idle_rounds += 1
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+
+    def _serve(self, runs: list[str]) -> None:
+        names = [queue_for(r, self.conn).name for r in runs]
+        if names != self._queues_served:
+            self._queues_served = names
+            self.worker.set_queues([queue_for(r, self.conn) for r in runs] or [queue_for("_idle", self.conn)])
+
+    async def _fetch_one(self, runs: list[str]) -> bool:
+        for run in runs:
+            held, refused = await self._rq(self.worker.dequeue, queue_for(run, self.conn))
+            if refused:
+                log.warning("%s", refused)
+                self.stats["jobs_refused"] += 1
+                return True
+            if held is None:
+                continue
+            try:
+                items = job_items(held.job.args)
+            except ValueError as e:
+                await self._rq(self.worker.fail, held, f"refused: {e}", False)
+                return True
+            ctx = self.contexts[run]
+            retries_left = held.job.retries_left
+            attempt = 1 + (defaults.JOB_RETRIES - retries_left if retries_left is not None else 0)
+            enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
+            js = JobState(held, ctx, items, len(items), attempt, enq)
+            self.jobs[held.id] = js
+            if not items:
+                continue
+            self.pending.extend((js, it) for it in items)
+            self._wake.set()
+            return True
+        return False
+
+    async def _drained(self, runs: list[str]) -> bool:
+        if self.pending or self.in_flight or self.jobs:
+            return False
+
+        def check() -> bool:
+            # Raw ZCARD/LLEN: rq's registry.count would also sweep, outside the maintenance lock.
+            for run in runs:
+                q = queue_for(run, self.conn)
+                if self.conn.zcard(q.started_job_registry.key) or self.conn.llen(q.key):
+                    return False
+            return True
+
+        return await self._rq(check)
+
+    # --- dispatching ---------------------------------------------------------------
+    async def _dispatcher(self) -> None:
+        assert self._sem is not None and self._gate is not None
+        while True:
+            if not self.pending or self.stopping:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._sem.acquire()
+            await self._gate.up.wait()
+            if not self.pending or self.stopping:
+                self._sem.release()
+                continue
+            js, item = self.pending.popleft()
+            self.in_flight += 1
+            task = asyncio.create_task(self._run_item(js, item))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            if len(self.pending) < self._low_water():
+                self._wake.set()
+
+    async def _run_item(self, js: JobState, item: dict[str, Any]) -> None:
+        assert self._gen is not None and self._sem is not None
+        try:
+            rec = await self._gen.answer(js.ctx, item, attempt=js.attempt, enqueued_at=js.enqueued_at)
+        finally:
+            self._sem.release()
+            self.in_flight -= 1
+        writer = self._writer(js.ctx)
+        seq = writer.append(rec)
+        js.max_seq = max(js.max_seq, seq)
+        js.remaining -= 1
+        self.stats["items"] += 1
+        if "error" in rec:
+            js.counts["items_failed"] += 1
+            self.stats["item_errors"] += 1
+        else:
+            js.counts["items_done"] += 1
+            if rec.get("outcome") not in (None, "finished"):
+                js.counts["items_truncated"] += 1
+            usage = rec.get("usage") or {}
+            js.counts["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+            js.counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+        self._wake.set()
+
+    def _writer(self, ctx: RunContext) -> ShardWriter:
+        w = self.writers.get(ctx.run)
+        if w is None:
+            w = ShardWriter(self.cfg.spool, ctx.run, self.worker.name,
+                            max_bytes=self.cfg.shard_max_bytes, max_age=self.cfg.shard_max_age)
+            self.writers[ctx.run] = w
+        return w
+
+    # --- leases, sweeps ------------------------------------------------------------
+    async def _renewer(self) -> None:
+        interval = max(self.cfg.lease / 3.0, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            held = [js.held for js in self.jobs.values()]
+            await self._rq(self.worker.renew, held)
+
+    async def _sweeper(self) -> None:
+        interval = max(self.cfg.lease / 2.0, 1.0)
+        while True:
+            for run in list(self.contexts):
+                swept = await self._rq(self.worker.sweep, queue_for(run, self.conn))
+                if swept:
+                    self.stats["jobs_swept"] += swept
+                    self._wake.set()
+            await asyncio.sleep(interval)
+
+    # --- sealing, shipping, acking -------------------------------------------------
+    async def _sealer(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            await self._seal_due(force=False)
+
+    async def _seal_due(self, *, force: bool) -> None:
+        for run, writer in list(self.writers.items()):
+            if writer.records == 0:
+                continue
+            # Nothing left to wait for: seal now rather than hold acks for the age limit.
+            idle = not any(js.ctx.run == run and not js.complete for js in self.jobs.values())
+            if force or idle or writer.due():
+                shard = writer.seal()
+                if shard is not None:
+                    await self._ship(shard)
+                    await self._ack_shipped(run, shard.seq)
+
+    async def _ship(self, shard: SealedShard) -> None:
+        ctx = self.contexts.get(shard.run)
+        output = ctx.settings.output if ctx else None
+        if output is None:
+            info = await self._rq(self.store.get, shard.run)
+            if info is None:
+                log.error("shard %s belongs to unknown run %s; left in the spool", shard.path, shard.run)
+                return
+            output = info.settings.output
+        sink = self._sink_for(output)
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                dest = await loop.run_in_executor(self._ship_pool, sink.ship, shard)
+                break
+            except Exception as e:  # noqa: BLE001 - any storage failure waits and retries
+                if self.hard_stop:
+                    raise
+                delay = compute_backoff(min(attempt, 6), base=0.5, cap=15.0)
+                log.warning("shipping %s failed (%s: %s); retrying in %.1f s", shard.name, type(e).__name__, e,
+                            delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+        shard.path.unlink(missing_ok=True)
+        self.stats["shards"] += 1
+        log.info("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, dest)
+
+    async def _ack_shipped(self, run: str, shipped_seq: int) -> None:
+        ready = [js for js in self.jobs.values()
+                 if js.ctx.run == run and js.complete and js.max_seq <= shipped_seq]
+        for js in ready:
+            manifest = {"items": len(js.items), **{k: v for k, v in js.counts.items()},
+                        "shard_seq": js.max_seq, "worker": self.worker.name}
+            acked = await self._rq(self._ack, js, manifest)
+            del self.jobs[js.held.id]
+            if acked:
+                self.stats["jobs_acked"] += 1
+                log.info("job %s done: %d items in %.2f s", js.held.id, len(js.items), time.monotonic() - js.started)
+        if ready:
+            self._wake.set()
+
+    def _ack(self, js: JobState, manifest: dict[str, Any]) -> bool:
+        acked = self.worker.finish(js.held, manifest)
+        if acked and js.counts:
+            with self.conn.pipeline() as p:
+                for k, v in js.counts.items():
+                    p.hincrby(run_key(js.ctx.run, "stats"), k, v)
+                p.execute()
+        return acked
+
+    async def _ship_leftovers(self) -> None:
+        shards = await self._rq(leftover_shards, self.cfg.spool, self._is_dead)
+        for shard in shards:
+            log.warning("shipping %s left in the spool by an earlier consumer", shard.name)
+            await self._ship(shard)
+
+    def _is_dead(self, worker: str) -> bool:
+        """A worker is gone when rq has no live record of it or its heartbeat is stale
+        (a SIGKILLed worker's hash outlives it by its TTL)."""
+        if worker == self.worker.name:
+            return False
+        data = self.conn.hgetall(f"rq:worker:{worker}")
+        if not data or b"death" in data:
+            return True
+        beat = data.get(b"last_heartbeat")
+        if beat is None:
+            return True
+        from rq.utils import utcparse
+
+        age = time.time() - utcparse(beat.decode()).timestamp()
+        return age > 2 * self.cfg.lease
+
+    # --- stopping ------------------------------------------------------------------
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.cfg.drain_timeout
+        while self._tasks and not self.hard_stop and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self.pending.clear()
+        await self._seal_due(force=True)
+        for js in list(self.jobs.values()):
+            await self._rq(self.worker.give_back, js.held)
+            del self.jobs[js.held.id]
+            self.stats["jobs_given_back"] += 1

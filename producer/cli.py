@@ -1,0 +1,165 @@
+"""`producer`: enqueue a dataset as a run, show a run's status."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import click
+import orjson
+
+from common import __version__, defaults
+from common.cli import friendly_errors, redis_option, setup_logging
+from common.redisconn import connect
+from common.settings import MODES, RunSettings, Sampling, check_run_name, run_name_from_path
+from producer.enqueue import Summary, enqueue_file
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="genqueue producer")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+def main(verbose: int) -> None:
+    """Turn ShareGPT/OpenAI chat datasets into genqueue runs on Redis (rq queues)."""
+    setup_logging(verbose)
+
+
+@main.command()
+@click.argument("path")
+@click.option("--run", "run_name", help="Run name (default: the file's base name).")
+@click.option("--multi-turn", type=click.Choice(MODES), default=defaults.MULTI_TURN, show_default=True,
+              help="How multi-turn conversations become items (see README).")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=defaults.BATCH_SIZE, show_default=True,
+              help="Items per rq job.")
+@click.option("--model", help="Model to request (default: whatever the consumers' endpoints serve).")
+@click.option("--temperature", type=float, default=defaults.TEMPERATURE, show_default=True)
+@click.option("--top-p", type=float, default=defaults.TOP_P, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=defaults.MAX_TOKENS, show_default=True,
+              help="Completion budget per request (thinking included).")
+@click.option("--seed", type=int, default=None, help="Sampling seed sent with every request.")
+@click.option("--sampling-json", default=None,
+              help='Extra request fields as JSON, e.g. \'{"top_k": 20, "min_p": 0}\'.')
+@click.option("--max-prompt-chars", type=click.IntRange(1), default=defaults.MAX_PROMPT_CHARS, show_default=True,
+              help="Reject records whose text is longer (reason too_long).")
+@click.option("--max-record-bytes", type=click.IntRange(1), default=defaults.MAX_RECORD_BYTES, show_default=True,
+              help="Reject input records larger than this without reading them whole.")
+@click.option("--history-reasoning", type=click.Choice(["drop", "keep"]), default="drop", show_default=True,
+              help="regenerate: whether a turn's thinking goes back into the next turn's history.")
+@click.option("--truncation", type=click.Choice(["keep", "error", "retry"]), default="keep", show_default=True,
+              help="What an item cut by max_tokens becomes.")
+@click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT",
+              help="Where consumers put results: a directory, or s3://bucket/prefix.")
+@click.option("--rejects", "rejects_path", default=None,
+              help="Rejects file (default: <run>.rejects.jsonl in the current directory).")
+@click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@redis_option
+@friendly_errors
+def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
+            temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
+            max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
+            output: str, rejects_path: str | None, dry_run: bool, as_json: bool, redis_url: str) -> None:
+    """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it."""
+    run = check_run_name(run_name) if run_name else run_name_from_path(path)
+    extra = _parse_extra(sampling_json)
+    settings = RunSettings(
+        model=model,
+        multi_turn=multi_turn,
+        sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, extra=extra),
+        output=_absolute_output(output),
+        max_prompt_chars=max_prompt_chars,
+        history_reasoning=history_reasoning,
+        truncation=truncation,
+    )
+    conn = None if dry_run else connect(redis_url)
+    summary = enqueue_file(
+        path, run, settings, conn,
+        batch_size=batch_size,
+        rejects_path=rejects_path or f"{run}.rejects.jsonl",
+        max_record_bytes=max_record_bytes,
+        progress=_progress if sys.stderr.isatty() and not as_json else None,
+    )
+    if as_json:
+        click.echo(orjson.dumps(summary.to_dict()).decode())
+    else:
+        click.echo(format_summary(summary))
+
+
+@main.command()
+@click.option("--run", "run_name", help="Run to show (default: every run).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@redis_option
+@friendly_errors
+def status(run_name: str | None, as_json: bool, redis_url: str) -> None:
+    """What is queued, in flight, done, failed and rejected, per run."""
+    from producer.status import format_status, run_status
+
+    conn = connect(redis_url)
+    from common.runs import RunStore
+
+    store = RunStore(conn)
+    names = [check_run_name(run_name)] if run_name else store.names()
+    reports = [run_status(conn, name) for name in names]
+    if as_json:
+        out = reports[0] if run_name else {"runs": reports}
+        click.echo(orjson.dumps(out).decode())
+    elif not reports:
+        click.echo("no runs in Redis")
+    else:
+        click.echo("\n\n".join(format_status(r) for r in reports))
+
+
+def _parse_extra(raw: str | None) -> dict:
+    if not raw:
+        return {}
+    from common.errors import UserError
+
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise UserError(f"--sampling-json is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise UserError("--sampling-json must be a JSON object")
+    return value
+
+
+def _absolute_output(output: str) -> str:
+    import os
+
+    return output if "://" in output else os.path.abspath(output)
+
+
+def _progress(records: Iterator) -> Iterator:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.completed:,} records read"), TimeElapsedColumn(),
+                  transient=True) as bar:
+        task = bar.add_task("read", total=None)
+        n = 0
+        for rec in records:
+            yield rec
+            n += 1
+            if n % 1000 == 0:
+                bar.update(task, completed=n)
+
+
+def format_summary(s: Summary) -> str:
+    """The human summary table printed after an enqueue."""
+    rows = [
+        ("run", s.run + ("  (dry run: nothing written to Redis)" if s.dry_run else "")),
+        ("fingerprint", s.fingerprint),
+        ("records read", f"{s.records:,}"),
+        ("  enqueued", f"{s.enqueued:,}"),
+        ("  already enqueued", f"{s.already_enqueued:,}"),
+        ("  duplicates", f"{s.duplicates:,}"),
+        ("  rejected", f"{s.rejected:,}"),
+    ]
+    rows += [(f"    {reason}", f"{n:,}") for reason, n in s.rejected_by_reason.items()]
+    rows += [
+        ("items", f"{s.items:,}"),
+        ("jobs", f"{s.jobs:,}"),
+        ("time", f"{s.seconds:.1f} s"),
+    ]
+    if s.rejects_path:
+        rows.append(("rejects file", s.rejects_path))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

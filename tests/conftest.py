@@ -1,0 +1,112 @@
+"""Shared fixtures: a real redis-server on a free port, the stand-in vLLM, CLI helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server process of the tests' own, which tests may stop and start again."""
+
+    def __init__(self, workdir: Path, *, appendonly: bool = False, password: str | None = None) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.appendonly = appendonly
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not installed")
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+                "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--daemonize", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.025)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    redis.Redis.from_url(redis_server.url).flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def conn(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+def cli(name: str, *args: str, env: dict[str, str] | None = None, check: bool = True,
+        timeout: float = 120, input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a genqueue command as a user runs it (a subprocess of the installed script)."""
+    exe = BIN / name
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", name]
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([*cmd, *args], capture_output=True, timeout=timeout, env=full_env,
+                          input=input.decode() if input is not None else None, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def write_jsonl(path: Path, records: list[object]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def sharegpt(i: int, turns: int = 1, system: str | None = None) -> dict[str, object]:
+    conv: list[dict[str, str]] = []
+    for t in range(turns):
+        conv.append({"from": "human", "value": f"question {i} turn {t}: explain item {i * 7 + t}"})
+        conv.append({"from": "gpt", "value": f"old answer {i}.{t}"})
+    rec: dict[str, object] = {"id": f"r{i}", "conversations": conv}
+    if system is not None:
+        rec["system"] = system
+    return rec

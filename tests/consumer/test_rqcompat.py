@@ -1,0 +1,110 @@
+"""Contract tests for the rq 3.0 behaviour consumer/rqcompat.py relies on (real Redis)."""
+
+import time
+
+import pytest
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
+from rq.worker import Worker
+
+from common.jobs import SERIALIZER, TASK, queue_for
+from consumer.rqcompat import GenWorker, job_failure, job_result
+
+pytestmark = pytest.mark.integration
+
+
+def enqueue(conn, n=1, retries=3, run="r"):
+    q = queue_for(run, conn)
+    datas = [q.prepare_data(TASK, args=[[{"key": f"{i:032x}", "index": i, "messages": []}]],
+                            job_id=f"gq-{run}-{i}", retry=Retry(max=retries)) for i in range(n)]
+    return q, q.enqueue_many(datas)
+
+
+def test_many_jobs_held_at_once_and_finished(conn):
+    q, jobs = enqueue(conn, 3)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    held = [w.dequeue(q)[0] for _ in range(3)]
+    assert all(h is not None for h in held)
+    assert w.dequeue(q) == (None, None)
+    assert q.started_job_registry.count == 3
+    assert len(w.get_current_executions(refresh=True)) == 3
+    # rq's own view: the worker is registered and busy
+    workers = Worker.all(queue=q, connection=conn)
+    assert [x.name for x in workers] == [w.name]
+    w.renew(held)
+    assert w.finish(held[0], {"items": 1})
+    assert q.finished_job_registry.get_job_ids() == [held[0].id]
+    assert job_result(Job.fetch(held[0].id, connection=conn, serializer=SERIALIZER)) == {"items": 1}
+    w.stop()
+
+
+def test_give_back_goes_to_front_without_spending_a_retry(conn):
+    q, jobs = enqueue(conn, 2)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    h, _ = w.dequeue(q)
+    w.give_back(h)
+    assert q.job_ids[0] == h.id
+    job = Job.fetch(h.id, connection=conn, serializer=SERIALIZER)
+    assert job.get_status() == JobStatus.QUEUED and job.retries_left == 3
+    assert q.started_job_registry.count == 0
+
+
+def test_fail_with_and_without_retry(conn):
+    q, _ = enqueue(conn, 2)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    h1, _ = w.dequeue(q)
+    w.fail(h1, "boom", retry=True)
+    assert h1.id in q.job_ids
+    h2, _ = w.dequeue(q)
+    w.fail(h2, "bad job", retry=False)
+    assert h2.id in q.failed_job_registry.get_job_ids()
+
+
+def test_sweep_requeues_an_abandoned_lease_once(conn):
+    q, _ = enqueue(conn, 1)
+    dead = GenWorker([q], conn, lease=2)
+    dead.start()
+    h, _ = dead.dequeue(q)  # then the process "dies": no renewals
+    survivor = GenWorker([q], conn, lease=2)
+    survivor.start()
+    assert survivor.sweep(q) == 0  # lease still valid
+    time.sleep(2.3)
+    other = GenWorker([q], conn, lease=2)
+    # a second sweeper holding the lock at the same time does nothing
+    conn.set(q.registry_cleaning_key, "someone", ex=5)
+    assert other.sweep(q) == 0
+    conn.delete(q.registry_cleaning_key)
+    assert survivor.sweep(q) == 1
+    assert q.job_ids == [h.id]
+    assert Job.fetch(h.id, connection=conn, serializer=SERIALIZER).retries_left == 2
+    # the zombie's late ack is refused: the lease is no longer its own
+    assert dead.finish(h, {"items": 1}) is False
+    again, _ = survivor.dequeue(q)
+    assert again is not None and again.id == h.id
+
+
+def test_foreign_function_is_refused_never_run(conn, tmp_path):
+    q = queue_for("r", conn)
+    marker = tmp_path / "ran"
+    job = q.enqueue("os.system", f"touch {marker}")
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    held, reason = w.dequeue(q)
+    assert held is None and "os.system" in reason
+    assert not marker.exists()
+    assert job.id in q.failed_job_registry.get_job_ids()
+    assert "os.system" in job_failure(Job.fetch(job.id, connection=conn, serializer=SERIALIZER))
+
+
+def test_pickled_payload_is_refused(conn):
+    pq = Queue("genqueue.r", connection=conn)  # rq's default serializer: pickle
+    job = pq.enqueue("os.getcwd")
+    q = queue_for("r", conn)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    held, reason = w.dequeue(q)
+    assert held is None and "undecodable" in reason
+    assert job.id in q.failed_job_registry.get_job_ids()
