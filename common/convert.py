@@ -26,7 +26,8 @@ The rules, in the order a reader of a rejects file needs them:
   ``{"type": "function", "function": ...}``, the form vLLM accepts.
 - Empty system messages (top-level or in the list) are dropped; the top-level ``system``
   comes first. An empty user message, or an empty assistant message without tool calls,
-  rejects the record (``empty_message``).
+  rejects the record (``empty_message``), except an empty assistant message at the very
+  end, which dumps often carry (an unanswered last turn): it is dropped.
 - Merge rule: consecutive messages of the same role are merged into one, their texts joined
   with a blank line ("\\n\\n"). Assistant tool calls merge too (text then calls, or calls
   then more calls), but text after an assistant's tool calls starts a new message, and tool
@@ -144,6 +145,8 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
             has_user = True
         elif role == "assistant":
             if calls is None and not text.strip():
+                if i == len(raw) - 1:
+                    continue  # a dump's unanswered last turn: nothing of it is used
                 raise Rejected("empty_message", f"message {i} (assistant)")
         else:  # tool
             out.append({"role": "tool", "content": text, "tool_call_id": _answer(m, pending)})

@@ -28,7 +28,8 @@ from common.runs import RunStore, run_key
 from consumer.client import EndpointClient, EndpointDown
 from consumer.generate import Gate, Generator, RunContext
 from consumer.rqcompat import GenWorker, Held
-from consumer.shards import LocalSink, SealedShard, ShardWriter, Sink, leftover_shards
+from consumer.shards import SealedShard, ShardWriter, Sink, leftover_shards
+from consumer.sinks import make_sink
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,7 +83,8 @@ class Consumer:
         self.worker = GenWorker([queue_for(cfg.run or "_idle", conn)], conn, lease=cfg.lease, name=cfg.name)
         self._rq_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rq")
         self._ship_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ship")
-        self._sink_for = sink_for or (lambda output: LocalSink(output))
+        self._sink_for = sink_for or make_sink
+        self._sinks: dict[str, Sink] = {}
         self.jobs: dict[str, JobState] = {}
         self.pending: collections.deque[tuple[JobState, dict[str, Any]]] = collections.deque()
         self.writers: dict[str, ShardWriter] = {}
@@ -391,7 +393,9 @@ class Consumer:
                 log.error("shard %s belongs to unknown run %s; left in the spool", shard.path, shard.run)
                 return
             output = info.settings.output
-        sink = self._sink_for(output)
+        sink = self._sinks.get(output)
+        if sink is None:
+            sink = self._sinks[output] = self._sink_for(output)
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:

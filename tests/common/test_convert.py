@@ -227,7 +227,7 @@ def test_empty_tools_are_none(tools: object) -> None:
         ({"conversations": ["hi"]}, "missing_role"),
         (sg(("human", "  ")), "empty_message"),
         (sg(("human", None)), "empty_message"),
-        (sg(("human", "hi"), ("gpt", "")), "empty_message"),
+        (sg(("human", "hi"), ("gpt", ""), ("human", "again")), "empty_message"),
         (sg(("human", 5)), "non_text_message"),
         (sg(("human", {"text": "hi"})), "non_text_message"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "non_text_message"),
@@ -375,3 +375,10 @@ def test_conversation_key(three_turns: Conversation) -> None:
                                                 ("gpt", "a2"), ("human", "u3"), ("gpt", "a3"),
                                                 system="s", weight=3)))
     assert key != conversation_key(normalize(sg(("human", "u1"), ("gpt", "a1"))))
+
+
+def test_trailing_empty_assistant_turn_is_dropped_not_rejected():
+    from common.convert import normalize
+
+    conv = normalize({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]})
+    assert [m["role"] for m in conv.messages] == ["user"]
