@@ -48,3 +48,7 @@ SHARD_MAX_AGE = 10.0
 
 #: On SIGTERM, in-flight requests get this long to finish before their jobs go back to the queue.
 DRAIN_TIMEOUT = 60.0
+
+#: Past this many bytes of unshipped results on local disk (the store is down), a consumer
+#: pauses admission: it keeps its leases and waits for shards to ship.
+SPOOL_LIMIT = 2 * 1024**3

@@ -111,6 +111,10 @@ class ShardWriter:
     def records(self) -> int:
         return self._records
 
+    @property
+    def open_bytes(self) -> int:
+        return self._bytes
+
     def _name(self) -> str:
         return f"{self.worker}-{self.seq:06d}.jsonl"
 

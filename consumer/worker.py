@@ -28,7 +28,8 @@ from common.runs import RunStore, run_key
 from consumer.client import EndpointClient, EndpointDown
 from consumer.generate import Gate, Generator, RunContext
 from consumer.rqcompat import GenWorker, Held
-from consumer.shards import SealedShard, ShardWriter, Sink, leftover_shards
+from consumer.outbox import Outbox
+from consumer.shards import Sink, leftover_shards
 from consumer.sinks import make_sink
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class ConsumerConfig:
     shard_max_age: float = defaults.SHARD_MAX_AGE
     poll_interval: float = 0.2
     name: str | None = None
+    spool_limit: int = defaults.SPOOL_LIMIT
 
 
 @dataclass
@@ -82,12 +84,11 @@ class Consumer:
         self.store = RunStore(conn)
         self.worker = GenWorker([queue_for(cfg.run or "_idle", conn)], conn, lease=cfg.lease, name=cfg.name)
         self._rq_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rq")
-        self._ship_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ship")
-        self._sink_for = sink_for or make_sink
-        self._sinks: dict[str, Sink] = {}
+        self.outbox = Outbox(cfg.spool, self.worker.name, max_bytes=cfg.shard_max_bytes, max_age=cfg.shard_max_age,
+                             spool_limit=cfg.spool_limit, sink_for=sink_for or make_sink,
+                             output_of=self._output_of, on_shipped=self._ack_shipped)
         self.jobs: dict[str, JobState] = {}
         self.pending: collections.deque[tuple[JobState, dict[str, Any]]] = collections.deque()
-        self.writers: dict[str, ShardWriter] = {}
         self.contexts: dict[str, RunContext] = {}
         self.served_models: list[str] = []
         self.in_flight = 0
@@ -186,6 +187,7 @@ class Consumer:
                 asyncio.create_task(self._dispatcher(), name="dispatcher"),
                 asyncio.create_task(self._renewer(), name="renewer"),
                 asyncio.create_task(self._sealer(), name="sealer"),
+                asyncio.create_task(self.outbox.shipper(), name="shipper"),
                 asyncio.create_task(self._sweeper(), name="sweeper"),
             ]
             try:
@@ -203,13 +205,14 @@ class Consumer:
                 self.stats["jobs_acked"], self.stats["jobs_given_back"],
                 self.stats["items"] / elapsed if elapsed > 0 else 0.0)
         self._rq_pool.shutdown(wait=True)
-        self._ship_pool.shutdown(wait=True)
+        self.outbox.close()
         return 0
 
     def _on_signal(self, sig: int) -> None:
         if self.stopping:
             log.warning("second signal: stopping now")
             self.hard_stop = True
+            self.outbox.stopping_hard = True
         else:
             log.warning("signal %s: draining (in flight finishes, the rest goes back to the queue)",
                         signal.Signals(sig).name)
@@ -305,6 +308,8 @@ class Consumer:
                 continue
             await self._sem.acquire()
             await self._gate.up.wait()
+            if self.outbox.full():
+                await self._wait_for_spool()
             if not self.pending or self.stopping:
                 self._sem.release()
                 continue
@@ -323,8 +328,7 @@ class Consumer:
         finally:
             self._sem.release()
             self.in_flight -= 1
-        writer = self._writer(js.ctx)
-        seq = writer.append(rec)
+        seq = self.outbox.append(js.ctx.run, rec)
         js.max_seq = max(js.max_seq, seq)
         js.remaining -= 1
         self.stats["items"] += 1
@@ -340,13 +344,12 @@ class Consumer:
             js.counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
         self._wake.set()
 
-    def _writer(self, ctx: RunContext) -> ShardWriter:
-        w = self.writers.get(ctx.run)
-        if w is None:
-            w = ShardWriter(self.cfg.spool, ctx.run, self.worker.name,
-                            max_bytes=self.cfg.shard_max_bytes, max_age=self.cfg.shard_max_age)
-            self.writers[ctx.run] = w
-        return w
+    async def _wait_for_spool(self) -> None:
+        log.warning("local spool holds %d bytes (limit %d): pausing admission until shards ship",
+                    self.outbox.spool_bytes, self.cfg.spool_limit)
+        self.stats["spool_pauses"] += 1
+        while self.outbox.full() and not self.stopping:
+            await asyncio.sleep(0.2)
 
     # --- leases, sweeps ------------------------------------------------------------
     async def _renewer(self) -> None:
@@ -370,56 +373,27 @@ class Consumer:
     async def _sealer(self) -> None:
         while True:
             await asyncio.sleep(0.2)
-            await self._seal_due(force=False)
+            self.outbox.seal_due(self._idle_runs())
 
-    async def _seal_due(self, *, force: bool) -> None:
-        for run, writer in list(self.writers.items()):
-            if writer.records == 0:
-                continue
-            # Nothing left to wait for: seal now rather than hold acks for the age limit.
-            idle = not any(js.ctx.run == run and not js.complete for js in self.jobs.values())
-            if force or idle or writer.due():
-                shard = writer.seal()
-                if shard is not None:
-                    await self._ship(shard)
-                    await self._ack_shipped(run, shard.seq)
+    def _idle_runs(self) -> set[str]:
+        """Runs with nothing unfinished here: their open shards need not wait for the age limit."""
+        busy = {js.ctx.run for js in self.jobs.values() if not js.complete}
+        return set(self.outbox.writers) - busy
 
-    async def _ship(self, shard: SealedShard) -> None:
-        ctx = self.contexts.get(shard.run)
-        output = ctx.settings.output if ctx else None
-        if output is None:
-            info = await self._rq(self.store.get, shard.run)
-            if info is None:
-                log.error("shard %s belongs to unknown run %s; left in the spool", shard.path, shard.run)
-                return
-            output = info.settings.output
-        sink = self._sinks.get(output)
-        if sink is None:
-            sink = self._sinks[output] = self._sink_for(output)
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while True:
-            try:
-                dest = await loop.run_in_executor(self._ship_pool, sink.ship, shard)
-                break
-            except Exception as e:  # noqa: BLE001 - any storage failure waits and retries
-                if self.hard_stop:
-                    raise
-                delay = compute_backoff(min(attempt, 6), base=0.5, cap=15.0)
-                log.warning("shipping %s failed (%s: %s); retrying in %.1f s", shard.name, type(e).__name__, e,
-                            delay)
-                attempt += 1
-                await asyncio.sleep(delay)
-        shard.path.unlink(missing_ok=True)
-        self.stats["shards"] += 1
-        log.info("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, dest)
+    async def _output_of(self, run: str) -> str | None:
+        ctx = self.contexts.get(run)
+        if ctx is not None:
+            return ctx.settings.output
+        info = await self._rq(self.store.get, run)
+        return info.settings.output if info is not None else None
 
     async def _ack_shipped(self, run: str, shipped_seq: int) -> None:
+        """Ack every complete job of RUN whose last result is in a shard shipped by now."""
         ready = [js for js in self.jobs.values()
                  if js.ctx.run == run and js.complete and js.max_seq <= shipped_seq]
         for js in ready:
-            manifest = {"items": len(js.items), **{k: v for k, v in js.counts.items()},
-                        "shard_seq": js.max_seq, "worker": self.worker.name}
+            manifest = {"items": len(js.items), **dict(js.counts), "shard_seq": js.max_seq,
+                        "worker": self.worker.name}
             acked = await self._rq(self._ack, js, manifest)
             del self.jobs[js.held.id]
             if acked:
@@ -441,7 +415,7 @@ class Consumer:
         shards = await self._rq(leftover_shards, self.cfg.spool, self._is_dead)
         for shard in shards:
             log.warning("shipping %s left in the spool by an earlier consumer", shard.name)
-            await self._ship(shard)
+            self.outbox.enqueue(shard)
 
     def _is_dead(self, worker: str) -> bool:
         """A worker is gone when rq has no live record of it or its heartbeat is stale
@@ -468,7 +442,11 @@ class Consumer:
             t.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self.pending.clear()
-        await self._seal_due(force=True)
+        self.outbox.seal_due(set(), force=True)
+        left = 0.0 if self.hard_stop else max(deadline - time.monotonic(), 5.0)
+        if not await self.outbox.flush(left):
+            log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",
+                        len(self.outbox.queue), self.cfg.spool)
         for js in list(self.jobs.values()):
             await self._rq(self.worker.give_back, js.held)
             del self.jobs[js.held.id]

@@ -1,0 +1,220 @@
+"""Shipping sealed shards to S3 (or any S3-compatible store: SeaweedFS, MinIO, Ceph RGW).
+
+Object names mirror LocalSink: `<prefix>/<run>/shards/<worker>-<seq>.jsonl`, then its
+`<worker>-<seq>.manifest.json`. The manifest is written only after the shard was uploaded and
+verified, so a manifest's presence means its shard is complete.
+
+Credentials come from boto3's standard chain only (env, shared files, instance roles). An
+S3-compatible endpoint comes from `GENQUEUE_S3_ENDPOINT`, or from `AWS_ENDPOINT_URL` /
+`AWS_ENDPOINT_URL_S3`, which botocore reads itself; with a custom endpoint, path-style addressing
+is used (what self-hosted stores expect).
+
+Integrity: every upload carries `ChecksumAlgorithm=SHA256`, so the server checks each part as it
+arrives (SeaweedFS answers a mismatch with BadDigest), and the whole file's sha256 as object
+metadata. After the upload, a HEAD must show the right size and sha256, and the server's own
+checksum (whole-object, or COMPOSITE per part for a multipart upload) must match the file.
+
+`ship` raises on any failure; the consumer retries with backoff. A server that dies in the
+middle of a multipart upload leaves the upload open: `abort_stale_uploads` aborts those under
+the prefix; each sink runs it once, before its first upload (in the shipping thread, so a slow
+or absent server never blocks the consumer's event loop).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import boto3
+import orjson
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from s3transfer.utils import ChunksizeAdjuster
+
+from common.errors import GenqueueError, UserError
+from consumer.shards import SealedShard
+
+log = logging.getLogger(__name__)
+
+#: Shards above this size go up as multipart uploads, in parts of MULTIPART_CHUNKSIZE.
+MULTIPART_THRESHOLD = 16 * 1024 * 1024
+MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
+#: Parallel part uploads of one shard (a consumer ships at most two shards at once).
+MAX_CONCURRENCY = 4
+#: Open multipart uploads older than this are orphans (our object names are never resumed);
+#: env GENQUEUE_S3_ABORT_AFTER overrides it (seconds).
+STALE_UPLOAD_SECONDS = 3600.0
+#: Short timeouts and few botocore retries: the consumer retries a failed ship with backoff.
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 60.0
+BOTO_ATTEMPTS = 3
+
+ENDPOINT_ENV = "GENQUEUE_S3_ENDPOINT"
+ABORT_AFTER_ENV = "GENQUEUE_S3_ABORT_AFTER"
+
+
+class ShipVerifyError(GenqueueError):
+    """The object stored in S3 does not match the shard that was uploaded."""
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    """A bucket and a key prefix (no leading or trailing slash; may be empty)."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        """s3://bucket[/prefix] -> S3Location; raises UserError on anything else."""
+        if not url.startswith("s3://"):
+            raise UserError(f"not an S3 URL: {url!r} (expected s3://bucket/prefix)")
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not bucket:
+            raise UserError(f"S3 URL without a bucket: {url!r}")
+        return cls(bucket, prefix.strip("/"))
+
+    def key(self, *parts: str) -> str:
+        """The object key of PARTS under the prefix."""
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+
+def endpoint_url() -> str | None:
+    """The custom endpoint, if any: GENQUEUE_S3_ENDPOINT, else the AWS_ENDPOINT_URL variables."""
+    return (os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
+def make_client(*, connect_timeout: float = CONNECT_TIMEOUT, read_timeout: float = READ_TIMEOUT,
+                attempts: int = BOTO_ATTEMPTS) -> Any:
+    """A boto3 S3 client: standard credential chain, custom endpoint from the environment."""
+    endpoint = endpoint_url()
+    cfg = Config(connect_timeout=connect_timeout, read_timeout=read_timeout,
+                 retries={"total_max_attempts": attempts, "mode": "standard"},
+                 s3={"addressing_style": "path"} if endpoint else None)
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=cfg)
+
+
+def abort_stale_uploads(client: Any, loc: S3Location, older_than_s: float) -> int:
+    """Abort every open multipart upload under LOC's prefix started more than OLDER_THAN_S
+    seconds ago. Returns how many were aborted."""
+    cutoff = time.time() - older_than_s
+    prefix = loc.key() + "/" if loc.prefix else ""
+    aborted = 0
+    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=loc.bucket, Prefix=prefix):
+        for up in page.get("Uploads", []):
+            initiated: datetime = up["Initiated"]
+            if initiated.astimezone(timezone.utc).timestamp() > cutoff:
+                continue
+            client.abort_multipart_upload(Bucket=loc.bucket, Key=up["Key"], UploadId=up["UploadId"])
+            log.warning("aborted a stale multipart upload of %s (started %s)", loc.url(up["Key"]),
+                        initiated.isoformat())
+            aborted += 1
+    return aborted
+
+
+class S3Sink:
+    """Uploads sealed shards and their manifests to s3://bucket/prefix/<run>/shards/."""
+
+    def __init__(self, loc: S3Location, *, client: Any = None, multipart_threshold: int = MULTIPART_THRESHOLD,
+                 multipart_chunksize: int = MULTIPART_CHUNKSIZE, stale_after_s: float | None = None) -> None:
+        self.loc = loc
+        self._client = client
+        self._lock = threading.Lock()
+        self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
+                                       multipart_chunksize=multipart_chunksize,
+                                       max_concurrency=MAX_CONCURRENCY)
+        if stale_after_s is None:
+            stale_after_s = float(os.environ.get(ABORT_AFTER_ENV, STALE_UPLOAD_SECONDS))
+        self.stale_after_s = stale_after_s
+        self._swept = False
+        self._sweep_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> S3Sink:
+        """A sink for s3://bucket/prefix (the run's output setting)."""
+        return cls(S3Location.parse(url), **kwargs)
+
+    @property
+    def client(self) -> Any:
+        # Built on first use, in the shipping thread: creating a client costs ~0.1 s of CPU.
+        with self._lock:
+            if self._client is None:
+                self._client = make_client()
+            return self._client
+
+    def object_keys(self, shard: SealedShard) -> tuple[str, str]:
+        """The keys of SHARD's data object and of its manifest."""
+        base = shard.name.removesuffix(".jsonl")
+        return (self.loc.key(shard.run, "shards", shard.name),
+                self.loc.key(shard.run, "shards", base + ".manifest.json"))
+
+    def ship(self, shard: SealedShard) -> str:
+        """Upload SHARD, verify it, then write its manifest. Raises on any failure."""
+        self._sweep_once()
+        key, man_key = self.object_keys(shard)
+        client = self.client
+        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": "application/x-ndjson",
+                 "Metadata": {"sha256": shard.sha256, "records": str(shard.records)}}
+        t0 = time.monotonic()
+        client.upload_file(str(shard.path), self.loc.bucket, key, ExtraArgs=extra, Config=self.transfer)
+        self._verify(key, shard)
+        client.put_object(Bucket=self.loc.bucket, Key=man_key, Body=orjson.dumps(shard.manifest()),
+                          ChecksumAlgorithm="SHA256", ContentType="application/json")
+        log.debug("uploaded %s (%d bytes) in %.2f s", key, shard.bytes, time.monotonic() - t0)
+        return self.loc.url(key)
+
+    def _verify(self, key: str, shard: SealedShard) -> None:
+        head = self.client.head_object(Bucket=self.loc.bucket, Key=key, ChecksumMode="ENABLED")
+        size, meta = head.get("ContentLength"), head.get("Metadata", {})
+        if size != shard.bytes or meta.get("sha256") != shard.sha256:
+            raise ShipVerifyError(f"{self.loc.url(key)} holds {size} bytes, sha256 {meta.get('sha256')}; "
+                                  f"the shard has {shard.bytes} bytes, sha256 {shard.sha256}")
+        stored = head.get("ChecksumSHA256")
+        if stored:
+            expected = self._expected_checksum(shard, multipart="-" in stored)
+            if stored != expected:
+                raise ShipVerifyError(f"{self.loc.url(key)}: server checksum {stored} != {expected}")
+
+    def _expected_checksum(self, shard: SealedShard, *, multipart: bool) -> str:
+        """The SHA256 checksum S3 reports for the file: of the whole object, or (multipart) the
+        sha256 of the parts' digests with a -<parts> suffix. Also re-checks the spool file."""
+        whole = hashlib.sha256()
+        chunk = ChunksizeAdjuster().adjust_chunksize(self.transfer.multipart_chunksize, shard.bytes)
+        parts: list[bytes] = []
+        with open(shard.path, "rb") as fh:
+            while block := fh.read(chunk):
+                whole.update(block)
+                parts.append(hashlib.sha256(block).digest())
+        if whole.hexdigest() != shard.sha256:
+            raise ShipVerifyError(f"spool file {shard.path} changed since it was sealed")
+        if not multipart:
+            return base64.b64encode(whole.digest()).decode()
+        composite = hashlib.sha256(b"".join(parts)).digest()
+        return f"{base64.b64encode(composite).decode()}-{len(parts)}"
+
+    def _sweep_once(self) -> None:
+        with self._sweep_lock:
+            if self._swept:
+                return
+            try:
+                abort_stale_uploads(self.client, self.loc, self.stale_after_s)
+                self._swept = True
+            except ClientError as e:  # e.g. no permission to list uploads: do not ask again
+                self._swept = True
+                log.warning("could not abort stale multipart uploads under %s: %s",
+                            self.loc.url(self.loc.key()), e)
+            except Exception as e:  # noqa: BLE001 - server unreachable: the upload will say so; sweep next time
+                log.warning("could not list stale multipart uploads under %s (%s: %s)",
+                            self.loc.url(self.loc.key()), type(e).__name__, e)
