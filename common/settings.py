@@ -79,6 +79,7 @@ class RunSettings:
     max_prompt_chars: int = defaults.MAX_PROMPT_CHARS
     history_reasoning: str = "drop"
     truncation: str = "keep"
+    expect_reasoning: bool = False
 
     def __post_init__(self) -> None:
         if self.multi_turn not in MODES:

@@ -21,7 +21,8 @@ from common.backoff import compute_backoff
 from common.errors import PermanentError, TransientError
 from common.settings import RunSettings
 from consumer.client import EndpointClient, EndpointDown
-from consumer.completion import CUT_IN_ANSWER, CUT_IN_THINKING, Turn, parse_completion
+from consumer.checkpoints import Checkpoints
+from consumer.completion import FINISHED, Turn, parse_completion
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -35,6 +36,8 @@ class RunContext:
     settings: RunSettings
     model: str
     consumer: dict[str, Any]
+    max_model_len: int | None = None
+    reasoning_probe: str | None = None
     fingerprint: str = ""
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -80,16 +83,21 @@ class Gate:
 class Generator:
     """Sends an item's requests with retries; never raises for a request's failure."""
 
-    def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = 6) -> None:
+    def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = 6,
+                 checkpoints: Checkpoints | None = None) -> None:
         self.client = client
         self.gate = gate
         self.max_attempts = max_attempts
+        self.checkpoints = checkpoints
 
-    async def request(self, ctx: RunContext, messages: list[dict[str, Any]], tools: Any) -> Turn:
+    async def request(self, ctx: RunContext, messages: list[dict[str, Any]], tools: Any, *,
+                      max_tokens: int | None = None) -> Turn:
         """One completion. Transient trouble is retried with jittered backoff; while the
         endpoint is down the request waits without spending attempts. Raises PermanentError,
         or TransientError once the attempts are spent."""
         body: dict[str, Any] = {"model": ctx.model, "messages": messages, **ctx.params}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if tools:
             body["tools"] = tools
         attempt = 0
@@ -124,13 +132,27 @@ class Generator:
         }
         return rec
 
+    async def complete(self, ctx: RunContext, messages: list[dict[str, Any]],
+                       tools: Any) -> tuple[Turn, dict[str, Any] | None]:
+        """A completion under the run's truncation policy: with "retry", a cut answer is asked
+        again once with the largest budget the context leaves. Returns (turn, truncation note)."""
+        turn = await self.request(ctx, messages, tools)
+        if turn.outcome == FINISHED or ctx.settings.truncation != "retry":
+            return turn, None
+        budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), ctx.settings.sampling.max_tokens)
+        note: dict[str, Any] = {"policy": "retry", "first_outcome": turn.outcome, "retried": budget is not None}
+        if budget is None:
+            return turn, note
+        note["max_tokens"] = budget
+        return await self.request(ctx, messages, tools, max_tokens=budget), note
+
     async def _single(self, ctx: RunContext, item: dict[str, Any]) -> dict[str, Any]:
         messages = item["messages"]
         try:
-            turn = await self.request(ctx, messages, item.get("tools"))
+            turn, note = await self.complete(ctx, messages, item.get("tools"))
         except (PermanentError, TransientError) as e:
             return _error_fields(e, messages)
-        return {
+        rec = {
             "messages": messages,
             "content": turn.content,
             "reasoning": turn.reasoning,
@@ -141,63 +163,103 @@ class Generator:
             "usage": turn.usage,
             "model": turn.model or ctx.model,
         }
+        if note is not None:
+            rec["truncation"] = note
+        if turn.outcome != FINISHED and ctx.settings.truncation == "error":
+            return _truncated_error(rec)
+        return rec
 
     async def _regenerate(self, ctx: RunContext, item: dict[str, Any]) -> dict[str, Any]:
         source = item["messages"]
+        total_user_turns = sum(1 for m in source if m["role"] == "user")
         history: list[dict[str, Any]] = []
         turns: list[dict[str, Any]] = []
+        pos = 0
+        state = await self.checkpoints.load(ctx.run, item["key"]) if self.checkpoints and total_user_turns > 1 else None
+        if state is not None:
+            history, turns, pos = state["history"], state["turns"], state["pos"]
         stopped: dict[str, Any] | None = None
-        last: Turn | None = None
-        user_turn = 0
-        for msg in source:
+        resumed_at = len(turns) if state is not None else None
+        while pos < len(source):
+            msg = source[pos]
+            pos += 1
             history.append(msg)
             if msg["role"] != "user":
                 continue
+            user_turn = len(turns)
             try:
-                turn = await self.request(ctx, list(history), item.get("tools"))
+                turn, note = await self.complete(ctx, list(history), item.get("tools"))
             except (PermanentError, TransientError) as e:
                 if not turns:
                     return _error_fields(e, list(history))
                 history.pop()
                 stopped = {"turn": user_turn, "reason": "error", "error": _error_fields(e, [])["error"]}
                 break
-            last = turn
-            turns.append({
-                "turn": user_turn,
-                "content": turn.content,
-                "reasoning": turn.reasoning,
-                "finish_reason": turn.finish_reason,
-                "outcome": turn.outcome,
-                "usage": turn.usage,
-            })
-            history.append(_assistant_message(turn, ctx.settings.history_reasoning))
-            user_turn += 1
-            if turn.outcome in (CUT_IN_THINKING, CUT_IN_ANSWER):
-                stopped = {"turn": user_turn - 1, "reason": turn.outcome}
+            entry = {"turn": user_turn, "content": turn.content, "reasoning": turn.reasoning,
+                     "reasoning_form": turn.reasoning_form, "finish_reason": turn.finish_reason,
+                     "outcome": turn.outcome, "usage": turn.usage, "model": turn.model or ctx.model}
+            if note is not None:
+                entry["truncation"] = note
+            if turn.outcome != FINISHED:
+                if ctx.settings.truncation == "error":
+                    if not turns:
+                        return _truncated_error({"messages": list(history), **entry})
+                    history.pop()
+                    stopped = {"turn": user_turn, "reason": turn.outcome, "dropped": True}
+                    break
+                turns.append(entry)
+                history.append(_assistant_message(turn, ctx.settings.history_reasoning))
+                stopped = {"turn": user_turn, "reason": turn.outcome}
                 break
-        if last is None:  # the producer never sends such an item; a hand-made job might
+            turns.append(entry)
+            history.append(_assistant_message(turn, ctx.settings.history_reasoning))
+            if self.checkpoints is not None and len(turns) < total_user_turns:
+                await self.checkpoints.save(ctx.run, item["key"], {"history": history, "turns": turns, "pos": pos})
+        if not turns:  # the producer never sends such an item; a hand-made job might
             return _error_fields(PermanentError("item has no user turn"), source)
-        total_user_turns = sum(1 for m in source if m["role"] == "user")
-        usage = _sum_usage(t["usage"] for t in turns)
+        last = turns[-1]
         rec: dict[str, Any] = {
             "messages": history,
             "turns": turns,
-            "content": last.content,
-            "reasoning": last.reasoning,
-            "reasoning_form": last.reasoning_form,
-            "tool_calls": last.tool_calls,
-            "finish_reason": last.finish_reason,
-            "outcome": last.outcome,
-            "usage": usage,
-            "model": last.model or ctx.model,
+            "content": last["content"],
+            "reasoning": last["reasoning"],
+            "reasoning_form": last["reasoning_form"],
+            "tool_calls": history[-1].get("tool_calls", []) if history[-1]["role"] == "assistant" else [],
+            "finish_reason": last["finish_reason"],
+            "outcome": last["outcome"],
+            "usage": _sum_usage(t["usage"] for t in turns),
+            "model": last["model"],
             "history_reasoning": ctx.settings.history_reasoning,
             "turns_total": total_user_turns,
         }
         if stopped is not None:
             rec["stopped"] = stopped
+        if "truncation" in last:
+            rec["truncation"] = last["truncation"]
+        if resumed_at is not None:
+            rec["resumed_at_turn"] = resumed_at
         if item.get("note"):
             rec["note"] = item["note"]
         return rec
+
+
+def retry_budget(max_model_len: int | None, prompt_tokens: int | None, max_tokens: int) -> int | None:
+    """The larger completion budget for a truncation retry: what the context leaves after the
+    prompt. None when it is unknown or no larger than the budget that was cut."""
+    if not max_model_len or not prompt_tokens:
+        return None
+    budget = max_model_len - prompt_tokens
+    return budget if budget > max_tokens else None
+
+
+def _truncated_error(rec: dict[str, Any]) -> dict[str, Any]:
+    outcome = rec.get("outcome")
+    return {
+        "messages": rec["messages"],
+        "partial": {k: rec.get(k) for k in ("content", "reasoning", "finish_reason", "usage")},
+        "error": {"class": "truncated", "type": outcome, "status": None,
+                  "message": f"the completion was cut by max_tokens ({outcome}); the run's truncation policy is error"},
+    }
 
 
 def _assistant_message(turn: Turn, history_reasoning: str) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from common.backoff import compute_backoff
 from common.errors import ModelNotServedError, UserError
 from common.jobs import job_items, queue_for
 from common.runs import RunStore, run_key
+from consumer.checkpoints import Checkpoints
+from consumer.checkpoints import clear as clear_checkpoints
 from consumer.client import EndpointClient, EndpointDown
 from consumer.generate import Gate, Generator, RunContext
 from consumer.rqcompat import GenWorker, Held
@@ -91,6 +93,8 @@ class Consumer:
         self.pending: collections.deque[tuple[JobState, dict[str, Any]]] = collections.deque()
         self.contexts: dict[str, RunContext] = {}
         self.served_models: list[str] = []
+        self.model_lens: dict[str, int | None] = {}
+        self.checkpoints: Checkpoints | None = None
         self.in_flight = 0
         self.stopping = False
         self.hard_stop = False
@@ -147,7 +151,9 @@ class Consumer:
                     raise ModelNotServedError(msg)
                 log.info("skipping %s", msg)
                 continue
-            self.contexts[name] = RunContext(name, info.settings, model, self._consumer_info())
+            ctx = RunContext(name, info.settings, model, self._consumer_info(), max_model_len=self.model_lens.get(model))
+            await self._probe(ctx)
+            self.contexts[name] = ctx
             usable.append(name)
         return usable
 
@@ -157,6 +163,7 @@ class Consumer:
         except EndpointDown as e:
             raise UserError(f"endpoint {self.cfg.endpoint} is not reachable: {e}") from None
         self.served_models = [m["id"] for m in models if "id" in m]
+        self.model_lens = {m["id"]: m.get("max_model_len") for m in models if "id" in m}
         if not self.served_models:
             raise UserError(f"endpoint {self.cfg.endpoint} serves no model (/v1/models is empty)")
         log.info("endpoint %s serves %s", self.cfg.endpoint, ", ".join(self.served_models))
@@ -174,7 +181,9 @@ class Consumer:
         async with EndpointClient(self.cfg.endpoint, request_timeout=self.cfg.request_timeout) as client:
             self._client = client
             self._gate = Gate(client)
-            self._gen = Generator(client, self._gate, max_attempts=self.cfg.max_attempts)
+            self.checkpoints = Checkpoints(self.cfg.redis_url)
+            self._gen = Generator(client, self._gate, max_attempts=self.cfg.max_attempts,
+                                  checkpoints=self.checkpoints)
             await self._probe_models(client)
             await self._resolve_runs()
             await self._rq(self.worker.start)
@@ -206,6 +215,8 @@ class Consumer:
                 self.stats["items"] / elapsed if elapsed > 0 else 0.0)
         self._rq_pool.shutdown(wait=True)
         self.outbox.close()
+        if self.checkpoints is not None:
+            await self.checkpoints.close()
         return 0
 
     def _on_signal(self, sig: int) -> None:
@@ -334,9 +345,11 @@ class Consumer:
         self.stats["items"] += 1
         if "error" in rec:
             js.counts["items_failed"] += 1
+            js.counts[f"failed_{rec['error']['class']}"] += 1
             self.stats["item_errors"] += 1
         else:
             js.counts["items_done"] += 1
+            js.counts[f"outcome_{rec.get('outcome')}"] += 1
             if rec.get("outcome") not in (None, "finished"):
                 js.counts["items_truncated"] += 1
             usage = rec.get("usage") or {}
@@ -404,12 +417,34 @@ class Consumer:
 
     def _ack(self, js: JobState, manifest: dict[str, Any]) -> bool:
         acked = self.worker.finish(js.held, manifest)
-        if acked and js.counts:
+        if acked:
             with self.conn.pipeline() as p:
                 for k, v in js.counts.items():
                     p.hincrby(run_key(js.ctx.run, "stats"), k, v)
+                if js.ctx.settings.multi_turn == "regenerate":
+                    multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1]
+                    clear_checkpoints(p, js.ctx.run, multi)
                 p.execute()
         return acked
+
+    async def _probe(self, ctx: RunContext) -> None:
+        """One request at start, to learn and record how this server returns thinking; a run
+        that expects thinking from a server that returns none is reported loudly."""
+        assert self._gen is not None
+        messages = [{"role": "user", "content": "What is 2 + 2? Think it through briefly."}]
+        try:
+            turn = await self._gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens))
+        except Exception as e:  # noqa: BLE001 - the probe never stops a consumer
+            log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
+            return
+        ctx.reasoning_probe = turn.reasoning_form
+        log.info("run %s: the server returns thinking as %s", ctx.run, turn.reasoning_form)
+        if turn.reasoning_form == "none" and ctx.settings.expect_reasoning:
+            msg = (f"run {ctx.run} expects thinking, but {self.cfg.endpoint} returned none in the probe "
+                   "(no message.reasoning, no reasoning_content, no <think> block): is the model a thinking "
+                   "model, and is thinking enabled in its chat template?")
+            log.error("%s", msg)
+            await self._rq(self.conn.hset, run_key(ctx.run, "warnings"), self.worker.name, msg)
 
     async def _ship_leftovers(self) -> None:
         shards = await self._rq(leftover_shards, self.cfg.spool, self._is_dead)

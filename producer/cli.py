@@ -46,6 +46,8 @@ def main(verbose: int) -> None:
               help="regenerate: whether a turn's thinking goes back into the next turn's history.")
 @click.option("--truncation", type=click.Choice(["keep", "error", "retry"]), default="keep", show_default=True,
               help="What an item cut by max_tokens becomes.")
+@click.option("--expect-reasoning", is_flag=True,
+              help="The model thinks: consumers warn loudly if their server returns no thinking.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT",
               help="Where consumers put results: a directory, or s3://bucket/prefix.")
 @click.option("--rejects", "rejects_path", default=None,
@@ -57,7 +59,7 @@ def main(verbose: int) -> None:
 def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
-            output: str, rejects_path: str | None, dry_run: bool, as_json: bool, redis_url: str) -> None:
+            expect_reasoning: bool, output: str, rejects_path: str | None, dry_run: bool, as_json: bool, redis_url: str) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it."""
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
     extra = _parse_extra(sampling_json)
@@ -69,6 +71,7 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
         max_prompt_chars=max_prompt_chars,
         history_reasoning=history_reasoning,
         truncation=truncation,
+        expect_reasoning=expect_reasoning,
     )
     conn = None if dry_run else connect(redis_url)
     summary = enqueue_file(

@@ -7,7 +7,7 @@ from typing import Any
 import redis
 
 from common.jobs import queue_for
-from common.runs import RunStore
+from common.runs import RunStore, run_key
 
 
 def run_status(conn: redis.Redis, run: str) -> dict[str, Any]:
@@ -36,6 +36,9 @@ def run_status(conn: redis.Redis, run: str) -> dict[str, Any]:
         "items_failed": stats.get("items_failed", 0),
         "items_truncated": stats.get("items_truncated", 0),
         "completion_tokens": stats.get("completion_tokens", 0),
+        "outcomes": {k[len("outcome_"):]: v for k, v in sorted(stats.items()) if k.startswith("outcome_")},
+        "failed_by_class": {k[len("failed_"):]: v for k, v in sorted(stats.items()) if k.startswith("failed_")},
+        "warnings": {k.decode(): v.decode() for k, v in conn.hgetall(run_key(run, "warnings")).items()},
         "prompt_tokens": stats.get("prompt_tokens", 0),
         # Raw counts: rq's registry.count also cleans the registry, which a status read must not do.
         "jobs": {
@@ -65,6 +68,11 @@ def format_status(r: dict[str, Any]) -> str:
                  f"finished {jobs['finished']:,}, failed {jobs['failed']:,}"),
         ("tokens", f"prompt {r['prompt_tokens']:,}, completion {r['completion_tokens']:,}"),
     ]
+    if r["outcomes"]:
+        rows.append(("outcomes", ", ".join(f"{k} {v:,}" for k, v in r["outcomes"].items())))
+    if r["failed_by_class"]:
+        rows.append(("failed by class", ", ".join(f"{k} {v:,}" for k, v in r["failed_by_class"].items())))
     rows += [(f"  rejected: {k}", f"{v:,}") for k, v in r["rejected_by_reason"].items()]
+    rows += [("WARNING", msg) for msg in sorted(set(r["warnings"].values()))]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -176,3 +176,17 @@ def test_refuses_a_model_the_endpoint_does_not_serve(tmp_path, redis_url):
         sim.stop()
     out = c.output()
     assert "llama-405b" in out and "sim-model" in out and "Traceback" not in out
+
+
+def test_a_thinking_run_on_a_server_without_thinking_is_reported(tmp_path, redis_url, conn):
+    sim = Sim(tmp_path, "--reasoning", "none", "--mean-tokens", "10")
+    try:
+        enqueue(tmp_path, redis_url, "nothink", [sharegpt(i) for i in range(5)], "--expect-reasoning")
+        c = consumer(tmp_path, redis_url, sim, "nothink", "--burst", name="c")
+        assert c.wait(30) == 0, c.output()
+    finally:
+        sim.stop()
+    assert "expects thinking" in c.output()
+    st = cli("producer", "status", "--run", "nothink", env={"REDIS_URL": redis_url}).stdout
+    assert "WARNING" in st and "expects thinking" in st
+    assert "outcomes" in st and "finished 5" in st
