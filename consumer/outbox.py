@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,6 +44,7 @@ class Outbox:
         self.shipping = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
+        self.last_upload_at: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ship")
         self._kick = asyncio.Event()
         self.stopping_hard = False
@@ -122,6 +124,7 @@ class Outbox:
                 await asyncio.sleep(delay)
         shard.path.unlink(missing_ok=True)
         self.last_error = None
+        self.last_upload_at = time.time()
         self.stats["shards"] += 1
         self.stats["bytes"] += shard.bytes
         log.info("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, dest)

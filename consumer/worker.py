@@ -33,6 +33,7 @@ from consumer.rqcompat import GenWorker, Held
 from consumer.outbox import Outbox
 from consumer.shards import Sink, leftover_shards
 from consumer.sinks import make_sink
+from consumer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,6 +59,8 @@ class ConsumerConfig:
     poll_interval: float = 0.2
     name: str | None = None
     spool_limit: int = defaults.SPOOL_LIMIT
+    metrics_port: int | None = None
+    telemetry_interval: float = 2.0
 
 
 @dataclass
@@ -106,6 +109,20 @@ class Consumer:
         self._gate: Gate | None = None
         self._gen: Generator | None = None
         self._queues_served: list[str] = []
+        self.host = socket.gethostname()
+        self.telemetry = Telemetry(self, interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port)
+
+    @property
+    def client(self) -> EndpointClient | None:
+        return self._client
+
+    @property
+    def gate_paused(self) -> bool:
+        return self._gate is not None and self._gate.paused
+
+    async def rq_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a synchronous Redis call in the rq thread (for telemetry and other helpers)."""
+        return await self._rq(fn, *args)
 
     # --- plumbing ------------------------------------------------------------------
     async def _rq(self, fn: Callable[..., T], *args: Any) -> T:
@@ -187,6 +204,7 @@ class Consumer:
             await self._probe_models(client)
             await self._resolve_runs()
             await self._rq(self.worker.start)
+            self.telemetry.start_metrics_server()
             log.info("consumer %s started: endpoint %s, concurrency %d, runs %s", self.worker.name,
                      self.cfg.endpoint, self.cfg.concurrency, self.cfg.run or "(all open)")
             await self._ship_leftovers()
@@ -197,6 +215,7 @@ class Consumer:
                 asyncio.create_task(self._renewer(), name="renewer"),
                 asyncio.create_task(self._sealer(), name="sealer"),
                 asyncio.create_task(self.outbox.shipper(), name="shipper"),
+                asyncio.create_task(self.telemetry.loop(), name="telemetry"),
                 asyncio.create_task(self._sweeper(), name="sweeper"),
             ]
             try:
@@ -206,6 +225,7 @@ class Consumer:
                 for t in loops[1:]:
                     t.cancel()
                 await asyncio.gather(*loops[1:], return_exceptions=True)
+                await self.telemetry.publish()
                 await self._rq(self.worker.stop)
             elapsed = time.monotonic() - t0
             log.warning(
@@ -340,6 +360,7 @@ class Consumer:
             self._sem.release()
             self.in_flight -= 1
         seq = self.outbox.append(js.ctx.run, rec)
+        self.telemetry.record(js.ctx.run, rec)
         js.max_seq = max(js.max_seq, seq)
         js.remaining -= 1
         self.stats["items"] += 1
@@ -421,6 +442,8 @@ class Consumer:
             with self.conn.pipeline() as p:
                 for k, v in js.counts.items():
                     p.hincrby(run_key(js.ctx.run, "stats"), k, v)
+                p.hsetnx(run_key(js.ctx.run), "started_at", repr(js.held.job.started_at.timestamp()
+                                                                 if js.held.job.started_at else time.time()))
                 if js.ctx.settings.multi_turn == "regenerate":
                     multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1]
                     clear_checkpoints(p, js.ctx.run, multi)

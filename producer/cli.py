@@ -89,26 +89,38 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
 
 @main.command()
 @click.option("--run", "run_name", help="Run to show (default: every run).")
+@click.option("--watch", is_flag=True, help="Redraw in place every --interval seconds (Ctrl-C to leave).")
+@click.option("--interval", type=click.FloatRange(0.5), default=2.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @redis_option
 @friendly_errors
-def status(run_name: str | None, as_json: bool, redis_url: str) -> None:
-    """What is queued, in flight, done, failed and rejected, per run."""
+def status(run_name: str | None, watch: bool, interval: float, as_json: bool, redis_url: str) -> None:
+    """Coverage, speed, ETA, consumers, shipping and engines, per run."""
+    from common.runs import RunStore
     from producer.status import format_status, run_status
 
     conn = connect(redis_url)
-    from common.runs import RunStore
+    names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
 
-    store = RunStore(conn)
-    names = [check_run_name(run_name)] if run_name else store.names()
-    reports = [run_status(conn, name) for name in names]
+    def render() -> str:
+        reports = [run_status(conn, name) for name in names]
+        return "\n\n".join(format_status(r) for r in reports) if reports else "no runs in Redis"
+
     if as_json:
-        out = reports[0] if run_name else {"runs": reports}
-        click.echo(orjson.dumps(out).decode())
-    elif not reports:
-        click.echo("no runs in Redis")
+        reports = [run_status(conn, name) for name in names]
+        click.echo(orjson.dumps(reports[0] if run_name else {"runs": reports}).decode())
+    elif watch:
+        import time
+
+        from rich.live import Live
+        from rich.text import Text
+
+        with Live(Text(render()), refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(Text(render()))
     else:
-        click.echo("\n\n".join(format_status(r) for r in reports))
+        click.echo(render())
 
 
 def _parse_extra(raw: str | None) -> dict:

@@ -1,0 +1,90 @@
+"""Status numbers for a run in a known state (real Redis, snapshots written as consumers do)."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from common import __version__
+from common.eta import RateWindow, Sample, eta_seconds, format_duration
+from common.runs import RunStore, key_digest, run_key
+from common.settings import RunSettings
+from consumer.engine import engine_view, parse_prometheus
+from producer.status import format_status, run_status
+
+
+def test_eta_arithmetic():
+    # 1,000 items left, 500 tokens per item on average, 2,500 tokens/s -> 200 s
+    assert eta_seconds(1000, 10, 5000, 2500.0) == pytest.approx(200.0)
+    assert eta_seconds(0, 10, 5000, 0.0) == 0.0
+    assert eta_seconds(5, 0, 0, 100.0) is None and eta_seconds(5, 3, 30, 0.0) is None
+    assert format_duration(200) == "3m 20s" and format_duration(90061) == "1d 1h 01m"
+
+
+def test_rate_window_spans_the_last_minute():
+    w = RateWindow(60)
+    for t in range(0, 121, 2):
+        w.add(Sample(float(t), t * 10, t * 100, t * 50))
+    r = w.rates()
+    assert r["completions_per_s"] == pytest.approx(10.0)
+    assert r["completion_tokens_per_s"] == pytest.approx(50.0)
+    assert w.samples[-1].t - w.samples[0].t <= 62
+
+
+def test_engine_metrics_parsing():
+    text = """# HELP vllm:num_requests_running x
+vllm:num_requests_running{model_name="m"} 250.0
+vllm:num_requests_waiting{model_name="m"} 12.0
+vllm:kv_cache_usage_perc{model_name="m"} 0.91
+vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 300
+vllm:spec_decode_num_draft_tokens_total{model_name="m"} 400
+"""
+    assert parse_prometheus(text)["vllm:num_requests_waiting"] == 12.0
+    v = engine_view(text)
+    assert v["running"] == 250 and v["kv_cache_usage"] == 0.91 and v["spec_acceptance"] == pytest.approx(0.75)
+    assert engine_view(None) == {"metrics": False}
+    assert engine_view("vllm:gpu_cache_usage_perc 0.5\n")["kv_cache_usage"] == 0.5
+
+
+@pytest.mark.integration
+def test_status_of_a_run_in_known_state(conn):
+    store = RunStore(conn)
+    settings = RunSettings()
+    store.create_or_check("known", settings)
+    conn.sadd(run_key("known", "keys"), *[key_digest(f"{i:032x}") for i in range(1000)])
+    store.record_source("known", "/data/x.jsonl", {"records": 1010, "rejected_by_reason": {"invalid_json": 10}})
+    conn.hset(run_key("known", "stats"), mapping={"items_done": 380, "items_failed": 20, "completion_tokens": 190_000,
+                                                   "prompt_tokens": 40_000, "outcome_finished": 370,
+                                                   "outcome_cut_in_answer": 10, "items_truncated": 10,
+                                                   "failed_permanent": 20})
+    now = time.time()
+    conn.hset(run_key("known"), "started_at", repr(now - 100))
+
+    def snap(worker, gpu, age, rate, version=__version__, fp=settings.fingerprint):
+        s = {"worker": worker, "host": "node1", "gpu": gpu, "last_seen": now - age, "version": version,
+             "in_flight": 50, "pending_items": 14, "stopping": False,
+             "paused": {"endpoint_down": False, "spool_full": False},
+             "runs": {"known": {"fingerprint": fp, "completions_per_s": rate / 500,
+                                "completion_tokens_per_s": rate, "prompt_tokens_per_s": rate / 5}},
+             "engine": {"metrics": True, "running": 48, "waiting": 3, "kv_cache_usage": 0.8, "spec_decode": False},
+             "shipping": {"shards": 4, "bytes": 2_000_000, "waiting_shards": 1, "last_upload_at": now - 5}}
+        conn.set(f"genqueue:consumer:{worker}", orjson.dumps(s))
+        conn.zadd("genqueue:consumers", {worker: now - age})
+
+    snap("w0", 0, 1, 1500.0)
+    snap("w1", 1, 2, 1500.0, version="9.9.9")
+    snap("w2", 2, 300, 9999.0)  # stopped reporting five minutes ago: not in the rate
+    r = run_status(conn, "known", now=now)
+    assert r["items"] == 1000 and r["records"] == 1010 and r["rejected"] == 10
+    assert r["items_in_flight"] == 128 and r["items_queued"] == 1000 - 400 - 128
+    assert r["speed"]["last_minute"]["completion_tokens_per_s"] == pytest.approx(3000.0)
+    # 600 items left x (190,000 / 380 = 500 tokens each) / 3,000 tok/s = 100 s
+    assert r["eta_s"] == pytest.approx(100.0)
+    assert r["speed"]["run_average"]["completions_per_s"] == pytest.approx(4.0, rel=0.01)
+    assert [d for d in r["drift"] if "w1" in d and "9.9.9" in d]
+    assert not [d for d in r["drift"] if "w0" in d]
+    text = format_status(r)
+    assert "STOPPED REPORTING" in text and "w2" in text and "DRIFT" in text and "1m 40s" in text
+    assert "12 shards, 6.0 MB shipped, 3 waiting on disk" in text and "KV 80%" in text
