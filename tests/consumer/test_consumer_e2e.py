@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import signal
 import time
+import urllib.request
 
 import pytest
 from rq import Queue
@@ -12,7 +13,7 @@ from rq.job import Job
 
 from common.jobs import SERIALIZER, queue_for
 from consumer.rqcompat import job_failure
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
 pytestmark = pytest.mark.integration
@@ -34,16 +35,29 @@ def test_run_completes_and_rq_sees_the_worker(tmp_path, redis_url, conn):
     sim = Sim(tmp_path, "--slots", "32", "--step-time", "0.003", "--mean-tokens", "60")
     try:
         enqueue(tmp_path, redis_url, "e2e", [sharegpt(i, turns=1 + i % 3) for i in range(300)])
-        c = consumer(tmp_path, redis_url, sim, "e2e", "--burst", "-c", "64")
+        mport = free_port()
+        c = consumer(tmp_path, redis_url, sim, "e2e", "--burst", "-c", "64", "--metrics-port", str(mport))
         seen_worker = False
+        metrics = ""
         deadline = time.monotonic() + 60
         while c.p.poll() is None and time.monotonic() < deadline:
             info = cli("rq", "info", "-u", redis_url, "genqueue.e2e", check=False)
             if "gq-" in info.stdout and "busy" in info.stdout:
                 seen_worker = True
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=2) as resp:
+                    page = resp.read().decode()
+                if "genqueue_completions_total{" in page:
+                    metrics = page
+            except OSError:
+                pass
             time.sleep(0.2)
         assert c.wait(60) == 0, c.output()
         assert seen_worker, "rq info never listed the consumer as busy"
+        assert 'genqueue_completions_total{outcome="finished",run="e2e"}' in metrics
+        for name in ("genqueue_in_flight", "genqueue_tokens_total", "genqueue_item_latency_seconds_bucket",
+                     "genqueue_paused"):
+            assert name in metrics, name
     finally:
         sim.stop()
     recs = read_results(tmp_path / "out", "e2e")
@@ -66,6 +80,8 @@ def test_run_completes_and_rq_sees_the_worker(tmp_path, redis_url, conn):
 
     st = orjson.loads(status.stdout)
     assert st["items_done"] == 300 and st["jobs"]["finished"] == 38 and st["jobs"]["failed"] == 0
+    assert st["items_queued"] == 0 and st["eta_s"] == 0.0 and len(st["consumers"]) == 1
+    assert st["consumers"][0]["shipping"]["shards"] >= 1 and not st["drift"]
 
 
 def test_sigkill_mid_run_loses_nothing(tmp_path, redis_url, conn):
