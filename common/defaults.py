@@ -39,8 +39,14 @@ KEY_PREFIX = "genqueue"
 #: abandoned and swept back to the queue, so recovery after a kill takes well under a minute.
 LEASE_SECONDS = 30
 
-#: Requests a consumer keeps in flight against its endpoint.
+#: Requests a consumer keeps in flight with a fixed --concurrency (and with auto when the
+#: engine has no /metrics).
 CONCURRENCY = 256
+
+#: --concurrency auto: where it starts, and the bounds it moves within.
+AUTO_START = 64
+AUTO_MIN = 8
+MAX_CONCURRENCY = 4096
 
 #: A shard is sealed (and its jobs become ackable) at this size or age, whichever comes first.
 SHARD_MAX_BYTES = 64 * 1024 * 1024

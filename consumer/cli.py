@@ -26,8 +26,10 @@ def main(verbose: int) -> None:
 @click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
 @click.option("--gpu", type=click.IntRange(0, 1023), default=None,
               help="Short for --endpoint http://127.0.0.1:<8000+N>/v1; also recorded in results.")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=defaults.CONCURRENCY, show_default=True,
-              help="Requests kept in flight against the endpoint.")
+@click.option("--concurrency", "-c", default="auto", show_default=True,
+              help="Requests kept in flight: a number, or auto (steered by vLLM's /metrics: running and waiting).")
+@click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=defaults.MAX_CONCURRENCY,
+              show_default=True, help="Ceiling for --concurrency auto.")
 @click.option("--burst", is_flag=True, help="Exit once the served runs are drained and nothing is in flight.")
 @click.option("--spool", default=None, help="Local spool directory (default: ./genqueue-spool/<gpu or port>).")
 @click.option("--lease", type=click.IntRange(2, 3600), default=defaults.LEASE_SECONDS, show_default=True,
@@ -47,7 +49,8 @@ def main(verbose: int) -> None:
               help="Serve Prometheus metrics on this port (default: off).")
 @redis_option
 @friendly_errors
-def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: int, burst: bool,
+def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: str, max_concurrency: int,
+            burst: bool,
             spool: str | None, lease: int, drain_timeout: float, request_timeout: float, max_attempts: int,
             shard_max_bytes: int, shard_max_age: float, spool_limit: int, metrics_port: int | None, redis_url: str) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
@@ -63,7 +66,17 @@ def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurr
     if spool is None:
         tag = f"gpu{gpu}" if gpu is not None else endpoint.rstrip("/").rsplit(":", 1)[-1].split("/")[0]
         spool = f"./genqueue-spool/{tag}"
-    cfg = ConsumerConfig(endpoint=endpoint, redis_url=redis_url, run=run_name, concurrency=concurrency,
+    auto = concurrency.strip().lower() == "auto"
+    if not auto:
+        try:
+            fixed = int(concurrency)
+        except ValueError:
+            raise UserError(f"--concurrency takes a number or auto, not {concurrency!r}") from None
+        if fixed < 1:
+            raise UserError("--concurrency must be at least 1")
+    cfg = ConsumerConfig(endpoint=endpoint, redis_url=redis_url, run=run_name,
+                         concurrency=defaults.CONCURRENCY if auto else fixed, auto_concurrency=auto,
+                         max_concurrency=max_concurrency,
                          burst=burst, spool=spool, lease=lease, gpu=gpu, drain_timeout=drain_timeout,
                          request_timeout=request_timeout, max_attempts=max_attempts,
                          shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age,

@@ -277,6 +277,15 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
+async def _sim_stats(request: web.Request) -> web.Response:
+    """The stand-in's own counters (busy slot-seconds for saturation benchmarks); not vLLM API."""
+    eng = request.app[SIM_ENGINE]
+    if request.method == "POST":
+        eng.reset_stats()
+    return web.Response(body=orjson.dumps({**eng.snapshot(), "slots": eng.config.slots}),
+                        content_type="application/json")
+
+
 def build_app(config: SimConfig) -> web.Application:
     """The stand-in's aiohttp application; its SimEngine is app[SIM_ENGINE]."""
     app = web.Application(client_max_size=64 * 1024**2)
@@ -285,4 +294,6 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/sim/stats", _sim_stats)
+    app.router.add_post("/sim/stats", _sim_stats)
     return app

@@ -25,9 +25,11 @@ from common.backoff import compute_backoff
 from common.errors import ModelNotServedError, UserError
 from common.jobs import job_items, queue_for
 from common.runs import RunStore, run_key
+from consumer.admission import Limiter, next_limit
 from consumer.checkpoints import Checkpoints
 from consumer.checkpoints import clear as clear_checkpoints
 from consumer.client import EndpointClient, EndpointDown
+from consumer.engine import engine_view
 from consumer.generate import Gate, Generator, RunContext
 from consumer.rqcompat import GenWorker, Held
 from consumer.outbox import Outbox
@@ -47,6 +49,8 @@ class ConsumerConfig:
     redis_url: str
     run: str | None = None
     concurrency: int = defaults.CONCURRENCY
+    auto_concurrency: bool = False
+    max_concurrency: int = defaults.MAX_CONCURRENCY
     burst: bool = False
     spool: str = "./genqueue-spool"
     lease: int = defaults.LEASE_SECONDS
@@ -104,7 +108,7 @@ class Consumer:
         self.stats: collections.Counter[str] = collections.Counter()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._sem: asyncio.Semaphore | None = None
+        self._sem: Limiter | None = None
         self._client: EndpointClient | None = None
         self._gate: Gate | None = None
         self._gen: Generator | None = None
@@ -115,6 +119,10 @@ class Consumer:
     @property
     def client(self) -> EndpointClient | None:
         return self._client
+
+    @property
+    def limit(self) -> int:
+        return self._sem.limit if self._sem is not None else self.cfg.concurrency
 
     @property
     def gate_paused(self) -> bool:
@@ -188,7 +196,8 @@ class Consumer:
     # --- main ----------------------------------------------------------------------
     async def run(self) -> int:
         """Serve until stopped (or, with burst, until the served runs are drained). Exit code."""
-        self._sem = asyncio.Semaphore(self.cfg.concurrency)
+        start = min(defaults.AUTO_START, self.cfg.max_concurrency) if self.cfg.auto_concurrency else self.cfg.concurrency
+        self._sem = Limiter(start)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -205,8 +214,9 @@ class Consumer:
             await self._resolve_runs()
             await self._rq(self.worker.start)
             self.telemetry.start_metrics_server()
-            log.info("consumer %s started: endpoint %s, concurrency %d, runs %s", self.worker.name,
-                     self.cfg.endpoint, self.cfg.concurrency, self.cfg.run or "(all open)")
+            log.info("consumer %s started: endpoint %s, concurrency %s, runs %s", self.worker.name,
+                     self.cfg.endpoint, "auto" if self.cfg.auto_concurrency else self.cfg.concurrency,
+                     self.cfg.run or "(all open)")
             await self._ship_leftovers()
             t0 = time.monotonic()
             loops = [
@@ -216,6 +226,7 @@ class Consumer:
                 asyncio.create_task(self._sealer(), name="sealer"),
                 asyncio.create_task(self.outbox.shipper(), name="shipper"),
                 asyncio.create_task(self.telemetry.loop(), name="telemetry"),
+                asyncio.create_task(self._steer(), name="steer"),
                 asyncio.create_task(self._sweeper(), name="sweeper"),
             ]
             try:
@@ -256,7 +267,8 @@ class Consumer:
 
     # --- fetching ------------------------------------------------------------------
     def _low_water(self) -> int:
-        return max(self.cfg.concurrency // 2, 8)
+        limit = self._sem.limit if self._sem is not None else self.cfg.concurrency
+        return max(limit // 2, 8)
 
     async def _fetcher(self) -> None:
         idle_rounds = 0
@@ -384,6 +396,32 @@ class Consumer:
         self.stats["spool_pauses"] += 1
         while self.outbox.full() and not self.stopping:
             await asyncio.sleep(0.2)
+
+    async def _steer(self) -> None:
+        """--concurrency auto: move the limit by the engine's running/waiting counts each second."""
+        if not self.cfg.auto_concurrency or self._sem is None or self._client is None:
+            return
+        warned = False
+        while True:
+            await asyncio.sleep(1.0)
+            view = engine_view(await self._client.metrics())
+            if not view["metrics"] or view["running"] is None or view["waiting"] is None:
+                if not warned:
+                    log.warning("--concurrency auto: %s has no vLLM /metrics; holding %d in flight",
+                                self.cfg.endpoint, defaults.CONCURRENCY)
+                    self._sem.set_limit(min(defaults.CONCURRENCY, self.cfg.max_concurrency))
+                    warned = True
+                continue
+            self.telemetry.engine = view
+            old = self._sem.limit
+            new = next_limit(old, self.in_flight, view["running"], view["waiting"], view["kv_cache_usage"],
+                             lo=defaults.AUTO_MIN, hi=self.cfg.max_concurrency)
+            if new != old:
+                self._sem.set_limit(new)
+                log.debug("concurrency %d -> %d (engine running %d, waiting %d)", old, new,
+                          view["running"], view["waiting"])
+                if new > old:
+                    self._wake.set()
 
     # --- leases, sweeps ------------------------------------------------------------
     async def _renewer(self) -> None:
