@@ -194,23 +194,28 @@ def _text_records(
 
 
 def _sniffed(chunks: Iterator[bytes], max_bytes: int) -> Iterator[RawRecord]:
-    seen: list[bytes] = []
+    # Leading white space is dropped as it streams by (only its newlines are counted, for
+    # line numbers): a stream of a billion blank lines must not be held while sniffing.
+    skipped_lines = 0
     first = b""
+    chunk = b""
     for chunk in chunks:
-        seen.append(chunk)
         m = NON_SPACE.search(chunk)
         if m is not None:
             first = chunk[m.start() : m.start() + 1]
             break
+        skipped_lines += chunk.count(b"\n")
     if not first:
         return
-    stream = itertools.chain(seen, chunks)
+    stream = itertools.chain([chunk], chunks)
     if first == b"[":
         yield from _array(stream, max_bytes)
-    elif first == b"{":
-        yield from _json_document(stream, max_bytes)
-    else:
-        yield from _jsonl(stream, max_bytes)
+        return
+    records = _json_document(stream, max_bytes) if first == b"{" else _jsonl(stream, max_bytes)
+    for rec in records:
+        if skipped_lines and rec.line is not None:
+            rec.line += skipped_lines
+        yield rec
 
 
 def _array(chunks: Iterable[bytes], max_bytes: int) -> Iterator[RawRecord]:

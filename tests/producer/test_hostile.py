@@ -1,0 +1,67 @@
+"""Hostile input through the real CLI: bounded memory, a clear verdict, no crash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from tests.conftest import BIN
+
+GOOD = b'{"conversations":[{"from":"human","value":"still here"}]}\n'
+
+
+def producer_dry(args: list[str], stdin_cmd: str | None = None) -> tuple[dict, int, str]:
+    """Run `producer enqueue --dry-run --json`; returns (summary, peak RSS in MB, stderr)."""
+    cmd = [str(BIN / "producer"), "enqueue", *args, "--dry-run", "--json"]
+    if stdin_cmd:
+        feeder = subprocess.Popen(["bash", "-c", stdin_cmd], stdout=subprocess.PIPE)
+        proc = subprocess.Popen(cmd, stdin=feeder.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        feeder.stdout.close()  # type: ignore[union-attr]
+    else:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    _, status, rusage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, err.decode()
+    return orjson.loads(out), rusage.ru_maxrss // 1024, err.decode()
+
+
+def test_a_one_gigabyte_record_is_rejected_in_bounded_memory(tmp_path: Path):
+    path = tmp_path / "huge.jsonl"
+    block = b"a" * (1 << 20)
+    with open(path, "wb") as fh:
+        fh.write(b'{"conversations":[{"from":"human","value":"')
+        for _ in range(1024):
+            fh.write(block)
+        fh.write(b'"}]}\n' + GOOD)
+    s, rss, _ = producer_dry([str(path), "--rejects", str(tmp_path / "r")])
+    path.unlink()
+    assert s["rejected_by_reason"] == {"record_too_large": 1} and s["enqueued"] == 1
+    assert rss < 400, f"peak RSS {rss} MB for a 1 GB record"
+
+
+def test_a_billion_blank_lines_stream_through(tmp_path: Path):
+    feed = f"head -c 1000000000 /dev/zero | tr '\\0' '\\n'; printf '%s' '{GOOD.decode().strip()}'"
+    s, rss, _ = producer_dry(["-", "--run", "blank", "--rejects", str(tmp_path / "r")], stdin_cmd=feed)
+    assert s["records"] == 1 and s["enqueued"] == 1
+    assert rss < 200, f"peak RSS {rss} MB for a billion blank lines"
+
+
+def test_deep_nesting_and_non_utf8_are_rejected_with_a_reason(tmp_path: Path):
+    path = tmp_path / "nasty.jsonl"
+    path.write_bytes(b"[" * 200_000 + b"]" * 200_000 + b"\n" + b'{"conversations":[{"from":"human","value":"\xff\xfe"}]}\n'
+                     + b"\xc3\x28 not utf-8 at all\n" + GOOD)
+    s, _, err = producer_dry([str(path), "--rejects", str(tmp_path / "r")])
+    assert s["records"] == 4 and s["enqueued"] == 1 and "Traceback" not in err
+    assert s["rejected_by_reason"] == {"invalid_json": 2, "invalid_unicode": 1} or \
+        s["rejected_by_reason"] == {"invalid_json": 1, "invalid_unicode": 2}
+
+
+def test_binary_garbage_file_does_not_crash(tmp_path: Path):
+    path = tmp_path / "garbage.jsonl"
+    path.write_bytes(os.urandom(300_000) + b"\n" + GOOD)
+    s, _, err = producer_dry([str(path), "--rejects", str(tmp_path / "r")])
+    assert s["enqueued"] == 1 and s["records"] == s["enqueued"] + s["rejected"] + s["duplicates"]
+    assert "Traceback" not in err
