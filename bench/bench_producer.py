@@ -13,7 +13,6 @@ import argparse
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import orjson
 import redis
+
+from bench.common import start_redis
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but which "
          "model data system function value error output input process memory network query result token "
@@ -54,12 +55,6 @@ def make_records(path: Path, n: int, seed: int = 0) -> int:
     return text_bytes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def producer(*args: str, env: dict[str, str]) -> tuple[dict, float]:
     exe = Path(sys.executable).parent / "producer"
     t0 = time.perf_counter()
@@ -79,17 +74,8 @@ def main() -> None:
         make_records(data, args.records)
         print(f"built {args.records:,} records ({data.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
-        port = free_port()
-        srv = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
-                                "--dir", str(work)], stdout=subprocess.DEVNULL)
-        url = f"redis://127.0.0.1:{port}/0"
+        srv, url = start_redis(work)
         conn = redis.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                conn.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
         env = {**os.environ, "REDIS_URL": url}
         common = [str(data), "--run", "bench", "--batch-size", str(args.batch_size), "--rejects", str(work / "rej")]
         dry, dry_s = producer(*common, "--dry-run", env=env)

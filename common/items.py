@@ -103,3 +103,25 @@ def _item(
     if tools is not None:
         item["tools"] = tools
     return item
+
+
+def answer_lengths(conv: Conversation) -> list[int]:
+    """Characters of the original assistant answer to each user turn (0 where none)."""
+    out: list[int] = []
+    for m in conv.messages:
+        if m["role"] == "user":
+            out.append(0)
+        elif m["role"] == "assistant" and out:
+            out[-1] += len(m.get("content") or "")
+    return out
+
+
+def estimate_cost(item: dict[str, Any], answers: list[int]) -> int:
+    """How long the item will keep a slot busy, for longest-first ordering: the length of the
+    original answers it regenerates (the best predictor a dataset carries of the new ones),
+    else its prompt length."""
+    turn = item.get("turn")
+    est = sum(answers) if turn is None else (answers[turn] if turn < len(answers) else 0)
+    if est:
+        return est
+    return sum(len(m.get("content") or "") for m in item["messages"])

@@ -45,6 +45,8 @@ def main(verbose: int) -> None:
               help="Seconds before an open shard is sealed and shipped (its jobs are acked then).")
 @click.option("--spool-limit", type=click.IntRange(1), default=defaults.SPOOL_LIMIT, show_default=True,
               help="Bytes of unshipped results on local disk past which admission pauses.")
+@click.option("--endpoint-wait", type=click.FloatRange(0), default=1800.0, show_default=True,
+              help="Seconds to wait at start for the endpoint to answer (vLLM loads a large model for minutes).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
               help="Serve Prometheus metrics on this port (default: off).")
 @redis_option
@@ -52,7 +54,7 @@ def main(verbose: int) -> None:
 def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: str, max_concurrency: int,
             burst: bool,
             spool: str | None, lease: int, drain_timeout: float, request_timeout: float, max_attempts: int,
-            shard_max_bytes: int, shard_max_age: float, spool_limit: int, metrics_port: int | None, redis_url: str) -> None:
+            shard_max_bytes: int, shard_max_age: float, spool_limit: int, endpoint_wait: float, metrics_port: int | None, redis_url: str) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
     from common.settings import check_run_name
     from consumer.worker import Consumer, ConsumerConfig
@@ -80,7 +82,8 @@ def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurr
                          burst=burst, spool=spool, lease=lease, gpu=gpu, drain_timeout=drain_timeout,
                          request_timeout=request_timeout, max_attempts=max_attempts,
                          shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age,
-                         spool_limit=spool_limit, metrics_port=metrics_port)
+                         spool_limit=spool_limit, metrics_port=metrics_port,
+                         endpoint_wait=endpoint_wait)
     conn = connect(redis_url)
     _run_loop(Consumer(cfg, conn).run())
 
@@ -95,3 +98,12 @@ def _run_loop(coro: object) -> None:
 
 
 main.add_command(simulate_command, "simulate")
+
+
+def _register() -> None:
+    from consumer.launch import launch_command
+
+    main.add_command(launch_command, "launch")
+
+
+_register()

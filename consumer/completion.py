@@ -13,8 +13,9 @@ from typing import Any
 
 OPEN, CLOSE = "<think>", "</think>"
 
-#: Outcomes recorded per turn.
-FINISHED, CUT_IN_THINKING, CUT_IN_ANSWER = "finished", "cut_in_thinking", "cut_in_answer"
+#: Outcomes recorded per turn. NO_ANSWER: the model stopped by itself with thinking and no
+#: answer (a reasoning parser that took a non-thinking model's whole reply as thinking).
+FINISHED, CUT_IN_THINKING, CUT_IN_ANSWER, NO_ANSWER = "finished", "cut_in_thinking", "cut_in_answer", "no_answer"
 
 
 @dataclass(slots=True)
@@ -28,12 +29,14 @@ class Turn:
     finish_reason: str | None
     usage: dict[str, Any]
     model: str | None
+    raw_content: str = ""  # content as the server sent it, before any <think> split
 
     @property
     def outcome(self) -> str:
+        empty = not self.content.strip() and not self.tool_calls
         if self.finish_reason != "length":
-            return FINISHED
-        return CUT_IN_THINKING if not self.content.strip() and not self.tool_calls else CUT_IN_ANSWER
+            return NO_ANSWER if empty and self.reasoning else FINISHED
+        return CUT_IN_THINKING if empty else CUT_IN_ANSWER
 
 
 def split_inline(content: str) -> tuple[str, str | None, bool]:
@@ -53,12 +56,16 @@ def split_inline(content: str) -> tuple[str, str | None, bool]:
     return content, None, True
 
 
-def parse_completion(resp: dict[str, Any]) -> Turn:
-    """Turn a /v1/chat/completions response body into a Turn."""
+def parse_completion(resp: dict[str, Any], *, think_opened: bool = False) -> Turn:
+    """Turn a /v1/chat/completions response body into a Turn.
+
+    think_opened: the server's chat template opens `<think>` in the prompt (learned by the
+    consumer's probe), so a reply with no tag at all that was cut by the budget is all thinking.
+    """
     choices = resp.get("choices") or [{}]
     choice = choices[0]
     msg = choice.get("message") or {}
-    content = msg.get("content") or ""
+    content = raw = msg.get("content") or ""
     reasoning = msg.get("reasoning")
     if reasoning is None:
         reasoning = msg.get("reasoning_content")
@@ -67,6 +74,8 @@ def parse_completion(resp: dict[str, Any]) -> Turn:
         answer, thinking, _closed = split_inline(content)
         if thinking is not None:
             content, reasoning, form = answer, thinking, "inline"
+        elif think_opened and choice.get("finish_reason") == "length" and content:
+            content, reasoning, form = "", content, "inline"
     usage = dict(resp.get("usage") or {})
     details = usage.pop("completion_tokens_details", None) or {}
     usage.pop("prompt_tokens_details", None)
@@ -74,6 +83,7 @@ def parse_completion(resp: dict[str, Any]) -> Turn:
         usage["reasoning_tokens"] = details["reasoning_tokens"]
     return Turn(
         content=content,
+        raw_content=raw,
         reasoning=reasoning,
         reasoning_form=form,
         tool_calls=list(msg.get("tool_calls") or []),

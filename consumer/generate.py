@@ -38,6 +38,7 @@ class RunContext:
     consumer: dict[str, Any]
     max_model_len: int | None = None
     reasoning_probe: str | None = None
+    think_opened: bool = False  # the template opens <think> in the prompt (only </think> comes back)
     fingerprint: str = ""
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -104,7 +105,7 @@ class Generator:
         while True:
             await self.gate.up.wait()
             try:
-                return parse_completion(await self.client.chat(body))
+                return parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
             except EndpointDown as e:
                 self.gate.mark_down(str(e))
             except TransientError:
@@ -300,4 +301,5 @@ def _common_fields(ctx: RunContext, item: dict[str, Any], attempt: int) -> dict[
         "version": __version__,
         "consumer": ctx.consumer,
         "attempt": attempt,
+        **({"tools": item["tools"]} if item.get("tools") else {}),
     }

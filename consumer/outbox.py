@@ -28,7 +28,8 @@ class Outbox:
 
     def __init__(self, spool: str, worker: str, *, max_bytes: int, max_age: float, spool_limit: int,
                  sink_for: Callable[[str], Sink], output_of: Callable[[str], Awaitable[str | None]],
-                 on_shipped: Callable[[str, int], Awaitable[None]]) -> None:
+                 on_shipped: Callable[[str, int], Awaitable[None]],
+                 on_lost: Callable[[str, int], Awaitable[None]]) -> None:
         self.spool = spool
         self.worker = worker
         self.max_bytes = max_bytes
@@ -38,6 +39,7 @@ class Outbox:
         self._sinks: dict[str, Sink] = {}
         self._output_of = output_of
         self._on_shipped = on_shipped
+        self._on_lost = on_lost
         self.writers: dict[str, ShardWriter] = {}
         self.queue: collections.deque[SealedShard] = collections.deque()
         self.waiting_bytes = 0  # sealed, not yet shipped
@@ -113,6 +115,13 @@ class Outbox:
                     sink = self._sinks[output] = await loop.run_in_executor(self._pool, self._sink_for, output)
                 dest = await loop.run_in_executor(self._pool, sink.ship, shard)
                 break
+            except FileNotFoundError as e:
+                # The spool lost the shard (deleted by hand, or a disk problem): its results
+                # are gone, so its jobs must not be acked. Say so and let the consumer redo them.
+                log.error("shard %s vanished from the spool (%s): its jobs will be redone", shard.name, e)
+                self.stats["shards_lost"] += 1
+                await self._on_lost(shard.run, shard.seq)
+                return
             except Exception as e:  # noqa: BLE001 - any storage failure: keep the shard, wait, retry
                 if self.stopping_hard:
                     raise

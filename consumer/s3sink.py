@@ -16,8 +16,8 @@ checksum (whole-object, or COMPOSITE per part for a multipart upload) must match
 
 `ship` raises on any failure; the consumer retries with backoff. A server that dies in the
 middle of a multipart upload leaves the upload open: `abort_stale_uploads` aborts those under
-the prefix; each sink runs it once, before its first upload (in the shipping thread, so a slow
-or absent server never blocks the consumer's event loop).
+the prefix; each sink runs it before its first upload, until one sweep has reached the server
+(in the shipping thread, so a slow or absent server never blocks the consumer's event loop).
 """
 
 from __future__ import annotations
@@ -136,7 +136,11 @@ class S3Sink:
                                        multipart_chunksize=multipart_chunksize,
                                        max_concurrency=MAX_CONCURRENCY)
         if stale_after_s is None:
-            stale_after_s = float(os.environ.get(ABORT_AFTER_ENV, STALE_UPLOAD_SECONDS))
+            raw = os.environ.get(ABORT_AFTER_ENV, "")
+            try:
+                stale_after_s = float(raw) if raw else STALE_UPLOAD_SECONDS
+            except ValueError:
+                raise UserError(f"{ABORT_AFTER_ENV}={raw!r} is not a number of seconds") from None
         self.stale_after_s = stale_after_s
         self._swept = False
         self._sweep_lock = threading.Lock()

@@ -178,8 +178,34 @@ def leftover_shards(spool: str, is_dead: Any) -> list[SealedShard]:
                 _drop_torn_tail(open_path)
                 os.replace(open_path, sealed_dir / open_path.name.removesuffix(".open"))
         for path in sorted(sealed_dir.glob("*.jsonl")):
-            found.append(_describe(run_dir.name, path))
+            if is_dead(path.name.rsplit("-", 1)[0]):
+                found.append(_describe(run_dir.name, path))
     return found
+
+
+class SpoolBusyError(Exception):
+    """Another live consumer holds this spool directory."""
+
+
+def lock_spool(spool: str) -> Any:
+    """Take the spool for this process (an flock the kernel drops when the process dies, even
+    by SIGKILL). Two live consumers on one spool would ship and delete each other's shards."""
+    import fcntl
+
+    Path(spool).mkdir(parents=True, exist_ok=True)
+    fh = open(Path(spool) / ".lock", "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        owner = fh.read().strip() or "another process"
+        fh.close()
+        raise SpoolBusyError(f"spool {spool} is in use by {owner}; give each consumer its own --spool") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}\n")
+    fh.flush()
+    return fh
 
 
 def _drop_torn_tail(path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ class SimConfig:
     error_rate: float = 0.0  # fraction of requests answered 500
     hang_rate: float = 0.0  # fraction of requests never answered (until the client gives up)
     down: bool = False  # /health, /v1/models and chat answer 503
+    length_hints: bool = False  # a "[len=N]" in the last user message sets the mean length (benchmarks)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -173,8 +175,9 @@ async def _chat(request: web.Request) -> web.Response:
         await asyncio.get_running_loop().create_future()  # until the client disconnects
 
     digest = request_digest(cfg.seed, messages, body.get("seed"))
+    mean = hinted_mean(messages, cfg.mean_tokens) if cfg.length_hints else cfg.mean_tokens
     content, thought, n_out, finish = make_output(
-        digest, cfg.mean_tokens, max_tokens, cfg.reasoning, cfg.think_fraction)
+        digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction)
     try:
         await eng.acquire()
         try:
@@ -284,6 +287,20 @@ async def _sim_stats(request: web.Request) -> web.Response:
         eng.reset_stats()
     return web.Response(body=orjson.dumps({**eng.snapshot(), "slots": eng.config.slots}),
                         content_type="application/json")
+
+
+_HINT = re.compile(r"\[len=(\d+)\]")
+
+
+def hinted_mean(messages: list[Any], default: int) -> int:
+    """With --length-hints, the model's answer length follows the dataset's original answer:
+    a "[len=N]" in the last user message makes N the mean of the drawn length (a stand-in for
+    "the target answers about as long as the original did", for longest-first benchmarks)."""
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
+            found = _HINT.search(m["content"])
+            return max(1, int(found.group(1))) if found else default
+    return default
 
 
 def build_app(config: SimConfig) -> web.Application:

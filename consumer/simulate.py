@@ -176,6 +176,8 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               help="Fraction of requests answered 500.")
 @click.option("--hang-rate", default=0.0, show_default=True, type=click.FloatRange(0, 1),
               help="Fraction of requests never answered.")
+@click.option("--length-hints", is_flag=True,
+              help='A "[len=N]" in the last user message sets that request\'s mean output length (benchmarks).')
 def simulate_command(host: str, port: int, **settings: Any) -> None:
     config = SimConfig(**settings)
     try:

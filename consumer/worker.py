@@ -33,7 +33,7 @@ from consumer.engine import engine_view
 from consumer.generate import Gate, Generator, RunContext
 from consumer.rqcompat import GenWorker, Held
 from consumer.outbox import Outbox
-from consumer.shards import Sink, leftover_shards
+from consumer.shards import Sink, SpoolBusyError, leftover_shards, lock_spool
 from consumer.sinks import make_sink
 from consumer.telemetry import Telemetry
 
@@ -64,6 +64,7 @@ class ConsumerConfig:
     name: str | None = None
     spool_limit: int = defaults.SPOOL_LIMIT
     metrics_port: int | None = None
+    endpoint_wait: float = 1800.0
     telemetry_interval: float = 2.0
 
 
@@ -78,6 +79,7 @@ class JobState:
     started: float = field(default_factory=time.monotonic)
     max_seq: int = 0
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    abandoned: bool = False
 
     @property
     def complete(self) -> bool:
@@ -95,7 +97,7 @@ class Consumer:
         self._rq_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rq")
         self.outbox = Outbox(cfg.spool, self.worker.name, max_bytes=cfg.shard_max_bytes, max_age=cfg.shard_max_age,
                              spool_limit=cfg.spool_limit, sink_for=sink_for or make_sink,
-                             output_of=self._output_of, on_shipped=self._ack_shipped)
+                             output_of=self._output_of, on_shipped=self._ack_shipped, on_lost=self._redo_lost)
         self.jobs: dict[str, JobState] = {}
         self.pending: collections.deque[tuple[JobState, dict[str, Any]]] = collections.deque()
         self.contexts: dict[str, RunContext] = {}
@@ -183,10 +185,22 @@ class Consumer:
         return usable
 
     async def _probe_models(self, client: EndpointClient) -> None:
-        try:
-            models = await client.models()
-        except EndpointDown as e:
-            raise UserError(f"endpoint {self.cfg.endpoint} is not reachable: {e}") from None
+        # vLLM takes minutes to load a large model, and a restarted node may start its
+        # consumer first: wait for the endpoint (up to --endpoint-wait) instead of failing.
+        deadline = time.monotonic() + self.cfg.endpoint_wait
+        last_log = 0.0
+        while True:
+            try:
+                models = await client.models()
+                break
+            except EndpointDown as e:
+                now = time.monotonic()
+                if now >= deadline or self.stopping:
+                    raise UserError(f"endpoint {self.cfg.endpoint} is not reachable: {e}") from None
+                if now - last_log >= 10.0:
+                    log.warning("waiting for endpoint %s (%s)", self.cfg.endpoint, e)
+                    last_log = now
+                await asyncio.sleep(1.0)
         self.served_models = [m["id"] for m in models if "id" in m]
         self.model_lens = {m["id"]: m.get("max_model_len") for m in models if "id" in m}
         if not self.served_models:
@@ -210,6 +224,10 @@ class Consumer:
             self.checkpoints = Checkpoints(self.cfg.redis_url)
             self._gen = Generator(client, self._gate, max_attempts=self.cfg.max_attempts,
                                   checkpoints=self.checkpoints)
+            try:
+                self._spool_lock = lock_spool(self.cfg.spool)
+            except SpoolBusyError as e:
+                raise UserError(str(e)) from None
             await self._probe_models(client)
             await self._resolve_runs()
             await self._rq(self.worker.start)
@@ -404,6 +422,8 @@ class Consumer:
         warned = False
         while True:
             await asyncio.sleep(1.0)
+            if self.gate_paused:
+                continue  # the endpoint is down: its silence says nothing about /metrics
             view = engine_view(await self._client.metrics())
             if not view["metrics"] or view["running"] is None or view["waiting"] is None:
                 if not warned:
@@ -474,6 +494,17 @@ class Consumer:
         if ready:
             self._wake.set()
 
+    async def _redo_lost(self, run: str, lost_seq: int) -> None:
+        """A shard of RUN was lost before shipping: every job that may have results in it goes
+        back to the queue (spending a retry), and its items still waiting here are dropped."""
+        lost = [js for js in self.jobs.values() if js.ctx.run == run and js.max_seq >= lost_seq]
+        for js in lost:
+            js.abandoned = True
+            await self._rq(self.worker.fail, js.held, f"results lost from the spool (shard {lost_seq})", True)
+            del self.jobs[js.held.id]
+        self.pending = collections.deque(p for p in self.pending if not p[0].abandoned)
+        self._wake.set()
+
     def _ack(self, js: JobState, manifest: dict[str, Any]) -> bool:
         acked = self.worker.finish(js.held, manifest)
         if acked:
@@ -494,11 +525,15 @@ class Consumer:
         assert self._gen is not None
         messages = [{"role": "user", "content": "What is 2 + 2? Think it through briefly."}]
         try:
-            turn = await self._gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens))
+            turn = await asyncio.wait_for(
+                self._gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens)),
+                timeout=min(self.cfg.request_timeout, 120.0))
         except Exception as e:  # noqa: BLE001 - the probe never stops a consumer
             log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
             return
         ctx.reasoning_probe = turn.reasoning_form
+        raw = turn.raw_content
+        ctx.think_opened = turn.reasoning_form == "inline" and "</think>" in raw and "<think>" not in raw
         log.info("run %s: the server returns thinking as %s", ctx.run, turn.reasoning_form)
         if turn.reasoning_form == "none" and ctx.settings.expect_reasoning:
             msg = (f"run {ctx.run} expects thinking, but {self.cfg.endpoint} returned none in the probe "
@@ -508,26 +543,13 @@ class Consumer:
             await self._rq(self.conn.hset, run_key(ctx.run, "warnings"), self.worker.name, msg)
 
     async def _ship_leftovers(self) -> None:
-        shards = await self._rq(leftover_shards, self.cfg.spool, self._is_dead)
+        """Ship what an earlier consumer left in this spool. The spool's lock (held since start)
+        proves that consumer is dead: every shard here not of our own making is a leftover."""
+        mine = self.worker.name
+        shards = await self._rq(leftover_shards, self.cfg.spool, lambda worker: worker != mine)
         for shard in shards:
             log.warning("shipping %s left in the spool by an earlier consumer", shard.name)
             self.outbox.enqueue(shard)
-
-    def _is_dead(self, worker: str) -> bool:
-        """A worker is gone when rq has no live record of it or its heartbeat is stale
-        (a SIGKILLed worker's hash outlives it by its TTL)."""
-        if worker == self.worker.name:
-            return False
-        data = self.conn.hgetall(f"rq:worker:{worker}")
-        if not data or b"death" in data:
-            return True
-        beat = data.get(b"last_heartbeat")
-        if beat is None:
-            return True
-        from rq.utils import utcparse
-
-        age = time.time() - utcparse(beat.decode()).timestamp()
-        return age > 2 * self.cfg.lease
 
     # --- stopping ------------------------------------------------------------------
     async def _drain(self) -> None:

@@ -52,6 +52,8 @@ def main(verbose: int) -> None:
               help="Where consumers put results: a directory, or s3://bucket/prefix.")
 @click.option("--rejects", "rejects_path", default=None,
               help="Rejects file (default: <run>.rejects.jsonl in the current directory).")
+@click.option("--longest-first", is_flag=True,
+              help="Queue the costliest items first (by their original answers' length) to shorten the run's tail.")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
@@ -59,7 +61,7 @@ def main(verbose: int) -> None:
 def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
-            expect_reasoning: bool, output: str, rejects_path: str | None, dry_run: bool, as_json: bool, redis_url: str) -> None:
+            expect_reasoning: bool, output: str, rejects_path: str | None, longest_first: bool, dry_run: bool, as_json: bool, redis_url: str) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it."""
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
     extra = _parse_extra(sampling_json)
@@ -80,6 +82,7 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
         rejects_path=rejects_path or f"{run}.rejects.jsonl",
         max_record_bytes=max_record_bytes,
         progress=_progress if sys.stderr.isatty() and not as_json else None,
+        longest_first=longest_first,
     )
     if as_json:
         click.echo(orjson.dumps(summary.to_dict()).decode())
@@ -178,3 +181,12 @@ def format_summary(s: Summary) -> str:
         rows.append(("rejects file", s.rejects_path))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _register() -> None:
+    from producer.export import export_command
+
+    main.add_command(export_command, "export")
+
+
+_register()

@@ -24,11 +24,13 @@ from rq import Retry
 
 from common import defaults
 from common.convert import Rejected, make_items, normalize
+from common.items import answer_lengths, estimate_cost
 from common.errors import InputError
 from common.jobs import TASK, job_description, job_id, queue_for, use_fast_job_compression
 from common.reader import RawRecord, iter_records
 from common.runs import RunStore, key_digest
 from common.settings import RunSettings
+from producer.order import LongestFirst
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class Enqueuer:
         batch_size: int = defaults.BATCH_SIZE,
         retries: int = defaults.JOB_RETRIES,
         rejects: RejectsWriter | None = None,
+        order: LongestFirst | None = None,
     ) -> None:
         self.run = run
         self.settings = settings
@@ -124,6 +127,8 @@ class Enqueuer:
         self._seen: set[int] = set()
         self._batch: list[dict[str, Any]] = []
         self.counts = Counter[str]()
+        self.order = order
+        self._estimates: dict[str, int] = {}
 
     # --- per record -----------------------------------------------------------------
     def _reject(self, rec: RawRecord, reason: str, detail: str = "") -> None:
@@ -141,7 +146,11 @@ class Enqueuer:
             chars = conv.text_chars()
             if chars > self.settings.max_prompt_chars:
                 raise Rejected("too_long", f"{chars} characters > limit {self.settings.max_prompt_chars}")
-            return make_items(conv, self.settings.multi_turn, rec.index)
+            items = make_items(conv, self.settings.multi_turn, rec.index)
+            if self.order is not None:
+                answers = answer_lengths(conv)
+                self._estimates.update((it["key"], estimate_cost(it, answers)) for it in items)
+            return items
         except Rejected as r:
             self._reject(rec, r.reason, r.detail)
             return None
@@ -161,9 +170,18 @@ class Enqueuer:
         except InputError:
             # The input broke part way (a truncated archive): what came before it still lands.
             self._settle(chunk)
-            self._flush(final=True)
+            self._drain_order()
             raise
         self._settle(chunk)
+        self._drain_order()
+
+    def _drain_order(self) -> None:
+        """Enqueue what longest-first ordering held back, longest first; then the rest."""
+        if self.order is not None:
+            for items in self.order.longest_first():
+                self._batch.extend(items)
+                self._flush(final=False)
+            self.order.close()
         self._flush(final=True)
 
     def _settle(self, chunk: list[_Pending]) -> None:
@@ -192,11 +210,16 @@ class Enqueuer:
                 self.counts["items"] += len(new_items)
                 for it in new_items:
                     self.counts["prompt_chars"] += sum(len(m.get("content") or "") for m in it["messages"])
-                self._batch.extend(new_items)
+                if self.order is not None:
+                    for it in new_items:
+                        self.order.add(it, self._estimates.get(it["key"], 0))
+                else:
+                    self._batch.extend(new_items)
             elif in_redis:
                 self.counts["already_enqueued"] += 1
             else:
                 self.counts["duplicates"] += 1
+        self._estimates.clear()
         self._flush(final=False)
 
     def _flush(self, *, final: bool) -> None:
@@ -242,6 +265,7 @@ def enqueue_file(
     rejects_path: str | None = None,
     max_record_bytes: int = defaults.MAX_RECORD_BYTES,
     progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None = None,
+    longest_first: bool = False,
 ) -> Summary:
     """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued)."""
     started = time.perf_counter()
@@ -249,7 +273,8 @@ def enqueue_file(
     if conn is not None:
         summary.created_run = RunStore(conn).create_or_check(run, settings)
     rejects = RejectsWriter(rejects_path) if rejects_path else None
-    enq = Enqueuer(run, settings, conn, batch_size=batch_size, rejects=rejects)
+    order = LongestFirst() if longest_first else None
+    enq = Enqueuer(run, settings, conn, batch_size=batch_size, rejects=rejects, order=order)
     records = iter_records(path, max_record_bytes=max_record_bytes)
     if progress is not None:
         records = progress(records)

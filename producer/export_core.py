@@ -27,7 +27,7 @@ import struct
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -48,7 +48,8 @@ SADD_BATCH = 10_000
 TEMP_KEY_TTL = 24 * 3600
 WRITE_BUFFER = 256 * 1024
 
-# key digest, index, turn (-1: none), is_error, attempt, finished_at, shard ordinal, line, blob length
+# key digest, index, turn (-1: none), is_error, attempt, finished_at, shard ordinal, line, and the
+# length of the blob that follows: the output line, or the raw line of an error record.
 _HEADER = struct.Struct("<16sqiBIdIII")
 
 
@@ -84,12 +85,14 @@ def open_writer(path: Path) -> IO[bytes]:
     if name.endswith(".gz"):
         import gzip
 
-        return gzip.open(path, "wb", compresslevel=3)  # type: ignore[return-value]
+        # Level 1: ~160 MB/s against ~75 at 3 for nearly the same size; .zst is better at both.
+        return gzip.open(path, "wb", compresslevel=1)  # type: ignore[return-value]
     if name.endswith(".zst") or name.endswith(".zstd"):
         import zstandard
 
         fh = open(path, "wb")  # noqa: SIM115 - closed with the stream writer
-        return zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=True)  # type: ignore[return-value]
+        writer: IO[bytes] = zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=True)
+        return writer
     return open(path, "wb", buffering=WRITE_BUFFER)  # noqa: SIM115
 
 
@@ -111,7 +114,7 @@ class Exporter:
     def export(self) -> ExportResult:
         """Run both passes and the coverage check; the three files appear only on success."""
         t0 = time.monotonic()
-        shards = self.source.list()
+        shards = self.source.list_shards()
         self.result.shards = len(shards)
         tmp = Path(tempfile.mkdtemp(prefix=".gq-export-", dir=self.workdir))
         seen_key = run_key(self.run, f"export:{uuid.uuid4().hex}:seen")
@@ -156,21 +159,20 @@ class Exporter:
         log.info("reading %d shards from %s into %d partitions of %d indexes", len(shards),
                  self.source.where, k, span)
         try:
-            for ordinal, shard in enumerate(shards):
-                with self.source.open(shard) as fh:
-                    self._split(shard, ordinal, fh, files, span)
+            for ordinal, (shard, fh) in enumerate(self.source.each(shards)):
+                self._split(shard, ordinal, fh, files, span)
         finally:
             for f in files:
                 f.close()
         return paths
 
-    def _split(self, shard: ShardInfo, ordinal: int, fh: IO[bytes], files: list[IO[bytes]], span: int) -> None:
+    def _split(self, shard: ShardInfo, ordinal: int, fh: IO[bytes], files: Sequence[IO[bytes]], span: int) -> None:
         last = len(files) - 1
         convert = self.convert
         pack = _HEADER.pack
         loads, dumps = orjson.loads, orjson.dumps
         digest = hashlib.sha256()
-        size = records = bad = 0
+        size = records = bad = blank = 0
         for lineno, line in enumerate(fh):
             digest.update(line)
             size += len(line)
@@ -178,26 +180,26 @@ class Exporter:
             try:
                 rec = loads(line)
                 key = bytes.fromhex(rec["key"])
-                index = int(rec["index"])
-                turn = rec.get("turn")
-                turn = -1 if turn is None else int(turn)
                 if len(key) != 16:
                     raise ValueError("key is not 16 bytes")
+                index = int(rec["index"])
+                turn = rec.get("turn")
                 is_error = "error" in rec
-                if is_error:
-                    blob = line if line.endswith(b"\n") else line + b"\n"
-                else:
-                    blob = dumps(convert(rec)) + b"\n"
-                attempt = int(rec.get("attempt") or 0)
-                finished = float((rec.get("timings") or {}).get("finished_at") or math.inf)
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                blob = (line if line.endswith(b"\n") else line + b"\n") if is_error else dumps(convert(rec)) + b"\n"
+                header = pack(key, index, -1 if turn is None else int(turn), is_error,
+                              int(rec.get("attempt") or 0),
+                              float((rec.get("timings") or {}).get("finished_at") or math.inf), ordinal, lineno,
+                              len(blob))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, struct.error):
                 if line.strip():
                     bad += 1
+                else:
+                    blank += 1
                 continue
             f = files[min(max(index, 0) // span, last)]
-            f.write(pack(key, index, turn, is_error, attempt, finished, ordinal, lineno, len(blob)))
+            f.write(header)
             f.write(blob)
-        self.result.records_read += records - bad
+        self.result.records_read += records - bad - blank
         self.result.bad_lines += bad
         if bad:
             log.warning("%s: %d unreadable lines skipped", shard.name, bad)

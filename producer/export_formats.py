@@ -3,7 +3,7 @@
 `openai`: the whole conversation as OpenAI chat `messages`, the model's answers included:
 
     {"key", "index", "turn"?, "messages": [..., {"role": "assistant", "content", "reasoning"?,
-     "tool_calls"?}], "model", "fingerprint", "usage", "outcome", "stopped"?, "note"?}
+     "tool_calls"?}], "tools"?, "model", "fingerprint", "usage", "outcome", "stopped"?, "note"?}
 
   Single-turn modes: the record's prompt plus one assistant message built from `content`,
   `reasoning` and `tool_calls`. Mode regenerate: `messages` already holds the regenerated
@@ -13,7 +13,7 @@
 `sharegpt`: what drafter-training tools (SpecForge, LLaMA-Factory) read:
 
     {"conversations": [{"from": "human"|"gpt"|"function_call"|"observation", "value"}],
-     "system"?: "...", "key", "index", "turn"?}
+     "system"?: "...", "tools"?: "<JSON>", "key", "index", "turn"?}
 
   System messages go to the top-level `system`. The thinking stays inside each gpt value as
   `<think>\\n{reasoning}\\n</think>\\n\\n{answer}`, the layout Qwen3-style chat templates
@@ -37,7 +37,7 @@ def to_openai(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("turn") is not None:
         out["turn"] = rec["turn"]
     out["messages"] = conversation(rec)
-    for field in ("model", "fingerprint", "usage", "outcome", "stopped", "note"):
+    for field in ("tools", "model", "fingerprint", "usage", "outcome", "stopped", "note"):
         if rec.get(field) is not None:
             out[field] = rec[field]
     return out
@@ -60,6 +60,8 @@ def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"conversations": conv}
     if system:
         out["system"] = "\n\n".join(system)
+    if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
+        out["tools"] = orjson.dumps(rec["tools"]).decode()
     out["key"] = rec["key"]
     out["index"] = rec["index"]
     if rec.get("turn") is not None:

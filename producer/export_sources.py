@@ -1,21 +1,24 @@
 """Where a run's shards are read from: a local (or mounted) directory, or S3.
 
 Both list `<output>/<run>/shards/*.jsonl` in name order (so the export is deterministic) with
-each shard's size and, when its manifest is there, the sha256 and record count it promises.
+each shard's size and, when its manifest is there, the sha256 and record count it promises
+(S3: known once the shard is opened, as the manifest is fetched with it).
 A shard object is complete once it exists (a rename locally, an atomic PUT in S3); a missing
 manifest only means its consumer died before writing it, and its records still count.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 import orjson
 
@@ -45,9 +48,11 @@ class ShardSource(Protocol):
 
     where: str
 
-    def list(self) -> list[ShardInfo]: ...
+    def list_shards(self) -> list[ShardInfo]: ...
 
-    def open(self, shard: ShardInfo) -> Any: ...  # a context manager yielding a binary file
+    def each(self, shards: list[ShardInfo]) -> Iterator[tuple[ShardInfo, IO[bytes]]]:
+        """Each shard in order with an open binary file, valid until the next one is asked for."""
+        ...
 
 
 class LocalSource:
@@ -57,7 +62,7 @@ class LocalSource:
         self.dir = Path(root) / run / "shards"
         self.where = str(self.dir)
 
-    def list(self) -> list[ShardInfo]:
+    def list_shards(self) -> list[ShardInfo]:
         if not self.dir.is_dir():
             if not Path(self.dir).parent.parent.is_dir():
                 raise UserError(f"the run's output directory {self.dir.parent.parent} does not exist")
@@ -68,15 +73,16 @@ class LocalSource:
             found.append(ShardInfo(path.name, path.stat().st_size, *man))
         return found
 
-    @contextmanager
-    def open(self, shard: ShardInfo) -> Iterator[IO[bytes]]:
-        with open(self.dir / shard.name, "rb", buffering=READ_BUFFER) as fh:
-            yield fh
+    def each(self, shards: list[ShardInfo]) -> Iterator[tuple[ShardInfo, IO[bytes]]]:
+        for shard in shards:
+            with open(self.dir / shard.name, "rb", buffering=READ_BUFFER) as fh:
+                yield shard, fh
 
 
 class S3Source:
     """s3://bucket/prefix/<run>/shards/: each shard is downloaded to a temporary file (the
-    transfer manager's ranged, retried GETs), read, then deleted."""
+    transfer manager's ranged, retried GETs), read, then deleted; the next one downloads
+    while the current one is read."""
 
     def __init__(self, url: str, run: str, *, tmpdir: str | None = None) -> None:
         from consumer.s3sink import S3Location, make_client
@@ -86,12 +92,13 @@ class S3Source:
         self.where = self.loc.url(self.prefix)
         self.client = make_client(read_timeout=120)
         self.tmpdir = tmpdir
+        self._manifests: set[str] = set()
 
-    def list(self) -> list[ShardInfo]:
+    def list_shards(self) -> list[ShardInfo]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         sizes: dict[str, int] = {}
-        manifests: set[str] = set()
+        self._manifests.clear()
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.loc.bucket,
                                                                                Prefix=self.prefix):
@@ -102,34 +109,50 @@ class S3Source:
                     if name.endswith(".jsonl"):
                         sizes[name] = int(obj["Size"])
                     elif name.endswith(".manifest.json"):
-                        manifests.add(name)
-            found = []
-            for name in sorted(sizes):
-                man_name = name.removesuffix(".jsonl") + ".manifest.json"
-                sha, records = (None, None)
-                if man_name in manifests:
-                    body = self.client.get_object(Bucket=self.loc.bucket, Key=self.prefix + man_name)["Body"]
-                    sha, records = _parse_manifest(body.read())
-                found.append(ShardInfo(name, sizes[name], sha, records))
+                        self._manifests.add(name)
         except (BotoCoreError, ClientError) as e:
             raise SourceError(f"cannot list {self.where}: {e}") from None
-        return found
+        return [ShardInfo(name, sizes[name]) for name in sorted(sizes)]
 
-    @contextmanager
-    def open(self, shard: ShardInfo) -> Iterator[IO[bytes]]:
+    def each(self, shards: list[ShardInfo]) -> Iterator[tuple[ShardInfo, IO[bytes]]]:
+        # The next shard (and its manifest) downloads while this one is read: at most two
+        # temporary files exist at a time.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="export-get") as pool:
+            ahead: collections.deque[Future[tuple[ShardInfo, str]]] = collections.deque()
+            try:
+                for i, shard in enumerate(shards):
+                    if not ahead:
+                        ahead.append(pool.submit(self._download, shard))
+                    described, path = ahead.popleft().result()
+                    if i + 1 < len(shards):
+                        ahead.append(pool.submit(self._download, shards[i + 1]))
+                    try:
+                        with open(path, "rb", buffering=READ_BUFFER) as fh:
+                            yield described, fh
+                    finally:
+                        os.unlink(path)
+            finally:
+                for fut in ahead:  # stopped early (an error): drop the prefetched file
+                    with suppress(Exception):
+                        os.unlink(fut.result()[1])
+
+    def _download(self, shard: ShardInfo) -> tuple[ShardInfo, str]:
+        """The shard with what its manifest says, and the temporary file holding it."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        fd, tmp = tempfile.mkstemp(prefix="gq-export-", suffix=".jsonl", dir=self.tmpdir)
+        man_name = shard.name.removesuffix(".jsonl") + ".manifest.json"
+        fd, tmp = tempfile.mkstemp(prefix=".gq-export-", suffix=".jsonl", dir=self.tmpdir)
         os.close(fd)
         try:
-            try:
-                self.client.download_file(self.loc.bucket, self.prefix + shard.name, tmp)
-            except (BotoCoreError, ClientError) as e:
-                raise SourceError(f"cannot read {self.where}{shard.name}: {e}") from None
-            with open(tmp, "rb", buffering=READ_BUFFER) as fh:
-                yield fh
-        finally:
+            if man_name in self._manifests:
+                raw = self.client.get_object(Bucket=self.loc.bucket, Key=self.prefix + man_name)["Body"].read()
+                sha256, records = _parse_manifest(raw)
+                shard = replace(shard, sha256=sha256, records=records)
+            self.client.download_file(self.loc.bucket, self.prefix + shard.name, tmp)
+        except (BotoCoreError, ClientError) as e:
             os.unlink(tmp)
+            raise SourceError(f"cannot read {self.where}{shard.name}: {e}") from None
+        return shard, tmp
 
 
 def source_for(output: str, run: str, *, tmpdir: str | None = None) -> ShardSource:

@@ -54,3 +54,17 @@ def test_status_classes():
         assert classify_status(s) is PermanentError
     for s in (408, 429, 500, 502, 503, 504):
         assert classify_status(s) is TransientError
+
+
+def test_template_opened_thinking_cut_by_the_budget():
+    body = resp({"content": "still thinking, no tags", "reasoning": None}, "length")
+    assert parse_completion(body).outcome == CUT_IN_ANSWER  # without the probe's knowledge
+    t = parse_completion(body, think_opened=True)
+    assert t.outcome == CUT_IN_THINKING and t.reasoning == "still thinking, no tags" and t.content == ""
+
+
+def test_thinking_with_no_answer_is_not_finished():
+    from consumer.completion import NO_ANSWER
+
+    t = parse_completion(resp({"content": None, "reasoning": "the whole reply"}, "stop"))
+    assert t.outcome == NO_ANSWER

@@ -40,7 +40,34 @@ def test_leftovers_of_dead_workers_only(tmp_path):
     sealed.seal()
     found = leftover_shards(str(spool), lambda w: w == "deadw")
     names = sorted(s.name for s in found)
-    assert names == ["alivew2-000001.jsonl", "deadw-000001.jsonl"]
+    assert names == ["deadw-000001.jsonl"]  # a live worker's sealed shard is its own to ship
     torn = [s for s in found if s.name.startswith("deadw")][0]
     assert torn.records == 1 and torn.path.read_bytes() == b'{"key":"a"}\n'
     assert (spool / "r" / "alivew-000001.jsonl.open").exists()
+
+
+def test_a_spool_is_held_by_one_live_process(tmp_path):
+    import subprocess
+    import sys
+
+    import pytest
+
+    from consumer.shards import SpoolBusyError, lock_spool
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, '.');"
+                               "from consumer.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
+                               "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "ok"
+    with pytest.raises(SpoolBusyError, match="in use by pid"):
+        lock_spool(str(tmp_path))
+    holder.kill()  # a SIGKILLed holder releases it
+    holder.wait()
+    assert lock_spool(str(tmp_path)) is not None
+
+
+def test_sealed_shards_of_a_live_worker_are_not_leftovers(tmp_path):
+    w = ShardWriter(str(tmp_path), "r", "alive", max_bytes=10**9, max_age=3600)
+    w.append({"key": "a"})
+    w.seal()
+    assert leftover_shards(str(tmp_path), lambda name: False) == []
+    assert len(leftover_shards(str(tmp_path), lambda name: True)) == 1

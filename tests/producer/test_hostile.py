@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -22,10 +24,26 @@ def producer_dry(args: list[str], stdin_cmd: str | None = None) -> tuple[dict, i
         feeder.stdout.close()  # type: ignore[union-attr]
     else:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
-    _, status, rusage = os.wait4(proc.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, err.decode()
-    return orjson.loads(out), rusage.ru_maxrss // 1024, err.decode()
+    # Peak RSS from /proc's VmHWM (this process image only): getrusage's ru_maxrss would also
+    # count the moment after fork, when the child still mirrors the whole pytest process.
+    peak_kb = 0
+    status_file = f"/proc/{proc.pid}/status"
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))  # type: ignore[union-attr]
+    out: list[bytes] = []
+    reader.start()
+    while proc.poll() is None:
+        try:
+            with open(status_file) as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        peak_kb = max(peak_kb, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    reader.join()
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    assert proc.returncode == 0, err.decode()
+    return orjson.loads(out[0]), peak_kb // 1024, err.decode()
 
 
 def test_a_one_gigabyte_record_is_rejected_in_bounded_memory(tmp_path: Path):

@@ -1,0 +1,90 @@
+"""Run the benchmark suite and write BENCHMARKS.md (date, machine, every table).
+
+    python -m bench                 # the full suite (about 15 minutes here)
+    python -m bench --quick         # small sizes: a smoke run that keeps the suite from rotting
+    python -m bench --only saturation consumer
+
+Benchmarks are not tests: nothing here asserts a speed. Each one prints its table; this
+runner collects them with the command that made them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FULL = {
+    "saturation": ["bench.bench_saturation", "--slots", "64", "256", "--items", "4000"],
+    "consumer": ["bench.bench_consumer", "--items", "20000", "--concurrency", "64", "256", "1024"],
+    "clients": ["bench.bench_clients", "--requests", "5000", "--in-flight", "256"],
+    "producer": ["bench.bench_producer", "--records", "1000000"],
+    "export": ["bench.bench_export", "--records", "1000000", "--records", "250000"],
+    "longest_first": ["bench.bench_longest_first", "--items", "2000"],
+}
+QUICK = {
+    "saturation": ["bench.bench_saturation", "--slots", "16", "--items", "200"],
+    "consumer": ["bench.bench_consumer", "--items", "500", "--concurrency", "64"],
+    "clients": ["bench.bench_clients", "--requests", "300", "--in-flight", "64"],
+    "producer": ["bench.bench_producer", "--records", "2000"],
+    "export": ["bench.bench_export", "--records", "3000"],
+    "longest_first": ["bench.bench_longest_first", "--items", "150", "--slots", "16"],
+}
+TITLES = {
+    "saturation": "1. Saturation: genqueue vs a batch-at-a-time client vs a bare client (stand-in vLLM)",
+    "consumer": "2. Cost: consumer CPU per completion, whole path on, stand-in with zero delay",
+    "clients": "Client CPU per completion: raw aiohttp (genqueue's hot path) vs the openai package",
+    "producer": "3a. Producer at a million records",
+    "export": "3b. Export at a million records",
+    "longest_first": "Longest first: makespan with and without",
+}
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.node()}: {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="+", choices=sorted(FULL))
+    ap.add_argument("--out", default="BENCHMARKS.md")
+    args = ap.parse_args()
+    plan = QUICK if args.quick else FULL
+    names = args.only or list(plan)
+    parts = [f"# Benchmarks\n\n{datetime.date.today().isoformat()}, {machine()}"
+             f"{' (quick smoke sizes)' if args.quick else ''}.\n\nMade by `python -m bench"
+             f"{' --quick' if args.quick else ''}`; each section names its command. The machine is shared "
+             "and noisy: compare rows of one table (one run, side by side), not across runs.\n"]
+    failed = 0
+    for name in names:
+        cmd = [sys.executable, "-m", *plan[name]]
+        print(f"== {name}: {' '.join(plan[name])}", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        took = time.monotonic() - t0
+        body = proc.stdout.strip() if proc.returncode == 0 else f"FAILED (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+        failed += proc.returncode != 0
+        print(body, file=sys.stderr)
+        parts.append(f"## {TITLES[name]}\n\n`python -m {' '.join(plan[name])}` ({took:.0f} s)\n\n```\n{body}\n```\n")
+    Path(args.out).write_text("\n".join(parts))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

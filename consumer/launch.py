@@ -1,0 +1,109 @@
+"""`consumer launch`: one vLLM and one consumer per GPU on this node, supervised.
+
+    consumer launch --gpus 0-7 --model /models/my-27b --run data -- --speculative-config '{...}'
+
+Everything after `--` goes to every engine untouched. See consumer/launch_supervisor.py for
+what happens when an engine or a consumer dies, and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import shutil
+from pathlib import Path
+
+import click
+
+from common import defaults
+from common.cli import friendly_errors, redis_option, setup_logging
+from common.errors import UserError
+from consumer.launch_plan import DEVICES, ENGINE_START_TIMEOUT, ENGINES, LaunchConfig, parse_gpus
+
+
+def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        return parse_gpus(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+
+
+@click.command("launch", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--gpus", metavar="GPUS", callback=_gpus, required=True, envvar="GENQUEUE_GPUS",
+              help='GPUs to use: "0-7", "0,2,5" or "3". One engine and one consumer each.')
+@click.option("--model", envvar="GENQUEUE_MODEL", help="Model path or name for vLLM (--model).")
+@click.option("--served-model-name", default=None, help="Name vLLM serves the model under (default: --model).")
+@click.option("--run", "run_name", help="Consumers serve only this run (default: every open run the model fits).")
+@click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
+              help="simulate: genqueue's stand-in vLLM instead (tests, demos; no GPU).")
+@click.option("--vllm-cmd", envvar="GENQUEUE_VLLM_CMD", default=None,
+              help="Engine command before its arguments, e.g. 'vllm serve' or '/opt/vllm/bin/python -m "
+                   "vllm.entrypoints.openai.api_server' (default: this Python, -m that module).")
+@click.option("--devices", type=click.Choice(DEVICES), default="gpu", show_default=True,
+              help="cpu: do not set CUDA_VISIBLE_DEVICES (vLLM CPU builds).")
+@click.option("--base-port", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              help="The engine of GPU N listens on BASE+N.")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("./genqueue-logs"),
+              show_default=True, help="engine-gpuN.log, consumer-gpuN.log, pids.json.")
+@click.option("--spool-root", type=click.Path(file_okay=False, path_type=Path), default=Path("./genqueue-spool"),
+              show_default=True, help="Consumer of GPU N spools to ROOT/gpuN.")
+@click.option("--concurrency", "-c", default=None,
+              help="Requests each consumer keeps in flight: a number or auto (default: the consumer's).")
+@click.option("--metrics-base-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_BASE_PORT",
+              help="Consumer of GPU N serves Prometheus metrics on BASE+N (default: off).")
+@click.option("--lease", type=click.IntRange(2, 3600), default=None,
+              help=f"Consumers' job lease in seconds (consumer default {defaults.LEASE_SECONDS}).")
+@click.option("--drain-timeout", type=click.FloatRange(0), default=defaults.DRAIN_TIMEOUT, show_default=True,
+              help="On SIGTERM, seconds each consumer's in-flight requests get to finish.")
+@click.option("--burst", is_flag=True, help="Consumers exit once the runs are drained; then launch stops.")
+@click.option("--consumer-args", default="", help="More `consumer run` options, e.g. '--shard-max-age 5'.")
+@click.option("--engine-start-timeout", type=click.FloatRange(1), default=ENGINE_START_TIMEOUT, show_default=True,
+              help="Seconds an engine has to answer /health (large models load for minutes).")
+@click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
+@redis_option
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
+@friendly_errors
+def launch_command(gpus: list[int], model: str | None, served_model_name: str | None, run_name: str | None,
+                   engine: str, vllm_cmd: str | None, devices: str, base_port: int, log_dir: Path, spool_root: Path,
+                   concurrency: str | None, metrics_base_port: int | None, lease: int | None, drain_timeout: float, burst: bool,
+                   consumer_args: str, engine_start_timeout: float, verbose: int, redis_url: str,
+                   engine_args: tuple[str, ...]) -> None:
+    """Start an engine and a consumer per GPU and keep them running until SIGTERM.
+
+    Arguments after `--` go to every engine as they are (speculative decoding, parsers,
+    --max-model-len ...).
+    """
+    from common.settings import check_run_name
+    from consumer.launch_supervisor import Supervisor
+
+    setup_logging(verbose)
+    logging.getLogger("consumer.launch").setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    if run_name:
+        check_run_name(run_name)
+    if engine == "vllm" and not model:
+        raise UserError("--model is required with --engine vllm")
+    if base_port + max(gpus) > 65535:
+        raise UserError(f"--base-port {base_port} + GPU {max(gpus)} is past port 65535")
+    if metrics_base_port is not None and metrics_base_port + max(gpus) > 65535:
+        raise UserError(f"--metrics-base-port {metrics_base_port} + GPU {max(gpus)} is past port 65535")
+    if concurrency is not None and concurrency != "auto" and not (concurrency.isdigit() and int(concurrency) >= 1):
+        raise UserError(f"--concurrency takes a number or auto, not {concurrency!r}")
+    try:
+        shlex.split(consumer_args)
+    except ValueError as e:
+        raise UserError(f"--consumer-args {consumer_args!r}: {e}") from None
+    if vllm_cmd is not None:
+        head = shlex.split(vllm_cmd)
+        if not head or shutil.which(head[0]) is None:
+            raise UserError(f"--vllm-cmd {vllm_cmd!r}: no such executable")
+    cfg = LaunchConfig(gpus=gpus, model=model, served_model_name=served_model_name, run=run_name, engine=engine,
+                       vllm_cmd=vllm_cmd, devices=devices, base_port=base_port, log_dir=log_dir,
+                       spool_root=spool_root, concurrency=concurrency,
+                       metrics_base_port=metrics_base_port, lease=lease, drain_timeout=drain_timeout,
+                       burst=burst, consumer_args=consumer_args, engine_args=list(engine_args),
+                       engine_start_timeout=engine_start_timeout, redis_url=redis_url)
+    raise SystemExit(Supervisor(cfg).run())
+
+
+if __name__ == "__main__":
+    launch_command(prog_name="consumer launch")

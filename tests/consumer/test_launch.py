@@ -1,0 +1,349 @@
+"""`consumer launch`: the plan as pure functions, then the supervisor with the stand-in engine,
+real redis-server and real processes (`python -m consumer.launch`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from common.jobs import queue_for
+from consumer.launch import launch_command
+from consumer.launch_plan import (
+    LaunchConfig,
+    consumer_argv,
+    consumer_env,
+    engine_argv,
+    engine_env,
+    parse_gpus,
+    restart_delay,
+)
+from tests.conftest import cli, free_port, sharegpt, write_jsonl
+from tests.consumer.e2e import read_results, run_keys
+
+
+# --- the plan (pure) -------------------------------------------------------------------
+@pytest.mark.parametrize("spec, gpus", [
+    ("0-7", list(range(8))), ("0,2,5", [0, 2, 5]), ("3", [3]), ("0-3,6", [0, 1, 2, 3, 6]),
+    ("5,1", [1, 5]), (" 0 , 1 ", [0, 1]), ("2-2", [2]),
+])
+def test_parse_gpus(spec, gpus):
+    assert parse_gpus(spec) == gpus
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("", "empty"), ("0,,1", "empty"), ("a", "neither"), ("-1", "neither"), ("1-", "neither"), ("3-1", "backwards"),
+    ("0-2,1", "twice"), ("1024", "out of range"), ("0-7-9", "neither"), ("1.5", "neither"),
+])
+def test_parse_gpus_refuses(spec, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_gpus(spec)
+
+
+def test_restart_delay_doubles_up_to_the_cap():
+    assert [restart_delay(n) for n in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
+    assert restart_delay(10_000) == 60
+
+
+def test_vllm_command_line_passes_extra_args_untouched():
+    spec = '{"method": "eagle3", "model": "/m/draft", "num_speculative_tokens": 3}'
+    cfg = LaunchConfig(gpus=[0, 3], model="/models/q27b", engine_args=["--speculative-config", spec, "--tp", "1"])
+    argv = engine_argv(cfg, 3)
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[3:] == ["--model", "/models/q27b", "--host", "127.0.0.1", "--port", "8003",
+                        "--speculative-config", spec, "--tp", "1"]
+    assert "--served-model-name" not in argv
+    named = LaunchConfig(gpus=[0], model="/m", served_model_name="q", vllm_cmd="vllm serve", base_port=9000)
+    assert engine_argv(named, 0) == ["vllm", "serve", "--model", "/m", "--host", "127.0.0.1", "--port", "9000",
+                                     "--served-model-name", "q"]
+    with pytest.raises(ValueError, match="--model"):
+        engine_argv(LaunchConfig(gpus=[0]), 0)
+
+
+def test_simulate_command_line_and_environments():
+    cfg = LaunchConfig(gpus=[1], engine="simulate", base_port=7000, engine_args=["--slots", "4"])
+    assert engine_argv(cfg, 1) == [sys.executable, "-m", "consumer", "simulate", "--port", "7001", "--slots", "4"]
+    cfg.served_model_name = "tiny"
+    assert engine_argv(cfg, 1)[6:8] == ["--model", "tiny"]
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2"}
+    assert engine_env(cfg, 1, base)["CUDA_VISIBLE_DEVICES"] == "1"
+    cfg.devices = "cpu"
+    assert engine_env(cfg, 1, base) == base
+
+
+def test_consumer_command_line():
+    cfg = LaunchConfig(gpus=[2], base_port=8100, run="data", concurrency="64", lease=10, drain_timeout=20, burst=True,
+                       spool_root=Path("/s"), consumer_args="--shard-max-age 5", redis_url="redis://:pw@h:6379/0",
+                       metrics_base_port=9400)
+    argv = consumer_argv(cfg, 2)
+    assert argv[:3] == [sys.executable, "-m", "consumer"]
+    assert argv[3:] == ["-v", "run", "--gpu", "2", "--endpoint", "http://127.0.0.1:8102/v1", "--spool", "/s/gpu2",
+                        "--drain-timeout", "20", "--run", "data", "--concurrency", "64", "--metrics-port", "9402",
+                        "--lease", "10", "--burst", "--shard-max-age", "5"]
+    assert "pw" not in " ".join(argv)
+    assert consumer_env(cfg, {"A": "1", "GENQUEUE_METRICS_PORT": "9100"}) == {"A": "1", "REDIS_URL": "redis://:pw@h:6379/0"}
+    plain = consumer_argv(LaunchConfig(gpus=[0]), 0)
+    assert not {"--run", "--concurrency", "--burst", "--metrics-port", "--lease"} & set(plain)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--gpus", "3-1", "--engine", "simulate"], "backwards"),
+    (["--gpus", "0"], "--model is required"),
+    (["--gpus", "0", "--model", "m", "--vllm-cmd", "no-such-vllm-binary serve"], "no such executable"),
+    (["--gpus", "0", "--engine", "simulate", "--run", "bad name!"], "run"),
+    (["--gpus", "0", "--engine", "simulate", "--consumer-args", "'open"], "--consumer-args"),
+    (["--gpus", "0-9", "--engine", "simulate", "--base-port", "65530"], "65535"),
+    (["--gpus", "0", "--engine", "simulate", "-c", "lots"], "number or auto"),
+    (["--gpus", "0", "--engine", "simulate", "-c", "0"], "number or auto"),
+])
+def test_cli_refuses_mistakes_in_one_line(args, msg, tmp_path):
+    res = CliRunner().invoke(launch_command, [*args, "--log-dir", str(tmp_path / "logs")])
+    assert res.exit_code == 2, res.output
+    assert msg in res.output and "Traceback" not in res.output
+
+
+def test_cli_refuses_a_port_in_use(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = CliRunner().invoke(launch_command, ["--gpus", "0", "--engine", "simulate", "--base-port", str(port),
+                                                  "--log-dir", str(tmp_path / "logs")])
+    assert res.exit_code == 2 and "already in use" in res.output, res.output
+
+
+# --- the supervisor, end to end --------------------------------------------------------
+def free_ports(n: int) -> int:
+    """A base port with the n ports from it free."""
+    for _ in range(100):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+class Launch:
+    """`python -m consumer.launch` with the stand-in engine on a free run of ports."""
+
+    def __init__(self, tmp: Path, redis_url: str, gpus: str, *extra: str, sim: tuple[str, ...] = ()) -> None:
+        self.logs = tmp / "logs"
+        self.stderr = tmp / "launch.stderr"
+        n = len(parse_gpus(gpus))
+        self.base = free_ports(max(parse_gpus(gpus)) + 1) if n else 0
+        self._fh = open(self.stderr, "ab")
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "consumer.launch", "--gpus", gpus, "--engine", "simulate",
+             "--base-port", str(self.base), "--log-dir", str(self.logs), "--spool-root", str(tmp / "spool"),
+             "--consumer-args", "--shard-max-age 1", *extra, "--", *sim],
+            stdout=subprocess.DEVNULL, stderr=self._fh, env={**os.environ, "REDIS_URL": redis_url})
+        self.seen: set[int] = set()
+
+    def pids(self) -> dict:
+        try:
+            data = json.loads((self.logs / "pids.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        for g in data["gpus"].values():
+            self.seen |= {p for p in (g["engine"], g["consumer"]) if p}
+        return data["gpus"]
+
+    def wait_for(self, pred, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = pred()
+            if got:
+                return got
+            assert self.p.poll() is None, f"launch exited {self.p.returncode} while waiting for {what}:\n{self.output()}"
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.output()}")
+
+    def all_up(self) -> dict:
+        gpus = self.pids()
+        return gpus if gpus and all(g["consumer"] for g in gpus.values()) else {}
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.p.wait(timeout=timeout)
+        finally:
+            self._fh.close()
+
+    def output(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+            self.p.wait(10)
+        for pid in self.seen:
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def enqueue(tmp_path: Path, redis_url: str, run: str, n: int) -> int:
+    data = write_jsonl(tmp_path / f"{run}.jsonl", [sharegpt(i) for i in range(n)])
+    cli("producer", "enqueue", str(data), "--run", run, "--output", str(tmp_path / "out"), "--batch-size", "8",
+        "--max-tokens", "256", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url})
+    return -(-n // 8)
+
+
+def assert_complete(tmp_path: Path, conn, run: str, n: int) -> None:
+    recs = read_results(tmp_path / "out", run)
+    keys = run_keys(conn, run)
+    assert len(keys) == n and {r["key"] for r in recs} == keys
+    assert not [r for r in recs if "error" in r]
+    assert queue_for(run, conn).failed_job_registry.count == 0
+
+
+def assert_gone(launch: Launch) -> None:
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in launch.seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in launch.seen if alive(p)], "children outlived launch"
+
+
+@pytest.mark.integration
+def test_two_gpus_complete_a_run_then_sigterm_stops_everything(tmp_path, redis_url, conn):
+    jobs = enqueue(tmp_path, redis_url, "two", 300)
+    launch = Launch(tmp_path, redis_url, "0-1", "--run", "two", "-c", "32",
+                    sim=("--slots", "32", "--step-time", "0.003", "--mean-tokens", "60"))
+    try:
+        gpus = launch.wait_for(launch.all_up, 30, "both consumers")
+        assert {int(k): v["port"] for k, v in gpus.items()} == {0: launch.base, 1: launch.base + 1}
+        q = queue_for("two", conn)
+        launch.wait_for(lambda: q.finished_job_registry.count == jobs, 60, "the run to finish")
+        launch.p.send_signal(signal.SIGTERM)
+        assert launch.wait(60) == 0, launch.output()
+    finally:
+        launch.stop()
+    assert_complete(tmp_path, conn, "two", 300)
+    assert_gone(launch)
+    assert not (launch.logs / "pids.json").exists()
+    for g in (0, 1):
+        assert "simulate: stand-in vLLM" in launch.log(f"engine-gpu{g}")
+        assert f"--gpu {g}" in launch.log(f"consumer-gpu{g}") and "stopped after" in launch.log(f"consumer-gpu{g}")
+    out = launch.output()
+    assert "engine-gpu1 healthy" in out and "launch stopped (exit 0)" in out
+
+
+@pytest.mark.integration
+def test_killed_engine_and_consumer_are_restarted_and_nothing_is_lost(tmp_path, redis_url, conn):
+    jobs = enqueue(tmp_path, redis_url, "crash", 300)
+    launch = Launch(tmp_path, redis_url, "0-1", "--run", "crash", "--burst", "-c", "16", "--lease", "3",
+                    sim=("--slots", "16", "--step-time", "0.01", "--mean-tokens", "60"))
+    try:
+        first = launch.wait_for(launch.all_up, 30, "both consumers")
+        q = queue_for("crash", conn)
+        launch.wait_for(lambda: q.finished_job_registry.count >= 3, 30, "a few jobs")
+        victim = first["0"]["engine"]
+        os.kill(victim, signal.SIGKILL)
+        assert q.finished_job_registry.count < jobs, "the run ended before the kill: make it longer"
+        os.kill(first["1"]["consumer"], signal.SIGKILL)
+        again = launch.wait_for(lambda: (g := launch.pids().get("0")) and g["engine"] not in (None, victim)
+                                and g["engine_healthy"] and g, 30, "engine-gpu0 back")
+        assert again["consumer"] == first["0"]["consumer"], "the consumer must ride the outage out, not restart"
+        launch.wait_for(lambda: launch.pids()["1"]["consumer"] not in (None, first["1"]["consumer"]), 30,
+                        "consumer-gpu1 back")
+        assert launch.wait(90) == 0, launch.output()  # --burst: consumers finish, then launch stops
+    finally:
+        launch.stop()
+    assert_complete(tmp_path, conn, "crash", 300)
+    assert_gone(launch)
+    out = launch.output()
+    assert "engine-gpu0 exited with code -9" in out and "restarting in" in out
+    assert "consumer-gpu1 exited with code -9" in out
+    assert "every consumer finished" in out
+    con = launch.log("consumer-gpu0")
+    assert "is down" in con and "is back" in con
+
+
+@pytest.mark.integration
+def test_sigterm_mid_run_drains_consumers_before_engines(tmp_path, redis_url, conn):
+    enqueue(tmp_path, redis_url, "drain", 400)
+    launch = Launch(tmp_path, redis_url, "0", "--run", "drain", "-c", "8", "--drain-timeout", "20",
+                    sim=("--slots", "8", "--step-time", "0.01", "--mean-tokens", "50"))
+    try:
+        launch.wait_for(launch.all_up, 30, "the consumer")
+        q = queue_for("drain", conn)
+        launch.wait_for(lambda: q.finished_job_registry.count >= 2, 30, "two jobs")
+        t0 = time.monotonic()
+        launch.p.send_signal(signal.SIGTERM)
+        assert launch.wait(60) == 0, launch.output()
+        took = time.monotonic() - t0
+    finally:
+        launch.stop()
+    assert_gone(launch)
+    assert took < 15, f"drain took {took:.1f} s: in-flight requests lost their engine?"
+    con = launch.log("consumer-gpu0")
+    assert "draining" in con and "is down" not in con
+    assert q.started_job_registry.count == 0 and q.count > 0
+    assert all(job.retries_left == 3 for job in q.get_jobs())
+
+
+@pytest.mark.integration
+def test_a_consumer_configuration_mistake_stops_launch(tmp_path, redis_url):
+    launch = Launch(tmp_path, redis_url, "0", "--run", "nosuchrun")
+    try:
+        assert launch.wait(30) == 2, launch.output()
+    finally:
+        launch.stop()
+    assert_gone(launch)
+    assert "configuration mistake" in launch.output()
+    assert "no run named 'nosuchrun'" in launch.log("consumer-gpu0")
+
+
+@pytest.mark.integration
+def test_children_follow_a_killed_launch(tmp_path, redis_url):
+    enqueue(tmp_path, redis_url, "orphan", 8)
+    launch = Launch(tmp_path, redis_url, "0-1", "--run", "orphan")
+    try:
+        launch.wait_for(launch.all_up, 30, "both consumers")
+        launch.p.send_signal(signal.SIGKILL)
+        launch.wait(10)
+        assert_gone(launch)
+    finally:
+        launch.stop()
+
+
+@pytest.mark.integration
+def test_a_second_signal_kills_everything_at_once(tmp_path, redis_url):
+    enqueue(tmp_path, redis_url, "hard", 8)
+    launch = Launch(tmp_path, redis_url, "0", "--run", "hard", "--drain-timeout", "100", sim=("--hang-rate", "1"))
+    try:
+        launch.wait_for(launch.all_up, 30, "the consumer")
+        launch.wait_for(lambda: "serves sim-model" in launch.log("consumer-gpu0"), 30, "the consumer's start")
+        launch.p.send_signal(signal.SIGTERM)
+        launch.wait_for(lambda: "draining" in launch.log("consumer-gpu0"), 10, "the drain")
+        t0 = time.monotonic()
+        launch.p.send_signal(signal.SIGTERM)
+        assert launch.wait(10) == 1, launch.output()
+        assert time.monotonic() - t0 < 5
+    finally:
+        launch.stop()
+    assert_gone(launch)
+    assert "second signal" in launch.output()

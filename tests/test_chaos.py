@@ -1,0 +1,30 @@
+"""The chaos run at the size CI affords (bench/chaos.py; a larger size by its flags)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_nothing_is_lost_under_kills_restarts_and_outages(tmp_path):
+    pytest.importorskip("tests.s3server")
+    from tests.s3server import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS is not installed")
+    proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--workdir", str(tmp_path / "chaos"),
+                           "--limit-seconds", "420"], capture_output=True, text=True, timeout=600)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    figures = json.loads(proc.stdout)
+    assert proc.returncode == 0, (figures, proc.stderr[-3000:])
+    assert figures["invariants"] == "hold"
+    assert figures["kills"] >= 5 and figures["redis_restarts"] == 2
+    assert figures["missing"] == 0 and figures["rq_failed_jobs"] == 0
+    assert figures["exported"] + figures["failed"] == figures["enqueued"]
+    assert all(r >= 0 for r in figures["recovery_s"])
+    print(json.dumps(figures))
