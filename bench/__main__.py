@@ -20,21 +20,24 @@ import time
 from pathlib import Path
 
 FULL = {
-    "saturation": ["bench.bench_saturation", "--slots", "64", "256", "--items", "4000"],
+    "saturation": ["bench.bench_saturation", "--slots", "64", "256"],
     "consumer": ["bench.bench_consumer", "--items", "20000", "--concurrency", "64", "256", "1024"],
     "clients": ["bench.bench_clients", "--requests", "5000", "--in-flight", "256"],
     "producer": ["bench.bench_producer", "--records", "1000000"],
     "export": ["bench.bench_export", "--records", "1000000", "--records", "250000"],
     "longest_first": ["bench.bench_longest_first", "--items", "2000"],
+    "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
-    "saturation": ["bench.bench_saturation", "--slots", "16", "--items", "200"],
+    "saturation": ["bench.bench_saturation", "--slots", "16", "--items-per-slot", "12"],
     "consumer": ["bench.bench_consumer", "--items", "500", "--concurrency", "64"],
     "clients": ["bench.bench_clients", "--requests", "300", "--in-flight", "64"],
     "producer": ["bench.bench_producer", "--records", "2000"],
     "export": ["bench.bench_export", "--records", "3000"],
     "longest_first": ["bench.bench_longest_first", "--items", "150", "--slots", "16"],
 }
+#: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
+NEEDS_VLLM = {"real_vllm"}
 TITLES = {
     "saturation": "1. Saturation: genqueue vs a batch-at-a-time client vs a bare client (stand-in vLLM)",
     "consumer": "2. Cost: consumer CPU per completion, whole path on, stand-in with zero delay",
@@ -42,7 +45,19 @@ TITLES = {
     "producer": "3a. Producer at a million records",
     "export": "3b. Export at a million records",
     "longest_first": "Longest first: makespan with and without",
+    "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
+
+
+def vllm_env() -> dict[str, str] | None:
+    """The real-vLLM tier's python and model, when scripts/vllm-tier has built them."""
+    cache = Path(os.environ.get("GENQUEUE_CACHE", Path.home() / ".cache" / "genqueue"))
+    py = Path(os.environ.get("GENQUEUE_VLLM_PYTHON", cache / "vllm-venv" / "bin" / "python"))
+    model = Path(os.environ.get("GENQUEUE_TINY_MODEL", cache / "tiny-qwen2"))
+    if not py.exists() or not (model / "config.json").exists():
+        return None
+    return {"GENQUEUE_VLLM_PYTHON": str(py), "GENQUEUE_TINY_MODEL": str(model),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
 
 
 def machine() -> str:
@@ -72,10 +87,20 @@ def main() -> int:
              "and noisy: compare rows of one table (one run, side by side), not across runs.\n"]
     failed = 0
     for name in names:
+        if name not in plan:
+            continue
+        env = None
+        if name in NEEDS_VLLM:
+            extra = vllm_env()
+            if extra is None:
+                parts.append(f"## {TITLES[name]}\n\nskipped: run `scripts/vllm-tier` once to build vLLM's "
+                             "virtualenv and the tiny model.\n")
+                continue
+            env = {**os.environ, **extra}
         cmd = [sys.executable, "-m", *plan[name]]
         print(f"== {name}: {' '.join(plan[name])}", file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         took = time.monotonic() - t0
         body = proc.stdout.strip() if proc.returncode == 0 else f"FAILED (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
         failed += proc.returncode != 0

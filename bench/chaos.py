@@ -242,6 +242,9 @@ def main() -> int:
         if endpoint_back_at:
             sim.start()
         log("chaos over; waiting for the run to complete")
+        # Complete = nothing queued and nothing leased, three polls in a row (a job moves
+        # between the two for an instant while it is dequeued or swept back).
+        quiet = 0
         while time.monotonic() - t_start < args.limit_seconds:
             try:
                 st = json.loads(subprocess.run([str(BIN / "producer"), "status", "--run", "chaos", "--json"],
@@ -250,8 +253,8 @@ def main() -> int:
                 time.sleep(1)
                 continue
             figures["unexpected_exits"] = figures.get("unexpected_exits", 0) + fleet.replace_exited()
-            if st["jobs"]["queued"] == 0 and st["jobs"]["started"] == 0 and \
-                    st["items_done"] + st["items_failed"] >= st["items"]:
+            quiet = quiet + 1 if st["jobs"]["queued"] == 0 and st["jobs"]["started"] == 0 else 0
+            if quiet >= 3:
                 break
             time.sleep(1)
         else:
@@ -267,7 +270,8 @@ def main() -> int:
             report = {}
         else:
             report = json.loads(exp.stdout)
-        figures.update({k: report.get(k) for k in ("exported", "failed", "missing", "duplicates_removed")})
+        figures.update({k: report.get(k) for k in ("exported", "failed", "failed_jobs", "missing",
+                                                   "duplicates_removed")})
         q_failed = conn.zcard("rq:failed:genqueue.chaos")
         figures["rq_failed_jobs"] = q_failed
         figures["requeued_s"] = [k["requeued_s"] for k in fleet.kills]

@@ -58,14 +58,17 @@ def start_sim(args: list[str], core: int | None = 0) -> tuple[subprocess.Popen[b
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     """Run CMD to completion; returns (wall seconds, CPU seconds of it and its children, rc)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, rusage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if proc.stderr is not None:
-        err = proc.stderr.read()
+    # stderr goes to a file: a pipe nobody reads while the child runs fills up and blocks it.
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, rusage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
         if os.waitstatus_to_exitcode(status) != 0:
-            sys.stderr.write(err.decode(errors="replace")[-2000:])
+            err.seek(0)
+            sys.stderr.write(err.read().decode(errors="replace")[-2000:])
     return wall, rusage.ru_utime + rusage.ru_stime, os.waitstatus_to_exitcode(status)
 
 

@@ -37,8 +37,10 @@ def setup_logging(verbose: int) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # rq logs every job at INFO; genqueue logs its own line per job, so rq speaks at -vv only.
-    logging.getLogger("rq").setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+    # rq logs every job at INFO (and sets rq.worker to INFO when imported); genqueue logs its
+    # own line per job, so rq speaks at -vv only.
+    for name in ("rq", "rq.worker", "rq.job", "rq.queue", "rq.registry", "rq.intermediate_queue"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
 
 
 def friendly_errors(f: F) -> F:

@@ -44,7 +44,9 @@ LEASE_SECONDS = 30
 CONCURRENCY = 256
 
 #: --concurrency auto: where it starts, and the bounds it moves within.
-AUTO_START = 64
+AUTO_START = 256
+#: How often --concurrency auto reads the engine's /metrics.
+AUTO_INTERVAL = 0.5
 AUTO_MIN = 8
 MAX_CONCURRENCY = 4096
 

@@ -53,7 +53,8 @@ def next_limit(limit: int, in_flight: int, running: float, waiting: float, kv_us
             return limit  # we lack work, not permits: growing would change nothing
         if kv_usage is not None and kv_usage >= 0.99 and waiting > 0:
             return limit  # the KV cache binds: more requests would only be preempted
-        step = limit // 2 + 4 if waiting == 0 else limit // 4 + 2
+        # An empty queue in front of the engine may be idling slots right now: double.
+        step = limit + 4 if waiting == 0 else limit // 4 + 2
         return min(hi, limit + step)
     if waiting > 3 * want:
         return max(lo, int(running + 2 * want), limit - int(waiting - 2 * want))

@@ -79,6 +79,8 @@ class SimEngine:
         self.max_running = self.running
         self._busy = 0.0
         self._last = time.monotonic()
+        self._first_admit: float | None = None
+        self._last_release: float | None = None
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -87,7 +89,10 @@ class SimEngine:
 
     def snapshot(self) -> dict[str, Any]:
         self._tick()
+        active = (self._last_release - self._first_admit
+                  if self._first_admit is not None and self._last_release is not None else 0.0)
         return {**self.counts, "max_running": self.max_running, "busy_slot_seconds": self._busy,
+                "active_seconds": active,
                 "running": self.running, "waiting": len(self.waiting)}
 
     def _admit(self) -> None:
@@ -98,6 +103,8 @@ class SimEngine:
                 continue
             fut.set_result(None)
             self._tick()
+            if self._first_admit is None:
+                self._first_admit = self._last
             self.running += 1
             if self.running > self.max_running:
                 self.max_running = self.running
@@ -107,6 +114,8 @@ class SimEngine:
             self._admit()
         if not self.waiting and self.running < self.config.slots:
             self._tick()
+            if self._first_admit is None:
+                self._first_admit = self._last
             self.running += 1
             if self.running > self.max_running:
                 self.max_running = self.running
@@ -129,6 +138,7 @@ class SimEngine:
 
     def release(self) -> None:
         self._tick()
+        self._last_release = self._last
         self.running -= 1
         self._admit()
 

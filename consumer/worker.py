@@ -22,19 +22,20 @@ import redis
 
 from common import defaults
 from common.backoff import compute_backoff
-from common.errors import ModelNotServedError, UserError
+from common.errors import UserError
 from common.jobs import job_items, queue_for
-from common.runs import RunStore, run_key
+from common.runs import RunStore
 from consumer.admission import Limiter, next_limit
 from consumer.checkpoints import Checkpoints
-from consumer.checkpoints import clear as clear_checkpoints
-from consumer.client import EndpointClient, EndpointDown
+from consumer.client import EndpointClient
 from consumer.engine import engine_view
 from consumer.generate import Gate, Generator, RunContext
 from consumer.rqcompat import GenWorker, Held
 from consumer.outbox import Outbox
-from consumer.shards import Sink, SpoolBusyError, leftover_shards, lock_spool
+from consumer.shards import Sink, SpoolBusyError, lock_spool
 from consumer.sinks import make_sink
+from consumer.acks import AckMixin
+from consumer.startup import StartupMixin
 from consumer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class JobState:
         return self.remaining == 0
 
 
-class Consumer:
+class Consumer(StartupMixin, AckMixin):
     """Pulls jobs of the runs it serves and turns them into shipped result shards."""
 
     def __init__(self, cfg: ConsumerConfig, conn: redis.Redis, *, sink_for: Callable[[str], Sink] | None = None):
@@ -153,59 +154,6 @@ class Consumer:
     def _consumer_info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "gpu": self.cfg.gpu, "worker": self.worker.name,
                 "endpoint": self.cfg.endpoint}
-
-    # --- start ---------------------------------------------------------------------
-    async def _resolve_runs(self) -> list[str]:
-        """The runs this consumer may serve now, oldest first, with contexts ready."""
-        names = [self.cfg.run] if self.cfg.run else await self._rq(self.store.names)
-        usable = []
-        for name in names:
-            if name in self.contexts:
-                usable.append(name)
-                continue
-            info = await self._rq(self.store.get, name)
-            if info is None:
-                if self.cfg.run:
-                    raise UserError(f"no run named {name!r} in Redis")
-                continue
-            model = info.settings.model
-            if model is None:
-                model = self.served_models[0]
-            elif model not in self.served_models:
-                msg = (f"run {name!r} asks for model {model!r}, but {self.cfg.endpoint} serves "
-                       f"{', '.join(self.served_models) or 'nothing'}")
-                if self.cfg.run:
-                    raise ModelNotServedError(msg)
-                log.info("skipping %s", msg)
-                continue
-            ctx = RunContext(name, info.settings, model, self._consumer_info(), max_model_len=self.model_lens.get(model))
-            await self._probe(ctx)
-            self.contexts[name] = ctx
-            usable.append(name)
-        return usable
-
-    async def _probe_models(self, client: EndpointClient) -> None:
-        # vLLM takes minutes to load a large model, and a restarted node may start its
-        # consumer first: wait for the endpoint (up to --endpoint-wait) instead of failing.
-        deadline = time.monotonic() + self.cfg.endpoint_wait
-        last_log = 0.0
-        while True:
-            try:
-                models = await client.models()
-                break
-            except EndpointDown as e:
-                now = time.monotonic()
-                if now >= deadline or self.stopping:
-                    raise UserError(f"endpoint {self.cfg.endpoint} is not reachable: {e}") from None
-                if now - last_log >= 10.0:
-                    log.warning("waiting for endpoint %s (%s)", self.cfg.endpoint, e)
-                    last_log = now
-                await asyncio.sleep(1.0)
-        self.served_models = [m["id"] for m in models if "id" in m]
-        self.model_lens = {m["id"]: m.get("max_model_len") for m in models if "id" in m}
-        if not self.served_models:
-            raise UserError(f"endpoint {self.cfg.endpoint} serves no model (/v1/models is empty)")
-        log.info("endpoint %s serves %s", self.cfg.endpoint, ", ".join(self.served_models))
 
     # --- main ----------------------------------------------------------------------
     async def run(self) -> int:
@@ -289,7 +237,6 @@ class Consumer:
         return max(limit // 2, 8)
 
     async def _fetcher(self) -> None:
-        idle_rounds = 0
         last_resolve = 0.0
         runs: list[str] = []
         while not self.stopping:
@@ -300,12 +247,10 @@ class Consumer:
             if len(self.pending) < self._low_water() and self._gate is not None and not self._gate.paused:
                 got = await self._fetch_one(runs)
                 if got:
-                    idle_rounds = 0
                     continue
                 if self.cfg.burst and await self._drained(runs):
                     log.info("burst: served runs drained; stopping")
                     return
-                idle_rounds += 1
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.poll_interval)
@@ -416,12 +361,12 @@ class Consumer:
             await asyncio.sleep(0.2)
 
     async def _steer(self) -> None:
-        """--concurrency auto: move the limit by the engine's running/waiting counts each second."""
+        """--concurrency auto: move the limit by the engine's running/waiting counts."""
         if not self.cfg.auto_concurrency or self._sem is None or self._client is None:
             return
         warned = False
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(defaults.AUTO_INTERVAL)
             if self.gate_paused:
                 continue  # the endpoint is down: its silence says nothing about /metrics
             view = engine_view(await self._client.metrics())
@@ -471,85 +416,6 @@ class Consumer:
         """Runs with nothing unfinished here: their open shards need not wait for the age limit."""
         busy = {js.ctx.run for js in self.jobs.values() if not js.complete}
         return set(self.outbox.writers) - busy
-
-    async def _output_of(self, run: str) -> str | None:
-        ctx = self.contexts.get(run)
-        if ctx is not None:
-            return ctx.settings.output
-        info = await self._rq(self.store.get, run)
-        return info.settings.output if info is not None else None
-
-    async def _ack_shipped(self, run: str, shipped_seq: int) -> None:
-        """Ack every complete job of RUN whose last result is in a shard shipped by now."""
-        ready = [js for js in self.jobs.values()
-                 if js.ctx.run == run and js.complete and js.max_seq <= shipped_seq]
-        for js in ready:
-            manifest = {"items": len(js.items), **dict(js.counts), "shard_seq": js.max_seq,
-                        "worker": self.worker.name}
-            acked = await self._rq(self._ack, js, manifest)
-            del self.jobs[js.held.id]
-            if acked:
-                self.stats["jobs_acked"] += 1
-                log.info("job %s done: %d items in %.2f s", js.held.id, len(js.items), time.monotonic() - js.started)
-        if ready:
-            self._wake.set()
-
-    async def _redo_lost(self, run: str, lost_seq: int) -> None:
-        """A shard of RUN was lost before shipping: every job that may have results in it goes
-        back to the queue (spending a retry), and its items still waiting here are dropped."""
-        lost = [js for js in self.jobs.values() if js.ctx.run == run and js.max_seq >= lost_seq]
-        for js in lost:
-            js.abandoned = True
-            await self._rq(self.worker.fail, js.held, f"results lost from the spool (shard {lost_seq})", True)
-            del self.jobs[js.held.id]
-        self.pending = collections.deque(p for p in self.pending if not p[0].abandoned)
-        self._wake.set()
-
-    def _ack(self, js: JobState, manifest: dict[str, Any]) -> bool:
-        acked = self.worker.finish(js.held, manifest)
-        if acked:
-            with self.conn.pipeline() as p:
-                for k, v in js.counts.items():
-                    p.hincrby(run_key(js.ctx.run, "stats"), k, v)
-                p.hsetnx(run_key(js.ctx.run), "started_at", repr(js.held.job.started_at.timestamp()
-                                                                 if js.held.job.started_at else time.time()))
-                if js.ctx.settings.multi_turn == "regenerate":
-                    multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1]
-                    clear_checkpoints(p, js.ctx.run, multi)
-                p.execute()
-        return acked
-
-    async def _probe(self, ctx: RunContext) -> None:
-        """One request at start, to learn and record how this server returns thinking; a run
-        that expects thinking from a server that returns none is reported loudly."""
-        assert self._gen is not None
-        messages = [{"role": "user", "content": "What is 2 + 2? Think it through briefly."}]
-        try:
-            turn = await asyncio.wait_for(
-                self._gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens)),
-                timeout=min(self.cfg.request_timeout, 120.0))
-        except Exception as e:  # noqa: BLE001 - the probe never stops a consumer
-            log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
-            return
-        ctx.reasoning_probe = turn.reasoning_form
-        raw = turn.raw_content
-        ctx.think_opened = turn.reasoning_form == "inline" and "</think>" in raw and "<think>" not in raw
-        log.info("run %s: the server returns thinking as %s", ctx.run, turn.reasoning_form)
-        if turn.reasoning_form == "none" and ctx.settings.expect_reasoning:
-            msg = (f"run {ctx.run} expects thinking, but {self.cfg.endpoint} returned none in the probe "
-                   "(no message.reasoning, no reasoning_content, no <think> block): is the model a thinking "
-                   "model, and is thinking enabled in its chat template?")
-            log.error("%s", msg)
-            await self._rq(self.conn.hset, run_key(ctx.run, "warnings"), self.worker.name, msg)
-
-    async def _ship_leftovers(self) -> None:
-        """Ship what an earlier consumer left in this spool. The spool's lock (held since start)
-        proves that consumer is dead: every shard here not of our own making is a leftover."""
-        mine = self.worker.name
-        shards = await self._rq(leftover_shards, self.cfg.spool, lambda worker: worker != mine)
-        for shard in shards:
-            log.warning("shipping %s left in the spool by an earlier consumer", shard.name)
-            self.outbox.enqueue(shard)
 
     # --- stopping ------------------------------------------------------------------
     async def _drain(self) -> None:

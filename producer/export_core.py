@@ -70,6 +70,7 @@ class ExportResult:
     failed: int = 0
     missing: int = 0
     duplicates_removed: int = 0
+    failed_jobs: int = 0
     unexpected: int = 0
     bad_lines: int = 0
     bad_shards: int = 0
@@ -127,6 +128,7 @@ class Exporter:
                     self._reduce(part, out, errs, seen_key)
                     part.unlink()
                     log.info("partition %d/%d done", i + 1, len(parts))
+                self._failed_jobs(errs, seen_key)
             self._coverage(seen_key, missing_key, finals["missing"])
             for k, p in self.paths.items():
                 os.replace(finals[k], p)
@@ -248,6 +250,41 @@ class Exporter:
             p.sadd(seen_key, *digests)
             p.expire(seen_key, TEMP_KEY_TTL)
             p.execute()
+
+    def _failed_jobs(self, errs: IO[bytes], seen_key: str) -> None:
+        """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
+        consumer) and that no shard holds are permanently failed, not missing: each gets an
+        error record with rq's reason. `rq requeue` brings them back; a later export sees them."""
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job
+
+        from common.jobs import SERIALIZER, TASK, job_items, queue_name
+        from consumer.rqcompat import job_failure
+
+        failed_ids = [j.decode() for j in self.conn.zrange(f"rq:failed:{queue_name(self.run)}", 0, -1)]
+        for job_id in failed_ids:
+            try:
+                job = Job.fetch(job_id, connection=self.conn, serializer=SERIALIZER)
+                if job.func_name != TASK:
+                    continue  # a refused foreign job: it carries no items of ours
+                items = job_items(job.args)
+            except (NoSuchJobError, ValueError, Exception):  # noqa: BLE001 - undecodable: not ours
+                continue
+            digests = [bytes.fromhex(it["key"]) for it in items]
+            present = self.conn.smismember(seen_key, digests) if digests else []
+            reason = (job_failure(job) or "failed in rq").strip().splitlines()[-1][:500]
+            lost = [it for it, seen in zip(items, present) if not seen]
+            for it in lost:
+                errs.write(orjson.dumps({
+                    "key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": self.run,
+                    "messages": it["messages"],
+                    "error": {"class": "job_failed", "type": "rq", "status": None,
+                              "message": f"job {job_id} failed in rq: {reason}"},
+                }) + b"\n")
+            if lost:
+                self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
+                self.result.failed += len(lost)
+                self.result.failed_jobs += 1
 
     # --- coverage ------------------------------------------------------------------
     def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:

@@ -1,0 +1,37 @@
+"""Items of jobs rq gave up on are permanently failed in the export, with rq's reason, not missing."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from common.jobs import queue_for
+from consumer.rqcompat import GenWorker
+from tests.conftest import cli, sharegpt, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+
+def test_failed_job_items_are_listed_as_failed(tmp_path, redis_url, conn):
+    env = {"REDIS_URL": redis_url}
+    data = write_jsonl(tmp_path / "fj.jsonl", [sharegpt(i) for i in range(6)])
+    cli("producer", "enqueue", str(data), "--batch-size", "3", "--multi-turn", "last", "--output",
+        str(tmp_path / "out"), "--rejects", str(tmp_path / "r"), env=env)
+    q = queue_for("fj", conn)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    done, _ = w.dequeue(q)
+    gave_up, _ = w.dequeue(q)
+    w.fail(gave_up, "AbandonedJobError: abandoned 4 times", retry=False)
+    shard_dir = tmp_path / "out" / "fj" / "shards"
+    shard_dir.mkdir(parents=True)
+    recs = [{"key": it["key"], "index": it["index"], "turn": it["turn"], "run": "fj", "messages": it["messages"],
+             "content": "ok", "reasoning": None, "finish_reason": "stop", "outcome": "finished", "attempt": 1,
+             "timings": {"finished_at": 1.0}} for it in done.job.args[0]]
+    (shard_dir / "w-000001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    proc = cli("producer", "export", "--run", "fj", "--output", str(tmp_path / "fj.out.jsonl"), "--json", env=env)
+    r = orjson.loads(proc.stdout)
+    assert (r["enqueued"], r["exported"], r["failed"], r["missing"], r["failed_jobs"]) == (6, 3, 3, 0, 1)
+    errors = [orjson.loads(x) for x in (tmp_path / "fj.out.errors.jsonl").read_bytes().splitlines()]
+    assert {e["key"] for e in errors} == {it["key"] for it in gave_up.job.args[0]}
+    assert all(e["error"]["class"] == "job_failed" and "abandoned 4 times" in e["error"]["message"] for e in errors)

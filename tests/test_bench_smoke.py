@@ -1,0 +1,21 @@
+"""A quick run of the benchmark suite, so it cannot rot (benchmarks assert no speed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_benchmark_suite_runs_at_smoke_sizes(tmp_path):
+    out = tmp_path / "BENCH.md"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    for title in ("Saturation", "Cost", "Producer", "Export", "Longest first", "Client CPU"):
+        assert title in text, title
+    assert "FAILED" not in text
