@@ -28,7 +28,7 @@ from common.items import answer_lengths, estimate_cost
 from common.errors import InputError
 from common.jobs import TASK, job_description, job_id, queue_for, use_fast_job_compression
 from common.reader import RawRecord, iter_records
-from common.runs import RunStore, key_digest
+from common.runs import RunStore, key_digest, run_key
 from common.settings import RunSettings
 from producer.order import LongestFirst
 
@@ -232,8 +232,6 @@ class Enqueuer:
         self.counts["jobs"] += len(batches)
         if self.queue is None or self.store is None:
             return
-        from common.runs import run_key  # local: only the real path needs it
-
         datas = []
         for items in batches:
             datas.append(
