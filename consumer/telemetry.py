@@ -92,7 +92,7 @@ class Telemetry:
             await self.publish()
             await asyncio.sleep(self.interval)
 
-    async def publish(self) -> None:
+    async def publish(self, *, exited: bool = False) -> None:
         now = time.time()
         for run, t in self.totals.items():
             w = self.windows.get(run)
@@ -103,6 +103,7 @@ class Telemetry:
             self._last_engine = now
             self.engine = engine_view(await self.c.client.metrics())
         snap = self.snapshot(now)
+        snap["exited"] = exited
         IN_FLIGHT.set(snap["in_flight"])
         PENDING.set(snap["pending_items"])
         PAUSED.labels("endpoint_down").set(1 if snap["paused"]["endpoint_down"] else 0)

@@ -202,7 +202,7 @@ class Consumer(StartupMixin, AckMixin):
                 for t in loops[1:]:
                     t.cancel()
                 await asyncio.gather(*loops[1:], return_exceptions=True)
-                await self.telemetry.publish()
+                await self.telemetry.publish(exited=True)
                 await self._rq(self.worker.stop)
             elapsed = time.monotonic() - t0
             log.warning(

@@ -29,7 +29,7 @@ def consumers(conn: redis.Redis, now: float) -> list[dict[str, Any]]:
             continue
         snap = orjson.loads(raw)
         snap["age_s"] = max(0.0, now - snap.get("last_seen", 0.0))
-        snap["live"] = snap["age_s"] <= STALE_AFTER and not (snap.get("stopping") and snap["age_s"] > 5)
+        snap["live"] = snap["age_s"] <= STALE_AFTER and not snap.get("exited")
         out.append(snap)
     return out
 
@@ -121,6 +121,7 @@ def _consumer_row(c: dict[str, Any], run: str) -> dict[str, Any]:
     ship = c.get("shipping", {})
     return {
         "worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "live": c["live"],
+        "exited": bool(c.get("exited")),
         "age_s": round(c["age_s"], 1), "completions_per_s": r.get("completions_per_s", 0.0),
         "completion_tokens_per_s": r.get("completion_tokens_per_s", 0.0), "in_flight": c.get("in_flight", 0),
         "paused": [k for k, v in c.get("paused", {}).items() if v], "version": c.get("version"),
@@ -184,7 +185,12 @@ def format_status(r: dict[str, Any]) -> str:
         lines.append("  none has reported for this run")
     for c in r["consumers"]:
         e = c["engine"]
-        state = "live" if c["live"] else f"STOPPED REPORTING {format_duration(c['age_s'])} ago"
+        if c["live"]:
+            state = "live"
+        elif c["exited"]:
+            state = f"exited {format_duration(c['age_s'])} ago"
+        else:
+            state = f"STOPPED REPORTING {format_duration(c['age_s'])} ago"
         if c["paused"]:
             state += " (paused: " + ", ".join(c["paused"]) + ")"
         kv = "-" if e.get("kv_cache_usage") is None else f"{100 * e['kv_cache_usage']:.0f}%"

@@ -81,6 +81,7 @@ def test_run_completes_and_rq_sees_the_worker(tmp_path, redis_url, conn):
     st = orjson.loads(status.stdout)
     assert st["items_done"] == 300 and st["jobs"]["finished"] == 38 and st["jobs"]["failed"] == 0
     assert st["items_queued"] == 0 and st["eta_s"] == 0.0 and len(st["consumers"]) == 1
+    assert st["consumers"][0]["exited"] and not st["consumers"][0]["live"]
     assert st["consumers"][0]["shipping"]["shards"] >= 1 and not st["drift"]
 
 
