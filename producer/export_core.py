@@ -255,7 +255,6 @@ class Exporter:
         """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
         consumer) and that no shard holds are permanently failed, not missing: each gets an
         error record with rq's reason. `rq requeue` brings them back; a later export sees them."""
-        from rq.exceptions import NoSuchJobError
         from rq.job import Job
 
         from common.jobs import SERIALIZER, TASK, job_items, queue_name
@@ -268,7 +267,7 @@ class Exporter:
                 if job.func_name != TASK:
                     continue  # a refused foreign job: it carries no items of ours
                 items = job_items(job.args)
-            except (NoSuchJobError, ValueError, Exception):  # noqa: BLE001 - undecodable: not ours
+            except Exception:  # noqa: BLE001 - gone, or undecodable (a pickle): not ours
                 continue
             digests = [bytes.fromhex(it["key"]) for it in items]
             present = self.conn.smismember(seen_key, digests) if digests else []

@@ -196,9 +196,11 @@ def format_status(r: dict[str, Any]) -> str:
         kv = "-" if e.get("kv_cache_usage") is None else f"{100 * e['kv_cache_usage']:.0f}%"
         spec = "off" if not e.get("spec_decode") else _f(e.get("spec_acceptance"), 2)
         run_wait = f"{_f(e.get('running'), 0)}/{_f(e.get('waiting'), 0)}" if e.get("metrics") else "no /metrics"
+        models = ", ".join(f"{m} (max len {(e.get('max_model_len') or {}).get(m) or '?'})"
+                           for m in (e.get("models") or [])) or "?"
         lines.append(f"  {c['worker']}  gpu {c['gpu'] if c['gpu'] is not None else '-'}  {state}  "
                      f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
-                     f"in flight {c['in_flight']}  engine {run_wait}  KV {kv}  spec {spec}")
+                     f"in flight {c['in_flight']}  engine {run_wait}  KV {kv}  spec {spec}  model {models}")
     for d in r["drift"]:
         lines.append(f"DRIFT    {d}")
     for msg in sorted(set(r["warnings"].values())):

@@ -207,3 +207,27 @@ def test_a_thinking_run_on_a_server_without_thinking_is_reported(tmp_path, redis
     st = cli("producer", "status", "--run", "nothink", env={"REDIS_URL": redis_url}).stdout
     assert "WARNING" in st and "expects thinking" in st
     assert "outcomes" in st and "finished 5" in st
+
+
+def test_an_unwritable_output_pauses_admission_and_loses_nothing(tmp_path, redis_url, conn):
+    """The store is unreachable (here: the output path is blocked by a file): shards wait on
+    disk, nothing is acked, admission pauses at --spool-limit, and all ships once it is back."""
+    sim = Sim(tmp_path, "--mean-tokens", "200")
+    blocker = tmp_path / "out" / "spoolfull"
+    try:
+        enqueue(tmp_path, redis_url, "spoolfull", [sharegpt(i) for i in range(120)])
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_text("not a directory")
+        c = consumer(tmp_path, redis_url, sim, "spoolfull", "--burst", "-c", "16", "--spool-limit", "20000", name="c")
+        deadline = time.monotonic() + 30
+        while "pausing admission" not in c.output() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "pausing admission" in c.output(), c.output()
+        q = queue_for("spoolfull", conn)
+        assert q.finished_job_registry.count == 0  # nothing acked while nothing shipped
+        blocker.unlink()
+        assert c.wait(90) == 0, c.output()
+    finally:
+        sim.stop()
+    recs = read_results(tmp_path / "out", "spoolfull")
+    assert {r["key"] for r in recs} == run_keys(conn, "spoolfull") and len(recs) == 120
