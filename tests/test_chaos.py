@@ -26,8 +26,9 @@ def test_nothing_is_lost_under_kills_restarts_and_outages(tmp_path):
     assert figures["kills"] >= 5 and figures["redis_restarts"] == 2
     assert figures["missing"] == 0
     # A job abandoned by kill after kill until its retries ran out is failed in rq; export
-    # lists its items as failed (class job_failed, with rq's reason) instead of missing.
-    assert figures["failed_jobs"] == figures["rq_failed_jobs"]
+    # lists those of its items that no shard holds as failed (class job_failed, with rq's
+    # reason) instead of missing. Jobs whose items all have records add nothing.
+    assert figures["failed_jobs"] <= figures["rq_failed_jobs"]
     assert figures["exported"] + figures["failed"] == figures["enqueued"]
     assert all(r >= 0 for r in figures["recovery_s"])
     print(json.dumps(figures))
