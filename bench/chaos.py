@@ -242,8 +242,8 @@ def main() -> int:
         if endpoint_back_at:
             sim.start()
         log("chaos over; waiting for the run to complete")
-        # Complete = nothing queued and nothing leased, three polls in a row (a job moves
-        # between the two for an instant while it is dequeued or swept back).
+        # Complete = nothing queued, between dequeue and start, or leased, three polls in a row
+        # (a job moves between them for an instant while it is dequeued or swept back).
         quiet = 0
         while time.monotonic() - t_start < args.limit_seconds:
             try:
@@ -253,7 +253,8 @@ def main() -> int:
                 time.sleep(1)
                 continue
             figures["unexpected_exits"] = figures.get("unexpected_exits", 0) + fleet.replace_exited()
-            quiet = quiet + 1 if st["jobs"]["queued"] == 0 and st["jobs"]["started"] == 0 else 0
+            j = st["jobs"]
+            quiet = quiet + 1 if j["queued"] == 0 and j["started"] == 0 and j["dequeuing"] == 0 else 0
             if quiet >= 3:
                 break
             time.sleep(1)

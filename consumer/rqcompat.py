@@ -184,10 +184,34 @@ class GenWorker(BaseWorker):
             if expired:
                 log.warning("queue %s: %d abandoned job(s) past their lease; re-queueing", queue.name, len(expired))
                 registry.cleanup()
-            queue.intermediate_queue.cleanup(self, queue)
-            return len(expired)
+            return len(expired) + self._reclaim_intermediate(queue)
         finally:
             self.connection.delete(queue.registry_cleaning_key)
+
+
+    def _reclaim_intermediate(self, queue: Queue) -> int:
+        """Jobs stuck between dequeue and start (their consumer died, or lost Redis, between the
+        two) go back to the front of the queue once seen stuck for a lease, without spending a
+        retry: they never ran. rq's own cleanup waits a minute and then spends one."""
+        stuck = [j for j in queue.intermediate_queue.get_job_ids() if j not in queue.started_job_registry]
+        back = 0
+        now_ts = now().timestamp()
+        for job_id in stuck:
+            mark = f"genqueue:intermediate:{queue.name}:{job_id}"
+            self.connection.set(mark, now_ts, nx=True, ex=24 * 3600)
+            seen = float(self.connection.get(mark) or now_ts)
+            if now_ts - seen < self.lease:
+                continue
+            with self.connection.pipeline() as p:
+                p.lrem(queue.intermediate_queue_key, 1, job_id)
+                p.hset(f"rq:job:{job_id}", "status", JobStatus.QUEUED.value)
+                queue.push_job_id(job_id, pipeline=p, at_front=True)
+                p.delete(mark)
+                p.execute()
+            log.warning("queue %s: job %s was stuck between dequeue and start; back to the queue", queue.name,
+                        job_id)
+            back += 1
+        return back
 
 
 def job_result(job: Job) -> Any:

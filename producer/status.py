@@ -95,6 +95,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         # Raw counts: rq's registry.count also cleans the registry, which a status read must not do.
         "jobs": {
             "queued": conn.llen(q.key),
+            "dequeuing": conn.llen(q.intermediate_queue_key),
             "started": conn.zcard(q.started_job_registry.key),
             "finished": conn.zcard(q.finished_job_registry.key),
             "failed": conn.zcard(q.failed_job_registry.key),

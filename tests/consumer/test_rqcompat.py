@@ -108,3 +108,18 @@ def test_pickled_payload_is_refused(conn):
     held, reason = w.dequeue(q)
     assert held is None and "undecodable" in reason
     assert job.id in q.failed_job_registry.get_job_ids()
+
+
+def test_a_job_stuck_between_dequeue_and_start_comes_back_without_spending_a_retry(conn):
+    q, _ = enqueue(conn, 1)
+    # a consumer LMOVEs the job to the intermediate list, then dies before registering it
+    job_id = conn.lmove(q.key, q.intermediate_queue_key).decode()
+    w = GenWorker([q], conn, lease=2)
+    w.start()
+    assert w.sweep(q) == 0  # first seen now
+    time.sleep(2.2)
+    assert w.sweep(q) == 1
+    assert q.job_ids == [job_id] and conn.llen(q.intermediate_queue_key) == 0
+    assert Job.fetch(job_id, connection=conn, serializer=SERIALIZER).retries_left == 3
+    held, _ = w.dequeue(q)
+    assert held is not None and held.id == job_id
