@@ -23,6 +23,12 @@ from common.errors import RunConflictError, RunNotFoundError
 from common.settings import RunSettings
 
 RUNS = f"{KEY_PREFIX}:runs"
+#: Consumers' last snapshots: a sorted set of worker names by last-seen time, and one key each.
+CONSUMERS = f"{KEY_PREFIX}:consumers"
+
+
+def consumer_key(worker: str) -> str:
+    return f"{KEY_PREFIX}:consumer:{worker}"
 
 
 def run_key(run: str, suffix: str = "") -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,6 @@ from consumer.checkpoints import Checkpoints
 from consumer.completion import FINISHED, Turn, parse_completion
 
 log = logging.getLogger(__name__)
-HOST = socket.gethostname()
 
 
 @dataclass

@@ -23,6 +23,7 @@ from rq.results import Result
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
+from common.defaults import KEY_PREFIX
 from common.jobs import SERIALIZER, TASK
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ class GenWorker(BaseWorker):
         back = 0
         now_ts = now().timestamp()
         for job_id in stuck:
-            mark = f"genqueue:intermediate:{queue.name}:{job_id}"
+            mark = f"{KEY_PREFIX}:intermediate:{queue.name}:{job_id}"
             self.connection.set(mark, now_ts, nx=True, ex=24 * 3600)
             seen = float(self.connection.get(mark) or now_ts)
             if now_ts - seen < self.lease:

@@ -20,7 +20,7 @@ from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
 from common import __version__
-from common.defaults import KEY_PREFIX
+from common.runs import CONSUMERS, consumer_key
 from common.eta import RateWindow, Sample
 from consumer.engine import engine_view
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONSUMERS = f"{KEY_PREFIX}:consumers"
 SNAPSHOT_TTL = 24 * 3600
 
 IN_FLIGHT = Gauge("genqueue_in_flight", "Requests in flight to the endpoint")
@@ -42,10 +41,6 @@ LATENCY = Histogram("genqueue_item_latency_seconds", "Wall time per item (all it
                     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, float("inf")))
 SPOOL = Gauge("genqueue_spool_bytes", "Unshipped result bytes on local disk")
 SHIPPED = PCounter("genqueue_shards_shipped", "Shards shipped to the output")
-
-
-def snapshot_key(worker: str) -> str:
-    return f"{KEY_PREFIX}:consumer:{worker}"
 
 
 class Telemetry:
@@ -113,7 +108,7 @@ class Telemetry:
 
     def _write(self, snap: dict[str, Any], now: float) -> None:
         with self.c.conn.pipeline() as p:
-            p.set(snapshot_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
+            p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
             p.zadd(CONSUMERS, {snap["worker"]: now})
             p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
             p.execute()

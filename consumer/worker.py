@@ -152,7 +152,7 @@ class Consumer(StartupMixin, AckMixin):
                 await asyncio.sleep(delay)
 
     def _consumer_info(self) -> dict[str, Any]:
-        return {"host": socket.gethostname(), "gpu": self.cfg.gpu, "worker": self.worker.name,
+        return {"host": self.host, "gpu": self.cfg.gpu, "worker": self.worker.name,
                 "endpoint": self.cfg.endpoint}
 
     # --- main ----------------------------------------------------------------------

@@ -11,9 +11,8 @@ import redis
 
 from common.eta import eta_seconds, format_duration
 from common.jobs import queue_for
-from common.runs import RunStore, run_key
+from common.runs import CONSUMERS, RunStore, consumer_key, run_key
 
-CONSUMERS = "genqueue:consumers"
 #: A consumer that has not reported for this long is flagged as having stopped reporting.
 STALE_AFTER = 15.0
 
@@ -24,7 +23,7 @@ def consumers(conn: redis.Redis, now: float) -> list[dict[str, Any]]:
     if not names:
         return []
     out = []
-    for raw in conn.mget([f"genqueue:consumer:{n}" for n in names]):
+    for raw in conn.mget([consumer_key(n) for n in names]):
         if raw is None:
             continue
         snap = orjson.loads(raw)
