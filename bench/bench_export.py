@@ -96,8 +96,8 @@ def build(out: Path, n: int, dup_rate: float, seed: int = 0) -> tuple[int, int]:
 
 
 def setup_run(url: str, out: Path, n: int) -> None:
-    from common.runs import RunStore, run_key
-    from common.settings import RunSettings
+    from genqueue.common.runs import RunStore, run_key
+    from genqueue.common.settings import RunSettings
 
     conn = redis.Redis.from_url(url)
     store = RunStore(conn)
@@ -108,11 +108,11 @@ def setup_run(url: str, out: Path, n: int) -> None:
 
 
 def export_cmd() -> list[str]:
-    from producer.cli import main
+    from genqueue.producer.cli import main
 
     if "export" in main.commands:
         return [str(BIN / "producer"), "export"]
-    return [sys.executable, "-c", "from producer.export import export_command; export_command()"]
+    return [sys.executable, "-c", "from genqueue.producer.export import export_command; export_command()"]
 
 
 def run_export(url: str, dest: Path, fmt: str) -> tuple[dict[str, Any], float, float, int]:

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import click
 import redis
 
-from common import defaults
-from common.errors import GenqueueError, UserError
-from common.redisconn import redact_url
+from genqueue.common import defaults
+from genqueue.common.errors import GenqueueError, UserError
+from genqueue.common.redisconn import redact_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import orjson
 
-from common.rejects import REJECT_REASONS, Rejected
+from genqueue.common.rejects import REJECT_REASONS, Rejected
 
 
 @dataclass(slots=True, frozen=True)
@@ -306,7 +306,7 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
 
 
 # Re-exported: callers import the whole contract from one module.
-from common.items import MODES, conversation_key, item_key, make_items  # noqa: E402
+from genqueue.common.items import MODES, conversation_key, item_key, make_items  # noqa: E402
 
 __all__ = [
     "MODES",

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from common.rejects import Rejected
+from genqueue.common.rejects import Rejected
 
 if TYPE_CHECKING:
-    from common.convert import Conversation
+    from genqueue.common.convert import Conversation
 
 MODES: tuple[str, ...] = ("first", "last", "each", "regenerate")
 """Multi-turn modes, ``regenerate`` being the default."""

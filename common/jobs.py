@@ -15,10 +15,13 @@ import rq.job
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from common import defaults
+from genqueue.common import defaults
 
 #: The only function a genqueue job may name.
-TASK = "consumer.task.generate"
+TASK = "genqueue.consumer.task.generate"
+#: The name jobs enqueued before genqueue moved under one import namespace carry; still run.
+LEGACY_TASKS = frozenset({"consumer.task.generate"})
+TASKS = frozenset({TASK}) | LEGACY_TASKS
 
 SERIALIZER = JSONSerializer
 

@@ -30,8 +30,8 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from common.errors import InputError
-from common.streams import (
+from genqueue.common.errors import InputError
+from genqueue.common.streams import (
     GZIP_MAGIC,
     ZSTD_MAGIC,
     Prefixed,
@@ -41,7 +41,7 @@ from common.streams import (
     read_head,
     strip_bom,
 )
-from common.splitter import NON_SPACE, SNIPPET_BYTES, split_array, split_lines
+from genqueue.common.splitter import NON_SPACE, SNIPPET_BYTES, split_array, split_lines
 
 log = logging.getLogger(__name__)
 

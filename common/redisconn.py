@@ -6,7 +6,7 @@ import re
 
 import redis
 
-from common.errors import RedisUnavailableError
+from genqueue.common.errors import RedisUnavailableError
 
 _USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^@/]*)@", re.IGNORECASE)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.errors import GenqueueError
+from genqueue.common.errors import GenqueueError
 
 REJECT_REASONS: tuple[str, ...] = (
     "invalid_json",  # reader: not JSON

@@ -17,10 +17,10 @@ from typing import Any
 import orjson
 import redis
 
-from common import __version__
-from common.defaults import KEY_PREFIX
-from common.errors import RunConflictError, RunNotFoundError
-from common.settings import RunSettings
+from genqueue.common import __version__
+from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.errors import RunConflictError, RunNotFoundError
+from genqueue.common.settings import RunSettings
 
 RUNS = f"{KEY_PREFIX}:runs"
 #: Consumers' last snapshots: a sorted set of worker names by last-seen time, and one key each.

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from common import defaults
-from common.errors import UserError
+from genqueue.common import defaults
+from genqueue.common.errors import UserError
 
 MODES = ("first", "last", "each", "regenerate")
 HISTORY_REASONING = ("drop", "keep")

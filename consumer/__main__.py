@@ -1,3 +1,3 @@
-from consumer.cli import main
+from genqueue.consumer.cli import main
 
 main()

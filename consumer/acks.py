@@ -9,14 +9,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from common.runs import run_key
-from consumer.checkpoints import clear as clear_checkpoints
-from consumer.shards import leftover_shards
+from genqueue.common.runs import run_key
+from genqueue.consumer.checkpoints import clear as clear_checkpoints
+from genqueue.consumer.shards import leftover_shards
 
 if TYPE_CHECKING:
-    from consumer.worker import JobState
+    from genqueue.consumer.worker import JobState
 
-log = logging.getLogger("consumer.worker")
+log = logging.getLogger("genqueue.consumer.worker")
 
 
 class AckMixin:

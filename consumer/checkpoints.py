@@ -15,7 +15,7 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from common.defaults import KEY_PREFIX
+from genqueue.common.defaults import KEY_PREFIX
 
 log = logging.getLogger(__name__)
 

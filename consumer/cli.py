@@ -6,11 +6,11 @@ import asyncio
 
 import click
 
-from common import __version__, defaults
-from common.cli import friendly_errors, redis_option, setup_logging
-from common.errors import UserError
-from common.redisconn import connect
-from consumer.simulate import simulate_command
+from genqueue.common import __version__, defaults
+from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.errors import UserError
+from genqueue.common.redisconn import connect
+from genqueue.consumer.simulate import simulate_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,8 +56,8 @@ def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurr
             spool: str | None, lease: int, drain_timeout: float, request_timeout: float, max_attempts: int,
             shard_max_bytes: int, shard_max_age: float, spool_limit: int, endpoint_wait: float, metrics_port: int | None, redis_url: str) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
-    from common.settings import check_run_name
-    from consumer.worker import Consumer, ConsumerConfig
+    from genqueue.common.settings import check_run_name
+    from genqueue.consumer.worker import Consumer, ConsumerConfig
 
     if endpoint is None and gpu is None:
         raise UserError("give --endpoint URL or --gpu N")
@@ -101,7 +101,7 @@ main.add_command(simulate_command, "simulate")
 
 
 def _register() -> None:
-    from consumer.launch import launch_command
+    from genqueue.consumer.launch import launch_command
 
     main.add_command(launch_command, "launch")
 

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from common.errors import PermanentError, TransientError
+from genqueue.common.errors import PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import __version__
-from common.backoff import compute_backoff
-from common.errors import PermanentError, TransientError
-from common.settings import RunSettings
-from consumer.client import EndpointClient, EndpointDown
-from consumer.checkpoints import Checkpoints
-from consumer.completion import FINISHED, Turn, parse_completion
+from genqueue.common import __version__
+from genqueue.common.backoff import compute_backoff
+from genqueue.common.errors import PermanentError, TransientError
+from genqueue.common.settings import RunSettings
+from genqueue.consumer.client import EndpointClient, EndpointDown
+from genqueue.consumer.checkpoints import Checkpoints
+from genqueue.consumer.completion import FINISHED, Turn, parse_completion
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import click
 
-from common import defaults
-from common.cli import friendly_errors, redis_option, setup_logging
-from common.errors import UserError
-from consumer.launch_plan import DEVICES, ENGINE_START_TIMEOUT, ENGINES, LaunchConfig, parse_gpus
+from genqueue.common import defaults
+from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.errors import UserError
+from genqueue.consumer.launch_plan import DEVICES, ENGINE_START_TIMEOUT, ENGINES, LaunchConfig, parse_gpus
 
 
 def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -73,11 +73,11 @@ def launch_command(gpus: list[int], model: str | None, served_model_name: str | 
     Arguments after `--` go to every engine as they are (speculative decoding, parsers,
     --max-model-len ...).
     """
-    from common.settings import check_run_name
-    from consumer.launch_supervisor import Supervisor
+    from genqueue.common.settings import check_run_name
+    from genqueue.consumer.launch_supervisor import Supervisor
 
     setup_logging(verbose)
-    logging.getLogger("consumer.launch").setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    logging.getLogger("genqueue.consumer.launch").setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
     if run_name:
         check_run_name(run_name)
     if engine == "vllm" and not model:

@@ -102,7 +102,7 @@ def engine_argv(cfg: LaunchConfig, gpu: int) -> list[str]:
     (argparse keeps the last value), and pass through untouched (speculative decoding etc.)."""
     port = str(cfg.port(gpu))
     if cfg.engine == "simulate":
-        argv = [sys.executable, "-m", "consumer", "simulate", "--port", port]
+        argv = [sys.executable, "-m", "genqueue.consumer", "simulate", "--port", port]
         name = cfg.served_model_name or cfg.model
         if name:
             argv += ["--model", name]
@@ -126,7 +126,7 @@ def engine_env(cfg: LaunchConfig, gpu: int, base: dict[str, str]) -> dict[str, s
 
 def consumer_argv(cfg: LaunchConfig, gpu: int) -> list[str]:
     """The consumer's command line; Redis comes through the environment, so no password shows in ps."""
-    argv = [sys.executable, "-m", "consumer", "-v", "run", "--gpu", str(gpu), "--endpoint", cfg.endpoint(gpu),
+    argv = [sys.executable, "-m", "genqueue.consumer", "-v", "run", "--gpu", str(gpu), "--endpoint", cfg.endpoint(gpu),
             "--spool", str(cfg.spool_root / f"gpu{gpu}"), "--drain-timeout", str(cfg.drain_timeout)]
     if cfg.run:
         argv += ["--run", cfg.run]

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from common.errors import UserError
-from consumer.launch_plan import (
+from genqueue.common.errors import UserError
+from genqueue.consumer.launch_plan import (
     DRAIN_SLACK,
     ENGINE_STOP_GRACE,
     MAX_START_FAILURES,
@@ -45,7 +45,7 @@ from consumer.launch_plan import (
     restart_delay,
 )
 
-log = logging.getLogger("consumer.launch")
+log = logging.getLogger("genqueue.consumer.launch")
 
 POLL = 0.2
 HEALTH_EVERY = 1.0

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from common.backoff import compute_backoff
-from consumer.shards import SealedShard, ShardWriter, Sink
+from genqueue.common.backoff import compute_backoff
+from genqueue.consumer.shards import SealedShard, ShardWriter, Sink
 
 log = logging.getLogger(__name__)
 

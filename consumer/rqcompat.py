@@ -23,8 +23,8 @@ from rq.results import Result
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
-from common.defaults import KEY_PREFIX
-from common.jobs import SERIALIZER, TASK
+from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.jobs import SERIALIZER, TASK, TASKS
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class GenWorker(BaseWorker):
             reason = f"refused: undecodable job payload ({type(e).__name__}); genqueue jobs are JSON"
             self._fail_foreign(q, job, reason)
             return None, f"job {job.id}: {reason}"
-        if func != TASK:
+        if func not in TASKS:
             reason = f"refused: job names {func!r}; genqueue runs only {TASK}"
             self._fail_foreign(q, job, reason)
             return None, f"job {job.id}: {reason}"

@@ -39,8 +39,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from s3transfer.utils import ChunksizeAdjuster
 
-from common.errors import GenqueueError, UserError
-from consumer.shards import SealedShard
+from genqueue.common.errors import GenqueueError, UserError
+from genqueue.consumer.shards import SealedShard
 
 log = logging.getLogger(__name__)
 

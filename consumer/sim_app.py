@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from consumer.sim_text import make_output, request_digest
+from genqueue.consumer.sim_text import make_output, request_digest
 
 REASONING_MODES = ("field", "inline", "none", "reasoning_content")
 

@@ -17,7 +17,7 @@ from typing import Any
 import click
 from aiohttp import web
 
-from consumer.sim_app import (  # noqa: F401 (public API)
+from genqueue.consumer.sim_app import (  # noqa: F401 (public API)
     REASONING_MODES,
     SIM_ENGINE,
     SimConfig,
@@ -25,7 +25,7 @@ from consumer.sim_app import (  # noqa: F401 (public API)
     build_app,
     prompt_tokens,
 )
-from consumer.sim_text import make_output, sample_length  # noqa: F401 (public API)
+from genqueue.consumer.sim_text import make_output, sample_length  # noqa: F401 (public API)
 
 __all__ = ["SimConfig", "SimEngine", "SimServer", "build_app", "sample_length", "simulate_command"]
 

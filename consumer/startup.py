@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from common.errors import ModelNotServedError, UserError
-from common.runs import run_key
-from consumer.client import EndpointClient, EndpointDown
-from consumer.generate import RunContext
+from genqueue.common.errors import ModelNotServedError, UserError
+from genqueue.common.runs import run_key
+from genqueue.consumer.client import EndpointClient, EndpointDown
+from genqueue.consumer.generate import RunContext
 
-log = logging.getLogger("consumer.worker")
+log = logging.getLogger("genqueue.consumer.worker")
 
 
 class StartupMixin:

@@ -19,13 +19,13 @@ import orjson
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
-from common import __version__
-from common.runs import CONSUMERS, consumer_key
-from common.eta import RateWindow, Sample
-from consumer.engine import engine_view
+from genqueue.common import __version__
+from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.common.eta import RateWindow, Sample
+from genqueue.consumer.engine import engine_view
 
 if TYPE_CHECKING:
-    from consumer.worker import Consumer
+    from genqueue.consumer.worker import Consumer
 
 log = logging.getLogger(__name__)
 

@@ -20,23 +20,23 @@ from typing import Any, Callable, TypeVar
 
 import redis
 
-from common import defaults
-from common.backoff import compute_backoff
-from common.errors import UserError
-from common.jobs import job_items, queue_for
-from common.runs import RunStore
-from consumer.admission import Limiter, next_limit
-from consumer.checkpoints import Checkpoints
-from consumer.client import EndpointClient
-from consumer.engine import engine_view
-from consumer.generate import Gate, Generator, RunContext
-from consumer.rqcompat import GenWorker, Held
-from consumer.outbox import Outbox
-from consumer.shards import Sink, SpoolBusyError, lock_spool
-from consumer.sinks import make_sink
-from consumer.acks import AckMixin
-from consumer.startup import StartupMixin
-from consumer.telemetry import Telemetry
+from genqueue.common import defaults
+from genqueue.common.backoff import compute_backoff
+from genqueue.common.errors import UserError
+from genqueue.common.jobs import job_items, queue_for
+from genqueue.common.runs import RunStore
+from genqueue.consumer.admission import Limiter, next_limit
+from genqueue.consumer.checkpoints import Checkpoints
+from genqueue.consumer.client import EndpointClient
+from genqueue.consumer.engine import engine_view
+from genqueue.consumer.generate import Gate, Generator, RunContext
+from genqueue.consumer.rqcompat import GenWorker, Held
+from genqueue.consumer.outbox import Outbox
+from genqueue.consumer.shards import Sink, SpoolBusyError, lock_spool
+from genqueue.consumer.sinks import make_sink
+from genqueue.consumer.acks import AckMixin
+from genqueue.consumer.startup import StartupMixin
+from genqueue.consumer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,3 +1,3 @@
-from producer.cli import main
+from genqueue.producer.cli import main
 
 main()

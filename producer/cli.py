@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import click
 import orjson
 
-from common import __version__, defaults
-from common.cli import friendly_errors, redis_option, setup_logging
-from common.redisconn import connect
-from common.settings import MODES, RunSettings, Sampling, check_run_name, run_name_from_path
-from producer.enqueue import Summary, enqueue_file
+from genqueue.common import __version__, defaults
+from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.redisconn import connect
+from genqueue.common.settings import MODES, RunSettings, Sampling, check_run_name, run_name_from_path
+from genqueue.producer.enqueue import Summary, enqueue_file
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,8 +99,8 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
 @friendly_errors
 def status(run_name: str | None, watch: bool, interval: float, as_json: bool, redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
-    from common.runs import RunStore
-    from producer.status import format_status, run_status
+    from genqueue.common.runs import RunStore
+    from genqueue.producer.status import format_status, run_status
 
     conn = connect(redis_url)
     names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
@@ -129,7 +129,7 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, re
 def _parse_extra(raw: str | None) -> dict:
     if not raw:
         return {}
-    from common.errors import UserError
+    from genqueue.common.errors import UserError
 
     try:
         value = orjson.loads(raw)
@@ -184,7 +184,7 @@ def format_summary(s: Summary) -> str:
 
 
 def _register() -> None:
-    from producer.export import export_command
+    from genqueue.producer.export import export_command
 
     main.add_command(export_command, "export")
 

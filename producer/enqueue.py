@@ -22,15 +22,15 @@ import orjson
 import redis
 from rq import Retry
 
-from common import defaults
-from common.convert import Rejected, make_items, normalize
-from common.items import answer_lengths, estimate_cost
-from common.errors import InputError
-from common.jobs import TASK, job_description, job_id, queue_for, use_fast_job_compression
-from common.reader import RawRecord, iter_records
-from common.runs import RunStore, key_digest, run_key
-from common.settings import RunSettings
-from producer.order import LongestFirst
+from genqueue.common import defaults
+from genqueue.common.convert import Rejected, make_items, normalize
+from genqueue.common.items import answer_lengths, estimate_cost
+from genqueue.common.errors import InputError
+from genqueue.common.jobs import TASK, job_description, job_id, queue_for, use_fast_job_compression
+from genqueue.common.reader import RawRecord, iter_records
+from genqueue.common.runs import RunStore, key_digest, run_key
+from genqueue.common.settings import RunSettings
+from genqueue.producer.order import LongestFirst
 
 log = logging.getLogger(__name__)
 

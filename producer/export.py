@@ -16,14 +16,14 @@ from pathlib import Path
 import click
 import orjson
 
-from common.cli import friendly_errors, redis_option
-from common.errors import UserError
-from common.redisconn import connect
-from common.runs import RunStore
-from common.settings import check_run_name
-from producer.export_core import PARTITION_BYTES, ExportResult, Exporter
-from producer.export_formats import FORMATS
-from producer.export_sources import source_for
+from genqueue.common.cli import friendly_errors, redis_option
+from genqueue.common.errors import UserError
+from genqueue.common.redisconn import connect
+from genqueue.common.runs import RunStore
+from genqueue.common.settings import check_run_name
+from genqueue.producer.export_core import PARTITION_BYTES, ExportResult, Exporter
+from genqueue.producer.export_formats import FORMATS
+from genqueue.producer.export_sources import source_for
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from typing import IO, Any
 import orjson
 import redis
 
-from common.runs import RunStore, run_key
-from producer.export_formats import CONVERTERS
-from producer.export_sources import ShardInfo, ShardSource
+from genqueue.common.runs import RunStore, run_key
+from genqueue.producer.export_formats import CONVERTERS
+from genqueue.producer.export_sources import ShardInfo, ShardSource
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,8 @@ class Exporter:
         error record with rq's reason. `rq requeue` brings them back; a later export sees them."""
         from rq.job import Job
 
-        from common.jobs import SERIALIZER, TASK, job_items, queue_name
-        from consumer.rqcompat import job_failure
+        from genqueue.common.jobs import SERIALIZER, TASK, job_items, queue_name
+        from genqueue.consumer.rqcompat import job_failure
 
         failed_ids = [j.decode() for j in self.conn.zrange(f"rq:failed:{queue_name(self.run)}", 0, -1)]
         for job_id in failed_ids:

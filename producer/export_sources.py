@@ -22,7 +22,7 @@ from typing import IO, Protocol
 
 import orjson
 
-from common.errors import GenqueueError, UserError
+from genqueue.common.errors import GenqueueError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class S3Source:
     while the current one is read."""
 
     def __init__(self, url: str, run: str, *, tmpdir: str | None = None) -> None:
-        from consumer.s3sink import S3Location, make_client
+        from genqueue.consumer.s3sink import S3Location, make_client
 
         self.loc = S3Location.parse(url)
         self.prefix = self.loc.key(run, "shards") + "/"

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import redis
 
-from common.eta import eta_seconds, format_duration
-from common.jobs import queue_for
-from common.runs import CONSUMERS, RunStore, consumer_key, run_key
+from genqueue.common.eta import eta_seconds, format_duration
+from genqueue.common.jobs import queue_for
+from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
 
 #: A consumer that has not reported for this long is flagged as having stopped reporting.
 STALE_AFTER = 15.0

@@ -2,10 +2,10 @@ import random
 
 import pytest
 
-from common.backoff import compute_backoff
-from common.errors import UserError
-from common.redisconn import redact_url
-from common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
+from genqueue.common.backoff import compute_backoff
+from genqueue.common.errors import UserError
+from genqueue.common.redisconn import redact_url
+from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
 
 
 def test_backoff_bounded_and_growing():

@@ -7,7 +7,7 @@ import re
 import orjson
 import pytest
 
-from common.convert import (
+from genqueue.common.convert import (
     MODES,
     REJECT_REASONS,
     Conversation,
@@ -378,7 +378,7 @@ def test_conversation_key(three_turns: Conversation) -> None:
 
 
 def test_trailing_empty_assistant_turn_is_dropped_not_rejected():
-    from common.convert import normalize
+    from genqueue.common.convert import normalize
 
     conv = normalize({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]})
     assert [m["role"] for m in conv.messages] == ["user"]

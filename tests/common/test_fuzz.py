@@ -15,10 +15,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import reader
-from common.convert import MODES, REJECT_REASONS, Rejected, make_items, normalize
-from common.errors import InputError
-from common.splitter import split_array
+from genqueue.common import reader
+from genqueue.common.convert import MODES, REJECT_REASONS, Rejected, make_items, normalize
+from genqueue.common.errors import InputError
+from genqueue.common.splitter import split_array
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEY = re.compile(r"[0-9a-f]{32}")

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from common import reader
-from common.errors import InputError
-from common.reader import RawRecord, iter_records
+from genqueue.common import reader
+from genqueue.common.errors import InputError
+from genqueue.common.reader import RawRecord, iter_records
 
 RECORDS = [
     {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},

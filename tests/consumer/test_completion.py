@@ -1,6 +1,6 @@
-from consumer.client import classify_status
-from common.errors import PermanentError, TransientError
-from consumer.completion import CUT_IN_ANSWER, CUT_IN_THINKING, FINISHED, parse_completion, split_inline
+from genqueue.consumer.client import classify_status
+from genqueue.common.errors import PermanentError, TransientError
+from genqueue.consumer.completion import CUT_IN_ANSWER, CUT_IN_THINKING, FINISHED, parse_completion, split_inline
 
 
 def resp(message: dict, finish: str = "stop", usage: dict | None = None) -> dict:
@@ -64,7 +64,7 @@ def test_template_opened_thinking_cut_by_the_budget():
 
 
 def test_thinking_with_no_answer_is_not_finished():
-    from consumer.completion import NO_ANSWER
+    from genqueue.consumer.completion import NO_ANSWER
 
     t = parse_completion(resp({"content": None, "reasoning": "the whole reply"}, "stop"))
     assert t.outcome == NO_ANSWER

@@ -7,11 +7,11 @@ import asyncio
 import orjson
 import pytest
 
-from common.settings import RunSettings, Sampling
-from consumer.checkpoints import Checkpoints, checkpoint_key
-from consumer.client import EndpointClient
-from consumer.generate import Gate, Generator, RunContext, retry_budget
-from consumer.simulate import SimConfig, SimServer
+from genqueue.common.settings import RunSettings, Sampling
+from genqueue.consumer.checkpoints import Checkpoints, checkpoint_key
+from genqueue.consumer.client import EndpointClient
+from genqueue.consumer.generate import Gate, Generator, RunContext, retry_budget
+from genqueue.consumer.simulate import SimConfig, SimServer
 
 
 def run(coro):

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from common.jobs import queue_for
-from consumer.launch import launch_command
-from consumer.launch_plan import (
+from genqueue.common.jobs import queue_for
+from genqueue.consumer.launch import launch_command
+from genqueue.consumer.launch_plan import (
     LaunchConfig,
     consumer_argv,
     consumer_env,
@@ -70,7 +70,7 @@ def test_vllm_command_line_passes_extra_args_untouched():
 
 def test_simulate_command_line_and_environments():
     cfg = LaunchConfig(gpus=[1], engine="simulate", base_port=7000, engine_args=["--slots", "4"])
-    assert engine_argv(cfg, 1) == [sys.executable, "-m", "consumer", "simulate", "--port", "7001", "--slots", "4"]
+    assert engine_argv(cfg, 1) == [sys.executable, "-m", "genqueue.consumer", "simulate", "--port", "7001", "--slots", "4"]
     cfg.served_model_name = "tiny"
     assert engine_argv(cfg, 1)[6:8] == ["--model", "tiny"]
     base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2"}
@@ -84,7 +84,7 @@ def test_consumer_command_line():
                        spool_root=Path("/s"), consumer_args="--shard-max-age 5", redis_url="redis://:pw@h:6379/0",
                        metrics_base_port=9400)
     argv = consumer_argv(cfg, 2)
-    assert argv[:3] == [sys.executable, "-m", "consumer"]
+    assert argv[:3] == [sys.executable, "-m", "genqueue.consumer"]
     assert argv[3:] == ["-v", "run", "--gpu", "2", "--endpoint", "http://127.0.0.1:8102/v1", "--spool", "/s/gpu2",
                         "--drain-timeout", "20", "--run", "data", "--concurrency", "64", "--metrics-port", "9402",
                         "--lease", "10", "--burst", "--shard-max-age", "5"]
@@ -155,7 +155,7 @@ class Launch:
         self.base = free_ports(max(parse_gpus(gpus)) + 1) if n else 0
         self._fh = open(self.stderr, "ab")
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "consumer.launch", "--gpus", gpus, "--engine", "simulate",
+            [sys.executable, "-m", "genqueue.consumer.launch", "--gpus", gpus, "--engine", "simulate",
              "--base-port", str(self.base), "--log-dir", str(self.logs), "--spool-root", str(tmp / "spool"),
              "--consumer-args", "--shard-max-age 1", *extra, "--", *sim],
             stdout=subprocess.DEVNULL, stderr=self._fh, env={**os.environ, "REDIS_URL": redis_url})

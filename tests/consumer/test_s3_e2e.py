@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from rq.job import Job
 
-from common.jobs import SERIALIZER, queue_for
+from genqueue.common.jobs import SERIALIZER, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
@@ -63,7 +63,7 @@ def job_keys(conn, job_ids) -> set[str]:
 
 
 def export(tmp_path: Path, redis_url: str, s3: S3Server, run: str) -> tuple[dict, list[dict]]:
-    from producer.cli import main
+    from genqueue.producer.cli import main
 
     out = tmp_path / f"{run}.export.jsonl"
     args = ["--run", run, "--output", str(out), "--json"]
@@ -72,7 +72,7 @@ def export(tmp_path: Path, redis_url: str, s3: S3Server, run: str) -> tuple[dict
         proc = cli("producer", "export", *args, env=env, check=False)
         code, stdout = proc.returncode, proc.stdout
     else:  # until producer/cli.py registers the command
-        from producer.export import export_command
+        from genqueue.producer.export import export_command
 
         res = CliRunner().invoke(export_command, args, env=env, catch_exceptions=False)
         code, stdout = res.exit_code, res.stdout

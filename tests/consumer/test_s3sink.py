@@ -8,9 +8,9 @@ import os
 import orjson
 import pytest
 
-from consumer.s3sink import S3Location, S3Sink, ShipVerifyError, abort_stale_uploads, endpoint_url
-from consumer.shards import ShardWriter
-from consumer.sinks import make_sink
+from genqueue.consumer.s3sink import S3Location, S3Sink, ShipVerifyError, abort_stale_uploads, endpoint_url
+from genqueue.consumer.shards import ShardWriter
+from genqueue.consumer.sinks import make_sink
 from tests.s3server import S3Server, s3_env, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 import orjson
 
-from consumer.shards import LocalSink, ShardWriter, leftover_shards
+from genqueue.consumer.shards import LocalSink, ShardWriter, leftover_shards
 
 
 def test_seal_and_ship(tmp_path):
@@ -52,10 +52,10 @@ def test_a_spool_is_held_by_one_live_process(tmp_path):
 
     import pytest
 
-    from consumer.shards import SpoolBusyError, lock_spool
+    from genqueue.consumer.shards import SpoolBusyError, lock_spool
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, '.');"
-                               "from consumer.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
+                               "from genqueue.consumer.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
                                "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "ok"
     with pytest.raises(SpoolBusyError, match="in use by pid"):

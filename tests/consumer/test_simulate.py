@@ -12,7 +12,7 @@ import openai
 import pytest
 from click.testing import CliRunner
 
-from consumer.simulate import SimConfig, SimServer, sample_length, simulate_command
+from genqueue.consumer.simulate import SimConfig, SimServer, sample_length, simulate_command
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from rq.job import Job
 
-from common.jobs import SERIALIZER, TASK, queue_for
+from genqueue.common.jobs import SERIALIZER, TASK, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration

@@ -10,12 +10,12 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
-from common.runs import RunStore, run_key
-from common.settings import RunSettings
-from producer.export import export_command, stem
-from producer.export_core import Exporter
-from producer.export_formats import to_openai, to_sharegpt
-from producer.export_sources import LocalSource
+from genqueue.common.runs import RunStore, run_key
+from genqueue.common.settings import RunSettings
+from genqueue.producer.export import export_command, stem
+from genqueue.producer.export_core import Exporter
+from genqueue.producer.export_formats import to_openai, to_sharegpt
+from genqueue.producer.export_sources import LocalSource
 from tests.conftest import cli
 from tests.s3server import s3_env, s3_server  # noqa: F401 - fixtures
 
@@ -197,7 +197,7 @@ def test_stem_and_converters():
 
 
 def test_real_cli(run_dir, redis_url):
-    from producer.cli import main
+    from genqueue.producer.cli import main
 
     if "export" not in main.commands:
         pytest.skip("producer export is not registered in producer/cli.py yet")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from common.jobs import queue_for
-from consumer.rqcompat import GenWorker
+from genqueue.common.jobs import queue_for
+from genqueue.consumer.rqcompat import GenWorker
 from tests.conftest import cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from rq.job import Job
 
-from common.convert import normalize
-from common.items import answer_lengths, estimate_cost, make_items
-from common.jobs import SERIALIZER, queue_for
-from producer.order import LongestFirst, cost_class
+from genqueue.common.convert import normalize
+from genqueue.common.items import answer_lengths, estimate_cost, make_items
+from genqueue.common.jobs import SERIALIZER, queue_for
+from genqueue.producer.order import LongestFirst, cost_class
 from tests.conftest import cli, write_jsonl
 
 

@@ -7,12 +7,12 @@ import time
 import orjson
 import pytest
 
-from common import __version__
-from common.eta import RateWindow, Sample, eta_seconds, format_duration
-from common.runs import RunStore, key_digest, run_key
-from common.settings import RunSettings
-from consumer.engine import engine_view, parse_prometheus
-from producer.status import format_status, run_status
+from genqueue.common import __version__
+from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
+from genqueue.common.runs import RunStore, key_digest, run_key
+from genqueue.common.settings import RunSettings
+from genqueue.consumer.engine import engine_view, parse_prometheus
+from genqueue.producer.status import format_status, run_status
 
 
 def test_eta_arithmetic():

@@ -1,0 +1,178 @@
+"""The data contract: every name and record that crosses a process boundary, defined once.
+
+Producer, consumer, export and status all import from here. Names (modes, outcomes, error
+classes...) are StrEnums: they compare equal to the plain strings stored in Redis and in
+JSONL, so records written before these types existed read the same. Records are TypedDicts:
+they are parsed from JSON far more often than built, and stay plain dicts on the wire.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Required, TypedDict
+
+
+class Mode(StrEnum):
+    """How a multi-turn conversation becomes items (README, "Multi-turn modes")."""
+
+    FIRST = "first"
+    LAST = "last"
+    EACH = "each"
+    REGENERATE = "regenerate"
+
+
+class Truncation(StrEnum):
+    """What an item cut by max_tokens becomes."""
+
+    KEEP = "keep"
+    ERROR = "error"
+    RETRY = "retry"
+
+
+class HistoryReasoning(StrEnum):
+    """regenerate: whether a turn's thinking goes back into the history."""
+
+    DROP = "drop"
+    KEEP = "keep"
+
+
+class Outcome(StrEnum):
+    """How one answer ended. NO_ANSWER: stopped by itself with thinking and no answer."""
+
+    FINISHED = "finished"
+    CUT_IN_THINKING = "cut_in_thinking"
+    CUT_IN_ANSWER = "cut_in_answer"
+    NO_ANSWER = "no_answer"
+
+
+class ReasoningForm(StrEnum):
+    """Where the thinking came from: a response field, an inline <think> block, or nowhere."""
+
+    FIELD = "field"
+    INLINE = "inline"
+    NONE = "none"
+
+
+class ErrorClass(StrEnum):
+    """The class of an error record (and of a failed job, at export)."""
+
+    PERMANENT = "permanent"  # the endpoint refused the request itself (400/404/413/422)
+    TRANSIENT_EXHAUSTED = "transient_exhausted"  # 5xx, resets, timeouts past the attempt budget
+    TRUNCATED = "truncated"  # cut by max_tokens under --truncation error
+    BAD_RESPONSE = "bad_response"  # a 200 whose body is not a usable completion
+    INTERNAL = "internal"  # a bug in genqueue while answering the item
+    INVALID_ITEM = "invalid_item"  # an item a job carried that genqueue cannot answer
+    JOB_FAILED = "job_failed"  # export: rq gave up on the item's job
+
+
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
+
+
+class Usage(TypedDict, total=False):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    reasoning_tokens: int
+
+
+class Timings(TypedDict):
+    enqueued_at: float | None
+    started_at: float
+    finished_at: float
+    latency_s: float
+
+
+class ConsumerInfo(TypedDict):
+    """Which consumer produced a record."""
+
+    host: str
+    gpu: int | None
+    worker: str
+    endpoint: str
+
+
+class Item(TypedDict, total=False):
+    """One unit of work, as the producer puts it in a job (JSON)."""
+
+    key: Required[str]  # 32 hex: blake2b-128 of mode, messages and tools
+    index: Required[int]  # the record's position among the input's non-blank records
+    turn: Required[int | None]  # 0-based user turn (first/last/each); None in regenerate
+    messages: Required[list[dict[str, Any]]]
+    tools: list[dict[str, Any]]
+    note: str  # "stopped_at_tool_turn" when regenerate cut the conversation
+
+
+#: The `error` field of an error record (`class` is a keyword, hence the functional form).
+ErrorInfo = TypedDict("ErrorInfo", {"class": str, "type": str, "status": int | None, "message": str})
+
+
+class TurnRecord(TypedDict, total=False):
+    """regenerate: one regenerated assistant turn."""
+
+    turn: Required[int]
+    content: Required[str]
+    reasoning: Required[str | None]
+    reasoning_form: Required[str]
+    finish_reason: Required[str | None]
+    outcome: Required[str]
+    usage: Required[Usage]
+    model: Required[str]
+    truncation: dict[str, Any]
+
+
+class RecordBase(TypedDict, total=False):
+    """Fields every line of a result shard carries, result or error."""
+
+    key: Required[str]
+    index: Required[int]
+    turn: Required[int | None]
+    run: Required[str]
+    messages: Required[list[dict[str, Any]]]
+    sampling: Required[dict[str, Any]]
+    fingerprint: Required[str]
+    version: Required[str]
+    consumer: Required[ConsumerInfo]
+    attempt: Required[int]
+    timings: Timings
+    tools: list[dict[str, Any]]
+    note: str
+
+
+class ResultRecord(RecordBase, total=False):
+    """A line of a result shard for an item that was answered (README, "Result records")."""
+
+    content: Required[str]
+    reasoning: Required[str | None]
+    reasoning_form: Required[str]
+    tool_calls: Required[list[dict[str, Any]]]
+    finish_reason: Required[str | None]
+    outcome: Required[str]
+    usage: Required[Usage]
+    model: Required[str]
+    truncation: dict[str, Any]
+    # regenerate only
+    turns: list[TurnRecord]
+    history_reasoning: str
+    turns_total: int
+    stopped: dict[str, Any]
+    resumed_at_turn: int
+
+
+class ErrorRecord(RecordBase, total=False):
+    """A line of a result shard for an item that could not be answered."""
+
+    error: Required[ErrorInfo]
+    partial: dict[str, Any]
+
+
+Record = ResultRecord | ErrorRecord
+
+
+def is_error(rec: Record) -> bool:
+    """Whether REC is an error record."""
+    return "error" in rec
+
+
+def error_info(cls: ErrorClass, type_: str, message: str, status: int | None = None) -> ErrorInfo:
+    """The `error` field of an error record."""
+    return {"class": cls.value, "type": type_, "status": status, "message": message}
