@@ -9,7 +9,7 @@ they are parsed from JSON far more often than built, and stay plain dicts on the
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Required, TypedDict
+from typing import Any, Required, TypedDict, TypeGuard
 
 
 class Mode(StrEnum):
@@ -168,7 +168,19 @@ class ErrorRecord(RecordBase, total=False):
 Record = ResultRecord | ErrorRecord
 
 
-def is_error(rec: Record) -> bool:
+class ShardManifest(TypedDict, total=False):
+    """A shipped shard's `.manifest.json`, written only once the shard is stored and verified.
+    Readers rely on `sha256` and `records` alone (hand-made manifests may hold no more)."""
+
+    run: str
+    shard: str
+    records: Required[int]
+    keys: int
+    bytes: int
+    sha256: Required[str]
+
+
+def is_error(rec: Record) -> TypeGuard[ErrorRecord]:
     """Whether REC is an error record."""
     return "error" in rec
 
@@ -176,3 +188,71 @@ def is_error(rec: Record) -> bool:
 def error_info(cls: ErrorClass, type_: str, message: str, status: int | None = None) -> ErrorInfo:
     """The `error` field of an error record."""
     return {"class": cls.value, "type": type_, "status": status, "message": message}
+
+
+class EngineView(TypedDict, total=False):
+    """What a consumer reports of its engine, from the engine's own /metrics."""
+
+    metrics: Required[bool]  # False: the endpoint has no vLLM /metrics; nothing else is set
+    running: float | None
+    waiting: float | None
+    kv_cache_usage: float | None  # 0..1
+    preemptions: float | None
+    spec_decode: bool
+    spec_acceptance: float | None
+
+
+class RunCounters(TypedDict, total=False):
+    """A consumer's counters and one-minute rates for one run (the snapshot's `runs`)."""
+
+    completions: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    completions_per_s: float
+    prompt_tokens_per_s: float
+    completion_tokens_per_s: float
+    fingerprint: str | None
+    reasoning_probe: str | None
+
+
+class ShippingView(TypedDict):
+    shards: int
+    bytes: int
+    waiting_shards: int
+    spool_bytes: int
+    last_upload_at: float | None
+    last_error: str | None  # class and message of the last failed upload, secrets redacted
+    last_error_at: float | None
+    oldest_waiting_at: float | None  # when the oldest shard still waiting was sealed
+    failures: int
+    lost: int
+
+
+class ConsumerSnapshot(TypedDict):
+    """What a consumer publishes every few seconds at genqueue:consumer:<worker> (JSON), read
+    by `producer status`. `paused` holds only the reasons in force, each with its message."""
+
+    worker: str
+    host: str
+    gpu: int | None
+    pid: int
+    endpoint: str
+    version: str
+    started_at: float
+    last_seen: float
+    exited: bool
+    concurrency: int
+    concurrency_mode: str
+    in_flight: int
+    pending_items: int
+    held_jobs: int
+    stopping: bool
+    paused: dict[str, str]
+    runs: dict[str, RunCounters]
+    models: list[str]
+    max_model_len: dict[str, int | None]
+    engine: EngineView
+    shipping: ShippingView
+    jobs: dict[str, int]  # acked, lease_lost, redone, refused, given_back, swept
+    redis_unreachable_since: float | None

@@ -11,8 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from genqueue.common import defaults
+from genqueue.common.contracts import EngineView
+from genqueue.consumer.engine import engine_view
 
 log = logging.getLogger(__name__)
+
+#: Without --concurrency auto, the engine's /metrics are still read this often, for telemetry.
+ENGINE_POLL_SECONDS = 5.0
 
 
 class Limiter:
@@ -59,3 +68,61 @@ def next_limit(limit: int, in_flight: int, running: float, waiting: float, kv_us
     if waiting > 3 * want:
         return max(lo, int(running + 2 * want), limit - int(waiting - 2 * want))
     return limit
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    mode: str  # "auto" or "fixed"
+    limit: int  # the in-flight limit now (auto: the steered target)
+    engine: EngineView
+
+
+class Steering:
+    """Reads the engine's /metrics (every AUTO_INTERVAL with --concurrency auto, every few
+    seconds otherwise, for telemetry) and, with auto, moves the limiter by them."""
+
+    def __init__(self, limiter: Limiter, metrics: Callable[[], Awaitable[str | None]], *, auto: bool,
+                 max_concurrency: int, endpoint: str, gate_paused: Callable[[], bool],
+                 in_flight: Callable[[], int], on_grow: Callable[[], None]) -> None:
+        self.limiter = limiter
+        self._metrics = metrics
+        self.auto = auto
+        self.max_concurrency = max_concurrency
+        self.endpoint = endpoint
+        self._gate_paused = gate_paused
+        self._in_flight = in_flight
+        self._on_grow = on_grow
+        self.engine: EngineView = {"metrics": False}
+        self._warned = False
+
+    async def step(self) -> None:
+        if self._gate_paused():
+            return  # the endpoint is down: its silence says nothing about /metrics
+        self.engine = view = engine_view(await self._metrics())
+        if not self.auto:
+            return
+        running, waiting = view.get("running"), view.get("waiting")
+        if not view["metrics"] or running is None or waiting is None:
+            if not self._warned:
+                log.warning("--concurrency auto: %s has no vLLM /metrics; holding %d in flight",
+                            self.endpoint, defaults.CONCURRENCY)
+                self.limiter.set_limit(min(defaults.CONCURRENCY, self.max_concurrency))
+                self._warned = True
+            return
+        old = self.limiter.limit
+        new = next_limit(old, self._in_flight(), running, waiting, view.get("kv_cache_usage"),
+                         lo=defaults.AUTO_MIN, hi=self.max_concurrency)
+        if new != old:
+            self.limiter.set_limit(new)
+            log.debug("concurrency %d -> %d (engine running %d, waiting %d)", old, new, running, waiting)
+            if new > old:
+                self._on_grow()
+
+    async def run(self) -> None:
+        interval = defaults.AUTO_INTERVAL if self.auto else ENGINE_POLL_SECONDS
+        while True:
+            await asyncio.sleep(interval)
+            await self.step()
+
+    def snapshot(self) -> AdmissionSnapshot:
+        return AdmissionSnapshot("auto" if self.auto else "fixed", self.limiter.limit, self.engine)

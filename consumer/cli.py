@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import click
 
@@ -85,16 +88,17 @@ def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurr
                          spool_limit=spool_limit, metrics_port=metrics_port,
                          endpoint_wait=endpoint_wait)
     conn = connect(redis_url)
-    _run_loop(Consumer(cfg, conn).run())
+    code = _run_loop(Consumer(cfg, conn).run())
+    if code:
+        sys.exit(code)
 
 
-def _run_loop(coro: object) -> None:
+def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
-
-        uvloop.run(coro)  # type: ignore[arg-type]
     except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 main.add_command(simulate_command, "simulate")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from genqueue.common.contracts import EngineView
 
 _LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
@@ -40,7 +41,7 @@ def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
     return None
 
 
-def engine_view(text: str | None) -> dict[str, Any]:
+def engine_view(text: str | None) -> EngineView:
     """The few numbers an operator asks about: is the batch full, is speculation working."""
     if not text:
         return {"metrics": False}

@@ -15,12 +15,38 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from enum import StrEnum
+
+from genqueue.common.contracts import Record
 
 from genqueue.common.backoff import compute_backoff
+from genqueue.common.redisconn import redact_url as redact
 from genqueue.consumer.shards import SealedShard, ShardWriter, Sink
 
 log = logging.getLogger(__name__)
+
+
+class ShipOutcome(StrEnum):
+    """What became of one sealed shard."""
+
+    SHIPPED = "shipped"  # stored at the run's output: its jobs may be acked
+    LOST = "lost"  # gone from the spool before shipping: its jobs are redone
+    NO_RUN = "no_run"  # its run is gone from Redis: left in the spool, nothing acked
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxSnapshot:
+    shards: int
+    bytes: int
+    waiting_shards: int
+    spool_bytes: int
+    last_upload_at: float | None
+    last_error: str | None
+    last_error_at: float | None
+    oldest_waiting_at: float | None
+    failures: int
+    lost: int
 
 
 class Outbox:
@@ -28,8 +54,9 @@ class Outbox:
 
     def __init__(self, spool: str, worker: str, *, max_bytes: int, max_age: float, spool_limit: int,
                  sink_for: Callable[[str], Sink], output_of: Callable[[str], Awaitable[str | None]],
-                 on_shipped: Callable[[str, int], Awaitable[None]],
-                 on_lost: Callable[[str, int], Awaitable[None]]) -> None:
+                 on_shipped: Callable[[str, int], Awaitable[object]],
+                 on_lost: Callable[[str, int], Awaitable[object]],
+                 on_no_run: Callable[[str], Awaitable[object]]) -> None:
         self.spool = spool
         self.worker = worker
         self.max_bytes = max_bytes
@@ -40,19 +67,23 @@ class Outbox:
         self._output_of = output_of
         self._on_shipped = on_shipped
         self._on_lost = on_lost
+        self._on_no_run = on_no_run
         self.writers: dict[str, ShardWriter] = {}
         self.queue: collections.deque[SealedShard] = collections.deque()
         self.waiting_bytes = 0  # sealed, not yet shipped
         self.shipping = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
+        self.last_error_at: float | None = None
         self.last_upload_at: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ship")
         self._kick = asyncio.Event()
         self.stopping_hard = False
+        self._orphaned: set[str] = set()
+        self._queued_at: dict[str, float] = {}
 
     # --- writing -------------------------------------------------------------------
-    def append(self, run: str, record: dict[str, Any]) -> int:
+    def append(self, run: str, record: Record) -> int:
         """Append RECORD to RUN's open shard; returns the shard's sequence number."""
         w = self.writers.get(run)
         if w is None:
@@ -80,6 +111,7 @@ class Outbox:
 
     def enqueue(self, shard: SealedShard) -> None:
         self.queue.append(shard)
+        self._queued_at[shard.name] = time.time()
         self.waiting_bytes += shard.bytes
         self._kick.set()
 
@@ -94,18 +126,28 @@ class Outbox:
             shard = self.queue[0]
             self.shipping = True
             try:
-                await self._ship(shard)
+                outcome = await self._ship(shard)
             finally:
                 self.shipping = False
             self.queue.popleft()
+            self._queued_at.pop(shard.name, None)
             self.waiting_bytes -= shard.bytes
-            await self._on_shipped(shard.run, shard.seq)
+            if outcome is ShipOutcome.SHIPPED:
+                await self._on_shipped(shard.run, shard.seq)
+            elif outcome is ShipOutcome.LOST:
+                await self._on_lost(shard.run, shard.seq)
+            else:
+                await self._on_no_run(shard.run)
 
-    async def _ship(self, shard: SealedShard) -> None:
+    async def _ship(self, shard: SealedShard) -> ShipOutcome:
         output = await self._output_of(shard.run)
         if output is None:
-            log.error("shard %s belongs to an unknown run %s; left in the spool", shard.path, shard.run)
-            return
+            if shard.run not in self._orphaned:
+                self._orphaned.add(shard.run)
+                log.error("run %s is gone from Redis (deleted, or Redis lost its data): its shards stay in %s, "
+                          "nothing of it is acked; re-create the run (producer enqueue) to ship them",
+                          shard.run, shard.path.parent)
+            return ShipOutcome.NO_RUN
         sink = self._sinks.get(output)
         loop = asyncio.get_running_loop()
         attempt = 0
@@ -120,13 +162,13 @@ class Outbox:
                 # are gone, so its jobs must not be acked. Say so and let the consumer redo them.
                 log.error("shard %s vanished from the spool (%s): its jobs will be redone", shard.name, e)
                 self.stats["shards_lost"] += 1
-                await self._on_lost(shard.run, shard.seq)
-                return
+                return ShipOutcome.LOST
             except Exception as e:  # noqa: BLE001 - any storage failure: keep the shard, wait, retry
                 if self.stopping_hard:
                     raise
                 delay = compute_backoff(min(attempt, 6), base=0.5, cap=15.0)
-                self.last_error = f"{type(e).__name__}: {e}"
+                self.last_error = redact(f"{type(e).__name__}: {e}")[:500]
+                self.last_error_at = time.time()
                 self.stats["ship_failures"] += 1
                 log.warning("shipping %s failed (%s); retrying in %.1f s", shard.name, self.last_error, delay)
                 attempt += 1
@@ -136,7 +178,8 @@ class Outbox:
         self.last_upload_at = time.time()
         self.stats["shards"] += 1
         self.stats["bytes"] += shard.bytes
-        log.info("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, dest)
+        log.debug("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, redact(dest))
+        return ShipOutcome.SHIPPED
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every sealed shard is shipped; False if TIMEOUT passed first."""
@@ -147,6 +190,12 @@ class Outbox:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+    def snapshot(self) -> OutboxSnapshot:
+        oldest = min(self._queued_at.values(), default=None)
+        return OutboxSnapshot(self.stats["shards"], self.stats["bytes"], len(self.queue), self.spool_bytes,
+                              self.last_upload_at, self.last_error, self.last_error_at, oldest,
+                              self.stats["ship_failures"], self.stats["shards_lost"])
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from datetime import timedelta
 from typing import Any
 
 import redis
@@ -32,7 +31,7 @@ log = logging.getLogger(__name__)
 class Held:
     """A job this worker has started and not yet finished: its rq objects and lease."""
 
-    __slots__ = ("job", "queue", "execution")
+    __slots__ = ("execution", "job", "queue")
 
     def __init__(self, job: Job, queue: Queue, execution: Execution) -> None:
         self.job = job
@@ -41,11 +40,7 @@ class Held:
 
     @property
     def id(self) -> str:
-        return self.job.id
-
-
-class ForeignJobError(Exception):
-    """A job on our queue that is not a genqueue job (another function, or not JSON)."""
+        return str(self.job.id)
 
 
 class GenWorker(BaseWorker):
@@ -72,39 +67,49 @@ class GenWorker(BaseWorker):
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self.register_birth()
+        self.register_birth()  # type: ignore[no-untyped-call]
         self.set_state(WorkerStatus.IDLE)
 
     def stop(self) -> None:
-        self.register_death()
+        self.register_death()  # type: ignore[no-untyped-call]
 
     # --- dequeue -------------------------------------------------------------------
     def dequeue(self, queue: Queue) -> tuple[Held | None, str | None]:
         """Take the next job of QUEUE and start it. Returns (held, None), (None, None) when the
-        queue is empty, or (None, reason) when a foreign job was found and failed."""
-        result = Queue.dequeue_any([queue], None, connection=self.connection, serializer=self.serializer)
-        if result is None:
+        queue is empty, or (None, reason) when the job found cannot be run by genqueue: it is
+        failed in rq (a foreign function, a pickle, garbage) or, when rq itself cannot load
+        it (a hash gone or without data, a status or date rq does not parse), dropped from
+        the queue; either way the reason is logged and kept under genqueue:refused:<queue>."""
+        moved = Queue.lmove(self.connection, queue.key, None)
+        if moved is None:
             return None, None
-        job, q = result
-        if job.get_status(refresh=False) != JobStatus.QUEUED:
+        job_id = moved[1].decode() if isinstance(moved[1], bytes) else str(moved[1])
+        try:
+            job = Job.fetch(job_id, connection=self.connection, serializer=self.serializer)
+            status = job.get_status(refresh=False)
+        except Exception as e:  # noqa: BLE001 - whatever rq cannot load must not stop the consumer
+            reason = f"refused: rq cannot load the job ({type(e).__name__}: {str(e)[:200]})"
+            self._drop_unloadable(queue, job_id, reason)
+            return None, f"job {job_id}: {reason}"
+        if status != JobStatus.QUEUED:
             # Two sweeps can push one id twice; the second copy must not run it again.
-            q.intermediate_queue.remove(job.id)
+            queue.intermediate_queue.remove(job.id)
             return None, None
         try:
             func = job.func_name
-            _ = job.args
-        except Exception as e:  # a pickle or garbage: never unpickled, never run
+            _ = job.args, job.kwargs
+        except Exception as e:  # noqa: BLE001 - a pickle or garbage: never unpickled, never run
             reason = f"refused: undecodable job payload ({type(e).__name__}); genqueue jobs are JSON"
-            self._fail_foreign(q, job, reason)
+            self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
         if func not in TASKS:
             reason = f"refused: job names {func!r}; genqueue runs only {TASK}"
-            self._fail_foreign(q, job, reason)
+            self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
         execution = self.prepare_execution(job)
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)
         job.started_at = now()
-        return Held(job, q, execution), None
+        return Held(job, queue, execution), None
 
     def _fail_foreign(self, queue: Queue, job: Job, reason: str) -> None:
         log.warning("job %s on %s: %s", job.id, queue.name, reason)
@@ -112,18 +117,38 @@ class GenWorker(BaseWorker):
             p.lrem(queue.intermediate_queue_key, 1, job.id)
             job.set_status(JobStatus.FAILED, pipeline=p)
             job._handle_failure(reason, pipeline=p, worker_name=self.name)
+            p.hset(refused_key(queue.name), job.id, reason)
             p.execute()
 
-    # --- leases --------------------------------------------------------------------
-    def renew(self, held: list[Held]) -> None:
-        """Extend the lease of every held job, and the worker's own heartbeat, in one round trip."""
+    def _drop_unloadable(self, queue: Queue, job_id: str, reason: str) -> None:
+        log.warning("job %s on %s: %s; dropped from the queue", job_id, queue.name, reason)
+        with self.connection.pipeline() as p:
+            p.lrem(queue.intermediate_queue_key, 0, job_id)
+            p.hset(refused_key(queue.name), job_id, reason)
+            p.execute()
+
+# --- leases --------------------------------------------------------------------
+    def renew(self, held: list[Held]) -> list[Held]:
+        """Extend the lease of every held job that is still ours, and the worker's heartbeat.
+        Returns the jobs whose lease was lost (swept while Redis was out of reach, or while
+        this process stood still): they are someone else's now and are not renewed, since
+        renewing would put a swept lease back. Two round trips, whatever the count."""
+        with self.connection.pipeline() as p:
+            for h in held:
+                p.zscore(h.queue.started_job_registry.key, h.execution.composite_key)
+            scores = p.execute() if held else []
+        lost = [h for h, score in zip(held, scores, strict=True) if score is None]
+        kept = [h for h, score in zip(held, scores, strict=True) if score is not None]
         with self.connection.pipeline() as p:
             self.heartbeat(self.lease + 60, pipeline=p)
             ts = now()
-            for h in held:
+            for h in kept:
                 h.execution.heartbeat(h.queue.started_job_registry, self.lease, pipeline=p)
                 h.job.heartbeat(ts, self.lease, pipeline=p, xx=True)
             p.execute()
+        for h in lost:
+            self.executions.pop(h.execution.id, None)
+        return lost
 
     def still_ours(self, held: Held) -> bool:
         """Whether our execution of the job is still registered (a swept lease is not ours)."""
@@ -189,7 +214,6 @@ class GenWorker(BaseWorker):
         finally:
             self.connection.delete(queue.registry_cleaning_key)
 
-
     def _reclaim_intermediate(self, queue: Queue) -> int:
         """Jobs stuck between dequeue and start (their consumer died, or lost Redis, between the
         two) go back to the front of the queue once seen stuck for a lease, without spending a
@@ -198,6 +222,10 @@ class GenWorker(BaseWorker):
         back = 0
         now_ts = now().timestamp()
         for job_id in stuck:
+            if not self.connection.hexists(f"rq:job:{job_id}", "data"):
+                # rq cannot load it: pushing it back would only move it here again.
+                self._drop_unloadable(queue, job_id, "refused: the job's hash is gone or holds no data")
+                continue
             mark = f"{KEY_PREFIX}:intermediate:{queue.name}:{job_id}"
             self.connection.set(mark, now_ts, nx=True, ex=24 * 3600)
             seen = float(self.connection.get(mark) or now_ts)
@@ -215,6 +243,11 @@ class GenWorker(BaseWorker):
         return back
 
 
+def refused_key(queue_name: str) -> str:
+    """Where the reasons of jobs the consumer refused are kept (job id -> reason)."""
+    return f"{KEY_PREFIX}:refused:{queue_name}"
+
+
 def job_result(job: Job) -> Any:
     """The manifest a finished job returned (for tests and status)."""
     res = Result.fetch_latest(job, serializer=SERIALIZER)
@@ -226,5 +259,3 @@ def job_failure(job: Job) -> str | None:
     res = Result.fetch_latest(job, serializer=SERIALIZER)
     return res.exc_string if res else None
 
-
-_ = timedelta

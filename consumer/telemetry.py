@@ -1,9 +1,11 @@
 """What a consumer tells the world: a snapshot in Redis for `producer status`, and
 Prometheus metrics on a port.
 
-The snapshot (`genqueue:consumer:<worker>`, refreshed every few seconds, listed in the
-`genqueue:consumers` sorted set by last-seen time) carries per-run counters and one-minute
-rates, in-flight and paused state, shipping progress, and what the engine's own /metrics say.
+Telemetry listens; it does not reach in. Items are counted as their records are written
+(`record`), and the rest comes from the snapshots the consumer's parts expose, handed over
+as one `Parts` of callables. The snapshot (`genqueue:consumer:<worker>`, refreshed every
+few seconds, listed in the `genqueue:consumers` sorted set by last-seen time) is a
+contracts.ConsumerSnapshot.
 """
 
 from __future__ import annotations
@@ -13,19 +15,34 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import orjson
+import redis
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
 from genqueue.common import __version__
-from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.common.contracts import (
+    ConsumerInfo,
+    ConsumerSnapshot,
+    ErrorClass,
+    Outcome,
+    Record,
+    ResultRecord,
+    RunCounters,
+    is_error,
+)
 from genqueue.common.eta import RateWindow, Sample
-from genqueue.consumer.engine import engine_view
-
-if TYPE_CHECKING:
-    from genqueue.consumer.worker import Consumer
+from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.consumer.acker import AckSnapshot
+from genqueue.consumer.admission import AdmissionSnapshot
+from genqueue.consumer.book import BookSnapshot
+from genqueue.consumer.leases import LeaseSnapshot
+from genqueue.consumer.outbox import OutboxSnapshot
+from genqueue.consumer.rqthread import RqSnapshot, RqThread
+from genqueue.consumer.served import ServedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -40,42 +57,81 @@ ERRORS = PCounter("genqueue_errors", "Error records by class", ["run", "error_cl
 LATENCY = Histogram("genqueue_item_latency_seconds", "Wall time per item (all its turns and retries)",
                     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, float("inf")))
 SPOOL = Gauge("genqueue_spool_bytes", "Unshipped result bytes on local disk")
-SHIPPED = PCounter("genqueue_shards_shipped", "Shards shipped to the output")
+SHIPPED = Gauge("genqueue_shards_shipped", "Shards shipped to the output since start")
+SHIP_FAILURES = Gauge("genqueue_ship_failures", "Failed shard uploads since start (each is retried)")
+LIMIT = Gauge("genqueue_concurrency_limit", "In-flight limit now (with --concurrency auto: the steered target)")
+JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
+
+#: Every pause reason a consumer knows, so each has a series from the start.
+PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The snapshot of each part of the consumer, as callables (read at publish time)."""
+
+    book: Callable[[], BookSnapshot]
+    acker: Callable[[], AckSnapshot]
+    leases: Callable[[], LeaseSnapshot]
+    served: Callable[[], ServedSnapshot]
+    outbox: Callable[[], OutboxSnapshot]
+    admission: Callable[[], AdmissionSnapshot]
+    rq: Callable[[], RqSnapshot]
+    paused: Callable[[], dict[str, str]]
+    stopping: Callable[[], bool]
 
 
 class Telemetry:
     """Counts what the consumer does and publishes it."""
 
-    def __init__(self, consumer: Consumer, *, interval: float = 2.0, metrics_port: int | None = None) -> None:
-        self.c = consumer
+    def __init__(self, identity: ConsumerInfo, conn: redis.Redis, rq: RqThread, parts: Parts, *,
+                 interval: float = 2.0, metrics_port: int | None = None) -> None:
+        self.identity = identity
+        self.conn = conn
+        self.rq = rq
+        self.parts = parts
         self.interval = interval
         self.metrics_port = metrics_port
         self.totals: dict[str, Counter[str]] = {}
         self.windows: dict[str, RateWindow] = {}
-        self.engine: dict[str, Any] = {"metrics": False}
         self.started_at = time.time()
-        self._last_engine = 0.0
+        for reason in PAUSE_REASONS:
+            PAUSED.labels(reason).set(0)
 
-    def record(self, run: str, rec: dict[str, Any]) -> None:
-        """Count one finished item (called on the hot path: cheap)."""
+    def start_run(self, run: str) -> None:
+        """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
+        if run in self.totals:
+            return
+        self.totals[run] = Counter()
+        for cls in ErrorClass:
+            ERRORS.labels(run, cls.value)
+        for outcome in Outcome:
+            COMPLETIONS.labels(run, outcome.value)
+        TOKENS.labels(run, "prompt")
+        TOKENS.labels(run, "completion")
+
+    def record(self, run: str, rec: Record) -> None:
+        """Count one written record (called on the hot path: cheap)."""
         t = self.totals.get(run)
         if t is None:
-            t = self.totals[run] = Counter()
+            self.start_run(run)
+            t = self.totals[run]
         t["completions"] += 1
-        if "error" in rec:
+        if is_error(rec):
             t["errors"] += 1
-            ERRORS.labels(run, rec["error"].get("class", "unknown")).inc()
+            ERRORS.labels(run, rec["error"]["class"]).inc()
             return
-        usage = rec.get("usage") or {}
-        pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        ok: ResultRecord = rec  # type: ignore[assignment]  # not an error record: a result
+        usage = ok["usage"]
+        pt, ct = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
         t["prompt_tokens"] += pt
         t["completion_tokens"] += ct
-        COMPLETIONS.labels(run, rec.get("outcome") or "unknown").inc()
+        COMPLETIONS.labels(run, ok["outcome"]).inc()
         TOKENS.labels(run, "prompt").inc(pt)
         TOKENS.labels(run, "completion").inc(ct)
-        lat = (rec.get("timings") or {}).get("latency_s")
-        if lat is not None:
-            LATENCY.observe(lat)
+        timings = ok.get("timings")
+        if timings is not None:
+            LATENCY.observe(timings["latency_s"])
 
     def start_metrics_server(self) -> None:
         if self.metrics_port is not None:
@@ -87,71 +143,79 @@ class Telemetry:
             await self.publish()
             await asyncio.sleep(self.interval)
 
-    async def publish(self, *, exited: bool = False) -> None:
+    async def publish(self, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time()
         for run, t in self.totals.items():
             w = self.windows.get(run)
             if w is None:
                 w = self.windows[run] = RateWindow(60.0)
             w.add(Sample(now, t["completions"], t["prompt_tokens"], t["completion_tokens"]))
-        if now - self._last_engine >= 5.0 and self.c.client is not None:
-            self._last_engine = now
-            self.engine = engine_view(await self.c.client.metrics())
-        snap = self.snapshot(now)
-        snap["exited"] = exited
+        snap = self.snapshot(now, exited=exited)
         IN_FLIGHT.set(snap["in_flight"])
         PENDING.set(snap["pending_items"])
-        PAUSED.labels("endpoint_down").set(1 if snap["paused"]["endpoint_down"] else 0)
-        PAUSED.labels("spool_full").set(1 if snap["paused"]["spool_full"] else 0)
+        for reason in PAUSE_REASONS:
+            PAUSED.labels(reason).set(1 if reason in snap["paused"] else 0)
         SPOOL.set(snap["shipping"]["spool_bytes"])
-        await self.c.rq_call(self._write, snap, now)
+        SHIPPED.set(snap["shipping"]["shards"])
+        SHIP_FAILURES.set(snap["shipping"]["failures"])
+        LIMIT.set(snap["concurrency"])
+        for ending, n in snap["jobs"].items():
+            JOBS.labels(ending).set(n)
+        await self.rq.call(self._write, snap, now)
+        return snap
 
-    def _write(self, snap: dict[str, Any], now: float) -> None:
-        with self.c.conn.pipeline() as p:
+    def _write(self, snap: ConsumerSnapshot, now: float) -> None:
+        with self.conn.pipeline() as p:
             p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
             p.zadd(CONSUMERS, {snap["worker"]: now})
             p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
             p.execute()
 
-    def snapshot(self, now: float | None = None) -> dict[str, Any]:
-        c = self.c
+    def snapshot(self, now: float | None = None, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time() if now is None else now
-        runs = {}
+        p = self.parts
+        served, book, adm, ob = p.served(), p.book(), p.admission(), p.outbox()
+        acks, leases = p.acker(), p.leases()
+        runs: dict[str, RunCounters] = {}
         for run, t in self.totals.items():
-            ctx = c.contexts.get(run)
+            ctx = served.runs.get(run)
             rates = self.windows[run].rates() if run in self.windows else {}
-            runs[run] = {**dict(t), **rates, "fingerprint": ctx.fingerprint if ctx else None,
+            runs[run] = {"completions": t["completions"], "errors": t["errors"],
+                         "prompt_tokens": t["prompt_tokens"], "completion_tokens": t["completion_tokens"],
+                         **rates,  # type: ignore[typeddict-item]  # the three *_per_s rates
+                         "fingerprint": ctx.fingerprint if ctx else None,
                          "reasoning_probe": ctx.reasoning_probe if ctx else None}
-        for run, ctx in c.contexts.items():
+        for run, ctx in served.runs.items():
             runs.setdefault(run, {"fingerprint": ctx.fingerprint, "reasoning_probe": ctx.reasoning_probe})
-        ob = c.outbox
         return {
-            "worker": c.worker.name,
-            "host": c.host,
-            "gpu": c.cfg.gpu,
+            "worker": self.identity["worker"],
+            "host": self.identity["host"],
+            "gpu": self.identity["gpu"],
             "pid": os.getpid(),
-            "endpoint": c.cfg.endpoint,
+            "endpoint": self.identity["endpoint"],
             "version": __version__,
             "started_at": self.started_at,
             "last_seen": now,
-            "concurrency": c.limit,
-            "concurrency_mode": "auto" if c.cfg.auto_concurrency else "fixed",
-            "in_flight": c.in_flight,
-            "pending_items": len(c.pending),
-            "held_jobs": len(c.jobs),
-            "stopping": c.stopping,
-            "paused": {"endpoint_down": c.gate_paused, "spool_full": ob.full()},
+            "exited": exited,
+            "concurrency": adm.limit,
+            "concurrency_mode": adm.mode,
+            "in_flight": book.in_flight,
+            "pending_items": book.pending_items,
+            "held_jobs": book.held_jobs,
+            "stopping": p.stopping(),
+            "paused": p.paused(),
             "runs": runs,
-            "models": c.served_models,
-            "max_model_len": c.model_lens,
-            "engine": self.engine,
+            "models": served.models,
+            "max_model_len": served.max_model_len,
+            "engine": adm.engine,
             "shipping": {
-                "shards": ob.stats["shards"],
-                "bytes": ob.stats["bytes"],
-                "waiting_shards": len(ob.queue),
-                "spool_bytes": ob.spool_bytes,
-                "last_upload_at": ob.last_upload_at,
-                "last_error": ob.last_error,
-                "failures": ob.stats["ship_failures"],
+                "shards": ob.shards, "bytes": ob.bytes, "waiting_shards": ob.waiting_shards,
+                "spool_bytes": ob.spool_bytes, "last_upload_at": ob.last_upload_at,
+                "last_error": ob.last_error, "last_error_at": ob.last_error_at,
+                "oldest_waiting_at": ob.oldest_waiting_at, "failures": ob.failures, "lost": ob.lost,
             },
+            "jobs": {"acked": acks.acked, "lease_lost": acks.lease_lost, "redone": acks.redone,
+                     "refused": acks.refused, "given_back": acks.given_back, "swept": leases.swept,
+                     "leases_lost": leases.lost},
+            "redis_unreachable_since": p.rq().unreachable_since,
         }

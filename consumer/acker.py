@@ -1,0 +1,112 @@
+"""Endings of held jobs: ack once their results are shipped, send back what a lost shard
+held, refuse what cannot be run, give back what a drain leaves unfinished.
+
+Every ending goes through rq in the rq thread and through the book, so a job is never both
+held and ended. Run counters (`genqueue:run:<run>:stats`) are added in the same pipeline
+as the ack, so `producer status` never counts a job twice or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from genqueue.common.contracts import Mode
+from genqueue.common.runs import run_key
+from genqueue.consumer.book import Book, JobState
+from genqueue.consumer.checkpoints import clear as clear_checkpoints
+from genqueue.consumer.rqcompat import GenWorker, Held
+from genqueue.consumer.rqthread import RqThread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AckSnapshot:
+    acked: int
+    lease_lost: int  # acks refused: the lease had been swept meanwhile (a zombie ack)
+    redone: int  # jobs sent back because a shard holding their results was lost
+    refused: int  # jobs genqueue cannot run (failed or dropped with their reason)
+    given_back: int
+
+
+class Acker:
+    """Ends held jobs in rq and in the book."""
+
+    def __init__(self, rq: RqThread, worker: GenWorker, conn: redis.Redis, book: Book[Held]) -> None:
+        self.rq = rq
+        self.worker = worker
+        self.conn = conn
+        self.book = book
+        self.acked = self.lease_lost = self.redone = self.refused = self.given_back = 0
+
+    async def shipped(self, run: str, shipped_seq: int) -> int:
+        """Ack every complete job of RUN whose last result is in a shard shipped by now.
+        Returns how many were acked."""
+        acked = 0
+        for js in self.book.ackable(run, shipped_seq):
+            ok = await self.rq.call(self._ack, js)
+            self.book.release(js)
+            if ok:
+                acked += 1
+                log.debug("job %s done: %d items in %.2f s", js.id, len(js.items), time.monotonic() - js.started)
+            else:
+                self.lease_lost += 1
+        self.acked += acked
+        return acked
+
+    def _ack(self, js: JobState[Held]) -> bool:
+        manifest = {"items": len(js.items), **dict(js.counts), "shard_seq": js.max_seq, "worker": self.worker.name}
+        if not self.worker.finish(js.held, manifest):
+            return False
+        started = js.held.job.started_at
+        with self.conn.pipeline() as p:
+            for k, v in js.counts.items():
+                p.hincrby(run_key(js.run, "stats"), k, v)
+            p.hsetnx(run_key(js.run), "started_at", repr(started.timestamp() if started else time.time()))
+            if js.ctx.settings.multi_turn == Mode.REGENERATE:
+                multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1]
+                clear_checkpoints(p, js.run, multi)
+            p.execute()
+        return True
+
+    async def shard_lost(self, run: str, lost_seq: int) -> int:
+        """A shard of RUN vanished before shipping: every job that may have results in it goes
+        back to the queue (spending a retry; a spool that loses files is a real fault), and
+        its items still waiting here are dropped. Returns how many jobs were sent back."""
+        lost = self.book.lose_shard(run, lost_seq)
+        for js in lost:
+            await self.rq.call(self.worker.fail, js.held, f"results lost from the spool (shard {lost_seq})",
+                               retry=True)
+        self.redone += len(lost)
+        return len(lost)
+
+    async def refuse(self, held: Held, reason: str) -> None:
+        """HELD names genqueue's task but cannot be run (its items do not parse): failed for
+        good with REASON, never retried (a retry would only fail again, on another consumer)."""
+        log.warning("job %s: %s", held.id, reason)
+        await self.rq.call(self.worker.fail, held, reason, retry=False)
+        self.refused += 1
+
+    def count_refused(self) -> None:
+        """A job the rq layer refused on its own (a foreign function, an unloadable job)."""
+        self.refused += 1
+
+    async def give_back(self, js: JobState[Held]) -> None:
+        """JS goes back to the front of its queue without spending a retry (a drain)."""
+        self.book.abandon(js)
+        await self.rq.call(self.worker.give_back, js.held)
+        self.given_back += 1
+
+    async def give_back_all(self) -> int:
+        n = 0
+        for js in self.book:
+            await self.give_back(js)
+            n += 1
+        return n
+
+    def snapshot(self) -> AckSnapshot:
+        return AckSnapshot(self.acked, self.lease_lost, self.redone, self.refused, self.given_back)

@@ -1,0 +1,177 @@
+"""Taking work: dequeue jobs of the served runs, check what they carry, hold them.
+
+A job whose payload genqueue cannot use is failed (or, when rq cannot even load it,
+dropped from the queue) with its reason, and the consumer serves on: a malformed job must
+never crash a consumer, or it would walk through the whole fleet as its lease expires and
+it is swept to the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from genqueue.common import defaults
+from genqueue.common.contracts import Item
+from genqueue.common.jobs import queue_for
+from genqueue.consumer.acker import Acker
+from genqueue.consumer.book import Book, JobState
+from genqueue.consumer.rqcompat import GenWorker, Held
+from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.served import ServedRuns
+
+log = logging.getLogger(__name__)
+
+_KEY = re.compile(r"^[0-9a-f]{32}$")
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+class InvalidJob(ValueError):
+    """A job naming genqueue's task whose arguments are not a list of valid items."""
+
+
+def parse_items(args: Any, kwargs: Any, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
+    """The items a job carries, checked field by field (the producer writes them; anything
+    else put on the queue by hand is checked here, once, before any request is made)."""
+    if kwargs:
+        raise InvalidJob("job has keyword arguments; genqueue jobs carry one list of items")
+    if not isinstance(args, list | tuple) or len(args) != 1 or not isinstance(args[0], list):
+        raise InvalidJob("job arguments are not a list of items")
+    items = args[0]
+    if not items:
+        raise InvalidJob("job carries no items")
+    for n, item in enumerate(items):
+        _check_item(n, item, max_chars)
+    return cast(list[Item], items)
+
+
+def _check_item(n: int, item: Any, max_chars: int) -> None:
+    where = f"item {n}"
+    if not isinstance(item, dict):
+        raise InvalidJob(f"{where} is a {type(item).__name__}, not an object")
+    key = item.get("key")
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise InvalidJob(f"{where}: key is not 32 hex characters")
+    index = item.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise InvalidJob(f"{where}: index is not a non-negative integer")
+    turn = item.get("turn")
+    if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool)):
+        raise InvalidJob(f"{where}: turn is not an integer or null")
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidJob(f"{where}: messages is not a non-empty list")
+    chars = 0
+    users = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            raise InvalidJob(f"{where}: message {i} has no known role")
+        content = m.get("content")
+        if content is None and m["role"] == "assistant" and m.get("tool_calls"):
+            continue
+        if not isinstance(content, str):
+            raise InvalidJob(f"{where}: message {i} content is not a string")
+        chars += len(content)
+        users += m["role"] == "user"
+    if not users:
+        raise InvalidJob(f"{where}: no user message")
+    if chars > max_chars:
+        raise InvalidJob(f"{where}: {chars} characters of messages, over the limit of {max_chars}")
+    tools = item.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise InvalidJob(f"{where}: tools is not a list of objects")
+    note = item.get("note")
+    if note is not None and not isinstance(note, str):
+        raise InvalidJob(f"{where}: note is not a string")
+
+
+class Intake:
+    """The fetch loop: keeps the book's pending items above a low-water mark."""
+
+    def __init__(self, rq: RqThread, worker: GenWorker, book: Book[Held], acker: Acker, served: ServedRuns, *,
+                 low_water: Callable[[], int], may_fetch: Callable[[], bool], burst: bool,
+                 poll_interval: float, wake: asyncio.Event, stopping: asyncio.Event) -> None:
+        self.rq = rq
+        self.worker = worker
+        self.book = book
+        self.acker = acker
+        self.served = served
+        self._low_water = low_water
+        self._may_fetch = may_fetch
+        self.burst = burst
+        self.poll_interval = poll_interval
+        self.wake = wake
+        self.stopping = stopping
+        self._queues_served: list[str] = []
+
+    async def run(self) -> None:
+        """Fetch until stopping (or, with burst, until the served runs are drained)."""
+        last_resolve = 0.0
+        runs: list[str] = []
+        while not self.stopping.is_set():
+            if time.monotonic() - last_resolve > 5.0 or not runs:
+                runs = await self.served.resolve()
+                await self._serve(runs)
+                last_resolve = time.monotonic()
+            if self.book.pending < self._low_water() and self._may_fetch():
+                if await self.fetch_one(runs):
+                    continue
+                if self.burst and await self._drained(runs):
+                    log.info("burst: served runs drained; stopping")
+                    return
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.poll_interval)
+            except TimeoutError:
+                pass
+
+    async def _serve(self, runs: list[str]) -> None:
+        conn = self.worker.connection
+        names = [queue_for(r, conn).name for r in runs]
+        if names != self._queues_served:
+            self._queues_served = names
+            queues = [queue_for(r, conn) for r in runs] or [queue_for("_idle", conn)]
+            await self.rq.call(self.worker.set_queues, queues)
+
+    async def fetch_one(self, runs: list[str]) -> bool:
+        """Dequeue one job of the first run that has one; True when a job was taken (or refused)."""
+        conn = self.worker.connection
+        for run in runs:
+            held, refused = await self.rq.call(self.worker.dequeue, queue_for(run, conn))
+            if refused:
+                self.acker.count_refused()
+                return True
+            if held is None:
+                continue
+            try:
+                items = parse_items(held.job.args, held.job.kwargs)
+            except InvalidJob as e:
+                await self.acker.refuse(held, f"refused: {e}")
+                return True
+            retries_left = held.job.retries_left
+            attempt = 1 + (defaults.JOB_RETRIES - retries_left if retries_left is not None else 0)
+            enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
+            js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq)
+            self.book.hold(js)
+            self.wake.set()
+            return True
+        return False
+
+    async def _drained(self, runs: list[str]) -> bool:
+        if self.book.pending or self.book.in_flight or len(self.book):
+            return False
+        conn = self.worker.connection
+
+        def check() -> bool:
+            # Raw ZCARD/LLEN: rq's registry.count would also sweep, outside the maintenance lock.
+            for run in runs:
+                q = queue_for(run, conn)
+                if conn.zcard(q.started_job_registry.key) or conn.llen(q.key):
+                    return False
+            return True
+
+        return await self.rq.call(check)

@@ -1,0 +1,78 @@
+"""Leases: renew what this consumer holds, sweep what dead consumers left.
+
+Held jobs are renewed every lease/3 seconds. A renewal also finds out which leases were lost
+(swept by another consumer while this one could not reach Redis, or stood still): those jobs
+are dropped here, since their new owner redoes them. Any consumer sweeps expired leases of
+the runs it serves under rq's maintenance lock (consumer.rqcompat.GenWorker.sweep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from genqueue.common.jobs import queue_for
+from genqueue.consumer.book import Book
+from genqueue.consumer.rqcompat import GenWorker, Held
+from genqueue.consumer.rqthread import RqThread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSnapshot:
+    swept: int  # jobs of dead consumers this one sent back to the queue
+    lost: int  # leases of this consumer found swept by another
+
+
+class Leases:
+    """The renewer and the sweeper."""
+
+    def __init__(self, rq: RqThread, worker: GenWorker, book: Book[Held], *, lease: float,
+                 runs: Callable[[], list[str]], on_swept: Callable[[], None]) -> None:
+        self.rq = rq
+        self.worker = worker
+        self.book = book
+        self.lease = lease
+        self._runs = runs
+        self._on_swept = on_swept
+        self.swept = 0
+        self.lost = 0
+
+    async def renew_once(self) -> int:
+        """Renew every held job; drop the ones whose lease was lost. Returns how many were lost."""
+        held = {js.held.id: js for js in self.book}
+        lost = await self.rq.call(self.worker.renew, [js.held for js in held.values()])
+        for h in lost:
+            js = held[h.id]
+            self.book.abandon(js)
+            log.warning("job %s (run %s): lease lost (swept while this consumer could not renew it); "
+                        "its new owner redoes it", h.id, js.run)
+        self.lost += len(lost)
+        return len(lost)
+
+    async def renew_forever(self) -> None:
+        interval = max(self.lease / 3.0, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            await self.renew_once()
+
+    async def sweep_once(self) -> int:
+        n = 0
+        for run in self._runs():
+            n += await self.rq.call(self.worker.sweep, queue_for(run, self.worker.connection))
+        if n:
+            self.swept += n
+            self._on_swept()
+        return n
+
+    async def sweep_forever(self) -> None:
+        interval = max(self.lease / 2.0, 1.0)
+        while True:
+            await self.sweep_once()
+            await asyncio.sleep(interval)
+
+    def snapshot(self) -> LeaseSnapshot:
+        return LeaseSnapshot(self.swept, self.lost)

@@ -1,0 +1,83 @@
+"""The one thread every synchronous rq and Redis call of the consumer runs in.
+
+rq is synchronous; the consumer is one asyncio loop. Every rq/Redis call goes through
+`RqThread.call`, which runs it in a single dedicated thread (so calls never block the
+loop and never run concurrently with each other) and rides out Redis being unreachable:
+it retries with jittered backoff until Redis answers, or until a hard stop. The call is
+typed with ParamSpec, so a call with the wrong arguments fails type-checking (the
+positional `retry` that made a poison pill of a malformed job could not be written today).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+import redis
+
+from genqueue.common.backoff import compute_backoff
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Errors that say "Redis is not answering", as opposed to "Redis said no".
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class RqSnapshot:
+    """What the rq thread tells telemetry."""
+
+    unreachable_since: float | None  # epoch seconds; None while Redis answers
+    retries: int  # calls retried because Redis was unreachable, since start
+
+
+class RqThread:
+    """Runs synchronous rq/Redis calls one at a time in a thread of their own."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rq")
+        self.hard_stop = False
+        self._unreachable_since: float | None = None
+        self._retries = 0
+
+    async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """FN(*args, **kwargs) in the rq thread; retried while Redis is unreachable."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                result = await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+            except UNREACHABLE as e:
+                if self.hard_stop:
+                    raise
+                delay = compute_backoff(min(attempt, 5), base=0.5, cap=5.0)
+                if self._unreachable_since is None:
+                    self._unreachable_since = time.time()
+                    log.warning("Redis unreachable (%s: %s); retrying until it answers", type(e).__name__, e)
+                attempt += 1
+                self._retries += 1
+                await asyncio.sleep(delay)
+                continue
+            if self._unreachable_since is not None:
+                log.warning("Redis answers again after %.1f s", time.time() - self._unreachable_since)
+                self._unreachable_since = None
+            return result
+
+    async def once(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """FN in the rq thread, not retried: for best-effort calls at shutdown."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def snapshot(self) -> RqSnapshot:
+        return RqSnapshot(self._unreachable_since, self._retries)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
