@@ -19,7 +19,7 @@ from genqueue.common.runs import run_key
 from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.checkpoints import clear as clear_checkpoints
 from genqueue.consumer.rqcompat import GenWorker, Held
-from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.rqthread import UNREACHABLE, RqThread
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +95,32 @@ class Acker:
         """A job the rq layer refused on its own (a foreign function, an unloadable job)."""
         self.refused += 1
 
-    async def give_back(self, js: JobState[Held]) -> None:
-        """JS goes back to the front of its queue without spending a retry (a drain)."""
-        self.book.abandon(js)
-        await self.rq.call(self.worker.give_back, js.held)
-        self.given_back += 1
-
-    async def give_back_all(self) -> int:
+    async def give_back_run(self, run: str) -> int:
+        """Every held job of RUN goes back without spending a retry (the run was paused)."""
         n = 0
         for js in self.book:
-            await self.give_back(js)
+            if js.run == run:
+                self.book.abandon(js)
+                await self.rq.call(self.worker.give_back, js.held)
+                n += 1
+        self.given_back += n
+        return n
+
+    async def give_back_all(self, deadline: float | None = None) -> int:
+        """Every held job goes back to the front of its queue without spending a retry (a
+        drain). Past DEADLINE (loop time) with Redis unreachable, the rest are left: their
+        leases expire and any consumer sweeps them back. Returns how many were given back."""
+        n = 0
+        for js in self.book:
+            self.book.abandon(js)
+            try:
+                await self.rq.call_until(deadline, self.worker.give_back, js.held)
+            except UNREACHABLE as e:
+                log.warning("Redis unreachable (%s): %d held job(s) left to their leases, which expire and are "
+                            "swept back", type(e).__name__, len(self.book) + 1)
+                break
             n += 1
+        self.given_back += n
         return n
 
     def snapshot(self) -> AckSnapshot:

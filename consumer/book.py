@@ -38,6 +38,7 @@ class JobState(Generic[H]):
     max_seq: int = 0
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     abandoned: bool = False
+    todo: list[Item] | None = None  # the items still to generate, when not all of them
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
@@ -71,7 +72,7 @@ class Book(Generic[H]):
     def hold(self, js: JobState[H]) -> None:
         """Start holding JS; its items wait for a slot."""
         self.jobs[js.id] = js
-        self._pending.extend((js, it) for it in js.items)
+        self._pending.extend((js, it) for it in (js.items if js.todo is None else js.todo))
 
     @property
     def pending(self) -> int:

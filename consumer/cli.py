@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Coroutine
 from typing import Any
+from urllib.parse import urlparse
 
 import click
 
@@ -19,9 +21,32 @@ from genqueue.consumer.simulate import simulate_command
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="genqueue consumer")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
-def main(verbose: int) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """Generate completions for genqueue runs, one consumer per GPU."""
+    ctx.obj = {"verbose": verbose, "quiet": quiet}
     setup_logging(verbose)
+
+
+def _talk(verbose: int, quiet: bool) -> None:
+    """A consumer talks at default verbosity: its start line, a progress line a minute, one line
+    per notable event (pause, resume, drain, sweep) and a summary at exit. -q: warnings only."""
+    if verbose:
+        setup_logging(verbose)
+    level = logging.WARNING if quiet else logging.DEBUG if verbose >= 2 else logging.INFO
+    logging.getLogger("genqueue.consumer").setLevel(level)
+
+
+def _check_endpoint(url: str) -> str:
+    parts = urlparse(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:8000/v1, not {url!r}")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise UserError(f"--endpoint {url!r} has an invalid port") from None
+    return url
 
 
 @main.command("run")
@@ -52,20 +77,27 @@ def main(verbose: int) -> None:
               help="Seconds to wait at start for the endpoint to answer (vLLM loads a large model for minutes).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
               help="Serve Prometheus metrics on this port (default: off).")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
 @redis_option
+@click.pass_context
 @friendly_errors
-def run_cmd(run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: str, max_concurrency: int,
-            burst: bool,
-            spool: str | None, lease: int, drain_timeout: float, request_timeout: float, max_attempts: int,
-            shard_max_bytes: int, shard_max_age: float, spool_limit: int, endpoint_wait: float, metrics_port: int | None, redis_url: str) -> None:
+def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: str,
+            max_concurrency: int, burst: bool, spool: str | None, lease: int, drain_timeout: float,
+            request_timeout: float, max_attempts: int, shard_max_bytes: int, shard_max_age: float, spool_limit: int,
+            endpoint_wait: float, metrics_port: int | None, verbose: int, quiet: bool, redis_url: str) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
     from genqueue.common.settings import check_run_name
     from genqueue.consumer.worker import Consumer, ConsumerConfig
 
+    outer = ctx.obj or {}
+    _talk(verbose + outer.get("verbose", 0), quiet or outer.get("quiet", False))
     if endpoint is None and gpu is None:
         raise UserError("give --endpoint URL or --gpu N")
-    if endpoint is None:
-        endpoint = f"http://127.0.0.1:{8000 + gpu}/v1"  # type: ignore[operator]
+    assert endpoint is not None  # for mypy: one of the two is given
+    if endpoint is None and gpu is not None:
+        endpoint = f"http://127.0.0.1:{8000 + gpu}/v1"
+    _check_endpoint(endpoint)
     if run_name:
         check_run_name(run_name)
     if spool is None:

@@ -12,12 +12,13 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.jobs import queue_for
+from genqueue.common.marks import Mark, marks_of
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -94,7 +95,8 @@ class Intake:
 
     def __init__(self, rq: RqThread, worker: GenWorker, book: Book[Held], acker: Acker, served: ServedRuns, *,
                  low_water: Callable[[], int], may_fetch: Callable[[], bool], burst: bool,
-                 poll_interval: float, wake: asyncio.Event, stopping: asyncio.Event) -> None:
+                 poll_interval: float, wake: asyncio.Event, stopping: asyncio.Event,
+                 on_complete: Callable[[str], Awaitable[object]]) -> None:
         self.rq = rq
         self.worker = worker
         self.book = book
@@ -107,6 +109,8 @@ class Intake:
         self.wake = wake
         self.stopping = stopping
         self._queues_served: list[str] = []
+        self._on_complete = on_complete
+        self.skipped = 0
 
     async def run(self) -> None:
         """Fetch until stopping (or, with burst, until the served runs are drained)."""
@@ -116,9 +120,21 @@ class Intake:
             if time.monotonic() - last_resolve > 5.0 or not runs:
                 runs = await self.served.resolve()
                 await self._serve(runs)
+                for run in self.book.runs_held() & set(self.served.paused):
+                    n = await self.acker.give_back_run(run)
+                    log.info("run %s is paused: %d held job(s) given back", run, n)
                 last_resolve = time.monotonic()
             if self.book.pending < self._low_water() and self._may_fetch():
-                if await self.fetch_one(runs):
+                # Raced against the stop: with Redis unreachable a dequeue waits for it, and a
+                # SIGTERM must still drain what is held.
+                fetch = asyncio.ensure_future(self.fetch_one(runs))
+                stop = asyncio.ensure_future(self.stopping.wait())
+                await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if not fetch.done():
+                    fetch.cancel()
+                    return
+                if fetch.result():
                     continue
                 if self.burst and await self._drained(runs):
                     log.info("burst: served runs drained; stopping")
@@ -156,10 +172,32 @@ class Intake:
             attempt = 1 + (defaults.JOB_RETRIES - retries_left if retries_left is not None else 0)
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
             js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq)
+            await self._skip_shipped(js)
             self.book.hold(js)
+            if js.complete:
+                await self._on_complete(run)
             self.wake.set()
             return True
         return False
+
+    async def _skip_shipped(self, js: JobState[Held]) -> None:
+        """A job that runs again (after a crash, a sweep, a requeue) skips the items whose
+        records a shipped shard already holds: only the rest is generated."""
+        marks = await self.rq.call(marks_of, self.worker.connection, js.run, [it["key"] for it in js.items])
+        if not any(marks):
+            return
+        keep = [it for it, m in zip(js.items, marks, strict=True) if m is None]
+        for m in marks:
+            if m is Mark.DONE:
+                js.counts["items_done"] += 1
+            elif m is Mark.FAILED:
+                js.counts["items_failed"] += 1
+        js.counts["items_skipped_shipped"] += len(js.items) - len(keep)
+        self.skipped += len(js.items) - len(keep)
+        log.info("job %s (attempt %d): %d of %d items already shipped; generating the rest", js.id, js.attempt,
+                 len(js.items) - len(keep), len(js.items))
+        js.todo = keep
+        js.remaining = len(keep)
 
     async def _drained(self, runs: list[str]) -> bool:
         if self.book.pending or self.book.in_flight or len(self.book):

@@ -17,8 +17,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+
+import orjson
 
 from genqueue.common.contracts import Record
+from genqueue.common.marks import ShardMarks
 
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.redisconn import redact_url as redact
@@ -54,7 +58,7 @@ class Outbox:
 
     def __init__(self, spool: str, worker: str, *, max_bytes: int, max_age: float, spool_limit: int,
                  sink_for: Callable[[str], Sink], output_of: Callable[[str], Awaitable[str | None]],
-                 on_shipped: Callable[[str, int], Awaitable[object]],
+                 on_shipped: Callable[[str, int | None, ShardMarks], Awaitable[object]],
                  on_lost: Callable[[str, int], Awaitable[object]],
                  on_no_run: Callable[[str], Awaitable[object]]) -> None:
         self.spool = spool
@@ -81,6 +85,8 @@ class Outbox:
         self.stopping_hard = False
         self._orphaned: set[str] = set()
         self._queued_at: dict[str, float] = {}
+        self._marks: dict[tuple[str, int], ShardMarks] = {}  # (run, seq) of our own shards
+        self._read_marks: dict[str, ShardMarks] = {}  # leftover shards, read back from disk
 
     # --- writing -------------------------------------------------------------------
     def append(self, run: str, record: Record) -> int:
@@ -89,7 +95,12 @@ class Outbox:
         if w is None:
             w = self.writers[run] = ShardWriter(self.spool, run, self.worker, max_bytes=self.max_bytes,
                                                 max_age=self.max_age)
-        return w.append(record)
+        seq = w.append(record)
+        marks = self._marks.get((run, seq))
+        if marks is None:
+            marks = self._marks[(run, seq)] = ShardMarks()
+        marks.add(record["key"], error="error" in record)
+        return seq
 
     @property
     def spool_bytes(self) -> int:
@@ -132,10 +143,15 @@ class Outbox:
             self.queue.popleft()
             self._queued_at.pop(shard.name, None)
             self.waiting_bytes -= shard.bytes
+            # A leftover shard of an earlier consumer carries that consumer's sequence numbers:
+            # shipped, it marks its items done and acks nothing of ours; lost, it redoes nothing.
+            mine = self._mine(shard)
+            marks = self._marks.pop((shard.run, shard.seq), None) if mine else self._read_marks.pop(shard.name, None)
             if outcome is ShipOutcome.SHIPPED:
-                await self._on_shipped(shard.run, shard.seq)
+                await self._on_shipped(shard.run, shard.seq if mine else None, marks or ShardMarks())
             elif outcome is ShipOutcome.LOST:
-                await self._on_lost(shard.run, shard.seq)
+                if mine:
+                    await self._on_lost(shard.run, shard.seq)
             else:
                 await self._on_no_run(shard.run)
 
@@ -173,6 +189,8 @@ class Outbox:
                 log.warning("shipping %s failed (%s); retrying in %.1f s", shard.name, self.last_error, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
+        if not self._mine(shard):
+            self._read_marks[shard.name] = await loop.run_in_executor(self._pool, marks_of_file, shard.path)
         shard.path.unlink(missing_ok=True)
         self.last_error = None
         self.last_upload_at = time.time()
@@ -191,6 +209,9 @@ class Outbox:
             await asyncio.sleep(0.05)
         return True
 
+    def _mine(self, shard: SealedShard) -> bool:
+        return shard.name.startswith(self.worker + "-")
+
     def snapshot(self) -> OutboxSnapshot:
         oldest = min(self._queued_at.values(), default=None)
         return OutboxSnapshot(self.stats["shards"], self.stats["bytes"], len(self.queue), self.spool_bytes,
@@ -199,3 +220,16 @@ class Outbox:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def marks_of_file(path: Path) -> ShardMarks:
+    """The marks of a shard on disk (a leftover of an earlier consumer): its records' keys."""
+    marks = ShardMarks()
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                rec = orjson.loads(line)
+                marks.add(rec["key"], error="error" in rec)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    return marks

@@ -50,13 +50,19 @@ class RqThread:
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """FN(*args, **kwargs) in the rq thread; retried while Redis is unreachable."""
+        return await self.call_until(None, fn, *args, **kwargs)
+
+    async def call_until(self, deadline: float | None, fn: Callable[P, T], /, *args: P.args,
+                         **kwargs: P.kwargs) -> T:
+        """As call, but retried only until DEADLINE (loop time): then the last error is raised.
+        For what a stopping consumer may skip (its leases expire and are swept back)."""
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             try:
                 result = await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
             except UNREACHABLE as e:
-                if self.hard_stop:
+                if self.hard_stop or (deadline is not None and loop.time() >= deadline):
                     raise
                 delay = compute_backoff(min(attempt, 5), base=0.5, cap=5.0)
                 if self._unreachable_since is None:

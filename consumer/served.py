@@ -8,14 +8,29 @@ import logging
 import time
 from dataclasses import dataclass
 
+from typing import Any
+
+import aiohttp
+import orjson
+import redis
+
 from genqueue.common.contracts import ConsumerInfo, ReasoningForm
-from genqueue.common.errors import ModelNotServedError, UserError
+from genqueue.common.errors import ModelNotServedError, PermanentError, TransientError, UserError
+from genqueue.common.pause import pause_key
 from genqueue.common.runs import RunStore, run_key
-from genqueue.consumer.client import EndpointClient, EndpointDown
+from genqueue.consumer.client import EndpointClient, EndpointDown, classify_status
 from genqueue.consumer.generate import Generator, RunContext
 from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)
+
+#: The pre-flight probe asks for a short answer; a thinking model may still think for a while.
+PROBE_TIMEOUT = 300.0
+
+
+#: Seconds before a run that failed this consumer's pre-flight is checked again (its settings
+#: may have been fixed with --update-settings, or the engine restarted with a longer context).
+PREFLIGHT_RETRY = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +38,14 @@ class ServedSnapshot:
     models: list[str]
     max_model_len: dict[str, int | None]
     runs: dict[str, RunContext]
+    refused: dict[str, str]  # run -> why this consumer does not serve it (pre-flight, or paused)
+
+
+@dataclass(slots=True)
+class _Refusal:
+    reason: str
+    fingerprint: str
+    at: float
 
 
 class ServedRuns:
@@ -45,6 +68,8 @@ class ServedRuns:
         self.model_lens: dict[str, int | None] = {}
         self.contexts: dict[str, RunContext] = {}
         self._skipped: set[str] = set()
+        self._refused: dict[str, _Refusal] = {}
+        self.paused: dict[str, str] = {}  # runs paused in Redis (the breaker), with the reason
 
     def names(self) -> list[str]:
         """The runs prepared so far (the sweeper's list)."""
@@ -74,10 +99,22 @@ class ServedRuns:
         log.info("endpoint %s serves %s", self.endpoint, ", ".join(self.models))
 
     async def resolve(self) -> list[str]:
-        """The runs this consumer may serve now, oldest first, with contexts ready."""
+        """The runs this consumer may serve now, oldest first, with contexts ready: not paused
+        in Redis, and past this consumer's pre-flight."""
         names = [self.only_run] if self.only_run else await self.rq.call(self.store.names)
+        paused = await self.rq.call(_pauses, self.store.conn, names)
+        for name, why in paused.items():
+            if name not in self.paused:
+                log.warning("run %s is paused (%s): not taking its jobs until `producer resume --run %s`",
+                            name, why, name)
+        for name in set(self.paused) - set(paused):
+            log.info("run %s resumed", name)
+            self.contexts.pop(name, None)  # probed again, with a fresh breaker
+        self.paused = paused
         usable = []
         for name in names:
+            if name in paused:
+                continue
             if name in self.contexts:
                 usable.append(name)
                 continue
@@ -87,6 +124,10 @@ class ServedRuns:
             if info is None:
                 if self.only_run:
                     raise UserError(f"no run named {name!r} in Redis")
+                continue
+            refusal = self._refused.get(name)
+            if refusal is not None and refusal.fingerprint == info.fingerprint \
+                    and time.monotonic() - refusal.at < PREFLIGHT_RETRY:
                 continue
             model = info.settings.model
             if model is None:
@@ -100,22 +141,49 @@ class ServedRuns:
                 self._skipped.add(name)
                 continue
             ctx = RunContext(name, info.settings, model, self.identity, max_model_len=self.model_lens.get(model))
-            await self._probe(ctx)
+            failed = await self._preflight(ctx)
+            if failed is not None:
+                if refusal is None or refusal.reason != failed:
+                    log.error("run %s: pre-flight failed, not serving it on this consumer: %s", name, failed)
+                self._refused[name] = _Refusal(failed, info.fingerprint, time.monotonic())
+                continue
+            if self._refused.pop(name, None) is not None:
+                log.info("run %s: pre-flight passes now; serving it", name)
             self.contexts[name] = ctx
             usable.append(name)
         return usable
 
-    async def _probe(self, ctx: RunContext) -> None:
-        """One request at start, to learn and record how this server returns thinking; a run
-        that expects thinking from a server that returns none is reported loudly."""
+    async def _preflight(self, ctx: RunContext) -> str | None:
+        """What the engine cannot answer for this run, checked before any of its jobs is taken;
+        None when it passes. A run that fails is not served by this consumer (its items are
+        not failed one by one), and is checked again when its settings change."""
+        max_tokens = ctx.settings.sampling.max_tokens
+        if ctx.max_model_len is not None and max_tokens >= ctx.max_model_len:
+            return (f"max_tokens {max_tokens} does not fit the model's context of {ctx.max_model_len} tokens "
+                    f"(served by {self.endpoint}); fix the run with `producer enqueue ... --run {ctx.run} "
+                    f"--max-tokens N --update-settings`")
+        body = {"model": ctx.model, "messages": [{"role": "user", "content": "Say ok."}], **ctx.params}
+        try:
+            await asyncio.wait_for(accepts(self.client, body), timeout=min(self.request_timeout, PROBE_TIMEOUT))
+        except PermanentError as e:
+            return f"the engine refuses a request of this run's shape: {e}"
+        except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
+            log.warning("run %s: pre-flight request failed (%s); not conclusive, serving it", ctx.run, e)
+        return await self._probe(ctx)
+
+    async def _probe(self, ctx: RunContext) -> str | None:
+        """One short request, to learn and record how this server returns thinking; a run that
+        expects thinking from a server that returns none is reported loudly."""
         messages = [{"role": "user", "content": "What is 2 + 2? Think it through briefly."}]
         try:
             turn = await asyncio.wait_for(
                 self.gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens)),
-                timeout=min(self.request_timeout, 120.0))
-        except Exception as e:  # noqa: BLE001 - the probe never stops a consumer
+                timeout=min(self.request_timeout, PROBE_TIMEOUT))
+        except PermanentError as e:
+            return f"the engine refuses a request of this run's shape: {e}"
+        except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
             log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
-            return
+            return None
         ctx.reasoning_probe = turn.reasoning_form
         raw = turn.raw_content
         ctx.think_opened = turn.reasoning_form == ReasoningForm.INLINE and "</think>" in raw and "<think>" not in raw
@@ -126,6 +194,42 @@ class ServedRuns:
                    "model, and is thinking enabled in its chat template?")
             log.error("%s", msg)
             await self.rq.call(self.store.conn.hset, run_key(ctx.run, "warnings"), self.worker, msg)
+        return None
 
     def snapshot(self) -> ServedSnapshot:
-        return ServedSnapshot(list(self.models), dict(self.model_lens), dict(self.contexts))
+        refused = {run: r.reason for run, r in self._refused.items()}
+        refused.update({run: f"paused: {why}" for run, why in self.paused.items()})
+        return ServedSnapshot(list(self.models), dict(self.model_lens), dict(self.contexts), refused)
+
+
+async def accepts(client: EndpointClient, body: dict[str, Any]) -> None:
+    """Whether the engine accepts BODY, at the cost of one token: the request is streamed and
+    closed at its first chunk (vLLM checks max_tokens against the context, and every sampling
+    field, before it streams anything, and aborts a request whose client went away). Raises
+    PermanentError for a 4xx that retrying cannot fix, TransientError otherwise."""
+    streamed = {**body, "stream": True}
+    try:
+        async with client.session.post(f"{client.base_url}/chat/completions", json=streamed) as resp:
+            if resp.status == 200:
+                await resp.content.readline()
+                return
+            text = (await resp.read())[:1000].decode("utf-8", "replace")
+            cls = classify_status(resp.status)
+            raise cls(f"HTTP {resp.status}: {text}", status=resp.status)
+    except (aiohttp.ClientError, OSError) as e:
+        raise TransientError(f"{type(e).__name__}: {e}") from e
+
+
+def _pauses(conn: redis.Redis, names: list[str]) -> dict[str, str]:
+    """The runs among NAMES that are paused in Redis, with their reasons (one round trip)."""
+    if not names:
+        return {}
+    raws = conn.mget([pause_key(n) for n in names])
+    out: dict[str, str] = {}
+    for name, raw in zip(names, raws, strict=True):
+        if raw is not None:
+            try:
+                out[name] = str(orjson.loads(raw).get("reason", "?"))
+            except (orjson.JSONDecodeError, AttributeError):
+                out[name] = "?"
+    return out

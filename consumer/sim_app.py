@@ -75,7 +75,7 @@ class SimEngine:
     def reset_stats(self) -> None:
         self.counts = dict.fromkeys(
             ("requests", "completed", "errors", "rejected", "unavailable", "hung",
-             "cancelled", "tokens", "prompt_tokens", "max_waiting"), 0)
+             "cancelled", "tokens", "prompt_tokens", "max_waiting", "streamed"), 0)
         self.max_running = self.running
         self._busy = 0.0
         self._last = time.monotonic()
@@ -177,6 +177,15 @@ async def _chat(request: web.Request) -> web.Response:
                       f"However, you requested {n_prompt + max_tokens} tokens ({n_prompt} in the "
                       f"messages, {max_tokens} in the completion). Please reduce the length of "
                       "the messages or completion.", "BadRequestError")
+    if body.get("stream"):
+        # Streaming is answered with one chunk and [DONE]: enough for a client that checks
+        # the request is accepted (genqueue's pre-flight), no generation is simulated.
+        eng.counts["streamed"] += 1
+        chunk = {"id": "chatcmpl-stream", "object": "chat.completion.chunk", "created": int(time.time()),
+                 "model": cfg.model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                  "finish_reason": None}]}
+        return web.Response(body=b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n",
+                            content_type="text/event-stream")
     if cfg.error_rate and eng.rng.random() < cfg.error_rate:
         eng.counts["errors"] += 1
         return _error(500, "injected failure", "InternalServerError")
@@ -242,8 +251,6 @@ def _validate(body: Any, cfg: SimConfig) -> web.Response | None:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             return _error(400, "each message must be an object with a role", "BadRequestError")
-    if body.get("stream"):
-        return _error(400, "streaming not supported by the stand-in", "BadRequestError")
     if body.get("n", 1) not in (1, None):
         return _error(400, "n must be 1 (the stand-in returns one choice)", "BadRequestError")
     for key in ("max_completion_tokens", "max_tokens"):

@@ -66,6 +66,23 @@ JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
 
 
+#: Seconds between two progress lines in the consumer's log.
+PROGRESS_EVERY = 60.0
+
+
+def progress_line(snap: ConsumerSnapshot) -> str:
+    """One line: what this consumer did and does (the log's once-a-minute line)."""
+    runs = snap["runs"].values()
+    done = sum(r.get("completions", 0) for r in runs)
+    errors = sum(r.get("errors", 0) for r in runs)
+    per_s = sum(r.get("completions_per_s", 0.0) for r in runs)
+    tok_s = sum(r.get("completion_tokens_per_s", 0.0) for r in runs)
+    paused = ", ".join(f"{k}: {v}" for k, v in snap["paused"].items())
+    return (f"progress: {done} items ({errors} errors), {per_s:.1f}/s, {tok_s:,.0f} completion tok/s, "
+            f"in flight {snap['in_flight']} of {snap['concurrency']}, {snap['held_jobs']} jobs held, "
+            f"{snap['shipping']['waiting_shards']} shards waiting to ship" + (f"; PAUSED ({paused})" if paused else ""))
+
+
 @dataclass(frozen=True, slots=True)
 class Parts:
     """The snapshot of each part of the consumer, as callables (read at publish time)."""
@@ -139,8 +156,12 @@ class Telemetry:
             log.info("Prometheus metrics on :%d/metrics", self.metrics_port)
 
     async def loop(self) -> None:
+        last_line = time.monotonic()
         while True:
-            await self.publish()
+            snap = await self.publish()
+            if time.monotonic() - last_line >= PROGRESS_EVERY:
+                last_line = time.monotonic()
+                log.info("%s", progress_line(snap))
             await asyncio.sleep(self.interval)
 
     async def publish(self, *, exited: bool = False) -> ConsumerSnapshot:

@@ -33,17 +33,20 @@ from typing import IO
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerInfo
+from genqueue.common.contracts import ConsumerInfo, Record
 from genqueue.common.errors import UserError
 from genqueue.common.jobs import queue_for
+from genqueue.common.marks import ShardMarks, mark_shipped
+from genqueue.common.pause import pause_run
 from genqueue.common.runs import RunStore
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.admission import Limiter, Steering
 from genqueue.consumer.book import Book
+from genqueue.consumer.breaker import Breaker
 from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.dispatch import Dispatcher
-from genqueue.consumer.generate import Gate, Generator
+from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.intake import Intake
 from genqueue.consumer.leases import Leases
 from genqueue.consumer.outbox import Outbox
@@ -56,6 +59,10 @@ from genqueue.consumer.supervise import LoopFailed, supervised
 from genqueue.consumer.telemetry import Parts, Telemetry
 
 log = logging.getLogger(__name__)
+
+#: Seconds a starting consumer waits for an earlier consumer's leftover shards to ship before
+#: it takes work (so the jobs swept back from that consumer skip what those shards hold).
+LEFTOVER_WAIT = 30.0
 
 
 @dataclass
@@ -108,15 +115,24 @@ class Consumer:
                              sink_for=sink_for or make_sink, output_of=self._output_of,
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone)
         self._spool_lock: IO[str] | None = None
+        self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
+        self._trips: set[asyncio.Task[None]] = set()
 
     # --- wiring callbacks ----------------------------------------------------------
     async def _output_of(self, run: str) -> str | None:
         info = await self.rq.call(self.store.get, run)
         return info.settings.output if info is not None else None
 
-    async def _shipped(self, run: str, seq: int) -> None:
-        if await self.acker.shipped(run, seq):
+    async def _shipped(self, run: str, seq: int | None, marks: ShardMarks) -> None:
+        """A shard of RUN is stored: mark its items done, then ack the jobs it completes (in
+        that order: a crash in between leaves jobs that, run again, skip those items)."""
+        await self.rq.call(mark_shipped, self.conn, run, marks)
+        if seq is not None and await self.acker.shipped(run, seq):
             self.wake.set()
+
+    async def _complete_on_arrival(self, run: str) -> None:
+        """A job arrived with every item already shipped: nothing waits for a shard; ack it."""
+        await self.acker.shipped(run, 0)
 
     async def _shard_lost(self, run: str, seq: int) -> None:
         if await self.acker.shard_lost(run, seq):
@@ -126,6 +142,35 @@ class Consumer:
         for js in self.book:
             if js.run == run:
                 self.book.abandon(js)
+
+    def _on_record(self, run: str, rec: Record) -> None:
+        """A record is written: count it, and let the run's breaker look at it."""
+        self._telemetry.record(run, rec)
+        ctx = self._served.contexts.get(run)
+        if ctx is None:
+            return
+        kept = self._breakers.get(run)
+        if kept is None or kept[0] is not ctx:  # a new context (the run resumed): a fresh breaker
+            kept = self._breakers[run] = (ctx, Breaker())
+        reason = kept[1].record(rec)
+        if reason is not None:
+            task = asyncio.create_task(self._trip(run, f"breaker: {reason}"), name=f"trip {run}")
+            self._trips.add(task)
+            task.add_done_callback(self._trips.discard)
+
+    async def _trip(self, run: str, reason: str) -> None:
+        """Pause RUN in Redis for every consumer, and give its jobs back without spending retries:
+        the run stops before it burns the dataset; `producer resume` starts it again."""
+        log.error("run %s: %s; pausing the run (its jobs go back to the queue without spending a retry; "
+                  "fix the cause, then `producer resume --run %s`)", run, reason, run)
+        self._served.paused[run] = reason
+        try:
+            await self.rq.call(pause_run, self.conn, run, reason, self.worker.name)
+            n = await self.acker.give_back_run(run)
+            log.info("run %s: %d held job(s) given back", run, n)
+        except Exception:  # noqa: BLE001 - a one-off task: say it, the leases expire anyway
+            log.exception("run %s: pausing failed; its held jobs go back when their leases expire", run)
+        self.wake.set()
 
     def _low_water(self) -> int:
         return max(self.limiter.limit // 2, 8)
@@ -174,17 +219,20 @@ class Consumer:
                 reasons["spool_full"] = f"{self.outbox.spool_bytes} unshipped bytes in the spool"
             if self.rq.snapshot().unreachable_since is not None:
                 reasons["redis_unreachable"] = "Redis is unreachable"
+            for run, why in served.snapshot().refused.items():
+                reasons[f"run {run}"] = why
             return reasons
 
         telemetry = Telemetry(self.identity, self.conn, self.rq, Parts(
             book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
             outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
             stopping=self.stopping.is_set), interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port)
-        dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=telemetry.record,
+        self._telemetry, self._served = telemetry, served
+        dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
                                 wake=self.wake, stopping=self.stopping, low_water=self._low_water)
         intake = Intake(self.rq, self.worker, self.book, self.acker, served, low_water=self._low_water,
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
-                        wake=self.wake, stopping=self.stopping)
+                        wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival)
 
         await served.wait_for_models(self.stopping)
         for run in await served.resolve():
@@ -239,8 +287,8 @@ class Consumer:
             self.rq.hard_stop = True
             self.outbox.stopping_hard = True
         else:
-            log.warning("signal %s: draining (in flight finishes, the rest goes back to the queue)",
-                        signal.Signals(sig).name)
+            log.info("signal %s: draining (in flight finishes, the rest goes back to the queue)",
+                     signal.Signals(sig).name)
             self.stopping.set()
         self.wake.set()
 
@@ -250,13 +298,25 @@ class Consumer:
             self.outbox.seal_due(set(self.outbox.writers) - self.book.busy_runs())
 
     async def _ship_leftovers(self) -> None:
-        """Ship what an earlier consumer left in this spool. The spool's lock (held since start)
-        proves that consumer is dead: every shard here not of our own making is a leftover."""
+        """Ship what an earlier consumer left in this spool, before taking any job: shipped, its
+        records mark their items done, so the jobs swept back from that consumer skip them.
+        The spool's lock (held since start) proves that consumer is dead: every shard here not
+        of our own making is a leftover. With the store unreachable, they wait in the queue."""
         mine = self.worker.name
         shards = await self.rq.call(leftover_shards, self.cfg.spool, lambda worker: worker != mine)
+        if not shards:
+            return
         for shard in shards:
-            log.warning("shipping %s left in the spool by an earlier consumer", shard.name)
             self.outbox.enqueue(shard)
+        log.info("shipping %d shard(s) left in the spool by an earlier consumer", len(shards))
+        shipper = asyncio.create_task(self.outbox.shipper())
+        try:
+            if not await self.outbox.flush(LEFTOVER_WAIT):
+                log.warning("leftover shards not shipped within %.0f s; starting work, they ship meanwhile",
+                            LEFTOVER_WAIT)
+        finally:
+            shipper.cancel()
+            await asyncio.gather(shipper, return_exceptions=True)
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         deadline = time.monotonic() + self.cfg.drain_timeout
@@ -269,16 +329,14 @@ class Consumer:
         if not await self.outbox.flush(left):
             log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",
                         len(self.outbox.queue), self.cfg.spool)
-        await self.acker.give_back_all()
+        loop = asyncio.get_running_loop()
+        await self.acker.give_back_all(loop.time() + (0.0 if self.hard_stop else 10.0))
 
     async def _give_back_all_best_effort(self) -> None:
         """After a fatal loop failure: give held jobs back if Redis answers within seconds;
         otherwise their leases expire and any consumer sweeps them back."""
-        self.rq.hard_stop = True
-        for js in self.book:
-            try:
-                await asyncio.wait_for(self.rq.once(self.worker.give_back, js.held), timeout=5.0)
-                self.book.release(js)
-            except (TimeoutError, redis.exceptions.RedisError) as e:
-                log.warning("job %s not given back (%s); its lease expires and it is swept back", js.id, e)
-                return
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(self.acker.give_back_all(loop.time() + 5.0), timeout=15.0)
+        except (TimeoutError, redis.exceptions.RedisError) as e:
+            log.warning("held jobs not given back (%s); their leases expire and they are swept back", e)

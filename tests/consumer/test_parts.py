@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from genqueue.common.contracts import ErrorClass, Item, ResultRecord
+from genqueue.common.marks import ShardMarks
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.admission import Limiter
@@ -281,8 +282,9 @@ def test_a_vanished_shard_is_lost_not_shipped_and_a_gone_run_keeps_its_shard(tmp
         async def output_of(run: str) -> str | None:
             return str(tmp_path / "out") if run == "r" else None
 
-        async def shipped(run: str, seq: int) -> None:
-            events.append(("shipped", run, seq))
+        async def shipped(run: str, seq: int | None, marks: ShardMarks) -> None:
+            assert marks.done == [bytes.fromhex(item(2)["key"])] and marks.failed == []
+            events.append(("shipped", run, seq or 0))
 
         async def lost(run: str, seq: int) -> None:
             events.append(("lost", run, seq))

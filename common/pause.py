@@ -1,0 +1,52 @@
+"""A run's paused state: set by a consumer whose failure-storm breaker tripped, cleared by
+`producer resume`. While a run is paused no consumer takes its jobs; other runs go on.
+
+Key: genqueue:run:<run>:paused  (JSON: reason, by, at), absent while the run is not paused.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypedDict
+
+import orjson
+import redis
+
+from genqueue.common.runs import run_key
+
+
+class PauseInfo(TypedDict):
+    reason: str  # one line, what tripped and why ("breaker: 8 of the first 8 items failed: ...")
+    by: str  # the consumer (rq worker name) that paused it
+    at: float  # epoch seconds
+
+
+def pause_key(run: str) -> str:
+    return run_key(run, "paused")
+
+
+def pause_run(conn: redis.Redis, run: str, reason: str, by: str) -> bool:
+    """Pause RUN with REASON; True if this call paused it (False: it was paused already)."""
+    info: PauseInfo = {"reason": reason, "by": by, "at": time.time()}
+    return bool(conn.set(pause_key(run), orjson.dumps(info), nx=True))
+
+
+def run_pause(conn: redis.Redis, run: str) -> PauseInfo | None:
+    """Why RUN is paused, or None."""
+    raw = conn.get(pause_key(run))
+    if raw is None:
+        return None
+    data = orjson.loads(raw)
+    return {"reason": str(data.get("reason", "?")), "by": str(data.get("by", "?")), "at": float(data.get("at", 0))}
+
+
+def resume_run(conn: redis.Redis, run: str) -> PauseInfo | None:
+    """Clear RUN's pause; returns what it was (None: it was not paused)."""
+    with conn.pipeline() as p:
+        p.get(pause_key(run))
+        p.delete(pause_key(run))
+        raw, _ = p.execute()
+    if raw is None:
+        return None
+    data = orjson.loads(raw)
+    return {"reason": str(data.get("reason", "?")), "by": str(data.get("by", "?")), "at": float(data.get("at", 0))}

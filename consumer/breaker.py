@@ -1,0 +1,78 @@
+"""The failure-storm breaker: a run whose items fail permanently at a rate no healthy run
+shows is stopped before it burns the dataset (pure policy, no I/O).
+
+It counts only failures that retrying cannot fix and that say the same thing for every item:
+error records of class permanent, bad_response or truncated, grouped by class and the first
+line of their message. A storm is (a) the first `first_n` items of the run on this consumer
+all failing with one such signature, or (b) at least `rate` of the last `window` items failing,
+with one signature making up at least `same` of those failures. Genuine per-item failures (a
+few prompts too long for the context) are spread over many items and signatures: they do not
+trip it. Transient trouble (5xx, timeouts, an endpoint that is down) is retried or pauses the
+consumer elsewhere and never counts here.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from dataclasses import dataclass
+
+from genqueue.common import defaults
+from genqueue.common.contracts import ErrorClass, Record, is_error
+
+_DIGITS = re.compile(r"\d+")
+STORM_CLASSES = frozenset({ErrorClass.PERMANENT, ErrorClass.BAD_RESPONSE, ErrorClass.TRUNCATED})
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    first_n: int = defaults.BREAKER_FIRST_N
+    window: int = defaults.BREAKER_WINDOW
+    rate: float = defaults.BREAKER_RATE
+    same: float = defaults.BREAKER_SAME
+
+
+def signature(rec: Record) -> str | None:
+    """What a storm failure says (class and the first line of its message), or None when REC
+    is not a failure that counts."""
+    if not is_error(rec):
+        return None
+    err = rec["error"]
+    if err["class"] not in STORM_CLASSES:
+        return None
+    first = (err.get("message") or "").splitlines()[0:1]
+    # Numbers differ per item ("you requested 900 tokens (800 in the messages...)"): one storm.
+    return f"{err['class']}: {_DIGITS.sub('N', first[0] if first else '')[:200]}"
+
+
+class Breaker:
+    """One per run on a consumer. `record` returns the trip reason once, then None."""
+
+    def __init__(self, settings: BreakerSettings | None = None) -> None:
+        self.s = settings or BreakerSettings()
+        self.seen = 0
+        self.recent: collections.deque[str | None] = collections.deque(maxlen=self.s.window)
+        self.tripped: str | None = None
+
+    def record(self, rec: Record) -> str | None:
+        if self.tripped is not None:
+            return None
+        sig = signature(rec)
+        self.seen += 1
+        self.recent.append(sig)
+        reason = self._storm()
+        if reason is not None:
+            self.tripped = reason
+        return reason
+
+    def _storm(self) -> str | None:
+        s = self.s
+        failures = [x for x in self.recent if x is not None]
+        if not failures:
+            return None
+        top, n = collections.Counter(failures).most_common(1)[0]
+        if self.seen == s.first_n and n == s.first_n:
+            return f"the first {s.first_n} items all failed with {top}"
+        if len(self.recent) == s.window and len(failures) >= s.rate * s.window and n >= s.same * len(failures):
+            return f"{len(failures)} of the last {s.window} items failed, {n} with {top}"
+        return None
