@@ -2,15 +2,50 @@
 
 from __future__ import annotations
 
+from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
+
 #: Redis URL when neither --redis-url nor REDIS_URL is given (rq's tools read the same variable).
 REDIS_URL = "redis://127.0.0.1:6379/0"
+
+# Redis connections (common/redisconn.py). A URL's own query options (?socket_timeout=30)
+# override these for one deployment.
+#: Seconds a command may wait for its reply: above any pause a healthy Redis shows (a fork for
+#: BGSAVE or an AOF rewrite of tens of GB, a multi-MB enqueue transaction), and no longer than
+#: one lease renewal period (LEASE_SECONDS / 3), so a dead or partitioned server surfaces as an
+#: error before the next renewal is due instead of hanging a consumer for good.
+REDIS_SOCKET_TIMEOUT = 10.0
+#: Seconds to open a connection: a reachable Redis accepts in milliseconds, even across regions;
+#: a host that drops packets would otherwise hold the caller for the kernel's SYN retries (~2 min).
+REDIS_CONNECT_TIMEOUT = 5.0
+#: A pooled connection idle this many seconds is PINGed before reuse, so one that a Redis restart,
+#: a failover or a NAT closed while idle is replaced before a real command is sent on it.
+REDIS_HEALTH_CHECK_INTERVAL = 30
+#: TCP keepalive: probe after 60 s idle, every 10 s, give up after 3 misses. Idle connections stay
+#: open through cloud NATs and load balancers (they drop idle flows after 4-6 min) and a dead peer
+#: is found in ~90 s, not in the kernel's 2 h 11 min.
+REDIS_KEEPALIVE_IDLE = 60
+REDIS_KEEPALIVE_INTERVAL = 10
+REDIS_KEEPALIVE_COUNT = 3
+#: Connection errors and timeouts are retried this many times, on a fresh connection, with
+#: jittered exponential backoff from REDIS_RETRY_BASE up to REDIS_RETRY_CAP seconds: enough to
+#: ride over a blip or a replica promotion, few enough that an outage is reported in seconds.
+REDIS_RETRIES = 3
+REDIS_RETRY_BASE = 0.1
+REDIS_RETRY_CAP = 2.0
 
 #: Items per rq job. Small enough that a killed consumer re-does little, large enough that
 #: Redis round trips per completion stay far below one.
 BATCH_SIZE = 32
 
 #: How a multi-turn conversation becomes items; regenerate makes every assistant token the target's.
-MULTI_TURN = "regenerate"
+MULTI_TURN = Mode.REGENERATE
+
+#: regenerate: a turn's thinking is dropped from the history, as chat templates of reasoning
+#: models do with the previous turns' thinking.
+HISTORY_REASONING = HistoryReasoning.DROP
+
+#: An answer cut by max_tokens is kept and marked (its outcome says where it was cut).
+TRUNCATION = Truncation.KEEP
 
 #: Sampling defaults: the values Qwen3-style reasoning models recommend for thinking mode.
 TEMPERATURE = 0.6
@@ -34,6 +69,11 @@ RESULT_TTL = 24 * 3600
 
 #: Prefix of every Redis key genqueue owns (rq's own keys keep rq's prefix).
 KEY_PREFIX = "genqueue"
+
+#: A producer's claim on items it is about to put in jobs (genqueue:run:<run>:claim:<id>) is
+#: deleted by the transaction that enqueues them; one a crashed producer left expires after this
+#: long: time enough for a reconcile to find the items it names (a weekend included).
+CLAIM_TTL = 7 * 24 * 3600
 
 #: Leases: a consumer renews its jobs every LEASE/3 seconds; a lease older than this is
 #: abandoned and swept back to the queue, so recovery after a kill takes well under a minute.
@@ -60,3 +100,25 @@ DRAIN_TIMEOUT = 60.0
 #: Past this many bytes of unshipped results on local disk (the store is down), a consumer
 #: pauses admission: it keeps its leases and waits for shards to ship.
 SPOOL_LIMIT = 2 * 1024**3
+
+#: A consumer refuses a job with an item whose messages hold more characters than this: far
+#: above any context a served model has (the producer's own limit is MAX_PROMPT_CHARS), low
+#: enough that a hand-made or corrupted job cannot make a consumer hold gigabytes.
+MAX_ITEM_CHARS = 16 * 1024 * 1024
+
+#: `producer status` shows the shipping line in red once a consumer's oldest unshipped shard has
+#: waited this long (seconds): shards are sealed every SHARD_MAX_AGE, so minutes means the store
+#: is refusing them, not that it is slow.
+SHIP_WAIT_WARN = 300.0
+
+#: The failure-storm breaker (consumer/breaker.py) pauses a run when its first BREAKER_FIRST_N
+#: items all fail permanently with the same message, or when BREAKER_RATE of the last
+#: BREAKER_WINDOW items fail, BREAKER_SAME of those with the same message. A healthy run's
+#: permanent failures (prompts too long for the context) run at a few percent and carry many
+#: messages: at 5% the first rule trips by chance with probability 0.05**8 = 4e-11, the second
+#: needs 50 failures in 100 items (binomial tail below 1e-40). A storm (a wrong max_tokens,
+#: a 400 for every request) trips the first rule within BREAKER_FIRST_N items.
+BREAKER_FIRST_N = 8
+BREAKER_WINDOW = 100
+BREAKER_RATE = 0.5
+BREAKER_SAME = 0.8

@@ -48,6 +48,18 @@ class TransientError(EndpointError):
     """Connection refused or reset, timeout, 408/429/5xx: retried with jittered backoff."""
 
 
+class BadResponseError(TransientError):
+    """A 200 whose body is not a usable chat completion (empty, not JSON, cut short, or missing
+    or mistyped fields): never counted as an answer. Retried like any transient fault, since a
+    proxy or a restarting server can garble one response; recorded as `bad_response` once the
+    attempts are spent, with `snippet` (at most 200 characters of the body) in the message."""
+
+    def __init__(self, reason: str, *, snippet: str, status: int | None = 200) -> None:
+        super().__init__(f"{reason}: {snippet!r}" if snippet else reason, status=status)
+        self.reason = reason
+        self.snippet = snippet
+
+
 class PermanentError(EndpointError):
     """400/404/413/422 and the like: the request itself is wrong; recorded, never retried."""
 

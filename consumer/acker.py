@@ -95,6 +95,13 @@ class Acker:
         """A job the rq layer refused on its own (a foreign function, an unloadable job)."""
         self.refused += 1
 
+    async def give_back_held(self, held: list[Held]) -> int:
+        """HELD (already dropped from the book) go back without spending a retry."""
+        for h in held:
+            await self.rq.call(self.worker.give_back, h)
+        self.given_back += len(held)
+        return len(held)
+
     async def give_back_run(self, run: str) -> int:
         """Every held job of RUN goes back without spending a retry (the run was paused)."""
         n = 0

@@ -43,8 +43,12 @@ class Checkpoints:
             return None
         if raw is None:
             return None
+        state = orjson.loads(raw)
+        if not isinstance(state, dict):
+            log.warning("checkpoint of %s is not an object; starting at turn 1", item_key)
+            return None
         self.resumed += 1
-        return orjson.loads(raw)
+        return state
 
     async def save(self, run: str, item_key: str, state: dict[str, Any]) -> None:
         try:

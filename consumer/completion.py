@@ -1,5 +1,11 @@
 """Reading a chat completion the way every vLLM version writes it (pure, no I/O).
 
+A response counts only once it has been checked: a 200 whose body is empty, not JSON, not an
+object, or missing or mistyping a field the record needs raises `BadResponseError`, never a
+success with an empty answer and never an AttributeError inside an item's task. The check is
+a handful of isinstance tests (microseconds against the ~0.1 ms the client spends per
+completion).
+
 vLLM with a reasoning parser returns the thinking in `message.reasoning` (current) or
 `message.reasoning_content` (older); both names are read. Without a parser the thinking
 arrives inline as `<think>…</think>` at the start of `content`; an opening tag with no
@@ -11,11 +17,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from genqueue.common.contracts import Outcome, ReasoningForm, Usage
+from genqueue.common.errors import BadResponseError, TransientError
+
 OPEN, CLOSE = "<think>", "</think>"
 
-#: Outcomes recorded per turn. NO_ANSWER: the model stopped by itself with thinking and no
-#: answer (a reasoning parser that took a non-thinking model's whole reply as thinking).
-FINISHED, CUT_IN_THINKING, CUT_IN_ANSWER, NO_ANSWER = "finished", "cut_in_thinking", "cut_in_answer", "no_answer"
+#: finish_reason values that end a complete answer. "length" is a cut answer (an Outcome,
+#: not an error). null is refused: a non-streaming response is only sent once generation has
+#: ended, so a null reason means the server did not finish, and the text cannot be trusted.
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+#: vLLM's finish_reason for a request it aborted (engine error, shutdown): a known value,
+#: but the text is a fragment, so it is a transient failure, retried like a 503.
+ABORT = "abort"
+
+SNIPPET_CHARS = 200
+_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 @dataclass(slots=True)
@@ -24,19 +42,39 @@ class Turn:
 
     content: str
     reasoning: str | None
-    reasoning_form: str  # "field", "inline" or "none"
+    reasoning_form: ReasoningForm
     tool_calls: list[dict[str, Any]]
-    finish_reason: str | None
-    usage: dict[str, Any]
+    finish_reason: str
+    usage: Usage
     model: str | None
     raw_content: str = ""  # content as the server sent it, before any <think> split
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> Outcome:
         empty = not self.content.strip() and not self.tool_calls
         if self.finish_reason != "length":
-            return NO_ANSWER if empty and self.reasoning else FINISHED
-        return CUT_IN_THINKING if empty else CUT_IN_ANSWER
+            return Outcome.NO_ANSWER if empty and self.reasoning else Outcome.FINISHED
+        return Outcome.CUT_IN_THINKING if empty else Outcome.CUT_IN_ANSWER
+
+
+def snippet(raw: bytes | str) -> str:
+    """At most SNIPPET_CHARS characters of a body, for an error message."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…"
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """A 200's body as a JSON object; BadResponseError when it is empty, not JSON (or cut
+    mid-JSON), or a JSON value other than an object."""
+    if not raw.strip():
+        raise BadResponseError("empty body", snippet="")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadResponseError(f"body is not JSON ({e})", snippet=snippet(raw)) from e
+    if not isinstance(data, dict):
+        raise BadResponseError(f"body is {_kind(data)}, not an object", snippet=snippet(raw))
+    return data
 
 
 def split_inline(content: str) -> tuple[str, str | None, bool]:
@@ -56,38 +94,124 @@ def split_inline(content: str) -> tuple[str, str | None, bool]:
     return content, None, True
 
 
-def parse_completion(resp: dict[str, Any], *, think_opened: bool = False) -> Turn:
-    """Turn a /v1/chat/completions response body into a Turn.
+def parse_completion(resp: Any, *, think_opened: bool = False) -> Turn:
+    """Turn a /v1/chat/completions response body into a Turn, after checking it.
 
-    think_opened: the server's chat template opens `<think>` in the prompt (learned by the
-    consumer's probe), so a reply with no tag at all that was cut by the budget is all thinking.
+    Raises BadResponseError for a body that is not a usable completion, TransientError for
+    one the server aborted. think_opened: the server's chat template opens `<think>` in the
+    prompt (learned by the consumer's probe), so a reply with no tag at all that was cut by
+    the budget is all thinking.
     """
-    choices = resp.get("choices") or [{}]
-    choice = choices[0]
-    msg = choice.get("message") or {}
+    choice, msg = _checked(resp)
     content = raw = msg.get("content") or ""
     reasoning = msg.get("reasoning")
     if reasoning is None:
         reasoning = msg.get("reasoning_content")
-    form = "field" if reasoning is not None else "none"
+    form = ReasoningForm.FIELD if reasoning is not None else ReasoningForm.NONE
+    finish = choice["finish_reason"]
     if reasoning is None:
         answer, thinking, _closed = split_inline(content)
         if thinking is not None:
-            content, reasoning, form = answer, thinking, "inline"
-        elif think_opened and choice.get("finish_reason") == "length" and content:
-            content, reasoning, form = "", content, "inline"
-    usage = dict(resp.get("usage") or {})
-    details = usage.pop("completion_tokens_details", None) or {}
-    usage.pop("prompt_tokens_details", None)
-    if details.get("reasoning_tokens") is not None:
-        usage["reasoning_tokens"] = details["reasoning_tokens"]
+            content, reasoning, form = answer, thinking, ReasoningForm.INLINE
+        elif think_opened and finish == "length" and content:
+            content, reasoning, form = "", content, ReasoningForm.INLINE
+    model = resp.get("model")
     return Turn(
         content=content,
         raw_content=raw,
         reasoning=reasoning,
         reasoning_form=form,
         tool_calls=list(msg.get("tool_calls") or []),
-        finish_reason=choice.get("finish_reason"),
-        usage=usage,
-        model=resp.get("model"),
+        finish_reason=finish,
+        usage=_usage(resp.get("usage")),
+        model=model if isinstance(model, str) else None,
     )
+
+
+def _checked(resp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(choices[0], its message) of a body with the shape a completion must have."""
+
+    def bad(reason: str) -> BadResponseError:
+        try:
+            text = orjson.dumps(resp).decode()
+        except TypeError:
+            text = repr(resp)
+        return BadResponseError(reason, snippet=snippet(text))
+
+    if not isinstance(resp, dict):
+        raise bad(f"body is {_kind(resp)}, not an object")
+    choices = resp.get("choices")
+    if not isinstance(choices, list):
+        raise bad(f"choices is {_kind(choices)}, not a list")
+    if not choices:
+        raise bad("choices is an empty list")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise bad(f"choices[0] is {_kind(choice)}, not an object")
+    msg = choice.get("message")
+    if not isinstance(msg, dict):
+        raise bad(f"choices[0].message is {_kind(msg)}, not an object")
+    for name in ("content", "reasoning", "reasoning_content"):
+        value = msg.get(name)
+        if value is not None and not isinstance(value, str):
+            raise bad(f"message.{name} is {_kind(value)}, not a string")
+    calls = msg.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise bad("message.tool_calls is not a list of objects")
+    finish = choice.get("finish_reason")
+    if finish == ABORT:
+        raise TransientError("the server aborted the request (finish_reason 'abort')", status=200)
+    if finish not in FINISH_REASONS:
+        raise bad(f"unknown finish_reason {finish!r}")
+    usage = resp.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            raise bad(f"usage is {_kind(usage)}, not an object")
+        for key in _COUNTS:
+            if not _count_or_none(usage.get(key)):
+                raise bad(f"usage.{key} is {_kind(usage.get(key))}, not a count")
+        details = usage.get("completion_tokens_details")
+        if details is not None and not (isinstance(details, dict)
+                                        and _count_or_none(details.get("reasoning_tokens"))):
+            raise bad("usage.completion_tokens_details is not an object of counts")
+    model = resp.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"model is {_kind(model)}, not a string")
+    return choice, msg
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage:
+    usage: Usage = {}
+    if not raw:
+        return usage
+    if raw.get("prompt_tokens") is not None:
+        usage["prompt_tokens"] = raw["prompt_tokens"]
+    if raw.get("completion_tokens") is not None:
+        usage["completion_tokens"] = raw["completion_tokens"]
+    if raw.get("total_tokens") is not None:
+        usage["total_tokens"] = raw["total_tokens"]
+    details = raw.get("completion_tokens_details") or {}
+    if details.get("reasoning_tokens") is not None:
+        usage["reasoning_tokens"] = details["reasoning_tokens"]
+    return usage
+
+
+def _count_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def _kind(value: Any) -> str:
+    """A JSON-ish name for VALUE's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -80,7 +80,7 @@ class Dispatcher:
             rec: Record = await self.gen.answer(js.ctx, item, attempt=js.attempt, enqueued_at=js.enqueued_at)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - the guard: every item ends in a record
+        except Exception as e:
             self.internal_errors += 1
             log.exception("item %s of job %s: unexpected error; recorded as an internal error", item["key"], js.id)
             rec = internal_error(js.ctx, item, js.attempt, e)

@@ -5,23 +5,49 @@ are answered in order, each on the history of the answers so far (the original a
 turns were dropped by the producer), so every assistant token comes from the target model.
 A turn cut by max_tokens or failed permanently ends the conversation there; what came before
 is kept and the record says where and why it stopped.
+
+Fail closed: every failed attempt (refused, reset, deadline, 5xx, a 200 that is not a usable
+completion) spends one of `max_attempts` and backs off with jitter, whatever /health says, so
+a misbehaving server gets a bounded number of requests per item. Only while the Gate is
+closed (its /health check failed) do requests wait without spending attempts. Whatever goes
+wrong, `answer` returns a record: the item never ends in an exception.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, cast
 
 from genqueue.common import __version__
 from genqueue.common.backoff import compute_backoff
-from genqueue.common.errors import PermanentError, TransientError
+from genqueue.common.contracts import (
+    ConsumerInfo,
+    ErrorClass,
+    ErrorInfo,
+    ErrorRecord,
+    HistoryReasoning,
+    Item,
+    Mode,
+    Outcome,
+    RecordBase,
+    ResultRecord,
+    Truncation,
+    TurnRecord,
+    Usage,
+    error_info,
+)
+from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.common.settings import RunSettings
-from genqueue.consumer.client import EndpointClient, EndpointDown
 from genqueue.consumer.checkpoints import Checkpoints
-from genqueue.consumer.completion import FINISHED, Turn, parse_completion
+from genqueue.consumer.client import EndpointClient, Gate, RepeatedLog
+from genqueue.consumer.completion import Turn, parse_completion
+
+__all__ = ["Gate", "Generator", "RunContext", "retry_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +59,7 @@ class RunContext:
     run: str
     settings: RunSettings
     model: str
-    consumer: dict[str, Any]
+    consumer: ConsumerInfo
     max_model_len: int | None = None
     reasoning_probe: str | None = None
     think_opened: bool = False  # the template opens <think> in the prompt (only </think> comes back)
@@ -45,55 +71,28 @@ class RunContext:
         self.params = self.settings.sampling.request_params()
 
 
-class Gate:
-    """Open while the endpoint is up. Closed on a refused connection until /health is back."""
-
-    def __init__(self, client: EndpointClient, *, probe_interval: float = 1.0) -> None:
-        self.client = client
-        self.up = asyncio.Event()
-        self.up.set()
-        self.probe_interval = probe_interval
-        self.down_since: float | None = None
-        self.outages = 0
-        self._monitor: asyncio.Task[None] | None = None
-
-    def mark_down(self, reason: str) -> None:
-        if not self.up.is_set():
-            return
-        self.up.clear()
-        self.down_since = time.monotonic()
-        self.outages += 1
-        log.warning("endpoint %s is down (%s): pausing admission, leases kept alive", self.client.base_url, reason)
-        self._monitor = asyncio.create_task(self._wait_until_up())
-
-    async def _wait_until_up(self) -> None:
-        while not await self.client.healthy():
-            await asyncio.sleep(self.probe_interval)
-        down_for = time.monotonic() - (self.down_since or time.monotonic())
-        log.warning("endpoint %s is back after %.1f s: resuming", self.client.base_url, down_for)
-        self.down_since = None
-        self.up.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self.up.is_set()
-
-
 class Generator:
-    """Sends an item's requests with retries; never raises for a request's failure."""
+    """Sends an item's requests with bounded retries; `answer` never raises (but for
+    cancellation)."""
 
     def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = 6,
-                 checkpoints: Checkpoints | None = None) -> None:
+                 checkpoints: Checkpoints | None = None, backoff_base: float = 0.5,
+                 backoff_cap: float = 30.0) -> None:
         self.client = client
         self.gate = gate
-        self.max_attempts = max_attempts
+        self.max_attempts = max(1, max_attempts)
         self.checkpoints = checkpoints
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.failures: collections.Counter[str] = collections.Counter()  # failed attempts by type
+        self._log = RepeatedLog(log)
 
     async def request(self, ctx: RunContext, messages: list[dict[str, Any]], tools: Any, *,
                       max_tokens: int | None = None) -> Turn:
-        """One completion. Transient trouble is retried with jittered backoff; while the
-        endpoint is down the request waits without spending attempts. Raises PermanentError,
-        or TransientError once the attempts are spent."""
+        """One completion. A failed attempt spends one of max_attempts and backs off with
+        jitter; the gate is asked whether the endpoint is down, and while it is, the request
+        waits without spending attempts. Raises PermanentError, or the last TransientError
+        (BadResponseError included) once the attempts are spent."""
         body: dict[str, Any] = {"model": ctx.model, "messages": messages, **ctx.params}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
@@ -104,29 +103,44 @@ class Generator:
             await self.gate.up.wait()
             try:
                 return parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
-            except EndpointDown as e:
-                self.gate.mark_down(str(e))
-            except TransientError:
+            except TransientError as e:
                 attempt += 1
+                kind = type(e).__name__
+                self.failures[kind] += 1
                 if attempt >= self.max_attempts:
+                    self._log.warning(f"exhausted:{kind}", "request to %s failed %d times, giving up: %s",
+                                      self.client.base_url, attempt, e)
                     raise
-                await asyncio.sleep(compute_backoff(attempt - 1))
+                delay = compute_backoff(attempt - 1, base=self.backoff_base, cap=self.backoff_cap)
+                self._log.warning(f"retry:{kind}", "request to %s failed (attempt %d of %d), retrying: %s",
+                                  self.client.base_url, attempt, self.max_attempts, e)
+                await self.gate.check(str(e))
+                await asyncio.sleep(delay)
 
-    async def answer(self, ctx: RunContext, item: dict[str, Any], *, attempt: int = 1,
-                     enqueued_at: float | None = None) -> dict[str, Any]:
-        """The result record (or error record) for ITEM."""
+    async def answer(self, ctx: RunContext, item: Item, *, attempt: int = 1,
+                     enqueued_at: float | None = None) -> ResultRecord | ErrorRecord:
+        """The result record (or error record) for ITEM. Anything unexpected becomes an error
+        record of class internal; only cancellation propagates."""
         started = time.time()
         t0 = time.perf_counter()
-        if ctx.settings.multi_turn == "regenerate":
-            rec = await self._regenerate(ctx, item)
-        else:
-            rec = await self._single(ctx, item)
-        finished = time.time()
-        rec.update(_common_fields(ctx, item, attempt))
+        rec: ResultRecord | ErrorRecord
+        try:
+            if ctx.settings.multi_turn == Mode.REGENERATE:
+                rec = await self._regenerate(ctx, item, attempt)
+            else:
+                rec = await self._single(ctx, item, attempt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every item ends in a record
+            self._log.warning(f"internal:{type(e).__name__}", "item %s: unexpected %s: %s", _get(item, "key", "?"),
+                              type(e).__name__, e, exc_info=e)
+            msgs = _get(item, "messages", [])
+            rec = _error_record(_base(ctx, item, attempt, msgs if isinstance(msgs, list) else []),
+                                error_info(ErrorClass.INTERNAL, type(e).__name__, f"{type(e).__name__}: {e}"))
         rec["timings"] = {
             "enqueued_at": enqueued_at,
             "started_at": started,
-            "finished_at": finished,
+            "finished_at": time.time(),
             "latency_s": round(time.perf_counter() - t0, 4),
         }
         return rec
@@ -136,47 +150,41 @@ class Generator:
         """A completion under the run's truncation policy: with "retry", a cut answer is asked
         again once with the largest budget the context leaves. Returns (turn, truncation note)."""
         turn = await self.request(ctx, messages, tools)
-        if turn.outcome == FINISHED or ctx.settings.truncation != "retry":
+        if turn.outcome == Outcome.FINISHED or ctx.settings.truncation != Truncation.RETRY:
             return turn, None
         budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), ctx.settings.sampling.max_tokens)
-        note: dict[str, Any] = {"policy": "retry", "first_outcome": turn.outcome, "retried": budget is not None}
+        note: dict[str, Any] = {"policy": Truncation.RETRY, "first_outcome": turn.outcome, "retried": budget is not None}
         if budget is None:
             return turn, note
         note["max_tokens"] = budget
         return await self.request(ctx, messages, tools, max_tokens=budget), note
 
-    async def _single(self, ctx: RunContext, item: dict[str, Any]) -> dict[str, Any]:
+    async def _single(self, ctx: RunContext, item: Item, attempt: int) -> ResultRecord | ErrorRecord:
         messages = item["messages"]
+        base = _base(ctx, item, attempt, messages)
         try:
             turn, note = await self.complete(ctx, messages, item.get("tools"))
         except (PermanentError, TransientError) as e:
-            return _error_fields(e, messages)
-        rec = {
-            "messages": messages,
-            "content": turn.content,
-            "reasoning": turn.reasoning,
-            "reasoning_form": turn.reasoning_form,
-            "tool_calls": turn.tool_calls,
-            "finish_reason": turn.finish_reason,
-            "outcome": turn.outcome,
-            "usage": turn.usage,
-            "model": turn.model or ctx.model,
-        }
+            return _error_record(base, _error_info(e))
+        rec = _result_record(base, turn, ctx.model)
         if note is not None:
             rec["truncation"] = note
-        if turn.outcome != FINISHED and ctx.settings.truncation == "error":
-            return _truncated_error(rec)
+        if turn.outcome != Outcome.FINISHED and ctx.settings.truncation == Truncation.ERROR:
+            return _truncated_error(base, turn)
         return rec
 
-    async def _regenerate(self, ctx: RunContext, item: dict[str, Any]) -> dict[str, Any]:
+    async def _regenerate(self, ctx: RunContext, item: Item, attempt: int) -> ResultRecord | ErrorRecord:
         source = item["messages"]
         total_user_turns = sum(1 for m in source if m["role"] == "user")
+        if not total_user_turns:  # intake refuses such an item; a direct caller might not
+            return _error_record(_base(ctx, item, attempt, source),
+                                 error_info(ErrorClass.INVALID_ITEM, "InvalidItem", "item has no user turn"))
         history: list[dict[str, Any]] = []
-        turns: list[dict[str, Any]] = []
+        turns: list[TurnRecord] = []
         pos = 0
-        state = await self.checkpoints.load(ctx.run, item["key"]) if self.checkpoints and total_user_turns > 1 else None
+        state = await self._load_checkpoint(ctx, item, len(source)) if total_user_turns > 1 else None
         if state is not None:
-            history, turns, pos = state["history"], state["turns"], state["pos"]
+            history, turns, pos = state
         stopped: dict[str, Any] | None = None
         resumed_at = len(turns) if state is not None else None
         while pos < len(source):
@@ -190,19 +198,20 @@ class Generator:
                 turn, note = await self.complete(ctx, list(history), item.get("tools"))
             except (PermanentError, TransientError) as e:
                 if not turns:
-                    return _error_fields(e, list(history))
+                    return _error_record(_base(ctx, item, attempt, list(history)), _error_info(e))
                 history.pop()
-                stopped = {"turn": user_turn, "reason": "error", "error": _error_fields(e, [])["error"]}
+                stopped = {"turn": user_turn, "reason": "error", "error": _error_info(e)}
                 break
-            entry = {"turn": user_turn, "content": turn.content, "reasoning": turn.reasoning,
-                     "reasoning_form": turn.reasoning_form, "finish_reason": turn.finish_reason,
-                     "outcome": turn.outcome, "usage": turn.usage, "model": turn.model or ctx.model}
+            entry: TurnRecord = {
+                "turn": user_turn, "content": turn.content, "reasoning": turn.reasoning,
+                "reasoning_form": turn.reasoning_form, "finish_reason": turn.finish_reason,
+                "outcome": turn.outcome, "usage": turn.usage, "model": turn.model or ctx.model}
             if note is not None:
                 entry["truncation"] = note
-            if turn.outcome != FINISHED:
-                if ctx.settings.truncation == "error":
+            if turn.outcome != Outcome.FINISHED:
+                if ctx.settings.truncation == Truncation.ERROR:
                     if not turns:
-                        return _truncated_error({"messages": list(history), **entry})
+                        return _truncated_error(_base(ctx, item, attempt, list(history)), turn)
                     history.pop()
                     stopped = {"turn": user_turn, "reason": turn.outcome, "dropped": True}
                     break
@@ -214,32 +223,42 @@ class Generator:
             history.append(_assistant_message(turn, ctx.settings.history_reasoning))
             if self.checkpoints is not None and len(turns) < total_user_turns:
                 await self.checkpoints.save(ctx.run, item["key"], {"history": history, "turns": turns, "pos": pos})
-        if not turns:  # the producer never sends such an item; a hand-made job might
-            return _error_fields(PermanentError("item has no user turn"), source)
         last = turns[-1]
-        rec: dict[str, Any] = {
-            "messages": history,
-            "turns": turns,
-            "content": last["content"],
-            "reasoning": last["reasoning"],
-            "reasoning_form": last["reasoning_form"],
-            "tool_calls": history[-1].get("tool_calls", []) if history[-1]["role"] == "assistant" else [],
-            "finish_reason": last["finish_reason"],
-            "outcome": last["outcome"],
-            "usage": _sum_usage(t["usage"] for t in turns),
-            "model": last["model"],
-            "history_reasoning": ctx.settings.history_reasoning,
-            "turns_total": total_user_turns,
-        }
+        rec = cast(ResultRecord, dict(_base(ctx, item, attempt, history)))
+        rec["turns"] = turns
+        rec["content"] = last["content"]
+        rec["reasoning"] = last["reasoning"]
+        rec["reasoning_form"] = last["reasoning_form"]
+        rec["tool_calls"] = history[-1].get("tool_calls", []) if history[-1]["role"] == "assistant" else []
+        rec["finish_reason"] = last["finish_reason"]
+        rec["outcome"] = last["outcome"]
+        rec["usage"] = _sum_usage(t["usage"] for t in turns)
+        rec["model"] = last["model"]
+        rec["history_reasoning"] = ctx.settings.history_reasoning
+        rec["turns_total"] = total_user_turns
         if stopped is not None:
             rec["stopped"] = stopped
         if "truncation" in last:
             rec["truncation"] = last["truncation"]
         if resumed_at is not None:
             rec["resumed_at_turn"] = resumed_at
-        if item.get("note"):
-            rec["note"] = item["note"]
         return rec
+
+    async def _load_checkpoint(self, ctx: RunContext, item: Item,
+                               n_messages: int) -> tuple[list[dict[str, Any]], list[TurnRecord], int] | None:
+        """A saved (history, turns, position), or None to start at turn 1 (none saved, or one
+        whose shape does not fit this item: better to redo turns than to fail the item)."""
+        if self.checkpoints is None:
+            return None
+        state = await self.checkpoints.load(ctx.run, item["key"])
+        if state is None:
+            return None
+        history, turns, pos = state.get("history"), state.get("turns"), state.get("pos")
+        if (isinstance(history, list) and isinstance(turns, list) and isinstance(pos, int)
+                and 0 < pos <= n_messages and turns and all(isinstance(t, dict) for t in turns)):
+            return history, turns, pos
+        self._log.warning("checkpoint", "checkpoint of %s does not fit the item; starting at turn 1", item["key"])
+        return None
 
 
 def retry_budget(max_model_len: int | None, prompt_tokens: int | None, max_tokens: int) -> int | None:
@@ -251,53 +270,95 @@ def retry_budget(max_model_len: int | None, prompt_tokens: int | None, max_token
     return budget if budget > max_tokens else None
 
 
-def _truncated_error(rec: dict[str, Any]) -> dict[str, Any]:
-    outcome = rec.get("outcome")
-    return {
-        "messages": rec["messages"],
-        "partial": {k: rec.get(k) for k in ("content", "reasoning", "finish_reason", "usage")},
-        "error": {"class": "truncated", "type": outcome, "status": None,
-                  "message": f"the completion was cut by max_tokens ({outcome}); the run's truncation policy is error"},
-    }
+def _result_record(base: RecordBase, turn: Turn, model: str) -> ResultRecord:
+    # cast, then typed assignments: a TypedDict literal cannot spread RecordBase under mypy's
+    # strict extra checks.
+    rec = cast(ResultRecord, dict(base))
+    rec["content"] = turn.content
+    rec["reasoning"] = turn.reasoning
+    rec["reasoning_form"] = turn.reasoning_form
+    rec["tool_calls"] = turn.tool_calls
+    rec["finish_reason"] = turn.finish_reason
+    rec["outcome"] = turn.outcome
+    rec["usage"] = turn.usage
+    rec["model"] = turn.model or model
+    return rec
+
+
+def _error_record(base: RecordBase, info: ErrorInfo, partial: dict[str, Any] | None = None) -> ErrorRecord:
+    rec = cast(ErrorRecord, dict(base))
+    rec["error"] = info
+    if partial is not None:
+        rec["partial"] = partial
+    return rec
+
+
+def _truncated_error(base: RecordBase, turn: Turn) -> ErrorRecord:
+    outcome = turn.outcome
+    partial = {"content": turn.content, "reasoning": turn.reasoning, "finish_reason": turn.finish_reason,
+               "usage": turn.usage}
+    return _error_record(base, error_info(
+        ErrorClass.TRUNCATED, outcome,
+        f"the completion was cut by max_tokens ({outcome}); the run's truncation policy is error"), partial)
 
 
 def _assistant_message(turn: Turn, history_reasoning: str) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.tool_calls:
         msg["tool_calls"] = turn.tool_calls
-    if history_reasoning == "keep" and turn.reasoning:
+    if history_reasoning == HistoryReasoning.KEEP and turn.reasoning:
         # vLLM's Qwen3-style templates read the thinking of earlier turns from this field.
         msg["reasoning_content"] = turn.reasoning
     return msg
 
 
-def _sum_usage(usages: Any) -> dict[str, int]:
-    total: dict[str, int] = {}
+_USAGE_KEYS: tuple[Literal["prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens"], ...] = (
+    "prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens")
+
+
+def _sum_usage(usages: Iterable[Usage]) -> Usage:
+    total: Usage = {}
     for u in usages:
-        for k, v in u.items():
+        for k in _USAGE_KEYS:
+            v = u.get(k)
             if isinstance(v, int):
                 total[k] = total.get(k, 0) + v
     return total
 
 
-def _error_fields(e: Exception, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    kind = "permanent" if isinstance(e, PermanentError) else "transient_exhausted"
-    return {
-        "messages": messages,
-        "error": {"class": kind, "type": type(e).__name__, "status": getattr(e, "status", None), "message": str(e)},
-    }
+def _error_info(e: PermanentError | TransientError) -> ErrorInfo:
+    if isinstance(e, PermanentError):
+        cls = ErrorClass.PERMANENT
+    elif isinstance(e, BadResponseError):
+        cls = ErrorClass.BAD_RESPONSE
+    else:
+        cls = ErrorClass.TRANSIENT_EXHAUSTED
+    return error_info(cls, type(e).__name__, str(e), e.status)
 
 
-def _common_fields(ctx: RunContext, item: dict[str, Any], attempt: int) -> dict[str, Any]:
-    return {
-        "key": item["key"],
-        "index": item["index"],
-        "turn": item.get("turn"),
+def _get(item: Any, key: str, default: Any) -> Any:
+    return item.get(key, default) if isinstance(item, dict) else default
+
+
+def _base(ctx: RunContext, item: Item, attempt: int, messages: list[dict[str, Any]]) -> RecordBase:
+    """The fields every record carries. Reads ITEM defensively: it also builds the record of
+    an item that made answering fail."""
+    key, index, turn = _get(item, "key", ""), _get(item, "index", -1), _get(item, "turn", None)
+    base: RecordBase = {
+        "key": key if isinstance(key, str) else str(key),
+        "index": index if isinstance(index, int) else -1,
+        "turn": turn if isinstance(turn, int) else None,
         "run": ctx.run,
+        "messages": messages,
         "sampling": ctx.params,
         "fingerprint": ctx.fingerprint,
         "version": __version__,
         "consumer": ctx.consumer,
         "attempt": attempt,
-        **({"tools": item["tools"]} if item.get("tools") else {}),
     }
+    tools, note = _get(item, "tools", None), _get(item, "note", None)
+    if tools:
+        base["tools"] = tools
+    if isinstance(note, str) and note:
+        base["note"] = note
+    return base

@@ -157,6 +157,8 @@ class Intake:
         """Dequeue one job of the first run that has one; True when a job was taken (or refused)."""
         conn = self.worker.connection
         for run in runs:
+            if run in self.served.paused:  # paused since the last resolve (the breaker)
+                continue
             held, refused = await self.rq.call(self.worker.dequeue, queue_for(run, conn))
             if refused:
                 self.acker.count_refused()
@@ -173,7 +175,10 @@ class Intake:
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
             js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq)
             await self._skip_shipped(js)
-            self.book.hold(js)
+            if run in self.served.paused:  # paused (the breaker) while this job was on its way
+                await self.acker.give_back_held([held])
+                return True
+            self.book.hold(js)  # no await between the check and here
             if js.complete:
                 await self._on_complete(run)
             self.wake.set()
@@ -182,16 +187,14 @@ class Intake:
 
     async def _skip_shipped(self, js: JobState[Held]) -> None:
         """A job that runs again (after a crash, a sweep, a requeue) skips the items whose
-        records a shipped shard already holds: only the rest is generated."""
+        results a shipped shard already holds: only the rest is generated. Items with only an
+        error record are tried again: the run may have been paused by a storm and fixed since
+        (export keeps a result over an error record of the same item)."""
         marks = await self.rq.call(marks_of, self.worker.connection, js.run, [it["key"] for it in js.items])
-        if not any(marks):
+        if Mark.DONE not in marks:
             return
-        keep = [it for it, m in zip(js.items, marks, strict=True) if m is None]
-        for m in marks:
-            if m is Mark.DONE:
-                js.counts["items_done"] += 1
-            elif m is Mark.FAILED:
-                js.counts["items_failed"] += 1
+        keep = [it for it, m in zip(js.items, marks, strict=True) if m is not Mark.DONE]
+        js.counts["items_done"] += len(js.items) - len(keep)
         js.counts["items_skipped_shipped"] += len(js.items) - len(keep)
         self.skipped += len(js.items) - len(keep)
         log.info("job %s (attempt %d): %d of %d items already shipped; generating the rest", js.id, js.attempt,

@@ -80,14 +80,14 @@ class Child:
         return self.proc is not None and self.proc.returncode is None
 
     def start(self) -> None:
-        self._fh = open(self.log_path, "ab")
+        self._fh = open(self.log_path, "ab")  # noqa: SIM115 - held while the child lives, closed in its end
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         self._fh.write(f"=== {stamp} launch: starting {self.name}: {' '.join(self.argv)}\n".encode())
         self._fh.flush()
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._fh,
                                          stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - one prctl call
         except OSError:
             self._fh.close()
             self._fh = None

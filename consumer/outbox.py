@@ -21,10 +21,9 @@ from pathlib import Path
 
 import orjson
 
+from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import Record
 from genqueue.common.marks import ShardMarks
-
-from genqueue.common.backoff import compute_backoff
 from genqueue.common.redisconn import redact_url as redact
 from genqueue.consumer.shards import SealedShard, ShardWriter, Sink
 
@@ -179,7 +178,7 @@ class Outbox:
                 log.error("shard %s vanished from the spool (%s): its jobs will be redone", shard.name, e)
                 self.stats["shards_lost"] += 1
                 return ShipOutcome.LOST
-            except Exception as e:  # noqa: BLE001 - any storage failure: keep the shard, wait, retry
+            except Exception as e:
                 if self.stopping_hard:
                     raise
                 delay = compute_backoff(min(attempt, 6), base=0.5, cap=15.0)

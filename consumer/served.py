@@ -7,7 +7,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-
 from typing import Any
 
 import aiohttp
@@ -18,7 +17,7 @@ from genqueue.common.contracts import ConsumerInfo, ReasoningForm
 from genqueue.common.errors import ModelNotServedError, PermanentError, TransientError, UserError
 from genqueue.common.pause import pause_key
 from genqueue.common.runs import RunStore, run_key
-from genqueue.consumer.client import EndpointClient, EndpointDown, classify_status
+from genqueue.consumer.client import EndpointClient, classify_status
 from genqueue.consumer.generate import Generator, RunContext
 from genqueue.consumer.rqthread import RqThread
 
@@ -70,6 +69,11 @@ class ServedRuns:
         self._skipped: set[str] = set()
         self._refused: dict[str, _Refusal] = {}
         self.paused: dict[str, str] = {}  # runs paused in Redis (the breaker), with the reason
+        self._tripped: dict[str, str] = {}  # paused here, not yet seen paused in Redis
+
+    def pause(self, run: str, reason: str) -> None:
+        """This consumer's breaker paused RUN: in force here at once."""
+        self.paused[run] = self._tripped[run] = reason
 
     def names(self) -> list[str]:
         """The runs prepared so far (the sweeper's list)."""
@@ -84,7 +88,7 @@ class ServedRuns:
             try:
                 models = await self.client.models()
                 break
-            except EndpointDown as e:
+            except TransientError as e:  # refused, reset, 5xx, a garbled /v1/models: wait
                 now = time.monotonic()
                 if now >= deadline or stopping.is_set():
                     raise UserError(f"endpoint {self.endpoint} is not reachable: {e}") from None
@@ -103,6 +107,12 @@ class ServedRuns:
         in Redis, and past this consumer's pre-flight."""
         names = [self.only_run] if self.only_run else await self.rq.call(self.store.names)
         paused = await self.rq.call(_pauses, self.store.conn, names)
+        # A pause this consumer made is in force before Redis has it (its write may be on its way).
+        for run in list(self._tripped):
+            if run in paused:
+                del self._tripped[run]
+            else:
+                paused[run] = self._tripped[run]
         for name, why in paused.items():
             if name not in self.paused:
                 log.warning("run %s is paused (%s): not taking its jobs until `producer resume --run %s`",

@@ -106,8 +106,7 @@ class SimEngine:
             if self._first_admit is None:
                 self._first_admit = self._last
             self.running += 1
-            if self.running > self.max_running:
-                self.max_running = self.running
+            self.max_running = max(self.max_running, self.running)
 
     async def acquire(self) -> None:
         if self.waiting:
@@ -117,13 +116,11 @@ class SimEngine:
             if self._first_admit is None:
                 self._first_admit = self._last
             self.running += 1
-            if self.running > self.max_running:
-                self.max_running = self.running
+            self.max_running = max(self.max_running, self.running)
             return
         fut = asyncio.get_running_loop().create_future()
         self.waiting.append(fut)
-        if len(self.waiting) > self.counts["max_waiting"]:
-            self.counts["max_waiting"] = len(self.waiting)
+        self.counts["max_waiting"] = max(self.counts["max_waiting"], len(self.waiting))
         try:
             await fut
         except asyncio.CancelledError:
@@ -223,7 +220,7 @@ async def _chat(request: web.Request) -> web.Response:
     else:
         message["reasoning"] = thought if cfg.reasoning == "field" else None
     return _json({
-        "id": "chatcmpl-%032x" % eng._ids.getrandbits(128),
+        "id": f"chatcmpl-{eng._ids.getrandbits(128):032x}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": cfg.model,
@@ -277,7 +274,7 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     eng = request.app[SIM_ENGINE]
-    label = '{model_name="%s"}' % eng.config.model
+    label = f'{{model_name="{eng.config.model}"}}'
     usage = eng.running / eng.config.slots if eng.config.slots else 0.0
     rows = [
         ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",

@@ -16,15 +16,7 @@ import orjson
 SIGMA = 1.0  # lognormal shape: heavy-tailed, like reasoning-trace lengths
 
 # Short words (about 3.7 characters, so a token with its space is ~4.7 bytes: 512 tokens ~2.4 KB).
-_WORDS = (
-    "a an the of to in on at by or if so as is it be we do no up go my me us "
-    "and for but not are was can has had all any one two new use way may see "
-    "data time step plan then next when that this with from into what each "
-    "case code test list node slot turn user team task idea fact rule path "
-    "check value model token queue batch cache shard reply prompt answer "
-    "result number string server client worker retry state "
-    "first second third order count track split merge write read send wait"
-).split()
+_WORDS = ["a", "an", "the", "of", "to", "in", "on", "at", "by", "or", "if", "so", "as", "is", "it", "be", "we", "do", "no", "up", "go", "my", "me", "us", "and", "for", "but", "not", "are", "was", "can", "has", "had", "all", "any", "one", "two", "new", "use", "way", "may", "see", "data", "time", "step", "plan", "then", "next", "when", "that", "this", "with", "from", "into", "what", "each", "case", "code", "test", "list", "node", "slot", "turn", "user", "team", "task", "idea", "fact", "rule", "path", "check", "value", "model", "token", "queue", "batch", "cache", "shard", "reply", "prompt", "answer", "result", "number", "string", "server", "client", "worker", "retry", "state", "first", "second", "third", "order", "count", "track", "split", "merge", "write", "read", "send", "wait"]
 _START_POSITIONS = 8192  # distinct start offsets a request can pick
 
 
@@ -110,10 +102,10 @@ def make_output(
     start1 = digest % _START_POSITIONS
     start2 = (digest >> 20) % _START_POSITIONS
     if n <= think and finish == "length":  # the budget ran out inside the thinking
-        thought = buf.text(start1, n)
+        cut = buf.text(start1, n)
         if reasoning == "inline":
-            return "<think>\n" + thought, None, n, finish
-        return "", thought, n, finish
+            return "<think>\n" + cut, None, n, finish
+        return "", cut, n, finish
     thought = buf.text(start1, think) if think else None
     answer = buf.text(start2, n - think)
     if reasoning == "inline":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Self
 
 import click
 from aiohttp import web
@@ -41,7 +41,7 @@ class SimServer:
         self.app = build_app(self.config)
         self.engine = self.app[SIM_ENGINE]
         self._runner: web.AppRunner | None = None
-        self._listener: asyncio.AbstractServer | None = None
+        self._listener: asyncio.Server | None = None
         self._up_task: asyncio.Task[None] | None = None
 
     @property
@@ -62,6 +62,8 @@ class SimServer:
                                      shutdown_timeout=1.0)
         await self._runner.setup()
         await self._listen()
+        if self._listener is None:
+            raise RuntimeError("the stand-in's listener did not start")
         self.port = self._listener.sockets[0].getsockname()[1]
 
     async def _listen(self) -> None:
@@ -99,6 +101,7 @@ class SimServer:
     async def _come_up_after(self, seconds: float | None) -> None:
         if seconds is None:
             await asyncio.get_running_loop().create_future()
+            return
         await asyncio.sleep(seconds)
         await self._restore()
 
@@ -125,7 +128,7 @@ class SimServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> SimServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

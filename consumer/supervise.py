@@ -40,7 +40,7 @@ async def supervised(name: str, loop: Callable[[], Awaitable[None]], *, restarts
             raise
         except UserError as e:
             raise LoopFailed(name, e) from e
-        except Exception as e:  # noqa: BLE001 - every failure is logged, then restarted or fatal
+        except Exception as e:
             now = time.monotonic()
             while recent and recent[0] < now - window:
                 recent.popleft()

@@ -35,6 +35,7 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample
+from genqueue.common.jobs import queue_name
 from genqueue.common.runs import CONSUMERS, consumer_key
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
@@ -61,6 +62,12 @@ SHIPPED = Gauge("genqueue_shards_shipped", "Shards shipped to the output since s
 SHIP_FAILURES = Gauge("genqueue_ship_failures", "Failed shard uploads since start (each is retried)")
 LIMIT = Gauge("genqueue_concurrency_limit", "In-flight limit now (with --concurrency auto: the steered target)")
 JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
+ENGINE_RUNNING = Gauge("genqueue_engine_running", "Requests the engine runs (its own /metrics)")
+ENGINE_WAITING = Gauge("genqueue_engine_waiting", "Requests waiting in the engine (its own /metrics)")
+ENGINE_KV = Gauge("genqueue_engine_kv_cache_usage", "Engine KV cache usage, 0..1 (its own /metrics)")
+RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each retried or, last, recorded)",
+                   ["kind"])
+QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq queue", ["run"])
 
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
@@ -96,6 +103,7 @@ class Parts:
     rq: Callable[[], RqSnapshot]
     paused: Callable[[], dict[str, str]]
     stopping: Callable[[], bool]
+    retries: Callable[[], dict[str, int]]
 
 
 class Telemetry:
@@ -112,6 +120,7 @@ class Telemetry:
         self.totals: dict[str, Counter[str]] = {}
         self.windows: dict[str, RateWindow] = {}
         self.started_at = time.time()
+        self._retries_seen: dict[str, int] = {}
         for reason in PAUSE_REASONS:
             PAUSED.labels(reason).set(0)
 
@@ -182,15 +191,29 @@ class Telemetry:
         LIMIT.set(snap["concurrency"])
         for ending, n in snap["jobs"].items():
             JOBS.labels(ending).set(n)
-        await self.rq.call(self._write, snap, now)
+        engine = snap["engine"]
+        ENGINE_RUNNING.set(engine.get("running") or 0)
+        ENGINE_WAITING.set(engine.get("waiting") or 0)
+        ENGINE_KV.set(engine.get("kv_cache_usage") or 0)
+        for kind, n in self.parts.retries().items():
+            RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
+            self._retries_seen[kind] = n
+        depths = await self.rq.call(self._write, snap, now)
+        for run, depth in depths.items():
+            QUEUE_DEPTH.labels(run).set(depth)
         return snap
 
-    def _write(self, snap: ConsumerSnapshot, now: float) -> None:
+    def _write(self, snap: ConsumerSnapshot, now: float) -> dict[str, int]:
+        """Publish SNAP; returns the depth of each served run's queue (same round trip)."""
+        runs = list(snap["runs"])
         with self.conn.pipeline() as p:
             p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
             p.zadd(CONSUMERS, {snap["worker"]: now})
             p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
-            p.execute()
+            for run in runs:
+                p.llen(f"rq:queue:{queue_name(run)}")
+            out = p.execute()
+        return {run: int(n) for run, n in zip(runs, out[3:], strict=True)}
 
     def snapshot(self, now: float | None = None, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time() if now is None else now

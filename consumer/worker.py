@@ -153,22 +153,28 @@ class Consumer:
         if kept is None or kept[0] is not ctx:  # a new context (the run resumed): a fresh breaker
             kept = self._breakers[run] = (ctx, Breaker())
         reason = kept[1].record(rec)
-        if reason is not None:
-            task = asyncio.create_task(self._trip(run, f"breaker: {reason}"), name=f"trip {run}")
-            self._trips.add(task)
-            task.add_done_callback(self._trips.discard)
-
-    async def _trip(self, run: str, reason: str) -> None:
-        """Pause RUN in Redis for every consumer, and give its jobs back without spending retries:
-        the run stops before it burns the dataset; `producer resume` starts it again."""
+        if reason is None:
+            return
+        # Stop at once, before the next record: nothing more of the run is sent, written or
+        # acked here; its jobs (complete or not) go back and their items are redone after resume.
+        reason = f"breaker: {reason}"
         log.error("run %s: %s; pausing the run (its jobs go back to the queue without spending a retry; "
                   "fix the cause, then `producer resume --run %s`)", run, reason, run)
-        self._served.paused[run] = reason
+        self._served.pause(run, reason)
+        held = [js for js in self.book if js.run == run]
+        for js in held:
+            self.book.abandon(js)
+        task = asyncio.create_task(self._trip(run, reason, [js.held for js in held]), name=f"trip {run}")
+        self._trips.add(task)
+        task.add_done_callback(self._trips.discard)
+
+    async def _trip(self, run: str, reason: str, held: list[Held]) -> None:
+        """Pause RUN in Redis for every consumer and give back the jobs it held here."""
         try:
             await self.rq.call(pause_run, self.conn, run, reason, self.worker.name)
-            n = await self.acker.give_back_run(run)
+            n = await self.acker.give_back_held(held)
             log.info("run %s: %d held job(s) given back", run, n)
-        except Exception:  # noqa: BLE001 - a one-off task: say it, the leases expire anyway
+        except Exception:
             log.exception("run %s: pausing failed; its held jobs go back when their leases expire", run)
         self.wake.set()
 
@@ -226,7 +232,8 @@ class Consumer:
         telemetry = Telemetry(self.identity, self.conn, self.rq, Parts(
             book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
             outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
-            stopping=self.stopping.is_set), interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port)
+            stopping=self.stopping.is_set, retries=lambda: dict(gen.failures)),
+            interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port)
         self._telemetry, self._served = telemetry, served
         dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
                                 wake=self.wake, stopping=self.stopping, low_water=self._low_water)
@@ -259,11 +266,16 @@ class Consumer:
             code = 1
             await self._give_back_all_best_effort()
         finally:
+            await gate.aclose()
             try:
                 await asyncio.wait_for(telemetry.publish(exited=True), timeout=5.0)
                 await asyncio.wait_for(self.rq.once(self.worker.stop), timeout=5.0)
             except (TimeoutError, redis.exceptions.RedisError) as e:
                 log.warning("could not report the stop to Redis (%s)", e)
+        if code == 0 and cfg.burst and served.snapshot().refused:
+            for run, why in served.snapshot().refused.items():
+                log.error("run %s was not served: %s", run, why)
+            code = 3
         elapsed = time.monotonic() - t0
         items = sum(t["completions"] for t in telemetry.totals.values())
         errors = sum(t["errors"] for t in telemetry.totals.values())

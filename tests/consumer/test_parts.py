@@ -16,6 +16,7 @@ from genqueue.common.settings import RunSettings
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.admission import Limiter
 from genqueue.consumer.book import Book, JobState
+from genqueue.consumer.breaker import Breaker, BreakerSettings
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.generate import RunContext
 from genqueue.consumer.intake import InvalidJob, parse_items
@@ -58,7 +59,7 @@ def test_book_acks_only_complete_jobs_whose_last_shard_shipped() -> None:
         book.recorded(t[0], result(t[1]), seq)
     assert a.complete and b.complete and a.max_seq == 2 and b.max_seq == 2
     assert book.ackable("r", 1) == []
-    assert set(js.id for js in book.ackable("r", 2)) == {"a", "b"}
+    assert {js.id for js in book.ackable("r", 2)} == {"a", "b"}
     assert a.counts["items_done"] == 2 and a.counts["completion_tokens"] == 10
 
 
@@ -165,7 +166,7 @@ class FakePipe:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, ...]] = []
 
-    def __enter__(self) -> FakePipe:
+    def __enter__(self) -> FakePipe:  # noqa: PYI034 - a fake for one test
         return self
 
     def __exit__(self, *a: object) -> None:
@@ -265,7 +266,7 @@ def test_renewal_drops_leases_found_swept() -> None:
         book.hold(a)
         book.hold(b)
         b.held.swept = True
-        leases = Leases(rq, FakeWorker(), book, lease=30, runs=lambda: [], on_swept=lambda: None)  # type: ignore[arg-type]
+        leases = Leases(rq, FakeWorker(), book, lease=30, runs=list, on_swept=lambda: None)  # type: ignore[arg-type]
         assert await leases.renew_once() == 1
         assert list(book.jobs) == ["a"] and b.abandoned
         assert [t[0].id for t in iter(book.take, None)] == ["a", "a"]
@@ -366,3 +367,44 @@ def test_valid_items_parse() -> None:
     items = [item(0), {**item(1), "turn": 2, "tools": [{"type": "function"}], "note": "stopped_at_tool_turn"}]
     assert parse_items([items], {}, max_chars=100) == items
     assert parse_items((items,), None, max_chars=100) == items
+
+
+# --- the failure-storm breaker -------------------------------------------------------------
+def error_rec(i: int, cls: str, message: str) -> Any:
+    return {"key": item(i)["key"], "error": {"class": cls, "type": "E", "status": 400, "message": message}}
+
+
+def test_a_storm_of_identical_permanent_failures_trips_the_breaker_within_the_first_items() -> None:
+    b = Breaker(BreakerSettings(first_n=8, window=100, rate=0.5, same=0.8))
+    trips = [b.record(error_rec(i, "permanent", f"HTTP 400: you requested {9000 + i} tokens")) for i in range(20)]
+    assert trips[:7] == [None] * 7
+    assert trips[7] is not None and "first 8 items all failed" in trips[7] and "HTTP N" in trips[7]
+    assert trips[8:] == [None] * 12, "it trips once"
+
+
+def test_a_storm_after_a_healthy_start_trips_on_the_window() -> None:
+    b = Breaker(BreakerSettings(first_n=8, window=20, rate=0.5, same=0.8))
+    for i in range(30):
+        assert b.record(result(item(i))) is None
+    trips = [b.record(error_rec(i, "bad_response", "choices is empty")) for i in range(10)]
+    assert trips[-1] is not None and "10 of the last 20" in trips[-1]
+
+
+def test_healthy_runs_with_genuine_failures_and_transient_faults_never_trip() -> None:
+    import random
+
+    rng = random.Random(7)
+    b = Breaker()
+    for i in range(20_000):
+        r = rng.random()
+        if r < 0.04:  # genuine permanent failures, each its own prompt (messages differ in words)
+            rec = error_rec(i, "permanent", f"prompt {rng.choice(['too long', 'has bad tool', 'rejected'])} x{i}")
+        elif r < 0.10:  # transient faults that exhausted their attempts: never counted
+            rec = error_rec(i, "transient_exhausted", "HTTP 503")
+        else:
+            rec = result(item(i))
+        assert b.record(rec) is None, f"tripped at item {i}"
+    # and an opening run of failures that disagree is no storm
+    b2 = Breaker()
+    assert all(b2.record(error_rec(i, "permanent", m)) is None
+               for i, m in enumerate(["a", "b", "c", "d", "e", "f", "g", "h"]))

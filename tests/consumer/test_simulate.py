@@ -105,9 +105,15 @@ def test_validation_errors():
             with pytest.raises(openai.BadRequestError):
                 await c.chat.completions.create(model="sim-model", messages=[])
             async with aiohttp.ClientSession() as s:
-                status, body = await post(s, sim, {"model": "sim-model", "messages": USER,
+                # streaming: one chunk and [DONE], enough for the consumer's pre-flight
+                async with s.post(f"{sim.url}/chat/completions",
+                                  json={"model": "sim-model", "messages": USER, "stream": True}) as r:
+                    assert r.status == 200 and r.content_type == "text/event-stream"
+                    text = await r.text()
+                assert text.startswith("data: {") and text.endswith("data: [DONE]\n\n")
+                status, body = await post(s, sim, {"model": "sim-model", "messages": USER, "max_tokens": 99999,
                                                    "stream": True})
-                assert status == 400 and "streaming not supported" in body["message"]
+                assert status == 400 and "maximum context length" in body["message"]
                 status, body = await post(s, sim, {"model": "sim-model", "messages": "hi"})
                 assert status == 400 and body["object"] == "error" and body["code"] == 400
                 status, body = await post(s, sim, {"model": "sim-model", "messages": USER,
