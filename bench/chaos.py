@@ -25,9 +25,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
+from genqueue.common.rqaccess import job_counts, job_started_at, job_status, started_executions, worker_executions
 from tests.conftest import RedisServer
 from tests.consumer.e2e import Proc, Sim
 from tests.s3server import S3Server
@@ -97,7 +99,7 @@ class Fleet:
             return False
         victim = rng.choice(live)
         worker = worker_name(victim)
-        leases = {m.decode() for m in conn.smembers(f"rq:worker:{worker}:executions")} if worker else set()
+        leases = worker_executions(conn, worker) if worker else set()
         held = {m.split(":")[0] for m in leases}
         victim.kill()
         self.procs.remove(victim)  # its slot (spool) is free for the replacement
@@ -116,11 +118,11 @@ class Fleet:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             try:
-                wip = {m.decode() for m in conn.zrange(f"rq:wip:genqueue.{self.run}", 0, -1)}
+                wip = started_executions(conn, self.run)
                 if rec["requeued_s"] < 0 and not (leases & wip):
                     rec["requeued_s"] = round(time.monotonic() - rec["at"], 2)
                 if rec["requeued_s"] >= 0 and all(
-                        job_state(conn, j) in ("finished", "failed") or restarted(conn, self.run, j, rec["at"])
+                        job_status(conn, j) in ("finished", "failed") or restarted(conn, j, rec["at"])
                         for j in held):
                     rec["recovered_s"] = round(time.monotonic() - rec["at"], 2)
                     return
@@ -137,19 +139,10 @@ def worker_name(proc: Proc) -> str | None:
     return m.group(1) if m else None
 
 
-def job_state(conn: redis.Redis, job_id: str) -> str:
-    s = conn.hget(f"rq:job:{job_id}", "status")
-    return s.decode() if s else "gone"
-
-
-def restarted(conn: redis.Redis, run: str, job_id: str, since: float) -> bool:
-    started = conn.hget(f"rq:job:{job_id}", "started_at")
-    if not started:
-        return False
-    from rq.utils import utcparse
-
-    age = time.time() - utcparse(started.decode()).timestamp()
-    return age < time.monotonic() - since
+def restarted(conn: redis.Redis, job_id: str, since: float) -> bool:
+    """Whether the job started again after the monotonic time SINCE."""
+    started = job_started_at(conn, job_id)
+    return started is not None and time.time() - started < time.monotonic() - since
 
 
 def main() -> int:
@@ -167,7 +160,7 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gq-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    figures: dict = {"items_requested": args.items, "consumers": args.consumers, "kills": 0, "redis_restarts": 0,
+    figures: dict[str, Any] = {"items_requested": args.items, "consumers": args.consumers, "kills": 0, "redis_restarts": 0,
                      "s3_outage_s": 20, "endpoint_outage_s": 15}
     rds = RedisServer(work / "redis-data", appendonly=True)
     (work / "redis-data").mkdir(exist_ok=True)
@@ -265,7 +258,7 @@ def main() -> int:
         for p in fleet.procs:
             p.wait(60)
         exp = subprocess.run([str(BIN / "producer"), "export", "--run", "chaos", "--output", str(work / "final.jsonl"),
-                              "--json"], env=env, capture_output=True, text=True)
+                              "--json"], env=env, capture_output=True, text=True, check=False)
         if exp.returncode not in (0, 1) or not exp.stdout.strip():
             failures.append(f"export failed: {exp.stderr[-500:]}")
             report = {}
@@ -273,7 +266,7 @@ def main() -> int:
             report = json.loads(exp.stdout)
         figures.update({k: report.get(k) for k in ("exported", "failed", "failed_jobs", "missing",
                                                    "duplicates_removed")})
-        q_failed = conn.zcard("rq:failed:genqueue.chaos")
+        q_failed = job_counts(conn, "chaos")["failed"]
         figures["rq_failed_jobs"] = q_failed
         figures["requeued_s"] = [k["requeued_s"] for k in fleet.kills]
         figures["recovery_s"] = [k["recovered_s"] for k in fleet.kills]

@@ -65,7 +65,23 @@ class ErrorClass(StrEnum):
     JOB_FAILED = "job_failed"  # export: rq gave up on the item's job
 
 
-MODES: tuple[str, ...] = tuple(m.value for m in Mode)
+class RejectReason(StrEnum):
+    """Why an input record was rejected by the producer (the rejects file, `rejected_by_reason`)."""
+
+    INVALID_JSON = "invalid_json"  # reader: not JSON
+    INVALID_UNICODE = "invalid_unicode"  # reader or convert: not UTF-8, or a lone UTF-16 surrogate
+    RECORD_TOO_LARGE = "record_too_large"  # reader: longer than max_record_bytes
+    NOT_OBJECT = "not_object"
+    NO_CONVERSATION = "no_conversation"
+    EMPTY_CONVERSATION = "empty_conversation"
+    UNKNOWN_ROLE = "unknown_role"
+    MISSING_ROLE = "missing_role"
+    EMPTY_MESSAGE = "empty_message"
+    NON_TEXT_MESSAGE = "non_text_message"
+    NO_USER_TURN = "no_user_turn"
+    INVALID_TOOLS = "invalid_tools"
+    TOO_LONG = "too_long"  # producer: over the user's character limit
+    TOOL_TURN_FIRST = "tool_turn_first"  # regenerate: a tool call comes before any user turn
 
 
 class Usage(TypedDict, total=False):
@@ -227,6 +243,7 @@ class ShippingView(TypedDict):
     oldest_waiting_at: float | None  # when the oldest shard still waiting was sealed
     failures: int
     lost: int
+    disk_error: str | None  # the spool's disk refuses writes: admission is paused
 
 
 class ConsumerSnapshot(TypedDict):

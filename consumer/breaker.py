@@ -51,28 +51,40 @@ class Breaker:
     def __init__(self, settings: BreakerSettings | None = None) -> None:
         self.s = settings or BreakerSettings()
         self.seen = 0
-        self.recent: collections.deque[str | None] = collections.deque(maxlen=self.s.window)
+        self.recent: collections.deque[str | None] = collections.deque()
+        self.failures: collections.Counter[str] = collections.Counter()  # signatures in `recent`
+        self.failed = 0  # failures in `recent`
         self.tripped: str | None = None
 
     def record(self, rec: Record) -> str | None:
+        """Count REC (on the hot path: O(1) for a success)."""
         if self.tripped is not None:
             return None
         sig = signature(rec)
         self.seen += 1
         self.recent.append(sig)
-        reason = self._storm()
+        if sig is not None:
+            self.failures[sig] += 1
+            self.failed += 1
+        if len(self.recent) > self.s.window:
+            old = self.recent.popleft()
+            if old is not None:
+                self.failures[old] -= 1
+                self.failed -= 1
+        if sig is None:
+            return None  # a success never trips it
+        reason = self._storm(sig)
         if reason is not None:
             self.tripped = reason
         return reason
 
-    def _storm(self) -> str | None:
+    def _storm(self, sig: str) -> str | None:
         s = self.s
-        failures = [x for x in self.recent if x is not None]
-        if not failures:
-            return None
-        top, n = collections.Counter(failures).most_common(1)[0]
+        n = self.failures[sig]
         if self.seen == s.first_n and n == s.first_n:
-            return f"the first {s.first_n} items all failed with {top}"
-        if len(self.recent) == s.window and len(failures) >= s.rate * s.window and n >= s.same * len(failures):
-            return f"{len(failures)} of the last {s.window} items failed, {n} with {top}"
+            return f"the first {s.first_n} items all failed with {sig}"
+        if len(self.recent) == s.window and self.failed >= s.rate * s.window:
+            top, n = self.failures.most_common(1)[0]
+            if n >= s.same * self.failed:
+                return f"{self.failed} of the last {s.window} items failed, {n} with {top}"
         return None

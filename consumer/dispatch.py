@@ -69,7 +69,7 @@ class Dispatcher:
                 self.limiter.release()
                 continue
             js, item = taken
-            task = asyncio.create_task(self._item(js, item), name=f"item {item['key'][:8]}")
+            task = asyncio.create_task(self._item(js, item))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             if self.book.pending < self._low_water():
@@ -95,8 +95,9 @@ class Dispatcher:
         self.wake.set()
 
     async def _wait_for_spool(self) -> None:
-        log.warning("local spool holds %d bytes (limit %d): pausing admission until shards ship",
-                    self.outbox.spool_bytes, self.outbox.spool_limit)
+        if self.outbox.disk_error is None:
+            log.warning("local spool holds %d bytes (limit %d): pausing admission until shards ship",
+                        self.outbox.spool_bytes, self.outbox.spool_limit)
         self.spool_pauses += 1
         while self.outbox.full() and not self.stopping.is_set():
             await asyncio.sleep(0.2)

@@ -17,8 +17,8 @@ from typing import Any, cast
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
-from genqueue.common.jobs import queue_for
 from genqueue.common.marks import Mark, marks_of
+from genqueue.common.rqaccess import queue_for
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from genqueue.common.jobs import queue_for
+from genqueue.common.rqaccess import queue_for
 from genqueue.consumer.book import Book
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +26,9 @@ import orjson
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import Record
 from genqueue.common.marks import ShardMarks
-from genqueue.common.redisconn import redact_url as redact
-from genqueue.consumer.shards import SealedShard, ShardWriter, Sink
+from genqueue.common.redact import redact
+from genqueue.common.storage import SealedShard, ShardStore
+from genqueue.consumer.shards import ShardWriter
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +53,14 @@ class OutboxSnapshot:
     oldest_waiting_at: float | None
     failures: int
     lost: int
+    disk_error: str | None
 
 
 class Outbox:
     """Writes records, seals shards when due, ships them in order, reports what shipped."""
 
     def __init__(self, spool: str, worker: str, *, max_bytes: int, max_age: float, spool_limit: int,
-                 sink_for: Callable[[str], Sink], output_of: Callable[[str], Awaitable[str | None]],
+                 store_for: Callable[[str], ShardStore], output_of: Callable[[str], Awaitable[str | None]],
                  on_shipped: Callable[[str, int | None, ShardMarks], Awaitable[object]],
                  on_lost: Callable[[str, int], Awaitable[object]],
                  on_no_run: Callable[[str], Awaitable[object]]) -> None:
@@ -65,8 +69,8 @@ class Outbox:
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.spool_limit = spool_limit
-        self._sink_for = sink_for
-        self._sinks: dict[str, Sink] = {}
+        self._store_for = store_for
+        self._stores: dict[str, ShardStore] = {}
         self._output_of = output_of
         self._on_shipped = on_shipped
         self._on_lost = on_lost
@@ -78,6 +82,8 @@ class Outbox:
         self.stats: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self.disk_error: str | None = None
+        self._disk_error_since: float | None = None
         self.last_upload_at: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ship")
         self._kick = asyncio.Event()
@@ -106,18 +112,46 @@ class Outbox:
         return self.waiting_bytes + sum(w.open_bytes for w in self.writers.values())
 
     def full(self) -> bool:
-        """Whether the local spool is past its limit (admission should pause)."""
-        return self.spool_bytes >= self.spool_limit
+        """Whether admission should pause: the spool is past its limit, or its disk refuses
+        writes (results stay in memory, leases are kept, and writing is retried)."""
+        return self.spool_bytes >= self.spool_limit or self.disk_error is not None
 
     # --- sealing -------------------------------------------------------------------
-    def seal_due(self, idle_runs: set[str], *, force: bool = False) -> None:
-        """Seal every open shard that is due by size or age, whose run has nothing left in
-        flight (idle_runs), or all of them (force)."""
+    def seal_due(self, idle_runs: set[str], *, force: bool = False) -> bool:
+        """Write what is new in every open shard (crash recovery), and seal those due by size or
+        age, whose run has nothing left in flight (idle_runs), or all of them (force). A disk
+        that refuses is a pause, not a stall: reported in disk_error, retried at the next call,
+        cleared by itself when writes succeed. Returns whether every write succeeded."""
         for run, w in self.writers.items():
-            if w.records and (force or run in idle_runs or w.due()):
-                shard = w.seal()
-                if shard is not None:
-                    self.enqueue(shard)
+            try:
+                if w.records and (force or run in idle_runs or w.due()):
+                    shard = w.seal()
+                    if shard is not None:
+                        self.enqueue(shard)
+                else:
+                    w.flush()
+            except OSError as e:
+                self._disk_failed(e)
+                return False
+        if self.disk_error is not None:
+            log.warning("spool %s is writable again after %.1f s: resuming admission", self.spool,
+                        time.monotonic() - (self._disk_error_since or time.monotonic()))
+            self.disk_error = None
+            self._disk_error_since = None
+        return True
+
+    def _disk_failed(self, e: OSError) -> None:
+        try:
+            free = shutil.disk_usage(self.spool).free
+        except OSError:
+            free = -1
+        what = "spool disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "spool disk error"
+        msg = f"{what} ({free} bytes free): {e.strerror or e}"
+        if self.disk_error is None:
+            self._disk_error_since = time.monotonic()
+            self.stats["disk_errors"] += 1
+            log.error("%s; pausing admission, results kept in memory, leases kept; retrying", msg)
+        self.disk_error = msg
 
     def enqueue(self, shard: SealedShard) -> None:
         self.queue.append(shard)
@@ -163,14 +197,14 @@ class Outbox:
                           "nothing of it is acked; re-create the run (producer enqueue) to ship them",
                           shard.run, shard.path.parent)
             return ShipOutcome.NO_RUN
-        sink = self._sinks.get(output)
+        store = self._stores.get(output)
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             try:
-                if sink is None:
-                    sink = self._sinks[output] = await loop.run_in_executor(self._pool, self._sink_for, output)
-                dest = await loop.run_in_executor(self._pool, sink.ship, shard)
+                if store is None:
+                    store = self._stores[output] = await loop.run_in_executor(self._pool, self._store_for, output)
+                dest = await loop.run_in_executor(self._pool, store.ship, shard)
                 break
             except FileNotFoundError as e:
                 # The spool lost the shard (deleted by hand, or a disk problem): its results
@@ -215,7 +249,7 @@ class Outbox:
         oldest = min(self._queued_at.values(), default=None)
         return OutboxSnapshot(self.stats["shards"], self.stats["bytes"], len(self.queue), self.spool_bytes,
                               self.last_upload_at, self.last_error, self.last_error_at, oldest,
-                              self.stats["ship_failures"], self.stats["shards_lost"])
+                              self.stats["ship_failures"], self.stats["shards_lost"], self.disk_error)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,12 +18,11 @@ from rq import Queue
 from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
-from rq.results import Result
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.jobs import SERIALIZER, TASK, TASKS
+from genqueue.common.rqaccess import SERIALIZER, TASK, TASKS
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +221,7 @@ class GenWorker(BaseWorker):
         back = 0
         now_ts = now().timestamp()
         for job_id in stuck:
-            if not self.connection.hexists(f"rq:job:{job_id}", "data"):
+            if not self.connection.hexists(Job.key_for(job_id), "data"):
                 # rq cannot load it: pushing it back would only move it here again.
                 self._drop_unloadable(queue, job_id, "refused: the job's hash is gone or holds no data")
                 continue
@@ -233,7 +232,7 @@ class GenWorker(BaseWorker):
                 continue
             with self.connection.pipeline() as p:
                 p.lrem(queue.intermediate_queue_key, 1, job_id)
-                p.hset(f"rq:job:{job_id}", "status", JobStatus.QUEUED.value)
+                p.hset(Job.key_for(job_id), "status", JobStatus.QUEUED.value)
                 queue.push_job_id(job_id, pipeline=p, at_front=True)
                 p.delete(mark)
                 p.execute()
@@ -246,16 +245,3 @@ class GenWorker(BaseWorker):
 def refused_key(queue_name: str) -> str:
     """Where the reasons of jobs the consumer refused are kept (job id -> reason)."""
     return f"{KEY_PREFIX}:refused:{queue_name}"
-
-
-def job_result(job: Job) -> Any:
-    """The manifest a finished job returned (for tests and status)."""
-    res = Result.fetch_latest(job, serializer=SERIALIZER)
-    return res.return_value if res else None
-
-
-def job_failure(job: Job) -> str | None:
-    """Why a failed job failed, as rq recorded it."""
-    res = Result.fetch_latest(job, serializer=SERIALIZER)
-    return res.exc_string if res else None
-

@@ -1,10 +1,11 @@
-"""Result shards: a local spool file per run, sealed by size or age, then shipped.
+"""The consumer's spool: result shards being written, sealed, and left behind by a crash.
 
 Layout of the spool (one per consumer; keep consumers on one machine in separate spools):
   <spool>/<run>/<worker>-<seq>.jsonl.open   the shard being appended to
   <spool>/<run>/sealed/<worker>-<seq>.jsonl  flushed, fsynced, waiting to be shipped
-Shipping puts `<worker>-<seq>.jsonl` and its `.manifest.json` under `<output>/<run>/shards/`.
-Worker names are unique per process start, so object names never collide.
+Shard names follow genqueue.common.storage.names; shipping them to the run's output is the
+store's job (genqueue.common.storage). Worker names are unique per process start, so object
+names never collide.
 """
 
 from __future__ import annotations
@@ -12,83 +13,30 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import orjson
 
+from genqueue.common.storage import SealedShard, parse_shard_name, shard_name
+from genqueue.common.storage.local import fsync_dir
+
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class SealedShard:
-    run: str
-    seq: int
-    path: Path
-    name: str
-    records: int
-    bytes: int
-    sha256: str
-    keys: int
-
-    def manifest(self) -> dict[str, Any]:
-        return {"run": self.run, "shard": self.name, "records": self.records, "keys": self.keys,
-                "bytes": self.bytes, "sha256": self.sha256}
-
-
-class Sink(Protocol):
-    """Where sealed shards go. `ship` is synchronous; the consumer runs it in a thread."""
-
-    def ship(self, shard: SealedShard) -> str: ...
-
-
-class LocalSink:
-    """A directory (local disk or a shared mount): copy, fsync, then rename into place."""
-
-    def __init__(self, root: str) -> None:
-        self.root = Path(root)
-
-    def ship(self, shard: SealedShard) -> str:
-        dest_dir = self.root / shard.run / "shards"
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        dest = dest_dir / shard.name
-        tmp = dest_dir / f".{shard.name}.tmp"
-        shutil.copyfile(shard.path, tmp)
-        _fsync_file(tmp)
-        os.replace(tmp, dest)
-        man = dest_dir / (shard.name.removesuffix(".jsonl") + ".manifest.json")
-        man_tmp = dest_dir / f".{man.name}.tmp"
-        man_tmp.write_bytes(orjson.dumps(shard.manifest()))
-        _fsync_file(man_tmp)
-        os.replace(man_tmp, man)
-        _fsync_dir(dest_dir)
-        return str(dest)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
+#: The suffix of the shard being appended to (never shipped under this name).
+OPEN_SUFFIX = ".open"
 
 class ShardWriter:
-    """Appends records of one run to the open shard; seals it by size or age."""
+    """Appends records of one run to the open shard; seals it by size or age.
+
+    Appending never touches the disk, so it cannot fail: the open shard's lines are kept in
+    memory (at most max_bytes) and written by flush() (every fraction of a second, for crash
+    recovery) and seal(). A write or fsync that fails (a full disk, an I/O error) raises
+    OSError and loses nothing: the file is rewritten whole from memory at the next try, since
+    after a failed fsync the kernel may have dropped pages it reported written.
+    """
 
     def __init__(self, spool: str, run: str, worker: str, *, max_bytes: int, max_age: float) -> None:
         self.dir = Path(spool) / run
@@ -99,69 +47,99 @@ class ShardWriter:
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.seq = 0
-        self._fh: IO[bytes] | None = None
+        self._lines: list[bytes] = []
+        self._written = 0  # lines of _lines in the file
+        self._fd: int | None = None
+        self._broken = False  # a write failed: rewrite the file whole before anything else
         self._path: Path | None = None
-        self._opened = 0.0
-        self._records = 0
+        self._opened: float | None = None
         self._bytes = 0
         self._hash = hashlib.sha256()
         self._keys: set[str] = set()
 
     @property
     def records(self) -> int:
-        return self._records
+        return len(self._lines)
 
     @property
     def open_bytes(self) -> int:
         return self._bytes
 
     def _name(self) -> str:
-        return f"{self.worker}-{self.seq:06d}.jsonl"
+        return shard_name(self.worker, self.seq)
 
-    def append(self, record: dict[str, Any]) -> int:
-        """Write RECORD to the open shard; returns that shard's sequence number."""
-        if self._fh is None:
+    def append(self, record: Mapping[str, Any]) -> int:
+        """Add RECORD to the open shard (in memory); returns that shard's sequence number."""
+        if self._opened is None:
             self.seq += 1
-            self._path = self.dir / (self._name() + ".open")
-            self._fh = open(self._path, "wb")  # noqa: SIM115 - closed in seal()
+            self._path = self.dir / (self._name() + OPEN_SUFFIX)
             self._opened = time.monotonic()
         line = orjson.dumps(record) + b"\n"
-        self._fh.write(line)
+        self._lines.append(line)
         self._hash.update(line)
-        self._records += 1
         self._bytes += len(line)
         self._keys.add(record["key"])
         return self.seq
 
     def due(self, now: float | None = None) -> bool:
-        if self._fh is None:
+        if self._opened is None:
             return False
         now = time.monotonic() if now is None else now
         return self._bytes >= self.max_bytes or now - self._opened >= self.max_age
 
+    def flush(self) -> None:
+        """Write the lines not yet in the file. Raises OSError (nothing is lost: retry later)."""
+        if self._path is None or (self._written == len(self._lines) and not self._broken):
+            return
+        if self._fd is None:
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o644)
+            self._broken = True  # a file of this name may hold anything: start it over
+        try:
+            if self._broken:
+                os.ftruncate(self._fd, 0)
+                os.lseek(self._fd, 0, os.SEEK_SET)
+                self._written = 0
+                self._broken = False
+            data = memoryview(b"".join(self._lines[self._written:]))
+            while data:
+                n = os.write(self._fd, data)
+                data = data[n:]
+            self._written = len(self._lines)
+        except OSError:
+            self._broken = True
+            raise
+
     def seal(self) -> SealedShard | None:
-        """Flush and fsync the open shard and move it to sealed/. None when nothing is open."""
-        if self._fh is None or self._path is None:
+        """Write, fsync and move the open shard to sealed/. None when nothing is open. Raises
+        OSError when the disk refuses (the shard stays open, whole in memory: retry later)."""
+        if self._opened is None or self._path is None:
             return None
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
+        self.flush()
+        assert self._fd is not None  # flush() opened it: there is at least one line
+        try:
+            os.fsync(self._fd)
+        except OSError:
+            self._broken = True
+            raise
+        os.close(self._fd)
+        self._fd = None
         name = self._name()
         sealed = self.sealed_dir / name
         os.replace(self._path, sealed)
-        _fsync_dir(self.sealed_dir)
-        shard = SealedShard(self.run, self.seq, sealed, name, self._records, self._bytes,
+        fsync_dir(self.sealed_dir)
+        shard = SealedShard(self.run, self.seq, sealed, name, len(self._lines), self._bytes,
                             self._hash.hexdigest(), len(self._keys))
-        self._fh = None
+        self._lines = []
+        self._written = 0
         self._path = None
-        self._records = 0
+        self._opened = None
         self._bytes = 0
         self._hash = hashlib.sha256()
         self._keys = set()
         return shard
 
 
-def leftover_shards(spool: str, is_dead: Any) -> list[SealedShard]:
+def leftover_shards(spool: str, is_dead: Callable[[str], bool]) -> list[SealedShard]:
     """Shards a crashed consumer left in SPOOL: sealed ones, and open ones of workers that
     is_dead(worker_name) says are gone. Open ones are sealed here (their last line may be
     torn by the crash; it is dropped)."""
@@ -172,14 +150,15 @@ def leftover_shards(spool: str, is_dead: Any) -> list[SealedShard]:
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         sealed_dir = run_dir / "sealed"
         sealed_dir.mkdir(exist_ok=True)
-        for open_path in sorted(run_dir.glob("*.jsonl.open")):
-            worker = open_path.name.rsplit("-", 1)[0]
-            if is_dead(worker):
+        for open_path in sorted(run_dir.glob("*" + OPEN_SUFFIX)):
+            name = parse_shard_name(open_path.name.removesuffix(OPEN_SUFFIX))
+            if name is not None and is_dead(name.worker):
                 _drop_torn_tail(open_path)
-                os.replace(open_path, sealed_dir / open_path.name.removesuffix(".open"))
-        for path in sorted(sealed_dir.glob("*.jsonl")):
-            if is_dead(path.name.rsplit("-", 1)[0]):
-                found.append(_describe(run_dir.name, path))
+                os.replace(open_path, sealed_dir / open_path.name.removesuffix(OPEN_SUFFIX))
+        for path in sorted(sealed_dir.iterdir()):
+            name = parse_shard_name(path.name)
+            if name is not None and is_dead(name.worker):
+                found.append(_describe(run_dir.name, path, name.seq))
     return found
 
 
@@ -187,7 +166,7 @@ class SpoolBusyError(Exception):
     """Another live consumer holds this spool directory."""
 
 
-def lock_spool(spool: str) -> Any:
+def lock_spool(spool: str) -> IO[str]:
     """Take the spool for this process (an flock the kernel drops when the process dies, even
     by SIGKILL). Two live consumers on one spool would ship and delete each other's shards."""
     import fcntl
@@ -216,7 +195,7 @@ def _drop_torn_tail(path: Path) -> None:
             fh.truncate(cut)
 
 
-def _describe(run: str, path: Path) -> SealedShard:
+def _describe(run: str, path: Path, seq: int) -> SealedShard:
     h = hashlib.sha256()
     records = 0
     keys: set[str] = set()
@@ -228,6 +207,4 @@ def _describe(run: str, path: Path) -> SealedShard:
                 keys.add(orjson.loads(line)["key"])
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 pass
-    seq_part = path.name.removesuffix(".jsonl").rsplit("-", 1)[-1]
-    seq = int(seq_part) if seq_part.isdigit() else 0
     return SealedShard(run, seq, path, path.name, records, path.stat().st_size, h.hexdigest(), len(keys))

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import redis
@@ -35,7 +36,7 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample
-from genqueue.common.jobs import queue_name
+from genqueue.common.rqaccess import queue_name
 from genqueue.common.runs import CONSUMERS, consumer_key
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
@@ -121,6 +122,8 @@ class Telemetry:
         self.windows: dict[str, RateWindow] = {}
         self.started_at = time.time()
         self._retries_seen: dict[str, int] = {}
+        # labels() looks a child up by its label values on every call: cached, off the hot path
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for reason in PAUSE_REASONS:
             PAUSED.labels(reason).set(0)
 
@@ -152,9 +155,13 @@ class Telemetry:
         pt, ct = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
         t["prompt_tokens"] += pt
         t["completion_tokens"] += ct
-        COMPLETIONS.labels(run, ok["outcome"]).inc()
-        TOKENS.labels(run, "prompt").inc(pt)
-        TOKENS.labels(run, "completion").inc(ct)
+        children = self._children.get((run, ok["outcome"]))
+        if children is None:
+            children = self._children[(run, ok["outcome"])] = (
+                COMPLETIONS.labels(run, ok["outcome"]), TOKENS.labels(run, "prompt"), TOKENS.labels(run, "completion"))
+        children[0].inc()
+        children[1].inc(pt)
+        children[2].inc(ct)
         timings = ok.get("timings")
         if timings is not None:
             LATENCY.observe(timings["latency_s"])
@@ -257,6 +264,7 @@ class Telemetry:
                 "spool_bytes": ob.spool_bytes, "last_upload_at": ob.last_upload_at,
                 "last_error": ob.last_error, "last_error_at": ob.last_error_at,
                 "oldest_waiting_at": ob.oldest_waiting_at, "failures": ob.failures, "lost": ob.lost,
+                "disk_error": ob.disk_error,
             },
             "jobs": {"acked": acks.acked, "lease_lost": acks.lease_lost, "redone": acks.redone,
                      "refused": acks.refused, "given_back": acks.given_back, "swept": leases.swept,

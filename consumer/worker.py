@@ -35,10 +35,12 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, Record
 from genqueue.common.errors import UserError
-from genqueue.common.jobs import queue_for
 from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.pause import pause_run
+from genqueue.common.rqaccess import queue_for
 from genqueue.common.runs import RunStore
+from genqueue.common.storage import ShardStore
+from genqueue.common.storage import store_for as default_store_for
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.admission import Limiter, Steering
 from genqueue.consumer.book import Book
@@ -53,8 +55,7 @@ from genqueue.consumer.outbox import Outbox
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
-from genqueue.consumer.shards import Sink, SpoolBusyError, leftover_shards, lock_spool
-from genqueue.consumer.sinks import make_sink
+from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool
 from genqueue.consumer.supervise import LoopFailed, supervised
 from genqueue.consumer.telemetry import Parts, Telemetry
 
@@ -95,7 +96,8 @@ class ConsumerConfig:
 class Consumer:
     """Pulls jobs of the runs it serves and turns them into shipped result shards."""
 
-    def __init__(self, cfg: ConsumerConfig, conn: redis.Redis, *, sink_for: Callable[[str], Sink] | None = None):
+    def __init__(self, cfg: ConsumerConfig, conn: redis.Redis, *,
+                 store_for: Callable[[str], ShardStore] | None = None) -> None:
         self.cfg = cfg
         self.conn = conn
         self.store = RunStore(conn)
@@ -112,7 +114,7 @@ class Consumer:
                                else cfg.concurrency)
         self.outbox = Outbox(cfg.spool, self.worker.name, max_bytes=cfg.shard_max_bytes,
                              max_age=cfg.shard_max_age, spool_limit=cfg.spool_limit,
-                             sink_for=sink_for or make_sink, output_of=self._output_of,
+                             store_for=store_for or default_store_for, output_of=self._output_of,
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone)
         self._spool_lock: IO[str] | None = None
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
@@ -221,7 +223,9 @@ class Consumer:
             reasons: dict[str, str] = {}
             if gate.paused:
                 reasons["endpoint_down"] = f"endpoint {cfg.endpoint} is down"
-            if self.outbox.full():
+            if self.outbox.disk_error is not None:
+                reasons["spool_disk"] = self.outbox.disk_error
+            elif self.outbox.full():
                 reasons["spool_full"] = f"{self.outbox.spool_bytes} unshipped bytes in the spool"
             if self.rq.snapshot().unreachable_since is not None:
                 reasons["redis_unreachable"] = "Redis is unreachable"
@@ -336,7 +340,9 @@ class Consumer:
         self.wake.set()
         await dispatcher.finish(self.cfg.drain_timeout, lambda: self.hard_stop)
         self.book.drop_pending()
-        self.outbox.seal_due(set(), force=True)
+        if not self.outbox.seal_due(set(), force=True):
+            log.error("the spool refuses writes (%s): results not written are lost with this process; their "
+                      "jobs go back to the queue", self.outbox.disk_error)
         left = 0.0 if self.hard_stop else max(deadline - time.monotonic(), 5.0)
         if not await self.outbox.flush(left):
             log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",

@@ -21,7 +21,7 @@ from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
 from genqueue.common.runs import RunStore
 from genqueue.common.settings import check_run_name
-from genqueue.producer.export_core import PARTITION_BYTES, ExportResult, Exporter
+from genqueue.producer.export_core import PARTITION_BYTES, Exporter, ExportResult
 from genqueue.producer.export_formats import FORMATS
 from genqueue.producer.export_sources import source_for
 

@@ -35,9 +35,12 @@ from typing import IO, Any
 import orjson
 import redis
 
+from genqueue.common.contracts import ErrorClass, error_info
+from genqueue.common.rqaccess import failed_jobs
 from genqueue.common.runs import RunStore, run_key
+from genqueue.common.storage import ShardInfo
 from genqueue.producer.export_formats import CONVERTERS
-from genqueue.producer.export_sources import ShardInfo, ShardSource
+from genqueue.producer.export_sources import OpenShard, ShardSource
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +91,13 @@ def open_writer(path: Path) -> IO[bytes]:
 
         # Level 1: ~160 MB/s against ~75 at 3 for nearly the same size; .zst is better at both.
         return gzip.open(path, "wb", compresslevel=1)  # type: ignore[return-value]
-    if name.endswith(".zst") or name.endswith(".zstd"):
+    if name.endswith((".zst", ".zstd")):
         import zstandard
 
         fh = open(path, "wb")  # noqa: SIM115 - closed with the stream writer
         writer: IO[bytes] = zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=True)
         return writer
-    return open(path, "wb", buffering=WRITE_BUFFER)  # noqa: SIM115
+    return open(path, "wb", buffering=WRITE_BUFFER)
 
 
 class Exporter:
@@ -161,21 +164,21 @@ class Exporter:
         log.info("reading %d shards from %s into %d partitions of %d indexes", len(shards),
                  self.source.where, k, span)
         try:
-            for ordinal, (shard, fh) in enumerate(self.source.each(shards)):
-                self._split(shard, ordinal, fh, files, span)
+            for ordinal, shard in enumerate(self.source.each(shards)):
+                self._split(shard, ordinal, files, span)
         finally:
             for f in files:
                 f.close()
         return paths
 
-    def _split(self, shard: ShardInfo, ordinal: int, fh: IO[bytes], files: Sequence[IO[bytes]], span: int) -> None:
+    def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int) -> None:
         last = len(files) - 1
         convert = self.convert
         pack = _HEADER.pack
         loads, dumps = orjson.loads, orjson.dumps
         digest = hashlib.sha256()
         size = records = bad = blank = 0
-        for lineno, line in enumerate(fh):
+        for lineno, line in enumerate(shard.fh):
             digest.update(line)
             size += len(line)
             records += 1
@@ -203,12 +206,13 @@ class Exporter:
             f.write(blob)
         self.result.records_read += records - bad - blank
         self.result.bad_lines += bad
+        name, man = shard.info.name, shard.manifest
         if bad:
-            log.warning("%s: %d unreadable lines skipped", shard.name, bad)
-        if shard.sha256 is not None and (shard.sha256 != digest.hexdigest() or size != shard.bytes
-                                         or (shard.records is not None and shard.records != records)):
+            log.warning("%s: %d unreadable lines skipped", name, bad)
+        if man is not None and (man["sha256"] != digest.hexdigest() or size != shard.info.bytes
+                                or man["records"] != records):
             self.result.bad_shards += 1
-            log.warning("%s does not match its manifest (sha256, size or record count): read anyway", shard.name)
+            log.warning("%s does not match its manifest (sha256, size or record count): read anyway", name)
 
     # --- pass 2 --------------------------------------------------------------------
     def _reduce(self, part: Path, out: IO[bytes], errs: IO[bytes], seen_key: str) -> None:
@@ -255,30 +259,15 @@ class Exporter:
         """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
         consumer) and that no shard holds are permanently failed, not missing: each gets an
         error record with rq's reason. `rq requeue` brings them back; a later export sees them."""
-        from rq.job import Job
-
-        from genqueue.common.jobs import SERIALIZER, TASK, job_items, queue_name
-        from genqueue.consumer.rqcompat import job_failure
-
-        failed_ids = [j.decode() for j in self.conn.zrange(f"rq:failed:{queue_name(self.run)}", 0, -1)]
-        for job_id in failed_ids:
-            try:
-                job = Job.fetch(job_id, connection=self.conn, serializer=SERIALIZER)
-                if job.func_name != TASK:
-                    continue  # a refused foreign job: it carries no items of ours
-                items = job_items(job.args)
-            except Exception:  # noqa: BLE001 - gone, or undecodable (a pickle): not ours
-                continue
-            digests = [bytes.fromhex(it["key"]) for it in items]
+        for job in failed_jobs(self.conn, self.run):
+            digests = [bytes.fromhex(it["key"]) for it in job.items]
             present = self.conn.smismember(seen_key, digests) if digests else []
-            reason = (job_failure(job) or "failed in rq").strip().splitlines()[-1][:500]
-            lost = [it for it, seen in zip(items, present) if not seen]
+            lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
             for it in lost:
                 errs.write(orjson.dumps({
                     "key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": self.run,
                     "messages": it["messages"],
-                    "error": {"class": "job_failed", "type": "rq", "status": None,
-                              "message": f"job {job_id} failed in rq: {reason}"},
+                    "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {job.reason}"),
                 }) + b"\n")
             if lost:
                 self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
@@ -296,8 +285,7 @@ class Exporter:
         # seen - (enqueued - missing) = keys with records that the run never enqueued.
         r.unexpected = seen - (r.enqueued - r.missing)
         with open(missing_path, "wb", buffering=WRITE_BUFFER) as fh:
-            for digest in self.conn.sscan_iter(missing_key, count=SADD_BATCH):
-                fh.write(digest.hex().encode() + b"\n")
+            fh.writelines(digest.hex().encode() + b"\n" for digest in self.conn.sscan_iter(missing_key, count=SADD_BATCH))
         if r.unexpected:
             log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
                         "name?); they are exported too", r.unexpected, self.run)

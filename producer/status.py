@@ -1,16 +1,29 @@
 """A run's state, read from Redis: genqueue's bookkeeping, rq's registries, and what every
-consumer last reported (rates, in flight, shipping, its engine's own metrics)."""
+consumer last reported (rates, in flight, shipping, its engine's own metrics).
+
+Shipping trouble is shown where it is felt: each consumer's last shipping error (its class,
+message and age) under the shipping line, and the line turns red (on a terminal) once a shard
+has waited longer than defaults.SHIP_WAIT_WARN: results that sit on a GPU node's disk are not
+durable yet, and their jobs are not acked. Every free text a consumer or rq reported passes
+through genqueue.common.redact before it is shown or printed as JSON.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any
 
+import click
 import orjson
 import redis
 
+from genqueue.common import defaults
+from genqueue.common.contracts import ErrorClass, Outcome
 from genqueue.common.eta import eta_seconds, format_duration
-from genqueue.common.jobs import queue_for
+from genqueue.common.redact import redact
+from genqueue.common.rqaccess import job_counts, queue_name
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
 
 #: A consumer that has not reported for this long is flagged as having stopped reporting.
@@ -19,7 +32,7 @@ STALE_AFTER = 15.0
 
 def consumers(conn: redis.Redis, now: float) -> list[dict[str, Any]]:
     """Every consumer's last snapshot (the last day's), with `live` set."""
-    names = [n.decode() for n in conn.zrangebyscore(CONSUMERS, now - 86400, "+inf")]
+    names = [_text(n) for n in conn.zrangebyscore(CONSUMERS, now - 86400, "+inf")]
     if not names:
         return []
     out = []
@@ -38,7 +51,6 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     now = time.time() if now is None else now
     store = RunStore(conn)
     info = store.require(run)
-    q = queue_for(run, conn)
     sources = store.sources(run)
     rejected: dict[str, int] = {}
     records = 0
@@ -49,7 +61,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     stats = store.stats(run)
     items = store.item_count(run)
     done, failed = stats.get("items_done", 0), stats.get("items_failed", 0)
-    started_at = conn.hget(run_key(run), "started_at")
+    raw_started = conn.hget(run_key(run), "started_at")
+    started_at = float(_text(raw_started)) if raw_started else None
 
     mine = [c for c in consumers(conn, now) if run in c.get("runs", {})]
     live = [c for c in mine if c["live"]]
@@ -58,7 +71,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         k: sum(c["runs"][run].get(k, 0.0) for c in live)
         for k in ("completions_per_s", "prompt_tokens_per_s", "completion_tokens_per_s")
     }
-    elapsed = now - float(started_at) if started_at else None
+    elapsed = now - started_at if started_at else None
     remaining = max(items - done - failed, 0)
     eta = eta_seconds(remaining, done, stats.get("completion_tokens", 0), recent["completion_tokens_per_s"])
     versions = sorted({c.get("version", "?") for c in live})
@@ -76,7 +89,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "version": info.version,
         "settings": info.settings.to_dict(),
         "created_at": info.created_at,
-        "started_at": float(started_at) if started_at else None,
+        "started_at": started_at,
         "records": records,
         "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(sorted(rejected.items())),
@@ -88,18 +101,11 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "items_queued": max(remaining - in_flight, 0),
         "completion_tokens": stats.get("completion_tokens", 0),
         "prompt_tokens": stats.get("prompt_tokens", 0),
-        "outcomes": {k[len("outcome_"):]: v for k, v in sorted(stats.items()) if k.startswith("outcome_")},
-        "failed_by_class": {k[len("failed_"):]: v for k, v in sorted(stats.items()) if k.startswith("failed_")},
-        "warnings": {k.decode(): v.decode() for k, v in conn.hgetall(run_key(run, "warnings")).items()},
-        # Raw counts: rq's registry.count also cleans the registry, which a status read must not do.
-        "jobs": {
-            "queued": conn.llen(q.key),
-            "dequeuing": conn.llen(q.intermediate_queue_key),
-            "started": conn.zcard(q.started_job_registry.key),
-            "finished": conn.zcard(q.finished_job_registry.key),
-            "failed": conn.zcard(q.failed_job_registry.key),
-        },
-        "queue": q.name,
+        "outcomes": _by_name(stats, "outcome_", [o.value for o in Outcome]),
+        "failed_by_class": _by_name(stats, "failed_", [c.value for c in ErrorClass]),
+        "warnings": {_text(k): redact(_text(v)) for k, v in conn.hgetall(run_key(run, "warnings")).items()},
+        "jobs": job_counts(conn, run),
+        "queue": queue_name(run),
         "speed": {
             "last_minute": recent,
             "run_average": {
@@ -110,6 +116,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         },
         "eta_s": eta,
         "eta_assumes_completion_tokens_per_s": recent["completion_tokens_per_s"],
+        "shipping": shipping_view(mine, now),
         "consumers": [_consumer_row(c, run) for c in mine],
         "versions": versions,
         "drift": drift,
@@ -118,7 +125,9 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
 
 def _consumer_row(c: dict[str, Any], run: str) -> dict[str, Any]:
     r = c["runs"][run]
-    ship = c.get("shipping", {})
+    ship = dict(c.get("shipping") or {})
+    if ship.get("last_error"):
+        ship["last_error"] = _redact_error(ship["last_error"])
     return {
         "worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "live": c["live"],
         "exited": bool(c.get("exited")),
@@ -131,7 +140,7 @@ def _consumer_row(c: dict[str, Any], run: str) -> dict[str, Any]:
 
 
 def _bar(frac: float, width: int = 30) -> str:
-    n = int(round(frac * width))
+    n = round(frac * width)
     return "[" + "#" * n + "." * (width - n) + "]"
 
 
@@ -139,8 +148,9 @@ def _f(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
-def format_status(r: dict[str, Any]) -> str:
-    """A human view of run_status(): one screen that answers 'where are we'."""
+def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
+    """A human view of run_status(): one screen that answers 'where are we'. COLOR: paint
+    alarms red (default: when stdout is a terminal and NO_COLOR is not set)."""
     jobs, items = r["jobs"], r["items"] or 0
     finished = r["items_done"] + r["items_failed"]
     frac = finished / items if items else 0.0
@@ -149,20 +159,20 @@ def format_status(r: dict[str, Any]) -> str:
         ("run", f"{r['run']}  (queue {r['queue']}, fingerprint {r['fingerprint']}, genqueue {r['version']})"),
         ("model", str(r["settings"].get("model") or "(whatever the endpoints serve)")),
         ("mode", f"{r['settings'].get('multi_turn')}, truncation {r['settings'].get('truncation')}"),
-        ("output", str(r["settings"].get("output"))),
+        ("output", redact(str(r["settings"].get("output")))),
         ("progress", f"{_bar(frac)} {100 * frac:.1f}%"),
         ("records read", f"{r['records']:,}  (rejected {r['rejected']:,})"),
-        ("items", f"{items:,}: queued {r['items_queued']:,}, in flight {r['items_in_flight']:,}, "
-                  f"done {r['items_done']:,}, failed {r['items_failed']:,}, truncated {r['items_truncated']:,}"),
-        ("jobs", f"queued {jobs['queued']:,}, in flight {jobs['started']:,}, "
-                 f"finished {jobs['finished']:,}, failed {jobs['failed']:,}"),
-        ("speed (1 min)", f"{_f(last['completions_per_s'])} completions/s, "
+        ("items", (f"{items:,}: queued {r['items_queued']:,}, in flight {r['items_in_flight']:,}, "
+                  f"done {r['items_done']:,}, failed {r['items_failed']:,}, truncated {r['items_truncated']:,}")),
+        ("jobs", (f"queued {jobs['queued']:,}, in flight {jobs['started']:,}, "
+                 f"finished {jobs['finished']:,}, failed {jobs['failed']:,}")),
+        ("speed (1 min)", (f"{_f(last['completions_per_s'])} completions/s, "
                           f"{_f(last['completion_tokens_per_s'], 0)} completion tok/s, "
-                          f"{_f(last['prompt_tokens_per_s'], 0)} prompt tok/s"),
-        ("speed (run)", f"{_f(avg['completions_per_s'])} completions/s, "
-                        f"{_f(avg['completion_tokens_per_s'], 0)} completion tok/s"),
-        ("ETA", f"{format_duration(r['eta_s'])} (at {_f(r['eta_assumes_completion_tokens_per_s'], 0)} "
-                "completion tok/s, the last minute's rate)"),
+                          f"{_f(last['prompt_tokens_per_s'], 0)} prompt tok/s")),
+        ("speed (run)", (f"{_f(avg['completions_per_s'])} completions/s, "
+                        f"{_f(avg['completion_tokens_per_s'], 0)} completion tok/s")),
+        ("ETA", (f"{format_duration(r['eta_s'])} (at {_f(r['eta_assumes_completion_tokens_per_s'], 0)} "
+                "completion tok/s, the last minute's rate)")),
         ("tokens", f"prompt {r['prompt_tokens']:,}, completion {r['completion_tokens']:,}"),
     ]
     if r["outcomes"]:
@@ -170,14 +180,17 @@ def format_status(r: dict[str, Any]) -> str:
     if r["failed_by_class"]:
         rows.append(("failed by class", ", ".join(f"{k} {v:,}" for k, v in r["failed_by_class"].items())))
     rows += [(f"  rejected: {k}", f"{v:,}") for k, v in r["rejected_by_reason"].items()]
-    shards = sum(c["shipping"].get("shards", 0) for c in r["consumers"])
-    sbytes = sum(c["shipping"].get("bytes", 0) for c in r["consumers"])
-    waiting = sum(c["shipping"].get("waiting_shards", 0) for c in r["consumers"])
-    uploads = [c["shipping"].get("last_upload_at") for c in r["consumers"] if c["shipping"].get("last_upload_at")]
-    ago = f", last upload {format_duration(r['now'] - max(uploads))} ago" if uploads else ", no upload yet"
-    rows.append(("shipping", f"{shards:,} shards, {sbytes / 1e6:,.1f} MB shipped, {waiting} waiting on disk{ago}"))
+    ship = r["shipping"]
+    alarm = {len(rows)} if ship["stalled"] else set()
+    rows.append(("shipping", _shipping_line(ship, r["now"])))
+    for e in ship["errors"]:
+        if ship["stalled"]:
+            alarm.add(len(rows))
+        age = f" ({format_duration(e['age_s'])} ago)" if e["age_s"] is not None else ""
+        rows.append((f"  {e['worker']}", f"last shipping error {e['class']}: {_clip(e['message'])}{age}"))
     width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    paint = _use_color() if color is None else color
+    lines = [_red(f"{k.ljust(width)}  {v}", paint and i in alarm) for i, (k, v) in enumerate(rows)]
     lines.append("")
     lines.append("consumers  (worker, gpu, state, completions/s, completion tok/s, in flight, engine running/waiting"
                  ", KV cache, spec-decode acceptance)")
@@ -206,3 +219,85 @@ def format_status(r: dict[str, Any]) -> str:
     for msg in sorted(set(r["warnings"].values())):
         lines.append(f"WARNING  {msg}")
     return "\n".join(lines)
+
+
+# --- shipping ----------------------------------------------------------------------------
+def shipping_view(snaps: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """What the consumers of a run say about shipping, summed: shards and bytes shipped, shards
+    waiting on local disk and for how long, and each consumer's last error (redacted)."""
+    ships = [(c.get("worker", "?"), c.get("shipping") or {}) for c in snaps]
+    uploads = [s["last_upload_at"] for _, s in ships if s.get("last_upload_at")]
+    oldest = [s["oldest_waiting_at"] for _, s in ships if s.get("oldest_waiting_at") and s.get("waiting_shards")]
+    waited = max(0.0, now - min(oldest)) if oldest else None
+    errors = []
+    for worker, s in ships:
+        if not s.get("last_error"):
+            continue
+        cls, message = _split_error(s["last_error"])
+        at = s.get("last_error_at")
+        errors.append({"worker": worker, "class": cls, "message": redact(message), "at": at,
+                       "age_s": max(0.0, now - at) if at else None})
+    return {
+        "shards": sum(int(s.get("shards", 0)) for _, s in ships),
+        "bytes": sum(int(s.get("bytes", 0)) for _, s in ships),
+        "waiting_shards": sum(int(s.get("waiting_shards", 0)) for _, s in ships),
+        "last_upload_at": max(uploads) if uploads else None,
+        "oldest_waiting_s": waited,
+        "warn_after_s": defaults.SHIP_WAIT_WARN,
+        "stalled": waited is not None and waited > defaults.SHIP_WAIT_WARN,
+        "errors": errors,
+    }
+
+
+def _shipping_line(ship: dict[str, Any], now: float) -> str:
+    line = f"{ship['shards']:,} shards, {ship['bytes'] / 1e6:,.1f} MB shipped, {ship['waiting_shards']} waiting on disk"
+    if ship["oldest_waiting_s"] is not None:
+        line += f" (oldest {format_duration(ship['oldest_waiting_s'])})"
+    last = ship["last_upload_at"]
+    line += f", last upload {format_duration(now - last)} ago" if last else ", no upload yet"
+    if ship["stalled"]:
+        line += f"  STALLED: shards waiting over {format_duration(ship['warn_after_s'])}"
+    return line
+
+
+def _split_error(raw: Any) -> tuple[str, str]:
+    """(class, message) of a consumer's last shipping error: `{"class"|"type", "message"}`, or
+    the text `<ExceptionName>: <message>` that consumers published first."""
+    if isinstance(raw, dict):
+        return str(raw.get("class") or raw.get("type") or "error"), str(raw.get("message") or "")
+    text = str(raw)
+    head, sep, tail = text.partition(": ")
+    return (head, tail) if sep and head.isidentifier() else ("error", text)
+
+
+def _redact_error(raw: Any) -> Any:
+    """RAW (a text, or a dict with a message) with its secrets masked, in the same shape."""
+    if isinstance(raw, dict):
+        return {**raw, "message": redact(str(raw.get("message") or ""))}
+    return redact(str(raw))
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- small helpers -----------------------------------------------------------------------
+def _use_color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _red(line: str, on: bool) -> str:
+    return click.style(line, fg="red") if on else line
+
+
+def _by_name(stats: dict[str, int], prefix: str, known: list[str]) -> dict[str, int]:
+    """Counters named PREFIX<name>: the KNOWN names in their order, then any others sorted."""
+    found = {k[len(prefix):]: v for k, v in stats.items() if k.startswith(prefix)}
+    ordered = {n: found[n] for n in known if n in found}
+    ordered.update(sorted((n, v) for n, v in found.items() if n not in ordered))
+    return ordered
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genqueue.common.jobs import queue_for
+from genqueue.common.rqaccess import queue_for
 from genqueue.consumer.rqcompat import GenWorker
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys

@@ -11,8 +11,7 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from genqueue.common.jobs import SERIALIZER, queue_for
-from genqueue.consumer.rqcompat import job_failure
+from genqueue.common.rqaccess import SERIALIZER, job_failure, queue_for
 from tests.conftest import cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 

@@ -13,6 +13,7 @@ import pytest
 from genqueue.common.contracts import ErrorClass, Item, ResultRecord
 from genqueue.common.marks import ShardMarks
 from genqueue.common.settings import RunSettings
+from genqueue.common.storage import LocalStore
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.admission import Limiter
 from genqueue.consumer.book import Book, JobState
@@ -23,7 +24,6 @@ from genqueue.consumer.intake import InvalidJob, parse_items
 from genqueue.consumer.leases import Leases
 from genqueue.consumer.outbox import Outbox
 from genqueue.consumer.rqthread import RqThread
-from genqueue.consumer.shards import LocalSink
 from genqueue.consumer.supervise import LoopFailed, supervised
 
 CTX = RunContext("r", RunSettings(), "m", {"host": "h", "gpu": None, "worker": "w", "endpoint": "e"})
@@ -294,7 +294,7 @@ def test_a_vanished_shard_is_lost_not_shipped_and_a_gone_run_keeps_its_shard(tmp
             events.append(("no_run", run, 0))
 
         ob = Outbox(str(tmp_path / "spool"), "w", max_bytes=1 << 20, max_age=60, spool_limit=1 << 30,
-                    sink_for=LocalSink, output_of=output_of, on_shipped=shipped, on_lost=lost, on_no_run=no_run)
+                    store_for=LocalStore, output_of=output_of, on_shipped=shipped, on_lost=lost, on_no_run=no_run)
         ob.append("r", result(item(1)))
         ob.seal_due(set(), force=True)
         ob.queue[0].path.unlink()  # the spool loses the sealed shard

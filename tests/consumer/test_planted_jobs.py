@@ -11,7 +11,7 @@ import pytest
 import redis
 from rq import Queue
 
-from genqueue.common.jobs import SERIALIZER, TASK, queue_for
+from genqueue.common.rqaccess import SERIALIZER, TASK, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 

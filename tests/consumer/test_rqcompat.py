@@ -7,8 +7,8 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.worker import Worker
 
-from genqueue.common.jobs import SERIALIZER, TASK, queue_for
-from genqueue.consumer.rqcompat import GenWorker, job_failure, job_result
+from genqueue.common.rqaccess import SERIALIZER, TASK, job_failure, job_result, queue_for
+from genqueue.consumer.rqcompat import GenWorker
 
 pytestmark = pytest.mark.integration
 

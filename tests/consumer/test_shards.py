@@ -1,9 +1,19 @@
+"""The consumer's spool: writing, sealing by size, leftovers of dead consumers, the spool lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
+import pytest
 
-from genqueue.consumer.shards import LocalSink, ShardWriter, leftover_shards
+from genqueue.common.storage import LocalStore
+from genqueue.consumer.shards import ShardWriter, SpoolBusyError, leftover_shards, lock_spool
 
 
-def test_seal_and_ship(tmp_path):
+def test_seal_and_ship(tmp_path: Path) -> None:
     w = ShardWriter(str(tmp_path / "spool"), "r1", "w1", max_bytes=10**9, max_age=3600)
     assert w.seal() is None
     assert w.append({"key": "a", "v": 1}) == 1
@@ -11,14 +21,14 @@ def test_seal_and_ship(tmp_path):
     shard = w.seal()
     assert shard is not None and shard.records == 2 and shard.keys == 2 and shard.path.exists()
     assert w.append({"key": "c"}) == 2  # a new shard after sealing
-    dest = LocalSink(str(tmp_path / "out")).ship(shard)
-    lines = [orjson.loads(x) for x in open(dest, "rb")]
+    dest = LocalStore(str(tmp_path / "out")).ship(shard)
+    lines = [orjson.loads(x) for x in Path(dest).read_bytes().splitlines()]
     assert [x["key"] for x in lines] == ["a", "b"]
     man = orjson.loads((tmp_path / "out" / "r1" / "shards" / "w1-000001.manifest.json").read_bytes())
     assert man["records"] == 2 and man["sha256"] == shard.sha256
 
 
-def test_due_by_size(tmp_path):
+def test_due_by_size(tmp_path: Path) -> None:
     w = ShardWriter(str(tmp_path), "r", "w", max_bytes=50, max_age=3600)
     w.append({"key": "k", "pad": "x" * 10})
     assert not w.due()
@@ -26,14 +36,16 @@ def test_due_by_size(tmp_path):
     assert w.due()
 
 
-def test_leftovers_of_dead_workers_only(tmp_path):
+def test_leftovers_of_dead_workers_only(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     dead = ShardWriter(str(spool), "r", "deadw", max_bytes=10**9, max_age=3600)
     dead.append({"key": "a"})
+    assert dead._fh is not None
     dead._fh.write(b'{"key": "torn')  # a crash in mid-line
     dead._fh.flush()
     alive = ShardWriter(str(spool), "r", "alivew", max_bytes=10**9, max_age=3600)
     alive.append({"key": "b"})
+    assert alive._fh is not None
     alive._fh.flush()
     sealed = ShardWriter(str(spool), "r", "alivew2", max_bytes=10**9, max_age=3600)
     sealed.append({"key": "c"})
@@ -41,22 +53,17 @@ def test_leftovers_of_dead_workers_only(tmp_path):
     found = leftover_shards(str(spool), lambda w: w == "deadw")
     names = sorted(s.name for s in found)
     assert names == ["deadw-000001.jsonl"]  # a live worker's sealed shard is its own to ship
-    torn = [s for s in found if s.name.startswith("deadw")][0]
+    torn = next(s for s in found if s.name.startswith("deadw"))
     assert torn.records == 1 and torn.path.read_bytes() == b'{"key":"a"}\n'
     assert (spool / "r" / "alivew-000001.jsonl.open").exists()
 
 
-def test_a_spool_is_held_by_one_live_process(tmp_path):
-    import subprocess
-    import sys
-
-    import pytest
-
-    from genqueue.consumer.shards import SpoolBusyError, lock_spool
-
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, '.');"
-                               "from genqueue.consumer.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
-                               "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+def test_a_spool_is_held_by_one_live_process(tmp_path: Path) -> None:
+    code = ("import sys, time; sys.path.insert(0, '.');"
+            "from genqueue.consumer.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
+            "time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
     assert holder.stdout.readline().strip() == "ok"
     with pytest.raises(SpoolBusyError, match="in use by pid"):
         lock_spool(str(tmp_path))
@@ -65,9 +72,17 @@ def test_a_spool_is_held_by_one_live_process(tmp_path):
     assert lock_spool(str(tmp_path)) is not None
 
 
-def test_sealed_shards_of_a_live_worker_are_not_leftovers(tmp_path):
+def test_sealed_shards_of_a_live_worker_are_not_leftovers(tmp_path: Path) -> None:
     w = ShardWriter(str(tmp_path), "r", "alive", max_bytes=10**9, max_age=3600)
     w.append({"key": "a"})
     w.seal()
     assert leftover_shards(str(tmp_path), lambda name: False) == []
     assert len(leftover_shards(str(tmp_path), lambda name: True)) == 1
+
+
+def test_leftovers_leave_files_that_are_not_shards_alone(tmp_path: Path) -> None:
+    (tmp_path / "r" / "sealed").mkdir(parents=True)
+    (tmp_path / "r" / "sealed" / "notes.txt").write_text("mine")
+    (tmp_path / "r" / "junk.jsonl.open").write_text("torn")
+    assert leftover_shards(str(tmp_path), lambda name: True) == []
+    assert (tmp_path / "r" / "junk.jsonl.open").read_text() == "torn"

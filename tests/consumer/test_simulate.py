@@ -45,10 +45,9 @@ async def post(session: aiohttp.ClientSession, sim: SimServer, body: dict):
 
 def test_openai_client_gets_completion_with_usage_and_reasoning():
     async def main():
-        async with SimServer(SimConfig(mean_tokens=40)) as sim:
-            async with client(sim) as c:
-                resp = await c.chat.completions.create(
-                    model="sim-model", messages=USER, max_tokens=1000)
+        async with SimServer(SimConfig(mean_tokens=40)) as sim, client(sim) as c:
+            resp = await c.chat.completions.create(
+                model="sim-model", messages=USER, max_tokens=1000)
         choice = resp.choices[0]
         assert resp.id.startswith("chatcmpl-") and resp.object == "chat.completion"
         assert choice.finish_reason == "stop" and choice.message.role == "assistant"
@@ -125,29 +124,28 @@ def test_validation_errors():
 
 def test_models_health_and_metrics_shape():
     async def main():
-        async with SimServer(SimConfig(model="m1", max_model_len=2048)) as sim:
-            async with aiohttp.ClientSession() as s:
-                async with s.get(f"{sim.url}/models") as r:
-                    data = await r.json()
-                assert data["object"] == "list"
-                assert data["data"][0]["id"] == "m1" and data["data"][0]["max_model_len"] == 2048
-                base = sim.url[: -len("/v1")]
-                async with s.get(f"{base}/health") as r:
-                    assert r.status == 200
-                sim.config.down = True
-                async with s.get(f"{base}/health") as r:
-                    assert r.status == 503
-                status, _ = await post(s, sim, {"model": "m1", "messages": USER})
-                assert status == 503
-                sim.config.down = False
-                status, _ = await post(s, sim, {"model": "m1", "messages": USER})
-                assert status == 200
-                async with s.get(f"{base}/metrics") as r:
-                    text = await r.text()
+        async with SimServer(SimConfig(model="m1", max_model_len=2048)) as sim, aiohttp.ClientSession() as s:
+            async with s.get(f"{sim.url}/models") as r:
+                data = await r.json()
+            assert data["object"] == "list"
+            assert data["data"][0]["id"] == "m1" and data["data"][0]["max_model_len"] == 2048
+            base = sim.url[: -len("/v1")]
+            async with s.get(f"{base}/health") as r:
+                assert r.status == 200
+            sim.config.down = True
+            async with s.get(f"{base}/health") as r:
+                assert r.status == 503
+            status, _ = await post(s, sim, {"model": "m1", "messages": USER})
+            assert status == 503
+            sim.config.down = False
+            status, _ = await post(s, sim, {"model": "m1", "messages": USER})
+            assert status == 200
+            async with s.get(f"{base}/metrics") as r:
+                text = await r.text()
         for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                      "generation_tokens_total", "prompt_tokens_total"):
             assert f"# TYPE vllm:{name} " in text
-            assert re.search(rf'^vllm:{name}{{model_name="m1"}} [0-9.]+$', text, re.M)
+            assert re.search(rf'^vllm:{name}{{model_name="m1"}} [0-9.]+$', text, re.MULTILINE)
     run(main())
 
 
@@ -164,9 +162,9 @@ def test_slots_queue_fifo_and_metrics_show_waiting():
                 while not all(r.done() for r in reqs):
                     async with s.get(f"{base}/metrics") as r:
                         text = await r.text()
-                    m = re.search(r"^vllm:num_requests_waiting\{.*\} (\d+)$", text, re.M)
+                    m = re.search(r"^vllm:num_requests_waiting\{.*\} (\d+)$", text, re.MULTILINE)
                     seen_waiting = max(seen_waiting, int(m.group(1)))
-                    m = re.search(r"^vllm:kv_cache_usage_perc\{.*\} ([0-9.]+)$", text, re.M)
+                    m = re.search(r"^vllm:kv_cache_usage_perc\{.*\} ([0-9.]+)$", text, re.MULTILINE)
                     seen_usage = max(seen_usage, float(m.group(1)))
                     await asyncio.sleep(0.005)
                 results = await asyncio.gather(*reqs)

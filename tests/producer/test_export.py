@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+import redis
 import zstandard
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
+from genqueue.common.contracts import Mode
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import export_command, stem
 from genqueue.producer.export_core import Exporter
 from genqueue.producer.export_formats import to_openai, to_sharegpt
-from genqueue.producer.export_sources import LocalSource
+from genqueue.producer.export_sources import source_for
+from tests import s3server
 from tests.conftest import cli
-from tests.s3server import s3_env, s3_server  # noqa: F401 - fixtures
+from tests.s3server import S3Server
+
+s3_server = s3server.s3_server  # fixtures
+s3_env = s3server.s3_env
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +36,8 @@ def key(i: int, turn: int | None = None) -> str:
     return f"{i:016x}{(turn if turn is not None else 0xFFFF):016x}"
 
 
-def success(i: int, *, turn: int | None = None, attempt: int = 1, finished: float = 100.0, tag: str = "") -> dict:
+def success(i: int, *, turn: int | None = None, attempt: int = 1, finished: float = 100.0,
+            tag: str = "") -> dict[str, Any]:
     return {"key": key(i, turn), "index": i, "turn": turn, "run": RUN,
             "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i}.{turn}"}],
             "content": f"answer {i}.{turn}{tag}", "reasoning": f"thinking {i}", "reasoning_form": "field",
@@ -37,7 +46,7 @@ def success(i: int, *, turn: int | None = None, attempt: int = 1, finished: floa
             "attempt": attempt, "timings": {"finished_at": finished}}
 
 
-def regenerated(i: int) -> dict:
+def regenerated(i: int) -> dict[str, Any]:
     rec = success(i)
     rec["messages"] = [{"role": "user", "content": "u0"}, {"role": "assistant", "content": "a0"},
                        {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
@@ -46,27 +55,25 @@ def regenerated(i: int) -> dict:
     return rec
 
 
-def error(i: int, *, attempt: int = 1, message: str = "too long") -> dict:
+def error(i: int, *, attempt: int = 1, message: str = "too long") -> dict[str, Any]:
     return {"key": key(i), "index": i, "turn": None, "run": RUN, "messages": [{"role": "user", "content": "x"}],
             "error": {"class": "permanent", "type": "PermanentError", "status": 400, "message": message},
             "attempt": attempt, "timings": {"finished_at": 50.0}}
 
 
-def write_shard(out: Path, name: str, records: list[dict], manifest: bool = True) -> None:
+def write_shard(out: Path, name: str, records: list[dict[str, Any]], manifest: bool = True) -> None:
     d = out / RUN / "shards"
     d.mkdir(parents=True, exist_ok=True)
     data = b"".join(orjson.dumps(r) + b"\n" for r in records)
     (d / name).write_bytes(data)
     if manifest:
-        import hashlib
-
         (d / name.replace(".jsonl", ".manifest.json")).write_bytes(orjson.dumps(
             {"run": RUN, "shard": name, "records": len(records), "bytes": len(data),
              "sha256": hashlib.sha256(data).hexdigest()}))
 
 
 @pytest.fixture
-def run_dir(tmp_path, conn):
+def run_dir(tmp_path: Path, conn: redis.Redis) -> Path:
     """A run of 10 enqueued items (index 0-9): 0-7 succeed (some twice), 8 fails twice, 9 missing."""
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
@@ -81,7 +88,7 @@ def run_dir(tmp_path, conn):
     return tmp_path
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     raw = path.read_bytes()
     if path.suffix == ".gz":
         raw = gzip.decompress(raw)
@@ -90,12 +97,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return [orjson.loads(x) for x in raw.splitlines() if x.strip()]
 
 
-def run_export(tmp_path, redis_url, *args):
+def run_export(tmp_path: Path, redis_url: str, *args: str) -> Result:
     return CliRunner().invoke(export_command, ["--run", RUN, *args], env={"REDIS_URL": redis_url},
                               catch_exceptions=False)
 
 
-def test_openai_export_dedupes_orders_and_proves_coverage(run_dir, redis_url, conn):
+def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_url: str, conn: redis.Redis) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl"), "--json")
     assert res.exit_code == 1, res.output  # item 9 is missing
     summary = orjson.loads(res.stdout.strip().splitlines()[-1])
@@ -121,7 +128,7 @@ def test_openai_export_dedupes_orders_and_proves_coverage(run_dir, redis_url, co
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".gq-export") or p.name.endswith(".tmp")]
 
 
-def test_allow_partial_table_and_paths(run_dir, redis_url):
+def test_allow_partial_table_and_paths(run_dir: Path, redis_url: str) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl.gz"), "--allow-partial",
                      "--errors", str(run_dir / "e.jsonl"), "--missing", str(run_dir / "m.txt"))
     assert res.exit_code == 0, res.output
@@ -130,7 +137,7 @@ def test_allow_partial_table_and_paths(run_dir, redis_url):
     assert len(read_jsonl(run_dir / "e.jsonl")) == 1 and (run_dir / "m.txt").read_text().strip() == key(9)
 
 
-def test_sharegpt_and_zstd(run_dir, redis_url):
+def test_sharegpt_and_zstd(run_dir: Path, redis_url: str) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "sg.jsonl.zst"), "--format", "sharegpt",
                      "--allow-partial")
     assert res.exit_code == 0, res.output
@@ -144,15 +151,15 @@ def test_sharegpt_and_zstd(run_dir, redis_url):
     assert (run_dir / "sg.errors.jsonl").exists()
 
 
-def test_each_mode_turns_order_and_small_partitions(tmp_path, conn):
+def test_each_mode_turns_order_and_small_partitions(tmp_path: Path, conn: redis.Redis) -> None:
     out = tmp_path / "out"
-    RunStore(conn).create_or_check(RUN, RunSettings(output=str(out), multi_turn="each"))
+    RunStore(conn).create_or_check(RUN, RunSettings(output=str(out), multi_turn=Mode.EACH))
     keys = [key(i, t) for i in range(300) for t in range(3)]
     conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(k) for k in keys])
     recs = [success(i, turn=t) for i in range(300) for t in range(3)]
     write_shard(out, "a-000001.jsonl", recs[::-1][:500])  # reversed, split over two shards
     write_shard(out, "a-000002.jsonl", recs[::-1][400:])  # 100 duplicates
-    ex = Exporter(conn, RUN, LocalSource(str(out), RUN), fmt="openai", output=tmp_path / "d.jsonl",
+    ex = Exporter(conn, RUN, source_for(str(out), RUN), fmt="openai", output=tmp_path / "d.jsonl",
                   errors_path=tmp_path / "e.jsonl", missing_path=tmp_path / "m.txt", workdir=tmp_path,
                   partition_bytes=20_000)
     r = ex.export()
@@ -162,7 +169,7 @@ def test_each_mode_turns_order_and_small_partitions(tmp_path, conn):
     assert (tmp_path / "m.txt").read_text() == ""
 
 
-def test_unexpected_keys_and_bad_lines(run_dir, redis_url):
+def test_unexpected_keys_and_bad_lines(run_dir: Path, redis_url: str) -> None:
     out = run_dir / "out"
     stray = success(4)
     stray["key"] = "ff" * 16
@@ -177,7 +184,7 @@ def test_unexpected_keys_and_bad_lines(run_dir, redis_url):
     assert s["records_read"] == 13 + 2  # the stray record and the extra line; blank and bad lines not
 
 
-def test_user_mistakes_are_one_line(run_dir, redis_url, tmp_path):
+def test_user_mistakes_are_one_line(run_dir: Path, redis_url: str, tmp_path: Path) -> None:
     res = CliRunner().invoke(export_command, ["--run", "nope", "--output", str(tmp_path / "x.jsonl")],
                              env={"REDIS_URL": redis_url})
     assert res.exit_code == 2 and "no run named 'nope'" in res.output and "Traceback" not in res.output
@@ -187,7 +194,7 @@ def test_user_mistakes_are_one_line(run_dir, redis_url, tmp_path):
     assert res.exit_code == 2
 
 
-def test_stem_and_converters():
+def test_stem_and_converters() -> None:
     assert stem(Path("/d/out.jsonl.gz")) == Path("/d/out") and stem(Path("x.zst")) == Path("x")
     rec = success(1)
     rec["tool_calls"] = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
@@ -196,7 +203,7 @@ def test_stem_and_converters():
     assert to_sharegpt(rec)["conversations"][-1] == {"from": "function_call", "value": '{"name":"f","arguments":{"a":1}}'}
 
 
-def test_real_cli(run_dir, redis_url):
+def test_real_cli(run_dir: Path, redis_url: str) -> None:
     from genqueue.producer.cli import main
 
     if "export" not in main.commands:
@@ -211,9 +218,8 @@ def test_real_cli(run_dir, redis_url):
     assert "duplicates removed" in proc.stdout
 
 
-def test_export_from_s3_matches_local(run_dir, redis_url, conn, s3_server, s3_env):
-    from tests.s3server import S3Server
-
+def test_export_from_s3_matches_local(run_dir: Path, redis_url: str, conn: redis.Redis, s3_server: S3Server,
+                                      s3_env: dict[str, str]) -> None:
     assert isinstance(s3_server, S3Server)
     local = run_export(run_dir, redis_url, "--output", str(run_dir / "local.jsonl"), "--allow-partial", "--json")
     client = s3_server.client()

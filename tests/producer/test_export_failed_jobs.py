@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
+import redis
 
-from genqueue.common.jobs import queue_for
+from genqueue.common.contracts import ErrorClass
+from genqueue.common.rqaccess import queue_for
 from genqueue.consumer.rqcompat import GenWorker
 from tests.conftest import cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
 
 
-def test_failed_job_items_are_listed_as_failed(tmp_path, redis_url, conn):
+def test_failed_job_items_are_listed_as_failed(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     env = {"REDIS_URL": redis_url}
     data = write_jsonl(tmp_path / "fj.jsonl", [sharegpt(i) for i in range(6)])
     cli("producer", "enqueue", str(data), "--batch-size", "3", "--multi-turn", "last", "--output",
@@ -22,6 +26,7 @@ def test_failed_job_items_are_listed_as_failed(tmp_path, redis_url, conn):
     w.start()
     done, _ = w.dequeue(q)
     gave_up, _ = w.dequeue(q)
+    assert done is not None and gave_up is not None
     w.fail(gave_up, "AbandonedJobError: abandoned 4 times", retry=False)
     shard_dir = tmp_path / "out" / "fj" / "shards"
     shard_dir.mkdir(parents=True)
@@ -34,4 +39,4 @@ def test_failed_job_items_are_listed_as_failed(tmp_path, redis_url, conn):
     assert (r["enqueued"], r["exported"], r["failed"], r["missing"], r["failed_jobs"]) == (6, 3, 3, 0, 1)
     errors = [orjson.loads(x) for x in (tmp_path / "fj.out.errors.jsonl").read_bytes().splitlines()]
     assert {e["key"] for e in errors} == {it["key"] for it in gave_up.job.args[0]}
-    assert all(e["error"]["class"] == "job_failed" and "abandoned 4 times" in e["error"]["message"] for e in errors)
+    assert all(e["error"]["class"] == ErrorClass.JOB_FAILED and "abandoned 4 times" in e["error"]["message"] for e in errors)

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
-from genqueue.common.runs import RunStore, key_digest, run_key
+from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine import engine_view, parse_prometheus
 from genqueue.producer.status import format_status, run_status
+from tests.conftest import cli
 
 
-def test_eta_arithmetic():
+def test_eta_arithmetic() -> None:
     # 1,000 items left, 500 tokens per item on average, 2,500 tokens/s -> 200 s
     assert eta_seconds(1000, 10, 5000, 2500.0) == pytest.approx(200.0)
     assert eta_seconds(0, 10, 5000, 0.0) == 0.0
@@ -23,7 +26,7 @@ def test_eta_arithmetic():
     assert format_duration(200) == "3m 20s" and format_duration(90061) == "1d 1h 01m"
 
 
-def test_rate_window_spans_the_last_minute():
+def test_rate_window_spans_the_last_minute() -> None:
     w = RateWindow(60)
     for t in range(0, 121, 2):
         w.add(Sample(float(t), t * 10, t * 100, t * 50))
@@ -33,7 +36,7 @@ def test_rate_window_spans_the_last_minute():
     assert w.samples[-1].t - w.samples[0].t <= 62
 
 
-def test_engine_metrics_parsing():
+def test_engine_metrics_parsing() -> None:
     text = """# HELP vllm:num_requests_running x
 vllm:num_requests_running{model_name="m"} 250.0
 vllm:num_requests_waiting{model_name="m"} 12.0
@@ -49,7 +52,7 @@ vllm:spec_decode_num_draft_tokens_total{model_name="m"} 400
 
 
 @pytest.mark.integration
-def test_status_of_a_run_in_known_state(conn):
+def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     store = RunStore(conn)
     settings = RunSettings()
     store.create_or_check("known", settings)
@@ -62,7 +65,8 @@ def test_status_of_a_run_in_known_state(conn):
     now = time.time()
     conn.hset(run_key("known"), "started_at", repr(now - 100))
 
-    def snap(worker, gpu, age, rate, version=__version__, fp=settings.fingerprint):
+    def snap(worker: str, gpu: int, age: float, rate: float, version: str = __version__,
+             fp: str = settings.fingerprint) -> None:
         s = {"worker": worker, "host": "node1", "gpu": gpu, "last_seen": now - age, "version": version,
              "in_flight": 50, "pending_items": 14, "stopping": False,
              "paused": {"endpoint_down": False, "spool_full": False},
@@ -88,3 +92,68 @@ def test_status_of_a_run_in_known_state(conn):
     text = format_status(r)
     assert "STOPPED REPORTING" in text and "w2" in text and "DRIFT" in text and "1m 40s" in text
     assert "12 shards, 6.0 MB shipped, 3 waiting on disk" in text and "KV 80%" in text
+
+
+SECRET = "hunter2-s3cr3t"
+
+
+def publish(conn: redis.Redis, worker: str, now: float, shipping: dict[str, Any], run: str = "ship") -> None:
+    """A consumer's snapshot, as consumer/telemetry.py writes it."""
+    snap = {"worker": worker, "host": "node1", "gpu": 0, "last_seen": now - 1, "version": __version__,
+            "in_flight": 0, "pending_items": 0, "paused": {"endpoint_down": False, "spool_full": False},
+            "runs": {run: {"completions_per_s": 0.0, "completion_tokens_per_s": 0.0}},
+            "engine": {"metrics": False}, "shipping": shipping}
+    conn.set(consumer_key(worker), orjson.dumps(snap))
+    conn.zadd(CONSUMERS, {worker: now - 1})
+
+
+@pytest.mark.integration
+def test_shipping_errors_and_stalled_shards_are_on_screen_without_secrets(conn: redis.Redis, redis_url: str) -> None:
+    RunStore(conn).create_or_check("ship", RunSettings(output="s3://bucket/out"))
+    conn.hset(run_key("ship", "warnings"), "w1", f"endpoint http://admin:{SECRET}@gpu-node:8000/v1 is slow")
+    now = time.time()
+    url = (f"http://minio:{SECRET}@s3.internal:9000/bucket/out/ship/shards/w0-000003.jsonl"
+           f"?X-Amz-Signature={SECRET}&partNumber=2")
+    publish(conn, "w0", now, {"shards": 2, "bytes": 3_000_000, "waiting_shards": 4, "last_upload_at": now - 950,
+                              "last_error": f'EndpointConnectionError: Could not connect to the endpoint URL: "{url}"',
+                              "last_error_at": now - 42, "oldest_waiting_at": now - 900})
+    # a consumer of the first snapshot shape: a text error, no timestamps
+    publish(conn, "w1", now, {"shards": 1, "bytes": 1_000_000, "waiting_shards": 0, "last_upload_at": now - 5,
+                              "last_error": "timed out"})
+    r = run_status(conn, "ship", now=now)
+    ship = r["shipping"]
+    assert ship["stalled"] and ship["oldest_waiting_s"] == pytest.approx(900) and ship["waiting_shards"] == 4
+    assert [(e["worker"], e["class"]) for e in ship["errors"]] == [("w0", "EndpointConnectionError"), ("w1", "error")]
+    assert ship["errors"][0]["age_s"] == pytest.approx(42) and ship["errors"][1]["age_s"] is None
+    text = format_status(r, color=False)
+    lines = text.splitlines()
+    ship_line = next(x for x in lines if x.startswith("shipping"))
+    assert "3 shards, 4.0 MB shipped, 4 waiting on disk (oldest 15m 00s)" in ship_line
+    assert "STALLED: shards waiting over 5m 00s" in ship_line
+    w0 = lines[lines.index(ship_line) + 1]
+    assert w0.split()[:5] == ["w0", "last", "shipping", "error", "EndpointConnectionError:"]
+    assert "Could not connect" in w0 and "***@s3.internal:9000" in w0 and w0.endswith("(0m 42s ago)")
+    assert "last shipping error error: timed out" in lines[lines.index(ship_line) + 2]
+    assert "\x1b[" not in text
+    painted = format_status(r, color=True).splitlines()
+    red = [x for x in painted if x.startswith("\x1b[31m")]
+    assert len(red) == 3 and "shipping" in red[0] and "w0" in red[1]  # the line and its errors
+    # --json and a pipe (not a terminal): plain, and no secret anywhere
+    out = cli("producer", "status", "--run", "ship", env={"REDIS_URL": redis_url}).stdout
+    as_json = cli("producer", "status", "--run", "ship", "--json", env={"REDIS_URL": redis_url}).stdout
+    for shown in (text, "\n".join(painted), orjson.dumps(r).decode(), out, as_json):
+        assert SECRET not in shown
+    assert "\x1b[" not in out and "STALLED" in out and "\x1b[" not in as_json
+    assert orjson.loads(as_json)["shipping"]["stalled"] is True
+
+
+@pytest.mark.integration
+def test_shards_waiting_briefly_are_not_an_alarm(conn: redis.Redis) -> None:
+    RunStore(conn).create_or_check("ship", RunSettings())
+    now = time.time()
+    publish(conn, "w0", now, {"shards": 1, "bytes": 10, "waiting_shards": 2, "last_upload_at": now - 3,
+                              "last_error": None, "last_error_at": None, "oldest_waiting_at": now - 12})
+    r = run_status(conn, "ship", now=now)
+    assert not r["shipping"]["stalled"] and r["shipping"]["errors"] == []
+    text = format_status(r, color=True)
+    assert "\x1b[" not in text and "STALLED" not in text and "2 waiting on disk (oldest 0m 12s)" in text

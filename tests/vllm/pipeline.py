@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from genqueue.common.jobs import queue_for
+from genqueue.common.rqaccess import queue_for
 from tests.conftest import cli, write_jsonl
 from tests.consumer.e2e import Proc, read_results, run_keys
 

@@ -1,22 +1,30 @@
-"""S3Sink against a real S3 server (SeaweedFS): objects, manifests, checksums, orphan uploads."""
+"""S3Store against a real S3 server (SeaweedFS): objects, manifests, checksums, orphan uploads.
+
+(Moved from tests/consumer/test_s3sink.py with the code: S3Sink is now common.storage.s3.S3Store.)
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import orjson
 import pytest
 
-from genqueue.consumer.s3sink import S3Location, S3Sink, ShipVerifyError, abort_stale_uploads, endpoint_url
+from genqueue.common.storage import SealedShard, store_for
+from genqueue.common.storage.s3 import S3Location, S3Store, ShipVerifyError, abort_stale_uploads, endpoint_url
 from genqueue.consumer.shards import ShardWriter
-from genqueue.consumer.sinks import make_sink
-from tests.s3server import S3Server, s3_env, s3_server  # noqa: F401 - fixtures
+from tests import s3server
+from tests.s3server import S3Server
+
+s3_server = s3server.s3_server  # fixtures
+s3_env = s3server.s3_env
 
 pytestmark = pytest.mark.integration
 
 
-def seal(tmp_path, run, n, pad=0, worker="w1"):
+def seal(tmp_path: Path, run: str, n: int, pad: int = 0, worker: str = "w1") -> SealedShard:
     w = ShardWriter(str(tmp_path / "spool"), run, worker, max_bytes=10**12, max_age=3600)
     for i in range(n):
         w.append({"key": f"{i:032x}", "index": i, "pad": os.urandom(pad // 2).hex() if pad else ""})
@@ -25,7 +33,7 @@ def seal(tmp_path, run, n, pad=0, worker="w1"):
     return shard
 
 
-def test_url_parsing_and_endpoint(monkeypatch):
+def test_url_parsing_and_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     loc = S3Location.parse("s3://bucket/a/b/")
     assert (loc.bucket, loc.prefix, loc.key("r", "shards", "x.jsonl")) == ("bucket", "a/b", "a/b/r/shards/x.jsonl")
     assert S3Location.parse("s3://bucket").key("r") == "r"
@@ -36,17 +44,17 @@ def test_url_parsing_and_endpoint(monkeypatch):
     assert endpoint_url() == "http://ours:2"
 
 
-def test_ship_small_and_multipart_shards(tmp_path, s3_server: S3Server, s3_env):
-    sink = make_sink(s3_server.url("out/prefix"))
-    assert isinstance(sink, S3Sink)
-    sink = S3Sink.from_url(s3_server.url("out/prefix"), multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20)
+def test_ship_small_and_multipart_shards(tmp_path: Path, s3_server: S3Server, s3_env: dict[str, str]) -> None:
+    store = store_for(s3_server.url("out/prefix"))
+    assert isinstance(store, S3Store)
+    store = S3Store.from_url(s3_server.url("out/prefix"), multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20)
     client = s3_server.client()
     small = seal(tmp_path, "r1", 10)
     big = seal(tmp_path, "r1", 1200, pad=10_000, worker="w2")  # ~12 MB: three 5 MiB parts
     assert big.bytes > 10 * 2**20
     for shard in (small, big):
         data = shard.path.read_bytes()
-        dest = sink.ship(shard)
+        dest = store.ship(shard)
         key = f"out/prefix/r1/shards/{shard.name}"
         assert dest == f"s3://{s3_server.bucket}/{key}"
         assert client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read() == data
@@ -59,21 +67,21 @@ def test_ship_small_and_multipart_shards(tmp_path, s3_server: S3Server, s3_env):
     head = client.head_object(Bucket=s3_server.bucket, Key=f"out/prefix/r1/shards/{big.name}", ChecksumMode="ENABLED")
     assert head["ChecksumSHA256"].endswith("-3")  # multipart: a composite of three parts
     # Shipping again (a retry after a lost answer) is harmless: same name, same bytes.
-    sink.ship(small)
+    store.ship(small)
 
 
-def test_verification_catches_a_changed_spool_file(tmp_path, s3_server: S3Server, s3_env):
-    sink = S3Sink.from_url(s3_server.url("p"))
+def test_verification_catches_a_changed_spool_file(tmp_path: Path, s3_server: S3Server, s3_env: dict[str, str]) -> None:
+    store = S3Store.from_url(s3_server.url("p"))
     shard = seal(tmp_path, "r", 5)
     shard.path.write_bytes(shard.path.read_bytes().replace(b"0", b"1"))  # same size, other bytes
     with pytest.raises(ShipVerifyError):
-        sink.ship(shard)
+        store.ship(shard)
     man = f"p/r/shards/{shard.name.removesuffix('.jsonl')}.manifest.json"
     listed = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=man).get("Contents", [])
     assert not listed, "a manifest was written for a shard that failed verification"
 
 
-def test_abort_stale_uploads(tmp_path, s3_server: S3Server, s3_env):
+def test_abort_stale_uploads(tmp_path: Path, s3_server: S3Server, s3_env: dict[str, str]) -> None:
     client = s3_server.client()
     bucket = s3_server.bucket
     mine = client.create_multipart_upload(Bucket=bucket, Key="pre/run/shards/w-000001.jsonl")
@@ -85,19 +93,19 @@ def test_abort_stale_uploads(tmp_path, s3_server: S3Server, s3_env):
     assert abort_stale_uploads(client, loc, older_than_s=0) == 1
     left = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     assert [u["UploadId"] for u in left] == [other["UploadId"]]
-    # A sink sweeps its own prefix once, before its first upload.
+    # A store sweeps its own prefix once, before its first upload.
     again = client.create_multipart_upload(Bucket=bucket, Key="pre/run/shards/w-000002.jsonl")
-    S3Sink(loc, stale_after_s=0).ship(seal(tmp_path, "run", 3))
+    S3Store(loc, stale_after_s=0).ship(seal(tmp_path, "run", 3))
     left = {u["UploadId"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])}
     assert again["UploadId"] not in left and other["UploadId"] in left
 
 
-def test_ship_raises_while_the_server_is_down(tmp_path, s3_server: S3Server, s3_env):
+def test_ship_raises_while_the_server_is_down(tmp_path: Path, s3_server: S3Server, s3_env: dict[str, str]) -> None:
     from botocore.exceptions import EndpointConnectionError
 
-    sink = S3Sink.from_url(s3_server.url("p"))
+    store = S3Store.from_url(s3_server.url("p"))
     s3_server.stop(kill=True)
     with pytest.raises(EndpointConnectionError):
-        sink.ship(seal(tmp_path, "r", 3))
+        store.ship(seal(tmp_path, "r", 3))
     s3_server.start()
-    assert sink.ship(seal(tmp_path, "r", 3, worker="w9")).endswith("w9-000001.jsonl")
+    assert store.ship(seal(tmp_path, "r", 3, worker="w9")).endswith("w9-000001.jsonl")

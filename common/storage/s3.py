@@ -1,8 +1,8 @@
-"""Shipping sealed shards to S3 (or any S3-compatible store: SeaweedFS, MinIO, Ceph RGW).
+"""A run's output in S3 (or any S3-compatible store: SeaweedFS, MinIO, Ceph RGW).
 
-Object names mirror LocalSink: `<prefix>/<run>/shards/<worker>-<seq>.jsonl`, then its
-`<worker>-<seq>.manifest.json`. The manifest is written only after the shard was uploaded and
-verified, so a manifest's presence means its shard is complete.
+Object names follow `names.py` under the URL's prefix: `<prefix>/<run>/shards/<worker>-<seq>.jsonl`,
+then its `<worker>-<seq>.manifest.json`. The manifest is written only after the shard was
+uploaded and verified, so a manifest's presence means its shard is complete.
 
 Credentials come from boto3's standard chain only (env, shared files, instance roles). An
 S3-compatible endpoint comes from `GENQUEUE_S3_ENDPOINT`, or from `AWS_ENDPOINT_URL` /
@@ -16,31 +16,36 @@ checksum (whole-object, or COMPOSITE per part for a multipart upload) must match
 
 `ship` raises on any failure; the consumer retries with backoff. A server that dies in the
 middle of a multipart upload leaves the upload open: `abort_stale_uploads` aborts those under
-the prefix; each sink runs it before its first upload, until one sweep has reached the server
+the prefix; each store runs it before its first upload, until one sweep has reached the server
 (in the shipping thread, so a slow or absent server never blocks the consumer's event loop).
+Reading (`open`) downloads to an anonymous temporary file with the transfer manager (ranged,
+retried GETs): a reader never holds a long-lived HTTP stream that a blip would break.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import logging
 import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
+from typing import IO, Any
 
 import boto3
 import orjson
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.utils import ChunksizeAdjuster
 
 from genqueue.common.errors import GenqueueError, UserError
-from genqueue.consumer.shards import SealedShard
+from genqueue.common.storage.base import SealedShard, ShardInfo, StoreError
+from genqueue.common.storage.names import manifest_name, parse_shard_name, shard_of_manifest, shards_prefix
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,7 @@ def abort_stale_uploads(client: Any, loc: S3Location, older_than_s: float) -> in
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=loc.bucket, Prefix=prefix):
         for up in page.get("Uploads", []):
             initiated: datetime = up["Initiated"]
-            if initiated.astimezone(timezone.utc).timestamp() > cutoff:
+            if initiated.astimezone(UTC).timestamp() > cutoff:
                 continue
             client.abort_multipart_upload(Bucket=loc.bucket, Key=up["Key"], UploadId=up["UploadId"])
             log.warning("aborted a stale multipart upload of %s (started %s)", loc.url(up["Key"]),
@@ -124,12 +129,14 @@ def abort_stale_uploads(client: Any, loc: S3Location, older_than_s: float) -> in
     return aborted
 
 
-class S3Sink:
-    """Uploads sealed shards and their manifests to s3://bucket/prefix/<run>/shards/."""
+class S3Store:
+    """Ships sealed shards to, and lists and reads them from, s3://bucket/prefix/<run>/shards/."""
 
     def __init__(self, loc: S3Location, *, client: Any = None, multipart_threshold: int = MULTIPART_THRESHOLD,
-                 multipart_chunksize: int = MULTIPART_CHUNKSIZE, stale_after_s: float | None = None) -> None:
+                 multipart_chunksize: int = MULTIPART_CHUNKSIZE, stale_after_s: float | None = None,
+                 tmpdir: str | None = None) -> None:
         self.loc = loc
+        self.tmpdir = tmpdir
         self._client = client
         self._lock = threading.Lock()
         self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
@@ -146,8 +153,8 @@ class S3Sink:
         self._sweep_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> S3Sink:
-        """A sink for s3://bucket/prefix (the run's output setting)."""
+    def from_url(cls, url: str, **kwargs: Any) -> S3Store:
+        """A store for s3://bucket/prefix (the run's output setting)."""
         return cls(S3Location.parse(url), **kwargs)
 
     @property
@@ -158,12 +165,18 @@ class S3Sink:
                 self._client = make_client()
             return self._client
 
+    def location(self, run: str) -> str:
+        return self.loc.url(self._prefix(run))
+
+    def _prefix(self, run: str) -> str:
+        return self.loc.key(shards_prefix(run)) + "/"
+
     def object_keys(self, shard: SealedShard) -> tuple[str, str]:
         """The keys of SHARD's data object and of its manifest."""
-        base = shard.name.removesuffix(".jsonl")
-        return (self.loc.key(shard.run, "shards", shard.name),
-                self.loc.key(shard.run, "shards", base + ".manifest.json"))
+        prefix = self._prefix(shard.run)
+        return prefix + shard.name, prefix + manifest_name(shard.name)
 
+    # --- writing ---------------------------------------------------------------------
     def ship(self, shard: SealedShard) -> str:
         """Upload SHARD, verify it, then write its manifest. Raises on any failure."""
         self._sweep_once()
@@ -222,3 +235,49 @@ class S3Sink:
             except Exception as e:  # noqa: BLE001 - server unreachable: the upload will say so; sweep next time
                 log.warning("could not list stale multipart uploads under %s (%s: %s)",
                             self.loc.url(self.loc.key()), type(e).__name__, e)
+
+    # --- reading ---------------------------------------------------------------------
+    def list_shards(self, run: str) -> list[ShardInfo]:
+        prefix = self._prefix(run)
+        sizes: dict[str, int] = {}
+        manifests: set[str] = set()
+        foreign = 0
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.loc.bucket,
+                                                                               Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    name = obj["Key"][len(prefix):]
+                    if parse_shard_name(name) is not None:
+                        sizes[name] = int(obj["Size"])
+                    elif shard_of_manifest(name) is not None:
+                        manifests.add(name)
+                    else:
+                        foreign += 1
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"cannot list {self.location(run)}: {e}") from None
+        if foreign:
+            log.warning("%s: %d objects that are not shards were left out", self.location(run), foreign)
+        return [ShardInfo(name, size, man if (man := manifest_name(name)) in manifests else None)
+                for name, size in sorted(sizes.items())]
+
+    def open(self, run: str, name: str) -> IO[bytes]:
+        if shard_of_manifest(name) is not None:  # a few hundred bytes: one GET, held in memory
+            try:
+                body = self.client.get_object(Bucket=self.loc.bucket, Key=self._prefix(run) + name)["Body"]
+                return io.BytesIO(body.read())
+            except (BotoCoreError, ClientError) as e:
+                raise StoreError(f"cannot read {self.location(run)}{name}: {e}") from None
+        if parse_shard_name(name) is None:
+            raise StoreError(f"not a shard or manifest name: {name!r}")
+        # An anonymous file: gone when closed, or when the process dies, whatever happens.
+        fh = tempfile.TemporaryFile(prefix=".gq-export-", dir=self.tmpdir)  # noqa: SIM115 - returned
+        try:
+            self.client.download_fileobj(self.loc.bucket, self._prefix(run) + name, fh, Config=self.transfer)
+            fh.seek(0)
+        except (BotoCoreError, ClientError) as e:
+            fh.close()
+            raise StoreError(f"cannot read {self.location(run)}{name}: {e}") from None
+        except BaseException:
+            fh.close()
+            raise
+        return fh

@@ -1,0 +1,97 @@
+"""What every store of result shards offers, and the shard records they pass around.
+
+A store is where a run's output lives (a directory, a shared mount, an S3 prefix). The
+consumer ships sealed shards to it; `producer export` lists and reads them back. Both go
+through the same `ShardStore`, so what one writes the other reads by the same rule
+(`names.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol, cast
+
+import orjson
+
+from genqueue.common.contracts import ShardManifest
+from genqueue.common.errors import GenqueueError
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(GenqueueError):
+    """The output location cannot be listed or read (the export ends with this message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SealedShard:
+    """A spool file that is complete (flushed, fsynced) and ready to ship: what its manifest says."""
+
+    run: str
+    seq: int
+    path: Path
+    name: str
+    records: int
+    bytes: int
+    sha256: str
+    keys: int
+
+    def manifest(self) -> ShardManifest:
+        return {"run": self.run, "shard": self.name, "records": self.records, "keys": self.keys,
+                "bytes": self.bytes, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard of a run as a store lists it. `manifest` names its manifest object when one was
+    listed beside it; a shard without one is still complete (its consumer died before writing
+    the manifest) and its records count."""
+
+    name: str
+    bytes: int
+    manifest: str | None = None
+
+
+class ShardStore(Protocol):
+    """A run output location. `ship` is synchronous and slow: the consumer runs it in a thread."""
+
+    def location(self, run: str) -> str:
+        """Where RUN's shards are, for messages (a path, or an s3:// URL ending in '/')."""
+        ...
+
+    def ship(self, shard: SealedShard) -> str:
+        """Copy SHARD in, verify it, then write its manifest; returns where it went. Raises on
+        any failure (nothing is acked until this returns)."""
+        ...
+
+    def list_shards(self, run: str) -> list[ShardInfo]:
+        """RUN's shards in name order (so an export is deterministic). Raises StoreError."""
+        ...
+
+    def open(self, run: str, name: str) -> IO[bytes]:
+        """A binary stream of the object NAME (a shard or a manifest) of RUN. Raises StoreError."""
+        ...
+
+
+def parse_manifest(raw: bytes) -> ShardManifest | None:
+    """A manifest's content, or None (with a warning) when it is not one: a reader must still
+    read the shard."""
+    try:
+        man = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        man = None
+    if (not isinstance(man, dict) or not isinstance(man.get("sha256"), str)
+            or not isinstance(man.get("records"), int)):
+        log.warning("unreadable shard manifest ignored")
+        return None
+    return cast(ShardManifest, man)
+
+
+def read_manifest(store: ShardStore, run: str, shard: ShardInfo) -> ShardManifest | None:
+    """SHARD's manifest, or None when it has none (or an unreadable one)."""
+    if shard.manifest is None:
+        return None
+    with store.open(run, shard.manifest) as fh:
+        return parse_manifest(fh.read())

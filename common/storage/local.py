@@ -1,0 +1,109 @@
+"""A run's output in a directory: local disk, or a mount every node shares.
+
+Shipping copies the spool file to a temporary name, fsyncs it, renames it into place, then
+does the same for its manifest and fsyncs the directory: a shard name that exists is a
+complete shard, and a manifest that exists vouches for a shard already in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from genqueue.common.errors import UserError
+from genqueue.common.storage.base import SealedShard, ShardInfo, StoreError
+from genqueue.common.storage.names import manifest_name, parse_shard_name, shard_of_manifest, shards_prefix
+
+log = logging.getLogger(__name__)
+
+READ_BUFFER = 1 << 20
+
+
+class LocalStore:
+    """`<root>/<run>/shards/` in a directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+
+    def shards_dir(self, run: str) -> Path:
+        return self.root / shards_prefix(run)
+
+    def location(self, run: str) -> str:
+        return str(self.shards_dir(run))
+
+    def ship(self, shard: SealedShard) -> str:
+        dest_dir = self.shards_dir(shard.run)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / shard.name
+        tmp = dest_dir / f".{shard.name}.tmp"
+        shutil.copyfile(shard.path, tmp)
+        fsync_file(tmp)
+        os.replace(tmp, dest)
+        man = dest_dir / manifest_name(shard.name)
+        man_tmp = dest_dir / f".{man.name}.tmp"
+        man_tmp.write_bytes(orjson.dumps(shard.manifest()))
+        fsync_file(man_tmp)
+        os.replace(man_tmp, man)
+        fsync_dir(dest_dir)
+        return str(dest)
+
+    def list_shards(self, run: str) -> list[ShardInfo]:
+        d = self.shards_dir(run)
+        if not d.is_dir():
+            if not self.root.is_dir():
+                raise UserError(f"the run's output directory {self.root} does not exist")
+            return []
+        shards: dict[str, int] = {}
+        manifests: set[str] = set()
+        foreign = 0
+        try:
+            for entry in os.scandir(d):
+                if not entry.is_file() or entry.name.startswith("."):
+                    continue  # temporary files of a ship in progress
+                if parse_shard_name(entry.name) is not None:
+                    shards[entry.name] = entry.stat().st_size
+                elif shard_of_manifest(entry.name) is not None:
+                    manifests.add(entry.name)
+                else:
+                    foreign += 1
+        except OSError as e:
+            raise StoreError(f"cannot list {d}: {e.strerror}") from None
+        if foreign:
+            log.warning("%s: %d files that are not shards were left out", d, foreign)
+        return [ShardInfo(name, size, man if (man := manifest_name(name)) in manifests else None)
+                for name, size in sorted(shards.items())]
+
+    def open(self, run: str, name: str) -> IO[bytes]:
+        if parse_shard_name(name) is None and shard_of_manifest(name) is None:
+            raise StoreError(f"not a shard or manifest name: {name!r}")
+        path = self.shards_dir(run) / name
+        try:
+            return open(path, "rb", buffering=READ_BUFFER)
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so a rename in it survives a power cut (best effort: not every
+    filesystem lets a directory be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,74 @@
+"""The naming rule of a run's output, spelled once.
+
+A run's shards live under `<output>/<run>/shards/`: each is `<worker>-<seq:06d>.jsonl`, with
+`<worker>-<seq:06d>.manifest.json` beside it once it is stored and verified. Worker names are
+unique per process start, so two consumers never write the same name. `<output>/<run>/run.json`
+is reserved for the run's settings (not written yet). The consumer's spool, the local store,
+the S3 store and the export all take names from here, so a change of layout is one edit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+SHARD_SUFFIX = ".jsonl"
+MANIFEST_SUFFIX = ".manifest.json"
+SHARDS_DIR = "shards"
+RUN_SETTINGS = "run.json"
+
+# A worker name: anything a file or object name can hold, without a path separator.
+_SHARD = re.compile(r"(?P<worker>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(SHARD_SUFFIX))
+
+
+class ShardName(NamedTuple):
+    """What a shard's name says: which worker wrote it, and its sequence number."""
+
+    worker: str
+    seq: int
+
+
+def shard_name(worker: str, seq: int) -> str:
+    """The name of WORKER's shard number SEQ (1-based): `<worker>-<seq:06d>.jsonl`."""
+    if not worker or "/" in worker or "\\" in worker or "\x00" in worker:
+        raise ValueError(f"not a usable worker name for a shard: {worker!r}")
+    if seq < 0:
+        raise ValueError(f"shard sequence numbers are not negative: {seq}")
+    return f"{worker}-{seq:06d}{SHARD_SUFFIX}"
+
+
+def parse_shard_name(name: str) -> ShardName | None:
+    """The worker and sequence number of a shard NAME; None for any name shard_name cannot make
+    (a manifest, a temporary file, a stray file someone put there)."""
+    m = _SHARD.fullmatch(name)
+    if m is None:
+        return None
+    seq = int(m["seq"])
+    if f"{seq:06d}" != m["seq"]:  # 0001234: padded past six digits, not ours
+        return None
+    return ShardName(m["worker"], seq)
+
+
+def manifest_name(shard: str) -> str:
+    """The manifest's name of the shard named SHARD."""
+    if not shard.endswith(SHARD_SUFFIX):
+        raise ValueError(f"not a shard name: {shard!r}")
+    return shard.removesuffix(SHARD_SUFFIX) + MANIFEST_SUFFIX
+
+
+def shard_of_manifest(name: str) -> str | None:
+    """The shard a manifest NAME belongs to; None when NAME is not a shard's manifest."""
+    if not name.endswith(MANIFEST_SUFFIX):
+        return None
+    shard = name.removesuffix(MANIFEST_SUFFIX) + SHARD_SUFFIX
+    return shard if parse_shard_name(shard) is not None else None
+
+
+def shards_prefix(run: str) -> str:
+    """Where RUN's shards go, relative to the output: `<run>/shards`."""
+    return f"{run}/{SHARDS_DIR}"
+
+
+def run_settings_name(run: str) -> str:
+    """Reserved: where RUN's settings will be kept beside its shards, `<run>/run.json`."""
+    return f"{run}/{RUN_SETTINGS}"

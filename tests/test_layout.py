@@ -1,0 +1,168 @@
+"""The package layout holds: genqueue.producer and genqueue.consumer both stand on genqueue.common,
+never on each other, and no genqueue module imports itself back through others.
+
+The import graph is built from the source (the AST of every module under common/, producer/ and
+consumer/), not by importing anything, so it sees imports inside functions and under
+TYPE_CHECKING too: a lazy import is still a dependency, and a type-only cycle is still two
+modules that cannot be understood apart.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("common", "producer", "consumer")
+NAMESPACE = "genqueue"
+
+
+def module_files() -> dict[str, Path]:
+    """genqueue.<package>.<...> -> its file, for every module of the three packages."""
+    found: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = [NAMESPACE, *path.relative_to(ROOT).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imported_names(tree: ast.Module, module: str, is_package: bool) -> Iterator[tuple[str, int, bool]]:
+    """(absolute module name, line, type_only) of every import in TREE; `from X import Y` also
+    gives X.Y (Y may be a submodule). type_only: under `if TYPE_CHECKING:`."""
+
+    def walk(node: ast.AST, type_only: bool) -> Iterator[tuple[str, int, bool]]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, type_only
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            yield target, node.lineno, type_only
+            for alias in node.names:
+                yield f"{target}.{alias.name}", node.lineno, type_only
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield from walk(child, True)
+            for child in node.orelse:
+                yield from walk(child, type_only)
+        else:
+            for sub in ast.iter_child_nodes(node):
+                yield from walk(sub, type_only)
+
+    yield from walk(tree, False)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_graph(*, with_type_only: bool = True) -> tuple[dict[str, set[str]], list[str]]:
+    """Edges between genqueue modules (without the TYPE_CHECKING ones unless WITH_TYPE_ONLY),
+    and any import of the bare top-level folders."""
+    files = module_files()
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    bare: list[str] = []
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for name, line, type_only in imported_names(tree, module, path.name == "__init__.py"):
+            top = name.split(".")[0]
+            if top in PACKAGES:
+                bare.append(f"{path.relative_to(ROOT)}:{line} imports {name} (write {NAMESPACE}.{name})")
+            if name in files and name != module and (with_type_only or not type_only):
+                graph[module].add(name)
+    return graph, bare
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of GRAPH as a path (first node repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_the_graph_is_read_from_every_module() -> None:
+    graph, _ = import_graph()
+    assert {"genqueue.common.contracts", "genqueue.common.storage", "genqueue.common.storage.s3",
+            "genqueue.common.rqaccess", "genqueue.producer.export", "genqueue.consumer.shards"} <= graph.keys()
+    # one edge of each kind the rules below look at, so the test cannot pass by reading nothing
+    assert "genqueue.common.storage.s3" in graph["genqueue.producer.export_sources"] or \
+        "genqueue.common.storage" in graph["genqueue.producer.export_sources"]
+    assert "genqueue.common.storage" in graph["genqueue.consumer.shards"]
+
+
+def test_no_bare_package_imports() -> None:
+    _, bare = import_graph()
+    assert bare == []
+
+
+@pytest.mark.parametrize(("a", "b"), [("producer", "consumer"), ("consumer", "producer")])
+def test_producer_and_consumer_never_import_each_other(a: str, b: str) -> None:
+    graph, _ = import_graph()
+    edges = sorted(f"{m} -> {n}" for m, deps in graph.items() for n in deps
+                   if package_of(m) == a and package_of(n) == b)
+    assert edges == []
+
+
+def test_common_imports_neither_side() -> None:
+    graph, _ = import_graph()
+    edges = sorted(f"{m} -> {n}" for m, deps in graph.items() for n in deps
+                   if package_of(m) == "common" and package_of(n) != "common")
+    assert edges == []
+
+
+def test_no_import_cycles() -> None:
+    """A cycle at run time: which module runs first decides what the other one sees."""
+    graph, _ = import_graph(with_type_only=False)
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_no_import_cycles_through_type_checking_imports() -> None:
+    """A cycle through `if TYPE_CHECKING:` runs fine, but the two modules are one piece split
+    across files (a module reaching into the fields of the one that imports it)."""
+    graph, _ = import_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    tree = ast.parse("from . import x\nfrom ..common.y import z\nimport genqueue.common.w\n"
+                     "if TYPE_CHECKING:\n    from genqueue.consumer import t\nelse:\n    import genqueue.common.u\n"
+                     "def f():\n    import genqueue.common.v\n")
+    names = {n: t for n, _, t in imported_names(tree, "genqueue.producer.m", False)}
+    assert {"genqueue.producer.x", "genqueue.common.y", "genqueue.common.y.z", "genqueue.common.w",
+            "genqueue.common.u", "genqueue.common.v", "genqueue.consumer.t"} <= names.keys()
+    assert names["genqueue.consumer.t"] and not names["genqueue.common.u"] and not names["genqueue.common.v"]
