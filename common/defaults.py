@@ -9,16 +9,17 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # Redis connections (common/redisconn.py). A URL's own query options (?socket_timeout=30)
 # override these for one deployment.
-#: Seconds a command may wait for its reply: above any pause a healthy Redis shows (a fork for
-#: BGSAVE or an AOF rewrite of tens of GB, a multi-MB enqueue transaction), and no longer than
-#: one lease renewal period (LEASE_SECONDS / 3), so a dead or partitioned server surfaces as an
-#: error before the next renewal is due instead of hanging a consumer for good.
-REDIS_SOCKET_TIMEOUT = 10.0
+#: Seconds a command may wait for its reply (redis-py 8's own default, now fixed whatever the
+#: release): five times any pause a healthy Redis shows (a fork for BGSAVE or an AOF rewrite of
+#: tens of GB), and well inside a lease renewal period (LEASE_SECONDS / 3), so a dead or
+#: partitioned server surfaces as an error the consumer reports and rides out, not as a hang.
+REDIS_SOCKET_TIMEOUT = 5.0
 #: Seconds to open a connection: a reachable Redis accepts in milliseconds, even across regions;
 #: a host that drops packets would otherwise hold the caller for the kernel's SYN retries (~2 min).
 REDIS_CONNECT_TIMEOUT = 5.0
-#: A pooled connection idle this many seconds is PINGed before reuse, so one that a Redis restart,
-#: a failover or a NAT closed while idle is replaced before a real command is sent on it.
+#: A pooled connection idle this many seconds is PINGed before reuse: one that a Redis restart,
+#: a failover or a NAT closed while idle fails on the PING, before the command is sent, so the
+#: caller knows its command was not applied.
 REDIS_HEALTH_CHECK_INTERVAL = 30
 #: TCP keepalive: probe after 60 s idle, every 10 s, give up after 3 misses. Idle connections stay
 #: open through cloud NATs and load balancers (they drop idle flows after 4-6 min) and a dead peer
@@ -26,12 +27,11 @@ REDIS_HEALTH_CHECK_INTERVAL = 30
 REDIS_KEEPALIVE_IDLE = 60
 REDIS_KEEPALIVE_INTERVAL = 10
 REDIS_KEEPALIVE_COUNT = 3
-#: Connection errors and timeouts are retried this many times, on a fresh connection, with
-#: jittered exponential backoff from REDIS_RETRY_BASE up to REDIS_RETRY_CAP seconds: enough to
-#: ride over a blip or a replica promotion, few enough that an outage is reported in seconds.
-REDIS_RETRIES = 3
-REDIS_RETRY_BASE = 0.1
-REDIS_RETRY_CAP = 2.0
+#: The client library sends a command once: a re-send after a lost reply can apply a write twice
+#: (a MULTI/EXEC that queued jobs queues them again). Callers that know a call is safe to repeat
+#: retry it themselves, with backoff and a log line (the consumer's rq thread, the producer's
+#: claim), and the failure is seen instead of hidden for (retries x timeout) seconds.
+REDIS_RETRIES = 0
 
 #: Items per rq job. Small enough that a killed consumer re-does little, large enough that
 #: Redis round trips per completion stay far below one.
@@ -122,3 +122,8 @@ BREAKER_FIRST_N = 8
 BREAKER_WINDOW = 100
 BREAKER_RATE = 0.5
 BREAKER_SAME = 0.8
+
+#: `producer export` exits 1 when more items than this failed for good (a count, or a fraction
+#: of the enqueued items below 1): a healthy run's permanent failures (prompts too long for the
+#: context) stay well under 1%; more means the dataset is not what was asked for.
+EXPORT_MAX_FAILED = "0.01"

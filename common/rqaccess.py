@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 import redis
 import rq.job
 from rq import Queue
-from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
+from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE, ExecutionRegistry
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
@@ -192,3 +192,28 @@ def job_started_at(conn: redis.Redis, job_id: str) -> float | None:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def run_rq_keys(conn: redis.Redis, run: str) -> list[str]:
+    """Every rq key of RUN: its queue, intermediate list and registries, and the hash, results
+    and executions of every job found in them (for `producer delete`)."""
+    q = queue_for(run, conn)
+    registries = [q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
+                  q.deferred_job_registry, q.scheduled_job_registry, q.canceled_job_registry]
+    job_ids: set[str] = set()
+    for key in (q.key, q.intermediate_queue_key):
+        job_ids.update(_text(x) for x in conn.lrange(key, 0, -1))
+    for reg in registries:
+        for member in conn.zrange(reg.key, 0, -1):
+            text = _text(member)
+            # the started registry holds "<job id>:<execution id>"; the others, job ids
+            job_ids.add(text.rsplit(":", 1)[0] if reg is q.started_job_registry else text)
+    keys = [q.key, q.intermediate_queue_key, *(reg.key for reg in registries)]
+    for j in job_ids:
+        keys += [Job.key_for(j), Result.get_key(j), ExecutionRegistry.key_template.format(j)]  # type: ignore[no-untyped-call]
+    return keys
+
+
+def forget_queue(conn: redis.Redis, run: str) -> None:
+    """Drop RUN's queue from rq's list of queues (`rq info` stops listing it)."""
+    conn.srem(Queue.redis_queues_keys, queue_for(run, conn).key)

@@ -16,6 +16,7 @@ import redis
 from genqueue.common.contracts import ConsumerInfo, ReasoningForm
 from genqueue.common.errors import ModelNotServedError, PermanentError, TransientError, UserError
 from genqueue.common.pause import pause_key
+from genqueue.common.rqaccess import job_counts
 from genqueue.common.runs import RunStore, run_key
 from genqueue.consumer.client import EndpointClient, classify_status
 from genqueue.consumer.generate import Generator, RunContext
@@ -135,6 +136,10 @@ class ServedRuns:
                 if self.only_run:
                     raise UserError(f"no run named {name!r} in Redis")
                 continue
+            if not self.only_run:
+                counts = await self.rq.call(job_counts, self.store.conn, name)
+                if not (counts["queued"] or counts["started"] or counts["dequeuing"]):
+                    continue  # done, or not fed yet: no probe until it has work (or leases to sweep)
             refusal = self._refused.get(name)
             if refusal is not None and refusal.fingerprint == info.fingerprint \
                     and time.monotonic() - refusal.at < PREFLIGHT_RETRY:

@@ -4,18 +4,21 @@ Reads every shard of the run from its output location (a directory or s3://), ke
 per item (delivery is at least once), writes the dataset in input order (OpenAI chat messages
 or ShareGPT conversations; gzip for .gz, zstd for .zst), the items that failed for good to an
 errors file, and the enqueued items with no record at all to a missing file. Exits 1 when
-anything is missing, unless --allow-partial. See producer/export_core.py for the method.
+anything is missing, or when more items failed for good than --max-failed, unless
+--allow-partial. See producer/export_core.py for the method.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
@@ -68,7 +71,10 @@ def _writable(path: Path, what: str) -> Path:
               help="Error records of items that never succeeded (default: <output stem>.errors.jsonl).")
 @click.option("--missing", "missing_path", type=click.Path(dir_okay=False), default=None,
               help="Keys (hex) of enqueued items with no record (default: <output stem>.missing.txt).")
-@click.option("--allow-partial", is_flag=True, help="Exit 0 even when items are missing.")
+@click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
+@click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
+              help="Exit 1 when more items than this failed for good: a count (100) or a fraction of the "
+                   "enqueued items (0.01).")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
               help="Where the temporary partition files go (default: beside the output; needs about "
                    "the dataset's size free).")
@@ -78,11 +84,12 @@ def _writable(path: Path, what: str) -> Path:
 @redis_option
 @friendly_errors
 def export_command(run_name: str, output: str, fmt: str, errors_path: str | None, missing_path: str | None,
-                   allow_partial: bool, tmp_dir: str | None, partition_mb: int, as_json: bool,
+                   allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
                    redis_url: str) -> None:
     """Write a run's results as one deduplicated JSONL dataset, ordered as the input was,
     with its error and missing files; prove coverage."""
     run = check_run_name(run_name)
+    failed_limit = _failed_limit(max_failed)
     out = _writable(Path(output), "output file")
     errs = _writable(Path(errors_path) if errors_path else stem(out).with_name(stem(out).name + ".errors.jsonl"),
                      "errors file")
@@ -102,17 +109,42 @@ def export_command(run_name: str, output: str, fmt: str, errors_path: str | None
         click.echo(orjson.dumps(result.to_dict()).decode())
     else:
         click.echo(format_export(result))
-    if result.missing and not allow_partial:
-        if not as_json:
-            click.echo(f"error: {result.missing:,} enqueued items have no record (see {result.missing_path}); "
-                       "run consumers until the run is done, or pass --allow-partial", err=True)
+    if allow_partial:
+        return
+    if result.missing:
+        click.echo(f"error: {result.missing:,} enqueued items have no record (see {result.missing_path}); "
+                   "run consumers until the run is done, or pass --allow-partial", err=True)
         raise SystemExit(1)
+    limit = failed_limit(result.enqueued)
+    if result.failed > limit:
+        by = ", ".join(f"{k} {v:,}" for k, v in sorted(result.failed_by_class.items(), key=lambda kv: -kv[1]))
+        click.echo(f"error: {result.failed:,} items failed for good ({by}), over --max-failed {max_failed} "
+                   f"({limit:,} of {result.enqueued:,}); see {result.errors_path}, or pass --allow-partial",
+                   err=True)
+        raise SystemExit(1)
+
+
+def _failed_limit(text: str) -> Callable[[int], int]:
+    """--max-failed: a count, or a fraction (0 < f < 1) of the enqueued items."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--max-failed takes a count or a fraction, not {text!r}") from None
+    if value < 0 or (value != int(value) and value >= 1):
+        raise UserError(f"--max-failed takes a count (>= 0) or a fraction below 1, not {text!r}")
+    if value < 1 and value != int(value):
+        return lambda enqueued: int(value * enqueued)
+    return lambda _enqueued: int(value)
 
 
 def format_export(r: ExportResult) -> str:
     """The human summary printed after an export."""
     rate = f"{r.records_read / r.seconds:,.0f} records/s" if r.seconds > 0 else "-"
-    rows = [
+    rows: list[tuple[str, str]] = []
+    if r.failed:  # failures first: they are what a reader must see
+        rows.append(("FAILED for good", f"{r.failed:,}"))
+        rows += [(f"  {cls}", f"{n:,}") for cls, n in sorted(r.failed_by_class.items(), key=lambda kv: -kv[1])]
+    rows += [
         ("run", f"{r.run}  ({r.format} format)"),
         ("read", f"{r.records_read:,} records in {r.shards:,} shards from {r.source}"),
         ("enqueued items", f"{r.enqueued:,}"),

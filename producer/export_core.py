@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,6 +78,7 @@ class ExportResult:
     bad_lines: int = 0
     bad_shards: int = 0
     seconds: float = 0.0
+    failed_by_class: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -238,6 +239,7 @@ class Exporter:
             if rank[0]:
                 errs.write(view[start:stop])
                 self.result.failed += 1
+                self._count_failure(bytes(view[start:stop]))
             else:
                 out.write(view[start:stop])
                 self.result.exported += 1
@@ -248,6 +250,14 @@ class Exporter:
         if batch:
             self._sadd(seen_key, batch)
         view.release()
+
+    def _count_failure(self, line: bytes) -> None:
+        try:
+            cls = str(orjson.loads(line)["error"]["class"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            cls = "unknown"
+        by = self.result.failed_by_class
+        by[cls] = by.get(cls, 0) + 1
 
     def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
         with self.conn.pipeline(transaction=False) as p:
@@ -273,6 +283,8 @@ class Exporter:
                 self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
                 self.result.failed += len(lost)
                 self.result.failed_jobs += 1
+                by = self.result.failed_by_class
+                by[ErrorClass.JOB_FAILED.value] = by.get(ErrorClass.JOB_FAILED.value, 0) + len(lost)
 
     # --- coverage ------------------------------------------------------------------
     def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:

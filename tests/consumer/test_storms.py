@@ -95,3 +95,16 @@ def test_a_few_percent_of_genuine_permanent_errors_do_not_trip_it(tmp_path, redi
     errors = [r for r in recs if "error" in r]
     assert len({r["key"] for r in recs}) == 200 and len({r["key"] for r in errors}) == 7
     assert stats(conn, "mostly")["items_failed"] == 7
+    # export tells the truth by its exit code: 7 of 200 (3.5%) failed for good
+    env = {"REDIS_URL": redis_url}
+    out = str(tmp_path / "mostly.export.jsonl")
+    over = cli("producer", "export", "--run", "mostly", "-o", out, env=env, check=False)
+    assert over.returncode == 1, over.stdout + over.stderr
+    assert "7 items failed for good (permanent 7), over --max-failed 0.01 (2 of 200)" in over.stderr
+    assert over.stdout.splitlines()[0].startswith("FAILED for good") and "permanent" in over.stdout.splitlines()[1]
+    for ok in (["--max-failed", "7"], ["--max-failed", "0.05"], ["--allow-partial"]):
+        assert cli("producer", "export", "--run", "mostly", "-o", out, *ok, env=env, check=False).returncode == 0, ok
+    assert cli("producer", "export", "--run", "mostly", "-o", out, "--max-failed", "6", env=env,
+               check=False).returncode == 1
+    bad = cli("producer", "export", "--run", "mostly", "-o", out, "--max-failed", "1.5", env=env, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --max-failed") and "Traceback" not in bad.stderr

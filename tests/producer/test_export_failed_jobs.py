@@ -34,7 +34,8 @@ def test_failed_job_items_are_listed_as_failed(tmp_path: Path, redis_url: str, c
              "content": "ok", "reasoning": None, "finish_reason": "stop", "outcome": "finished", "attempt": 1,
              "timings": {"finished_at": 1.0}} for it in done.job.args[0]]
     (shard_dir / "w-000001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
-    proc = cli("producer", "export", "--run", "fj", "--output", str(tmp_path / "fj.out.jsonl"), "--json", env=env)
+    proc = cli("producer", "export", "--run", "fj", "--output", str(tmp_path / "fj.out.jsonl"), "--json",
+               "--max-failed", "3", env=env)
     r = orjson.loads(proc.stdout)
     assert (r["enqueued"], r["exported"], r["failed"], r["missing"], r["failed_jobs"]) == (6, 3, 3, 0, 1)
     errors = [orjson.loads(x) for x in (tmp_path / "fj.out.errors.jsonl").read_bytes().splitlines()]

@@ -1,0 +1,164 @@
+"""Runs have a lifecycle: `producer runs` lists them, `producer resume` clears a pause,
+`producer delete` removes a run's state from Redis (its output only with --purge-output).
+
+A run's state, from what Redis holds:
+  paused   the failure-storm breaker (or an operator) paused it: no consumer takes its jobs;
+  running  a consumer holds some of its jobs now;
+  queued   jobs wait and none is held;
+  done     no job waits or is held (every item has a record, a permanent error, or its job
+           failed in rq: `producer export` tells which).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import click
+import orjson
+import redis
+
+from genqueue.common.cli import friendly_errors, redis_option
+from genqueue.common.errors import RunNotFoundError, UserError
+from genqueue.common.marks import done_key, failed_key
+from genqueue.common.pause import pause_key, resume_run, run_pause
+from genqueue.common.redact import redact
+from genqueue.common.redisconn import connect
+from genqueue.common.rqaccess import forget_queue, job_counts, run_rq_keys
+from genqueue.common.runs import RUNS, RunStore, run_key
+from genqueue.common.settings import check_run_name
+
+
+class RunState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    name: str
+    created_at: float
+    state: RunState
+    items: int
+    done: int
+    failed: int
+    output: str
+    paused: str | None
+
+
+def run_rows(conn: redis.Redis) -> list[RunRow]:
+    """Every run in Redis, oldest first, with its state."""
+    store = RunStore(conn)
+    rows = []
+    for name in store.names():
+        info = store.get(name)
+        if info is None:
+            continue
+        counts = job_counts(conn, name)
+        pause = run_pause(conn, name)
+        with conn.pipeline(transaction=False) as p:
+            p.scard(run_key(name, "keys"))
+            p.scard(done_key(name))
+            p.scard(failed_key(name))
+            items, done, failed = p.execute()
+        if pause is not None:
+            state = RunState.PAUSED
+        elif counts["started"] or counts["dequeuing"]:
+            state = RunState.RUNNING
+        elif counts["queued"]:
+            state = RunState.QUEUED
+        else:
+            state = RunState.DONE
+        rows.append(RunRow(name, info.created_at, state, int(items), int(done), int(failed),
+                           redact(info.settings.output), pause["reason"] if pause else None))
+    return rows
+
+
+@click.command("runs")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run on stdout.")
+@redis_option
+@friendly_errors
+def runs_command(as_json: bool, redis_url: str) -> None:
+    """List the runs in Redis: created, state, items done of total, output."""
+    rows = run_rows(connect(redis_url))
+    if as_json:
+        for r in rows:
+            click.echo(orjson.dumps({"run": r.name, "created_at": r.created_at, "state": r.state.value,
+                                     "items": r.items, "done": r.done, "failed": r.failed,
+                                     "output": r.output, "paused": r.paused}).decode())
+        return
+    if not rows:
+        click.echo("no runs in Redis")
+        return
+    width = max(len(r.name) for r in rows)
+    click.echo(f"{'run':<{width}}  {'created':<16}  {'state':<7}  {'done of items':>17}  output")
+    for r in rows:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
+        done = f"{r.done:,} of {r.items:,}"
+        click.echo(f"{r.name:<{width}}  {created:<16}  {r.state.value:<7}  {done:>17}  {r.output}")
+        if r.paused:
+            click.secho(f"{'':<{width}}  paused: {r.paused}", fg="red")
+
+
+@click.command("resume")
+@click.option("--run", "run_name", required=True, help="The run to resume.")
+@redis_option
+@friendly_errors
+def resume_command(run_name: str, redis_url: str) -> None:
+    """Clear a run's pause (after fixing its cause): consumers take its jobs again."""
+    conn = connect(redis_url)
+    RunStore(conn).require(check_run_name(run_name))
+    was = resume_run(conn, run_name)
+    if was is None:
+        click.echo(f"run {run_name} is not paused")
+        return
+    click.echo(f"run {run_name} resumed (it was paused by {was['by']}: {was['reason']})")
+
+
+@click.command("delete")
+@click.option("--run", "run_name", required=True, help="The run to delete.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--purge-output", is_flag=True,
+              help="Also delete the run's results under its output (a local directory only).")
+@redis_option
+@friendly_errors
+def delete_command(run_name: str, yes: bool, purge_output: bool, redis_url: str) -> None:
+    """Remove a run's state from Redis: its settings, queue, jobs and counters. The results
+    already shipped stay where they are unless --purge-output."""
+    conn = connect(redis_url)
+    info = RunStore(conn).get(check_run_name(run_name))
+    if info is None:
+        raise RunNotFoundError(f"no run named {run_name!r} in Redis (see `producer runs`)")
+    output = info.settings.output
+    if purge_output and output.startswith("s3://"):
+        raise UserError("--purge-output removes local outputs only; delete s3:// objects with your S3 tools")
+    if not yes:
+        what = f"run {run_name} (its queue, jobs and counters in Redis"
+        what += f", and its results under {redact(output)})" if purge_output else "; its output is kept)"
+        if not click.confirm(f"delete {what}?", default=False):
+            raise UserError("not deleted")
+    n = delete_run(conn, run_name)
+    click.echo(f"run {run_name} deleted: {n} Redis keys")
+    if purge_output:
+        target = Path(output) / run_name
+        if target.is_dir():
+            shutil.rmtree(target)
+            click.echo(f"removed {target}")
+
+
+def delete_run(conn: redis.Redis, run: str) -> int:
+    """Delete every Redis key of RUN: genqueue's and rq's (its queue, registries, jobs).
+    Consumers holding its jobs find the run gone and stop serving it."""
+    ours = [k.decode() for k in conn.scan_iter(match=f"{run_key(run)}:*", count=1000)]
+    keys = [*run_rq_keys(conn, run), run_key(run), pause_key(run), *ours]
+    n = 0
+    for i in range(0, len(keys), 500):
+        n += int(conn.delete(*keys[i:i + 500]))
+    conn.zrem(RUNS, run)
+    forget_queue(conn, run)
+    return n
