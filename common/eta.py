@@ -57,7 +57,7 @@ def eta_seconds(remaining_items: int, done_items: int, completion_tokens: int,
 def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "unknown"
-    s = int(round(seconds))
+    s = round(seconds)
     d, s = divmod(s, 86400)
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)

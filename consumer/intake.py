@@ -96,7 +96,8 @@ class Intake:
     def __init__(self, rq: RqThread, worker: GenWorker, book: Book[Held], acker: Acker, served: ServedRuns, *,
                  low_water: Callable[[], int], may_fetch: Callable[[], bool], burst: bool,
                  poll_interval: float, wake: asyncio.Event, stopping: asyncio.Event,
-                 on_complete: Callable[[str], Awaitable[object]]) -> None:
+                 on_complete: Callable[[str], Awaitable[object]],
+                 on_runs: Callable[[list[str]], None] = lambda runs: None) -> None:
         self.rq = rq
         self.worker = worker
         self.book = book
@@ -110,6 +111,7 @@ class Intake:
         self.stopping = stopping
         self._queues_served: list[str] = []
         self._on_complete = on_complete
+        self._on_runs = on_runs
         self.skipped = 0
 
     async def run(self) -> None:
@@ -123,6 +125,11 @@ class Intake:
                 for run in self.book.runs_held() & set(self.served.paused):
                     n = await self.acker.give_back_run(run)
                     log.info("run %s is paused: %d held job(s) given back", run, n)
+                for run in self.book.runs_held() & set(self.served.vanished):
+                    for js in self.book:  # nothing to give back to: their queue is gone
+                        if js.run == run:
+                            self.book.abandon(js)
+                self._on_runs(runs)
                 last_resolve = time.monotonic()
             if self.book.pending < self._low_water() and self._may_fetch():
                 # Raced against the stop: with Redis unreachable a dequeue waits for it, and a

@@ -9,6 +9,7 @@ the runs it serves under rq's maintenance lock (consumer.rqcompat.GenWorker.swee
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,11 +46,14 @@ class Leases:
         """Renew every held job; drop the ones whose lease was lost. Returns how many were lost."""
         held = {js.held.id: js for js in self.book}
         lost = await self.rq.call(self.worker.renew, [js.held for js in held.values()])
+        by_run: collections.Counter[str] = collections.Counter()
         for h in lost:
             js = held[h.id]
             self.book.abandon(js)
-            log.warning("job %s (run %s): lease lost (swept while this consumer could not renew it); "
-                        "its new owner redoes it", h.id, js.run)
+            by_run[js.run] += 1
+        for run, n in by_run.items():
+            log.warning("run %s: %d lease(s) lost (swept while this consumer could not renew them, or the run "
+                        "is gone): their jobs are not ours any more", run, n)
         self.lost += len(lost)
         return len(lost)
 

@@ -90,6 +90,7 @@ class Outbox:
         self.stopping_hard = False
         self._orphaned: set[str] = set()
         self._queued_at: dict[str, float] = {}
+        self._parked: dict[str, list[SealedShard]] = {}  # shards of runs gone from Redis
         self._marks: dict[tuple[str, int], ShardMarks] = {}  # (run, seq) of our own shards
         self._read_marks: dict[str, ShardMarks] = {}  # leftover shards, read back from disk
 
@@ -179,13 +180,17 @@ class Outbox:
             # A leftover shard of an earlier consumer carries that consumer's sequence numbers:
             # shipped, it marks its items done and acks nothing of ours; lost, it redoes nothing.
             mine = self._mine(shard)
-            marks = self._marks.pop((shard.run, shard.seq), None) if mine else self._read_marks.pop(shard.name, None)
+            marks = (self._marks.pop((shard.run, shard.seq), None) if mine else None) \
+                or self._read_marks.pop(shard.name, None)
             if outcome is ShipOutcome.SHIPPED:
                 await self._on_shipped(shard.run, shard.seq if mine else None, marks or ShardMarks())
             elif outcome is ShipOutcome.LOST:
                 if mine:
                     await self._on_lost(shard.run, shard.seq)
             else:
+                self._parked.setdefault(shard.run, []).append(shard)
+                if marks is not None:
+                    self._read_marks[shard.name] = marks
                 await self._on_no_run(shard.run)
 
     async def _ship(self, shard: SealedShard) -> ShipOutcome:
@@ -193,9 +198,8 @@ class Outbox:
         if output is None:
             if shard.run not in self._orphaned:
                 self._orphaned.add(shard.run)
-                log.error("run %s is gone from Redis (deleted, or Redis lost its data): its shards stay in %s, "
-                          "nothing of it is acked; re-create the run (producer enqueue) to ship them",
-                          shard.run, shard.path.parent)
+                log.info("shards of run %s are kept in %s until the run is back in Redis", shard.run,
+                         shard.path.parent)
             return ShipOutcome.NO_RUN
         store = self._stores.get(output)
         loop = asyncio.get_running_loop()
@@ -241,6 +245,14 @@ class Outbox:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+    def unpark(self, runs: list[str]) -> None:
+        """Runs that are (back) in Redis: their shards kept aside while they were gone ship now."""
+        for run in runs:
+            for shard in self._parked.pop(run, []):
+                self._orphaned.discard(run)
+                log.warning("run %s is back: shipping %s, kept in the spool while it was gone", run, shard.name)
+                self.enqueue(shard)
 
     def _mine(self, shard: SealedShard) -> bool:
         return shard.name.startswith(self.worker + "-")

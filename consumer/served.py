@@ -71,6 +71,8 @@ class ServedRuns:
         self._refused: dict[str, _Refusal] = {}
         self.paused: dict[str, str] = {}  # runs paused in Redis (the breaker), with the reason
         self._tripped: dict[str, str] = {}  # paused here, not yet seen paused in Redis
+        self.vanished: dict[str, str] = {}  # runs served here that are gone from Redis
+        self._started = False
 
     def pause(self, run: str, reason: str) -> None:
         """This consumer's breaker paused RUN: in force here at once."""
@@ -122,6 +124,10 @@ class ServedRuns:
             log.info("run %s resumed", name)
             self.contexts.pop(name, None)  # probed again, with a fresh breaker
         self.paused = paused
+        if self.contexts:
+            present = await self.rq.call(_present, self.store.conn, list(self.contexts))
+            for name in [n for n in self.contexts if n not in present]:
+                self._vanish(name)
         usable = []
         for name in names:
             if name in paused:
@@ -133,9 +139,11 @@ class ServedRuns:
                 continue
             info = await self.rq.call(self.store.get, name)
             if info is None:
-                if self.only_run:
+                if self.only_run and not self._started and name not in self.vanished:
                     raise UserError(f"no run named {name!r} in Redis")
                 continue
+            if self.vanished.pop(name, None) is not None:
+                log.warning("run %s is back in Redis: serving it again", name)
             if not self.only_run:
                 counts = await self.rq.call(job_counts, self.store.conn, name)
                 if not (counts["queued"] or counts["started"] or counts["dequeuing"]):
@@ -166,7 +174,16 @@ class ServedRuns:
                 log.info("run %s: pre-flight passes now; serving it", name)
             self.contexts[name] = ctx
             usable.append(name)
+        self._started = True
         return usable
+
+    def _vanish(self, run: str) -> None:
+        """RUN is gone from Redis (deleted, or Redis restarted empty or was flushed): said once,
+        not served, nothing of it acked; its shards stay in the spool until it is back."""
+        del self.contexts[run]
+        self.vanished[run] = ("gone from Redis (deleted, or Redis lost its data); its results stay in the "
+                              "spool; re-create it with the same `producer enqueue` to ship them")
+        log.error("run %s is %s", run, self.vanished[run])
 
     async def _preflight(self, ctx: RunContext) -> str | None:
         """What the engine cannot answer for this run, checked before any of its jobs is taken;
@@ -214,6 +231,7 @@ class ServedRuns:
     def snapshot(self) -> ServedSnapshot:
         refused = {run: r.reason for run, r in self._refused.items()}
         refused.update({run: f"paused: {why}" for run, why in self.paused.items()})
+        refused.update(self.vanished)
         return ServedSnapshot(list(self.models), dict(self.model_lens), dict(self.contexts), refused)
 
 
@@ -233,6 +251,14 @@ async def accepts(client: EndpointClient, body: dict[str, Any]) -> None:
             raise cls(f"HTTP {resp.status}: {text}", status=resp.status)
     except (aiohttp.ClientError, OSError) as e:
         raise TransientError(f"{type(e).__name__}: {e}") from e
+
+
+def _present(conn: redis.Redis, names: list[str]) -> set[str]:
+    """The runs among NAMES whose settings are in Redis (one round trip)."""
+    with conn.pipeline(transaction=False) as p:
+        for n in names:
+            p.hexists(run_key(n), "settings")
+        return {n for n, there in zip(names, p.execute(), strict=True) if there}
 
 
 def _pauses(conn: redis.Redis, names: list[str]) -> dict[str, str]:

@@ -243,7 +243,8 @@ class Consumer:
                                 wake=self.wake, stopping=self.stopping, low_water=self._low_water)
         intake = Intake(self.rq, self.worker, self.book, self.acker, served, low_water=self._low_water,
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
-                        wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival)
+                        wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
+                        on_runs=self.outbox.unpark)
 
         await served.wait_for_models(self.stopping)
         for run in await served.resolve():
