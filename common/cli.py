@@ -13,7 +13,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError, UserError
-from genqueue.common.redisconn import redact_url
+from genqueue.common.redact import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,13 +30,19 @@ def redis_option(f: F) -> F:
     )(f)
 
 
+class RedactingFormatter(logging.Formatter):
+    """Formats as usual, then masks credentials (common.redact): a library may log the URL
+    it connects to, and a traceback may quote one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     # rq logs every job at INFO (and sets rq.worker to INFO when imported); genqueue logs its
     # own line per job, so rq speaks at -vv only.
     for name in ("rq", "rq.worker", "rq.job", "rq.queue", "rq.registry", "rq.intermediate_queue"):
@@ -51,13 +57,13 @@ def friendly_errors(f: F) -> F:
         try:
             return f(*args, **kwargs)
         except UserError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {_one_line(e)}", err=True)
             sys.exit(e.exit_code)
         except redis.exceptions.RedisError as e:
-            click.echo(f"error: Redis: {redact_url(str(e))}", err=True)
+            click.echo(f"error: Redis: {_one_line(e)}", err=True)
             sys.exit(1)
         except GenqueueError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {_one_line(e)}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -66,3 +72,8 @@ def friendly_errors(f: F) -> F:
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _one_line(e: BaseException) -> str:
+    """E's message on one line, credentials masked."""
+    return redact(" ".join(str(e).split()) or type(e).__name__)

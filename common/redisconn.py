@@ -1,32 +1,98 @@
-"""Connecting to Redis, and keeping its password out of every message."""
+"""Every Redis connection genqueue makes: one place that sets its timeouts, health checks,
+keepalive and retries (common/defaults.py says why each value), for the sync and the asyncio
+client alike, and keeps the password out of every message.
+
+Left to the client's defaults these change between redis-py releases, and a connection to a
+server that vanished without a FIN (a rebooted node, a partition, a NAT that forgot the flow)
+can hang a producer or a consumer's lease renewal for as long as the kernel keeps trying.
+A URL's own query options (`?socket_timeout=30`) still win, for one deployment's needs.
+
+Retries: redis-py, when told to retry, re-sends a command, a pipeline or a MULTI/EXEC
+transaction on a fresh connection after a connection error or a timeout, even when the server
+had applied it and only the reply was lost. genqueue's connections do not retry
+(defaults.REDIS_RETRIES); a caller retries what it knows to be safe. Writes that must not
+happen twice are idempotent anyway (the producer's claim script) or run under WATCH, under
+which redis-py raises instead of re-sending.
+"""
 
 from __future__ import annotations
 
-import re
+import socket
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from genqueue.common import defaults
 from genqueue.common.errors import RedisUnavailableError
+from genqueue.common.redact import redact
 
-_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^@/]*)@", re.IGNORECASE)
+#: Old name of genqueue.common.redact.redact, kept while callers move.
+redact_url = redact
 
 
-def redact_url(url: str) -> str:
-    """Return the URL with any user:password replaced by ***, safe to log or print."""
-    return _USERINFO.sub(lambda m: f"{m['scheme']}***@", url)
+def keepalive_options() -> dict[int, int]:
+    """TCP keepalive timing for this platform (Linux names; macOS calls the idle time TCP_KEEPALIVE)."""
+    names = (
+        (("TCP_KEEPIDLE", "TCP_KEEPALIVE"), defaults.REDIS_KEEPALIVE_IDLE),
+        (("TCP_KEEPINTVL",), defaults.REDIS_KEEPALIVE_INTERVAL),
+        (("TCP_KEEPCNT",), defaults.REDIS_KEEPALIVE_COUNT),
+    )
+    options: dict[int, int] = {}
+    for candidates, value in names:
+        for name in candidates:
+            opt = getattr(socket, name, None)
+            if isinstance(opt, int):
+                options[opt] = value
+                break
+    return options
+
+
+def connection_kwargs(url: str) -> dict[str, Any]:
+    """The client options genqueue sets on every connection to URL (retry excluded: the sync and
+    the asyncio clients take different Retry classes)."""
+    kwargs: dict[str, Any] = {
+        "socket_timeout": defaults.REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": defaults.REDIS_CONNECT_TIMEOUT,
+        "health_check_interval": defaults.REDIS_HEALTH_CHECK_INTERVAL,
+    }
+    if not url.lower().startswith("unix:"):  # keepalive is TCP's; a unix socket refuses the options
+        kwargs["socket_keepalive"] = True
+        kwargs["socket_keepalive_options"] = keepalive_options()
+    return kwargs
 
 
 def connect(url: str, *, check: bool = True) -> redis.Redis:
     """A Redis client for URL (redis://, rediss://, unix://); pings it unless check is false."""
     try:
-        conn = redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True)
+        conn = redis.Redis.from_url(url, retry=Retry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url))
     except ValueError as e:
-        raise RedisUnavailableError(f"invalid Redis URL {redact_url(url)}: {e}") from None
+        raise RedisUnavailableError(f"invalid Redis URL {redact(url)}: {redact(str(e))}") from None
     if check:
         try:
             conn.ping()
         except redis.exceptions.RedisError as e:
-            raise RedisUnavailableError(
-                f"cannot reach Redis at {redact_url(url)}: {redact_url(str(e))}"
-            ) from None
+            raise RedisUnavailableError(f"cannot reach Redis at {redact(url)}: {redact(str(e))}") from None
     return conn
+
+
+def async_connect(url: str) -> aioredis.Redis:
+    """A redis.asyncio client for URL with the same options as connect(). No I/O here: it
+    connects on its first command (await async_check(conn, url) to fail early)."""
+    try:
+        return aioredis.Redis.from_url(
+            url, retry=AsyncRetry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url)
+        )
+    except ValueError as e:
+        raise RedisUnavailableError(f"invalid Redis URL {redact(url)}: {redact(str(e))}") from None
+
+
+async def async_check(conn: aioredis.Redis, url: str) -> None:
+    """PING through CONN; RedisUnavailableError (with URL redacted) when Redis does not answer."""
+    try:
+        await conn.ping()
+    except redis.exceptions.RedisError as e:
+        raise RedisUnavailableError(f"cannot reach Redis at {redact(url)}: {redact(str(e))}") from None

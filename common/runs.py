@@ -3,9 +3,18 @@
 Keys (all under genqueue:, rq's own keys keep rq's prefix):
   genqueue:runs                 zset  run -> creation time
   genqueue:run:<run>            hash  settings (JSON), fingerprint, created_at, version
-  genqueue:run:<run>:keys       set   16-byte digests of every item key enqueued (idempotence)
+  genqueue:run:<run>:keys       set   16-byte digests of every item key claimed (idempotence)
+  genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
+                                      the transaction that enqueues them deletes it (below)
   genqueue:run:<run>:sources    hash  source id -> JSON summary of its last enqueue
   genqueue:run:<run>:stats      hash  counters the consumers increment (items done, errors...)
+
+Claims: producers racing on one run (the same input started twice) must queue each item once.
+An item belongs to the producer whose SADD into the run's keys set added it; the claim script
+does that SADD for a whole slice of items at once and notes what it won in the claim set, so a
+client that re-sends the script after a lost reply gets the same answer. A producer killed
+between its claim and the transaction that enqueues the claimed items (and deletes the claim
+set) leaves those items in the keys set and in no job: the claim set names them until CLAIM_TTL.
 """
 
 from __future__ import annotations
@@ -17,12 +26,13 @@ from typing import Any
 import orjson
 import redis
 
-from genqueue.common import __version__
+from genqueue.common import __version__, defaults
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import RunConflictError, RunNotFoundError
 from genqueue.common.settings import RunSettings
 
 RUNS = f"{KEY_PREFIX}:runs"
+
 #: Consumers' last snapshots: a sorted set of worker names by last-seen time, and one key each.
 CONSUMERS = f"{KEY_PREFIX}:consumers"
 
@@ -33,6 +43,10 @@ def consumer_key(worker: str) -> str:
 
 def run_key(run: str, suffix: str = "") -> str:
     return f"{KEY_PREFIX}:run:{run}" + (f":{suffix}" if suffix else "")
+
+
+def claim_key(run: str, claim_id: str) -> str:
+    return run_key(run, f"claim:{claim_id}")
 
 
 def key_digest(item_key: str) -> bytes:
@@ -57,6 +71,8 @@ class RunStore:
 
     def __init__(self, conn: redis.Redis) -> None:
         self.conn = conn
+        self._claim = conn.register_script(_CLAIM)
+        self._release = conn.register_script(_RELEASE)
 
     def get(self, run: str) -> RunInfo | None:
         data = self.conn.hgetall(run_key(run))
@@ -66,7 +82,7 @@ class RunStore:
             name=run,
             settings=RunSettings.from_json(data[b"settings"]),
             created_at=float(data.get(b"created_at", b"0")),
-            version=data.get(b"version", b"?").decode(),
+            version=_text(data.get(b"version", b"?")),
         )
 
     def require(self, run: str) -> RunInfo:
@@ -74,6 +90,18 @@ class RunStore:
         if info is None:
             raise RunNotFoundError(f"no run named {run!r} in Redis (see `producer status` for the runs there)")
         return info
+
+    def check(self, run: str, settings: RunSettings) -> bool:
+        """Whether RUN exists; RunConflictError when it has other settings. Writes nothing: the
+        producer asks before it reads a byte of the input."""
+        existing = self.get(run)
+        if existing is not None and existing.settings != settings:
+            diff = ", ".join(settings.differences(existing.settings))
+            raise RunConflictError(
+                f"run {run!r} exists with other settings ({diff}); "
+                "use the same options, or name a new run with --run"
+            )
+        return existing is not None
 
     def create_or_check(self, run: str, settings: RunSettings) -> bool:
         """Create RUN with SETTINGS, or check that it already has exactly them.
@@ -93,24 +121,33 @@ class RunStore:
                 p.zadd(RUNS, {run: now}, nx=True)
                 p.execute()
             return True
-        existing = self.require(run)
-        if existing.settings != settings:
-            diff = ", ".join(settings.differences(existing.settings))
-            raise RunConflictError(
-                f"run {run!r} exists with other settings ({diff}); "
-                "use the same options, or name a new run with --run"
-            )
+        self.check(run, settings)
         return False
 
     def names(self) -> list[str]:
         """Every run, oldest first."""
-        return [n.decode() for n in self.conn.zrange(RUNS, 0, -1)]
+        return [_text(n) for n in self.conn.zrange(RUNS, 0, -1)]
 
     def known_keys(self, run: str, digests: list[bytes]) -> list[bool]:
         """For each digest, whether the run already holds that item."""
         if not digests:
             return []
         return [bool(x) for x in self.conn.smismember(run_key(run, "keys"), digests)]
+
+    def claim(self, run: str, claim_id: str, digests: list[bytes]) -> list[bool]:
+        """Claim items for one producer: for each digest, True when it is this claim's (added to
+        the run's keys now, or by an earlier send of this same claim), False when another
+        producer or an earlier enqueue has it, or when it repeats a digest earlier in DIGESTS.
+        Atomic, and safe to send twice."""
+        if not digests:
+            return []
+        won = self._claim(keys=[run_key(run, "keys"), claim_key(run, claim_id)], args=[defaults.CLAIM_TTL, *digests])
+        return [bool(x) for x in won]
+
+    def release(self, run: str, claim_id: str) -> int:
+        """Give back what a claim holds, when its items could not be enqueued (an error, Ctrl-C):
+        a later enqueue queues them. Returns how many items it held."""
+        return int(self._release(keys=[run_key(run, "keys"), claim_key(run, claim_id)]))
 
     def item_count(self, run: str) -> int:
         return int(self.conn.scard(run_key(run, "keys")))
@@ -120,13 +157,71 @@ class RunStore:
 
     def sources(self, run: str) -> dict[str, dict[str, Any]]:
         raw = self.conn.hgetall(run_key(run, "sources"))
-        return {k.decode(): orjson.loads(v) for k, v in raw.items()}
+        return {_text(k): orjson.loads(v) for k, v in raw.items()}
 
     def stats(self, run: str) -> dict[str, int]:
         raw = self.conn.hgetall(run_key(run, "stats"))
-        return {k.decode(): int(v) for k, v in raw.items()}
+        return {_text(k): int(v) for k, v in raw.items()}
 
-    def delete(self, run: str) -> None:
-        """Forget a run's bookkeeping (not its rq jobs)."""
-        self.conn.delete(run_key(run), run_key(run, "keys"), run_key(run, "sources"), run_key(run, "stats"))
-        self.conn.zrem(RUNS, run)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# KEYS: the run's keys set, the claim set. ARGV: the claim set's TTL, then the digests.
+# A digest is this claim's when it was not in the run (then it is added to both sets), or when
+# an earlier send of this script claimed it. Whole-list commands, in parts of 4096 (Lua's
+# unpack limit), keep it to a few commands per slice rather than a few per item.
+_CLAIM = """
+local function call(cmd, key, list)
+  local out = {}
+  for i = 1, #list, 4096 do
+    local part = redis.call(cmd, key, unpack(list, i, math.min(i + 4095, #list)))
+    if type(part) == 'table' then
+      for _, v in ipairs(part) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+local digests = {}
+for i = 2, #ARGV do digests[#digests + 1] = ARGV[i] end
+local in_run = call('SMISMEMBER', KEYS[1], digests)
+local won, new, again, seen = {}, {}, {}, {}
+for i, d in ipairs(digests) do
+  won[i] = 0
+  if not seen[d] then
+    seen[d] = true
+    if in_run[i] == 0 then
+      new[#new + 1] = d
+      won[i] = 1
+    else
+      again[#again + 1] = i
+    end
+  end
+end
+if #new > 0 then
+  call('SADD', KEYS[1], new)
+  call('SADD', KEYS[2], new)
+end
+if #again > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  local ask = {}
+  for j, i in ipairs(again) do ask[j] = digests[i] end
+  local mine = call('SMISMEMBER', KEYS[2], ask)
+  for j, i in ipairs(again) do won[i] = mine[j] end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+return won
+"""
+
+# KEYS: the run's keys set, the claim set. Removes the claimed digests from the run again.
+_RELEASE = """
+local held = redis.call('SMEMBERS', KEYS[2])
+for i = 1, #held, 4096 do
+  redis.call('SREM', KEYS[1], unpack(held, i, math.min(i + 4095, #held)))
+end
+redis.call('DEL', KEYS[2])
+return #held
+"""

@@ -7,18 +7,20 @@ their own command line, so every GPU runs one recipe; each result records the fi
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 import orjson
 
 from genqueue.common import defaults
+from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
+from genqueue.common.redact import redact
 
-MODES = ("first", "last", "each", "regenerate")
-HISTORY_REASONING = ("drop", "keep")
-TRUNCATION = ("keep", "error", "retry")
+E = TypeVar("E", bound=StrEnum)
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -45,6 +47,34 @@ def run_name_from_path(path: str) -> str:
     return check_run_name(name[:100])
 
 
+#: Request fields --sampling-json may not set, and why: genqueue sets them itself per request.
+RESERVED_FIELDS: dict[str, str] = {
+    "model": "use --model (each result records the model that answered)",
+    "messages": "the messages are the items' own",
+    "stream": "consumers read one JSON answer per request",
+    "stream_options": "consumers do not stream",
+    "n": "each item gets exactly one answer",
+    "tools": "tools are the records' own",
+}
+
+#: Request fields of vLLM's OpenAI-compatible chat completions that --sampling-json may set
+#: without a warning (anything else is sent as given, after a warning line naming it).
+KNOWN_FIELDS = frozenset({
+    # OpenAI chat completions
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop", "presence_penalty",
+    "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tool_choice",
+    "parallel_tool_calls", "reasoning_effort", "user",
+    # vLLM sampling and chat extras
+    "top_k", "min_p", "repetition_penalty", "length_penalty", "min_tokens", "stop_token_ids", "ignore_eos",
+    "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "bad_words",
+    "allowed_token_ids", "truncate_prompt_tokens", "prompt_logprobs", "use_beam_search", "best_of",
+    "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+    "add_special_tokens", "documents", "mm_processor_kwargs", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
+    "priority", "return_tokens_as_token_ids", "cache_salt", "vllm_xargs", "thinking_token_budget",
+})
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """Sampling parameters sent with every request of the run."""
@@ -67,31 +97,68 @@ class Sampling:
         params.update(self.extra)
         return params
 
+    def check(self) -> list[str]:
+        """Refuse values no server accepts, before anything is written; return a warning line
+        for each --sampling-json field genqueue does not know (sent as given: vLLM grows).
+
+        Called when a run is made, not when one is read: a consumer serves what is stored.
+        """
+        reserved = sorted(self.extra.keys() & RESERVED_FIELDS.keys())
+        if reserved:
+            raise UserError(f"--sampling-json may not set {reserved[0]!r}: {RESERVED_FIELDS[reserved[0]]}")
+        p = self.request_params()  # what is sent: --sampling-json overrides the options
+        temperature, top_p = p.get("temperature"), p.get("top_p")
+        if temperature is not None and not (_is_number(temperature) and temperature >= 0):
+            raise UserError(f"temperature must be a number >= 0, not {temperature!r}")
+        if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+            raise UserError(f"top_p must be a number in (0, 1], not {top_p!r}")
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in p and not (_is_int(p[name]) and p[name] >= 1):
+                raise UserError(f"{name} must be an integer >= 1, not {p[name]!r}")
+        if p.get("seed") is not None and not _is_int(p["seed"]):
+            raise UserError(f"seed must be an integer, not {p['seed']!r}")
+        return [
+            f"--sampling-json: unknown request field {name!r}, sent as given (the server may refuse it)"
+            for name in sorted(self.extra.keys() - KNOWN_FIELDS)
+        ]
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
 
 @dataclass(frozen=True, slots=True)
 class RunSettings:
-    """The recipe of one run. Changing any field makes a different fingerprint."""
+    """The recipe of one run. Changing any field makes a different fingerprint.
+
+    The names are StrEnums, so the JSON (and the fingerprint) is the one plain strings made
+    before they were typed; plain strings given here are turned into the enums.
+    """
 
     model: str | None = None
-    multi_turn: str = defaults.MULTI_TURN
+    multi_turn: Mode = defaults.MULTI_TURN
     sampling: Sampling = field(default_factory=Sampling)
     output: str = defaults.OUTPUT
     max_prompt_chars: int = defaults.MAX_PROMPT_CHARS
-    history_reasoning: str = "drop"
-    truncation: str = "keep"
+    history_reasoning: HistoryReasoning = defaults.HISTORY_REASONING
+    truncation: Truncation = defaults.TRUNCATION
     expect_reasoning: bool = False
 
     def __post_init__(self) -> None:
-        if self.multi_turn not in MODES:
-            raise UserError(f"unknown --multi-turn {self.multi_turn!r}; choose one of {', '.join(MODES)}")
-        if self.history_reasoning not in HISTORY_REASONING:
-            raise UserError(f"unknown --history-reasoning {self.history_reasoning!r}")
-        if self.truncation not in TRUNCATION:
-            raise UserError(f"unknown --truncation {self.truncation!r}")
+        object.__setattr__(self, "multi_turn", _choice(Mode, self.multi_turn, "--multi-turn"))
+        object.__setattr__(
+            self, "history_reasoning", _choice(HistoryReasoning, self.history_reasoning, "--history-reasoning")
+        )
+        object.__setattr__(self, "truncation", _choice(Truncation, self.truncation, "--truncation"))
         if self.sampling.max_tokens < 1:
             raise UserError("--max-tokens must be at least 1")
         if self.max_prompt_chars < 1:
             raise UserError("--max-prompt-chars must be at least 1")
+        check_output(self.output)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,3 +196,23 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def _choice(enum: type[E], value: object, option: str) -> E:
+    try:
+        return enum(str(value))
+    except ValueError:
+        raise UserError(f"unknown {option} {value!r}; choose one of {', '.join(enum)}") from None
+
+
+def check_output(output: str) -> str:
+    """Return OUTPUT if it holds no credentials; a URL with any (user:password@, a token or a
+    signature in its query) is refused: the settings are stored in Redis for every consumer to
+    read, and shown by status."""
+    if redact(output) != output:
+        raise UserError(
+            f"--output {redact(output)} holds credentials; genqueue takes none in a URL. Give them "
+            "through boto3's credential chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+            "~/.aws/credentials, or AWS_PROFILE"
+        )
+    return output

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 import redis
-import redis.asyncio as aioredis
 
 from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.redisconn import async_connect
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class Checkpoints:
     """Async access to checkpoints, for the generator on the event loop."""
 
     def __init__(self, url: str) -> None:
-        self._conn = aioredis.Redis.from_url(url)
+        self._conn = async_connect(url)
         self.saved = 0
         self.resumed = 0
 

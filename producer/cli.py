@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import click
 import orjson
 
 from genqueue.common import __version__, defaults
 from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
+from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
-from genqueue.common.settings import MODES, RunSettings, Sampling, check_run_name, run_name_from_path
+from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
 from genqueue.producer.enqueue import Summary, enqueue_file
+from genqueue.producer.reader import RawRecord
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,15 +31,15 @@ def main(verbose: int) -> None:
 @main.command()
 @click.argument("path")
 @click.option("--run", "run_name", help="Run name (default: the file's base name).")
-@click.option("--multi-turn", type=click.Choice(MODES), default=defaults.MULTI_TURN, show_default=True,
-              help="How multi-turn conversations become items (see README).")
+@click.option("--multi-turn", type=click.Choice([m.value for m in Mode]), default=defaults.MULTI_TURN.value,
+              show_default=True, help="How multi-turn conversations become items (see README).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=defaults.BATCH_SIZE, show_default=True,
               help="Items per rq job.")
 @click.option("--model", help="Model to request (default: whatever the consumers' endpoints serve).")
-@click.option("--temperature", type=float, default=defaults.TEMPERATURE, show_default=True)
-@click.option("--top-p", type=float, default=defaults.TOP_P, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=defaults.MAX_TOKENS, show_default=True,
-              help="Completion budget per request (thinking included).")
+@click.option("--temperature", type=float, default=defaults.TEMPERATURE, show_default=True, help=">= 0.")
+@click.option("--top-p", type=float, default=defaults.TOP_P, show_default=True, help="In (0, 1].")
+@click.option("--max-tokens", type=int, default=defaults.MAX_TOKENS, show_default=True,
+              help="Completion budget per request (thinking included); >= 1.")
 @click.option("--seed", type=int, default=None, help="Sampling seed sent with every request.")
 @click.option("--sampling-json", default=None,
               help='Extra request fields as JSON, e.g. \'{"top_k": 20, "min_p": 0}\'.')
@@ -42,16 +47,17 @@ def main(verbose: int) -> None:
               help="Reject records whose text is longer (reason too_long).")
 @click.option("--max-record-bytes", type=click.IntRange(1), default=defaults.MAX_RECORD_BYTES, show_default=True,
               help="Reject input records larger than this without reading them whole.")
-@click.option("--history-reasoning", type=click.Choice(["drop", "keep"]), default="drop", show_default=True,
+@click.option("--history-reasoning", type=click.Choice([h.value for h in HistoryReasoning]),
+              default=defaults.HISTORY_REASONING.value, show_default=True,
               help="regenerate: whether a turn's thinking goes back into the next turn's history.")
-@click.option("--truncation", type=click.Choice(["keep", "error", "retry"]), default="keep", show_default=True,
-              help="What an item cut by max_tokens becomes.")
+@click.option("--truncation", type=click.Choice([t.value for t in Truncation]), default=defaults.TRUNCATION.value,
+              show_default=True, help="What an item cut by max_tokens becomes.")
 @click.option("--expect-reasoning", is_flag=True,
               help="The model thinks: consumers warn loudly if their server returns no thinking.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT",
-              help="Where consumers put results: a directory, or s3://bucket/prefix.")
+              help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
 @click.option("--rejects", "rejects_path", default=None,
-              help="Rejects file (default: <run>.rejects.jsonl in the current directory).")
+              help="Rejects file (default: <run>.rejects.jsonl in the current directory; none with --dry-run).")
 @click.option("--longest-first", is_flag=True,
               help="Queue the costliest items first (by their original answers' length) to shorten the run's tail.")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
@@ -61,25 +67,30 @@ def main(verbose: int) -> None:
 def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
-            expect_reasoning: bool, output: str, rejects_path: str | None, longest_first: bool, dry_run: bool, as_json: bool, redis_url: str) -> None:
+            expect_reasoning: bool, output: str, rejects_path: str | None, longest_first: bool, dry_run: bool,
+            as_json: bool, redis_url: str) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it."""
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
-    extra = _parse_extra(sampling_json)
+    sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                        extra=_parse_extra(sampling_json))
+    warnings = sampling.check()  # everything is checked before anything is opened or written
     settings = RunSettings(
         model=model,
-        multi_turn=multi_turn,
-        sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, extra=extra),
+        multi_turn=Mode(multi_turn),
+        sampling=sampling,
         output=_absolute_output(output),
         max_prompt_chars=max_prompt_chars,
-        history_reasoning=history_reasoning,
-        truncation=truncation,
+        history_reasoning=HistoryReasoning(history_reasoning),
+        truncation=Truncation(truncation),
         expect_reasoning=expect_reasoning,
     )
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
     conn = None if dry_run else connect(redis_url)
     summary = enqueue_file(
         path, run, settings, conn,
         batch_size=batch_size,
-        rejects_path=rejects_path or f"{run}.rejects.jsonl",
+        rejects_path=rejects_path or (None if dry_run else f"{run}.rejects.jsonl"),
         max_record_bytes=max_record_bytes,
         progress=_progress if sys.stderr.isatty() and not as_json else None,
         longest_first=longest_first,
@@ -126,11 +137,9 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, re
         click.echo(render())
 
 
-def _parse_extra(raw: str | None) -> dict:
+def _parse_extra(raw: str | None) -> dict[str, Any]:
     if not raw:
         return {}
-    from genqueue.common.errors import UserError
-
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -141,21 +150,17 @@ def _parse_extra(raw: str | None) -> dict:
 
 
 def _absolute_output(output: str) -> str:
-    import os
-
     return output if "://" in output else os.path.abspath(output)
 
 
-def _progress(records: Iterator) -> Iterator:
+def _progress(records: Iterator[RawRecord]) -> Iterator[RawRecord]:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.completed:,} records read"), TimeElapsedColumn(),
                   transient=True) as bar:
         task = bar.add_task("read", total=None)
-        n = 0
-        for rec in records:
+        for n, rec in enumerate(records, 1):
             yield rec
-            n += 1
             if n % 1000 == 0:
                 bar.update(task, completed=n)
 
@@ -185,8 +190,12 @@ def format_summary(s: Summary) -> str:
 
 def _register() -> None:
     from genqueue.producer.export import export_command
+    from genqueue.producer.lifecycle import delete_command, resume_command, runs_command
 
     main.add_command(export_command, "export")
+    main.add_command(runs_command, "runs")
+    main.add_command(resume_command, "resume")
+    main.add_command(delete_command, "delete")
 
 
 _register()

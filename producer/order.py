@@ -13,9 +13,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
+
+from genqueue.common.contracts import Item
 
 #: Cost classes are this factor apart.
 STEP = 1.2
@@ -34,7 +36,7 @@ class LongestFirst:
         self._files: dict[int, IO[bytes]] = {}
         self.count = 0
 
-    def add(self, item: dict[str, Any], cost: int) -> None:
+    def add(self, item: Item, cost: int) -> None:
         cls = cost_class(cost)
         fh = self._files.get(cls)
         if fh is None:
@@ -42,13 +44,13 @@ class LongestFirst:
         fh.write(orjson.dumps(item) + b"\n")
         self.count += 1
 
-    def longest_first(self, chunk: int = 4096) -> Iterator[list[dict[str, Any]]]:
+    def longest_first(self, chunk: int = 4096) -> Iterator[list[Item]]:
         """Lists of items, costliest class first."""
         for cls in sorted(self._files, reverse=True):
             fh = self._files[cls]
             fh.flush()
             fh.seek(0)
-            buf: list[dict[str, Any]] = []
+            buf: list[Item] = []
             for line in fh:
                 buf.append(orjson.loads(line))
                 if len(buf) >= chunk:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.conftest import cli, free_port, sharegpt, write_jsonl
+from tests.conftest import RedisServer, cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 
 pytestmark = pytest.mark.integration
@@ -22,7 +24,10 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     ca_key, ca, key, csr, crt = (d / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
-    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+
+    def run(*a: str) -> None:
+        subprocess.run(["openssl", *a], check=True, capture_output=True)
+
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
         "-subj", "/CN=genqueue-test-ca")
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
@@ -34,7 +39,7 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
 
 
 @pytest.fixture
-def tls_redis(tmp_path):
+def tls_redis(tmp_path: Path) -> Iterator[str]:
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed")
@@ -59,10 +64,11 @@ def tls_redis(tmp_path):
     proc.wait(10)
 
 
-def test_every_command_over_tls_with_a_password_and_no_secret_leaks(tmp_path, tls_redis):
+def test_every_command_over_tls_with_a_password_and_no_secret_leaks(tmp_path: Path, tls_redis: str) -> None:
     env = {"REDIS_URL": tls_redis}
-    data = write_jsonl(tmp_path / "sec.jsonl", [sharegpt(i) for i in range(30)])
-    outputs = []
+    records: list[object] = [sharegpt(i) for i in range(30)]
+    data = write_jsonl(tmp_path / "sec.jsonl", records)
+    outputs: list[subprocess.CompletedProcess[str]] = []
     outputs.append(cli("producer", "-v", "enqueue", str(data), "--output", str(tmp_path / "out"), "--batch-size", "8",
                        "--rejects", str(tmp_path / "rej"), env=env))
     sim = Sim(tmp_path, "--mean-tokens", "10")
@@ -84,3 +90,69 @@ def test_every_command_over_tls_with_a_password_and_no_secret_leaks(tmp_path, tl
     text = c.output() + "".join(o.stdout + o.stderr for o in outputs)
     assert SECRET not in text
     assert "127.0.0.1" in bad.stderr or "Redis" in bad.stderr
+
+
+S3_KEY_ID = "AKIAGENQUEUETEST"
+S3_SECRET = "wJalr/Secret+Key/EXAMPLE"
+
+
+def _bytes(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def every_value(conn: redis.Redis) -> bytes:
+    """Every key and value in Redis, job payloads decompressed, as one blob to search."""
+    out: list[bytes] = []
+    for key in conn.scan_iter(count=1000):
+        kind = _bytes(conn.type(key))
+        values: list[object] = []
+        if kind == b"string":
+            values = [conn.get(key)]
+        elif kind == b"hash":
+            values = [b for kv in conn.hgetall(key).items() for b in kv]
+        elif kind == b"list":
+            values = list(conn.lrange(key, 0, -1))
+        elif kind == b"set":
+            values = list(conn.smembers(key))
+        elif kind == b"zset":
+            values = list(conn.zrange(key, 0, -1))
+        elif kind == b"stream":
+            values = [b for _, fields in conn.xrange(key) or [] for kv in (fields or {}).items() for b in kv]
+        out.append(_bytes(key))
+        for v in map(_bytes, values):
+            out.append(v)
+            try:
+                out.append(zlib.decompress(v))
+            except zlib.error:
+                pass
+    return b"\n".join(out)
+
+
+def test_secrets_stay_out_of_output_logs_rejects_and_redis(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, password=SECRET)
+    server.start()
+    try:
+        env = {"REDIS_URL": server.url}
+        conn = redis.Redis.from_url(server.url)
+        records: list[object] = [sharegpt(i) for i in range(20)]
+        data = write_jsonl(tmp_path / "leak.jsonl", [*records, {"bad": 1}])
+        rejects = tmp_path / "leak.rejects.jsonl"
+        refused = cli("producer", "-vv", "enqueue", str(data), "--output", f"s3://{S3_KEY_ID}:{S3_SECRET}@bucket/p",
+                      "--rejects", str(rejects), env=env, check=False)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+        assert "credentials" in refused.stderr and "AWS_ACCESS_KEY_ID" in refused.stderr
+        assert conn.dbsize() == 0 and not rejects.exists()
+        wrong = cli("producer", "-vv", "enqueue", str(data), "--rejects", str(rejects),
+                    env={"REDIS_URL": server.url.replace(SECRET, "x" + SECRET)}, check=False)
+        assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
+        accepted = cli("producer", "-vv", "enqueue", str(data), "--output", "s3://bucket/p", "--rejects", str(rejects),
+                       "--sampling-json", '{"top_k": 20}', env=env)
+        assert "enqueued" in accepted.stdout and rejects.exists()
+        stored = every_value(conn)
+        assert b"s3://bucket/p" in stored  # the search does see the settings
+        text = "".join(p.stdout + p.stderr for p in (refused, wrong, accepted)) + rejects.read_text()
+        for secret in (SECRET, S3_SECRET, S3_KEY_ID):
+            assert secret not in text
+            assert secret.encode() not in stored
+    finally:
+        server.stop()

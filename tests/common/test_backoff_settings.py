@@ -8,7 +8,7 @@ from genqueue.common.redisconn import redact_url
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
 
 
-def test_backoff_bounded_and_growing():
+def test_backoff_bounded_and_growing() -> None:
     rng = random.Random(1)
     for attempt in range(10):
         assert 0 <= compute_backoff(attempt, base=0.5, cap=8, rng=rng) <= min(8, 0.5 * 2**attempt)
@@ -16,7 +16,7 @@ def test_backoff_bounded_and_growing():
         compute_backoff(-1)
 
 
-def test_fingerprint_changes_with_recipe_only():
+def test_fingerprint_changes_with_recipe_only() -> None:
     a = RunSettings()
     assert a.fingerprint == RunSettings().fingerprint
     b = RunSettings(sampling=Sampling(temperature=0.1))
@@ -25,20 +25,20 @@ def test_fingerprint_changes_with_recipe_only():
     assert RunSettings.from_json(b.to_json()) == b
 
 
-def test_bad_settings_are_user_errors():
+def test_bad_settings_are_user_errors() -> None:
     with pytest.raises(UserError):
-        RunSettings(multi_turn="sideways")
+        RunSettings(multi_turn="sideways")  # type: ignore[arg-type]
     with pytest.raises(UserError):
         check_run_name("../etc")
 
 
-def test_run_names():
+def test_run_names() -> None:
     assert run_name_from_path("/data/sharegpt_v3.json.gz") == "sharegpt_v3"
     assert run_name_from_path("data.jsonl") == "data"
     assert run_name_from_path("-") == "stdin"
 
 
-def test_redact():
+def test_redact() -> None:
     assert redact_url("redis://:hunter2@h:6379/0") == "redis://***@h:6379/0"
     assert redact_url("rediss://user:pw@h/1") == "rediss://***@h/1"
     assert redact_url("redis://h:6379") == "redis://h:6379"

@@ -40,13 +40,13 @@ def test_leftovers_of_dead_workers_only(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     dead = ShardWriter(str(spool), "r", "deadw", max_bytes=10**9, max_age=3600)
     dead.append({"key": "a"})
-    assert dead._fh is not None
-    dead._fh.write(b'{"key": "torn')  # a crash in mid-line
-    dead._fh.flush()
+    dead.flush()
+    assert dead._path is not None
+    with open(dead._path, "ab") as fh:
+        fh.write(b'{"key": "torn')  # a crash in mid-line
     alive = ShardWriter(str(spool), "r", "alivew", max_bytes=10**9, max_age=3600)
     alive.append({"key": "b"})
-    assert alive._fh is not None
-    alive._fh.flush()
+    alive.flush()
     sealed = ShardWriter(str(spool), "r", "alivew2", max_bytes=10**9, max_age=3600)
     sealed.append({"key": "c"})
     sealed.seal()
@@ -86,3 +86,31 @@ def test_leftovers_leave_files_that_are_not_shards_alone(tmp_path: Path) -> None
     (tmp_path / "r" / "junk.jsonl.open").write_text("torn")
     assert leftover_shards(str(tmp_path), lambda name: True) == []
     assert (tmp_path / "r" / "junk.jsonl.open").read_text() == "torn"
+
+
+def test_a_write_that_fails_loses_nothing_and_is_retried_whole(tmp_path: Path, monkeypatch) -> None:
+    import os as _os
+
+    w = ShardWriter(str(tmp_path), "r", "w", max_bytes=10**9, max_age=3600)
+    w.append({"key": "a"})
+    w.flush()
+    w.append({"key": "b"})
+    real_write = _os.write
+    calls = {"n": 0}
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:  # half a line lands, then the disk is full
+            real_write(fd, bytes(data)[:3])
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(_os, "write", full_disk)
+    try:
+        w.seal()
+        raise AssertionError("the full disk must raise")
+    except OSError as e:
+        assert e.errno == 28
+    shard = w.seal()  # space again: the shard is written whole, nothing torn, nothing twice
+    assert shard is not None and shard.records == 2
+    assert shard.path.read_bytes() == b'{"key":"a"}\n{"key":"b"}\n'

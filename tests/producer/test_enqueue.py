@@ -4,27 +4,34 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+import redis
 from rq.job import Job
 
-from genqueue.common.jobs import SERIALIZER, TASK, queue_for
+from genqueue.common.rqaccess import SERIALIZER, TASK, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
 
+Summary = dict[str, Any]
 
-def enqueue_json(redis_url, *args, check=True, input=None):
+
+def enqueue_json(redis_url: str, *args: str, check: bool = True,
+                 input: bytes | None = None) -> tuple[subprocess.CompletedProcess[str], Summary]:
     proc = cli("producer", "enqueue", *args, "--json", env={"REDIS_URL": redis_url}, check=check, input=input)
-    return proc, (orjson.loads(proc.stdout) if proc.returncode == 0 else None)
+    return proc, (orjson.loads(proc.stdout) if proc.returncode == 0 else {})
 
 
-def balanced(s):
-    return s["records"] == s["enqueued"] + s["already_enqueued"] + s["duplicates"] + s["rejected"]
+def balanced(s: Summary) -> bool:
+    return bool(s["records"] == s["enqueued"] + s["already_enqueued"] + s["duplicates"] + s["rejected"])
 
 
-def test_enqueue_then_rq_info_sees_the_jobs(tmp_path, redis_url, conn):
+def test_enqueue_then_rq_info_sees_the_jobs(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     data = write_jsonl(tmp_path / "data.jsonl", [sharegpt(i, turns=2) for i in range(100)])
     _, s = enqueue_json(redis_url, str(data), "--batch-size", "16", "--rejects", str(tmp_path / "r.jsonl"))
     assert s["run"] == "data" and s["records"] == 100 and s["enqueued"] == 100 and s["items"] == 100
@@ -34,12 +41,13 @@ def test_enqueue_then_rq_info_sees_the_jobs(tmp_path, redis_url, conn):
     job = Job.fetch(q.job_ids[0], connection=conn, serializer=SERIALIZER)
     assert job.func_name == TASK and len(job.args[0]) == 16 and job.retries_left == 3
     raw = conn.hget(f"rq:job:{job.id}", "data")
+    assert isinstance(raw, bytes)
     assert b"\x80" not in raw[:2] and not raw.startswith(b"\x80\x05")  # not a pickle
     info = cli("rq", "info", "-u", redis_url, "genqueue.data")
     assert "genqueue.data" in info.stdout and "7" in info.stdout
 
 
-def test_rerun_is_idempotent_even_after_jobs_finished(tmp_path, redis_url, conn):
+def test_rerun_is_idempotent_even_after_jobs_finished(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", [sharegpt(i) for i in range(50)])
     args = (str(data), "--run", "idem", "--batch-size", "10", "--rejects", str(tmp_path / "r.jsonl"))
     _, first = enqueue_json(redis_url, *args)
@@ -54,7 +62,7 @@ def test_rerun_is_idempotent_even_after_jobs_finished(tmp_path, redis_url, conn)
     assert grown["enqueued"] == 10 and grown["already_enqueued"] == 50 and q.count == 1
 
 
-def test_conflicting_settings_are_refused(tmp_path, redis_url):
+def test_conflicting_settings_are_refused(tmp_path: Path, redis_url: str) -> None:
     data = write_jsonl(tmp_path / "c.jsonl", [sharegpt(1)])
     enqueue_json(redis_url, str(data), "--rejects", str(tmp_path / "r.jsonl"))
     proc, _ = enqueue_json(redis_url, str(data), "--temperature", "1.0", "--rejects", str(tmp_path / "r.jsonl"),
@@ -64,7 +72,7 @@ def test_conflicting_settings_are_refused(tmp_path, redis_url):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_accounting_identity_and_rejects_file(tmp_path, redis_url):
+def test_accounting_identity_and_rejects_file(tmp_path: Path, redis_url: str) -> None:
     lines = [orjson.dumps(sharegpt(i)).decode() for i in range(10)]
     lines += [lines[0], "", "   ", "{broken", "[1,2]", '{"conversations": []}',
               '{"conversations": [{"from": "gpt", "value": "hi"}]}',
@@ -84,7 +92,7 @@ def test_accounting_identity_and_rejects_file(tmp_path, redis_url):
     assert rows[0]["index"] == 11 and rows[0]["snippet"] == "{broken"
 
 
-def test_dry_run_touches_nothing_and_stdin_gzip_work(tmp_path, redis_url, conn):
+def test_dry_run_touches_nothing_and_stdin_gzip_work(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     data = tmp_path / "d.json.gz"
     with gzip.open(data, "wb") as fh:
         fh.write(orjson.dumps([sharegpt(i, turns=3) for i in range(20)]))
@@ -96,7 +104,7 @@ def test_dry_run_touches_nothing_and_stdin_gzip_work(tmp_path, redis_url, conn):
     assert s2["run"] == "piped" and s2["enqueued"] == 5
 
 
-def test_user_mistakes_are_one_line_errors(tmp_path, redis_url):
+def test_user_mistakes_are_one_line_errors(tmp_path: Path, redis_url: str) -> None:
     proc = cli("producer", "enqueue", str(tmp_path / "missing.jsonl"), env={"REDIS_URL": redis_url}, check=False)
     assert proc.returncode == 2 and "missing.jsonl" in proc.stderr and "Traceback" not in proc.stderr
     data = write_jsonl(tmp_path / "ok.jsonl", [sharegpt(1)])
@@ -108,8 +116,9 @@ def test_user_mistakes_are_one_line_errors(tmp_path, redis_url):
     assert proc.returncode == 2 and "nosuchrun" in proc.stderr
 
 
-def test_status_of_a_fresh_run(tmp_path, redis_url):
-    data = write_jsonl(tmp_path / "st.jsonl", [sharegpt(i) for i in range(40)] + [{"bad": 1}])
+def test_status_of_a_fresh_run(tmp_path: Path, redis_url: str) -> None:
+    records: list[object] = [sharegpt(i) for i in range(40)]
+    data = write_jsonl(tmp_path / "st.jsonl", [*records, {"bad": 1}])
     enqueue_json(redis_url, str(data), "--batch-size", "8", "--rejects", str(tmp_path / "r.jsonl"))
     st = orjson.loads(cli("producer", "status", "--run", "st", "--json", env={"REDIS_URL": redis_url}).stdout)
     assert st["items"] == 40 and st["jobs"]["queued"] == 5 and st["rejected"] == 1
@@ -118,7 +127,7 @@ def test_status_of_a_fresh_run(tmp_path, redis_url):
     assert "st" in text and "queued 5" in text
 
 
-def test_version_and_help():
+def test_version_and_help() -> None:
     assert "genqueue producer" in cli("producer", "--version").stdout
     assert "--multi-turn" in cli("producer", "enqueue", "--help").stdout
     assert "--concurrency" in cli("consumer", "run", "--help").stdout

@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -15,7 +16,7 @@ from tests.conftest import BIN
 GOOD = b'{"conversations":[{"from":"human","value":"still here"}]}\n'
 
 
-def producer_dry(args: list[str], stdin_cmd: str | None = None) -> tuple[dict, int, str]:
+def producer_dry(args: list[str], stdin_cmd: str | None = None) -> tuple[dict[str, Any], int, str]:
     """Run `producer enqueue --dry-run --json`; returns (summary, peak RSS in MB, stderr)."""
     cmd = [str(BIN / "producer"), "enqueue", *args, "--dry-run", "--json"]
     if stdin_cmd:
@@ -46,13 +47,12 @@ def producer_dry(args: list[str], stdin_cmd: str | None = None) -> tuple[dict, i
     return orjson.loads(out[0]), peak_kb // 1024, err.decode()
 
 
-def test_a_one_gigabyte_record_is_rejected_in_bounded_memory(tmp_path: Path):
+def test_a_one_gigabyte_record_is_rejected_in_bounded_memory(tmp_path: Path) -> None:
     path = tmp_path / "huge.jsonl"
     block = b"a" * (1 << 20)
     with open(path, "wb") as fh:
         fh.write(b'{"conversations":[{"from":"human","value":"')
-        for _ in range(1024):
-            fh.write(block)
+        fh.writelines(block for _ in range(1024))
         fh.write(b'"}]}\n' + GOOD)
     s, rss, _ = producer_dry([str(path), "--rejects", str(tmp_path / "r")])
     path.unlink()
@@ -60,14 +60,14 @@ def test_a_one_gigabyte_record_is_rejected_in_bounded_memory(tmp_path: Path):
     assert rss < 400, f"peak RSS {rss} MB for a 1 GB record"
 
 
-def test_a_billion_blank_lines_stream_through(tmp_path: Path):
+def test_a_billion_blank_lines_stream_through(tmp_path: Path) -> None:
     feed = f"head -c 1000000000 /dev/zero | tr '\\0' '\\n'; printf '%s' '{GOOD.decode().strip()}'"
     s, rss, _ = producer_dry(["-", "--run", "blank", "--rejects", str(tmp_path / "r")], stdin_cmd=feed)
     assert s["records"] == 1 and s["enqueued"] == 1
     assert rss < 200, f"peak RSS {rss} MB for a billion blank lines"
 
 
-def test_deep_nesting_and_non_utf8_are_rejected_with_a_reason(tmp_path: Path):
+def test_deep_nesting_and_non_utf8_are_rejected_with_a_reason(tmp_path: Path) -> None:
     path = tmp_path / "nasty.jsonl"
     path.write_bytes(b"[" * 200_000 + b"]" * 200_000 + b"\n" + b'{"conversations":[{"from":"human","value":"\xff\xfe"}]}\n'
                      + b"\xc3\x28 not utf-8 at all\n" + GOOD)
@@ -77,7 +77,7 @@ def test_deep_nesting_and_non_utf8_are_rejected_with_a_reason(tmp_path: Path):
         s["rejected_by_reason"] == {"invalid_json": 1, "invalid_unicode": 2}
 
 
-def test_binary_garbage_file_does_not_crash(tmp_path: Path):
+def test_binary_garbage_file_does_not_crash(tmp_path: Path) -> None:
     path = tmp_path / "garbage.jsonl"
     path.write_bytes(os.urandom(300_000) + b"\n" + GOOD)
     s, _, err = producer_dry([str(path), "--rejects", str(tmp_path / "r")])

@@ -15,10 +15,13 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genqueue.common import reader
-from genqueue.common.convert import MODES, REJECT_REASONS, Rejected, make_items, normalize
+from genqueue.common.contracts import Mode
 from genqueue.common.errors import InputError
-from genqueue.common.splitter import split_array
+from genqueue.producer import reader
+from genqueue.producer.convert import normalize
+from genqueue.producer.items import make_items
+from genqueue.producer.rejects import REJECT_REASONS, Rejected
+from genqueue.producer.splitter import SNIPPET_BYTES, split_array
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEY = re.compile(r"[0-9a-f]{32}")
@@ -95,7 +98,7 @@ def test_reader_never_raises_on_jsonl(lines: list[bytes], chunk: int) -> None:
     for r in out:
         assert (r.value is None) or r.error is None
         assert r.error in (None, "invalid_json", "invalid_unicode", "record_too_large")
-        assert len(r.snippet) <= reader.SNIPPET_BYTES
+        assert len(r.snippet) <= SNIPPET_BYTES
     data = b"\n".join(lines).removeprefix(b"\xef\xbb\xbf")  # a BOM only counts at the start
     assert len(out) == sum(1 for line in data.split(b"\n") if line.strip())
 
@@ -145,7 +148,7 @@ def test_normalize_converts_or_rejects(value: Any) -> None:
         return
     assert any(m["role"] == "user" for m in conv.messages)
     assert conv.text_chars() >= 0
-    for mode in MODES:
+    for mode in Mode:
         try:
             items = make_items(conv, mode, 3)
         except Rejected as e:

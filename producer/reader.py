@@ -15,14 +15,13 @@ reject reason name, so the producer can account for every record of the input.
 What the reader never does: hold a whole file, hold a record longer than
 ``max_record_bytes`` (it skips to the next newline and reports ``record_too_large``), or lose
 records silently. A file that breaks mid-stream (truncated gzip/zstd, junk after the array)
-raises :class:`~common.errors.InputError` after every record before the break was yielded.
+raises :class:`~genqueue.common.errors.InputError` after every record before the break was yielded.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import logging
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -30,8 +29,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import InputError
-from genqueue.common.streams import (
+from genqueue.producer.splitter import NON_SPACE, SNIPPET_BYTES, split_array, split_lines
+from genqueue.producer.streams import (
     GZIP_MAGIC,
     ZSTD_MAGIC,
     Prefixed,
@@ -41,9 +42,6 @@ from genqueue.common.streams import (
     read_head,
     strip_bom,
 )
-from genqueue.common.splitter import NON_SPACE, SNIPPET_BYTES, split_array, split_lines
-
-log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1 << 20
 """Bytes read from the input at a time."""
@@ -62,7 +60,7 @@ class RawRecord:
     index: int  # 0-based among non-blank records
     line: int | None  # 1-based physical line for JSONL, None for arrays and parquet
     value: Any  # parsed JSON value, None when error is set
-    error: str | None  # "invalid_json", "invalid_unicode" or "record_too_large"
+    error: RejectReason | None  # INVALID_JSON, INVALID_UNICODE or RECORD_TOO_LARGE
     snippet: bytes  # first SNIPPET_BYTES of the raw record
     size: int  # raw size in bytes
 
@@ -125,7 +123,7 @@ def _kind(path: str) -> tuple[str, str]:
     return ("sniff" if compression == "none" else compression), "sniff"
 
 
-def parse_record(raw: bytes) -> tuple[Any, str | None]:
+def parse_record(raw: bytes) -> tuple[Any, RejectReason | None]:
     """Parse one record's bytes: (value, None), or (None, reject reason)."""
     try:
         return orjson.loads(raw), None
@@ -137,16 +135,16 @@ def parse_record(raw: bytes) -> tuple[Any, str | None]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return None, "invalid_unicode"
+        return None, RejectReason.INVALID_UNICODE
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        return None, "invalid_unicode"
+        return None, RejectReason.INVALID_UNICODE
     except (ValueError, RecursionError, TypeError):
-        return None, "invalid_json"
+        return None, RejectReason.INVALID_JSON
     # Valid text that orjson still refuses, such as 1e400 (stdlib reads it as infinity).
-    return None, "invalid_json"
+    return None, RejectReason.INVALID_JSON
 
 
 def _refuse_constant(name: str) -> Any:
@@ -159,12 +157,12 @@ def _record(index: int, line: int | None, raw: bytes) -> RawRecord:
 
 
 def _too_large(index: int, line: int | None, snippet: bytes, size: int) -> RawRecord:
-    return RawRecord(index, line, None, "record_too_large", snippet[:SNIPPET_BYTES], size)
+    return RawRecord(index, line, None, RejectReason.RECORD_TOO_LARGE, snippet[:SNIPPET_BYTES], size)
 
 
 def _open(path: str) -> BinaryIO:
     try:
-        return open(path, "rb")  # noqa: SIM115 - closed by _guard when the iterator ends
+        return open(path, "rb")
     except OSError as e:
         raise InputError(f"cannot read {path}: {describe_error(e)}") from e
 

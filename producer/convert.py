@@ -35,39 +35,19 @@ The rules, in the order a reader of a rejects file needs them:
 - Any string with a lone UTF-16 surrogate: ``invalid_unicode``.
 
 No length limit here: the producer compares :meth:`Conversation.text_chars` with the
-user's limit (``too_long``). Items and keys are made in :mod:`common.items` and the reject
-reasons live in :mod:`common.rejects`; both are re-exported here so ``common.convert`` is
-the one import a caller needs.
+user's limit (``too_long``). Items and keys are made in :mod:`producer.items`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from genqueue.common.rejects import REJECT_REASONS, Rejected
-
-
-@dataclass(slots=True, frozen=True)
-class Conversation:
-    """A normalised conversation. Treat it and its dicts as read-only: items share them."""
-
-    messages: tuple[dict[str, Any], ...]
-    tools: list[dict[str, Any]] | None
-
-    def text_chars(self) -> int:
-        """Characters of all message contents plus tool call arguments."""
-        total = 0
-        for m in self.messages:
-            total += len(m["content"])
-            calls = m.get("tool_calls")
-            if calls:
-                total += sum(len(c["function"]["arguments"]) for c in calls)
-        return total
-
+from genqueue.common.contracts import RejectReason
+from genqueue.producer.conversation import Conversation
+from genqueue.producer.rejects import Rejected
 
 _ROLES = {
     "human": "user",
@@ -91,16 +71,16 @@ _SORT = orjson.OPT_SORT_KEYS
 def normalize(value: Any) -> Conversation:
     """Turn one parsed record into a Conversation; raises Rejected with the reason."""
     if not isinstance(value, dict):
-        raise Rejected("not_object", f"a JSON {type(value).__name__}, not an object")
+        raise Rejected(RejectReason.NOT_OBJECT, f"a JSON {type(value).__name__}, not an object")
     raw = value.get("conversations")
     if raw is None:  # parquet gives absent columns as None, hence no `in` test
         raw = value.get("messages")
     if raw is None:
-        raise Rejected("no_conversation", "no 'conversations' or 'messages' key")
+        raise Rejected(RejectReason.NO_CONVERSATION, "no 'conversations' or 'messages' key")
     if not isinstance(raw, list):
-        raise Rejected("no_conversation", f"the conversation is a {type(raw).__name__}")
+        raise Rejected(RejectReason.NO_CONVERSATION, f"the conversation is a {type(raw).__name__}")
     if not raw:
-        raise Rejected("empty_conversation")
+        raise Rejected(RejectReason.EMPTY_CONVERSATION)
     tools = _tools(value.get("tools"))
     system = value.get("system")
     messages = _messages(raw, None if system is None else _text(system, "system"))
@@ -116,15 +96,15 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
     has_user = False
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
-            raise Rejected("missing_role", f"message {i} is not an object")
+            raise Rejected(RejectReason.MISSING_ROLE, f"message {i} is not an object")
         name = m.get("from")
         if name is None:
             name = m.get("role")
         if name is None:
-            raise Rejected("missing_role", f"message {i}")
+            raise Rejected(RejectReason.MISSING_ROLE, f"message {i}")
         role = _ROLES.get(name.strip().lower()) if isinstance(name, str) else None
         if role is None:
-            raise Rejected("unknown_role", f"message {i}: {str(name)[:60]!r}")
+            raise Rejected(RejectReason.UNKNOWN_ROLE, f"message {i}: {str(name)[:60]!r}")
         content = m.get("value")
         if content is None:
             content = m.get("content")
@@ -141,13 +121,13 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
                 continue
         elif role == "user":
             if not text.strip():
-                raise Rejected("empty_message", f"message {i} (user)")
+                raise Rejected(RejectReason.EMPTY_MESSAGE, f"message {i} (user)")
             has_user = True
         elif role == "assistant":
             if calls is None and not text.strip():
                 if i == len(raw) - 1:
                     continue  # a dump's unanswered last turn: nothing of it is used
-                raise Rejected("empty_message", f"message {i} (assistant)")
+                raise Rejected(RejectReason.EMPTY_MESSAGE, f"message {i} (assistant)")
         else:  # tool
             out.append({"role": "tool", "content": text, "tool_call_id": _answer(m, pending)})
             continue
@@ -169,7 +149,7 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
             pending[:] = [c["id"] for c in calls]
         out.append(message)
     if not has_user:
-        raise Rejected("no_user_turn")
+        raise Rejected(RejectReason.NO_USER_TURN)
     return out
 
 
@@ -182,7 +162,7 @@ def _join(a: str, b: str) -> str:
 def _check_text(s: str, where: str) -> str:
     # isascii() is O(1) in CPython, so the regex runs only on non-ASCII text.
     if not s.isascii() and _SURROGATE.search(s):
-        raise Rejected("invalid_unicode", f"{where}: lone surrogate")
+        raise Rejected(RejectReason.INVALID_UNICODE, f"{where}: lone surrogate")
     return s
 
 
@@ -196,13 +176,13 @@ def _text(content: Any, where: str) -> str:
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise Rejected("non_text_message", f"{where}: a {str(kind)[:40]!r} part")
+                raise Rejected(RejectReason.NON_TEXT_MESSAGE, f"{where}: a {str(kind)[:40]!r} part")
             text = part.get("text")
             if not isinstance(text, str):
-                raise Rejected("non_text_message", f"{where}: a text part without text")
+                raise Rejected(RejectReason.NON_TEXT_MESSAGE, f"{where}: a text part without text")
             texts.append(text)
         return _check_text("\n".join(texts), where)
-    raise Rejected("non_text_message", f"{where} is a {type(content).__name__}")
+    raise Rejected(RejectReason.NON_TEXT_MESSAGE, f"{where} is a {type(content).__name__}")
 
 
 def _answer(m: dict[str, Any], pending: list[str]) -> str:
@@ -222,21 +202,21 @@ def _function_call(content: Any, counter: list[int], i: int) -> list[dict[str, A
         try:
             parsed = orjson.loads(content)
         except orjson.JSONDecodeError:
-            raise Rejected("invalid_tools", f"{where} is not JSON") from None
+            raise Rejected(RejectReason.INVALID_TOOLS, f"{where} is not JSON") from None
     specs = parsed if isinstance(parsed, list) else [parsed]
     if not specs:
-        raise Rejected("invalid_tools", f"{where} holds no call")
+        raise Rejected(RejectReason.INVALID_TOOLS, f"{where} holds no call")
     return [_call(spec, None, counter, where) for spec in specs]
 
 
 def _openai_calls(raw: Any, counter: list[int], i: int) -> list[dict[str, Any]]:
     where = f"message {i} tool_calls"
     if not isinstance(raw, list):
-        raise Rejected("invalid_tools", f"{where} is not a list")
+        raise Rejected(RejectReason.INVALID_TOOLS, f"{where} is not a list")
     calls = []
     for c in raw:
         if not isinstance(c, dict):
-            raise Rejected("invalid_tools", f"{where}: a call is not an object")
+            raise Rejected(RejectReason.INVALID_TOOLS, f"{where}: a call is not an object")
         fn = c.get("function")
         calls.append(_call(fn if fn is not None else c, c.get("id"), counter, where))
     return calls
@@ -244,10 +224,10 @@ def _openai_calls(raw: Any, counter: list[int], i: int) -> list[dict[str, Any]]:
 
 def _call(spec: Any, call_id: Any, counter: list[int], where: str) -> dict[str, Any]:
     if not isinstance(spec, dict):
-        raise Rejected("invalid_tools", f"{where}: a call is not an object")
+        raise Rejected(RejectReason.INVALID_TOOLS, f"{where}: a call is not an object")
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise Rejected("invalid_tools", f"{where}: a call without a name")
+        raise Rejected(RejectReason.INVALID_TOOLS, f"{where}: a call without a name")
     _check_text(name, where)
     args = spec.get("arguments")
     if args is None:
@@ -269,8 +249,8 @@ def _dumps(value: Any, where: str) -> bytes:
         return orjson.dumps(value, option=_SORT)
     except orjson.JSONEncodeError as e:
         if "surrogates" in str(e):
-            raise Rejected("invalid_unicode", f"{where}: lone surrogate") from None
-        raise Rejected("invalid_tools", f"{where}: {e}") from None
+            raise Rejected(RejectReason.INVALID_UNICODE, f"{where}: lone surrogate") from None
+        raise Rejected(RejectReason.INVALID_TOOLS, f"{where}: {e}") from None
 
 
 def _tools(raw: Any) -> list[dict[str, Any]] | None:
@@ -282,15 +262,15 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
         try:
             raw = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise Rejected("invalid_tools", "tools is not JSON") from None
+            raise Rejected(RejectReason.INVALID_TOOLS, "tools is not JSON") from None
     if not isinstance(raw, list):
-        raise Rejected("invalid_tools", f"tools is a {type(raw).__name__}, not a list")
+        raise Rejected(RejectReason.INVALID_TOOLS, f"tools is a {type(raw).__name__}, not a list")
     if not raw:
         return None
     tools = []
     for tool in raw:
         if not isinstance(tool, dict):
-            raise Rejected("invalid_tools", "a tool is not an object")
+            raise Rejected(RejectReason.INVALID_TOOLS, "a tool is not an object")
         if "type" not in tool and isinstance(tool.get("name"), str):
             tool = {"type": "function", "function": tool}
         kind = tool.get("type")
@@ -298,23 +278,9 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
         if not isinstance(kind, str) or (
             kind == "function" and not (isinstance(fn, dict) and isinstance(fn.get("name"), str))
         ):
-            raise Rejected("invalid_tools", "a tool without a type or a function name")
+            raise Rejected(RejectReason.INVALID_TOOLS, "a tool without a type or a function name")
         tools.append(tool)
     # Serialise once here so that keys, made later with the same options, cannot fail.
     _dumps(tools, "tools")
     return tools
 
-
-# Re-exported: callers import the whole contract from one module.
-from genqueue.common.items import MODES, conversation_key, item_key, make_items  # noqa: E402
-
-__all__ = [
-    "MODES",
-    "REJECT_REASONS",
-    "Conversation",
-    "Rejected",
-    "conversation_key",
-    "item_key",
-    "make_items",
-    "normalize",
-]

@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 import pytest
 
-from genqueue.common.convert import (
-    MODES,
-    REJECT_REASONS,
-    Conversation,
-    Rejected,
-    conversation_key,
-    item_key,
-    make_items,
-    normalize,
-)
+from genqueue.common.contracts import Mode
+from genqueue.producer.conversation import Conversation
+from genqueue.producer.convert import normalize
+from genqueue.producer.items import conversation_key, item_key, make_items
+from genqueue.producer.rejects import REJECT_REASONS, Rejected
 
 
-def sg(*turns: tuple[str, object], **top: object) -> dict:
+def sg(*turns: tuple[object, object], **top: object) -> dict[str, Any]:
     """A ShareGPT record from (from, value) pairs."""
     return {"conversations": [{"from": f, "value": v} for f, v in turns], **top}
 
 
-def msgs(value: object) -> list[dict]:
+def msgs(value: object) -> list[dict[str, Any]]:
     return list(normalize(value).messages)
 
 
@@ -286,20 +282,20 @@ def three_turns() -> Conversation:
 
 
 def test_mode_first(three_turns: Conversation) -> None:
-    [item] = make_items(three_turns, "first", 7)
+    [item] = make_items(three_turns, Mode.FIRST, 7)
     assert item["messages"] == [SYS, U1]
     assert (item["index"], item["turn"]) == (7, 0)
     assert "tools" not in item and "note" not in item
 
 
 def test_mode_last(three_turns: Conversation) -> None:
-    [item] = make_items(three_turns, "last", 7)
+    [item] = make_items(three_turns, Mode.LAST, 7)
     assert item["messages"] == [SYS, U1, A1, U2, A2, U3]
     assert item["turn"] == 2
 
 
 def test_mode_each(three_turns: Conversation) -> None:
-    items = make_items(three_turns, "each", 7)
+    items = make_items(three_turns, Mode.EACH, 7)
     assert [i["messages"] for i in items] == [
         [SYS, U1],
         [SYS, U1, A1, U2],
@@ -310,7 +306,7 @@ def test_mode_each(three_turns: Conversation) -> None:
 
 
 def test_mode_regenerate(three_turns: Conversation) -> None:
-    [item] = make_items(three_turns, "regenerate", 7)
+    [item] = make_items(three_turns, Mode.REGENERATE, 7)
     assert item["messages"] == [SYS, U1, U2, U3]
     assert item["turn"] is None
     assert "note" not in item
@@ -321,7 +317,7 @@ def test_regenerate_stops_at_first_tool_turn() -> None:
     conv = normalize(sg(("human", "u1"), ("gpt", "a1"), ("human", "u2"),
                         ("function_call", '{"name": "f"}'), ("observation", "r"), ("gpt", "a2"),
                         ("human", "u3"), ("gpt", "a3"), tools=[{"name": "f"}]))
-    [item] = make_items(conv, "regenerate", 0)
+    [item] = make_items(conv, Mode.REGENERATE, 0)
     assert item["messages"] == [U1, {"role": "user", "content": "u2"}]
     assert item["note"] == "stopped_at_tool_turn"
     assert item["tools"] == [{"type": "function", "function": {"name": "f"}}]
@@ -331,23 +327,23 @@ def test_regenerate_tool_turn_first() -> None:
     conv = normalize(sg(("system", "s"), ("function_call", '{"name": "f"}'), ("observation", "r"),
                         ("human", "u1"), ("gpt", "a1")))
     with pytest.raises(Rejected) as info:
-        make_items(conv, "regenerate", 0)
+        make_items(conv, Mode.REGENERATE, 0)
     assert info.value.reason == "tool_turn_first"
     # The other modes keep the original history, tool turns included.
-    [item] = make_items(conv, "last", 0)
+    [item] = make_items(conv, Mode.LAST, 0)
     assert [m["role"] for m in item["messages"]] == ["system", "assistant", "tool", "user"]
 
 
 def test_unknown_mode() -> None:
     with pytest.raises(ValueError, match="unknown mode"):
-        make_items(normalize(sg(("human", "hi"))), "all", 0)
+        make_items(normalize(sg(("human", "hi"))), "all", 0)  # type: ignore[arg-type]
 
 
 def test_keys_stable_and_mode_dependent(three_turns: Conversation) -> None:
     same = normalize(sg(("human", "u1"), ("gpt", "a1"), ("human", "u2"), ("gpt", "a2"),
                         ("human", "u3"), ("gpt", "a3"), system="s", id="other"))
     keys = {}
-    for mode in MODES:
+    for mode in Mode:
         a = make_items(three_turns, mode, 0)[-1]
         b = make_items(same, mode, 99)[-1]
         assert a["key"] == b["key"]  # identical items from different records share a key
@@ -355,16 +351,16 @@ def test_keys_stable_and_mode_dependent(three_turns: Conversation) -> None:
         assert a["key"] == item_key(mode, a["messages"], None)
         keys[mode] = a["key"]
     # first and each/last differ in messages; every mode is also part of the key
-    assert len(set(keys.values())) == len(MODES)
-    assert item_key("first", [U1], None) != item_key("each", [U1], None)
-    assert item_key("first", [U1], None) != item_key("first", [U1], [{"type": "function"}])
+    assert len(set(keys.values())) == len(Mode)
+    assert item_key(Mode.FIRST, [U1], None) != item_key(Mode.EACH, [U1], None)
+    assert item_key(Mode.FIRST, [U1], None) != item_key(Mode.FIRST, [U1], [{"type": "function"}])
     # A known value guards against an accidental change of the key recipe, which would
     # orphan every result already produced under the old keys.
-    assert item_key("regenerate", [{"role": "user", "content": "hi"}], None) == (
+    assert item_key(Mode.REGENERATE, [{"role": "user", "content": "hi"}], None) == (
         "0d26507d295a25fca2a5edc8dd29b5db"
     )
-    assert item_key("first", [{"content": "hi", "role": "user"}], None) == item_key(
-        "first", [{"role": "user", "content": "hi"}], None
+    assert item_key(Mode.FIRST, [{"content": "hi", "role": "user"}], None) == item_key(
+        Mode.FIRST, [{"role": "user", "content": "hi"}], None
     )
 
 
@@ -377,8 +373,8 @@ def test_conversation_key(three_turns: Conversation) -> None:
     assert key != conversation_key(normalize(sg(("human", "u1"), ("gpt", "a1"))))
 
 
-def test_trailing_empty_assistant_turn_is_dropped_not_rejected():
-    from genqueue.common.convert import normalize
+def test_trailing_empty_assistant_turn_is_dropped_not_rejected() -> None:
+    from genqueue.producer.convert import normalize
 
     conv = normalize({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]})
     assert [m["role"] for m in conv.messages] == ["user"]

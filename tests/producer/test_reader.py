@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from genqueue.common import reader
 from genqueue.common.errors import InputError
-from genqueue.common.reader import RawRecord, iter_records
+from genqueue.producer import reader
+from genqueue.producer.reader import RawRecord, iter_records
+from genqueue.producer.splitter import SNIPPET_BYTES
 
 RECORDS = [
     {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
@@ -108,7 +109,7 @@ def test_parquet(tmp_path: Path) -> None:
         "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}],
     }
     assert [(r.index, r.line, r.error) for r in records] == [(0, None, None), (1, None, None)]
-    assert len(records[1].snippet) == reader.SNIPPET_BYTES
+    assert len(records[1].snippet) == SNIPPET_BYTES
     assert records[1].size > 500
     # Without its extension, parquet is recognised by its magic bytes.
     other = write(tmp_path, "d.bin", path.read_bytes())
@@ -184,7 +185,7 @@ def test_bad_records_are_reported_not_raised(tmp_path: Path) -> None:
     ]
     assert [r.value for r in records][-1] == {"ok": 2}
     assert all(r.value is None for r in records if r.error)
-    assert all(len(r.snippet) <= reader.SNIPPET_BYTES for r in records)
+    assert all(len(r.snippet) <= SNIPPET_BYTES for r in records)
     assert records[3].snippet == b"{not json"
 
 
@@ -201,7 +202,7 @@ def test_oversize_line_skipped(tmp_path: Path) -> None:
     assert [r.error for r in records] == [None, "record_too_large", None]
     assert [r.line for r in records] == [1, 2, 3]
     assert records[1].size >= len(big)
-    assert records[1].snippet == big[: reader.SNIPPET_BYTES]
+    assert records[1].snippet == big[: SNIPPET_BYTES]
     assert records[2].value == {"b": 2}
 
 
@@ -211,7 +212,7 @@ def test_oversize_last_line_and_array_element(tmp_path: Path) -> None:
     assert [r.error for r in records] == [None, "record_too_large"]
     records = read(write(tmp_path, "d.json", b"[" + big + b', {"b": 2}]'), max_record_bytes=100_000)
     assert [r.error for r in records] == ["record_too_large", None]
-    assert records[0].snippet == big[: reader.SNIPPET_BYTES]
+    assert records[0].snippet == big[: SNIPPET_BYTES]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
@@ -266,10 +267,9 @@ def _many_lines(n: int) -> bytes:
 def test_truncated_compressed_file(tmp_path: Path, name: str, compress: object) -> None:
     data = compress(_many_lines(20_000))  # type: ignore[operator]
     path = write(tmp_path, name, data[: len(data) * 2 // 3])
-    seen = []
+    seen: list[RawRecord] = []
     with pytest.raises(InputError) as info:
-        for record in iter_records(str(path)):
-            seen.append(record)
+        seen.extend(iter_records(str(path)))  # keeps what came before the break
     assert len(seen) > 1000  # records before the break were yielded, nothing lost silently
     assert [r.value["i"] for r in seen[:-1]] == list(range(len(seen) - 1))
     message = str(info.value)
@@ -286,10 +286,9 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
 
 
 def test_junk_after_array(tmp_path: Path) -> None:
-    seen = []
+    seen: list[RawRecord] = []
     with pytest.raises(InputError, match="after the top-level array"):
-        for record in iter_records(str(write(tmp_path, "d.json", b'[{"a": 1}] {"b": 2}'))):
-            seen.append(record)
+        seen.extend(iter_records(str(write(tmp_path, "d.json", b'[{"a": 1}] {"b": 2}'))))
     assert values(seen) == [{"a": 1}]
 
 

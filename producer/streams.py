@@ -130,8 +130,7 @@ def strip_bom(chunks: Iterable[bytes]) -> Iterator[bytes]:
         first += chunk
         if len(first) >= len(_BOM):
             break
-    if first.startswith(_BOM):
-        first = first[len(_BOM) :]
+    first = first.removeprefix(_BOM)
     if first:
         yield first
     yield from it

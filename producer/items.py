@@ -5,7 +5,7 @@ input), ``turn``, ``messages``, ``tools`` (only when the conversation has tools)
 ``note`` (only when something was cut). Its messages are the conversation's own dicts,
 shared, not copied: treat them as read-only.
 
-Modes, as ``--mode`` names them:
+Modes (`contracts.Mode`), as ``--multi-turn`` names them:
 
 - ``first``: the system messages before the first user turn, and that turn; turn 0.
 - ``last``: the original history up to and including the last user turn (original
@@ -25,24 +25,20 @@ share a key: that is how duplicates are found, and it is intended.
 from __future__ import annotations
 
 from hashlib import blake2b
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from genqueue.common.rejects import Rejected
-
-if TYPE_CHECKING:
-    from genqueue.common.convert import Conversation
-
-MODES: tuple[str, ...] = ("first", "last", "each", "regenerate")
-"""Multi-turn modes, ``regenerate`` being the default."""
+from genqueue.common.contracts import Item, Mode, RejectReason
+from genqueue.producer.conversation import Conversation
+from genqueue.producer.rejects import Rejected
 
 STOPPED_AT_TOOL_TURN = "stopped_at_tool_turn"
 
 _SORT = orjson.OPT_SORT_KEYS
 
 
-def item_key(mode: str, messages: Any, tools: Any) -> str:
+def item_key(mode: Mode, messages: Any, tools: Any) -> str:
     """32 hex characters naming an item: blake2b-128 of its mode, messages and tools."""
     data = orjson.dumps([mode, messages, tools], option=_SORT)
     return blake2b(data, digest_size=16).hexdigest()
@@ -54,29 +50,31 @@ def conversation_key(conv: Conversation) -> bytes:
     return blake2b(data, digest_size=16).digest()
 
 
-def make_items(conv: Conversation, mode: str, index: int) -> list[dict[str, Any]]:
-    """Items for one conversation in ``mode``; raises Rejected("tool_turn_first")."""
+def make_items(conv: Conversation, mode: Mode, index: int) -> list[Item]:
+    """Items for one conversation in ``mode``; raises Rejected (no_user_turn, tool_turn_first)."""
     msgs = conv.messages
     users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
     if not users:
-        raise Rejected("no_user_turn")
-    if mode == "regenerate":
-        return [_regenerate(conv, index)]
-    if mode == "first":
-        first = users[0]
-        picked = [m for m in msgs[:first] if m["role"] == "system"]
-        picked.append(msgs[first])
-        return [_item(mode, index, 0, picked, conv.tools)]
-    if mode == "last":
-        return [_item(mode, index, len(users) - 1, list(msgs[: users[-1] + 1]), conv.tools)]
-    if mode == "each":
-        return [
-            _item(mode, index, k, list(msgs[: u + 1]), conv.tools) for k, u in enumerate(users)
-        ]
-    raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        raise Rejected(RejectReason.NO_USER_TURN)
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(Mode)}") from None
+    match mode:
+        case Mode.REGENERATE:
+            return [_regenerate(conv, index)]
+        case Mode.FIRST:
+            first = users[0]
+            picked = [m for m in msgs[:first] if m["role"] == "system"]
+            picked.append(msgs[first])
+            return [_item(Mode.FIRST, index, 0, picked, conv.tools)]
+        case Mode.LAST:
+            return [_item(Mode.LAST, index, len(users) - 1, list(msgs[: users[-1] + 1]), conv.tools)]
+        case Mode.EACH:
+            return [_item(Mode.EACH, index, k, list(msgs[: u + 1]), conv.tools) for k, u in enumerate(users)]
 
 
-def _regenerate(conv: Conversation, index: int) -> dict[str, Any]:
+def _regenerate(conv: Conversation, index: int) -> Item:
     msgs = conv.messages
     cut = next(
         (i for i, m in enumerate(msgs) if m["role"] == "assistant" and "tool_calls" in m), None
@@ -84,17 +82,17 @@ def _regenerate(conv: Conversation, index: int) -> dict[str, Any]:
     kept = msgs if cut is None else msgs[:cut]
     picked = [m for m in kept if m["role"] == "system" or m["role"] == "user"]
     if not any(m["role"] == "user" for m in picked):
-        raise Rejected("tool_turn_first", "a tool call comes before any user turn")
-    item = _item("regenerate", index, None, picked, conv.tools)
+        raise Rejected(RejectReason.TOOL_TURN_FIRST, "a tool call comes before any user turn")
+    item = _item(Mode.REGENERATE, index, None, picked, conv.tools)
     if cut is not None:
         item["note"] = STOPPED_AT_TOOL_TURN
     return item
 
 
 def _item(
-    mode: str, index: int, turn: int | None, messages: list[dict[str, Any]], tools: Any
-) -> dict[str, Any]:
-    item: dict[str, Any] = {
+    mode: Mode, index: int, turn: int | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> Item:
+    item: Item = {
         "key": item_key(mode, messages, tools),
         "index": index,
         "turn": turn,
@@ -116,7 +114,7 @@ def answer_lengths(conv: Conversation) -> list[int]:
     return out
 
 
-def estimate_cost(item: dict[str, Any], answers: list[int]) -> int:
+def estimate_cost(item: Item, answers: list[int]) -> int:
     """How long the item will keep a slot busy, for longest-first ordering: the length of the
     original answers it regenerates (the best predictor a dataset carries of the new ones),
     else its prompt length."""
