@@ -265,7 +265,10 @@ def main() -> int:
         else:
             report = json.loads(exp.stdout)
         figures.update({k: report.get(k) for k in ("exported", "failed", "failed_jobs", "missing",
-                                                   "duplicates_removed")})
+                                                   "duplicates_removed", "records_read")})
+        if summary["items"]:
+            # the work a GPU did per item asked for: 1.0 is each item generated exactly once
+            figures["records_per_item"] = round((report.get("records_read") or 0) / summary["items"], 3)
         q_failed = job_counts(conn, "chaos")["failed"]
         figures["rq_failed_jobs"] = q_failed
         figures["requeued_s"] = [k["requeued_s"] for k in fleet.kills]

@@ -18,6 +18,8 @@ which redis-py raises instead of re-sending.
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -27,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from genqueue.common import defaults
+from genqueue.common.backoff import compute_backoff
 from genqueue.common.errors import RedisUnavailableError
 from genqueue.common.redact import redact
 
@@ -77,6 +80,26 @@ def connect(url: str, *, check: bool = True) -> redis.Redis:
         except redis.exceptions.RedisError as e:
             raise RedisUnavailableError(f"cannot reach Redis at {redact(url)}: {redact(str(e))}") from None
     return conn
+
+
+def wait_for(url: str, seconds: float, *, say: Callable[[str], None]) -> redis.Redis:
+    """connect(URL), waiting up to SECONDS for Redis to answer (a consumer started while Redis
+    restarts must not exit: under a supervisor that would be a crash loop). Says so every 10 s."""
+    deadline = time.monotonic() + seconds
+    last = 0.0
+    attempt = 0
+    while True:
+        try:
+            return connect(url)
+        except RedisUnavailableError as e:
+            now = time.monotonic()
+            if now >= deadline or "invalid Redis URL" in str(e):
+                raise
+            if now - last >= 10.0:
+                say(f"{e}; waiting for it (up to {seconds:.0f} s)")
+                last = now
+            time.sleep(compute_backoff(min(attempt, 4), base=0.5, cap=5.0))
+            attempt += 1
 
 
 def async_connect(url: str) -> aioredis.Redis:

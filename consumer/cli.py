@@ -14,7 +14,7 @@ import click
 from genqueue.common import __version__, defaults
 from genqueue.common.cli import friendly_errors, redis_option, setup_logging
 from genqueue.common.errors import UserError
-from genqueue.common.redisconn import connect
+from genqueue.common.redisconn import wait_for
 from genqueue.consumer.simulate import simulate_command
 
 
@@ -74,7 +74,7 @@ def _check_endpoint(url: str) -> str:
 @click.option("--spool-limit", type=click.IntRange(1), default=defaults.SPOOL_LIMIT, show_default=True,
               help="Bytes of unshipped results on local disk past which admission pauses.")
 @click.option("--endpoint-wait", type=click.FloatRange(0), default=1800.0, show_default=True,
-              help="Seconds to wait at start for the endpoint to answer (vLLM loads a large model for minutes).")
+              help="Seconds to wait at start for the endpoint (vLLM loads a large model for minutes) and for Redis.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
               help="Serve Prometheus metrics on this port (default: off).")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
@@ -119,7 +119,7 @@ def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu:
                          shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age,
                          spool_limit=spool_limit, metrics_port=metrics_port,
                          endpoint_wait=endpoint_wait)
-    conn = connect(redis_url)
+    conn = wait_for(redis_url, endpoint_wait, say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))
     code = _run_loop(Consumer(cfg, conn).run())
     if code:
         sys.exit(code)

@@ -125,9 +125,17 @@ class ServedRuns:
             self.contexts.pop(name, None)  # probed again, with a fresh breaker
         self.paused = paused
         if self.contexts:
-            present = await self.rq.call(_present, self.store.conn, list(self.contexts))
+            present = await self.rq.call(_fingerprints, self.store.conn, list(self.contexts))
             for name in [n for n in self.contexts if n not in present]:
                 self._vanish(name)
+            for name, fp in present.items():
+                ctx = self.contexts.get(name)
+                if ctx is not None and fp != ctx.fingerprint:
+                    # `producer enqueue --update-settings`: jobs held now finish under the settings
+                    # they started with (and record them); new ones take the new settings.
+                    log.warning("run %s: settings changed (fingerprint %s -> %s); new jobs use them", name,
+                                ctx.fingerprint, fp)
+                    del self.contexts[name]
         usable = []
         for name in names:
             if name in paused:
@@ -253,12 +261,13 @@ async def accepts(client: EndpointClient, body: dict[str, Any]) -> None:
         raise TransientError(f"{type(e).__name__}: {e}") from e
 
 
-def _present(conn: redis.Redis, names: list[str]) -> set[str]:
-    """The runs among NAMES whose settings are in Redis (one round trip)."""
+def _fingerprints(conn: redis.Redis, names: list[str]) -> dict[str, str]:
+    """The fingerprint of each run among NAMES that is in Redis (one round trip)."""
     with conn.pipeline(transaction=False) as p:
         for n in names:
-            p.hexists(run_key(n), "settings")
-        return {n for n, there in zip(names, p.execute(), strict=True) if there}
+            p.hget(run_key(n), "fingerprint")
+        return {n: fp.decode() if isinstance(fp, bytes) else str(fp)
+                for n, fp in zip(names, p.execute(), strict=True) if fp is not None}
 
 
 def _pauses(conn: redis.Redis, names: list[str]) -> dict[str, str]:
