@@ -18,7 +18,7 @@ from typing import Any, cast
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.marks import Mark, marks_of
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.rqaccess import job_counts, queue_for
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -210,15 +210,16 @@ class Intake:
         js.remaining = len(keep)
 
     async def _drained(self, runs: list[str]) -> bool:
+        """Whether nothing of RUNS waits, is held, or sits between dequeue and start anywhere (a
+        job left there by a dequeue whose reply was lost comes back after a lease: not done)."""
         if self.book.pending or self.book.in_flight or len(self.book):
             return False
         conn = self.worker.connection
 
         def check() -> bool:
-            # Raw ZCARD/LLEN: rq's registry.count would also sweep, outside the maintenance lock.
             for run in runs:
-                q = queue_for(run, conn)
-                if conn.zcard(q.started_job_registry.key) or conn.llen(q.key):
+                c = job_counts(conn, run)
+                if c["queued"] or c["started"] or c["dequeuing"]:
                     return False
             return True
 

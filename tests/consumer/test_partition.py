@@ -56,6 +56,7 @@ def test_a_partition_longer_than_the_lease_heals_by_itself(tmp_path, redis_url, 
     assert not [r for r in recs if "error" in r]
     q = "genqueue.part"
     assert conn.llen(f"rq:queue:{q}") == 0 and conn.zcard(f"rq:wip:{q}") == 0
+    assert conn.llen(f"rq:queue:{q}:intermediate") == 0
     assert conn.zcard(f"rq:failed:{q}") == 0
     log = cut_off.output()
     assert "Redis unreachable" in log and "Redis answers again" in log, log[-3000:]
