@@ -51,7 +51,7 @@ def _check_endpoint(url: str) -> str:
 
 @main.command("run")
 @click.option("--run", "run_name", help="Serve only this run (default: every open run the endpoint's model fits).")
-@click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
+@click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", show_envvar=True, help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
 @click.option("--gpu", type=click.IntRange(0, 1023), default=None,
               help="Short for --endpoint http://127.0.0.1:<8000+N>/v1; also recorded in results.")
 @click.option("--concurrency", "-c", default="auto", show_default=True,
@@ -76,6 +76,7 @@ def _check_endpoint(url: str) -> str:
 @click.option("--endpoint-wait", type=click.FloatRange(0), default=1800.0, show_default=True,
               help="Seconds to wait at start for the endpoint (vLLM loads a large model for minutes) and for Redis.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
+              show_envvar=True,
               help="Serve Prometheus metrics on this port (default: off).")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
@@ -137,9 +138,11 @@ main.add_command(simulate_command, "simulate")
 
 
 def _register() -> None:
+    from genqueue.consumer.dashboard import dashboard_command
     from genqueue.consumer.launch import launch_command
 
     main.add_command(launch_command, "launch")
+    main.add_command(dashboard_command, "dashboard")
 
 
 _register()

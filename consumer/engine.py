@@ -17,8 +17,14 @@ SPEC_DRAFT = ("vllm:spec_decode_num_draft_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 
 
+#: Gauges that are fractions per engine: a data-parallel vLLM reports one series per engine
+#: replica (engine="0", "1"...), and their sum would exceed 1; the fullest replica is shown.
+_MAX_OVER_SERIES = frozenset(KV_CACHE)
+
+
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum of each metric's samples over its label sets (one engine serves one model)."""
+    """Each metric's samples summed over its label sets (requests running and waiting add up
+    over a data-parallel engine's replicas), or their max for a fraction such as KV-cache use."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -30,7 +36,11 @@ def parse_prometheus(text: str) -> dict[str, float]:
             v = float(m["value"])
         except ValueError:
             continue
-        out[m["name"]] = out.get(m["name"], 0.0) + v
+        name = m["name"]
+        if name in _MAX_OVER_SERIES:
+            out[name] = max(out.get(name, v), v)
+        else:
+            out[name] = out.get(name, 0.0) + v
     return out
 
 

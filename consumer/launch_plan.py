@@ -1,4 +1,5 @@
-"""What `consumer launch` starts on a node, as pure functions: GPU lists, ports, command lines, backoff.
+"""What `consumer launch` starts on a node, as pure functions: GPU groups, ports, command lines,
+the engine command, backoff.
 
 Nothing here starts a process or touches the network, so all of it is tested without a GPU.
 """
@@ -7,18 +8,26 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from genqueue.common import defaults
 
 ENGINES = ("vllm", "simulate")
 DEVICES = ("gpu", "cpu")
 
-#: The default engine command: the python -m form also works on vLLM's CPU builds, where the
-#: `vllm serve` entry point can fail on the package name.
+#: The module behind vLLM's OpenAI server, for the `python -m` form of --vllm-cmd (vLLM's CPU
+#: builds need it: their `vllm serve` entry point fails on the package name).
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
 #: Seconds an engine waits for /health by default: a 27B model loads for minutes.
 ENGINE_START_TIMEOUT = 1200.0
+
+#: An engine that answered /health once and then fails it (no answer, or not 200) this long while
+#: its process lives is hung (a stuck collective, a dead engine core behind a live API server):
+#: it is killed and restarted. Long enough that a busy engine's slow answer is not mistaken for it.
+ENGINE_HANG_TIMEOUT = 120.0
 
 #: Restart backoff: 1, 2, 4 ... seconds, never more than this.
 RESTART_CAP = 60.0
@@ -34,6 +43,15 @@ ENGINE_STOP_GRACE = 30.0
 
 #: On top of the consumers' own --drain-timeout, how long launch waits for them on SIGTERM.
 DRAIN_SLACK = 30.0
+
+#: Engine arguments launch sets itself (it must, to match CUDA_VISIBLE_DEVICES), with the
+#: launch option that sets each.
+RESERVED_ENGINE_ARGS = {
+    "--tensor-parallel-size": "--gpus-per-engine",
+    "-tp": "--gpus-per-engine",
+    "--data-parallel-size": "--data-parallel",
+    "-dp": "--data-parallel",
+}
 
 
 def parse_gpus(spec: str) -> list[int]:
@@ -56,6 +74,93 @@ def parse_gpus(spec: str) -> list[int]:
     return sorted(gpus)
 
 
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The GPUs one engine uses (one, or a tensor/data-parallel group), known by its first GPU:
+    its engine listens on BASE+first, its consumer runs as `--gpu first`."""
+
+    gpus: tuple[int, ...]
+
+    @property
+    def first(self) -> int:
+        return self.gpus[0]
+
+    @property
+    def key(self) -> str:
+        """"3" for one GPU, "0-1" for a run of GPUs, "0+2" otherwise (pids.json, file names)."""
+        g = self.gpus
+        if len(g) == 1:
+            return str(g[0])
+        if list(g) == list(range(g[0], g[-1] + 1)):
+            return f"{g[0]}-{g[-1]}"
+        return "+".join(map(str, g))
+
+    @property
+    def name(self) -> str:
+        return f"gpu{self.key}"
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(map(str, self.gpus))
+
+
+def group_gpus(gpus: list[int], per_engine: int) -> list[Group]:
+    """GPUS in groups of PER_ENGINE consecutive entries; ValueError when they do not divide."""
+    if per_engine < 1:
+        raise ValueError("an engine needs at least one GPU")
+    if len(gpus) % per_engine:
+        raise ValueError(f"{len(gpus)} GPU(s) do not split into engines of {per_engine}")
+    return [Group(tuple(gpus[i:i + per_engine])) for i in range(0, len(gpus), per_engine)]
+
+
+def reserved_arg(engine_args: list[str]) -> tuple[str, str] | None:
+    """The first engine argument launch sets itself, with the launch option to use instead."""
+    for arg in engine_args:
+        name = arg.split("=", 1)[0]
+        if name in RESERVED_ENGINE_ARGS:
+            return name, RESERVED_ENGINE_ARGS[name]
+    return None
+
+
+def python_module(head: list[str]) -> str | None:
+    """The module of a `python -m MODULE` command head, else None."""
+    for i, part in enumerate(head[:-1]):
+        if part == "-m":
+            return head[i + 1]
+    return None
+
+
+def resolve_engine_cmd(vllm_cmd: str | None, which: Callable[[str], str | None],
+                       has_module: Callable[[str, str], bool]) -> list[str]:
+    """The vLLM command before its arguments: --vllm-cmd as given, else `vllm serve` from PATH.
+
+    Checked before anything starts, so a node without vLLM gets one line naming what is
+    missing instead of engines restarting until launch gives up. WHICH finds an executable
+    (shutil.which); HAS_MODULE(python, top_level_package) says whether that Python has it.
+    Raises LookupError with that line.
+    """
+    if vllm_cmd is None:
+        exe = which("vllm") or which(str(Path(sys.executable).with_name("vllm")))
+        if exe is None:
+            raise LookupError("no vLLM here: `vllm` is not on PATH. Install vLLM, or name its command with "
+                              "--vllm-cmd (env GENQUEUE_VLLM_CMD), e.g. '/opt/vllm/bin/vllm serve' or "
+                              f"'/opt/vllm/bin/python -m {VLLM_MODULE}'")
+        return [exe, "serve"]
+    try:
+        head = shlex.split(vllm_cmd)
+    except ValueError as e:
+        raise LookupError(f"--vllm-cmd {vllm_cmd!r}: {e}") from None
+    if not head:
+        raise LookupError("--vllm-cmd is empty")
+    exe = which(head[0])
+    if exe is None:
+        raise LookupError(f"--vllm-cmd {vllm_cmd!r}: no such executable {head[0]!r}")
+    module = python_module(head)
+    if module is not None and not has_module(exe, module.split(".")[0]):
+        raise LookupError(f"--vllm-cmd {vllm_cmd!r}: {exe} has no module named {module.split('.')[0]!r}")
+    return [exe, *head[1:]]
+
+
 def restart_delay(failures: int, *, base: float = 1.0, cap: float = RESTART_CAP) -> float:
     """Seconds to wait before restarting a process that has failed `failures` times in a row (>= 1)."""
     if failures < 1:
@@ -72,8 +177,11 @@ class LaunchConfig:
     served_model_name: str | None = None
     run: str | None = None
     engine: str = "vllm"
+    #: the engine command before its arguments (launch resolves it: resolve_engine_cmd)
     vllm_cmd: str | None = None
     devices: str = "gpu"
+    gpus_per_engine: int = 1
+    data_parallel: int = 1
     base_port: int = 8000
     log_dir: Path = Path("./genqueue-logs")
     spool_root: Path = Path("./genqueue-spool")
@@ -85,22 +193,31 @@ class LaunchConfig:
     consumer_args: str = ""
     engine_args: list[str] = field(default_factory=list)
     engine_start_timeout: float = ENGINE_START_TIMEOUT
+    engine_hang_timeout: float = ENGINE_HANG_TIMEOUT
     redis_url: str = ""
 
-    def port(self, gpu: int) -> int:
-        return self.base_port + gpu
+    @property
+    def gpus_per_group(self) -> int:
+        return self.gpus_per_engine * self.data_parallel
 
-    def endpoint(self, gpu: int) -> str:
-        return f"http://127.0.0.1:{self.port(gpu)}/v1"
+    def groups(self) -> list[Group]:
+        return group_gpus(self.gpus, self.gpus_per_group)
 
-    def health_url(self, gpu: int) -> str:
-        return f"http://127.0.0.1:{self.port(gpu)}/health"
+    def port(self, group: Group) -> int:
+        return self.base_port + group.first
+
+    def endpoint(self, group: Group) -> str:
+        return f"http://127.0.0.1:{self.port(group)}/v1"
+
+    def health_url(self, group: Group) -> str:
+        return f"http://127.0.0.1:{self.port(group)}/health"
 
 
-def engine_argv(cfg: LaunchConfig, gpu: int) -> list[str]:
-    """The engine's command line. The user's extra arguments come last, so theirs win
-    (argparse keeps the last value), and pass through untouched (speculative decoding etc.)."""
-    port = str(cfg.port(gpu))
+def engine_argv(cfg: LaunchConfig, group: Group) -> list[str]:
+    """The engine's command line. The user's extra arguments come last and pass through
+    untouched (speculative decoding etc.); the parallel sizes are launch's, to match the GPUs
+    it gives the engine."""
+    port = str(cfg.port(group))
     if cfg.engine == "simulate":
         argv = [sys.executable, "-m", "genqueue.consumer", "simulate", "--port", port]
         name = cfg.served_model_name or cfg.model
@@ -109,36 +226,47 @@ def engine_argv(cfg: LaunchConfig, gpu: int) -> list[str]:
         return [*argv, *cfg.engine_args]
     if cfg.model is None:
         raise ValueError("--model is required with --engine vllm")
-    head = shlex.split(cfg.vllm_cmd) if cfg.vllm_cmd else [sys.executable, "-m", VLLM_MODULE]
-    argv = [*head, "--model", cfg.model, "--host", "127.0.0.1", "--port", port]
+    head = shlex.split(cfg.vllm_cmd) if cfg.vllm_cmd else ["vllm", "serve"]
+    # `vllm serve` takes the model as its first argument; the api_server module takes --model.
+    model = [cfg.model] if head[-1] == "serve" else ["--model", cfg.model]
+    argv = [*head, *model, "--host", "127.0.0.1", "--port", port]
+    if cfg.gpus_per_engine > 1:
+        argv += ["--tensor-parallel-size", str(cfg.gpus_per_engine)]
+    if cfg.data_parallel > 1:
+        argv += ["--data-parallel-size", str(cfg.data_parallel)]
     if cfg.served_model_name:
         argv += ["--served-model-name", cfg.served_model_name]
     return [*argv, *cfg.engine_args]
 
 
-def engine_env(cfg: LaunchConfig, gpu: int, base: dict[str, str]) -> dict[str, str]:
-    """The engine's environment: one visible GPU (with --devices cpu, the environment as it is)."""
+def engine_env(cfg: LaunchConfig, group: Group, base: dict[str, str]) -> dict[str, str]:
+    """The engine's environment: its GPUs only (with --devices cpu, the environment as it is)."""
     env = dict(base)
     if cfg.devices == "gpu":
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["CUDA_VISIBLE_DEVICES"] = group.cuda_visible_devices
     return env
 
 
-def consumer_argv(cfg: LaunchConfig, gpu: int) -> list[str]:
-    """The consumer's command line; Redis comes through the environment, so no password shows in ps."""
-    argv = [sys.executable, "-m", "genqueue.consumer", "-v", "run", "--gpu", str(gpu), "--endpoint", cfg.endpoint(gpu),
-            "--spool", str(cfg.spool_root / f"gpu{gpu}"), "--drain-timeout", str(cfg.drain_timeout)]
+def consumer_argv(cfg: LaunchConfig, group: Group) -> list[str]:
+    """The consumer's command line; Redis comes through the environment, so no password shows in ps.
+    In front of a data-parallel engine the --concurrency auto ceiling grows with its replicas."""
+    argv = [sys.executable, "-m", "genqueue.consumer", "-v", "run", "--gpu", str(group.first),
+            "--endpoint", cfg.endpoint(group), "--spool", str(cfg.spool_root / group.name),
+            "--drain-timeout", str(cfg.drain_timeout)]
     if cfg.run:
         argv += ["--run", cfg.run]
     if cfg.concurrency is not None:
         argv += ["--concurrency", cfg.concurrency]
     if cfg.metrics_base_port is not None:
-        argv += ["--metrics-port", str(cfg.metrics_base_port + gpu)]
+        argv += ["--metrics-port", str(cfg.metrics_base_port + group.first)]
     if cfg.lease is not None:
         argv += ["--lease", str(cfg.lease)]
     if cfg.burst:
         argv.append("--burst")
-    return [*argv, *shlex.split(cfg.consumer_args)]
+    extra = shlex.split(cfg.consumer_args)
+    if cfg.data_parallel > 1 and not any(a.split("=", 1)[0] == "--max-concurrency" for a in extra):
+        argv += ["--max-concurrency", str(cfg.data_parallel * defaults.MAX_CONCURRENCY)]
+    return [*argv, *extra]
 
 
 def consumer_env(cfg: LaunchConfig, base: dict[str, str]) -> dict[str, str]:

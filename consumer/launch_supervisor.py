@@ -1,10 +1,16 @@
-"""The supervisor behind `consumer launch`: one engine and one consumer per GPU, kept alive.
+"""The supervisor behind `consumer launch`: one engine and one consumer per GPU (or per group
+of GPUs), kept alive.
 
-A plain poll loop in the main thread (signals set flags; nothing blocks for long):
+A plain poll loop in the main thread (signals set flags; /health probes run in a small thread
+pool, so nothing blocks for long):
 
 - an engine is started, and its consumer only once the engine answers /health;
 - an engine that exits is restarted with backoff; its consumer keeps running and pauses by
   itself while the endpoint refuses connections, so no job is failed or dropped meanwhile;
+- an engine that answered /health once and then fails it for --engine-hang-timeout while its
+  process lives (hung) is killed and restarted the same way;
+- an engine that never answers /health is given up after a few starts, with the last line of
+  its log (say, `No module named 'vllm'`) in launch's own error;
 - a consumer that exits non-zero is restarted with backoff once its engine is healthy;
   one that exits 0 (--burst, drained) is done, and when every consumer is done launch stops;
 - SIGTERM/SIGINT: every consumer drains (SIGTERM), then the engines stop (SIGTERM, then
@@ -16,27 +22,23 @@ terminal's Ctrl-C reaches only launch, which stops the children in order.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from genqueue.common.errors import UserError
+from genqueue.consumer.launch_children import Child, Probe, health_ok, last_line, port_in_use
 from genqueue.consumer.launch_plan import (
     DRAIN_SLACK,
     ENGINE_STOP_GRACE,
     MAX_START_FAILURES,
     STABLE_AFTER,
+    Group,
     LaunchConfig,
     consumer_argv,
     consumer_env,
@@ -51,112 +53,30 @@ POLL = 0.2
 HEALTH_EVERY = 1.0
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if launch itself dies (even by SIGKILL), so no engine is orphaned."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Child:
-    """One supervised process writing to its own log file, in its own process group."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.argv = argv
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
-        self.failures = 0
-        self.next_start = 0.0
-        self._fh: IO[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    def start(self) -> None:
-        self._fh = open(self.log_path, "ab")  # noqa: SIM115 - held while the child lives, closed in its end
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._fh.write(f"=== {stamp} launch: starting {self.name}: {' '.join(self.argv)}\n".encode())
-        self._fh.flush()
-        try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._fh,
-                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - one prctl call
-        except OSError:
-            self._fh.close()
-            self._fh = None
-            raise
-        self.started = time.monotonic()
-        log.info("%s started (pid %d)", self.name, self.proc.pid)
-
-    def poll(self) -> int | None:
-        """The exit code if the process has just exited (then it is forgotten), else None."""
-        if self.proc is None:
-            return None
-        code = self.proc.poll()
-        if code is None:
-            return None
-        self.kill_group()  # whatever it left behind (vLLM's engine core) goes with it
-        self.proc = None
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-        return code
-
-    def terminate(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL the process group now and reap the process."""
-        self.kill_group()
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) survived SIGKILL for 10 s", self.name, self.proc.pid)
-        self.poll()
-
-    def kill_group(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 @dataclass
-class Gpu:
-    index: int
+class Slot:
+    """One engine (one GPU or a group) and its consumer."""
+
+    group: Group
     engine: Child
     consumer: Child
+    probe: Probe
     healthy_since: float | None = None
+    failing_since: float | None = None
     ever_healthy: bool = False
     health_deadline: float = 0.0
-    last_health: float = 0.0
+    next_probe: float = 0.0
     done: bool = False
     given_up: bool = False
 
-
-def health_ok(url: str, timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return bool(r.status == 200)
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
+    @property
+    def name(self) -> str:
+        return self.group.name
 
 
-def port_in_use(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def hang_probe_timing(hang_timeout: float) -> tuple[float, float]:
+    """(seconds between /health probes of a healthy engine, each probe's timeout) for a hang timeout."""
+    return max(0.5, min(5.0, hang_timeout / 4)), max(1.0, min(5.0, hang_timeout / 2))
 
 
 class Supervisor:
@@ -168,30 +88,35 @@ class Supervisor:
         self.exit_code = 0
         base_env = dict(os.environ)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        self.gpus = [
-            Gpu(g, Child(f"engine-gpu{g}", engine_argv(cfg, g), engine_env(cfg, g, base_env),
-                         cfg.log_dir / f"engine-gpu{g}.log"),
-                Child(f"consumer-gpu{g}", consumer_argv(cfg, g), consumer_env(cfg, base_env),
-                      cfg.log_dir / f"consumer-gpu{g}.log"))
-            for g in cfg.gpus
+        groups = cfg.groups()
+        self.pool = ThreadPoolExecutor(max_workers=min(len(groups), 64), thread_name_prefix="health")
+        self.slots = [
+            Slot(g, Child(f"engine-{g.name}", engine_argv(cfg, g), engine_env(cfg, g, base_env),
+                          cfg.log_dir / f"engine-{g.name}.log"),
+                 Child(f"consumer-{g.name}", consumer_argv(cfg, g), consumer_env(cfg, base_env),
+                       cfg.log_dir / f"consumer-{g.name}.log"),
+                 Probe(self.pool, cfg.health_url(g)))
+            for g in groups
         ]
+        self.probe_every, self.probe_timeout = hang_probe_timing(cfg.engine_hang_timeout)
         self.pids_path = cfg.log_dir / "pids.json"
         self._last_pids = ""
 
     # --- entry ---------------------------------------------------------------------
     def run(self) -> int:
-        busy = [f"{self.cfg.port(g.index)} (gpu {g.index})" for g in self.gpus if port_in_use(self.cfg.port(g.index))]
+        busy = [f"{self.cfg.port(s.group)} ({s.name})" for s in self.slots if port_in_use(self.cfg.port(s.group))]
         if busy:
             raise UserError(f"port {', '.join(busy)} already in use: another engine running? choose --base-port")
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        log.info("launch: %d GPU(s) %s, engine %s, ports %d+, logs in %s", len(self.gpus), self.cfg.gpus,
-                 self.cfg.engine, self.cfg.base_port, self.cfg.log_dir)
+        log.info("launch: %d engine(s) on GPU(s) %s, engine %s, ports %d+, logs in %s", len(self.slots),
+                 ", ".join(s.group.cuda_visible_devices for s in self.slots), self.cfg.engine, self.cfg.base_port,
+                 self.cfg.log_dir)
         try:
             while not self.signals and not self._finished():
                 now = time.monotonic()
-                for gpu in self.gpus:
-                    self._tick(gpu, now)
+                for slot in self.slots:
+                    self._tick(slot, now)
                 self._write_pids()
                 time.sleep(POLL)
             self._shutdown()
@@ -202,6 +127,7 @@ class Supervisor:
             if self.signals > 1:
                 self._kill_all()
             self.pids_path.unlink(missing_ok=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
         log.info("launch stopped (exit %d)", self.exit_code)
         return self.exit_code
 
@@ -217,78 +143,102 @@ class Supervisor:
     def _finished(self) -> bool:
         if self.exit_code:
             return True
-        live = [g for g in self.gpus if not g.given_up]
+        live = [s for s in self.slots if not s.given_up]
         if not live:
             log.error("every engine failed to start: giving up (see the engine logs in %s)", self.cfg.log_dir)
             self.exit_code = 1
             return True
-        if all(g.done for g in live):
+        if all(s.done for s in live):
             log.info("every consumer finished")
             return True
         return False
 
-    # --- one step per GPU ----------------------------------------------------------
-    def _tick(self, gpu: Gpu, now: float) -> None:
-        if gpu.given_up:
+    # --- one step per engine -------------------------------------------------------
+    def _tick(self, slot: Slot, now: float) -> None:
+        if slot.given_up:
             return
-        self._tick_engine(gpu, now)
-        if not gpu.done and not gpu.given_up:
-            self._tick_consumer(gpu, now)
+        self._tick_engine(slot, now)
+        if not slot.done and not slot.given_up:
+            self._tick_consumer(slot, now)
 
-    def _tick_engine(self, gpu: Gpu, now: float) -> None:
-        eng = gpu.engine
+    def _tick_engine(self, slot: Slot, now: float) -> None:
+        eng = slot.engine
         code = eng.poll()
         if code is not None:
-            up = now - eng.started
-            gpu.healthy_since = None
-            self._engine_failed(gpu, now, f"exited with code {code} after {up:.0f} s")
+            self._engine_failed(slot, now, f"exited with code {code} after {now - eng.started:.0f} s")
             return
         if not eng.running:
             if now >= eng.next_start:
                 try:
                     eng.start()
                 except OSError as e:
-                    self._engine_failed(gpu, now, f"could not start: {e}")
+                    self._engine_failed(slot, now, f"could not start: {e}")
                     return
-                gpu.health_deadline = now + self.cfg.engine_start_timeout
+                slot.health_deadline = now + self.cfg.engine_start_timeout
+                slot.next_probe = now
             return
-        if gpu.healthy_since is None:
-            if now - gpu.last_health < HEALTH_EVERY:
-                return
-            gpu.last_health = now
-            if health_ok(self.cfg.health_url(gpu.index)):
-                gpu.healthy_since = now
-                gpu.ever_healthy = True
-                log.info("%s healthy after %.1f s on port %d", eng.name, now - eng.started, self.cfg.port(gpu.index))
-            elif now > gpu.health_deadline:
-                eng.kill()
-                self._engine_failed(gpu, now, f"did not answer /health within {self.cfg.engine_start_timeout:.0f} s")
-        elif eng.failures and now - gpu.healthy_since > STABLE_AFTER:
+        answer = slot.probe.answer()
+        if answer is not None:
+            self._heard(slot, now, answer)
+        watching = slot.healthy_since is None or self.cfg.engine_hang_timeout > 0
+        if watching and slot.probe.idle and now >= slot.next_probe:
+            loading = slot.healthy_since is None
+            slot.probe.ask(now, 1.0 if loading else self.probe_timeout)
+            slot.next_probe = now + (HEALTH_EVERY if loading else self.probe_every)
+        if slot.healthy_since is None:
+            if now > slot.health_deadline:
+                self._engine_failed(slot, now, f"did not answer /health within {self.cfg.engine_start_timeout:.0f} s",
+                                    kill=True)
+        elif slot.failing_since is not None and now - slot.failing_since >= self.cfg.engine_hang_timeout:
+            self._engine_failed(slot, now, f"is alive but has failed /health for {now - slot.failing_since:.0f} s: "
+                                           "hung; killed", kill=True)
+        elif eng.failures and now - slot.healthy_since > STABLE_AFTER:
             eng.failures = 0
 
-    def _engine_failed(self, gpu: Gpu, now: float, why: str) -> None:
-        eng = gpu.engine
+    def _heard(self, slot: Slot, now: float, ok: bool) -> None:
+        """A /health answer from a running engine."""
+        eng = slot.engine
+        if ok:
+            if slot.healthy_since is None:
+                slot.healthy_since = now
+                slot.ever_healthy = True
+                log.info("%s healthy after %.1f s on port %d", eng.name, now - eng.started, self.cfg.port(slot.group))
+            elif slot.failing_since is not None:
+                log.info("%s answers /health again after %.0f s", eng.name, now - slot.failing_since)
+                slot.failing_since = None
+        elif slot.healthy_since is not None and slot.failing_since is None:
+            slot.failing_since = slot.probe.asked_at
+            log.warning("%s is alive but fails /health; restarted if that lasts %.0f s", eng.name,
+                        self.cfg.engine_hang_timeout)
+
+    def _engine_failed(self, slot: Slot, now: float, why: str, *, kill: bool = False) -> None:
+        eng = slot.engine
+        if kill:
+            eng.kill()
+        slot.healthy_since = slot.failing_since = None
+        slot.probe.forget()
         eng.failures += 1
-        if not gpu.ever_healthy and eng.failures >= MAX_START_FAILURES:
-            log.error("%s %s; %d failed starts in a row, giving up on gpu %d (see %s)", eng.name, why,
-                      eng.failures, gpu.index, eng.log_path)
-            gpu.given_up = True
-            gpu.consumer.terminate()
+        if not slot.ever_healthy and eng.failures >= MAX_START_FAILURES:
+            line = last_line(eng.log_path)
+            log.error("%s %s; %d failed starts in a row, giving up on %s (see %s)%s", eng.name, why, eng.failures,
+                      slot.name, eng.log_path, f"; its log ends: {line}" if line else "")
+            slot.given_up = True
+            slot.consumer.terminate()
             return
         delay = restart_delay(eng.failures)
         eng.next_start = now + delay
-        waiting = " (its consumer pauses meanwhile)" if gpu.consumer.running else ""
+        waiting = " (its consumer pauses meanwhile)" if slot.consumer.running else ""
         log.warning("%s %s; restarting in %.0f s%s (see %s)", eng.name, why, delay, waiting, eng.log_path)
 
-    def _tick_consumer(self, gpu: Gpu, now: float) -> None:
-        con = gpu.consumer
+    def _tick_consumer(self, slot: Slot, now: float) -> None:
+        con = slot.consumer
         code = con.poll()
         if code == 0:
             log.info("%s finished (exit 0)", con.name)
-            gpu.done = True
+            slot.done = True
             return
         if code is not None:
-            if code == 2 and health_ok(self.cfg.health_url(gpu.index)):
+            if code == 2 and health_ok(self.cfg.health_url(slot.group)):
                 log.error("%s exited 2 with its engine healthy: a configuration mistake, stopping (see %s)",
                           con.name, con.log_path)
                 self.exit_code = 2
@@ -301,7 +251,7 @@ class Supervisor:
         if con.running:
             if con.failures and now - con.started > STABLE_AFTER:
                 con.failures = 0
-        elif gpu.healthy_since is not None and now >= con.next_start:
+        elif slot.healthy_since is not None and now >= con.next_start:
             try:
                 con.start()
             except OSError as e:
@@ -311,7 +261,7 @@ class Supervisor:
 
     # --- stopping ------------------------------------------------------------------
     def _shutdown(self) -> None:
-        consumers = [g.consumer for g in self.gpus if g.consumer.running]
+        consumers = [s.consumer for s in self.slots if s.consumer.running]
         for c in consumers:
             c.terminate()
         deadline = time.monotonic() + self.cfg.drain_timeout + DRAIN_SLACK
@@ -323,7 +273,7 @@ class Supervisor:
                 log.error("%s did not drain in time: killing it (its leases expire and its jobs return)", c.name)
                 c.kill_group()
         self._wait(consumers, time.monotonic() + 5)
-        engines = [g.engine for g in self.gpus if g.engine.running]
+        engines = [s.engine for s in self.slots if s.engine.running]
         for e in engines:
             e.terminate()
         self._wait(engines, time.monotonic() + ENGINE_STOP_GRACE)
@@ -346,15 +296,16 @@ class Supervisor:
             time.sleep(POLL)
 
     def _kill_all(self) -> None:
-        for g in self.gpus:
-            for c in (g.consumer, g.engine):
+        for s in self.slots:
+            for c in (s.consumer, s.engine):
                 c.kill_group()
 
     def _write_pids(self) -> None:
         data = {"supervisor": os.getpid(),
-                "gpus": {str(g.index): {"port": self.cfg.port(g.index), "engine": g.engine.pid,
-                                        "consumer": g.consumer.pid, "engine_healthy": g.healthy_since is not None}
-                         for g in self.gpus}}
+                "gpus": {s.group.key: {"port": self.cfg.port(s.group), "gpus": list(s.group.gpus),
+                                       "engine": s.engine.pid, "consumer": s.consumer.pid,
+                                       "engine_healthy": s.healthy_since is not None and s.failing_since is None}
+                         for s in self.slots}}
         text = json.dumps(data, sort_keys=True)
         if text == self._last_pids:
             return

@@ -70,6 +70,9 @@ RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each re
                    ["kind"])
 QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq queue", ["run"])
 
+#: The failed-attempt kinds (consumer.client's errors) that get a retries series from the start.
+RETRY_KINDS = ("TransientError", "EndpointDown", "DeadlineExceeded", "BadResponseError")
+
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
 
@@ -126,6 +129,8 @@ class Telemetry:
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for reason in PAUSE_REASONS:
             PAUSED.labels(reason).set(0)
+        for kind in RETRY_KINDS:  # a series at 0 from the start, so rate() and dashboards work
+            RETRIES.labels(kind)
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""

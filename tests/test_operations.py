@@ -1,23 +1,66 @@
-"""The README's operations section, as a user runs it: rq's own tools on genqueue queues."""
+"""The README's operations section, as a user runs it: rq's own tools on genqueue queues (the
+README's lines run verbatim by bash), the dashboard's install line (from a checkout and from a
+wheel), and the small truths: every environment variable genqueue reads is in the --help of its
+option and in the README."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import click
 import pytest
 
 from genqueue.common.rqaccess import queue_for
+from genqueue.consumer.cli import main as consumer_main
 from genqueue.consumer.rqcompat import GenWorker
-from tests.conftest import cli, sharegpt, write_jsonl
+from genqueue.producer.cli import main as producer_main
+from tests.conftest import BIN, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
-pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+INSTALL_LINE = "pip install -e '.[dashboard]'"
 
 
+def operations_block() -> list[str]:
+    """The command lines (comments dropped) of the README's operations code block."""
+    text = README.read_text()
+    section = text[text.index("## Operating with rq's own tools"):]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    lines = [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines()]
+    return [line for line in lines if line]
+
+
+def readme_line(prefix: str) -> str:
+    found = [line for line in operations_block() if line.startswith(prefix)]
+    assert len(found) == 1, f"the README's operations block should show one `{prefix}` line: {found}"
+    return found[0]
+
+
+def run_as_written(line: str, redis_url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REDIS_URL": redis_url, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.mark.integration
 def test_requeue_failures_with_rq_then_resume_and_empty(tmp_path, redis_url, conn):
     env = {"REDIS_URL": redis_url}
-    data = write_jsonl(tmp_path / "ops.jsonl", [sharegpt(i) for i in range(40)])
+    data = write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(40)])
     cli("producer", "enqueue", str(data), "--batch-size", "10", "--output", str(tmp_path / "out"),
         "--rejects", str(tmp_path / "r"), env=env)
-    q = queue_for("ops", conn)
+    q = queue_for("data", conn)
     # a job that failed for good (say, its retries were spent while consumers kept dying)
     w = GenWorker([q], conn, lease=30)
     w.start()
@@ -25,23 +68,148 @@ def test_requeue_failures_with_rq_then_resume_and_empty(tmp_path, redis_url, con
     w.fail(held, "gave up", retry=False)
     w.stop()
     assert q.failed_job_registry.get_job_ids() == [held.id]
-    info = cli("rq", "info", "-u", redis_url, "genqueue.ops").stdout
-    assert "genqueue.ops" in info
+    info = run_as_written(readme_line("rq info"), redis_url).stdout
+    assert "genqueue.data" in info
     # README: rq requeue with the JSON serializer puts it back
-    cli("rq", "requeue", "-u", redis_url, "-S", "rq.serializers.JSONSerializer", "--queue", "genqueue.ops", "--all")
+    run_as_written(readme_line("rq requeue"), redis_url)
     assert q.failed_job_registry.count == 0 and held.id in q.job_ids
     # resume: every consumer had stopped; starting one again is all it takes
     sim = Sim(tmp_path, "--mean-tokens", "10")
     try:
-        c = Proc("consumer", ["run", "--run", "ops", "--endpoint", sim.url, "--burst", "--spool", str(tmp_path / "s")],
+        c = Proc("consumer", ["run", "--run", "data", "--endpoint", sim.url, "--burst", "--spool", str(tmp_path / "s")],
                  tmp_path / "c.log", env=env)
         assert c.wait(60) == 0, c.output()
     finally:
         sim.stop()
-    assert {r["key"] for r in read_results(tmp_path / "out", "ops")} == run_keys(conn, "ops")
+    assert {r["key"] for r in read_results(tmp_path / "out", "data")} == run_keys(conn, "data")
     # README: emptying a queue drops what is queued
-    cli("producer", "enqueue", str(data), "--run", "ops2", "--batch-size", "10", "--rejects", str(tmp_path / "r2"),
-        env=env)
-    assert queue_for("ops2", conn).count == 4
-    cli("rq", "empty", "-u", redis_url, "genqueue.ops2")
-    assert queue_for("ops2", conn).count == 0
+    more = write_jsonl(tmp_path / "more.jsonl", [sharegpt(i) for i in range(100, 140)])
+    cli("producer", "enqueue", str(more), "--run", "data", "--batch-size", "10", "--output", str(tmp_path / "out"),
+        "--rejects", str(tmp_path / "r2"), env=env)
+    assert q.count == 4
+    run_as_written(readme_line("rq empty"), redis_url)
+    assert q.count == 0
+
+
+def dashboard_requirements(requires_dist: list[str]) -> set[str]:
+    """Names required by the `dashboard` extra, from Requires-Dist lines."""
+    names = set()
+    for req in requires_dist:
+        if re.search(r"""extra\s*==\s*["']dashboard["']""", req):
+            names.add(re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0].lower())
+    return names
+
+
+def test_dashboard_install_line_from_a_checkout(tmp_path):
+    line = readme_line("pip install")
+    assert line == INSTALL_LINE, "the dashboard's install line must work from a checkout (genqueue is on no index)"
+    assert any(x.startswith("consumer dashboard") for x in operations_block()), "and say how to start it"
+    report = tmp_path / "report.json"
+    argv = [*shlex.split(line), "--dry-run", "--quiet", "--disable-pip-version-check", "--report", str(report)]
+    done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    (me,) = [i for i in json.loads(report.read_text())["install"] if i["metadata"]["name"] == "genqueue"]
+    # rq-dashboard 0.9 imports six without declaring it
+    assert {"rq-dashboard", "six"} <= dashboard_requirements(me["metadata"]["requires_dist"])
+
+
+def test_the_wheel_carries_the_dashboard_extra_and_command(tmp_path):
+    # built from what the Dockerfile copies, in a scratch folder (setuptools writes build/ beside the sources)
+    src = tmp_path / "src"
+    src.mkdir()
+    skip = shutil.ignore_patterns("__pycache__")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("common", "producer", "consumer"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    shutil.copytree(ROOT / "genqueue", src / "genqueue", symlinks=True, ignore=skip)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check",
+                           "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("genqueue-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        metadata = z.read(meta).decode()
+    assert "genqueue/consumer/dashboard.py" in names and "genqueue/consumer/launch.py" in names
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert {"rq-dashboard", "six"} <= dashboard_requirements(requires)
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
+                           "--report", str(report), f"{wheel}[dashboard]"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+# --- small truths --------------------------------------------------------------------------
+def commands(group: click.Command, path: str) -> list[tuple[str, click.Command]]:
+    out = [(path, group)]
+    if isinstance(group, click.Group):
+        for name, sub in group.commands.items():
+            out += commands(sub, f"{path} {name}")
+    return out
+
+
+def environment_options() -> list[tuple[str, click.Command, click.Option, str]]:
+    found = []
+    for root, name in ((producer_main, "producer"), (consumer_main, "consumer")):
+        for path, cmd in commands(root, name):
+            for param in cmd.params:
+                if isinstance(param, click.Option) and param.envvar:
+                    envvars = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar)
+                    found += [(path, cmd, param, e) for e in envvars]
+    return found
+
+
+def test_every_environment_variable_is_in_the_help_of_its_option():
+    options = environment_options()
+    assert {e for *_, e in options} >= {"REDIS_URL", "GENQUEUE_OUTPUT", "GENQUEUE_ENDPOINT", "GENQUEUE_METRICS_PORT",
+                                        "GENQUEUE_GPUS", "GENQUEUE_MODEL", "GENQUEUE_VLLM_CMD",
+                                        "GENQUEUE_METRICS_BASE_PORT"}
+    silent = []
+    for path, cmd, param, envvar in options:
+        with click.Context(cmd, info_name=path) as ctx:
+            record = param.get_help_record(ctx)
+        if record is None or envvar not in " ".join(record):
+            silent.append(f"{path} {param.opts[0]}: {envvar}")
+    assert not silent, "options whose --help does not name their environment variable:\n" + "\n".join(silent)
+
+
+def test_every_genqueue_environment_variable_is_in_the_readme():
+    readme = README.read_text()
+    read = set()
+    for pkg in ("common", "producer", "consumer"):
+        for src in (ROOT / pkg).rglob("*.py"):
+            # variables the code reads: os.environ/getenv lookups and click's envvar=
+            text = src.read_text()
+            read |= set(re.findall(r"(?:environ(?:\.get)?\(?\[?|getenv\(|envvar=)\s*[\"'](GENQUEUE_[A-Z0-9_]+)", text))
+    read |= {e for *_, e in environment_options() if e.startswith("GENQUEUE_")}
+    assert read, "found no GENQUEUE_ variable: the scan is broken"
+    missing = sorted(v for v in read if v not in readme)
+    assert not missing, f"environment variables the README does not mention: {missing}"
+
+
+def test_gitignore_covers_what_the_tools_write_by_default():
+    paths = ["genqueue-spool/gpu0/x.jsonl", "genqueue-out/run/shards/x.jsonl", "demo-out/demo.jsonl",
+             "genqueue-logs/engine-gpu0.log", "x.rejects.jsonl"]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    assert set(done.stdout.split()) == set(paths), done.stdout + done.stderr
+
+
+@pytest.mark.integration
+def test_the_demo_runs_and_leaves_no_temporary_folder(tmp_path):
+    venv = ROOT / ".venv"
+    stamp = venv / ".genqueue-installed"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if Path(sys.prefix) != venv or not stamp.exists() or stamp.read_text().strip() != want:
+        pytest.skip("the demo runs scripts/setup first, which would reinstall .venv: run scripts/setup")
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "DEMO_OUT": str(tmp_path / "out")}
+    done = subprocess.run([str(ROOT / "scripts" / "demo")], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "== results:" in done.stdout and (tmp_path / "out" / "demo.jsonl").stat().st_size > 0
+    assert (tmp_path / "out" / "demo.rejects.jsonl").exists()
+    assert list((tmp_path / "tmp").iterdir()) == [], "the demo left its temporary folder behind"

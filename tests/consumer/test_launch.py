@@ -3,6 +3,7 @@ real redis-server and real processes (`python -m consumer.launch`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -15,17 +16,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from genqueue.common.jobs import queue_for
+from genqueue.common import defaults
+from genqueue.common.rqaccess import queue_for
 from genqueue.consumer.launch import launch_command
 from genqueue.consumer.launch_plan import (
+    Group,
     LaunchConfig,
     consumer_argv,
     consumer_env,
     engine_argv,
     engine_env,
+    group_gpus,
     parse_gpus,
+    reserved_arg,
+    resolve_engine_cmd,
     restart_delay,
 )
+from genqueue.consumer.launch_supervisor import hang_probe_timing
 from tests.conftest import cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import read_results, run_keys
 
@@ -53,45 +60,112 @@ def test_restart_delay_doubles_up_to_the_cap():
     assert restart_delay(10_000) == 60
 
 
+def g(*gpus: int) -> Group:
+    return Group(tuple(gpus))
+
+
 def test_vllm_command_line_passes_extra_args_untouched():
     spec = '{"method": "eagle3", "model": "/m/draft", "num_speculative_tokens": 3}'
-    cfg = LaunchConfig(gpus=[0, 3], model="/models/q27b", engine_args=["--speculative-config", spec, "--tp", "1"])
-    argv = engine_argv(cfg, 3)
-    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    assert argv[3:] == ["--model", "/models/q27b", "--host", "127.0.0.1", "--port", "8003",
-                        "--speculative-config", spec, "--tp", "1"]
-    assert "--served-model-name" not in argv
-    named = LaunchConfig(gpus=[0], model="/m", served_model_name="q", vllm_cmd="vllm serve", base_port=9000)
-    assert engine_argv(named, 0) == ["vllm", "serve", "--model", "/m", "--host", "127.0.0.1", "--port", "9000",
-                                     "--served-model-name", "q"]
+    cfg = LaunchConfig(gpus=[0, 3], model="/models/q27b", engine_args=["--speculative-config", spec, "--seed", "1"])
+    assert engine_argv(cfg, g(3)) == ["vllm", "serve", "/models/q27b", "--host", "127.0.0.1", "--port", "8003",
+                                      "--speculative-config", spec, "--seed", "1"]
+    named = LaunchConfig(gpus=[0], model="/m", served_model_name="q", vllm_cmd="/opt/v/bin/python -m "
+                         "vllm.entrypoints.openai.api_server", base_port=9000)
+    assert engine_argv(named, g(0)) == ["/opt/v/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                        "/m", "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "q"]
     with pytest.raises(ValueError, match="--model"):
-        engine_argv(LaunchConfig(gpus=[0]), 0)
+        engine_argv(LaunchConfig(gpus=[0]), g(0))
+
+
+def test_groups_of_gpus_one_engine_each():
+    assert group_gpus([0, 1, 2, 3], 2) == [g(0, 1), g(2, 3)]
+    assert group_gpus([0, 2, 4, 6], 2) == [g(0, 2), g(4, 6)]
+    assert group_gpus([5], 1) == [g(5)]
+    assert [x.key for x in group_gpus(list(range(8)), 4)] == ["0-3", "4-7"]
+    assert (g(0, 2).key, g(0, 2).name, g(0, 2).cuda_visible_devices) == ("0+2", "gpu0+2", "0,2")
+    assert (g(3).key, g(3).name) == ("3", "gpu3")
+    with pytest.raises(ValueError, match="do not split into engines of 4"):
+        group_gpus([0, 1, 2, 3, 4, 5], 4)
+
+
+def test_tensor_and_data_parallel_engines():
+    tp = LaunchConfig(gpus=list(range(8)), model="/m", gpus_per_engine=2, redis_url="redis://h/0")
+    groups = tp.groups()
+    assert groups == [g(0, 1), g(2, 3), g(4, 5), g(6, 7)]
+    argv = engine_argv(tp, groups[1])
+    assert argv[:3] == ["vllm", "serve", "/m"] and argv[argv.index("--port") + 1] == "8002"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--data-parallel-size" not in argv
+    assert engine_env(tp, groups[1], {"CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == "2,3"
+    con = consumer_argv(tp, groups[1])
+    assert con[con.index("--gpu") + 1] == "2" and con[con.index("--spool") + 1] == "genqueue-spool/gpu2-3"
+    assert con[con.index("--endpoint") + 1] == "http://127.0.0.1:8002/v1" and "--max-concurrency" not in con
+
+    dp = LaunchConfig(gpus=list(range(8)), model="/m", data_parallel=4, gpus_per_engine=2)
+    (one,) = dp.groups()
+    argv = engine_argv(dp, one)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and argv[argv.index("--data-parallel-size") + 1] == "4"
+    assert engine_env(dp, one, {})["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    con = consumer_argv(dp, one)
+    assert con[con.index("--max-concurrency") + 1] == str(4 * defaults.MAX_CONCURRENCY)
+    dp.consumer_args = "--max-concurrency 300"
+    assert consumer_argv(dp, one).count("--max-concurrency") == 1 and consumer_argv(dp, one)[-1] == "300"
+    assert reserved_arg(["--seed", "1", "--tensor-parallel-size=2"]) == ("--tensor-parallel-size", "--gpus-per-engine")
+    assert reserved_arg(["-dp", "2"]) == ("-dp", "--data-parallel") and reserved_arg(["--seed", "1"]) is None
+
+
+def test_engine_command_is_found_or_named_before_anything_starts():
+    on_path = {"vllm": "/usr/bin/vllm", "python3": "/usr/bin/python3", "/opt/v/bin/python": "/opt/v/bin/python"}
+    which = on_path.get
+    with_vllm = {"/opt/v/bin/python"}
+
+    def has(python: str, module: str) -> bool:
+        assert module == "vllm"
+        return python in with_vllm
+
+    assert resolve_engine_cmd(None, which, has) == ["/usr/bin/vllm", "serve"]
+    assert resolve_engine_cmd("/opt/v/bin/python -m vllm.entrypoints.openai.api_server", which, has) == [
+        "/opt/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    with pytest.raises(LookupError, match="/usr/bin/python3 has no module named 'vllm'"):
+        resolve_engine_cmd("python3 -m vllm.entrypoints.openai.api_server", which, has)
+    with pytest.raises(LookupError, match="no such executable 'nope'"):
+        resolve_engine_cmd("nope serve", which, has)
+    with pytest.raises(LookupError, match="`vllm` is not on PATH.*--vllm-cmd"):
+        resolve_engine_cmd(None, {}.get, has)
+    with pytest.raises(LookupError, match="empty"):
+        resolve_engine_cmd("  ", which, has)
 
 
 def test_simulate_command_line_and_environments():
     cfg = LaunchConfig(gpus=[1], engine="simulate", base_port=7000, engine_args=["--slots", "4"])
-    assert engine_argv(cfg, 1) == [sys.executable, "-m", "genqueue.consumer", "simulate", "--port", "7001", "--slots", "4"]
+    assert engine_argv(cfg, g(1)) == [sys.executable, "-m", "genqueue.consumer", "simulate", "--port", "7001",
+                                      "--slots", "4"]
     cfg.served_model_name = "tiny"
-    assert engine_argv(cfg, 1)[6:8] == ["--model", "tiny"]
+    assert engine_argv(cfg, g(1))[6:8] == ["--model", "tiny"]
     base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2"}
-    assert engine_env(cfg, 1, base)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert engine_env(cfg, g(1), base)["CUDA_VISIBLE_DEVICES"] == "1"
     cfg.devices = "cpu"
-    assert engine_env(cfg, 1, base) == base
+    assert engine_env(cfg, g(1), base) == base
 
 
 def test_consumer_command_line():
     cfg = LaunchConfig(gpus=[2], base_port=8100, run="data", concurrency="64", lease=10, drain_timeout=20, burst=True,
                        spool_root=Path("/s"), consumer_args="--shard-max-age 5", redis_url="redis://:pw@h:6379/0",
                        metrics_base_port=9400)
-    argv = consumer_argv(cfg, 2)
+    argv = consumer_argv(cfg, g(2))
     assert argv[:3] == [sys.executable, "-m", "genqueue.consumer"]
     assert argv[3:] == ["-v", "run", "--gpu", "2", "--endpoint", "http://127.0.0.1:8102/v1", "--spool", "/s/gpu2",
                         "--drain-timeout", "20", "--run", "data", "--concurrency", "64", "--metrics-port", "9402",
                         "--lease", "10", "--burst", "--shard-max-age", "5"]
     assert "pw" not in " ".join(argv)
     assert consumer_env(cfg, {"A": "1", "GENQUEUE_METRICS_PORT": "9100"}) == {"A": "1", "REDIS_URL": "redis://:pw@h:6379/0"}
-    plain = consumer_argv(LaunchConfig(gpus=[0]), 0)
-    assert not {"--run", "--concurrency", "--burst", "--metrics-port", "--lease"} & set(plain)
+    plain = consumer_argv(LaunchConfig(gpus=[0]), g(0))
+    assert not {"--run", "--concurrency", "--burst", "--metrics-port", "--lease", "--max-concurrency"} & set(plain)
+
+
+def test_hang_probes_are_frequent_and_short_enough_to_see_a_hang_in_time():
+    assert hang_probe_timing(120) == (5.0, 5.0)
+    every, timeout = hang_probe_timing(3)
+    assert every + timeout < 3 and every >= 0.5 and timeout >= 1
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -103,11 +177,30 @@ def test_consumer_command_line():
     (["--gpus", "0-9", "--engine", "simulate", "--base-port", "65530"], "65535"),
     (["--gpus", "0", "--engine", "simulate", "-c", "lots"], "number or auto"),
     (["--gpus", "0", "--engine", "simulate", "-c", "0"], "number or auto"),
+    (["--gpus", "0-2", "--engine", "simulate", "--gpus-per-engine", "2"], "3 GPU(s) do not split into engines of 2"),
+    (["--gpus", "0-3", "--engine", "simulate", "--gpus-per-engine", "2", "--data-parallel", "4"], "engines of 8"),
+    (["--gpus", "0-1", "--engine", "simulate", "--", "--tensor-parallel-size", "2"], "use --gpus-per-engine"),
+    (["--gpus", "0-1", "--model", "m", "--", "-dp=2"], "use --data-parallel"),
+    (["--gpus", "0", "--model", "m", "--vllm-cmd", f"{sys.executable} -m vllm.entrypoints.openai.api_server"],
+     f"{sys.executable} has no module named 'vllm'"),
 ])
 def test_cli_refuses_mistakes_in_one_line(args, msg, tmp_path):
+    assert importlib.util.find_spec("vllm") is None, "the test environment must not have vLLM"
     res = CliRunner().invoke(launch_command, [*args, "--log-dir", str(tmp_path / "logs")])
     assert res.exit_code == 2, res.output
     assert msg in res.output and "Traceback" not in res.output
+    lines = res.output.strip().splitlines()
+    assert msg in lines[-1]
+    assert lines == [lines[-1]] if lines[-1].startswith("error: ") else lines[-1].startswith("Error: ")  # ours / click's
+    assert not (tmp_path / "logs").exists(), "nothing may start before the checks pass"
+
+
+def test_cli_without_vllm_on_path_names_what_is_missing(tmp_path):
+    res = CliRunner().invoke(launch_command, ["--gpus", "0-7", "--model", "/models/m", "--log-dir", str(tmp_path / "l")],
+                             env={"PATH": str(tmp_path)})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: no vLLM here: `vllm` is not on PATH") and "--vllm-cmd" in res.output
+    assert len(res.output.strip().splitlines()) == 1
 
 
 def test_cli_refuses_a_port_in_use(tmp_path):
@@ -148,17 +241,18 @@ def alive(pid: int) -> bool:
 class Launch:
     """`python -m consumer.launch` with the stand-in engine on a free run of ports."""
 
-    def __init__(self, tmp: Path, redis_url: str, gpus: str, *extra: str, sim: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, redis_url: str, gpus: str, *extra: str, sim: tuple[str, ...] = (),
+                 engine: tuple[str, ...] = ("--engine", "simulate"), env: dict[str, str] | None = None) -> None:
         self.logs = tmp / "logs"
         self.stderr = tmp / "launch.stderr"
         n = len(parse_gpus(gpus))
         self.base = free_ports(max(parse_gpus(gpus)) + 1) if n else 0
-        self._fh = open(self.stderr, "ab")
+        self._fh = open(self.stderr, "ab")  # noqa: SIM115 - held while launch runs, closed in wait()
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "genqueue.consumer.launch", "--gpus", gpus, "--engine", "simulate",
+            [sys.executable, "-m", "genqueue.consumer.launch", "--gpus", gpus, *engine,
              "--base-port", str(self.base), "--log-dir", str(self.logs), "--spool-root", str(tmp / "spool"),
              "--consumer-args", "--shard-max-age 1", *extra, "--", *sim],
-            stdout=subprocess.DEVNULL, stderr=self._fh, env={**os.environ, "REDIS_URL": redis_url})
+            stdout=subprocess.DEVNULL, stderr=self._fh, env={**os.environ, "REDIS_URL": redis_url, **(env or {})})
         self.seen: set[int] = set()
 
     def pids(self) -> dict:
@@ -347,3 +441,125 @@ def test_a_second_signal_kills_everything_at_once(tmp_path, redis_url):
         launch.stop()
     assert_gone(launch)
     assert "second signal" in launch.output()
+
+
+FAKE_VLLM = """#!{python}
+# `vllm serve MODEL ...` for tests: records what launch gave it, then becomes genqueue's stand-in.
+import json, os, sys
+args = sys.argv[1:]
+assert args[:1] == ["serve"], args
+model, rest = args[1], args[2:]
+known = {{"--host", "--port", "--served-model-name", "--tensor-parallel-size", "--data-parallel-size"}}
+opts, extra, i = {{}}, [], 0
+while i < len(rest):
+    if rest[i] in known:
+        opts[rest[i]] = rest[i + 1]
+        i += 2
+    else:
+        extra.append(rest[i])
+        i += 1
+with open(os.environ["FAKE_VLLM_RECORD"], "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}) + "\\n")
+os.execv(sys.executable, [sys.executable, "-m", "genqueue.consumer", "simulate", "--host", opts["--host"],
+                          "--port", opts["--port"], "--model", opts.get("--served-model-name", model), *extra])
+"""
+
+
+def fake_vllm(tmp: Path) -> tuple[Path, Path]:
+    """A directory holding a `vllm` executable (see FAKE_VLLM), and the file it records its starts in."""
+    bindir = tmp / "fakebin"
+    bindir.mkdir()
+    exe = bindir / "vllm"
+    exe.write_text(FAKE_VLLM.format(python=sys.executable))
+    exe.chmod(0o755)
+    return bindir, tmp / "vllm-starts.jsonl"
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw if b"=" in kv)
+
+
+@pytest.mark.integration
+def test_tensor_parallel_groups_get_their_gpus_and_one_consumer_each(tmp_path, redis_url, conn):
+    """`vllm serve` found on PATH; --gpus 0-3 --gpus-per-engine 2: two engines, each with its two
+    GPUs in CUDA_VISIBLE_DEVICES and --tensor-parallel-size 2, one consumer each."""
+    bindir, record = fake_vllm(tmp_path)
+    enqueue(tmp_path, redis_url, "tp", 200)
+    launch = Launch(tmp_path, redis_url, "0-3", "--run", "tp", "--burst", "--gpus-per-engine", "2", "-c", "16",
+                    engine=("--model", "tiny"), env={"PATH": f"{bindir}:{os.environ['PATH']}",
+                                                     "FAKE_VLLM_RECORD": str(record)},
+                    sim=("--slots", "16", "--step-time", "0.003", "--mean-tokens", "60"))
+    try:
+        up = launch.wait_for(launch.all_up, 60, "both consumers")
+        assert {k: (v["gpus"], v["port"]) for k, v in up.items()} == {
+            "0-1": ([0, 1], launch.base), "2-3": ([2, 3], launch.base + 2)}
+        for key, cuda in (("0-1", "0,1"), ("2-3", "2,3")):
+            assert environ_of(up[key]["engine"])["CUDA_VISIBLE_DEVICES"] == cuda
+        assert launch.wait(120) == 0, launch.output()
+    finally:
+        launch.stop()
+    assert_complete(tmp_path, conn, "tp", 200)
+    assert_gone(launch)
+    starts = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sorted(s["cuda"] for s in starts) == ["0,1", "2,3"]
+    for s in starts:
+        argv = s["argv"]
+        assert argv[:2] == ["serve", "tiny"] and argv[argv.index("--tensor-parallel-size") + 1] == "2"
+        assert "--data-parallel-size" not in argv and argv[-6:] == ["--slots", "16", "--step-time", "0.003",
+                                                                     "--mean-tokens", "60"]
+    assert f"--gpu 2 --endpoint http://127.0.0.1:{launch.base + 2}/v1" in launch.log("consumer-gpu2-3")
+    gpus = {r["consumer"]["gpu"] for r in read_results(tmp_path / "out", "tp")}
+    assert gpus <= {0, 2} and gpus, gpus
+
+
+@pytest.mark.integration
+def test_a_hung_engine_is_killed_and_restarted_and_nothing_is_lost(tmp_path, redis_url, conn):
+    """An engine that stops answering while its process lives (SIGSTOP: alive, silent) is
+    killed after --engine-hang-timeout and restarted; its consumer rides it out."""
+    jobs = enqueue(tmp_path, redis_url, "hang", 240)
+    launch = Launch(tmp_path, redis_url, "0", "--run", "hang", "--burst", "-c", "8", "--engine-hang-timeout", "3",
+                    sim=("--slots", "8", "--step-time", "0.01", "--mean-tokens", "60"))
+    stopped = None
+    try:
+        first = launch.wait_for(launch.all_up, 30, "the consumer")["0"]
+        q = queue_for("hang", conn)
+        launch.wait_for(lambda: q.finished_job_registry.count >= 2, 30, "two jobs")
+        stopped = first["engine"]
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert q.finished_job_registry.count < jobs, "the run ended before the hang: make it longer"
+        again = launch.wait_for(lambda: (g := launch.pids().get("0")) and g["engine"] not in (None, stopped)
+                                and g["engine_healthy"] and g, 40, "a new engine")
+        took = time.monotonic() - t0
+        assert not alive(stopped), "the hung engine must be killed, not left holding its GPU"
+        assert again["consumer"] == first["consumer"], "the consumer must ride the restart out"
+        assert launch.wait(120) == 0, launch.output()
+    finally:
+        if stopped is not None and alive(stopped):
+            os.kill(stopped, signal.SIGKILL)
+        launch.stop()
+    assert 3 <= took < 30, took
+    assert_complete(tmp_path, conn, "hang", 240)
+    assert_gone(launch)
+    out = launch.output()
+    assert "engine-gpu0 is alive but fails /health" in out and "hung; killed" in out and "restarting in" in out
+
+
+@pytest.mark.integration
+def test_an_engine_that_never_starts_is_given_up_with_its_last_log_line(tmp_path, redis_url):
+    broken = tmp_path / "broken-vllm"
+    broken.write_text(f"#!{sys.executable}\nimport sys\n"
+                      "print('Traceback (most recent call last):', file=sys.stderr)\n"
+                      "print(\"ModuleNotFoundError: No module named 'vllm'\", file=sys.stderr)\nsys.exit(1)\n")
+    broken.chmod(0o755)
+    launch = Launch(tmp_path, redis_url, "0", engine=("--model", "m", "--vllm-cmd", str(broken)))
+    try:
+        assert launch.wait(60) == 1, launch.output()
+    finally:
+        launch.stop()
+    assert_gone(launch)
+    out = launch.output()
+    assert "5 failed starts in a row, giving up on gpu0" in out
+    assert "its log ends: ModuleNotFoundError: No module named 'vllm'" in out
+    assert "every engine failed to start" in out
