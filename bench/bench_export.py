@@ -1,6 +1,8 @@
-"""`producer export` at scale: records/s and the export process's peak memory.
+"""`producer export` at scale: records/s and the export process's peak memory, JSONL and
+Parquet side by side on the same shards.
 
     python -m bench.bench_export --records 1000000 --records 250000
+    python -m bench.bench_export --records 1000000 --suffix .jsonl --suffix .parquet
 
 For each size: writes N result records shaped like the consumer's (regenerate mode, 1-3 turns
 with reasoning, ~2 KB each) plus ~3% duplicates (re-deliveries, some of them error records)
@@ -52,6 +54,7 @@ def make_record(i: int, rng: random.Random, pool: dict[str, list[str]], attempt:
             "reasoning_form": "field", "tool_calls": [], "finish_reason": "stop", "outcome": "finished",
             "usage": {"prompt_tokens": 40 * turns, "completion_tokens": 120 * turns}, "model": "sim-model",
             "history_reasoning": "drop", "turns_total": turns, "key": f"{i:032x}", "index": i, "turn": None,
+            "id": f"row-{i}", "source": "data.jsonl", "source_seq": 0,
             "run": RUN, "sampling": {"max_tokens": 4096, "temperature": 0.6, "top_p": 0.95},
             "fingerprint": "4001d2099420eed6", "version": "0.1.0",
             "consumer": {"host": "gpu-node-1", "gpu": i % 8, "worker": "gq-gpu-node-1-0a1b2c3d",
@@ -98,11 +101,13 @@ def build(out: Path, n: int, dup_rate: float, seed: int = 0) -> tuple[int, int]:
 def setup_run(url: str, out: Path, n: int) -> None:
     from genqueue.common.runs import RunStore, run_key
     from genqueue.common.settings import RunSettings
+    from genqueue.producer import sources
 
     conn = redis.Redis.from_url(url)
     store = RunStore(conn)
     store.create_or_check(RUN, RunSettings(output=str(out)))
     store.record_source(RUN, "data.jsonl", {"records": n})
+    sources.assign(conn, RUN, "data.jsonl")
     for start in range(0, n, 50_000):
         conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(f"{i:032x}") for i in range(start, min(n, start + 50_000))])
 
@@ -134,12 +139,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, action="append", help="items per run (repeatable)")
     ap.add_argument("--dup-rate", type=float, default=0.03)
-    ap.add_argument("--format", default="openai", choices=("openai", "sharegpt"))
-    ap.add_argument("--suffix", default=".jsonl", help="output suffix: .jsonl, .jsonl.gz, .jsonl.zst")
+    ap.add_argument("--format", default="openai", choices=("openai", "sharegpt", "specforge", "batch"))
+    ap.add_argument("--suffix", action="append",
+                    help="output suffix, repeatable: .jsonl, .jsonl.gz, .jsonl.zst, .parquet (default: .jsonl and "
+                         ".parquet, side by side on the same shards)")
     args = ap.parse_args()
     sizes = args.records or [1_000_000, 250_000]
-    rows: list[tuple[str, ...]] = [("items", "records read", "shard data", "export", "records/s", "CPU",
-                                    "records/CPU s", "peak RSS", "dups removed")]
+    suffixes = args.suffix or [".jsonl", ".parquet"]
+    rows: list[tuple[str, ...]] = [("items", "output", "records read", "shard data", "export", "records/s", "CPU",
+                                    "records/CPU s", "peak RSS", "output size", "dups removed")]
     for n in sizes:
         work = Path(tempfile.mkdtemp(prefix="gq-bench-export-"))
         srv = None
@@ -150,12 +158,18 @@ def main() -> None:
                   file=sys.stderr)
             srv, url = start_redis(work)
             setup_run(url, work / "out", n)
-            summary, wall, cpu, rss = run_export(url, work / f"export{args.suffix}", args.format)
-            assert summary["exported"] + summary["failed"] == n and summary["missing"] == 0, summary
-            assert summary["records_read"] == written
-            rows.append((f"{n:,}", f"{written:,}", f"{nbytes / 1e6:,.0f} MB", f"{wall:.1f} s",
-                         f"{written / wall:,.0f}", f"{cpu:.1f} s", f"{written / cpu:,.0f}", f"{rss / 2**20:,.0f} MiB",
-                         f"{summary['duplicates_removed']:,}"))
+            for suffix in suffixes:
+                dest = work / f"export{suffix}"
+                summary, wall, cpu, rss = run_export(url, dest, args.format)
+                assert summary["exported"] + summary["failed"] + summary["truncated"] == n, summary
+                assert summary["missing"] == 0, summary
+                assert summary["records_read"] == written
+                rows.append((f"{n:,}", suffix, f"{written:,}", f"{nbytes / 1e6:,.0f} MB", f"{wall:.1f} s",
+                             f"{written / wall:,.0f}", f"{cpu:.1f} s", f"{written / cpu:,.0f}",
+                             f"{rss / 2**20:,.0f} MiB", f"{dest.stat().st_size / 1e6:,.0f} MB",
+                             f"{summary['duplicates_removed']:,}"))
+                for companion in work.glob("export.*"):
+                    companion.unlink()  # the next output has the disk to itself
         finally:
             if srv is not None:
                 srv.terminate()

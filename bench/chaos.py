@@ -257,8 +257,11 @@ def main() -> int:
             p.signal(signal.SIGTERM)
         for p in fleet.procs:
             p.wait(60)
+        # Every outcome in the dataset: this run proves delivery, not which answers make good samples
+        # (by default an answer cut in its thinking goes to the truncated file).
         exp = subprocess.run([str(BIN / "producer"), "export", "--run", "chaos", "--output", str(work / "final.jsonl"),
-                              "--json"], env=env, capture_output=True, text=True, check=False)
+                              "--include-outcomes", "all", "--json"], env=env, capture_output=True, text=True,
+                             check=False)
         if exp.returncode not in (0, 1) or not exp.stdout.strip():
             failures.append(f"export failed: {exp.stderr[-500:]}")
             report = {}

@@ -82,6 +82,9 @@ class RejectReason(StrEnum):
     INVALID_TOOLS = "invalid_tools"
     TOO_LONG = "too_long"  # producer: over the user's character limit
     TOOL_TURN_FIRST = "tool_turn_first"  # regenerate: a tool call comes before any user turn
+    MISSING_ID = "missing_id"  # --id-field names a field the record lacks (or holds no string/integer)
+    UNSUPPORTED_REQUEST = "unsupported_request"  # a Batch API line for another endpoint or method
+    SAMPLING_DIFFERS = "sampling_differs"  # a Batch API line asks for other sampling than the run's
 
 
 class Usage(TypedDict, total=False):
@@ -116,6 +119,13 @@ class Item(TypedDict, total=False):
     messages: Required[list[dict[str, Any]]]
     tools: list[dict[str, Any]]
     note: str  # "stopped_at_tool_turn" when regenerate cut the conversation
+    # provenance (never part of the key): where the item came from
+    id: str  # the input record's own identifier (`id`, `custom_id`, or --id-field)
+    source: str  # the input's name as given to `producer enqueue` ("-": stdin)
+    source_seq: int  # the source's place among the run's sources (0 = first enqueued)
+    # several samples per prompt (--samples N > 1): the sample's number and its request seed
+    sample: int
+    seed: int
 
 
 #: The `error` field of an error record (`class` is a keyword, hence the functional form).
@@ -152,6 +162,11 @@ class RecordBase(TypedDict, total=False):
     timings: Timings
     tools: list[dict[str, Any]]
     note: str
+    id: str
+    source: str
+    source_seq: int
+    sample: int
+    seed: int
 
 
 class ResultRecord(RecordBase, total=False):

@@ -127,3 +127,14 @@ BREAKER_SAME = 0.8
 #: of the enqueued items below 1): a healthy run's permanent failures (prompts too long for the
 #: context) stay well under 1%; more means the dataset is not what was asked for.
 EXPORT_MAX_FAILED = "0.01"
+
+#: A claim set (see CLAIM_TTL) older than this belongs to a producer that died between claiming
+#: items and enqueueing them (a live one enqueues a slice within milliseconds of claiming it):
+#: the reconcile takes it over and queues its items. Younger ones are left to their producer.
+CLAIM_GRACE = 600
+
+#: A producer that must check items against the queue (the reconcile) holds its run's lock
+#: (genqueue:run:<run>:lock) until it ends, renewing it every LOCK_SECONDS / 3; a producer killed
+#: with SIGKILL frees it after this long. While it is held, other producers of the run wait
+#: before claiming new items.
+LOCK_SECONDS = 30

@@ -17,13 +17,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+import orjson
 import redis
 import rq.job
 from rq import Queue
 from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE, ExecutionRegistry
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
-from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.registry import (
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ReadyJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
 from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import utcparse
@@ -141,6 +149,36 @@ def failed_jobs(conn: redis.Redis, run: str) -> Iterator[FailedJob]:
             yield FailedJob(job.id, items, reason[-1][:REASON_CHARS])
 
 
+def run_job_items(conn: redis.Redis, run: str) -> Iterator[list[Item]]:
+    """The items of every genqueue job of RUN that rq still holds: queued, being dequeued,
+    started, failed, deferred, scheduled, then finished (until its hash expires). Read in
+    batches; foreign or undecodable jobs are skipped. For the export's missing file."""
+    q = queue_for(run, conn)
+    lists = [q.key, q.intermediate_queue_key]
+    registries = [q.started_job_registry, q.failed_job_registry, q.deferred_job_registry,
+                  q.scheduled_job_registry, q.finished_job_registry]
+    seen: set[str] = set()
+    for key in lists + [reg.key for reg in registries]:
+        if key in lists:
+            ids = [_text(x) for x in conn.lrange(key, 0, -1)]
+        else:  # the started registry holds "<job id>:<execution id>"
+            ids = [_text(m).rsplit(":", 1)[0] if key == q.started_job_registry.key else _text(m)
+                   for m in conn.zrange(key, 0, -1)]
+        ids = [i for i in ids if i not in seen]
+        seen.update(ids)
+        for start in range(0, len(ids), _FETCH_BATCH):
+            for job in Job.fetch_many(ids[start:start + _FETCH_BATCH], connection=conn, serializer=SERIALIZER):
+                if job is None:
+                    continue
+                try:
+                    if job.func_name not in TASKS:
+                        continue
+                    items = job_items(job.args)
+                except Exception:  # noqa: BLE001, S112 - undecodable (a pickle, garbage): not ours
+                    continue
+                yield items
+
+
 # --- raw reads for status and tools ------------------------------------------------------
 class JobCounts(TypedDict):
     """How many of a run's jobs are in each of rq's places (executions, for `started`)."""
@@ -192,6 +230,60 @@ def job_started_at(conn: redis.Redis, job_id: str) -> float | None:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class JobIds:
+    """A run's job ids at one instant: `live` (queued, being dequeued, started, scheduled,
+    deferred, ready: rq will run them) and `failed` (rq gave up on them)."""
+
+    live: list[str]
+    failed: list[str]
+
+
+def run_job_ids(conn: redis.Redis, run: str) -> JobIds:
+    """The ids of RUN's live and failed jobs, read in one transaction: a job moving between
+    rq's lists and registries meanwhile is seen in exactly one of them."""
+    name = queue_name(run)
+    queue_key = Queue.redis_queue_namespace_prefix + name
+    with conn.pipeline(transaction=True) as p:
+        p.lrange(queue_key, 0, -1)
+        p.lrange(IntermediateQueue.get_intermediate_queue_key(queue_key), 0, -1)
+        p.zrange(StartedJobRegistry.key_template.format(name), 0, -1)
+        for registry in (ScheduledJobRegistry, DeferredJobRegistry, ReadyJobRegistry):
+            p.zrange(registry.key_template.format(name), 0, -1)
+        p.zrange(FailedJobRegistry.key_template.format(name), 0, -1)
+        queued, dequeuing, started, *waiting, failed = p.execute()
+    live = [_text(j) for j in (*queued, *dequeuing)]
+    # the started registry holds "<job id>:<execution id>"; the others, job ids
+    live += [StartedJobRegistry.parse_job_id(_text(e)) for e in started]
+    live += [_text(j) for group in waiting for j in group]
+    return JobIds(live=live, failed=[_text(j) for j in failed])
+
+
+def job_item_keys(conn: redis.Redis, job_ids: Sequence[str]) -> Iterator[list[str]]:
+    """The item keys each of JOB_IDS carries, read from the jobs' JSON payloads (zlib), a batch
+    of jobs per round trip. Jobs that are gone, foreign (another function, a pickle) or
+    undecodable carry no items of ours and are skipped."""
+    for start in range(0, len(job_ids), _FETCH_BATCH):
+        with conn.pipeline(transaction=False) as p:
+            for jid in job_ids[start:start + _FETCH_BATCH]:
+                p.hget(Job.key_for(jid), "data")
+            raws = p.execute()
+        for raw in raws:
+            if raw is None:
+                continue
+            try:
+                try:
+                    data = zlib.decompress(raw)
+                except zlib.error:
+                    data = raw  # rq's own fallback: stored uncompressed
+                func, _instance, args, _kwargs = orjson.loads(data)  # SERIALIZER's JSON, read faster
+                if func not in TASKS:
+                    continue
+                yield [str(it["key"]) for it in job_items(args)]
+            except Exception as e:  # noqa: BLE001 - a pickle or garbage: not a genqueue job
+                log.debug("job payload skipped: not a genqueue job (%s)", type(e).__name__)
 
 
 def run_rq_keys(conn: redis.Redis, run: str) -> list[str]:

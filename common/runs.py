@@ -2,12 +2,17 @@
 
 Keys (all under genqueue:, rq's own keys keep rq's prefix):
   genqueue:runs                 zset  run -> creation time
-  genqueue:run:<run>            hash  settings (JSON), fingerprint, created_at, version
+  genqueue:run:<run>            hash  settings (JSON), fingerprint, created_at, version, and
+                                      fingerprints: every recipe the run has had (JSON list of
+                                      settings.FingerprintEntry, oldest first; `--update-settings`
+                                      adds one). Consumers watch `fingerprint`: when it changes they
+                                      re-read `settings` for the jobs they take from then on.
   genqueue:run:<run>:keys       set   16-byte digests of every item key claimed (idempotence)
   genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
                                       the transaction that enqueues them deletes it (below)
   genqueue:run:<run>:sources    hash  source id -> JSON summary of its last enqueue
   genqueue:run:<run>:stats      hash  counters the consumers increment (items done, errors...)
+  genqueue:run:<run>:lock       str   the producer that holds the run's lock (common/runlock.py)
 
 Claims: producers racing on one run (the same input started twice) must queue each item once.
 An item belongs to the producer whose SADD into the run's keys set added it; the claim script
@@ -20,7 +25,7 @@ set) leaves those items in the keys set and in no job: the claim set names them 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -28,8 +33,8 @@ import redis
 
 from genqueue.common import __version__, defaults
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.errors import RunConflictError, RunNotFoundError
-from genqueue.common.settings import RunSettings
+from genqueue.common.errors import GenqueueError, RunConflictError, RunNotFoundError
+from genqueue.common.settings import FingerprintEntry, RunSettings, check_update, fingerprint_entry
 
 RUNS = f"{KEY_PREFIX}:runs"
 
@@ -49,6 +54,18 @@ def claim_key(run: str, claim_id: str) -> str:
     return run_key(run, f"claim:{claim_id}")
 
 
+def lock_key(run: str) -> str:
+    return run_key(run, "lock")
+
+
+class RunLockedError(GenqueueError):
+    """Another producer holds the run's lock: new claims wait until it is released."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by {holder}")
+        self.holder = holder
+
+
 def key_digest(item_key: str) -> bytes:
     """The 16 raw bytes of a 32-hex item key, as stored in Redis (half the memory of hex)."""
     return bytes.fromhex(item_key)
@@ -60,6 +77,7 @@ class RunInfo:
     settings: RunSettings
     created_at: float
     version: str
+    fingerprints: list[FingerprintEntry] = field(default_factory=list)
 
     @property
     def fingerprint(self) -> str:
@@ -78,11 +96,16 @@ class RunStore:
         data = self.conn.hgetall(run_key(run))
         if not data or b"settings" not in data:
             return None
+        settings = RunSettings.from_json(data[b"settings"])
+        created_at = float(data.get(b"created_at", b"0"))
+        history: list[FingerprintEntry] = orjson.loads(data[b"fingerprints"]) if b"fingerprints" in data else []
         return RunInfo(
             name=run,
-            settings=RunSettings.from_json(data[b"settings"]),
-            created_at=float(data.get(b"created_at", b"0")),
+            settings=settings,
+            created_at=created_at,
             version=_text(data.get(b"version", b"?")),
+            # runs made before the history was kept have had one recipe
+            fingerprints=history or [fingerprint_entry(settings, created_at)],
         )
 
     def require(self, run: str) -> RunInfo:
@@ -96,11 +119,7 @@ class RunStore:
         producer asks before it reads a byte of the input."""
         existing = self.get(run)
         if existing is not None and existing.settings != settings:
-            diff = ", ".join(settings.differences(existing.settings))
-            raise RunConflictError(
-                f"run {run!r} exists with other settings ({diff}); "
-                "use the same options, or name a new run with --run"
-            )
+            raise conflict(run, existing.settings, settings)
         return existing is not None
 
     def create_or_check(self, run: str, settings: RunSettings) -> bool:
@@ -110,19 +129,57 @@ class RunStore:
         by other settings: re-using it would mix two recipes in one dataset.
         """
         now = time.time()
+        return self._create(run, settings, now, __version__, [fingerprint_entry(settings, now)])
+
+    def recreate(self, run: str, settings: RunSettings, created_at: float, version: str,
+                 fingerprints: list[FingerprintEntry]) -> bool:
+        """Put RUN back in Redis as its output's run.json describes it (Redis lost it): the same
+        settings, creation time, version and fingerprint history. True when this call made it."""
+        return self._create(run, settings, created_at, version, fingerprints, recreated_at=time.time())
+
+    def _create(self, run: str, settings: RunSettings, created_at: float, version: str,
+                fingerprints: list[FingerprintEntry], recreated_at: float | None = None) -> bool:
         created = self.conn.hsetnx(run_key(run), "settings", settings.to_json())
         if created:
+            fields: dict[str, str | bytes] = {
+                "fingerprint": settings.fingerprint,
+                "created_at": repr(created_at),
+                "version": version,
+                "fingerprints": orjson.dumps(fingerprints),
+            }
+            if recreated_at is not None:
+                fields["recreated_at"] = repr(recreated_at)
             with self.conn.pipeline() as p:
-                p.hset(run_key(run), mapping={
-                    "fingerprint": settings.fingerprint,
-                    "created_at": repr(now),
-                    "version": __version__,
-                })
-                p.zadd(RUNS, {run: now}, nx=True)
+                p.hset(run_key(run), mapping=fields)  # type: ignore[arg-type]
+                p.zadd(RUNS, {run: created_at}, nx=True)
                 p.execute()
             return True
         self.check(run, settings)
         return False
+
+    def update_settings(self, run: str, settings: RunSettings) -> tuple[RunInfo, RunInfo]:
+        """Give RUN new SETTINGS (`--update-settings`): a new fingerprint, added to the run's
+        history. Consumers notice the new fingerprint and use the new settings for the jobs they
+        take from then on; results keep the fingerprint that produced them. Returns the run
+        before and after. Raises UserError for a setting that may not change (settings.py)."""
+        key = run_key(run)
+        for _ in range(10):
+            with self.conn.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    old = self.require(run)
+                    if old.settings == settings:
+                        return old, old
+                    check_update(old.settings, settings)
+                    history = [*old.fingerprints, fingerprint_entry(settings, time.time())]
+                    pipe.multi()
+                    pipe.hset(key, mapping={"settings": settings.to_json(), "fingerprint": settings.fingerprint,
+                                            "fingerprints": orjson.dumps(history)})
+                    pipe.execute()
+                except redis.exceptions.WatchError:
+                    continue
+            return old, RunInfo(run, settings, old.created_at, old.version, history)
+        raise RunConflictError(f"the settings of run {run!r} kept changing while they were updated; try again")
 
     def names(self) -> list[str]:
         """Every run, oldest first."""
@@ -134,14 +191,21 @@ class RunStore:
             return []
         return [bool(x) for x in self.conn.smismember(run_key(run, "keys"), digests)]
 
-    def claim(self, run: str, claim_id: str, digests: list[bytes]) -> list[bool]:
+    def claim(self, run: str, claim_id: str, digests: list[bytes], token: str | None = None) -> list[bool]:
         """Claim items for one producer: for each digest, True when it is this claim's (added to
         the run's keys now, or by an earlier send of this same claim), False when another
         producer or an earlier enqueue has it, or when it repeats a digest earlier in DIGESTS.
-        Atomic, and safe to send twice."""
+        Atomic, and safe to send twice. Raises RunLockedError, claiming nothing, while a producer
+        other than the holder of TOKEN holds the run's lock."""
         if not digests:
             return []
-        won = self._claim(keys=[run_key(run, "keys"), claim_key(run, claim_id)], args=[defaults.CLAIM_TTL, *digests])
+        try:
+            won = self._claim(keys=[run_key(run, "keys"), claim_key(run, claim_id), lock_key(run)],
+                              args=[defaults.CLAIM_TTL, token or "", *digests])
+        except redis.exceptions.ResponseError as e:
+            if str(e).startswith(LOCKED):
+                raise RunLockedError(str(e)[len(LOCKED):].strip()) from None
+            raise
         return [bool(x) for x in won]
 
     def release(self, run: str, claim_id: str) -> int:
@@ -165,15 +229,25 @@ class RunStore:
 
 
 
+def conflict(run: str, existing: RunSettings, asked: RunSettings, where: str = "exists") -> RunConflictError:
+    """The refusal of a run name taken by other settings, naming the ones that differ."""
+    diff = ", ".join(asked.differences(existing))
+    return RunConflictError(
+        f"run {run!r} {where} with other settings ({diff}); use the same options, name a new run "
+        "with --run, or add --update-settings to give the run these settings for its items not done yet"
+    )
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-# KEYS: the run's keys set, the claim set. ARGV: the claim set's TTL, then the digests.
-# A digest is this claim's when it was not in the run (then it is added to both sets), or when
-# an earlier send of this script claimed it. Whole-list commands, in parts of 4096 (Lua's
-# unpack limit), keep it to a few commands per slice rather than a few per item.
-_CLAIM = """
+#: The error the claim script answers while another producer holds the run's lock.
+LOCKED = "GENQUEUE_LOCKED"
+
+#: Lua: CALL(cmd, key, list) runs a whole-list command in parts of 4096 (Lua's unpack limit),
+#: returning the concatenated replies (for other scripts of the run's keys, too).
+LUA_CALL_IN_PARTS = """
 local function call(cmd, key, list)
   local out = {}
   for i = 1, #list, 4096 do
@@ -184,8 +258,21 @@ local function call(cmd, key, list)
   end
   return out
 end
-local digests = {}
-for i = 2, #ARGV do digests[#digests + 1] = ARGV[i] end
+"""
+
+# KEYS: the run's keys set, the claim set, the run's lock. ARGV: the claim set's TTL, the
+# caller's lock token ('' for none), then the digests. Refused, before any write, while the
+# lock is held by another token. A digest is this claim's when it was not in the run (then it
+# is added to both sets), or when an earlier send of this script claimed it. Whole-list
+# commands, in parts of 4096 (Lua's unpack limit), keep it to a few commands per slice rather
+# than a few per item.
+_CLAIM = """
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[2] then
+  return redis.error_reply('GENQUEUE_LOCKED ' .. holder)
+end
+""" + LUA_CALL_IN_PARTS + """local digests = {}
+for i = 3, #ARGV do digests[#digests + 1] = ARGV[i] end
 local in_run = call('SMISMEMBER', KEYS[1], digests)
 local won, new, again, seen = {}, {}, {}, {}
 for i, d in ipairs(digests) do

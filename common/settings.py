@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import orjson
 
@@ -186,6 +186,37 @@ class RunSettings:
         """Names of the settings that differ from OTHER, for a refusal message."""
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+
+#: Settings `--update-settings` may not change, and why: a run keeps them for its whole life.
+FIXED_SETTINGS: dict[str, str] = {
+    "multi_turn": "an item's key is made from the mode, so another mode is another set of items",
+    "output": "the results already shipped are under the old output",
+}
+
+
+def check_update(old: RunSettings, new: RunSettings) -> list[str]:
+    """The settings that differ between OLD and NEW; UserError when one of them may not change
+    on a live run (FIXED_SETTINGS)."""
+    changed = new.differences(old)
+    fixed = [name for name in changed if name in FIXED_SETTINGS]
+    if fixed:
+        raise UserError(f"--update-settings cannot change {fixed[0]} ({FIXED_SETTINGS[fixed[0]]}); "
+                        "name a new run with --run")
+    return changed
+
+
+class FingerprintEntry(TypedDict):
+    """One recipe a run has had: a run's settings may change (`--update-settings`), and every
+    result records the fingerprint that produced it, so the run keeps them all, oldest first."""
+
+    fingerprint: str
+    since: float  # epoch seconds: when the run took these settings
+    settings: dict[str, Any]
+
+
+def fingerprint_entry(settings: RunSettings, since: float) -> FingerprintEntry:
+    return {"fingerprint": settings.fingerprint, "since": since, "settings": settings.to_dict()}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

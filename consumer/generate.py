@@ -88,7 +88,7 @@ class Generator:
         self._log = RepeatedLog(log)
 
     async def request(self, ctx: RunContext, messages: list[dict[str, Any]], tools: Any, *,
-                      max_tokens: int | None = None) -> Turn:
+                      max_tokens: int | None = None, seed: int | None = None) -> Turn:
         """One completion. A failed attempt spends one of max_attempts and backs off with
         jitter; the gate is asked whether the endpoint is down, and while it is, the request
         waits without spending attempts. Raises PermanentError, or the last TransientError
@@ -96,6 +96,8 @@ class Generator:
         body: dict[str, Any] = {"model": ctx.model, "messages": messages, **ctx.params}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
+        if seed is not None:  # one of several samples of a prompt: its own seed
+            body["seed"] = seed
         if tools:
             body["tools"] = tools
         attempt = 0
@@ -146,10 +148,10 @@ class Generator:
         return rec
 
     async def complete(self, ctx: RunContext, messages: list[dict[str, Any]],
-                       tools: Any) -> tuple[Turn, dict[str, Any] | None]:
+                       tools: Any, seed: int | None = None) -> tuple[Turn, dict[str, Any] | None]:
         """A completion under the run's truncation policy: with "retry", a cut answer is asked
         again once with the largest budget the context leaves. Returns (turn, truncation note)."""
-        turn = await self.request(ctx, messages, tools)
+        turn = await self.request(ctx, messages, tools, seed=seed)
         if turn.outcome == Outcome.FINISHED or ctx.settings.truncation != Truncation.RETRY:
             return turn, None
         budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), ctx.settings.sampling.max_tokens)
@@ -157,13 +159,13 @@ class Generator:
         if budget is None:
             return turn, note
         note["max_tokens"] = budget
-        return await self.request(ctx, messages, tools, max_tokens=budget), note
+        return await self.request(ctx, messages, tools, max_tokens=budget, seed=seed), note
 
     async def _single(self, ctx: RunContext, item: Item, attempt: int) -> ResultRecord | ErrorRecord:
         messages = item["messages"]
         base = _base(ctx, item, attempt, messages)
         try:
-            turn, note = await self.complete(ctx, messages, item.get("tools"))
+            turn, note = await self.complete(ctx, messages, item.get("tools"), _seed(item))
         except (PermanentError, TransientError) as e:
             return _error_record(base, _error_info(e))
         rec = _result_record(base, turn, ctx.model)
@@ -195,7 +197,7 @@ class Generator:
                 continue
             user_turn = len(turns)
             try:
-                turn, note = await self.complete(ctx, list(history), item.get("tools"))
+                turn, note = await self.complete(ctx, list(history), item.get("tools"), _seed(item))
             except (PermanentError, TransientError) as e:
                 if not turns:
                     return _error_record(_base(ctx, item, attempt, list(history)), _error_info(e))
@@ -340,6 +342,12 @@ def _get(item: Any, key: str, default: Any) -> Any:
     return item.get(key, default) if isinstance(item, dict) else default
 
 
+def _seed(item: Any) -> int | None:
+    """The item's own request seed (one of several samples of a prompt), if it has one."""
+    seed = _get(item, "seed", None)
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
 def _base(ctx: RunContext, item: Item, attempt: int, messages: list[dict[str, Any]]) -> RecordBase:
     """The fields every record carries. Reads ITEM defensively: it also builds the record of
     an item that made answering fail."""
@@ -350,7 +358,7 @@ def _base(ctx: RunContext, item: Item, attempt: int, messages: list[dict[str, An
         "turn": turn if isinstance(turn, int) else None,
         "run": ctx.run,
         "messages": messages,
-        "sampling": ctx.params,
+        "sampling": ctx.params if _seed(item) is None else {**ctx.params, "seed": _seed(item)},
         "fingerprint": ctx.fingerprint,
         "version": __version__,
         "consumer": ctx.consumer,
@@ -361,4 +369,13 @@ def _base(ctx: RunContext, item: Item, attempt: int, messages: list[dict[str, An
         base["tools"] = tools
     if isinstance(note, str) and note:
         base["note"] = note
+    # provenance: the input record's id, its source and place, the sample (the export's order)
+    for name in ("id", "source"):
+        text = _get(item, name, None)
+        if isinstance(text, str):
+            base[name] = text
+    for field_ in ("source_seq", "sample", "seed"):
+        number = _get(item, field_, None)
+        if isinstance(number, int) and not isinstance(number, bool):
+            base[field_] = number
     return base

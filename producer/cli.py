@@ -17,6 +17,7 @@ from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
 from genqueue.producer.enqueue import Summary, enqueue_file
+from genqueue.producer.items import Origin
 from genqueue.producer.reader import RawRecord
 
 
@@ -54,12 +55,22 @@ def main(verbose: int) -> None:
               show_default=True, help="What an item cut by max_tokens becomes.")
 @click.option("--expect-reasoning", is_flag=True,
               help="The model thinks: consumers warn loudly if their server returns no thinking.")
-@click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT",
+@click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
 @click.option("--rejects", "rejects_path", default=None,
               help="Rejects file (default: <run>.rejects.jsonl in the current directory; none with --dry-run).")
+@click.option("--id-field", default=None, metavar="FIELD",
+              help="The record field holding its own id (default: id, else custom_id); records without it "
+                   "are rejected (missing_id).")
+@click.option("--samples", type=click.IntRange(1, 1000), default=1, show_default=True,
+              help="Answers per prompt: N items each, with their own seeds (the run's --seed, or 0, plus 0..N-1).")
 @click.option("--longest-first", is_flag=True,
               help="Queue the costliest items first (by their original answers' length) to shorten the run's tail.")
+@click.option("--retry-failed", is_flag=True,
+              help="Queue again the items that have only an error record (or whose job failed in rq).")
+@click.option("--update-settings", is_flag=True,
+              help="Give an existing run these settings (a new fingerprint) for its items not done yet, "
+                   "instead of refusing them.")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
@@ -67,9 +78,14 @@ def main(verbose: int) -> None:
 def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
-            expect_reasoning: bool, output: str, rejects_path: str | None, longest_first: bool, dry_run: bool,
-            as_json: bool, redis_url: str) -> None:
-    """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it."""
+            expect_reasoning: bool, output: str, rejects_path: str | None, id_field: str | None, samples: int,
+            longest_first: bool, retry_failed: bool, update_settings: bool, dry_run: bool, as_json: bool,
+            redis_url: str) -> None:
+    """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it.
+
+    Re-running it on a run is the reconcile: it queues exactly the items with no shipped result
+    that are not queued in rq (lost from rq, or the whole run when Redis lost it: the run is then
+    re-created from the run.json its output holds)."""
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
     sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
                         extra=_parse_extra(sampling_json))
@@ -94,6 +110,10 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
         max_record_bytes=max_record_bytes,
         progress=_progress if sys.stderr.isatty() and not as_json else None,
         longest_first=longest_first,
+        origin=Origin(id_field=id_field, samples=samples),
+        retry_failed=retry_failed,
+        update_settings=update_settings,
+        note=lambda line: click.echo(line, err=True),
     )
     if as_json:
         click.echo(orjson.dumps(summary.to_dict()).decode())
@@ -172,13 +192,23 @@ def format_summary(s: Summary) -> str:
         ("fingerprint", s.fingerprint),
         ("records read", f"{s.records:,}"),
         ("  enqueued", f"{s.enqueued:,}"),
-        ("  already enqueued", f"{s.already_enqueued:,}"),
+    ]
+    if s.retried_failed:
+        rows.append(("  retried (had failed)", f"{s.retried_failed:,}"))
+    rows += [
+        ("  already queued", f"{s.already_queued:,}"),
+        ("  already failed", f"{s.already_failed:,}" + ("  (--retry-failed queues them again)"
+                                                         if s.already_failed else "")),
+        ("  already done", f"{s.already_done:,}"),
         ("  duplicates", f"{s.duplicates:,}"),
         ("  rejected", f"{s.rejected:,}"),
     ]
     rows += [(f"    {reason}", f"{n:,}") for reason, n in s.rejected_by_reason.items()]
+    queued = f"{s.items:,}"
+    if s.requeued or s.retried:
+        queued += f"  ({s.requeued:,} lost from the queue, {s.retried:,} retried)"
     rows += [
-        ("items", f"{s.items:,}"),
+        ("items queued", queued),
         ("jobs", f"{s.jobs:,}"),
         ("time", f"{s.seconds:.1f} s"),
     ]

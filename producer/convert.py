@@ -8,6 +8,10 @@ Accepted input, per record (a file may mix both):
 - OpenAI chat: ``messages`` = list of ``{"role", "content"}``; ``content`` a string or a list
   of ``{"type": "text", "text"}`` parts, joined with "\\n"; assistant ``tool_calls``; tool
   messages with ``tool_call_id``; optional top-level ``tools``.
+- An OpenAI Batch API request line: ``{"custom_id", "method": "POST", "url":
+  "/v1/chat/completions", "body": {"messages", "tools"?, ...}}``: the body is read as an
+  OpenAI chat record. Another endpoint or method: ``unsupported_request``. (Its ``custom_id``
+  and sampling fields are the items module's business: producer.items.Origin.)
 
 Normalised messages are ``{"role": "system"|"user", "content"}``, ``{"role": "assistant",
 "content"[, "tool_calls"]}`` and ``{"role": "tool", "content", "tool_call_id"}``.
@@ -72,6 +76,8 @@ def normalize(value: Any) -> Conversation:
     """Turn one parsed record into a Conversation; raises Rejected with the reason."""
     if not isinstance(value, dict):
         raise Rejected(RejectReason.NOT_OBJECT, f"a JSON {type(value).__name__}, not an object")
+    if "body" in value and value.get("conversations") is None and value.get("messages") is None:
+        value = batch_body(value)
     raw = value.get("conversations")
     if raw is None:  # parquet gives absent columns as None, hence no `in` test
         raw = value.get("messages")
@@ -85,6 +91,23 @@ def normalize(value: Any) -> Conversation:
     system = value.get("system")
     messages = _messages(raw, None if system is None else _text(system, "system"))
     return Conversation(tuple(messages), tools)
+
+
+#: The Batch API URL of a chat completion, with or without its /v1 prefix.
+_CHAT_URLS = frozenset({"/v1/chat/completions", "/chat/completions"})
+
+
+def batch_body(line: dict[str, Any]) -> dict[str, Any]:
+    """The chat completion request body of an OpenAI Batch API input line."""
+    method, url, body = line.get("method", "POST"), line.get("url", "/v1/chat/completions"), line.get("body")
+    if not isinstance(method, str) or method.upper() != "POST":
+        raise Rejected(RejectReason.UNSUPPORTED_REQUEST, f"method {str(method)[:20]!r}: only POST is answered")
+    if url not in _CHAT_URLS:
+        raise Rejected(RejectReason.UNSUPPORTED_REQUEST,
+                       f"url {str(url)[:60]!r}: only /v1/chat/completions requests are answered")
+    if not isinstance(body, dict):
+        raise Rejected(RejectReason.NO_CONVERSATION, "the Batch line's body is not an object")
+    return body
 
 
 def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:

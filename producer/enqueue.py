@@ -1,22 +1,44 @@
 """Read an input, convert it once, account for every record, and enqueue rq jobs.
 
-Every non-blank input record ends in exactly one bucket:
-  enqueued          it yields at least one item that this invocation put in a job
-  already_enqueued  none of its items did, and one was in the run already: before this
-                    invocation, or claimed by another producer racing on the same run
+Re-running the same command is the reconcile (producer/reconcile.py): it enqueues exactly the
+items that have no shipped result and are not queued, held or scheduled in rq. Every non-blank
+input record ends in exactly one bucket, the first that applies to one of its items:
+  enqueued          this invocation put it in a job: new to the run, or in the run with no
+                    result and no live job (lost from rq: `rq empty`, a Redis restart, a
+                    producer killed between claim and enqueue)
+  retried_failed    --retry-failed put it in a job again: it had only an error record, or its
+                    job was in rq's failed registry
+  already_queued    it is in a live job (queued, being dequeued, started, scheduled), or
+                    another producer racing on the run has claimed it
+  already_failed    it has only an error record (or its job failed in rq); left alone without
+                    --retry-failed
+  already_done      a shipped shard holds its result
   duplicate         every item it yields was already yielded earlier in this invocation
   rejected          it cannot be used; the reason is a contracts.RejectReason
-so that records == enqueued + already_enqueued + duplicates + rejected.
+so that records == enqueued + retried_failed + already_queued + already_failed + already_done
++ duplicates + rejected. `already_enqueued` = already_queued + already_failed + already_done
+(the one bucket those three were before the reconcile), so records == enqueued +
+retried_failed + already_enqueued + duplicates + rejected too.
 
 Nothing is written to Redis until the input was opened and its first record read, and the
-run's settings were checked against an existing run of that name: a mistyped path or option
-leaves no run behind. Items are claimed only right before their jobs are enqueued (jobwriter),
-so a record's bucket is settled when its items are written; one byte per record keeps it.
+run's settings were checked against an existing run of that name (or against the run.json its
+output holds, when Redis lost the run: runsetup.py): a mistyped path or option leaves no run
+behind. Items are claimed only right before their jobs are enqueued (jobwriter), so a record's
+bucket is settled when its items are written; one byte per record keeps it.
+
+Cost: a re-run reads its input and asks Redis three set memberships per item (one round trip
+per chunk of records); the queue view (every live job's payload) is read only when an item in
+the run is not done, once, under the run's lock (common/runlock.py). When nothing can need doing
+it reads nothing: the input file is byte for byte the one of this source's last complete enqueue
+(same digest), made into items the same way (settings, options), and every item of the run is
+done; then every record that was not rejected is already_done, and the summary says
+`input_unchanged` (a digest of the file, a second or two per GB, instead of converting it).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from collections import Counter
@@ -29,14 +51,32 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, RejectReason
 from genqueue.common.errors import InputError
+from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.settings import RunSettings
 from genqueue.producer.convert import normalize
-from genqueue.producer.items import answer_lengths, estimate_cost, make_items
-from genqueue.producer.jobwriter import JobWriter
+from genqueue.producer.items import Origin, answer_lengths, estimate_cost, make_items
+from genqueue.producer.jobwriter import JobWriter, Requeue
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.reader import RawRecord, iter_records
+from genqueue.producer.reconcile import (
+    DONE,
+    FAILED,
+    IN_RUN,
+    QueueView,
+    add_to_run,
+    as_int,
+    derivation,
+    input_digest,
+    item_states,
+    take_view,
+    unchanged_input,
+)
 from genqueue.producer.rejects import Rejected, RejectsWriter
+from genqueue.producer.runsetup import Note, RunSetup, prepare
+from genqueue.producer.sources import bind
+
+log = logging.getLogger(__name__)
 
 #: Records examined per Redis round trip for the already-enqueued check.
 CHUNK = 4096
@@ -44,8 +84,9 @@ CHUNK = 4096
 #: producer killed between the two leaves claimed and unqueued.
 SLICE_ITEMS = 1024
 
-# Per-record flags (one byte per input record, indexed by its position).
-_CONVERTED, _NEW, _KNOWN = 1, 2, 4
+# Per-record flags (one byte per input record, indexed by its position); a record's bucket is
+# its highest-priority flag (Enqueuer.fill).
+_CONVERTED, _NEW, _RETRIED, _QUEUED, _FAILED, _DONE = 1, 2, 4, 8, 16, 32
 
 
 @dataclass
@@ -58,16 +99,30 @@ class Summary:
     dry_run: bool
     records: int = 0
     enqueued: int = 0
-    already_enqueued: int = 0
+    retried_failed: int = 0
+    already_queued: int = 0
+    already_failed: int = 0
+    already_done: int = 0
+    already_enqueued: int = 0  # already_queued + already_failed + already_done
     duplicates: int = 0
     rejected: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
-    items: int = 0
+    items: int = 0  # items this invocation put in jobs: new, requeued and retried
+    requeued: int = 0  # of them: in the run with no result and no live job
+    retried: int = 0  # of them: with an error record, or a failed job (--retry-failed)
     jobs: int = 0
     prompt_chars: int = 0
     rejects_path: str | None = None
     seconds: float = 0.0
     created_run: bool = False
+    recreated_run: bool = False  # Redis had lost the run: re-created from its output's run.json
+    marks_rebuilt: dict[str, int] | None = None  # shards, records, done, failed
+    settings_updated: dict[str, Any] | None = None  # from, to (fingerprints), changed
+    queue_view: dict[str, Any] | None = None  # what the reconcile read of the queue, when it had to
+    input_unchanged: bool = False  # the input was not read: see the module docstring ("Cost")
+    input_digest: str | None = None  # blake2b of the input file (None for stdin)
+    derivation: str | None = None  # what made its items: the settings, the reading options
+    complete: bool = False  # the whole input was read
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,8 +140,14 @@ class Enqueuer:
         batch_size: int = defaults.BATCH_SIZE,
         rejects: RejectsWriter | None = None,
         order: LongestFirst | None = None,
+        origin: Origin | None = None,
+        retry_failed: bool = False,
     ) -> None:
         self.run = run
+        self.retry_failed = retry_failed
+        self.view: QueueView | None = None  # taken, under the run's lock, when first needed
+        self.queue_view: dict[str, Any] | None = None
+        self.origin = origin or Origin()
         self.settings = settings
         self.writer = writer
         self.store = writer.store if writer is not None else None
@@ -102,6 +163,9 @@ class Enqueuer:
         self._seen: set[int] = set()
         self._pending: list[Item] = []
         self._estimates: dict[str, int] = {}
+        # Items already in the run that this invocation puts in jobs again -> _NEW (lost) or
+        # _RETRIED (failed, --retry-failed); written through JobWriter.requeue.
+        self._requeue: dict[int, int] = {}
 
     # --- per record -----------------------------------------------------------------
     def _reject(self, rec: RawRecord, reason: RejectReason, detail: str = "") -> None:
@@ -118,7 +182,7 @@ class Enqueuer:
             chars = conv.text_chars()
             if chars > self.settings.max_prompt_chars:
                 raise Rejected(RejectReason.TOO_LONG, f"{chars} characters > limit {self.settings.max_prompt_chars}")
-            items = make_items(conv, self.settings.multi_turn, rec.index)
+            items = make_items(conv, self.settings.multi_turn, rec.index, self.origin.of(rec.value))
             if self.order is not None:
                 answers = answer_lengths(conv)
                 self._estimates.update((it["key"], estimate_cost(it, answers)) for it in items)
@@ -151,29 +215,65 @@ class Enqueuer:
         self._drain()
 
     def _settle(self, chunk: list[tuple[int, list[Item]]]) -> None:
-        """Sort a chunk's items into known, duplicate and new (one Redis round trip), then
-        write the new ones (or, longest first, hold them back)."""
+        """Sort a chunk's items (one Redis round trip): done, new to the run, or in the run and
+        not done (then the queue view says queued, failed or lost); then write what is to be
+        queued (or, longest first, hold it back)."""
         if not chunk:
             return
-        known: list[bool] = []
-        if self.store is not None:
-            known = self.store.known_keys(self.run, [key_digest(it["key"]) for _, items in chunk for it in items])
-        pos = 0
-        for index, items in chunk:
-            for it in items:
-                if known and known[pos]:
-                    self.flags[index] |= _KNOWN
+        flat = [(index, it) for index, items in chunk for it in items]
+        if self.writer is None:
+            for index, it in flat:
+                self._take(index, it, None)
+        else:
+            conn = self.writer.conn
+            states = item_states(conn, self.run, [key_digest(it["key"]) for _, it in flat])
+            if self.view is None and any(st & (IN_RUN | DONE) == IN_RUN for st in states):
+                self._take_view()
+            orphans: list[bytes] = []
+            for (index, it), st in zip(flat, states, strict=True):
+                if st & DONE:
+                    self.flags[index] |= _DONE
+                    if not st & IN_RUN:
+                        orphans.append(key_digest(it["key"]))
+                elif not st & IN_RUN:
+                    self._take(index, it, None)
                 else:
-                    h = int(it["key"][:16], 16)
-                    if h not in self._seen:
-                        self._seen.add(h)
-                        if self.order is not None:
-                            self.order.add(it, self._estimates.get(it["key"], 0))
+                    assert self.view is not None
+                    k = as_int(it["key"])
+                    if k in self.view.live:
+                        self.flags[index] |= _QUEUED
+                    elif st & FAILED or k in self.view.failed:
+                        if self.retry_failed:
+                            self._take(index, it, _RETRIED)
                         else:
-                            self._pending.append(it)
-                pos += 1
+                            self.flags[index] |= _FAILED
+                    else:  # in the run, no result, no job: lost from rq, or an abandoned claim
+                        self._take(index, it, _NEW)
+            add_to_run(conn, self.run, orphans)
         self._estimates.clear()
         self._write(final=False)
+
+    def _take(self, index: int, it: Item, requeue: int | None) -> None:
+        """Put IT on the way to a job (new to the run: REQUEUE None), once per invocation."""
+        h = int(it["key"][:16], 16)
+        if h in self._seen:
+            return
+        self._seen.add(h)
+        if requeue is not None:
+            self._requeue[as_int(it["key"])] = requeue
+        if self.order is not None:
+            self.order.add(it, self._estimates.get(it["key"], 0))
+        else:
+            self._pending.append(it)
+
+    def _take_view(self) -> None:
+        assert self.writer is not None
+        self.writer.lock.acquire()
+        self.view = take_view(self.writer.conn, self.run, self.writer.claim_prefix)
+        v = self.view
+        self.queue_view = {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
+                           "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,
+                           "claimed_items_taken_over": v.taken_over_items, "seconds": round(v.seconds, 3)}
 
     def _drain(self) -> None:
         """Write what longest-first ordering held back, longest first; then the rest."""
@@ -189,30 +289,71 @@ class Enqueuer:
         while self._pending and (final or len(self._pending) >= self.slice):
             ready, self._pending = self._pending[: self.slice], self._pending[self.slice :]
             if self.writer is None:
-                won, jobs = [True] * len(ready), -(-len(ready) // self.batch_size)
-            else:
-                won, jobs = self.writer.write(ready)
-            self.counts["jobs"] += jobs
-            for it, ok in zip(ready, won, strict=True):
-                if ok:
-                    self.flags[it["index"]] |= _NEW
-                    self.counts["items"] += 1
-                    self.counts["prompt_chars"] += sum(len(m.get("content") or "") for m in it["messages"])
-                else:
-                    self.flags[it["index"]] |= _KNOWN
+                self.counts["jobs"] += -(-len(ready) // self.batch_size)
+                for it in ready:
+                    self._queued(it, _NEW)
+                continue
+            new = [it for it in ready if as_int(it["key"]) not in self._requeue]
+            if new:
+                won, jobs = self.writer.write(new)
+                self.counts["jobs"] += jobs
+                for it, ok in zip(new, won, strict=True):
+                    if ok:
+                        self._queued(it, _NEW)
+                    else:  # another producer racing on the run claimed it first
+                        self.flags[it["index"]] |= _QUEUED
+            again = [it for it in ready if as_int(it["key"]) in self._requeue]
+            if again:
+                codes, jobs = self.writer.requeue(again, retry_failed=self.retry_failed)
+                self.counts["jobs"] += jobs
+                for it, code in zip(again, codes, strict=True):
+                    kind = self._requeue.pop(as_int(it["key"]))
+                    if code is Requeue.QUEUED:
+                        self._queued(it, kind)
+                        self.counts["retried" if kind == _RETRIED else "requeued"] += 1
+                    else:
+                        self.flags[it["index"]] |= _REQUEUE_OUTCOME[code]
+
+    def _queued(self, it: Item, flag: int) -> None:
+        self.flags[it["index"]] |= flag
+        self.counts["items"] += 1
+        self.counts["prompt_chars"] += sum(len(m.get("content") or "") for m in it["messages"])
 
     def fill(self, summary: Summary) -> None:
         """Put the counts into SUMMARY: each converted record's bucket from its flags."""
-        per_flag = {value: self.flags.count(value) for value in range(8)}
+        buckets = Counter[str]()
+        for value in range(64):
+            if value & _CONVERTED and (n := self.flags.count(value)):
+                buckets[_bucket(value)] += n
         summary.records = self.counts["records"]
-        summary.enqueued = sum(n for f, n in per_flag.items() if f & _CONVERTED and f & _NEW)
-        summary.already_enqueued = sum(n for f, n in per_flag.items() if f & _CONVERTED and f & _KNOWN and not f & _NEW)
-        summary.duplicates = sum(n for f, n in per_flag.items() if f == _CONVERTED)
+        summary.enqueued = buckets["enqueued"]
+        summary.retried_failed = buckets["retried_failed"]
+        summary.already_queued = buckets["already_queued"]
+        summary.already_failed = buckets["already_failed"]
+        summary.already_done = buckets["already_done"]
+        summary.already_enqueued = summary.already_queued + summary.already_failed + summary.already_done
+        summary.duplicates = buckets["duplicates"]
         summary.rejected = sum(self.reasons.values())
         summary.rejected_by_reason = {r.value: n for r, n in sorted(self.reasons.items())}
         summary.items = self.counts["items"]
+        summary.requeued = self.counts["requeued"]
+        summary.retried = self.counts["retried"]
         summary.jobs = self.counts["jobs"]
         summary.prompt_chars = self.counts["prompt_chars"]
+        summary.queue_view = self.queue_view
+
+
+#: The flag a record gets for an item a requeue did not put in a job.
+_REQUEUE_OUTCOME = {Requeue.SKIPPED: _QUEUED, Requeue.DONE: _DONE, Requeue.FAILED: _FAILED}
+
+
+def _bucket(flags: int) -> str:
+    """A converted record's bucket: its first flag in priority order."""
+    for flag, name in ((_NEW, "enqueued"), (_RETRIED, "retried_failed"), (_QUEUED, "already_queued"),
+                       (_FAILED, "already_failed"), (_DONE, "already_done")):
+        if flags & flag:
+            return name
+    return "duplicates"
 
 
 def enqueue_file(
@@ -226,29 +367,56 @@ def enqueue_file(
     max_record_bytes: int = defaults.MAX_RECORD_BYTES,
     progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None = None,
     longest_first: bool = False,
+    origin: Origin | None = None,
+    retry_failed: bool = False,
+    update_settings: bool = False,
+    note: Note | None = None,
 ) -> Summary:
-    """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued)."""
+    """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued): the items
+    with no shipped result that are not queued in rq (module docstring). RETRY_FAILED: queue
+    items that have only an error record again. UPDATE_SETTINGS: give an existing run these
+    settings instead of refusing them. NOTE gets the lines worth telling the user (a run
+    re-created from its output, settings updated)."""
     started = time.perf_counter()
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     store = RunStore(conn) if conn is not None else None
-    if store is not None:
-        store.check(run, settings)  # a conflicting run is refused before the input is read
+    # a conflicting run is refused before the input is read; nothing is written yet
+    setup: RunSetup | None = prepare(conn, run, settings, update=update_settings) if conn is not None else None
     records = iter_records(path, max_record_bytes=max_record_bytes)  # a missing file raises here
     first = next(records, None)
     if first is None:
         raise InputError(f"{'stdin' if path == '-' else path} holds no records: nothing to enqueue")
-    if store is not None:
-        summary.created_run = store.create_or_check(run, settings)
+    if setup is not None:
+        info = setup.apply(note or _log_note)
+        summary.fingerprint = info.fingerprint
+        summary.created_run = bool(setup.outcome.get("created_run"))
+        summary.recreated_run = bool(setup.outcome.get("recreated_run"))
+        summary.marks_rebuilt = setup.outcome.get("marks_rebuilt")
+        summary.settings_updated = setup.outcome.get("settings_updated")
+    origin = bind(origin, path, summary.source, run, settings, conn)
+    if conn is not None:
+        summary.input_digest = input_digest(path)
+        summary.derivation = derivation(summary.fingerprint, max_record_bytes, repr(origin))
+        if (setup is not None and setup.existing is not None and not retry_failed and not summary.settings_updated
+                and _unchanged(conn, run, summary)):
+            summary.seconds = round(time.perf_counter() - started, 3)
+            RunStore(conn).record_source(run, summary.source, summary.to_dict())
+            return summary
     records = itertools.chain([first], records)
     if progress is not None:
         records = progress(records)
     rejects = RejectsWriter(rejects_path) if rejects_path else None
     order = LongestFirst() if longest_first else None
-    writer = JobWriter(run, conn, batch_size=batch_size) if conn is not None else None
-    enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order)
+    lock = RunLock(conn, run) if conn is not None else None
+    writer = JobWriter(run, conn, batch_size=batch_size, lock=lock) if conn is not None else None
+    enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,
+                   retry_failed=retry_failed)
     try:
         enq.process(records)
+        summary.complete = True
     finally:
+        if lock is not None:
+            lock.release()
         if rejects is not None:
             rejects.close()
         enq.fill(summary)
@@ -256,7 +424,27 @@ def enqueue_file(
         summary.seconds = round(time.perf_counter() - started, 3)
         if store is not None and summary.records:
             store.record_source(run, summary.source, summary.to_dict())
+            if setup is not None:
+                setup.record_source(summary.source, summary.to_dict())
     return summary
+
+
+def _unchanged(conn: redis.Redis, run: str, summary: Summary) -> bool:
+    """Fill SUMMARY as a full reconcile would (every record not rejected is already_done) when
+    its input need not be read (reconcile.unchanged_input); return whether it did."""
+    prev = unchanged_input(conn, run, summary.source, summary.input_digest, summary.derivation)
+    if prev is None:
+        return False
+    summary.records = int(prev["records"])
+    summary.rejected = int(prev["rejected"])
+    summary.rejected_by_reason = dict(prev["rejected_by_reason"])
+    summary.already_done = summary.already_enqueued = summary.records - summary.rejected
+    summary.input_unchanged = summary.complete = True
+    return True
+
+
+def _log_note(line: str) -> None:
+    log.warning("%s", line.split(": ", 1)[-1])
 
 
 def source_id(path: str) -> str:

@@ -1,49 +1,51 @@
 """`producer export`: one clean dataset from a run's shards, and the proof that nothing is lost.
 
 Reads every shard of the run from its output location (a directory or s3://), keeps one record
-per item (delivery is at least once), writes the dataset in input order (OpenAI chat messages
-or ShareGPT conversations; gzip for .gz, zstd for .zst), the items that failed for good to an
-errors file, and the enqueued items with no record at all to a missing file. Exits 1 when
-anything is missing, or when more items failed for good than --max-failed, unless
---allow-partial. See producer/export_core.py for the method.
+per item (delivery is at least once), writes the dataset in input order (source by source,
+position by position) in the shape a training tool reads (export_formats: openai, sharegpt,
+specforge, batch), as JSONL (gzip for .gz, zstd for .zst) or Parquet (.parquet or --format
+parquet); the answers that never ended on their own to a truncated file; the items that
+failed for good to an errors file; and the enqueued items with no record at all to a missing
+file. Exits 1 when anything is missing, or when more items failed for good than
+--max-failed, unless --allow-partial. See producer/export_core.py for the method.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 import orjson
 
 from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
+from genqueue.common.contracts import Outcome
 from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
 from genqueue.common.runs import RunStore
 from genqueue.common.settings import check_run_name
-from genqueue.producer.export_core import PARTITION_BYTES, Exporter, ExportResult
+from genqueue.producer.export_core import (
+    DEFAULT_OUTCOMES,
+    PARTITION_BYTES,
+    Exporter,
+    ExportResult,
+    NoProgress,
+    Progress,
+    beside,
+    stem,
+)
 from genqueue.producer.export_formats import FORMATS
 from genqueue.producer.export_sources import source_for
 
+__all__ = ["export_command", "format_export", "stem"]
+
 log = logging.getLogger(__name__)
-
-_DATA_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".json", ".ndjson")
-
-
-def stem(path: Path) -> Path:
-    """PATH without its data suffixes: out.jsonl.gz -> out (in the same directory)."""
-    name = path.name
-    changed = True
-    while changed:
-        changed = False
-        for suffix in _DATA_SUFFIXES:
-            if name.endswith(suffix) and len(name) > len(suffix):
-                name = name[: -len(suffix)]
-                changed = True
-    return path.with_name(name)
 
 
 def _writable(path: Path, what: str) -> Path:
@@ -60,17 +62,54 @@ def _writable(path: Path, what: str) -> Path:
     return path
 
 
+def _shape_and_container(fmt: str, output: Path) -> tuple[str, bool]:
+    """(the lines' shape, whether the file is Parquet) from --format and the output's name."""
+    named_parquet = output.name.lower().endswith(".parquet")
+    if fmt == "parquet":
+        if not named_parquet:
+            raise UserError(f"--format parquet writes Parquet: name the output *.parquet, not {output.name}")
+        return "openai", True
+    if named_parquet and fmt == "batch":
+        raise UserError("--format batch writes the Batch API's JSONL output file: name the output *.jsonl")
+    return fmt, named_parquet
+
+
+def _outcomes(text: str | None) -> frozenset[str]:
+    if text is None:
+        return DEFAULT_OUTCOMES
+    names = {t.strip() for t in text.split(",") if t.strip()}
+    if "all" in names:
+        return frozenset(o.value for o in Outcome)
+    unknown = sorted(names - {o.value for o in Outcome})
+    if unknown or not names:
+        raise UserError(f"--include-outcomes takes outcomes among {', '.join(o.value for o in Outcome)} (or all), "
+                        f"not {', '.join(unknown) or repr(text)}")
+    return frozenset(names)
+
+
 @click.command("export")
 @click.option("--run", "run_name", required=True, help="The run to export.")
 @click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
-              help="Dataset file to write (.jsonl; .gz or .zst to compress).")
+              help="Dataset file to write: .jsonl (.gz or .zst to compress) or .parquet.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai", show_default=True,
-              help="openai: chat `messages` with the answers (and their `reasoning`); "
-                   "sharegpt: `conversations` of from/value, thinking as <think>...</think> in gpt turns.")
+              help="openai: chat `messages`, each answer's `reasoning` beside it; sharegpt: LLaMA-Factory's "
+                   "conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads it too); "
+                   "specforge: SpecForge's conversations of role/content with reasoning_content; batch: OpenAI "
+                   "Batch API output lines; parquet: the openai shape in Parquet (any shape is Parquet when the "
+                   "output is named .parquet).")
+@click.option("--include-outcomes", "include", default=None, metavar="OUTCOME,...",
+              help="Outcomes the dataset holds (default: finished,cut_in_answer; `all` for every one). Answers "
+                   "with another outcome go to the truncated file.")
+@click.option("--group-samples", is_flag=True,
+              help="Runs enqueued with --samples N: one line per prompt holding its N samples, not N lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
-              help="Error records of items that never succeeded (default: <output stem>.errors.jsonl).")
+              help="Items that never succeeded (default: <output stem>.errors.jsonl; Batch error lines with "
+                   "--format batch, else their error records).")
+@click.option("--truncated", "truncated_path", type=click.Path(dir_okay=False), default=None,
+              help="Answers whose outcome the dataset leaves out (default: <output stem>.truncated.jsonl).")
 @click.option("--missing", "missing_path", type=click.Path(dir_okay=False), default=None,
-              help="Keys (hex) of enqueued items with no record (default: <output stem>.missing.txt).")
+              help="Enqueued items with no record: key, id, source, position, tab-separated "
+                   "(default: <output stem>.missing.txt).")
 @click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
 @click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
               help="Exit 1 when more items than this failed for good: a count (100) or a fraction of the "
@@ -83,28 +122,32 @@ def _writable(path: Path, what: str) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
 @friendly_errors
-def export_command(run_name: str, output: str, fmt: str, errors_path: str | None, missing_path: str | None,
+def export_command(run_name: str, output: str, fmt: str, include: str | None, group_samples: bool,
+                   errors_path: str | None, truncated_path: str | None, missing_path: str | None,
                    allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
                    redis_url: str) -> None:
-    """Write a run's results as one deduplicated JSONL dataset, ordered as the input was,
-    with its error and missing files; prove coverage."""
+    """Write a run's results as one deduplicated dataset, ordered as the input was, with its
+    truncated, error and missing files; prove coverage."""
     run = check_run_name(run_name)
     failed_limit = _failed_limit(max_failed)
+    outcomes = _outcomes(include)
     out = _writable(Path(output), "output file")
-    errs = _writable(Path(errors_path) if errors_path else stem(out).with_name(stem(out).name + ".errors.jsonl"),
-                     "errors file")
-    miss = _writable(Path(missing_path) if missing_path else stem(out).with_name(stem(out).name + ".missing.txt"),
-                     "missing file")
-    if len({out, errs, miss}) < 3:
-        raise UserError("--output, --errors and --missing must be three different files")
+    shape, parquet = _shape_and_container(fmt, out)
+    errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), "errors file")
+    cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), "truncated file")
+    miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), "missing file")
+    if len({out, errs, cut, miss}) < 4:
+        raise UserError("--output, --errors, --truncated and --missing must be four different files")
     workdir = Path(tmp_dir) if tmp_dir else out.parent
     if not os.access(workdir, os.W_OK):
         raise UserError(f"cannot write temporary files in {workdir}")
     conn = connect(redis_url)
     info = RunStore(conn).require(run)
     source = source_for(info.settings.output, run, tmpdir=str(workdir))
-    result = Exporter(conn, run, source, fmt=fmt, output=out, errors_path=errs, missing_path=miss,
-                      workdir=workdir, partition_bytes=partition_mb * 2**20).export()
+    with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
+        result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
+                          truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
+                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress).export()
     if as_json:
         click.echo(orjson.dumps(result.to_dict()).decode())
     else:
@@ -122,6 +165,59 @@ def export_command(run_name: str, output: str, fmt: str, errors_path: str | None
                    f"({limit:,} of {result.enqueued:,}); see {result.errors_path}, or pass --allow-partial",
                    err=True)
         raise SystemExit(1)
+
+
+class _Bar:
+    """A rich progress bar on stderr: records read of the manifests' total (rate, ETA), then
+    partitions written."""
+
+    wants_total = True
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.task: Any = None
+
+    def reading(self, records: int | None, shards: int) -> None:
+        self.task = self.bar.add_task(f"reading {shards:,} shards", total=records)
+
+    def read(self, records: int) -> None:
+        self.bar.advance(self.task, records)
+
+    def writing(self, partitions: int) -> None:
+        self.bar.update(self.task, total=self.bar.tasks[-1].completed)
+        self.task = self.bar.add_task("writing the dataset", total=partitions)
+
+    def wrote(self) -> None:
+        self.bar.advance(self.task, 1)
+
+
+@contextmanager
+def _progress(*, enabled: bool) -> Iterator[Progress]:
+    """A bar on a terminal; nothing with --json or when stderr is not a terminal."""
+    if not enabled:
+        yield NoProgress()
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        ProgressColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as RichProgress
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
+
+    with RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+                      Rate(), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+        yield _Bar(bar)
 
 
 def _failed_limit(text: str) -> Callable[[int], int]:
@@ -144,11 +240,16 @@ def format_export(r: ExportResult) -> str:
     if r.failed:  # failures first: they are what a reader must see
         rows.append(("FAILED for good", f"{r.failed:,}"))
         rows += [(f"  {cls}", f"{n:,}") for cls, n in sorted(r.failed_by_class.items(), key=lambda kv: -kv[1])]
+    container = " in Parquet" if r.container == "parquet" else ""
     rows += [
-        ("run", f"{r.run}  ({r.format} format)"),
+        ("run", f"{r.run}  ({r.format} format{container})"),
         ("read", f"{r.records_read:,} records in {r.shards:,} shards from {r.source}"),
         ("enqueued items", f"{r.enqueued:,}"),
-        ("  exported", f"{r.exported:,}"),
+        ("  exported", f"{r.exported:,}" + (f"  ({r.groups:,} prompts)" if r.groups else "")),
+        ("  truncated", f"{r.truncated:,}  (outcome not in {','.join(r.include_outcomes)})"),
+    ]
+    rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.truncated_by_outcome.items())]
+    rows += [
         ("  failed for good", f"{r.failed:,}"),
         ("  missing", f"{r.missing:,}"),
         ("duplicates removed", f"{r.duplicates_removed:,}"),
@@ -159,6 +260,7 @@ def format_export(r: ExportResult) -> str:
         rows.append(("unreadable", f"{r.bad_lines:,} lines; {r.bad_shards:,} shards not matching their manifest"))
     rows += [
         ("output", r.output),
+        ("truncated file", r.truncated_path),
         ("errors file", r.errors_path),
         ("missing file", r.missing_path),
         ("time", f"{r.seconds:.1f} s ({rate})"),

@@ -1,19 +1,25 @@
 """The export engine: every shard of a run in, one deduplicated dataset out, in bounded memory.
 
-Pass 1 streams every shard line once, converts it to the output format, and appends it with a
-small binary header (key digest, index, turn, tie-break fields) to one of K partition files
-chosen by the record's `index` range. Every record of one key shares one index, so all copies
-of an item land in the same partition. Pass 2 takes the partitions in index order: one at a
-time in memory, keeps one record per key, sorts by (index, turn, key) and appends to the
-output (successes) or the errors file (keys that only have error records). K is sized so a
-partition holds about `partition_bytes` of shard data: memory stays flat as the run grows.
+Pass 1 streams every shard line once, converts it to the output shape, and appends it with a
+small binary header (key digest, source place, position, turn, sample, kind, tie-break
+fields) to one of K partition files chosen by the record's place in the run's order (source
+place, then position: export_layout). Every record of one key shares one place, so all
+copies of an item land in the same partition. Pass 2 takes the partitions in order: one at a
+time in memory, keeps one record per key, sorts by (source place, position, turn, sample,
+key) and sends each kept record where it belongs: the dataset (an answer whose outcome is
+included), the truncated file (an answer whose outcome is not: by default, cut inside its
+thinking or with no answer), or the errors file (keys that only have error records). K is
+sized so a partition holds about `partition_bytes` of shard data: memory stays flat as the
+run grows.
 
 Which copy of a duplicated item is kept (deterministic, whatever order shards are read in):
-a success record beats an error record; then the lowest `attempt`; then the earliest
-`timings.finished_at`; then the first in shard-name order, then line order.
+an included answer beats an excluded one, which beats an error record; then the lowest
+`attempt`; then the earliest `timings.finished_at`; then the first in shard-name order, then
+line order.
 
-Coverage is computed by Redis, not in client memory: the exported keys are SADDed in batches
-to a temporary set, and SDIFFSTORE against the run's key set yields the missing items.
+Coverage is computed by Redis, not in client memory (export_coverage): the exported keys are
+SADDed in batches to a temporary set, and SDIFFSTORE against the run's key set yields the
+missing items.
 """
 
 from __future__ import annotations
@@ -35,12 +41,28 @@ from typing import IO, Any
 import orjson
 import redis
 
-from genqueue.common.contracts import ErrorClass, error_info
+from genqueue.common.contracts import ErrorClass, Outcome, error_info
 from genqueue.common.rqaccess import failed_jobs
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.runs import run_key
 from genqueue.common.storage import ShardInfo
-from genqueue.producer.export_formats import CONVERTERS
+from genqueue.producer.export_coverage import TEMP_KEY_TTL, coverage
+from genqueue.producer.export_formats import CONVERTERS, batch_error
+from genqueue.producer.export_layout import Layout, layout_for
+from genqueue.producer.export_sinks import (
+    WRITE_BUFFER,
+    GroupingSink,
+    JsonlSink,
+    NoProgress,
+    Progress,
+    Sink,
+    beside,
+    open_writer,
+    stem,
+)
 from genqueue.producer.export_sources import OpenShard, ShardSource
+
+__all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
+           "stem"]
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +70,17 @@ log = logging.getLogger(__name__)
 PARTITION_BYTES = 64 * 1024 * 1024
 MAX_PARTITIONS = 512
 SADD_BATCH = 10_000
-TEMP_KEY_TTL = 24 * 3600
-WRITE_BUFFER = 256 * 1024
+#: What the dataset holds by default: answers that ended on their own, or were cut while
+#: answering (its outcome says so); an answer cut inside its thinking, or with no answer, is
+#: not a complete sample and goes to the truncated file.
+DEFAULT_OUTCOMES = frozenset({Outcome.FINISHED.value, Outcome.CUT_IN_ANSWER.value})
 
-# key digest, index, turn (-1: none), is_error, attempt, finished_at, shard ordinal, line, and the
-# length of the blob that follows: the output line, or the raw line of an error record.
-_HEADER = struct.Struct("<16sqiBIdIII")
+# What a kept record becomes; also its rank among copies of one key (lower wins).
+_INCLUDED, _EXCLUDED, _ERROR = 0, 1, 2
+# key digest, source place, position, turn (-1: none), sample (-1: none), kind, attempt,
+# finished_at, shard ordinal, line, and the length of the blob that follows: the line in the
+# output shape (or, for an error record, its errors-file line).
+_HEADER = struct.Struct("<16sIqiiBIdIII")
 
 
 @dataclass
@@ -66,10 +93,14 @@ class ExportResult:
     errors_path: str
     missing_path: str
     source: str
+    truncated_path: str = ""
+    container: str = "jsonl"
+    include_outcomes: list[str] = field(default_factory=list)
     shards: int = 0
     records_read: int = 0
     enqueued: int = 0
     exported: int = 0
+    truncated: int = 0
     failed: int = 0
     missing: int = 0
     duplicates_removed: int = 0
@@ -77,47 +108,43 @@ class ExportResult:
     unexpected: int = 0
     bad_lines: int = 0
     bad_shards: int = 0
+    groups: int = 0
     seconds: float = 0.0
     failed_by_class: dict[str, int] = field(default_factory=dict)
+    truncated_by_outcome: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def open_writer(path: Path) -> IO[bytes]:
-    """A binary writer for PATH, compressed by its suffix: .gz (gzip), .zst (zstd), else plain."""
-    name = path.name.removesuffix(".tmp")
-    if name.endswith(".gz"):
-        import gzip
-
-        # Level 1: ~160 MB/s against ~75 at 3 for nearly the same size; .zst is better at both.
-        return gzip.open(path, "wb", compresslevel=1)  # type: ignore[return-value]
-    if name.endswith((".zst", ".zstd")):
-        import zstandard
-
-        fh = open(path, "wb")  # noqa: SIM115 - closed with the stream writer
-        writer: IO[bytes] = zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=True)
-        return writer
-    return open(path, "wb", buffering=WRITE_BUFFER)
-
-
 class Exporter:
-    """Exports one run from SOURCE to OUTPUT in FMT; see the module docstring."""
+    """Exports one run from SOURCE to OUTPUT in FMT (a shape of export_formats); see the module
+    docstring. PARQUET writes the dataset as Parquet; INCLUDE names the outcomes it holds."""
 
     def __init__(self, conn: redis.Redis, run: str, source: ShardSource, *, fmt: str, output: Path,
                  errors_path: Path, missing_path: Path, workdir: Path,
-                 partition_bytes: int = PARTITION_BYTES) -> None:
+                 partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
+                 include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
+                 progress: Progress | None = None) -> None:
         self.conn = conn
         self.run = run
         self.source = source
+        self.shape = fmt
         self.convert: Callable[[dict[str, Any]], dict[str, Any]] = CONVERTERS[fmt]
-        self.paths = {"output": output, "errors": errors_path, "missing": missing_path}
+        self.include = include
+        self.parquet = parquet
+        self.group_samples = group_samples
+        self.progress: Progress = progress or NoProgress()
+        truncated = truncated_path or beside(output, ".truncated.jsonl")
+        self.paths = {"output": output, "errors": errors_path, "missing": missing_path, "truncated": truncated}
         self.workdir = workdir
         self.partition_bytes = partition_bytes
-        self.result = ExportResult(run, fmt, str(output), str(errors_path), str(missing_path), source.where)
+        self.result = ExportResult(run, fmt, str(output), str(errors_path), str(missing_path), source.where,
+                                   truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
+                                   include_outcomes=sorted(include))
 
     def export(self) -> ExportResult:
-        """Run both passes and the coverage check; the three files appear only on success."""
+        """Run both passes and the coverage check; the files appear only on success."""
         t0 = time.monotonic()
         shards = self.source.list_shards()
         self.result.shards = len(shards)
@@ -126,13 +153,25 @@ class Exporter:
         missing_key = seen_key.removesuffix(":seen") + ":missing"
         finals = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
         try:
+            total = self.source.count_records(shards) if self.progress.wants_total else None
+            self.progress.reading(total, len(shards))
             parts = self._partition(shards, tmp)
-            with open_writer(finals["output"]) as out, open_writer(finals["errors"]) as errs:
-                for i, part in enumerate(parts):
-                    self._reduce(part, out, errs, seen_key)
-                    part.unlink()
-                    log.info("partition %d/%d done", i + 1, len(parts))
-                self._failed_jobs(errs, seen_key)
+            self.progress.writing(len(parts))
+            out = self._sink(finals["output"])
+            try:
+                with open_writer(finals["errors"]) as errs, open_writer(finals["truncated"]) as cut:
+                    for i, part in enumerate(parts):
+                        self._reduce(part, out, errs, cut, seen_key)
+                        part.unlink()
+                        self.progress.wrote()
+                        log.info("partition %d/%d done", i + 1, len(parts))
+                    self._failed_jobs(errs, seen_key)
+            except BaseException:
+                out.abort()
+                raise
+            out.close()
+            if isinstance(out, GroupingSink):
+                self.result.groups = out.groups
             self._coverage(seen_key, missing_key, finals["missing"])
             for k, p in self.paths.items():
                 os.replace(finals[k], p)
@@ -144,56 +183,76 @@ class Exporter:
         self.result.seconds = round(time.monotonic() - t0, 3)
         return self.result
 
+    def _sink(self, path: Path) -> Sink:
+        inner: Sink
+        if self.parquet:
+            from genqueue.producer.export_parquet import ParquetSink, schema_for
+
+            inner = ParquetSink(path, schema_for(self.shape, self.group_samples))
+        else:
+            inner = JsonlSink(path)
+        return GroupingSink(inner) if self.group_samples else inner
+
     # --- pass 1 --------------------------------------------------------------------
-    def _partitions_for(self, shards: list[ShardInfo]) -> tuple[int, int]:
+    def _partitions_for(self, shards: list[ShardInfo]) -> tuple[int, int, Layout]:
         total = sum(s.bytes for s in shards)
         k = max(1, min(MAX_PARTITIONS, math.ceil(total / self.partition_bytes)))
-        bound = self._index_bound()
-        return k, max(1, math.ceil(bound / k))
-
-    def _index_bound(self) -> int:
-        """An upper bound of `index`: the largest source's record count (indexes are 0-based
-        per source), else the number of items. Larger indexes go to the last partition."""
-        store = RunStore(self.conn)
-        records = [int(s.get("records", 0)) for s in store.sources(self.run).values()]
-        return max([*records, store.item_count(self.run), 1])
+        layout = layout_for(self.conn, self.run)
+        return k, max(1, math.ceil(layout.total / k)), layout
 
     def _partition(self, shards: list[ShardInfo], tmp: Path) -> list[Path]:
-        k, span = self._partitions_for(shards)
+        k, span, layout = self._partitions_for(shards)
         paths = [tmp / f"part-{i:04d}" for i in range(k)]
         files = [open(p, "wb", buffering=WRITE_BUFFER) for p in paths]  # noqa: SIM115
-        log.info("reading %d shards from %s into %d partitions of %d indexes", len(shards),
+        log.info("reading %d shards from %s into %d partitions of %d positions", len(shards),
                  self.source.where, k, span)
         try:
             for ordinal, shard in enumerate(self.source.each(shards)):
-                self._split(shard, ordinal, files, span)
+                self._split(shard, ordinal, files, span, layout)
         finally:
             for f in files:
                 f.close()
         return paths
 
-    def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int) -> None:
+    def _blob(self, rec: dict[str, Any], line: bytes) -> tuple[int, bytes]:
+        """What one record becomes: its kind and its line in the file it would go to."""
+        if "error" in rec:
+            if self.shape == "batch":
+                return _ERROR, orjson.dumps(batch_error(rec)) + b"\n"
+            return _ERROR, line if line.endswith(b"\n") else line + b"\n"
+        row = self.convert(rec)
+        if rec.get("outcome") not in self.include:
+            return _EXCLUDED, orjson.dumps(row) + b"\n"
+        if self.parquet:
+            from genqueue.producer.export_parquet import arrow_row
+
+            row = arrow_row(row)
+        return _INCLUDED, orjson.dumps(row) + b"\n"
+
+    def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
         last = len(files) - 1
-        convert = self.convert
         pack = _HEADER.pack
-        loads, dumps = orjson.loads, orjson.dumps
+        loads = orjson.loads
         digest = hashlib.sha256()
         size = records = bad = blank = 0
+        tick = self.progress.read
         for lineno, line in enumerate(shard.fh):
             digest.update(line)
             size += len(line)
             records += 1
+            if not records & 4095:
+                tick(4096)
             try:
                 rec = loads(line)
                 key = bytes.fromhex(rec["key"])
                 if len(key) != 16:
                     raise ValueError("key is not 16 bytes")
                 index = int(rec["index"])
-                turn = rec.get("turn")
-                is_error = "error" in rec
-                blob = (line if line.endswith(b"\n") else line + b"\n") if is_error else dumps(convert(rec)) + b"\n"
-                header = pack(key, index, -1 if turn is None else int(turn), is_error,
-                              int(rec.get("attempt") or 0),
+                place = int(rec.get("source_seq") or 0)
+                turn, sample = rec.get("turn"), rec.get("sample")
+                kind, blob = self._blob(rec, line)
+                header = pack(key, place, index, -1 if turn is None else int(turn),
+                              -1 if sample is None else int(sample), kind, int(rec.get("attempt") or 0),
                               float((rec.get("timings") or {}).get("finished_at") or math.inf), ordinal, lineno,
                               len(blob))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, struct.error):
@@ -202,9 +261,10 @@ class Exporter:
                 else:
                     blank += 1
                 continue
-            f = files[min(max(index, 0) // span, last)]
+            f = files[min(layout.position(place, index) // span, last)]
             f.write(header)
             f.write(blob)
+        tick(records & 4095)
         self.result.records_read += records - bad - blank
         self.result.bad_lines += bad
         name, man = shard.info.name, shard.manifest
@@ -216,33 +276,41 @@ class Exporter:
             log.warning("%s does not match its manifest (sha256, size or record count): read anyway", name)
 
     # --- pass 2 --------------------------------------------------------------------
-    def _reduce(self, part: Path, out: IO[bytes], errs: IO[bytes], seen_key: str) -> None:
+    def _reduce(self, part: Path, out: Sink, errs: IO[bytes], cut: IO[bytes], seen_key: str) -> None:
         data = part.read_bytes()
         view = memoryview(data)
         unpack = _HEADER.unpack_from
         hsize = _HEADER.size
-        best: dict[bytes, tuple[tuple[int, int, float, int, int], int, int, int, int]] = {}
+        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int]] = {}
         pos = n = 0
         end_all = len(data)
         while pos < end_all:
-            key, index, turn, is_error, attempt, finished, ordinal, lineno, blen = unpack(data, pos)
+            key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, blen = unpack(data, pos)
             start = pos + hsize
             pos = start + blen
             n += 1
-            rank = (is_error, attempt, finished, ordinal, lineno)
+            rank = (kind, attempt, finished, ordinal, lineno)
             cur = best.get(key)
             if cur is None or rank < cur[0]:
-                best[key] = (rank, index, turn, start, pos)
+                best[key] = (rank, (place, index, turn, sample), start, pos)
         self.result.duplicates_removed += n - len(best)
         batch: list[bytes] = []
-        for key, (rank, _i, _t, start, stop) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[1][2], kv[0])):
-            if rank[0]:
-                errs.write(view[start:stop])
-                self.result.failed += 1
-                self._count_failure(bytes(view[start:stop]))
+        r = self.result
+        for key, (rank, order, start, stop) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
+            line = view[start:stop]
+            if rank[0] == _INCLUDED:
+                out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
+                r.exported += 1
+            elif rank[0] == _EXCLUDED:
+                cut.write(line)
+                r.truncated += 1
+                outcome = _field(bytes(line), "outcome")
+                r.truncated_by_outcome[outcome] = r.truncated_by_outcome.get(outcome, 0) + 1
             else:
-                out.write(view[start:stop])
-                self.result.exported += 1
+                errs.write(line)
+                r.failed += 1
+                cls = _error_class(bytes(line))
+                r.failed_by_class[cls] = r.failed_by_class.get(cls, 0) + 1
             batch.append(key)
             if len(batch) >= SADD_BATCH:
                 self._sadd(seen_key, batch)
@@ -250,14 +318,6 @@ class Exporter:
         if batch:
             self._sadd(seen_key, batch)
         view.release()
-
-    def _count_failure(self, line: bytes) -> None:
-        try:
-            cls = str(orjson.loads(line)["error"]["class"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            cls = "unknown"
-        by = self.result.failed_by_class
-        by[cls] = by.get(cls, 0) + 1
 
     def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
         with self.conn.pipeline(transaction=False) as p:
@@ -274,11 +334,13 @@ class Exporter:
             present = self.conn.smismember(seen_key, digests) if digests else []
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
             for it in lost:
-                errs.write(orjson.dumps({
+                rec: dict[str, Any] = {
                     "key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": self.run,
+                    **{k: v for k, v in it.items() if k in ("id", "source", "source_seq", "sample", "seed")},
                     "messages": it["messages"],
                     "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {job.reason}"),
-                }) + b"\n")
+                }
+                errs.write(orjson.dumps(batch_error(rec) if self.shape == "batch" else rec) + b"\n")
             if lost:
                 self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
                 self.result.failed += len(lost)
@@ -288,16 +350,28 @@ class Exporter:
 
     # --- coverage ------------------------------------------------------------------
     def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:
-        keys = run_key(self.run, "keys")
         r = self.result
-        r.enqueued = int(self.conn.scard(keys))
-        seen = int(self.conn.scard(seen_key))
-        r.missing = int(self.conn.sdiffstore(missing_key, [keys, seen_key]))
-        self.conn.expire(missing_key, TEMP_KEY_TTL)
-        # seen - (enqueued - missing) = keys with records that the run never enqueued.
-        r.unexpected = seen - (r.enqueued - r.missing)
-        with open(missing_path, "wb", buffering=WRITE_BUFFER) as fh:
-            fh.writelines(digest.hex().encode() + b"\n" for digest in self.conn.sscan_iter(missing_key, count=SADD_BATCH))
+        r.enqueued, r.missing, r.unexpected = coverage(self.conn, self.run, seen_key, missing_key, missing_path)
         if r.unexpected:
             log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
                         "name?); they are exported too", r.unexpected, self.run)
+
+
+def _field(line: bytes, name: str) -> str:
+    try:
+        return str(orjson.loads(line)[name])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "unknown"
+
+
+def _error_class(line: bytes) -> str:
+    try:
+        rec = orjson.loads(line)
+        err = rec.get("error") or {}
+        if "class" in err:
+            return str(err["class"])
+        if "code" in err:  # a Batch error line
+            return str(err["code"])
+        return str(rec["response"]["body"]["error"]["code"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "unknown"

@@ -1,110 +1,229 @@
 """Turning one result record into one line of the exported dataset (pure, no I/O).
 
-`openai`: the whole conversation as OpenAI chat `messages`, the model's answers included:
+Every line, whatever its shape, carries `id` (the input record's own id, else the item key;
+in `batch` the record's id is `custom_id` and `id` the Batch API's request id), the item's
+`key`, where it came from (`source`, `index`: its position in that source, `turn`, `sample`,
+`seed`), and what made it: `model`, `fingerprint`, `outcome`, `usage`.
 
-    {"key", "index", "turn"?, "messages": [..., {"role": "assistant", "content", "reasoning"?,
-     "tool_calls"?}], "tools"?, "model", "fingerprint", "usage", "outcome", "stopped"?, "note"?}
+Nothing is fabricated. A turn cut inside its thinking (`cut_in_thinking`), or that stopped
+with thinking and no answer (`no_answer`: often a reasoning parser on a model that never
+closed its thinking), is not written as if complete: the export leaves such items out of
+the dataset unless asked (export_core), and where they are written, no closing `</think>`
+the model never produced is added.
 
-  Single-turn modes: the record's prompt plus one assistant message built from `content`,
-  `reasoning` and `tool_calls`. Mode regenerate: `messages` already holds the regenerated
-  conversation; the thinking of assistant turn i (kept apart in `turns[i].reasoning`) is put
-  back into that message as `reasoning`.
+Shapes, each as its training tool's loader reads it (the test that checks each one cites the
+loader's file):
 
-`sharegpt`: what drafter-training tools (SpecForge, LLaMA-Factory) read:
+`openai`: `messages` in OpenAI chat form, every generated assistant message with its
+`reasoning` beside `content` (`tool_calls` when it called tools); `tools` as given.
 
-    {"conversations": [{"from": "human"|"gpt"|"function_call"|"observation", "value"}],
-     "system"?: "...", "tools"?: "<JSON>", "key", "index", "turn"?}
+`sharegpt`: LLaMA-Factory's sharegpt form (data/README.md, data/converter.py
+SharegptDatasetConverter): `conversations` of `{from, value}` alternating human|observation
+and gpt|function_call, `system` and `tools` (a JSON string) at the top level. Thinking is
+inside each gpt value as `<think>\\n{reasoning}\\n</think>\\n\\n{answer}`: LLaMA-Factory's
+ReasoningTemplate thought words, which Qwen3-style templates also produce. A turn without
+thinking is the bare answer. Tool calls are one `function_call` turn (`{"name","arguments"}`,
+a list for parallel calls; text beside them goes before a `<tool_call>` block, as
+FunctionFormatter reads it), consecutive tool results one `observation` turn. EAGLE-3's
+traineagle3/main.py reads this form too (`id`, human/gpt turns) when there are no tool turns.
 
-  System messages go to the top-level `system`. The thinking stays inside each gpt value as
-  `<think>\\n{reasoning}\\n</think>\\n\\n{answer}`, the layout Qwen3-style chat templates
-  produce and parse; a turn without thinking (reasoning null) is the bare answer. Tool calls
-  become `function_call` turns whose value is `{"name", "arguments"}` as JSON, tool results
-  `observation` turns.
+`specforge`: what SpecForge's data preparation writes and reads (scripts/
+regenerate_train_data.py, scripts/validate_regenerated_data.py, specforge/data/parse.py):
+`conversations` of `{role, content}` with each assistant turn's `reasoning_content`,
+`tool_calls` and `tool_call_id` as in OpenAI chat, `tools` a list, `status: "success"`.
+
+`batch`: OpenAI Batch API output lines: `{"id", "custom_id", "response": {"status_code",
+"request_id", "body": <chat.completion>}, "error": null}`; the body holds the last answer (in
+mode regenerate, the final turn). Error records become the Batch error file's lines: an HTTP
+error as a response with its status and `{"error": {...}}` body, anything else as
+`"response": null, "error": {"code", "message"}`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-FORMATS = ("openai", "sharegpt")
+from genqueue.common.contracts import Outcome
+
+SHAPES = ("openai", "sharegpt", "specforge", "batch")
+#: `--format` choices: the shapes, and parquet (the openai shape in a Parquet file).
+FORMATS = (*SHAPES, "parquet")
+
+#: Outcomes whose answer never ended on its own: no closing think tag is written for them.
+UNCLOSED = frozenset({Outcome.CUT_IN_THINKING, Outcome.NO_ANSWER})
+THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
+#: How LLaMA-Factory's own OpenAI converter joins parallel tool results into one observation.
+TOOL_RESULTS_JOIN = "\n</tool_response>\n<tool_response>\n"
+
+_META = ("key", "source", "index", "turn", "sample", "seed")
+_MADE_BY = ("model", "fingerprint", "outcome", "usage", "stopped", "note")
+
+
+def line_id(rec: dict[str, Any]) -> str:
+    """The id of a record's line: the input record's own id, else the item key."""
+    rid = rec.get("id")
+    return rid if isinstance(rid, str) and rid else str(rec.get("key", ""))
+
+
+def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _META + _MADE_BY) -> dict[str, Any]:
+    for name in fields:
+        value = rec.get(name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def to_openai(rec: dict[str, Any]) -> dict[str, Any]:
     """The openai-format export line of a success record."""
-    out: dict[str, Any] = {"key": rec["key"], "index": rec["index"]}
-    if rec.get("turn") is not None:
-        out["turn"] = rec["turn"]
-    out["messages"] = conversation(rec)
-    for field in ("tools", "model", "fingerprint", "usage", "outcome", "stopped", "note"):
-        if rec.get(field) is not None:
-            out[field] = rec[field]
-    return out
+    out: dict[str, Any] = {"id": line_id(rec), "messages": conversation(rec)}
+    if rec.get("tools"):
+        out["tools"] = rec["tools"]
+    return _meta(rec, out)
 
 
 def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
-    """The sharegpt-format export line of a success record."""
+    """The sharegpt-format (LLaMA-Factory) export line of a success record."""
     conv: list[dict[str, str]] = []
     system: list[str] = []
-    for msg in conversation(rec):
+    for msg, unclosed in _conversation(rec):
         role = msg.get("role")
         if role in ("system", "developer"):
             system.append(_text(msg.get("content")))
         elif role == "user":
             conv.append({"from": "human", "value": _text(msg.get("content"))})
         elif role == "assistant":
-            conv.extend(_sharegpt_assistant(msg))
+            conv.append(_sharegpt_assistant(msg, unclosed))
         elif role == "tool":
-            conv.append({"from": "observation", "value": _text(msg.get("content"))})
-    out: dict[str, Any] = {"conversations": conv}
+            if conv and conv[-1]["from"] == "observation":  # parallel calls' results: one turn
+                conv[-1]["value"] += TOOL_RESULTS_JOIN + _text(msg.get("content"))
+            else:
+                conv.append({"from": "observation", "value": _text(msg.get("content"))})
+    out: dict[str, Any] = {"id": line_id(rec), "conversations": conv}
     if system:
         out["system"] = "\n\n".join(system)
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
         out["tools"] = orjson.dumps(rec["tools"]).decode()
-    out["key"] = rec["key"]
-    out["index"] = rec["index"]
-    if rec.get("turn") is not None:
-        out["turn"] = rec["turn"]
-    return out
+    return _meta(rec, out)
 
 
-CONVERTERS = {"openai": to_openai, "sharegpt": to_sharegpt}
+def to_specforge(rec: dict[str, Any]) -> dict[str, Any]:
+    """The SpecForge-format export line of a success record."""
+    conv: list[dict[str, Any]] = []
+    for msg in conversation(rec):
+        role = "system" if msg.get("role") == "developer" else msg.get("role")
+        turn: dict[str, Any] = {"role": role, "content": _text(msg.get("content"))}
+        if role == "assistant":
+            if msg.get("reasoning") is not None:
+                turn["reasoning_content"] = msg["reasoning"]
+            if msg.get("tool_calls"):
+                turn["tool_calls"] = msg["tool_calls"]
+        elif role == "tool" and msg.get("tool_call_id"):
+            turn["tool_call_id"] = msg["tool_call_id"]
+        conv.append(turn)
+    out: dict[str, Any] = {"id": line_id(rec), "conversations": conv}
+    if rec.get("tools"):
+        out["tools"] = rec["tools"]
+    out["status"] = "success"
+    return _meta(rec, out)
+
+
+def to_batch(rec: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI Batch API output line of a success record."""
+    key = str(rec.get("key", ""))
+    turns = rec.get("turns") or []
+    usage = dict((turns[-1].get("usage") if turns else None) or rec.get("usage") or {})
+    if "total_tokens" not in usage:
+        usage["total_tokens"] = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+    message: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
+    if rec.get("reasoning") is not None:
+        message["reasoning"] = rec["reasoning"]
+    if rec.get("tool_calls"):
+        message["tool_calls"] = rec["tool_calls"]
+    body = {
+        "id": f"chatcmpl-{key}",
+        "object": "chat.completion",
+        "created": int((rec.get("timings") or {}).get("finished_at") or 0),
+        "model": rec.get("model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": rec.get("finish_reason"), "logprobs": None}],
+        "usage": usage,
+        "system_fingerprint": rec.get("fingerprint"),
+    }
+    out = {"id": f"batch_req_{key}", "custom_id": line_id(rec),
+           "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
+    return _meta(rec, out, _META + ("model", "fingerprint", "outcome"))
+
+
+def batch_error(rec: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI Batch API error-file line of an error record: an HTTP error (the server's
+    status is known) as a response holding the error body, anything else as `error`."""
+    key = str(rec.get("key", ""))
+    err = rec.get("error") or {}
+    status, message, cls = err.get("status"), str(err.get("message", "")), str(err.get("class", "unknown"))
+    out: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": line_id(rec)}
+    if isinstance(status, int) and not isinstance(status, bool):
+        body = {"error": {"message": message, "type": str(err.get("type", "")), "param": None, "code": cls}}
+        out["response"] = {"status_code": status, "request_id": f"req_{key}", "body": body}
+        out["error"] = None
+    else:
+        out["response"] = None
+        out["error"] = {"code": cls, "message": message}
+    return _meta(rec, out, _META + ("fingerprint",))
+
+
+CONVERTERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "openai": to_openai, "sharegpt": to_sharegpt, "specforge": to_specforge, "batch": to_batch}
 
 
 def conversation(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's full conversation, every generated assistant message carrying its reasoning."""
+    return [msg for msg, _ in _conversation(rec)]
+
+
+def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+    """The conversation, each message with whether it is an answer that never ended on its own."""
     messages: list[dict[str, Any]] = rec.get("messages") or []
     turns = rec.get("turns")
     if turns is not None:  # regenerate: messages already hold the answers, turns their thinking
         out = []
         i = 0
         for msg in messages:
+            unclosed = False
             if msg.get("role") == "assistant":
                 msg = {k: v for k, v in msg.items() if k != "reasoning_content"}
-                reasoning = turns[i].get("reasoning") if i < len(turns) else None
-                if reasoning is not None:
-                    msg["reasoning"] = reasoning
+                turn = turns[i] if i < len(turns) else {}
+                if turn.get("reasoning") is not None:
+                    msg["reasoning"] = turn["reasoning"]
+                unclosed = turn.get("outcome") in UNCLOSED
                 i += 1
-            out.append(msg)
+            out.append((msg, unclosed))
         return out
     answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
         answer["reasoning"] = rec["reasoning"]
     if rec.get("tool_calls"):
         answer["tool_calls"] = rec["tool_calls"]
-    return [*messages, answer]
+    return [*((m, False) for m in messages), (answer, rec.get("outcome") in UNCLOSED)]
 
 
-def _sharegpt_assistant(msg: dict[str, Any]) -> list[dict[str, str]]:
-    turns: list[dict[str, str]] = []
-    content = _text(msg.get("content"))
+def thinking_text(msg: dict[str, Any], unclosed: bool) -> str:
+    """The thinking of an assistant message as LLaMA-Factory's ReasoningTemplate reads it
+    inside the answer: opened, and closed only when the model closed it."""
     reasoning = msg.get("reasoning", msg.get("reasoning_content"))
-    if reasoning is not None:
-        content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+    if reasoning is None:
+        return ""
+    return THINK_OPEN + _text(reasoning) + ("" if unclosed else THINK_CLOSE)
+
+
+def _sharegpt_assistant(msg: dict[str, Any], unclosed: bool) -> dict[str, str]:
+    thought = thinking_text(msg, unclosed)
+    content = _text(msg.get("content"))
     calls = msg.get("tool_calls") or []
-    if content or not calls:
-        turns.append({"from": "gpt", "value": content})
+    if not calls:
+        return {"from": "gpt", "value": thought + content}
+    specs = []
     for call in calls:
         fn = call.get("function", call)
         args = fn.get("arguments")
@@ -113,9 +232,11 @@ def _sharegpt_assistant(msg: dict[str, Any]) -> list[dict[str, str]]:
                 args = orjson.loads(args)
             except orjson.JSONDecodeError:
                 pass
-        turns.append({"from": "function_call",
-                      "value": orjson.dumps({"name": fn.get("name"), "arguments": args}).decode()})
-    return turns
+        specs.append({"name": fn.get("name"), "arguments": args})
+    payload = orjson.dumps(specs[0] if len(specs) == 1 else specs).decode()
+    if content:  # text beside the calls: FunctionFormatter keeps what is outside the block
+        return {"from": "function_call", "value": f"{thought}{content}<tool_call>{payload}</tool_call>"}
+    return {"from": "function_call", "value": thought + payload}
 
 
 def _text(content: Any) -> str:

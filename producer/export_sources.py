@@ -59,6 +59,20 @@ class ShardSource:
                     with suppress(Exception):
                         fut.result().fh.close()
 
+    def count_records(self, shards: list[ShardInfo]) -> int | None:
+        """The records the shards hold by their manifests (fetched 8 at a time), or None when
+        one has no readable manifest: a progress bar's total, not a check."""
+        def records(shard: ShardInfo) -> int | None:
+            try:
+                man = read_manifest(self.store, self.run, shard)
+            except Exception:  # noqa: BLE001 - only a progress total: the export reads shards anyway
+                return None
+            return None if man is None else int(man["records"])
+
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="export-count") as pool:
+            counts = list(pool.map(records, shards))
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
     def _open(self, shard: ShardInfo) -> OpenShard:
         manifest = read_manifest(self.store, self.run, shard)
         return OpenShard(shard, manifest, self.store.open(self.run, shard.name))

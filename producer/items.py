@@ -19,11 +19,18 @@ Modes (`contracts.Mode`), as ``--multi-turn`` names them:
   before any user turn leaves nothing to regenerate: ``tool_turn_first``. ``turn`` is None.
 
 The key hashes mode, messages and tools only, so identical items from different records
-share a key: that is how duplicates are found, and it is intended.
+share a key: that is how duplicates are found, and it is intended. Provenance (the record's
+own id, its source and position) rides along on every item and is never hashed, so keys of
+existing runs stay what they were. With several samples per prompt (``--samples N``) each
+prompt becomes N items: sample 0 keeps the plain key (a later ``--samples 4`` adds samples
+1-3 to a run made with one), sample k > 0 hashes k too; every sample carries its number and
+its own request seed (the run's seed, or 0, plus k), so N answers are N draws, reproducibly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any
 
@@ -50,7 +57,27 @@ def conversation_key(conv: Conversation) -> bytes:
     return blake2b(data, digest_size=16).digest()
 
 
-def make_items(conv: Conversation, mode: Mode, index: int) -> list[Item]:
+def sample_key(mode: Mode, messages: Any, tools: Any, sample: int) -> str:
+    """The key of sample SAMPLE of an item: the plain key for sample 0, else one that hashes
+    the sample number too."""
+    if sample == 0:
+        return item_key(mode, messages, tools)
+    data = orjson.dumps([mode, messages, tools, sample], option=_SORT)
+    return blake2b(data, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What make_items stamps on every item of one record (never hashed into its key)."""
+
+    source: str | None = None
+    source_seq: int = 0
+    id: str | None = None
+    samples: int = 1
+    base_seed: int = 0
+
+
+def make_items(conv: Conversation, mode: Mode, index: int, prov: Provenance | None = None) -> list[Item]:
     """Items for one conversation in ``mode``; raises Rejected (no_user_turn, tool_turn_first)."""
     msgs = conv.messages
     users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
@@ -60,18 +87,120 @@ def make_items(conv: Conversation, mode: Mode, index: int) -> list[Item]:
         mode = Mode(mode)
     except ValueError:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(Mode)}") from None
+    items: list[Item]
     match mode:
         case Mode.REGENERATE:
-            return [_regenerate(conv, index)]
+            items = [_regenerate(conv, index)]
         case Mode.FIRST:
             first = users[0]
             picked = [m for m in msgs[:first] if m["role"] == "system"]
             picked.append(msgs[first])
-            return [_item(Mode.FIRST, index, 0, picked, conv.tools)]
+            items = [_item(Mode.FIRST, index, 0, picked, conv.tools)]
         case Mode.LAST:
-            return [_item(Mode.LAST, index, len(users) - 1, list(msgs[: users[-1] + 1]), conv.tools)]
+            items = [_item(Mode.LAST, index, len(users) - 1, list(msgs[: users[-1] + 1]), conv.tools)]
         case Mode.EACH:
-            return [_item(Mode.EACH, index, k, list(msgs[: u + 1]), conv.tools) for k, u in enumerate(users)]
+            items = [_item(Mode.EACH, index, k, list(msgs[: u + 1]), conv.tools) for k, u in enumerate(users)]
+    return items if prov is None else _stamp(items, mode, prov)
+
+
+def _stamp(items: list[Item], mode: Mode, prov: Provenance) -> list[Item]:
+    for it in items:
+        if prov.id is not None:
+            it["id"] = prov.id
+        if prov.source is not None:
+            it["source"] = prov.source
+            it["source_seq"] = prov.source_seq
+    if prov.samples <= 1:
+        return items
+    out: list[Item] = []
+    for it in items:
+        for k in range(prov.samples):
+            copy: Item = {**it}  # the messages stay shared: items are read-only
+            copy["key"] = sample_key(mode, it["messages"], it.get("tools"), k)
+            copy["sample"] = k
+            copy["seed"] = prov.base_seed + k
+            out.append(copy)
+    return out
+
+
+#: Body fields of a Batch API request line that are not sampling: the conversation itself, the
+#: model (the run's model answers; every record names it), and bookkeeping the server ignores.
+_BATCH_NOT_SAMPLING = frozenset({"messages", "tools", "model", "user", "metadata", "store"})
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where one input's records come from, and what make_items stamps on their items: the
+    source's name as given and its place in the run, which field holds a record's own id,
+    how many samples each prompt gets, and the run's request parameters (an OpenAI Batch
+    request line must ask for the same sampling: a run has one recipe)."""
+
+    source: str | None = None
+    source_seq: int = 0
+    id_field: str | None = None
+    samples: int = 1
+    base_seed: int = 0
+    run_params: Mapping[str, Any] | None = None
+
+    def of(self, value: Any) -> Provenance:
+        """The provenance of the record VALUE; raises Rejected (missing_id, sampling_differs)."""
+        if isinstance(value, dict) and isinstance(value.get("body"), dict) and self.run_params is not None:
+            check_batch_sampling(value["body"], self.run_params)
+        return Provenance(self.source, self.source_seq, record_id(value, self.id_field), self.samples,
+                          self.base_seed)
+
+
+def record_id(value: Any, id_field: str | None = None) -> str | None:
+    """The record's own identifier, as a string: ID_FIELD when given (Rejected missing_id when
+    the record lacks it), else `id`, else `custom_id` (an OpenAI Batch line), else None.
+    Integers are written in decimal; anything else is no identifier."""
+    if not isinstance(value, dict):
+        return None
+    if id_field is not None:
+        found = _id_text(value.get(id_field))
+        if found is None:
+            raise Rejected(RejectReason.MISSING_ID, f"no string or integer {id_field!r} field")
+        return found
+    for name in ("id", "custom_id"):
+        found = _id_text(value.get(name))
+        if found is not None:
+            return found
+    return None
+
+
+_MAX_ID_CHARS = 1024
+
+
+def _id_text(raw: Any) -> str | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return str(raw)
+    if isinstance(raw, str) and raw and len(raw) <= _MAX_ID_CHARS:
+        return raw
+    return None
+
+
+def check_batch_sampling(body: dict[str, Any], run_params: Mapping[str, Any]) -> None:
+    """Refuse an OpenAI Batch request whose sampling differs from the run's (Rejected
+    sampling_differs, naming the field and both values): one run, one recipe, one
+    fingerprint. A field the line repeats with the run's own value is fine; `n` > 1 asks for
+    --samples; the model is not sampling (the run's model answers)."""
+    for name, value in body.items():
+        if name in _BATCH_NOT_SAMPLING or (name == "stream" and not value):
+            continue
+        if name == "n":
+            if value != 1:
+                raise Rejected(RejectReason.SAMPLING_DIFFERS, f"n={value!r}: use --samples {value} on the run")
+            continue
+        ours = run_params.get(name)
+        if name == "max_completion_tokens" and ours is None:
+            ours = run_params.get("max_tokens")
+        if ours != value:
+            shown = "unset" if name not in run_params and ours is None else repr(ours)
+            raise Rejected(RejectReason.SAMPLING_DIFFERS,
+                           f"{name}={value!r}, the run's is {shown}: enqueue such lines into a run made "
+                           f"with that setting")
 
 
 def _regenerate(conv: Conversation, index: int) -> Item:

@@ -1,6 +1,13 @@
 """A run's state, read from Redis: genqueue's bookkeeping, rq's registries, and what every
 consumer last reported (rates, in flight, shipping, its engine's own metrics).
 
+Progress comes from the done marks the consumers write when a shard ships (common/marks.py):
+an item is done iff a shipped shard holds its result, failed iff one holds only an error record
+for it, of the items in the run's keys set; rates and the tokens per item the ETA assumes come
+from the consumers' counters. A paused run (common/pause.py) is said on the first line, in red.
+A run whose settings were changed (`producer enqueue --update-settings`) shows every fingerprint
+it has had.
+
 Shipping trouble is shown where it is felt: each consumer's last shipping error (its class,
 message and age) under the shipping line, and the line turns red (on a terminal) once a shard
 has waited longer than defaults.SHIP_WAIT_WARN: results that sit on a GPU node's disk are not
@@ -22,6 +29,8 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ErrorClass, Outcome
 from genqueue.common.eta import eta_seconds, format_duration
+from genqueue.common.marks import done_key, failed_key
+from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
 from genqueue.common.rqaccess import job_counts, queue_name
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
@@ -59,8 +68,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         for reason, n in s.get("rejected_by_reason", {}).items():
             rejected[reason] = rejected.get(reason, 0) + n
     stats = store.stats(run)
-    items = store.item_count(run)
-    done, failed = stats.get("items_done", 0), stats.get("items_failed", 0)
+    items, done, failed = progress(conn, run)
+    pause = run_pause(conn, run)
     raw_started = conn.hget(run_key(run), "started_at")
     started_at = float(_text(raw_started)) if raw_started else None
 
@@ -73,7 +82,10 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     }
     elapsed = now - started_at if started_at else None
     remaining = max(items - done - failed, 0)
-    eta = eta_seconds(remaining, done, stats.get("completion_tokens", 0), recent["completion_tokens_per_s"])
+    # tokens per item from the counters that go with the tokens (marks may be rebuilt, counters not)
+    eta = eta_seconds(remaining, stats.get("items_done", 0), stats.get("completion_tokens", 0),
+                      recent["completion_tokens_per_s"])
+    answered = stats.get("items_done", 0) + stats.get("items_failed", 0)
     versions = sorted({c.get("version", "?") for c in live})
     drift = []
     for c in live:
@@ -85,7 +97,9 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     return {
         "run": run,
         "now": now,
+        "paused": dict(pause) if pause is not None else None,
         "fingerprint": info.fingerprint,
+        "fingerprints": [{"fingerprint": e["fingerprint"], "since": e["since"]} for e in info.fingerprints],
         "version": info.version,
         "settings": info.settings.to_dict(),
         "created_at": info.created_at,
@@ -109,7 +123,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "speed": {
             "last_minute": recent,
             "run_average": {
-                "completions_per_s": (done + failed) / elapsed if elapsed else 0.0,
+                "completions_per_s": answered / elapsed if elapsed else 0.0,
                 "completion_tokens_per_s": stats.get("completion_tokens", 0) / elapsed if elapsed else 0.0,
                 "prompt_tokens_per_s": stats.get("prompt_tokens", 0) / elapsed if elapsed else 0.0,
             },
@@ -134,6 +148,7 @@ def _consumer_row(c: dict[str, Any], run: str) -> dict[str, Any]:
         "age_s": round(c["age_s"], 1), "completions_per_s": r.get("completions_per_s", 0.0),
         "completion_tokens_per_s": r.get("completion_tokens_per_s", 0.0), "in_flight": c.get("in_flight", 0),
         "paused": [k for k, v in c.get("paused", {}).items() if v], "version": c.get("version"),
+        "paused_detail": {k: redact(str(v)) for k, v in c.get("paused", {}).items() if v},
         "engine": {"models": c.get("models"), "max_model_len": c.get("max_model_len"), **c.get("engine", {})},
         "shipping": ship, "reasoning_probe": r.get("reasoning_probe"),
     }
@@ -155,8 +170,14 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
     finished = r["items_done"] + r["items_failed"]
     frac = finished / items if items else 0.0
     last, avg = r["speed"]["last_minute"], r["speed"]["run_average"]
+    fps = r.get("fingerprints") or []
     rows: list[tuple[str, str]] = [
         ("run", f"{r['run']}  (queue {r['queue']}, fingerprint {r['fingerprint']}, genqueue {r['version']})"),
+    ]
+    if len(fps) > 1:
+        rows.append(("fingerprints", f"{len(fps)} (settings updated): " + " -> ".join(
+            f"{e['fingerprint']} ({time.strftime('%m-%d %H:%M', time.localtime(e['since']))})" for e in fps)))
+    rows += [
         ("model", str(r["settings"].get("model") or "(whatever the endpoints serve)")),
         ("mode", f"{r['settings'].get('multi_turn')}, truncation {r['settings'].get('truncation')}"),
         ("output", redact(str(r["settings"].get("output")))),
@@ -191,6 +212,10 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
     width = max(len(k) for k, _ in rows)
     paint = _use_color() if color is None else color
     lines = [_red(f"{k.ljust(width)}  {v}", paint and i in alarm) for i, (k, v) in enumerate(rows)]
+    if r.get("paused"):
+        p = r["paused"]
+        lines.insert(0, _red(f"PAUSED   {redact(p['reason'])}  (by {p['by']}, {format_duration(r['now'] - p['at'])} "
+                             f"ago; no consumer takes its jobs until `producer resume --run {r['run']}`)", paint))
     lines.append("")
     lines.append("consumers  (worker, gpu, state, completions/s, completion tok/s, in flight, engine running/waiting"
                  ", KV cache, spec-decode acceptance)")
@@ -280,6 +305,20 @@ def _redact_error(raw: Any) -> Any:
 def _clip(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def progress(conn: redis.Redis, run: str) -> tuple[int, int, int]:
+    """(items, done, failed) of RUN from its keys set and marks, one round trip: failed counts
+    the items with an error record and no result."""
+    with conn.pipeline(transaction=False) as p:
+        p.scard(run_key(run, "keys"))
+        p.scard(done_key(run))
+        p.scard(failed_key(run))
+        p.sintercard(2, [failed_key(run), done_key(run)])
+        items, done, failed, both = p.execute(raise_on_error=False)
+    if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
+        both = 0
+    return int(items), int(done), max(int(failed) - int(both), 0)
 
 
 # --- small helpers -----------------------------------------------------------------------

@@ -9,7 +9,15 @@ imported only for s3:// outputs (boto3 takes a noticeable moment to import).
 
 from __future__ import annotations
 
-from genqueue.common.storage.base import SealedShard, ShardInfo, ShardStore, StoreError, parse_manifest, read_manifest
+from genqueue.common.storage.base import (
+    OutputStore,
+    SealedShard,
+    ShardInfo,
+    ShardStore,
+    StoreError,
+    parse_manifest,
+    read_manifest,
+)
 from genqueue.common.storage.local import LocalStore
 from genqueue.common.storage.names import (
     ShardName,
@@ -21,12 +29,12 @@ from genqueue.common.storage.names import (
     shards_prefix,
 )
 
-__all__ = ["LocalStore", "SealedShard", "ShardInfo", "ShardName", "ShardStore", "StoreError", "manifest_name",
-           "parse_manifest", "parse_shard_name", "read_manifest", "run_settings_name", "shard_name",
+__all__ = ["LocalStore", "OutputStore", "SealedShard", "ShardInfo", "ShardName", "ShardStore", "StoreError",
+           "manifest_name", "parse_manifest", "parse_shard_name", "read_manifest", "run_settings_name", "shard_name",
            "shard_of_manifest", "shards_prefix", "store_for"]
 
 
-def store_for(output: str, *, tmpdir: str | None = None) -> ShardStore:
+def store_for(output: str, *, tmpdir: str | None = None) -> OutputStore:
     """The store of a run whose output setting is OUTPUT: S3 for s3://bucket/prefix, else a
     directory. TMPDIR is where an S3 store puts the files it downloads for reading."""
     if output.startswith("s3://"):

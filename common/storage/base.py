@@ -75,6 +75,20 @@ class ShardStore(Protocol):
         ...
 
 
+class OutputStore(ShardStore, Protocol):
+    """A run's output location as the producer uses it: its shards, and `<run>/run.json`, what
+    is needed to re-create the run should Redis lose it (names.run_settings_name)."""
+
+    def get_run_file(self, run: str) -> bytes | None:
+        """The content of RUN's run.json, or None when there is none. Raises StoreError."""
+        ...
+
+    def put_run_file(self, run: str, data: bytes) -> str:
+        """Replace RUN's run.json with DATA, whole or not at all; returns where it went. Raises
+        StoreError."""
+        ...
+
+
 def parse_manifest(raw: bytes) -> ShardManifest | None:
     """A manifest's content, or None (with a warning) when it is not one: a reader must still
     read the shard."""

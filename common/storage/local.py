@@ -17,7 +17,13 @@ import orjson
 
 from genqueue.common.errors import UserError
 from genqueue.common.storage.base import SealedShard, ShardInfo, StoreError
-from genqueue.common.storage.names import manifest_name, parse_shard_name, shard_of_manifest, shards_prefix
+from genqueue.common.storage.names import (
+    manifest_name,
+    parse_shard_name,
+    run_settings_name,
+    shard_of_manifest,
+    shards_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,29 @@ class LocalStore:
             return open(path, "rb", buffering=READ_BUFFER)
         except OSError as e:
             raise StoreError(f"cannot read {path}: {e.strerror}") from None
+
+    def get_run_file(self, run: str) -> bytes | None:
+        path = self.root / run_settings_name(run)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
+
+    def put_run_file(self, run: str, data: bytes) -> str:
+        path = self.root / run_settings_name(run)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            fsync_file(tmp)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write {path}: {e.strerror}") from None
+        return str(path)
 
 
 def fsync_file(path: Path) -> None:

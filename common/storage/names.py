@@ -3,7 +3,8 @@
 A run's shards live under `<output>/<run>/shards/`: each is `<worker>-<seq:06d>.jsonl`, with
 `<worker>-<seq:06d>.manifest.json` beside it once it is stored and verified. Worker names are
 unique per process start, so two consumers never write the same name. `<output>/<run>/run.json`
-is reserved for the run's settings (not written yet). The consumer's spool, the local store,
+holds what is needed to re-create the run should Redis lose it (its settings, every fingerprint
+it has had, its input sources: common/storage/runfile.py); the producer writes it. The consumer's spool, the local store,
 the S3 store and the export all take names from here, so a change of layout is one edit.
 """
 
@@ -70,5 +71,5 @@ def shards_prefix(run: str) -> str:
 
 
 def run_settings_name(run: str) -> str:
-    """Reserved: where RUN's settings will be kept beside its shards, `<run>/run.json`."""
+    """Where RUN's settings are kept beside its shards, `<run>/run.json` (runfile.py)."""
     return f"{run}/{RUN_SETTINGS}"

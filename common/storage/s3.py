@@ -45,7 +45,13 @@ from s3transfer.utils import ChunksizeAdjuster
 
 from genqueue.common.errors import GenqueueError, UserError
 from genqueue.common.storage.base import SealedShard, ShardInfo, StoreError
-from genqueue.common.storage.names import manifest_name, parse_shard_name, shard_of_manifest, shards_prefix
+from genqueue.common.storage.names import (
+    manifest_name,
+    parse_shard_name,
+    run_settings_name,
+    shard_of_manifest,
+    shards_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -281,3 +287,25 @@ class S3Store:
             fh.close()
             raise
         return fh
+
+    # --- the run's settings ------------------------------------------------------------
+    def get_run_file(self, run: str) -> bytes | None:
+        key = self.loc.key(run_settings_name(run))
+        try:
+            body: bytes = self.client.get_object(Bucket=self.loc.bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StoreError(f"cannot read {self.loc.url(key)}: {e}") from None
+        except BotoCoreError as e:
+            raise StoreError(f"cannot read {self.loc.url(key)}: {e}") from None
+        return body
+
+    def put_run_file(self, run: str, data: bytes) -> str:
+        key = self.loc.key(run_settings_name(run))
+        try:  # one PUT: S3 replaces an object whole or not at all
+            self.client.put_object(Bucket=self.loc.bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                   ContentType="application/json")
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"cannot write {self.loc.url(key)}: {e}") from None
+        return self.loc.url(key)

@@ -57,6 +57,9 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     settings = RunSettings()
     store.create_or_check("known", settings)
     conn.sadd(run_key("known", "keys"), *[key_digest(f"{i:032x}") for i in range(1000)])
+    # progress comes from the marks the consumers write when a shard ships
+    conn.sadd(run_key("known", "done"), *[key_digest(f"{i:032x}") for i in range(380)])
+    conn.sadd(run_key("known", "failed"), *[key_digest(f"{i:032x}") for i in range(380, 400)])
     store.record_source("known", "/data/x.jsonl", {"records": 1010, "rejected_by_reason": {"invalid_json": 10}})
     conn.hset(run_key("known", "stats"), mapping={"items_done": 380, "items_failed": 20, "completion_tokens": 190_000,
                                                    "prompt_tokens": 40_000, "outcome_finished": 370,

@@ -1,0 +1,62 @@
+"""Coverage, computed by Redis: which enqueued items the export found no record of.
+
+The export SADDs every key it wrote (dataset, truncated or errors file) to a temporary set;
+SDIFFSTORE against the run's key set leaves the missing ones, in Redis, whatever their
+number. The missing file says which records they are: key, id, source and position,
+tab-separated, read back from the jobs rq still holds (queued, started, failed, finished);
+a key no job holds any more has its key alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Any
+
+import redis
+
+from genqueue.common.rqaccess import run_job_items
+from genqueue.common.runs import run_key
+
+TEMP_KEY_TTL = 24 * 3600
+_SCAN = 10_000
+_WRITE_BUFFER = 256 * 1024
+
+
+def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missing_path: Path) -> tuple[int, int, int]:
+    """(enqueued, missing, unexpected) for RUN, with the missing file written to MISSING_PATH.
+    Unexpected: keys with records that the run never enqueued (an older run of that name)."""
+    keys = run_key(run, "keys")
+    enqueued = int(conn.scard(keys))
+    seen = int(conn.scard(seen_key))
+    missing = int(conn.sdiffstore(missing_key, [keys, seen_key]))
+    conn.expire(missing_key, TEMP_KEY_TTL)
+    with open(missing_path, "wb", buffering=_WRITE_BUFFER) as fh:
+        if missing:
+            _write_missing(conn, run, fh, missing_key)
+    return enqueued, missing, seen - (enqueued - missing)
+
+
+def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str) -> None:
+    """Items still in a job rq holds first, with their provenance (each taken out of the
+    temporary set as it is written); then the keys no job holds."""
+    for items in run_job_items(conn, run):
+        digests = [bytes.fromhex(it["key"]) for it in items]
+        flags = conn.smismember(missing_key, digests)
+        found = [it for it, missing in zip(items, flags, strict=True) if missing]
+        if not found:
+            continue
+        fh.writelines(missing_line(it["key"], it.get("id"), it.get("source"), it.get("index")) for it in found)
+        conn.srem(missing_key, *[bytes.fromhex(it["key"]) for it in found])
+    fh.writelines(missing_line(d.hex(), None, None, None) for d in conn.sscan_iter(missing_key, count=_SCAN))
+
+
+def missing_line(key: str, rid: Any, source: Any, index: Any) -> bytes:
+    """One line of the missing file: key, id, source, position; empty where unknown."""
+    cols = [key, _cell(rid), _cell(source), "" if index is None else str(index)]
+    return "\t".join(cols).encode() + b"\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return str(value).replace("\t", " ").replace("\n", " ").replace("\r", " ")

@@ -1,0 +1,126 @@
+"""Writing the dataset as Parquet: one fixed Arrow schema per shape, row groups as it streams.
+
+The export's pass 2 hands over JSON lines already in the dataset's shape; they are parsed by
+Arrow's own JSON reader against the shape's explicit schema (C++, no Python object per
+field) and written as one row group per ~ROW_GROUP_BYTES of JSON, so memory stays bounded by
+a row group whatever the dataset's size. Fields whose content is arbitrary JSON (tool
+schemas, the `stopped` note) are JSON strings in Parquet: a column has one type.
+A field the schema does not know is an error, not a silent loss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+#: JSON bytes per row group: what pass 2 holds in Arrow form at once, on top of its partition.
+#: Measured at 100k records: 32 MiB peaks at 341 MiB RSS, 16 MiB at 245 MiB and 7% slower,
+#: 8 MiB at 217 MiB and 14% slower.
+ROW_GROUP_BYTES = 16 * 1024 * 1024
+
+_TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
+                        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+_USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+                    ("total_tokens", pa.int64()), ("reasoning_tokens", pa.int64())])
+_META: list[tuple[str, pa.DataType]] = [
+    ("key", pa.string()), ("source", pa.string()), ("index", pa.int64()), ("turn", pa.int64()),
+    ("sample", pa.int64()), ("seed", pa.int64()), ("model", pa.string()), ("fingerprint", pa.string()),
+    ("outcome", pa.string()), ("usage", _USAGE), ("stopped", pa.string()), ("note", pa.string()),
+]
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "openai": pa.schema([
+        ("id", pa.string()),
+        ("messages", pa.list_(pa.struct([
+            ("role", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
+            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
+        ("tools", pa.string()), *_META]),
+    "sharegpt": pa.schema([
+        ("id", pa.string()),
+        ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
+        ("system", pa.string()), ("tools", pa.string()), *_META]),
+    "specforge": pa.schema([
+        ("id", pa.string()),
+        ("conversations", pa.list_(pa.struct([
+            ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
+            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
+        ("tools", pa.string()), ("status", pa.string()), *_META]),
+}
+
+
+
+def schema_for(shape: str, grouped: bool = False) -> pa.Schema:
+    """The Arrow schema of SHAPE's lines, or of the grouped lines (--group-samples) holding them."""
+    schema = SCHEMAS[shape]
+    if not grouped:
+        return schema
+    return pa.schema([("id", pa.string()), ("key", pa.string()), ("source", pa.string()), ("index", pa.int64()),
+                      ("turn", pa.int64()), ("samples", pa.list_(pa.struct(list(schema))))])
+
+
+#: Fields holding arbitrary JSON, stored as JSON text.
+_AS_JSON = ("tools", "stopped")
+
+
+_USAGE_KEYS = frozenset(_USAGE.names)
+
+
+def arrow_row(row: dict[str, Any]) -> dict[str, Any]:
+    """ROW with its free-form fields turned into JSON text, and usage held to the counts the
+    schema has (done in pass 1, per record)."""
+    for name in _AS_JSON:
+        value = row.get(name)
+        if value is not None and not isinstance(value, str):
+            row[name] = orjson.dumps(value).decode()
+    usage = row.get("usage")
+    if isinstance(usage, dict) and not usage.keys() <= _USAGE_KEYS:
+        row["usage"] = {k: v for k, v in usage.items() if k in _USAGE_KEYS}
+    return row
+
+
+class ParquetSink:
+    """Buffers JSON lines of one schema and writes them to PATH as Parquet row groups."""
+
+    def __init__(self, path: Path, schema: pa.Schema, *, row_group_bytes: int | None = None) -> None:
+        self.schema = schema
+        self.row_group_bytes = ROW_GROUP_BYTES if row_group_bytes is None else row_group_bytes
+        self._writer = pq.ParquetWriter(str(path), self.schema, compression="zstd")
+        self._buf = bytearray()
+        self._longest = 0
+        self.rows = 0
+        self.row_groups = 0
+
+    def write(self, line: bytes | memoryview, group: tuple[int, int, int] | None = None) -> None:
+        self._buf += line
+        self._longest = max(self._longest, len(line))
+        if len(self._buf) >= self.row_group_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buf:
+            return
+        data, self._buf = self._buf, bytearray()
+        # A block must hold the longest line; blocks are parsed in parallel.
+        block = max(1 << 20, 2 * self._longest)
+        table = pa_json.read_json(
+            pa.BufferReader(pa.py_buffer(data)),
+            read_options=pa_json.ReadOptions(block_size=block),
+            parse_options=pa_json.ParseOptions(explicit_schema=self.schema, unexpected_field_behavior="error"),
+        )
+        table = table.select(self.schema.names).cast(self.schema)
+        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.rows += table.num_rows
+        self.row_groups += 1
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+
+    def abort(self) -> None:
+        self._buf = bytearray()
+        self._writer.close()

@@ -1,0 +1,191 @@
+"""The run an enqueue writes into: found in Redis, re-created from its output, or made new.
+
+`prepare` reads only (Redis, and the output's run.json when Redis has no such run) and refuses a
+conflicting run before a byte of the input is read. `RunSetup.apply`, once the input's first
+record is read, makes the run what the command asks:
+
+- in Redis with the same settings: nothing to do (run.json is written if the output lacks it);
+- not in Redis, no run.json at the output: a new run, and its run.json;
+- not in Redis, a run.json at the output (Redis lost the run: flushed, restarted empty): the
+  done and failed marks are rebuilt from the shipped shards, then the run is re-created with the
+  same settings, creation time and fingerprint history, and a line says so; shards without a
+  run.json beside them (a run made before run.json was written) get their marks rebuilt too,
+  and the run takes the command's settings;
+- other settings: refused as a conflict, unless --update-settings: then the run takes the new
+  settings (a new fingerprint, added to its history) for its items not done yet.
+
+run.json is written through the output's store (a directory, or S3). A local output directory
+that does not exist yet is not created for it (consumers create it when they ship the first
+shard; a directory is not made as a side effect of a command that may be a mistake): the next
+`producer enqueue` of the run writes it then. A producer that cannot reach the output (no S3
+credentials on its machine: the consumers' nodes have them) enqueues all the same, with a
+warning: it can neither keep run.json nor re-create the run from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from genqueue.common.runs import RunInfo, RunStore, conflict
+from genqueue.common.settings import RunSettings, check_update
+from genqueue.common.storage import LocalStore, OutputStore, ShardInfo, StoreError, store_for
+from genqueue.common.storage.runfile import RunFile, RunFileError, read_run_file, where, write_run_file
+from genqueue.producer.reconcile import rebuild_marks
+
+log = logging.getLogger(__name__)
+
+#: Gets each line worth telling the user, starting "note: " or "warning: ".
+Note = Callable[[str], None]
+
+
+@dataclass
+class RunSetup:
+    """What prepare() found; apply() acts on it."""
+
+    conn: redis.Redis
+    run: str
+    settings: RunSettings
+    update: bool
+    output: OutputStore
+    existing: RunInfo | None
+    run_file: RunFile | None
+    run_file_read: bool
+    unreachable: str | None = None  # why the output could not be read: run.json is left alone
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, note: Note) -> RunInfo:
+        """Make the run (see the module docstring); NOTE gets each line worth telling the user.
+        Returns the run as it is now."""
+        store = RunStore(self.conn)
+        if self.unreachable is not None:
+            note(f"warning: {self.unreachable}; the run's settings are not kept at its output, and it cannot be "
+                 "re-created from there should Redis lose it")
+        if self.existing is None and self.run_file is not None:
+            rf = self.run_file
+            rebuilt = rebuild_marks(self.conn, self.run, self.output)
+            if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints):
+                self.outcome["recreated_run"] = True
+                self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
+                                                 "done": rebuilt.done, "failed": rebuilt.failed}
+                note(f"note: run {self.run} was not in Redis: re-created from {where(self.output, self.run)} "
+                     f"(fingerprint {rf.fingerprint}, created {_when(rf.created_at)}); marks rebuilt from "
+                     f"{rebuilt.line()}")
+        elif self.existing is None:
+            shards = self._shards(note)
+            if shards:
+                rebuilt = rebuild_marks(self.conn, self.run, self.output)
+                self.outcome["recreated_run"] = store.create_or_check(self.run, self.settings)
+                self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
+                                                 "done": rebuilt.done, "failed": rebuilt.failed}
+                note(f"note: run {self.run} was not in Redis and its output has shards but no run.json: created "
+                     f"with this command's settings (fingerprint {self.settings.fingerprint}); marks rebuilt "
+                     f"from {rebuilt.line()}")
+            else:
+                self.outcome["created_run"] = store.create_or_check(self.run, self.settings)
+        info = store.require(self.run)
+        if self.update and info.settings != self.settings:
+            old, info = store.update_settings(self.run, self.settings)
+            changed = self.settings.differences(old.settings)
+            self.outcome["settings_updated"] = {"from": old.fingerprint, "to": info.fingerprint, "changed": changed}
+            note(f"note: run {self.run}: settings updated ({', '.join(changed)}): fingerprint {old.fingerprint} -> "
+                 f"{info.fingerprint}; items not done yet are generated with the new settings, results "
+                 "already shipped keep the fingerprint that produced them")
+        if self.unreachable is not None or not _output_exists(self.output):
+            return info
+        try:
+            current = self.run_file if self.run_file_read else _read(self.output, self.run, note)
+            if current is None or current.settings != info.settings or current.fingerprints != info.fingerprints:
+                sources = current.sources if current is not None else {}
+                self.run_file = RunFile(self.run, info.settings, info.created_at, info.version, info.fingerprints,
+                                        sources)
+                write_run_file(self.output, self.run_file)
+            else:
+                self.run_file = current
+            self.run_file_read = True
+        except StoreError as e:
+            self.unreachable = str(e)
+            note(f"warning: {e}; the run's settings are not kept at its output")
+        return info
+
+    def _shards(self, note: Note) -> list[ShardInfo]:
+        """The run's shards at its output ([] when it cannot be listed, with a warning)."""
+        if self.unreachable is not None or not _output_exists(self.output):
+            return []
+        try:
+            return self.output.list_shards(self.run)
+        except StoreError as e:
+            note(f"warning: {e}; the run is created without looking for its shards")
+            return []
+
+    def record_source(self, source: str, summary: dict[str, Any]) -> None:
+        """Add SOURCE's last summary to run.json (re-read first: another producer may have
+        added its own since). Best effort: Redis holds it too."""
+        try:
+            if self.unreachable is not None or not _output_exists(self.output):
+                return
+            rf = _read(self.output, self.run, _log_note) or self.run_file
+            if rf is None:
+                return
+            rf.sources[source] = summary
+            write_run_file(self.output, rf)
+        except StoreError as e:
+            log.warning("could not add source %s to run.json of run %s: %s", source, self.run, e)
+
+
+def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool) -> RunSetup:
+    """Find RUN in Redis, or its run.json at the output SETTINGS names. Writes nothing. Raises
+    RunConflictError for other settings without UPDATE, UserError for a setting UPDATE may not
+    change. An output that cannot be read is noted (`unreachable`), not an error."""
+    existing = RunStore(conn).get(run)
+    output = store_for(settings.output)
+    run_file, unreachable = None, None
+    if existing is not None:
+        _check(run, existing.settings, settings, update, "exists")
+    else:
+        try:
+            run_file = _read(output, run, _log_note)
+        except StoreError as e:
+            unreachable = str(e)
+        if run_file is not None:
+            _check(run, run_file.settings, settings, update,
+                   f"is not in Redis, and {where(output, run)} holds it")
+    return RunSetup(conn, run, settings, update, output, existing, run_file, run_file_read=existing is None,
+                    unreachable=unreachable)
+
+
+def _read(output: OutputStore, run: str, note: Note) -> RunFile | None:
+    """RUN's run.json; None when there is none, or when it is not one (said: it is replaced).
+    Raises StoreError when the output cannot be read."""
+    try:
+        return read_run_file(output, run)
+    except RunFileError as e:
+        note(f"warning: {e}; it is written again")
+        return None
+
+
+def _log_note(line: str) -> None:
+    log.warning("%s", line.split(": ", 1)[-1])
+
+
+def _check(run: str, have: RunSettings, asked: RunSettings, update: bool, where_: str) -> None:
+    if have == asked:
+        return
+    if not update:
+        raise conflict(run, have, asked, where_)
+    check_update(have, asked)
+
+
+def _output_exists(output: OutputStore) -> bool:
+    """False for a local output directory that does not exist yet (see the module docstring)."""
+    return not isinstance(output, LocalStore) or output.root.is_dir()
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+

@@ -1,0 +1,226 @@
+"""`producer enqueue` is the reconcile (real redis-server, the CLI as a user runs it): a re-run
+queues exactly the items with no shipped result that are in no live job, once each, whatever
+was lost from rq, left by a killed producer, or raced by other producers."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from genqueue.common import defaults
+from genqueue.common.marks import done_key, failed_key
+from genqueue.common.rqaccess import job_item_keys, queue_for, run_job_ids
+from genqueue.common.runlock import LockLostError, RunLock
+from genqueue.common.runs import key_digest, lock_key, run_key
+from genqueue.producer.jobwriter import JobWriter
+from tests.conftest import BIN, cli, sharegpt, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+BUCKETS = ("enqueued", "retried_failed", "already_queued", "already_failed", "already_done", "duplicates",
+           "rejected")
+
+
+def enqueue(redis_url: str, data: Path, run: str, *extra: str, check: bool = True,
+            output: Path | None = None) -> dict[str, Any]:
+    args = ["enqueue", str(data), "--run", run, "--batch-size", "8", "--json", "--rejects", os.devnull, *extra]
+    if output is not None:
+        args += ["--output", str(output)]
+    proc = cli("producer", *args, env={"REDIS_URL": redis_url}, check=check)
+    if not check:
+        return {"returncode": proc.returncode, "stderr": proc.stderr}
+    s: dict[str, Any] = orjson.loads(proc.stdout)
+    s["stderr"] = proc.stderr
+    assert s["records"] == sum(s[b] for b in BUCKETS), s  # the accounting identity
+    assert s["already_enqueued"] == s["already_queued"] + s["already_failed"] + s["already_done"]
+    return s
+
+
+def queued_item_keys(conn: redis.Redis, run: str) -> list[str]:
+    """The item keys of every live job of RUN, with repeats (an item twice in the queue is a bug)."""
+    return [k for keys in job_item_keys(conn, run_job_ids(conn, run).live) for k in keys]
+
+
+def item_keys(conn: redis.Redis, run: str) -> set[str]:
+    return {d.hex() for d in conn.smembers(run_key(run, "keys"))}
+
+
+def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    data = write_jsonl(tmp_path / "e.jsonl", [sharegpt(i) for i in range(300)])
+    first = enqueue(redis_url, data, "empty")
+    assert first["enqueued"] == 300 and first["queue_view"] is None  # a new run: no view needed
+    again = enqueue(redis_url, data, "empty")
+    assert again["already_queued"] == 300 and again["jobs"] == 0 and again["items"] == 0
+    # A third of the run has results (done marks), a few have only error records.
+    keys = sorted(item_keys(conn, "empty"))
+    conn.sadd(done_key("empty"), *[key_digest(k) for k in keys[:100]])
+    conn.sadd(failed_key("empty"), *[key_digest(k) for k in keys[100:110]])
+    cli("rq", "empty", "-u", redis_url, "genqueue.empty")  # as README says; the queue is gone
+    assert queue_for("empty", conn).count == 0
+    s = enqueue(redis_url, data, "empty")
+    assert (s["enqueued"], s["already_done"], s["already_failed"], s["already_queued"]) == (190, 100, 10, 0), s
+    assert s["items"] == s["requeued"] == 190 and s["queue_view"]["live_jobs"] == 0
+    queued = queued_item_keys(conn, "empty")
+    assert len(queued) == len(set(queued)) == 190 and set(queued) == set(keys[110:])
+    assert conn.get(lock_key("empty")) is None, "the lock is released"
+    # --retry-failed takes the ten back, once; a run with nothing to do queues nothing
+    r = enqueue(redis_url, data, "empty", "--retry-failed")
+    assert (r["retried_failed"], r["retried"], r["already_queued"], r["already_done"]) == (10, 10, 190, 100), r
+    assert r["enqueued"] == 0
+    r2 = enqueue(redis_url, data, "empty", "--retry-failed")
+    assert r2["already_queued"] == 200 and r2["items"] == 0
+    queued = queued_item_keys(conn, "empty")
+    assert len(queued) == len(set(queued)) == 200
+
+
+def test_items_of_jobs_rq_gave_up_on_are_failed_until_retried(tmp_path: Path, redis_url: str,
+                                                              conn: redis.Redis) -> None:
+    data = write_jsonl(tmp_path / "f.jsonl", [sharegpt(i) for i in range(40)])
+    enqueue(redis_url, data, "gaveup")
+    q = queue_for("gaveup", conn)
+    job_ids = q.job_ids
+    failed_job = q.fetch_job(job_ids[0])
+    assert failed_job is not None
+    with conn.pipeline() as p:  # as rq does when a job's retries are spent
+        q.remove(failed_job.id, pipeline=p)
+        q.failed_job_registry.add(failed_job, pipeline=p, exc_string="abandoned 4 times")
+        p.execute()
+    s = enqueue(redis_url, data, "gaveup")
+    assert (s["already_failed"], s["already_queued"], s["items"]) == (8, 32, 0), s
+    r = enqueue(redis_url, data, "gaveup", "--retry-failed")
+    assert (r["retried_failed"], r["already_queued"]) == (8, 32), r
+    queued = queued_item_keys(conn, "gaveup")
+    assert len(queued) == len(set(queued)) == 40
+
+
+def test_a_claim_left_by_a_killed_producer_is_taken_over_after_its_grace(tmp_path: Path, redis_url: str,
+                                                                          conn: redis.Redis) -> None:
+    # jobwriter.py's window: a producer SIGKILLed between its claim and its transaction.
+    data = write_jsonl(tmp_path / "k.jsonl", [sharegpt(i) for i in range(3000)])
+    script = f"""
+import os, sys
+from genqueue.producer import jobwriter
+real, calls = jobwriter.JobWriter._commit, []
+def commit(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 2:
+        os._exit(9)  # the second slice is claimed, never enqueued
+    return real(self, *a, **k)
+jobwriter.JobWriter._commit = commit
+from genqueue.producer.cli import main
+main(["enqueue", {str(data)!r}, "--run", "killed", "--batch-size", "8", "--rejects", os.devnull])
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "REDIS_URL": redis_url})
+    assert proc.returncode == 9, proc.stderr
+    [claim] = conn.keys(run_key("killed", "claim:*"))
+    claimed = {d.hex() for d in conn.smembers(claim)}
+    assert len(claimed) == 1024 and len(queued_item_keys(conn, "killed")) == 1024
+    # At once: the claim may be a live producer's, about to enqueue; its items are left to it.
+    s = enqueue(redis_url, data, "killed")
+    assert (s["enqueued"], s["already_queued"]) == (952, 2048), s
+    assert s["queue_view"]["claims_held_by_others"] == 1 and conn.exists(claim)
+    # Past the grace period it is an orphan: taken over, its items queued, once.
+    conn.expire(claim, defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)
+    s = enqueue(redis_url, data, "killed")
+    assert (s["enqueued"], s["requeued"], s["already_queued"]) == (1024, 1024, 1976), s
+    assert s["queue_view"]["claims_taken_over"] == 1 and not conn.exists(claim)
+    queued = queued_item_keys(conn, "killed")
+    assert len(queued) == len(set(queued)) == 3000 and set(queued) == item_keys(conn, "killed")
+    assert enqueue(redis_url, data, "killed")["already_queued"] == 3000
+
+
+def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, redis_url: str,
+                                                                  conn: redis.Redis) -> None:
+    records = [sharegpt(i) for i in range(4000)]
+    data = write_jsonl(tmp_path / "race.jsonl", records[:2000])
+    enqueue(redis_url, data, "rrace")
+    cli("rq", "empty", "-u", redis_url, "genqueue.rrace")
+    write_jsonl(data, records)  # the input grew meanwhile: half lost from rq, half new
+    env = {**os.environ, "REDIS_URL": redis_url}
+    procs = [subprocess.Popen([str(BIN / "producer"), "enqueue", str(data), "--run", "rrace", "--batch-size", "8",
+                               "--json", "--rejects", os.devnull], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=env) for _ in range(4)]
+    summaries = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+        summaries.append(orjson.loads(out))
+    assert sum(s["requeued"] for s in summaries) == 2000
+    assert sum(s["items"] for s in summaries) == 4000
+    queued = queued_item_keys(conn, "rrace")
+    assert len(queued) == len(set(queued)) == 4000
+    assert conn.keys(run_key("rrace", "claim:*")) == [] and conn.get(lock_key("rrace")) is None
+    print("items queued per producer:", sorted(s["items"] for s in summaries))
+
+
+def test_producers_wait_for_the_lock_and_a_lost_lock_requeues_nothing(tmp_path: Path, redis_url: str,
+                                                                      conn: redis.Redis) -> None:
+    data = write_jsonl(tmp_path / "l.jsonl", [sharegpt(i) for i in range(50)])
+    other = RunLock(redis.Redis.from_url(redis_url), "locked", ttl=60)
+    other.acquire()
+    released: list[float] = []
+
+    def release_later() -> None:
+        time.sleep(2)
+        released.append(time.monotonic())
+        other.release()
+
+    threading.Thread(target=release_later).start()
+    s = enqueue(redis_url, data, "locked")
+    assert released and time.monotonic() - released[0] < 30
+    assert s["enqueued"] == 50 and "waiting for the producer that holds its lock" in s["stderr"]
+    # A producer whose lock expired (it was stopped) and was taken by another re-queues nothing.
+    cli("rq", "empty", "-u", redis_url, "genqueue.locked")
+    lock = RunLock(conn, "locked", ttl=1)
+    lock.acquire()
+    writer = JobWriter("locked", conn, batch_size=8, lock=lock)
+    conn.set(lock_key("locked"), "someone-else")  # as if it expired and another took it
+    items = [{"key": k, "index": i, "turn": None, "messages": [{"role": "user", "content": "q"}]}
+             for i, k in enumerate(sorted(item_keys(conn, "locked")))]
+    with pytest.raises(LockLostError):
+        writer.requeue(items, retry_failed=False)  # type: ignore[arg-type]
+    assert queued_item_keys(conn, "locked") == [] and conn.keys(run_key("locked", "claim:*")) == []
+    lock.held = False  # not ours any more: nothing to release
+    conn.delete(lock_key("locked"))
+    s = enqueue(redis_url, data, "locked")
+    assert s["requeued"] == 50 and collections.Counter(queued_item_keys(conn, "locked")).most_common(1)[0][1] == 1
+
+
+def test_a_finished_run_with_an_unchanged_input_is_not_read_again(tmp_path: Path, redis_url: str,
+                                                                    conn: redis.Redis) -> None:
+    lines = [orjson.dumps(sharegpt(i)) for i in range(500)] + [b"{broken", orjson.dumps(sharegpt(7))]
+    data = tmp_path / "u.jsonl"
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    first = enqueue(redis_url, data, "unch")
+    assert first["complete"] and first["input_digest"] and not first["input_unchanged"]
+    s = enqueue(redis_url, data, "unch")  # items still queued: read and reconciled
+    assert not s["input_unchanged"] and s["already_queued"] == 501
+    conn.sunionstore(done_key("unch"), [run_key("unch", "keys")])  # every item's result shipped
+    conn.sadd(failed_key("unch"), key_digest(min(item_keys(conn, "unch"))))  # and an old error record
+    fast = enqueue(redis_url, data, "unch")
+    full = enqueue(redis_url, data, "unch", "--retry-failed")  # reads the input: nothing to retry
+    assert fast["input_unchanged"] and not full["input_unchanged"]
+    assert {b: fast[b] for b in BUCKETS} == {b: full[b] for b in BUCKETS} == {
+        "enqueued": 0, "retried_failed": 0, "already_queued": 0, "already_failed": 0, "already_done": 501,
+        "duplicates": 0, "rejected": 1}
+    assert fast["rejected_by_reason"] == {"invalid_json": 1} and fast["items"] == 0
+    # one item not done, another setting, or another input: read in full again
+    conn.srem(done_key("unch"), key_digest(sorted(item_keys(conn, "unch"))[1]))
+    assert not enqueue(redis_url, data, "unch")["input_unchanged"]
+    conn.sunionstore(done_key("unch"), [run_key("unch", "keys")])
+    assert enqueue(redis_url, data, "unch")["input_unchanged"]
+    assert not enqueue(redis_url, data, "unch", "--max-record-bytes", "100000")["input_unchanged"]
+    data.write_bytes(data.read_bytes() + orjson.dumps(sharegpt(1000)) + b"\n")
+    grown = enqueue(redis_url, data, "unch")
+    assert not grown["input_unchanged"] and grown["enqueued"] == 1 and grown["already_done"] == 501

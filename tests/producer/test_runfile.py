@@ -1,0 +1,175 @@
+"""The output holds what is needed to rebuild a run (run.json beside its shards, local and S3),
+a run Redis lost comes back from it, and a run's settings change only when asked
+(--update-settings). Real redis-server, real S3 server, the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from genqueue.common.marks import done_key, failed_key
+from genqueue.common.pause import pause_run
+from genqueue.common.runs import RunStore, key_digest, run_key
+from genqueue.common.storage import LocalStore, SealedShard, shard_name
+from genqueue.producer.status import format_status, run_status
+from tests.conftest import cli, sharegpt, write_jsonl
+from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.integration
+
+
+def enqueue(redis_url: str, data: Path, run: str, output: str, *extra: str, env: dict[str, str] | None = None,
+            check: bool = True) -> tuple[dict[str, Any], str]:
+    proc = cli("producer", "enqueue", str(data), "--run", run, "--output", output, "--json", "--rejects", os.devnull,
+               *extra, env={"REDIS_URL": redis_url, **(env or {})}, check=check)
+    return (orjson.loads(proc.stdout) if proc.returncode == 0 else {"returncode": proc.returncode}), proc.stderr
+
+
+def one_line_error(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_run_json_holds_settings_history_and_sources(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    a = write_jsonl(tmp_path / "a.jsonl", [sharegpt(i) for i in range(20)])
+    b = write_jsonl(tmp_path / "b.jsonl", [sharegpt(i) for i in range(10, 30)])
+    s, _ = enqueue(redis_url, a, "rj", str(out), "--max-tokens", "512")
+    rf = orjson.loads((out / "rj" / "run.json").read_bytes())
+    info = RunStore(conn).require("rj")
+    assert rf["run"] == "rj" and rf["fingerprint"] == s["fingerprint"] == info.fingerprint
+    assert rf["settings"] == info.settings.to_dict() and rf["settings"]["sampling"]["max_tokens"] == 512
+    assert rf["created_at"] == info.created_at and rf["version"] == info.version
+    assert [e["fingerprint"] for e in rf["fingerprints"]] == [info.fingerprint]
+    assert set(rf["sources"]) == {str(a)} and rf["sources"][str(a)]["enqueued"] == 20
+    enqueue(redis_url, b, "rj", str(out), "--max-tokens", "512")
+    rf = orjson.loads((out / "rj" / "run.json").read_bytes())
+    assert set(rf["sources"]) == {str(a), str(b)} and rf["sources"][str(b)]["enqueued"] == 10
+
+    # other settings: refused as before (one line, naming them), with the way to change them
+    s, err = enqueue(redis_url, a, "rj", str(out), "--max-tokens", "64", check=False)
+    line = one_line_error(err)
+    assert s["returncode"] == 2 and "sampling.max_tokens" in line and "--update-settings" in line
+    # --update-settings: a new fingerprint, remembered with the old one, in Redis and run.json
+    s, err = enqueue(redis_url, a, "rj", str(out), "--max-tokens", "64", "--update-settings")
+    assert s["settings_updated"]["from"] == info.fingerprint and s["fingerprint"] == s["settings_updated"]["to"]
+    assert s["settings_updated"]["changed"] == ["sampling.max_tokens"] and "settings updated" in err
+    assert s["already_queued"] == 20  # its items keep their place in the queue
+    now = RunStore(conn).require("rj")
+    assert now.settings.sampling.max_tokens == 64 and now.fingerprint == s["fingerprint"]
+    assert conn.hget(run_key("rj"), "fingerprint") == now.fingerprint.encode()  # what consumers watch
+    assert [e["fingerprint"] for e in now.fingerprints] == [info.fingerprint, now.fingerprint]
+    rf = orjson.loads((out / "rj" / "run.json").read_bytes())
+    assert rf["fingerprint"] == now.fingerprint and len(rf["fingerprints"]) == 2
+    st = run_status(conn, "rj")
+    assert [f["fingerprint"] for f in st["fingerprints"]] == [info.fingerprint, now.fingerprint]
+    text = format_status(st, color=False)
+    row = next(x for x in text.splitlines() if x.startswith("fingerprints "))
+    assert row.split(None, 1)[1].startswith(f"2 (settings updated): {info.fingerprint} (")
+    assert f"-> {now.fingerprint} (" in row
+    # the same command again is not a change; a mode change is refused even so
+    s, _ = enqueue(redis_url, a, "rj", str(out), "--max-tokens", "64", "--update-settings")
+    assert s["settings_updated"] is None and len(RunStore(conn).require("rj").fingerprints) == 2
+    s, err = enqueue(redis_url, a, "rj", str(out), "--max-tokens", "64", "--multi-turn", "first",
+                     "--update-settings", check=False)
+    assert s["returncode"] == 2 and "multi_turn" in one_line_error(err)
+
+
+def ship(store: LocalStore, run: str, seq: int, records: list[dict[str, Any]], tmp: Path) -> None:
+    """A shard as a consumer ships it, through the same store."""
+    path = tmp / f"spool-{seq}.jsonl"
+    body = b"".join(orjson.dumps(r) + b"\n" for r in records)
+    path.write_bytes(body)
+    name = shard_name("w0", seq)
+    store.ship(SealedShard(run, seq, path, name, len(records), len(body), hashlib.sha256(body).hexdigest(),
+                           len(records)))
+
+
+def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    data = write_jsonl(tmp_path / "lost.jsonl", [sharegpt(i) for i in range(100)])
+    first, _ = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3")
+    info = RunStore(conn).require("lost")
+    keys = sorted(d.hex() for d in conn.smembers(run_key("lost", "keys")))
+    # 60 results and 5 error records shipped, one item with both (retried), then Redis is lost
+    recs = [{"key": k, "index": 0, "content": "x"} for k in keys[:60]]
+    recs += [{"key": k, "index": 0, "error": {"class": "permanent"}} for k in [*keys[60:65], keys[0]]]
+    ship(LocalStore(str(out)), "lost", 1, recs[:30], tmp_path)
+    ship(LocalStore(str(out)), "lost", 2, recs[30:], tmp_path)
+    conn.flushall()
+
+    s, err = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.5", check=False)
+    line = one_line_error(err)  # the output remembers the run's settings
+    assert s["returncode"] == 2 and "is not in Redis" in line and "sampling.temperature" in line
+    assert conn.dbsize() == 0
+    s, err = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3")
+    assert f"run lost was not in Redis: re-created from {out / 'lost' / 'run.json'}" in err, err
+    assert s["recreated_run"] and not s["created_run"] and s["fingerprint"] == first["fingerprint"]
+    assert s["marks_rebuilt"] == {"shards": 2, "records": 66, "done": 60, "failed": 6}
+    assert (s["already_done"], s["already_failed"], s["enqueued"]) == (60, 5, 35), s
+    back = RunStore(conn).require("lost")
+    assert (back.settings, back.created_at, back.fingerprints) == (info.settings, info.created_at, info.fingerprints)
+    assert conn.scard(done_key("lost")) == 60 and conn.scard(failed_key("lost")) == 6
+    assert conn.scard(run_key("lost", "keys")) == 100
+    st = run_status(conn, "lost")
+    assert (st["items"], st["items_done"], st["items_failed"]) == (100, 60, 5)  # failed: error record, no result
+    assert RunStore(conn).names() == ["lost"]
+    assert conn.smismember(run_key("lost", "keys"), [key_digest(keys[0])]) == [1]
+
+
+def test_run_json_on_s3_and_a_missing_local_output_is_not_created(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                                  s3_server: S3Server) -> None:  # noqa: F811
+    data = write_jsonl(tmp_path / "s3.jsonl", [sharegpt(i) for i in range(10)])
+    url = s3_server.url("runs/rf")
+    s, _ = enqueue(redis_url, data, "s3rj", url, env=s3_server.env)
+    body = s3_server.client().get_object(Bucket=s3_server.bucket, Key="runs/rf/s3rj/run.json")["Body"].read()
+    rf = orjson.loads(body)
+    assert rf["fingerprint"] == s["fingerprint"] and rf["settings"]["output"] == url
+    assert list(rf["sources"]) == [str(data)]
+    conn.flushall()
+    s, err = enqueue(redis_url, data, "s3rj", url, env=s3_server.env)
+    assert s["recreated_run"] and s["enqueued"] == 10 and "re-created from s3://" in err
+    # A producer without the output's credentials (consumers' nodes have them) enqueues anyway.
+    no_creds = {**s3_server.env, "AWS_ACCESS_KEY_ID": "nobody", "AWS_SECRET_ACCESS_KEY": "wrong"}
+    s, err = enqueue(redis_url, data, "nocreds", url, env=no_creds)
+    assert s["created_run"] and s["enqueued"] == 10
+    assert err.startswith("warning: cannot read s3://genqueue-test/runs/rf/nocreds/run.json") and err.count("\n") == 1
+    # A run.json that is not one is said and written again.
+    (tmp_path / "o2" / "bad").mkdir(parents=True)
+    (tmp_path / "o2" / "bad" / "run.json").write_text("{not json")
+    s, err = enqueue(redis_url, data, "bad", str(tmp_path / "o2"))
+    assert s["created_run"] and "is not a genqueue run file" in err
+    assert orjson.loads((tmp_path / "o2" / "bad" / "run.json").read_bytes())["fingerprint"] == s["fingerprint"]
+    # A local output that does not exist is not made by the producer (consumers make it).
+    missing = tmp_path / "not-yet"
+    enqueue(redis_url, data, "local", str(missing))
+    assert not missing.exists()
+    missing.mkdir()
+    enqueue(redis_url, data, "local", str(missing))  # the next enqueue writes it
+    assert (missing / "local" / "run.json").exists()
+
+
+def test_status_says_a_paused_run_first_in_red(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    data = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(10)])
+    enqueue(redis_url, data, "pz", str(tmp_path / "o"))
+    assert pause_run(conn, "pz", "breaker: 8 of the first 8 items failed: HTTP 400", "w1")
+    st = run_status(conn, "pz")
+    assert st["paused"]["reason"].startswith("breaker") and st["paused"]["by"] == "w1"
+    painted = format_status(st, color=True).splitlines()
+    assert painted[0].startswith("\x1b[31mPAUSED") and "producer resume --run pz" in painted[0]
+    plain = cli("producer", "status", "--run", "pz", env={"REDIS_URL": redis_url}).stdout
+    assert plain.splitlines()[0].startswith("PAUSED   breaker: 8 of the first 8") and "\x1b[" not in plain
+    as_json = orjson.loads(cli("producer", "status", "--run", "pz", "--json", env={"REDIS_URL": redis_url}).stdout)
+    assert as_json["paused"]["by"] == "w1"
+    conn.delete(run_key("pz", "paused"))
+    assert run_status(conn, "pz")["paused"] is None
+    assert not format_status(run_status(conn, "pz"), color=True).startswith("\x1b")
