@@ -134,6 +134,14 @@ def failed_jobs(conn: redis.Redis, run: str) -> Iterator[FailedJob]:
     """Every genqueue job of RUN that rq gave up on (its retries spent). Foreign jobs (another
     function, a pickle) and jobs whose hash expired are skipped: they carry no items of ours."""
     ids = [_text(m) for m in conn.zrange(FailedJobRegistry.key_template.format(queue_name(run)), 0, -1)]
+    for job, items in _our_jobs(conn, ids):
+        reason = (job_failure(job) or "failed in rq").strip().splitlines() or ["failed in rq"]
+        yield FailedJob(job.id, items, reason[-1][:REASON_CHARS])
+
+
+def _our_jobs(conn: redis.Redis, ids: list[str]) -> Iterator[tuple[Job, list[Item]]]:
+    """The genqueue jobs among IDS with their items, fetched in batches. Foreign jobs (another
+    function, a pickle, garbage) and jobs whose hash expired are skipped: no items of ours."""
     for start in range(0, len(ids), _FETCH_BATCH):
         for job in Job.fetch_many(ids[start:start + _FETCH_BATCH], connection=conn, serializer=SERIALIZER):
             if job is None:
@@ -143,10 +151,9 @@ def failed_jobs(conn: redis.Redis, run: str) -> Iterator[FailedJob]:
                     continue
                 items = job_items(job.args)
             except Exception as e:  # noqa: BLE001 - undecodable (a pickle, garbage): not ours
-                log.debug("failed job %s skipped: not a genqueue job (%s)", job.id, type(e).__name__)
+                log.debug("job %s skipped: not a genqueue job (%s)", job.id, type(e).__name__)
                 continue
-            reason = (job_failure(job) or "failed in rq").strip().splitlines() or ["failed in rq"]
-            yield FailedJob(job.id, items, reason[-1][:REASON_CHARS])
+            yield job, items
 
 
 def run_job_items(conn: redis.Redis, run: str) -> Iterator[list[Item]]:
@@ -166,17 +173,8 @@ def run_job_items(conn: redis.Redis, run: str) -> Iterator[list[Item]]:
                    for m in conn.zrange(key, 0, -1)]
         ids = [i for i in ids if i not in seen]
         seen.update(ids)
-        for start in range(0, len(ids), _FETCH_BATCH):
-            for job in Job.fetch_many(ids[start:start + _FETCH_BATCH], connection=conn, serializer=SERIALIZER):
-                if job is None:
-                    continue
-                try:
-                    if job.func_name not in TASKS:
-                        continue
-                    items = job_items(job.args)
-                except Exception:  # noqa: BLE001, S112 - undecodable (a pickle, garbage): not ours
-                    continue
-                yield items
+        for _job, items in _our_jobs(conn, ids):
+            yield items
 
 
 # --- raw reads for status and tools ------------------------------------------------------
