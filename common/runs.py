@@ -6,7 +6,9 @@ Keys (all under genqueue:, rq's own keys keep rq's prefix):
                                       fingerprints: every recipe the run has had (JSON list of
                                       settings.FingerprintEntry, oldest first; `--update-settings`
                                       adds one). Consumers watch `fingerprint`: when it changes they
-                                      re-read `settings` for the jobs they take from then on.
+                                      re-read `settings` for the jobs they take from then on;
+                                      output_host and shared_fs: where a local output lives
+                                      (common/placement.py)
   genqueue:run:<run>:keys       set   16-byte digests of every item key claimed (idempotence)
   genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
                                       the transaction that enqueues them deletes it (below)
@@ -34,6 +36,7 @@ import redis
 from genqueue.common import __version__, defaults
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import GenqueueError, RunConflictError, RunNotFoundError
+from genqueue.common.placement import Placement
 from genqueue.common.settings import FingerprintEntry, RunSettings, check_update, fingerprint_entry
 
 RUNS = f"{KEY_PREFIX}:runs"
@@ -78,6 +81,7 @@ class RunInfo:
     created_at: float
     version: str
     fingerprints: list[FingerprintEntry] = field(default_factory=list)
+    placement: Placement = field(default_factory=Placement)
 
     @property
     def fingerprint(self) -> str:
@@ -106,6 +110,7 @@ class RunStore:
             version=_text(data.get(b"version", b"?")),
             # runs made before the history was kept have had one recipe
             fingerprints=history or [fingerprint_entry(settings, created_at)],
+            placement=Placement.from_fields(data),
         )
 
     def require(self, run: str) -> RunInfo:
@@ -122,23 +127,31 @@ class RunStore:
             raise conflict(run, existing.settings, settings)
         return existing is not None
 
-    def create_or_check(self, run: str, settings: RunSettings) -> bool:
-        """Create RUN with SETTINGS, or check that it already has exactly them.
+    def create_or_check(self, run: str, settings: RunSettings, placement: Placement | None = None) -> bool:
+        """Create RUN with SETTINGS, or check that it already has exactly them. PLACEMENT: where
+        its local output lives (default: on this host, for a local output).
 
         Returns True when the run was created. Raises RunConflictError when the name is taken
         by other settings: re-using it would mix two recipes in one dataset.
         """
         now = time.time()
-        return self._create(run, settings, now, __version__, [fingerprint_entry(settings, now)])
+        if placement is None:
+            placement = Placement.new(settings.output, shared_fs=False)
+        return self._create(run, settings, now, __version__, [fingerprint_entry(settings, now)], placement)
 
     def recreate(self, run: str, settings: RunSettings, created_at: float, version: str,
-                 fingerprints: list[FingerprintEntry]) -> bool:
+                 fingerprints: list[FingerprintEntry], placement: Placement) -> bool:
         """Put RUN back in Redis as its output's run.json describes it (Redis lost it): the same
         settings, creation time, version and fingerprint history. True when this call made it."""
-        return self._create(run, settings, created_at, version, fingerprints, recreated_at=time.time())
+        return self._create(run, settings, created_at, version, fingerprints, placement, recreated_at=time.time())
+
+    def declare_shared(self, run: str) -> None:
+        """RUN's local output is a filesystem every node mounts (`--shared-fs`): any host ships."""
+        self.conn.hset(run_key(run), mapping=Placement(None, True).fields())  # type: ignore[arg-type]
 
     def _create(self, run: str, settings: RunSettings, created_at: float, version: str,
-                fingerprints: list[FingerprintEntry], recreated_at: float | None = None) -> bool:
+                fingerprints: list[FingerprintEntry], placement: Placement,
+                recreated_at: float | None = None) -> bool:
         created = self.conn.hsetnx(run_key(run), "settings", settings.to_json())
         if created:
             fields: dict[str, str | bytes] = {
@@ -146,6 +159,7 @@ class RunStore:
                 "created_at": repr(created_at),
                 "version": version,
                 "fingerprints": orjson.dumps(fingerprints),
+                **placement.fields(),
             }
             if recreated_at is not None:
                 fields["recreated_at"] = repr(recreated_at)
@@ -178,7 +192,7 @@ class RunStore:
                     pipe.execute()
                 except redis.exceptions.WatchError:
                     continue
-            return old, RunInfo(run, settings, old.created_at, old.version, history)
+            return old, RunInfo(run, settings, old.created_at, old.version, history, old.placement)
         raise RunConflictError(f"the settings of run {run!r} kept changing while they were updated; try again")
 
     def names(self) -> list[str]:

@@ -60,6 +60,10 @@ def _check_endpoint(url: str) -> str:
               show_default=True, help="Ceiling for --concurrency auto.")
 @click.option("--burst", is_flag=True, help="Exit once the served runs are drained and nothing is in flight.")
 @click.option("--spool", default=None, help="Local spool directory (default: ./genqueue-spool/<gpu or port>).")
+@click.option("--shared-fs", is_flag=True,
+              help="Runs whose output is a local path: this host mounts it as the filesystem every node shares, "
+                   "so serve them though another host created them (without it they are refused; hosts are named "
+                   "by GENQUEUE_HOST, else their hostname).")
 @click.option("--lease", type=click.IntRange(2, 3600), default=defaults.LEASE_SECONDS, show_default=True,
               help="Seconds a job's lease lasts without renewal; a dead consumer's jobs return after this.")
 @click.option("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT, show_default=True,
@@ -84,7 +88,7 @@ def _check_endpoint(url: str) -> str:
 @click.pass_context
 @friendly_errors
 def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: str,
-            max_concurrency: int, burst: bool, spool: str | None, lease: int, drain_timeout: float,
+            max_concurrency: int, burst: bool, spool: str | None, shared_fs: bool, lease: int, drain_timeout: float,
             request_timeout: float, max_attempts: int, shard_max_bytes: int, shard_max_age: float, spool_limit: int,
             endpoint_wait: float, metrics_port: int | None, verbose: int, quiet: bool, redis_url: str) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
@@ -119,7 +123,7 @@ def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu:
                          request_timeout=request_timeout, max_attempts=max_attempts,
                          shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age,
                          spool_limit=spool_limit, metrics_port=metrics_port,
-                         endpoint_wait=endpoint_wait)
+                         endpoint_wait=endpoint_wait, shared_fs=shared_fs)
     conn = wait_for(redis_url, endpoint_wait, say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))
     code = _run_loop(Consumer(cfg, conn).run())
     if code:

@@ -17,7 +17,7 @@ from genqueue.common.contracts import ConsumerInfo, ReasoningForm
 from genqueue.common.errors import ModelNotServedError, PermanentError, TransientError, UserError
 from genqueue.common.pause import pause_key
 from genqueue.common.rqaccess import job_counts
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.runs import RunInfo, RunStore, run_key
 from genqueue.consumer.client import EndpointClient, classify_status
 from genqueue.consumer.generate import Generator, RunContext
 from genqueue.consumer.rqthread import RqThread
@@ -44,8 +44,14 @@ class ServedSnapshot:
 @dataclass(slots=True)
 class _Refusal:
     reason: str
-    fingerprint: str
+    fingerprint: str  # _version() of the run refused: a refusal holds until it changes, or PREFLIGHT_RETRY
     at: float
+
+
+def _version(info: RunInfo) -> str:
+    """What a refusal depends on: the run's settings, and where its output lives (a run declared
+    --shared-fs is served at once)."""
+    return f"{info.fingerprint}@{info.placement.host or ''}"
 
 
 class ServedRuns:
@@ -53,7 +59,7 @@ class ServedRuns:
 
     def __init__(self, rq: RqThread, store: RunStore, client: EndpointClient, gen: Generator, *,
                  endpoint: str, only_run: str | None, identity: ConsumerInfo, worker: str,
-                 request_timeout: float, endpoint_wait: float) -> None:
+                 request_timeout: float, endpoint_wait: float, shared_fs: bool = False) -> None:
         self.rq = rq
         self.store = store
         self.client = client
@@ -64,6 +70,7 @@ class ServedRuns:
         self.worker = worker
         self.request_timeout = request_timeout
         self.endpoint_wait = endpoint_wait
+        self.shared_fs = shared_fs
         self.models: list[str] = []
         self.model_lens: dict[str, int | None] = {}
         self.contexts: dict[str, RunContext] = {}
@@ -157,8 +164,17 @@ class ServedRuns:
                 if not (counts["queued"] or counts["started"] or counts["dequeuing"]):
                     continue  # done, or not fed yet: no probe until it has work (or leases to sweep)
             refusal = self._refused.get(name)
-            if refusal is not None and refusal.fingerprint == info.fingerprint \
+            if refusal is not None and refusal.fingerprint == _version(info) \
                     and time.monotonic() - refusal.at < PREFLIGHT_RETRY:
+                continue
+            misplaced = None if self.shared_fs else info.placement.refusal(
+                name, info.settings.output, self.identity["host"])
+            if misplaced is not None:
+                if self.only_run:
+                    raise UserError(misplaced)
+                if refusal is None or refusal.reason != misplaced:
+                    log.error("not serving run %s: %s", name, misplaced)
+                self._refused[name] = _Refusal(misplaced, _version(info), time.monotonic())
                 continue
             model = info.settings.model
             if model is None:
@@ -176,7 +192,7 @@ class ServedRuns:
             if failed is not None:
                 if refusal is None or refusal.reason != failed:
                     log.error("run %s: pre-flight failed, not serving it on this consumer: %s", name, failed)
-                self._refused[name] = _Refusal(failed, info.fingerprint, time.monotonic())
+                self._refused[name] = _Refusal(failed, _version(info), time.monotonic())
                 continue
             if self._refused.pop(name, None) is not None:
                 log.info("run %s: pre-flight passes now; serving it", name)

@@ -53,6 +53,8 @@ SNAPSHOT_TTL = 24 * 3600
 IN_FLIGHT = Gauge("genqueue_in_flight", "Requests in flight to the endpoint")
 PENDING = Gauge("genqueue_pending_items", "Items dequeued and waiting for a slot")
 PAUSED = Gauge("genqueue_paused", "1 while admission is paused", ["reason"])
+REFUSED = Gauge("genqueue_run_refused", "1 while this consumer does not serve a run: paused, failed pre-flight, "
+                "gone from Redis, or its local output is another host's", ["run"])
 COMPLETIONS = PCounter("genqueue_completions", "Items answered", ["run", "outcome"])
 TOKENS = PCounter("genqueue_tokens", "Tokens", ["run", "kind"])
 ERRORS = PCounter("genqueue_errors", "Error records by class", ["run", "error_class"])
@@ -125,6 +127,7 @@ class Telemetry:
         self.windows: dict[str, RateWindow] = {}
         self.started_at = time.time()
         self._retries_seen: dict[str, int] = {}
+        self._refused: set[str] = set()  # runs whose genqueue_run_refused series is 1
         # labels() looks a child up by its label values on every call: cached, off the hot path
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for reason in PAUSE_REASONS:
@@ -143,6 +146,7 @@ class Telemetry:
             COMPLETIONS.labels(run, outcome.value)
         TOKENS.labels(run, "prompt")
         TOKENS.labels(run, "completion")
+        REFUSED.labels(run).set(0)
 
     def record(self, run: str, rec: Record) -> None:
         """Count one written record (called on the hot path: cheap)."""
@@ -197,6 +201,10 @@ class Telemetry:
         PENDING.set(snap["pending_items"])
         for reason in PAUSE_REASONS:
             PAUSED.labels(reason).set(1 if reason in snap["paused"] else 0)
+        refused = {k[4:] for k in snap["paused"] if k.startswith("run ")}
+        for run in refused | self._refused:
+            REFUSED.labels(run).set(1 if run in refused else 0)
+        self._refused = refused
         SPOOL.set(snap["shipping"]["spool_bytes"])
         SHIPPED.set(snap["shipping"]["shards"])
         SHIP_FAILURES.set(snap["shipping"]["failures"])

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from genqueue.common.contracts import ConsumerInfo, Record
 from genqueue.common.errors import UserError
 from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.pause import pause_run
+from genqueue.common.placement import this_host
 from genqueue.common.rqaccess import queue_for
 from genqueue.common.runs import RunStore
 from genqueue.common.storage import ShardStore
@@ -91,6 +91,7 @@ class ConsumerConfig:
     metrics_port: int | None = None
     endpoint_wait: float = 1800.0
     telemetry_interval: float = 2.0
+    shared_fs: bool = False  # local outputs are a filesystem every node shares (common/placement.py)
 
 
 class Consumer:
@@ -103,7 +104,7 @@ class Consumer:
         self.store = RunStore(conn)
         self.rq = RqThread()
         self.worker = GenWorker([queue_for(cfg.run or "_idle", conn)], conn, lease=cfg.lease, name=cfg.name)
-        self.identity: ConsumerInfo = {"host": socket.gethostname(), "gpu": cfg.gpu, "worker": self.worker.name,
+        self.identity: ConsumerInfo = {"host": this_host(), "gpu": cfg.gpu, "worker": self.worker.name,
                                        "endpoint": cfg.endpoint}
         self.book: Book[Held] = Book()
         self.acker = Acker(self.rq, self.worker, conn, self.book)
@@ -211,7 +212,8 @@ class Consumer:
         gen = Generator(client, gate, max_attempts=cfg.max_attempts, checkpoints=checkpoints)
         served = ServedRuns(self.rq, self.store, client, gen, endpoint=cfg.endpoint, only_run=cfg.run,
                             identity=self.identity, worker=self.worker.name,
-                            request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait)
+                            request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait,
+                            shared_fs=cfg.shared_fs)
         steering = Steering(self.limiter, client.metrics, auto=cfg.auto_concurrency,
                             max_concurrency=cfg.max_concurrency, endpoint=cfg.endpoint,
                             gate_paused=lambda: gate.paused, in_flight=lambda: self.book.in_flight,

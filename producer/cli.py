@@ -57,6 +57,10 @@ def main(verbose: int) -> None:
               help="The model thinks: consumers warn loudly if their server returns no thinking.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
+@click.option("--shared-fs", is_flag=True,
+              help="The --output directory is one filesystem every node mounts (NFS, Lustre...): consumers on "
+                   "any host may ship to it. Without it, a local output belongs to this host alone (named by "
+                   "GENQUEUE_HOST, else its hostname).")
 @click.option("--rejects", "rejects_path", default=None,
               help="Rejects file (default: <run>.rejects.jsonl in the current directory; none with --dry-run).")
 @click.option("--id-field", default=None, metavar="FIELD",
@@ -78,7 +82,7 @@ def main(verbose: int) -> None:
 def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
-            expect_reasoning: bool, output: str, rejects_path: str | None, id_field: str | None, samples: int,
+            expect_reasoning: bool, output: str, shared_fs: bool, rejects_path: str | None, id_field: str | None, samples: int,
             longest_first: bool, retry_failed: bool, update_settings: bool, dry_run: bool, as_json: bool,
             redis_url: str) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it.
@@ -113,6 +117,7 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
         origin=Origin(id_field=id_field, samples=samples),
         retry_failed=retry_failed,
         update_settings=update_settings,
+        shared_fs=shared_fs,
         note=lambda line: click.echo(line, err=True),
     )
     if as_json:

@@ -370,18 +370,21 @@ def enqueue_file(
     origin: Origin | None = None,
     retry_failed: bool = False,
     update_settings: bool = False,
+    shared_fs: bool = False,
     note: Note | None = None,
 ) -> Summary:
     """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued): the items
     with no shipped result that are not queued in rq (module docstring). RETRY_FAILED: queue
     items that have only an error record again. UPDATE_SETTINGS: give an existing run these
-    settings instead of refusing them. NOTE gets the lines worth telling the user (a run
+    settings instead of refusing them. SHARED_FS: a local output is one filesystem every node
+    mounts (common/placement.py). NOTE gets the lines worth telling the user (a run
     re-created from its output, settings updated)."""
     started = time.perf_counter()
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     store = RunStore(conn) if conn is not None else None
     # a conflicting run is refused before the input is read; nothing is written yet
-    setup: RunSetup | None = prepare(conn, run, settings, update=update_settings) if conn is not None else None
+    setup: RunSetup | None = prepare(conn, run, settings, update=update_settings,
+                                           shared_fs=shared_fs) if conn is not None else None
     records = iter_records(path, max_record_bytes=max_record_bytes)  # a missing file raises here
     first = next(records, None)
     if first is None:

@@ -27,6 +27,7 @@ from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.contracts import Outcome
 from genqueue.common.errors import UserError
+from genqueue.common.placement import this_host
 from genqueue.common.redisconn import connect
 from genqueue.common.runs import RunStore
 from genqueue.common.settings import check_run_name
@@ -143,6 +144,9 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
         raise UserError(f"cannot write temporary files in {workdir}")
     conn = connect(redis_url)
     info = RunStore(conn).require(run)
+    refusal = info.placement.refusal(run, info.settings.output, this_host())
+    if refusal is not None:  # this host's directory of that name holds none of the run's shards
+        raise UserError(refusal)
     source = source_for(info.settings.output, run, tmpdir=str(workdir))
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,

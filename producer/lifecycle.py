@@ -25,6 +25,7 @@ from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import RunNotFoundError, UserError
 from genqueue.common.marks import done_key, failed_key
 from genqueue.common.pause import pause_key, resume_run, run_pause
+from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
 from genqueue.common.redisconn import connect
 from genqueue.common.rqaccess import forget_queue, job_counts, run_rq_keys
@@ -137,6 +138,9 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, redis_url: str)
     output = info.settings.output
     if purge_output and output.startswith("s3://"):
         raise UserError("--purge-output removes local outputs only; delete s3:// objects with your S3 tools")
+    refusal = info.placement.refusal(run_name, output, this_host()) if purge_output else None
+    if refusal is not None:  # this host's directory of that name is not the run's
+        raise UserError(refusal)
     if not yes:
         what = f"run {run_name} (its queue, jobs and counters in Redis"
         what += f", and its results under {redact(output)})" if purge_output else "; its output is kept)"

@@ -14,6 +14,10 @@ record is read, makes the run what the command asks:
 - other settings: refused as a conflict, unless --update-settings: then the run takes the new
   settings (a new fingerprint, added to its history) for its items not done yet.
 
+A run whose output is a local path records the host that made it (common/placement.py); an
+enqueue on another host is refused before anything is read, unless `--shared-fs` declares the
+path one filesystem every node mounts (then the run records that, and any host may ship).
+
 run.json is written through the output's store (a directory, or S3). A local output directory
 that does not exist yet is not created for it (consumers create it when they ship the first
 shard; a directory is not made as a side effect of a command that may be a mistake): the next
@@ -32,6 +36,8 @@ from typing import Any
 
 import redis
 
+from genqueue.common.errors import UserError
+from genqueue.common.placement import Placement, this_host
 from genqueue.common.runs import RunInfo, RunStore, conflict
 from genqueue.common.settings import RunSettings, check_update
 from genqueue.common.storage import LocalStore, OutputStore, ShardInfo, StoreError, store_for
@@ -57,6 +63,7 @@ class RunSetup:
     run_file: RunFile | None
     run_file_read: bool
     unreachable: str | None = None  # why the output could not be read: run.json is left alone
+    shared_fs: bool = False  # --shared-fs: the local output is one filesystem every node mounts
     outcome: dict[str, Any] = field(default_factory=dict)
 
     def apply(self, note: Note) -> RunInfo:
@@ -69,7 +76,8 @@ class RunSetup:
         if self.existing is None and self.run_file is not None:
             rf = self.run_file
             rebuilt = rebuild_marks(self.conn, self.run, self.output)
-            if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints):
+            placement = Placement.new(self.settings.output, shared_fs=self.shared_fs or rf.placement.shared_fs)
+            if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints, placement):
                 self.outcome["recreated_run"] = True
                 self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
                                                  "done": rebuilt.done, "failed": rebuilt.failed}
@@ -80,15 +88,20 @@ class RunSetup:
             shards = self._shards(note)
             if shards:
                 rebuilt = rebuild_marks(self.conn, self.run, self.output)
-                self.outcome["recreated_run"] = store.create_or_check(self.run, self.settings)
+                self.outcome["recreated_run"] = store.create_or_check(self.run, self.settings, self._placement())
                 self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
                                                  "done": rebuilt.done, "failed": rebuilt.failed}
                 note(f"note: run {self.run} was not in Redis and its output has shards but no run.json: created "
                      f"with this command's settings (fingerprint {self.settings.fingerprint}); marks rebuilt "
                      f"from {rebuilt.line()}")
             else:
-                self.outcome["created_run"] = store.create_or_check(self.run, self.settings)
+                self.outcome["created_run"] = store.create_or_check(self.run, self.settings, self._placement())
         info = store.require(self.run)
+        if self.shared_fs and info.placement.host is not None:
+            store.declare_shared(self.run)
+            info = store.require(self.run)
+            note(f"note: run {self.run}: output {self.settings.output} declared a shared filesystem: consumers on "
+                 "any host ship to it")
         if self.update and info.settings != self.settings:
             old, info = store.update_settings(self.run, self.settings)
             changed = self.settings.differences(old.settings)
@@ -100,10 +113,11 @@ class RunSetup:
             return info
         try:
             current = self.run_file if self.run_file_read else _read(self.output, self.run, note)
-            if current is None or current.settings != info.settings or current.fingerprints != info.fingerprints:
+            if current is None or current.settings != info.settings or current.fingerprints != info.fingerprints \
+                    or current.placement != info.placement:
                 sources = current.sources if current is not None else {}
                 self.run_file = RunFile(self.run, info.settings, info.created_at, info.version, info.fingerprints,
-                                        sources)
+                                        sources, info.placement)
                 write_run_file(self.output, self.run_file)
             else:
                 self.run_file = current
@@ -112,6 +126,9 @@ class RunSetup:
             self.unreachable = str(e)
             note(f"warning: {e}; the run's settings are not kept at its output")
         return info
+
+    def _placement(self) -> Placement:
+        return Placement.new(self.settings.output, shared_fs=self.shared_fs)
 
     def _shards(self, note: Note) -> list[ShardInfo]:
         """The run's shards at its output ([] when it cannot be listed, with a warning)."""
@@ -138,15 +155,20 @@ class RunSetup:
             log.warning("could not add source %s to run.json of run %s: %s", source, self.run, e)
 
 
-def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool) -> RunSetup:
+def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool,
+            shared_fs: bool = False) -> RunSetup:
     """Find RUN in Redis, or its run.json at the output SETTINGS names. Writes nothing. Raises
     RunConflictError for other settings without UPDATE, UserError for a setting UPDATE may not
-    change. An output that cannot be read is noted (`unreachable`), not an error."""
+    change, and for a run whose local output is another host's (without SHARED_FS). An output
+    that cannot be read is noted (`unreachable`), not an error."""
     existing = RunStore(conn).get(run)
     output = store_for(settings.output)
     run_file, unreachable = None, None
     if existing is not None:
         _check(run, existing.settings, settings, update, "exists")
+        refusal = None if shared_fs else existing.placement.refusal(run, existing.settings.output, this_host())
+        if refusal is not None:
+            raise UserError(refusal)
     else:
         try:
             run_file = _read(output, run, _log_note)
@@ -156,7 +178,7 @@ def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool)
             _check(run, run_file.settings, settings, update,
                    f"is not in Redis, and {where(output, run)} holds it")
     return RunSetup(conn, run, settings, update, output, existing, run_file, run_file_read=existing is None,
-                    unreachable=unreachable)
+                    unreachable=unreachable, shared_fs=shared_fs)
 
 
 def _read(output: OutputStore, run: str, note: Note) -> RunFile | None:

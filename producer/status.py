@@ -73,7 +73,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     raw_started = conn.hget(run_key(run), "started_at")
     started_at = float(_text(raw_started)) if raw_started else None
 
-    mine = [c for c in consumers(conn, now) if run in c.get("runs", {})]
+    everyone = consumers(conn, now)
+    mine = [c for c in everyone if run in c.get("runs", {})]
     live = [c for c in mine if c["live"]]
     in_flight = sum(c.get("in_flight", 0) + c.get("pending_items", 0) for c in live)
     recent = {
@@ -132,9 +133,43 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "eta_assumes_completion_tokens_per_s": recent["completion_tokens_per_s"],
         "shipping": shipping_view(mine, now),
         "consumers": [_consumer_row(c, run) for c in mine],
+        "output_placement": {"host": info.placement.host, "shared_fs": info.placement.shared_fs,
+                             "where": info.placement.describe(info.settings.output)},
+        "hosts": hosts_view(everyone, run),
         "versions": versions,
         "drift": drift,
     }
+
+
+def hosts_view(snaps: list[dict[str, Any]], run: str) -> dict[str, dict[str, Any]]:
+    """Which hosts ship RUN's results, and which refuse it: per host, its live consumers that
+    serve the run and those that refuse it (with the first reason), from their snapshots."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in snaps:
+        if not c["live"]:
+            continue
+        why = (c.get("paused") or {}).get(f"run {run}")
+        if run not in c.get("runs", {}) and not why:
+            continue
+        h = out.setdefault(str(c.get("host") or "?"), {"serving": 0, "refusing": 0, "reason": None})
+        if why:
+            h["refusing"] += 1
+            h["reason"] = h["reason"] or redact(str(why))
+        else:
+            h["serving"] += 1
+    return dict(sorted(out.items()))
+
+
+def _hosts_line(hosts: dict[str, dict[str, Any]]) -> str:
+    if not hosts:
+        return "no live consumer serves or refuses this run"
+    parts = []
+    for host, h in hosts.items():
+        bits = [f"{h['serving']} consumer(s) shipping"] if h["serving"] else []
+        if h["refusing"]:
+            bits.append(f"{h['refusing']} REFUSING: {_clip(h['reason'], 120)}")
+        parts.append(f"{host}: " + ", ".join(bits))
+    return "; ".join(parts)
 
 
 def _consumer_row(c: dict[str, Any], run: str) -> dict[str, Any]:
@@ -180,7 +215,8 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
     rows += [
         ("model", str(r["settings"].get("model") or "(whatever the endpoints serve)")),
         ("mode", f"{r['settings'].get('multi_turn')}, truncation {r['settings'].get('truncation')}"),
-        ("output", redact(str(r["settings"].get("output")))),
+        ("output", redact(str(r["settings"].get("output")))
+         + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")),
         ("progress", f"{_bar(frac)} {100 * frac:.1f}%"),
         ("records read", f"{r['records']:,}  (rejected {r['rejected']:,})"),
         ("items", (f"{items:,}: queued {r['items_queued']:,}, in flight {r['items_in_flight']:,}, "
@@ -201,8 +237,14 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
     if r["failed_by_class"]:
         rows.append(("failed by class", ", ".join(f"{k} {v:,}" for k, v in r["failed_by_class"].items())))
     rows += [(f"  rejected: {k}", f"{v:,}") for k, v in r["rejected_by_reason"].items()]
+    alarm: set[int] = set()
+    if "hosts" in r:
+        if any(h["refusing"] for h in r["hosts"].values()):
+            alarm.add(len(rows))
+        rows.append(("hosts", _hosts_line(r["hosts"])))
     ship = r["shipping"]
-    alarm = {len(rows)} if ship["stalled"] else set()
+    if ship["stalled"]:
+        alarm.add(len(rows))
     rows.append(("shipping", _shipping_line(ship, r["now"])))
     for e in ship["errors"]:
         if ship["stalled"]:

@@ -5,10 +5,12 @@ input source is added; read by the producer when the run is not in Redis. One JS
 
     {"run": "data", "settings": {...}, "fingerprint": "...", "created_at": 1718000000.0,
      "version": "0.3.0", "fingerprints": [{"fingerprint": ..., "since": ..., "settings": {...}}],
-     "sources": {"/data/x.jsonl": {<the summary of its last enqueue>}}, "written_at": ...}
+     "sources": {"/data/x.jsonl": {<the summary of its last enqueue>}}, "written_at": ...,
+     "output_host": "node-a", "shared_fs": ""}
 
 `settings` and `fingerprint` are the run's current recipe; `fingerprints` every recipe it has
-had, oldest first. The shards beside it hold every record's key, so the done and failed marks
+had, oldest first; `output_host` and `shared_fs` where a local output lives
+(common/placement.py). The shards beside it hold every record's key, so the done and failed marks
 can be rebuilt from them (producer/reconcile.py).
 """
 
@@ -20,6 +22,7 @@ from typing import Any, cast
 
 import orjson
 
+from genqueue.common.placement import Placement
 from genqueue.common.settings import FingerprintEntry, RunSettings, fingerprint_entry
 from genqueue.common.storage.base import OutputStore, StoreError
 from genqueue.common.storage.names import run_settings_name
@@ -37,6 +40,7 @@ class RunFile:
     version: str
     fingerprints: list[FingerprintEntry]
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    placement: Placement = field(default_factory=Placement)
 
     @property
     def fingerprint(self) -> str:
@@ -46,7 +50,7 @@ class RunFile:
         return orjson.dumps({
             "run": self.run, "settings": self.settings.to_dict(), "fingerprint": self.fingerprint,
             "created_at": self.created_at, "version": self.version, "fingerprints": self.fingerprints,
-            "sources": self.sources, "written_at": time.time(),
+            "sources": self.sources, "written_at": time.time(), **self.placement.fields(),
         }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
     @classmethod
@@ -60,7 +64,7 @@ class RunFile:
             return cls(run=str(data["run"]), settings=settings, created_at=float(data["created_at"]),
                        version=str(data.get("version", "?")),
                        fingerprints=fingerprints or [fingerprint_entry(settings, float(data["created_at"]))],
-                       sources=dict(data.get("sources") or {}))
+                       sources=dict(data.get("sources") or {}), placement=Placement.from_fields(data))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise RunFileError(f"{where} is not a genqueue run file ({type(e).__name__}: {e})") from None
 
