@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -94,6 +94,16 @@ def cli(name: str, *args: str, env: dict[str, str] | None = None, check: bool = 
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str, *, every: float = 0.1) -> None:
+    """Poll PRED until it is true; AssertionError naming WHAT after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def write_jsonl(path: Path, records: list[object]) -> Path:

@@ -15,7 +15,7 @@ from rq import Worker
 
 from genqueue.common.rqaccess import queue_for
 from genqueue.consumer import dashboard
-from tests.conftest import cli, free_port, sharegpt, write_jsonl
+from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
 #: The command the README gives.
@@ -53,15 +53,6 @@ class Dashboard:
 
     def stop(self) -> None:
         self.proc.kill()
-
-
-def wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.integration

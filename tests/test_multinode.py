@@ -7,7 +7,6 @@ vLLM over HTTP); the placement rule itself is tested without them first."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from genqueue.common.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import LocalStore
 from genqueue.common.storage.runfile import read_run_file
-from tests.conftest import cli, free_port, sharegpt, write_jsonl
+from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
 
@@ -84,15 +83,6 @@ def _metrics(port: int) -> str:
         return r.read().decode()
 
 
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.integration
 def test_another_host_is_refused_until_the_output_is_declared_shared(tmp_path: Path, redis_url, conn) -> None:
     data = write_jsonl(tmp_path / "split.jsonl", [sharegpt(i) for i in range(120)])
@@ -133,7 +123,7 @@ def test_another_host_is_refused_until_the_output_is_declared_shared(tmp_path: P
         port = free_port()
         cb = Proc("consumer", ["run", "--endpoint", sim.url, "--spool", str(spool / "b2"), "-c", "8",
                                "--shard-max-age", "1", "--metrics-port", str(port)], tmp_path / "b.log", env=b)
-        _wait(lambda: "node-b" in _status(a, "split")["hosts"], 60, "node-b's refusal in status")
+        wait_for(lambda: "node-b" in _status(a, "split")["hosts"], 60, "node-b's refusal in status")
         st = _status(a, "split")
         assert st["hosts"]["node-b"]["refusing"] == 1 and st["hosts"]["node-b"]["serving"] == 0
         assert "node-a" in st["hosts"]["node-b"]["reason"]
@@ -144,20 +134,20 @@ def test_another_host_is_refused_until_the_output_is_declared_shared(tmp_path: P
         assert "hosts" in human and "node-b: 1 REFUSING" in human, human
         assert st["jobs"] == jobs_before and cb.p.poll() is None
         assert cb.output().count("not serving run split") == 1, cb.output()
-        _wait(lambda: 'genqueue_run_refused{run="split"} 1.0' in _metrics(port), 30, "the refusal in metrics")
+        wait_for(lambda: 'genqueue_run_refused{run="split"} 1.0' in _metrics(port), 30, "the refusal in metrics")
         # node-a serves it; then node-b's path is declared one shared filesystem: node-b joins
         ca = Proc("consumer", ["run", "--endpoint", sim.url, "--spool", str(spool / "a"), "-c", "4",
                                "--shard-max-age", "1"], tmp_path / "a.log", env=a)
-        _wait(lambda: _status(a, "split")["hosts"].get("node-a", {}).get("serving") == 1, 60, "node-a serving")
+        wait_for(lambda: _status(a, "split")["hosts"].get("node-a", {}).get("serving") == 1, 60, "node-a serving")
         note = cli("producer", *enqueue, "--shared-fs", env=b)
         assert "declared a shared filesystem" in note.stderr, note.stderr
         assert RunStore(conn).require("split").placement == Placement(None, True)
         rf = read_run_file(LocalStore(str(out)), "split")
         assert rf is not None and rf.placement == Placement(None, True)
-        _wait(lambda: _status(a, "split")["hosts"].get("node-b", {}).get("serving") == 1, 60, "node-b serving")
-        _wait(lambda: 'genqueue_run_refused{run="split"} 0.0' in _metrics(port), 30, "the refusal lifted")
+        wait_for(lambda: _status(a, "split")["hosts"].get("node-b", {}).get("serving") == 1, 60, "node-b serving")
+        wait_for(lambda: 'genqueue_run_refused{run="split"} 0.0' in _metrics(port), 30, "the refusal lifted")
         keys = run_keys(conn, "split")
-        _wait(lambda: keys <= {r["key"] for r in read_results(out, "split")}, 120, "every item shipped")
+        wait_for(lambda: keys <= {r["key"] for r in read_results(out, "split")}, 120, "every item shipped")
         for proc in (ca, cb):
             proc.signal(15)
         assert ca.wait(60) == 0 and cb.wait(60) == 0, cb.output()
