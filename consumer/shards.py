@@ -54,7 +54,11 @@ class ShardWriter:
         self._path: Path | None = None
         self._opened: float | None = None
         self._bytes = 0
+        # The sha256 of the lines, fed a whole chunk at a time in flush(), not a line at a time
+        # in append(): hashlib drops the GIL for any input of 2 KB or more, so hashing each
+        # record made the event loop hand the GIL to the rq thread and back for every item.
         self._hash = hashlib.sha256()
+        self._hashed = 0  # lines of _lines in _hash
         self._keys: set[str] = set()
 
     @property
@@ -76,7 +80,6 @@ class ShardWriter:
             self._opened = time.monotonic()
         line = orjson.dumps(record) + b"\n"
         self._lines.append(line)
-        self._hash.update(line)
         self._bytes += len(line)
         self._keys.add(record["key"])
         return self.seq
@@ -100,7 +103,11 @@ class ShardWriter:
                 os.lseek(self._fd, 0, os.SEEK_SET)
                 self._written = 0
                 self._broken = False
-            data = memoryview(b"".join(self._lines[self._written:]))
+            chunk = b"".join(self._lines[self._written:])
+            if self._hashed < len(self._lines):  # after a failed write, _written < _hashed
+                self._hash.update(chunk if self._hashed == self._written else b"".join(self._lines[self._hashed:]))
+                self._hashed = len(self._lines)
+            data = memoryview(chunk)
             while data:
                 n = os.write(self._fd, data)
                 data = data[n:]
@@ -135,6 +142,7 @@ class ShardWriter:
         self._opened = None
         self._bytes = 0
         self._hash = hashlib.sha256()
+        self._hashed = 0
         self._keys = set()
         return shard
 

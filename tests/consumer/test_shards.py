@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,19 @@ def test_a_write_that_fails_loses_nothing_and_is_retried_whole(tmp_path: Path, m
     shard = w.seal()  # space again: the shard is written whole, nothing torn, nothing twice
     assert shard is not None and shard.records == 2
     assert shard.path.read_bytes() == b'{"key":"a"}\n{"key":"b"}\n'
+    assert shard.sha256 == hashlib.sha256(shard.path.read_bytes()).hexdigest()  # each line hashed once
+
+
+def test_the_checksum_is_the_files_whatever_the_flushes(tmp_path: Path) -> None:
+    """The sha256 is fed at flush time, a chunk at a time: it must still be the file's, for a
+    shard flushed never, once per line, or now and then, and start over for the next shard."""
+    w = ShardWriter(str(tmp_path), "r", "w", max_bytes=10**9, max_age=3600)
+    for flush_every in (0, 1, 3):
+        for i in range(7):
+            w.append({"key": f"k{i}", "pad": "x" * 3000 * i})  # over hashlib's 2 KB GIL threshold too
+            if flush_every and i % flush_every == 0:
+                w.flush()
+                w.flush()  # nothing new: nothing hashed twice
+        shard = w.seal()
+        assert shard is not None and shard.records == 7
+        assert shard.sha256 == hashlib.sha256(shard.path.read_bytes()).hexdigest()
