@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
-from genqueue.common.contracts import Item, Outcome, Record, ResultRecord, is_error
+from genqueue.common.contracts import ErrorClass, Item, Outcome, Record, ResultRecord, is_error
 
 if TYPE_CHECKING:
     from genqueue.consumer.generate import RunContext
@@ -51,6 +51,11 @@ class JobState(Generic[H]):
     @property
     def complete(self) -> bool:
         return self.remaining == 0
+
+
+# The counter names, made once (recorded() runs for every item).
+_OUTCOME_KEY: dict[str, str] = {o: f"outcome_{o}" for o in Outcome}
+_FAILED_KEY: dict[str, str] = {c: f"failed_{c}" for c in ErrorClass}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +105,13 @@ class Book(Generic[H]):
         c = js.counts
         if is_error(rec):
             c["items_failed"] += 1
-            c[f"failed_{rec['error']['class']}"] += 1
+            cls = rec["error"]["class"]
+            c[_FAILED_KEY.get(cls) or f"failed_{cls}"] += 1
             return
         ok = cast(ResultRecord, rec)
         outcome = ok["outcome"]
         c["items_done"] += 1
-        c[f"outcome_{outcome}"] += 1
+        c[_OUTCOME_KEY.get(outcome) or f"outcome_{outcome}"] += 1
         if outcome != Outcome.FINISHED:
             c["items_truncated"] += 1
         usage = ok["usage"]

@@ -51,7 +51,7 @@ class Turn:
 
     @property
     def outcome(self) -> Outcome:
-        empty = not self.content.strip() and not self.tool_calls
+        empty = (not self.content or self.content.isspace()) and not self.tool_calls  # no copy, unlike strip()
         if self.finish_reason != "length":
             return Outcome.NO_ANSWER if empty and self.reasoning else Outcome.FINISHED
         return Outcome.CUT_IN_THINKING if empty else Outcome.CUT_IN_ANSWER
@@ -66,11 +66,11 @@ def snippet(raw: bytes | str) -> str:
 def decode_body(raw: bytes) -> dict[str, Any]:
     """A 200's body as a JSON object; BadResponseError when it is empty, not JSON (or cut
     mid-JSON), or a JSON value other than an object."""
-    if not raw.strip():
-        raise BadResponseError("empty body", snippet="")
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        if not raw.strip():  # checked only here: strip() copies the body of every good response
+            raise BadResponseError("empty body", snippet="") from None
         raise BadResponseError(f"body is not JSON ({e})", snippet=snippet(raw)) from e
     if not isinstance(data, dict):
         raise BadResponseError(f"body is {_kind(data)}, not an object", snippet=snippet(raw))
@@ -130,54 +130,54 @@ def parse_completion(resp: Any, *, think_opened: bool = False) -> Turn:
 
 def _checked(resp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(choices[0], its message) of a body with the shape a completion must have."""
-
-    def bad(reason: str) -> BadResponseError:
-        try:
-            text = orjson.dumps(resp).decode()
-        except TypeError:
-            text = repr(resp)
-        return BadResponseError(reason, snippet=snippet(text))
-
     if not isinstance(resp, dict):
-        raise bad(f"body is {_kind(resp)}, not an object")
+        raise _bad(resp, f"body is {_kind(resp)}, not an object")
     choices = resp.get("choices")
     if not isinstance(choices, list):
-        raise bad(f"choices is {_kind(choices)}, not a list")
+        raise _bad(resp, f"choices is {_kind(choices)}, not a list")
     if not choices:
-        raise bad("choices is an empty list")
+        raise _bad(resp, "choices is an empty list")
     choice = choices[0]
     if not isinstance(choice, dict):
-        raise bad(f"choices[0] is {_kind(choice)}, not an object")
+        raise _bad(resp, f"choices[0] is {_kind(choice)}, not an object")
     msg = choice.get("message")
     if not isinstance(msg, dict):
-        raise bad(f"choices[0].message is {_kind(msg)}, not an object")
+        raise _bad(resp, f"choices[0].message is {_kind(msg)}, not an object")
     for name in ("content", "reasoning", "reasoning_content"):
         value = msg.get(name)
         if value is not None and not isinstance(value, str):
-            raise bad(f"message.{name} is {_kind(value)}, not a string")
+            raise _bad(resp, f"message.{name} is {_kind(value)}, not a string")
     calls = msg.get("tool_calls")
     if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-        raise bad("message.tool_calls is not a list of objects")
+        raise _bad(resp, "message.tool_calls is not a list of objects")
     finish = choice.get("finish_reason")
     if finish == ABORT:
         raise TransientError("the server aborted the request (finish_reason 'abort')", status=200)
     if finish not in FINISH_REASONS:
-        raise bad(f"unknown finish_reason {finish!r}")
+        raise _bad(resp, f"unknown finish_reason {finish!r}")
     usage = resp.get("usage")
     if usage is not None:
         if not isinstance(usage, dict):
-            raise bad(f"usage is {_kind(usage)}, not an object")
+            raise _bad(resp, f"usage is {_kind(usage)}, not an object")
         for key in _COUNTS:
             if not _count_or_none(usage.get(key)):
-                raise bad(f"usage.{key} is {_kind(usage.get(key))}, not a count")
+                raise _bad(resp, f"usage.{key} is {_kind(usage.get(key))}, not a count")
         details = usage.get("completion_tokens_details")
         if details is not None and not (isinstance(details, dict)
                                         and _count_or_none(details.get("reasoning_tokens"))):
-            raise bad("usage.completion_tokens_details is not an object of counts")
+            raise _bad(resp, "usage.completion_tokens_details is not an object of counts")
     model = resp.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad(f"model is {_kind(model)}, not a string")
+        raise _bad(resp, f"model is {_kind(model)}, not a string")
     return choice, msg
+
+
+def _bad(resp: Any, reason: str) -> BadResponseError:
+    try:
+        text = orjson.dumps(resp).decode()
+    except TypeError:
+        text = repr(resp)
+    return BadResponseError(reason, snippet=snippet(text))
 
 
 def _usage(raw: dict[str, Any] | None) -> Usage:

@@ -19,7 +19,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -350,32 +350,38 @@ def _seed(item: Any) -> int | None:
 
 def _base(ctx: RunContext, item: Item, attempt: int, messages: list[dict[str, Any]]) -> RecordBase:
     """The fields every record carries. Reads ITEM defensively: it also builds the record of
-    an item that made answering fail."""
-    key, index, turn = _get(item, "key", ""), _get(item, "index", -1), _get(item, "turn", None)
+    an item that made answering fail (then it may not even be a dict)."""
+    get: Callable[..., Any] = item.get if isinstance(item, dict) else _NOTHING.get  # once per item
+    key, index, turn, seed = get("key", ""), get("index", -1), get("turn"), get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        seed = None
     base: RecordBase = {
         "key": key if isinstance(key, str) else str(key),
         "index": index if isinstance(index, int) else -1,
         "turn": turn if isinstance(turn, int) else None,
         "run": ctx.run,
         "messages": messages,
-        "sampling": ctx.params if _seed(item) is None else {**ctx.params, "seed": _seed(item)},
+        "sampling": ctx.params if seed is None else {**ctx.params, "seed": seed},
         "fingerprint": ctx.fingerprint,
         "version": __version__,
         "consumer": ctx.consumer,
         "attempt": attempt,
     }
-    tools, note = _get(item, "tools", None), _get(item, "note", None)
+    tools, note = get("tools"), get("note")
     if tools:
         base["tools"] = tools
     if isinstance(note, str) and note:
         base["note"] = note
     # provenance: the input record's id, its source and place, the sample (the export's order)
     for name in ("id", "source"):
-        text = _get(item, name, None)
+        text = get(name)
         if isinstance(text, str):
             base[name] = text
     for field_ in ("source_seq", "sample", "seed"):
-        number = _get(item, field_, None)
+        number = get(field_)
         if isinstance(number, int) and not isinstance(number, bool):
             base[field_] = number
     return base
+
+
+_NOTHING: dict[str, Any] = {}
