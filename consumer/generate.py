@@ -352,9 +352,7 @@ def _base(ctx: RunContext, item: Item, attempt: int, messages: list[dict[str, An
     """The fields every record carries. Reads ITEM defensively: it also builds the record of
     an item that made answering fail (then it may not even be a dict)."""
     get: Callable[..., Any] = item.get if isinstance(item, dict) else _NOTHING.get  # once per item
-    key, index, turn, seed = get("key", ""), get("index", -1), get("turn"), get("seed")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        seed = None
+    key, index, turn, seed = get("key", ""), get("index", -1), get("turn"), _seed(item)
     base: RecordBase = {
         "key": key if isinstance(key, str) else str(key),
         "index": index if isinstance(index, int) else -1,

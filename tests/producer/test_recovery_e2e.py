@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import redis
 
 from genqueue.common.marks import done_key
 from genqueue.common.runs import RunStore
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
@@ -55,13 +54,6 @@ def export(redis_url: str, run: str, out: Path, env: dict[str, str] | None = Non
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result: dict[str, Any] = orjson.loads(proc.stdout)
     return result
-
-
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
