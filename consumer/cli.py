@@ -98,10 +98,9 @@ def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu:
 
     outer = ctx.obj or {}
     _talk(verbose + outer.get("verbose", 0), quiet or outer.get("quiet", False))
-    if endpoint is None and gpu is None:
-        raise UserError("give --endpoint URL or --gpu N")
-    assert endpoint is not None  # for mypy: one of the two is given
-    if endpoint is None and gpu is not None:
+    if endpoint is None:
+        if gpu is None:
+            raise UserError("give --endpoint URL or --gpu N")
         endpoint = f"http://127.0.0.1:{8000 + gpu}/v1"
     _check_endpoint(endpoint)
     if run_name:

@@ -30,6 +30,7 @@ from typing import Any
 import click
 
 from genqueue.common.cli import setup_logging
+from genqueue.common.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,27 @@ def patch(web: ModuleType) -> None:
     setattr(web, "serialize_current_job", serialize_current_job)  # noqa: B010
 
 
+class _StartLineIsNotAnError(logging.Filter):
+    """rq-dashboard logs its normal "Running on" line at ERROR (so that werkzeug, which it sets to
+    ERROR, lets it through): say it at INFO, as the start line it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and str(record.msg).lstrip().startswith("* Running on"):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+def redis_help(env: dict[str, str]) -> str:
+    """What --redis-url defaults to under genqueue: REDIS_URL, as for every genqueue command."""
+    now = f"now {redact(env['REDIS_URL'])}" if env.get("REDIS_URL") else "unset here, so redis://127.0.0.1:6379"
+    return f"Redis URL. Can be specified multiple times. Default: $REDIS_URL ({now})."
+
+
+def help_args(args: list[str]) -> list[str]:
+    """-h is --help here too, as for every other genqueue command."""
+    return ["--help" if a == "-h" else a for a in args]
+
+
 def dashboard_args(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """rq-dashboard's argv and environment: --json always, 127.0.0.1 unless --bind/-b is given, and
     Redis from REDIS_URL unless --redis-url/-u or RQ_DASHBOARD_REDIS_URL say otherwise (through
@@ -110,9 +132,14 @@ def dashboard_command(args: tuple[str, ...]) -> None:
     if not version.startswith(TESTED_SERIES):
         log.warning("rq-dashboard %s: genqueue's fix for its workers page was written for %sx", version, TESTED_SERIES)
     patch(web)
-    argv, extra = dashboard_args(list(args), dict(os.environ))
+    given = help_args(list(args))
+    argv, extra = dashboard_args(given, dict(os.environ))
     os.environ.update(extra)
-    if "--help" not in args:
+    for param in cli.run.params:
+        if param.name == "redis_url":
+            param.help = redis_help(dict(os.environ))
+    logging.getLogger("werkzeug").addFilter(_StartLineIsNotAnError())
+    if "--help" not in given:
         click.echo(f"dashboard: rq-dashboard {version} reading genqueue's JSON jobs and workers", err=True)
     cli.run.main(args=argv, prog_name="consumer dashboard", auto_envvar_prefix="RQ_DASHBOARD")
 

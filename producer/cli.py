@@ -154,10 +154,13 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, re
         from rich.live import Live
         from rich.text import Text
 
-        with Live(Text(render()), refresh_per_second=4, screen=False) as live:
-            while True:
-                time.sleep(interval)
-                live.update(Text(render()))
+        try:
+            with Live(Text(render()), refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(Text(render()))
+        except KeyboardInterrupt:  # Ctrl-C is how --watch is left: not an error
+            return
     else:
         click.echo(render())
 
