@@ -12,7 +12,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from click.testing import CliRunner
 from rq.job import Job
 
 from genqueue.common.rqaccess import SERIALIZER, queue_for
@@ -68,14 +67,10 @@ def export(tmp_path: Path, redis_url: str, s3: S3Server, run: str) -> tuple[dict
     out = tmp_path / f"{run}.export.jsonl"
     args = ["--run", run, "--output", str(out), "--json"]
     env = {"REDIS_URL": redis_url, **s3.env}
-    if "export" in main.commands:
-        proc = cli("producer", "export", *args, env=env, check=False)
-        code, stdout = proc.returncode, proc.stdout
-    else:  # until producer/cli.py registers the command
-        from genqueue.producer.export import export_command
-
-        res = CliRunner().invoke(export_command, args, env=env, catch_exceptions=False)
-        code, stdout = res.exit_code, res.stdout
+    assert "export" in main.commands
+    proc = cli("producer", "export", *args, env=env, check=False)
+    code, stdout = proc.returncode, proc.stdout
+    assert stdout.strip(), f"export exited {code} with nothing on stdout:\n{proc.stderr}"
     summary = orjson.loads(stdout)
     assert code == (1 if summary["missing"] else 0)
     return summary, [orjson.loads(x) for x in out.read_bytes().splitlines()]
