@@ -10,6 +10,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_benchmark_suite_runs_at_smoke_sizes(tmp_path):
     out = tmp_path / "BENCH.md"
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], capture_output=True,

@@ -11,6 +11,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_nothing_is_lost_under_kills_restarts_and_outages(tmp_path):
     pytest.importorskip("tests.s3server")
     from tests.s3server import weed_binary

@@ -28,6 +28,7 @@ def _consumer(tmp_path, redis_url, sim, name):
                 env={"REDIS_URL": redis_url})
 
 
+@pytest.mark.slow
 def test_a_killed_consumer_costs_at_most_its_work_in_flight(tmp_path, redis_url, conn):
     data = write_jsonl(tmp_path / "crash.jsonl", [sharegpt(i) for i in range(1000)])
     cli("producer", "enqueue", str(data), "--run", "crash", "--output", str(tmp_path / "out"), "--batch-size", "16",

@@ -513,6 +513,7 @@ def test_tensor_parallel_groups_get_their_gpus_and_one_consumer_each(tmp_path, r
     assert gpus <= {0, 2} and gpus, gpus
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_hung_engine_is_killed_and_restarted_and_nothing_is_lost(tmp_path, redis_url, conn):
     """An engine that stops answering while its process lives (SIGSTOP: alive, silent) is
@@ -546,6 +547,7 @@ def test_a_hung_engine_is_killed_and_restarted_and_nothing_is_lost(tmp_path, red
     assert "engine-gpu0 is alive but fails /health" in out and "hung; killed" in out and "restarting in" in out
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_an_engine_that_never_starts_is_given_up_with_its_last_log_line(tmp_path, redis_url):
     broken = tmp_path / "broken-vllm"

@@ -108,6 +108,7 @@ def test_run_to_s3_completes_and_exports(tmp_path, redis_url, conn, s3_server: S
     assert all(r["messages"][-1]["role"] == "assistant" for r in rows)
 
 
+@pytest.mark.slow
 def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis_url, conn, s3_server: S3Server):
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.004", "--mean-tokens", "60")
     run = "s3down"

@@ -76,6 +76,7 @@ def race(redis_url: str, conn: redis.Redis, data: bytes, run: str) -> list[dict[
     return summaries
 
 
+@pytest.mark.slow
 def test_racing_producers_enqueue_each_item_exactly_once(redis_url: str, conn: redis.Redis) -> None:
     data, distinct = dataset()
     slice_items = max(BATCH, SLICE_ITEMS - SLICE_ITEMS % BATCH)
