@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -58,6 +59,7 @@ from genqueue.producer.inputcheck import checked
 from genqueue.producer.items import Origin, answer_lengths, estimate_cost, make_items
 from genqueue.producer.jobwriter import JobWriter, Requeue
 from genqueue.producer.order import LongestFirst
+from genqueue.producer.outfiles import OUTPUT_DIR, probe
 from genqueue.producer.reader import RawRecord, iter_records
 from genqueue.producer.reconcile import (
     DONE,
@@ -390,6 +392,10 @@ def enqueue_file(
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
+    if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):
+        # run.json goes there (runsetup), and this host's consumers' shards: a full one is refused
+        probe(Path(settings.output) / f".gq-probe-{os.getpid()}", OUTPUT_DIR, shown=Path(settings.output),
+              only_full=True)
     rejects = RejectsWriter(rejects_path).open() if rejects_path else None
     order: LongestFirst | None = None
     try:

@@ -39,6 +39,8 @@ TRUNCATED = Target("truncated file", "write it elsewhere with --truncated")
 MISSING = Target("missing file", "write it elsewhere with --missing")
 PARTITIONS = Target("temporary partition files", "put them elsewhere with --tmp-dir")
 REJECTS = Target("rejects file", "write it elsewhere with --rejects")
+OUTPUT_DIR = Target("output directory", "consumers ship their shards there too: free space, or name another "
+                    "--output")
 HOLD = Target("--longest-first holding files", "hold them elsewhere with --tmp-dir (or TMPDIR)")
 
 
@@ -91,10 +93,12 @@ def write_failed(e: OSError, path: Path, target: Target, *, written: int | None 
     return WriteFailedError(f"{msg}; {target.remedy}")
 
 
-def probe(path: Path, target: Target, *, keep: bool = False, shown: Path | None = None) -> IO[bytes] | None:
+def probe(path: Path, target: Target, *, keep: bool = False, shown: Path | None = None,
+          only_full: bool = False) -> IO[bytes] | None:
     """Create PATH and write one block to it (then empty it): a place that is read-only,
     forbidden or already full is refused (UserError, exit 2, naming SHOWN or PATH) before
-    anything is done. KEEP: return PATH open for writing; else remove it."""
+    anything is done; ONLY_FULL: a full one only (other failures pass). KEEP: return PATH open
+    for writing; else remove it."""
     fh: IO[bytes] | None = None
     try:
         fh = open(path, "wb")  # noqa: SIM115 - returned, or closed below
@@ -109,6 +113,8 @@ def probe(path: Path, target: Target, *, keep: bool = False, shown: Path | None 
             except OSError:
                 pass  # its buffer, refused again: the first error is the one reported
             path.unlink(missing_ok=True)
+        if only_full and e.errno not in _FULL:
+            return None
         where, free = _free(path.parent)
         room = "" if free is None else f" ({size_text(free)} free in {where})"
         raise UserError(f"cannot write {target.what} {shown or path}: {e.strerror or e}{room}; "

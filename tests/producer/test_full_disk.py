@@ -216,3 +216,13 @@ def test_longest_first_holding_files_on_a_full_disk(small_disk: Path, tmp_path: 
     proc = enqueue(redis_url, *args, "--tmp-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert orjson.loads(proc.stdout)["enqueued"] == 3000 and queued_items(conn, "long") == 3000
+
+
+def test_enqueue_into_a_full_local_output_creates_no_run(small_disk: Path, tmp_path: Path, redis_url: str,
+                                                         conn: redis.Redis) -> None:
+    """run.json (and this host's shards) go to a local output that exists: a full one is refused."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    fill(small_disk)
+    proc = enqueue(redis_url, str(data), "--output", str(small_disk), "--rejects", str(tmp_path / "r.jsonl"))
+    one_error_line(proc, 2, f"cannot write output directory {small_disk}: No space left on device", "--output")
+    assert conn.dbsize() == 0 and os.listdir(small_disk) == ["filler"]
