@@ -60,7 +60,7 @@ from genqueue.producer.export_sinks import (
     stem,
 )
 from genqueue.producer.export_sources import OpenShard, ShardSource
-from genqueue.producer.outfiles import ERRORS, MISSING, PARTITIONS, TRUNCATED, write_failed
+from genqueue.producer.outfiles import ERRORS, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
 
 __all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
            "stem"]
@@ -214,16 +214,22 @@ class Exporter:
         files: list[IO[bytes]] = []
         log.info("reading %d shards from %s into %d partitions of %d positions", len(shards),
                  self.source.where, k, span)
-        # A full --tmp-dir shows as an OSError from a write or from a close (its buffer): only
-        # those are the partitions' failure; a shard that cannot be read is another error.
+        # A full --tmp-dir shows as an OSError from a write or from a close (its buffer), or from
+        # an S3 shard's download there: only those are the partitions' failure; a shard that
+        # cannot be read is another error.
         try:
             try:
                 for p in paths:
                     files.append(open(p, "wb", buffering=WRITE_BUFFER))  # noqa: SIM115
             except OSError as e:
                 raise _PartitionWriteError(e) from None
-            for ordinal, shard in enumerate(self.source.each(shards)):
-                self._split(shard, ordinal, files, span, layout)
+            try:
+                for ordinal, shard in enumerate(self.source.each(shards)):
+                    self._split(shard, ordinal, files, span, layout)
+            except OSError as e:  # an S3 shard is downloaded to the same place: full is full
+                if not disk_full(e):
+                    raise
+                raise _PartitionWriteError(e) from None
             try:
                 while files:
                     files.pop().close()

@@ -44,6 +44,11 @@ OUTPUT_DIR = Target("output directory", "consumers ship their shards there too: 
 HOLD = Target("--longest-first holding files", "hold them elsewhere with --tmp-dir (or TMPDIR)")
 
 
+def disk_full(e: OSError) -> bool:
+    """E says the disk is full or the quota spent."""
+    return e.errno in _FULL
+
+
 def size_text(n: int) -> str:
     """N bytes for a person: '512 bytes', '1.2 GB (1,234,567,890 bytes)'."""
     if n < 1000:
