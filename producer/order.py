@@ -62,12 +62,15 @@ class LongestFirst:
 
     def longest_first(self, chunk: int = 4096) -> Iterator[list[Item]]:
         """Lists of items, costliest class first."""
+        # Every file is flushed before the first list is handed out: a full disk that shows
+        # only now (with the buffers' last items) fails the enqueue before anything is queued.
+        try:
+            for fh in self._files.values():
+                fh.flush()
+        except OSError as e:
+            raise write_failed(e, self.dir, HOLD) from None
         for cls in sorted(self._files, reverse=True):
             fh = self._files[cls]
-            try:
-                fh.flush()  # a full disk may show only now, with the buffer's last items
-            except OSError as e:
-                raise write_failed(e, self.dir, HOLD) from None
             fh.seek(0)
             buf: list[Item] = []
             for line in fh:
