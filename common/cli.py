@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import sys
@@ -16,6 +17,10 @@ from genqueue.common.errors import GenqueueError, UserError
 from genqueue.common.redact import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: OSErrors that mean the disk or the place refused a write: a full disk, a spent quota, an I/O
+#: error, a read-only or forbidden place, a file too large.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EFBIG})
 
 
 def redis_option(f: F) -> F:
@@ -69,6 +74,14 @@ def friendly_errors(f: F) -> F:
             click.echo("interrupted", err=True)
             sys.exit(130)
         except BrokenPipeError:
+            sys.exit(1)
+        except OSError as e:
+            # A write the command does not wrap itself (it would name the option that moves it):
+            # still one line, naming the file. Other OSErrors are bugs and keep their traceback.
+            if e.errno not in _WRITE_ERRNOS:
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            click.echo(f"error: {e.strerror or _one_line(e)}{where}", err=True)
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]

@@ -36,6 +36,12 @@ class RedisUnavailableError(UserError):
     """Redis cannot be reached at the configured URL."""
 
 
+class WriteFailedError(GenqueueError):
+    """A file the producer writes failed part way (disk full, quota spent, I/O error, read-only):
+    one line naming the file, what was written and the option that moves it; exit status 1.
+    A place refused before anything is done is a UserError (exit 2) instead."""
+
+
 class EndpointError(GenqueueError):
     """Trouble talking to the generation endpoint."""
 

@@ -64,12 +64,15 @@ def main(verbose: int) -> None:
 @click.option("--rejects", "rejects_path", default=None,
               help="Rejects file (default: <run>.rejects.jsonl in the current directory; none with --dry-run).")
 @click.option("--id-field", default=None, metavar="FIELD",
-              help="The record field holding its own id (default: id, else custom_id); records without it "
-                   "are rejected (missing_id).")
+              help="The record field holding its own id. Given, a record without it is rejected (missing_id); "
+                   "by default id, else custom_id, and a record with neither is kept (its line's id is its key).")
 @click.option("--samples", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Answers per prompt: N items each, with their own seeds (the run's --seed, or 0, plus 0..N-1).")
 @click.option("--longest-first", is_flag=True,
               help="Queue the costliest items first (by their original answers' length) to shorten the run's tail.")
+@click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
+              help="Where --longest-first holds the items until the input is read (default: TMPDIR; needs about "
+                   "the items' JSON size free).")
 @click.option("--retry-failed", is_flag=True,
               help="Queue again the items that have only an error record (or whose job failed in rq).")
 @click.option("--update-settings", is_flag=True,
@@ -83,7 +86,7 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
             expect_reasoning: bool, output: str, shared_fs: bool, rejects_path: str | None, id_field: str | None, samples: int,
-            longest_first: bool, retry_failed: bool, update_settings: bool, dry_run: bool, as_json: bool,
+            longest_first: bool, tmp_dir: str | None, retry_failed: bool, update_settings: bool, dry_run: bool, as_json: bool,
             redis_url: str) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it.
 
@@ -114,6 +117,7 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
         max_record_bytes=max_record_bytes,
         progress=_progress if sys.stderr.isatty() and not as_json else None,
         longest_first=longest_first,
+        tmp_dir=tmp_dir,
         origin=Origin(id_field=id_field, samples=samples),
         retry_failed=retry_failed,
         update_settings=update_settings,

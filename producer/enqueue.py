@@ -37,27 +37,29 @@ done; then every record that was not rejected is already_done, and the summary s
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, RejectReason
-from genqueue.common.errors import InputError
+from genqueue.common.errors import InputError, WriteFailedError
 from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.settings import RunSettings
 from genqueue.producer.convert import normalize
+from genqueue.producer.inputcheck import checked
 from genqueue.producer.items import Origin, answer_lengths, estimate_cost, make_items
 from genqueue.producer.jobwriter import JobWriter, Requeue
 from genqueue.producer.order import LongestFirst
+from genqueue.producer.outfiles import OUTPUT_DIR, probe
 from genqueue.producer.reader import RawRecord, iter_records
 from genqueue.producer.reconcile import (
     DONE,
@@ -372,23 +374,53 @@ def enqueue_file(
     update_settings: bool = False,
     shared_fs: bool = False,
     note: Note | None = None,
+    tmp_dir: str | None = None,
 ) -> Summary:
     """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued): the items
     with no shipped result that are not queued in rq (module docstring). RETRY_FAILED: queue
     items that have only an error record again. UPDATE_SETTINGS: give an existing run these
     settings instead of refusing them. SHARED_FS: a local output is one filesystem every node
     mounts (common/placement.py). NOTE gets the lines worth telling the user (a run
-    re-created from its output, settings updated)."""
+    re-created from its output, settings updated). TMP_DIR: where --longest-first holds items
+    (default TMPDIR). A file that cannot be written raises WriteFailedError (outfiles)."""
     started = time.perf_counter()
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
-    store = RunStore(conn) if conn is not None else None
     # a conflicting run is refused before the input is read; nothing is written yet
     setup: RunSetup | None = prepare(conn, run, settings, update=update_settings,
                                            shared_fs=shared_fs) if conn is not None else None
     records = iter_records(path, max_record_bytes=max_record_bytes)  # a missing file raises here
-    first = next(records, None)
-    if first is None:
-        raise InputError(f"{'stdin' if path == '-' else path} holds no records: nothing to enqueue")
+    records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
+    # Side files are opened (their place probed) before the run is created: a place that cannot
+    # take them is refused with nothing written (outfiles.probe).
+    if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):
+        # run.json goes there (runsetup), and this host's consumers' shards: a full one is refused
+        probe(Path(settings.output) / f".gq-probe-{os.getpid()}", OUTPUT_DIR, shown=Path(settings.output),
+              only_full=True)
+    rejects = RejectsWriter(rejects_path).open() if rejects_path else None
+    order: LongestFirst | None = None
+    try:
+        order = LongestFirst(tmp_dir) if longest_first else None
+        return _enqueue(path, records, summary, run, settings, conn, setup, started=started, batch_size=batch_size,
+                        rejects=rejects, max_record_bytes=max_record_bytes, progress=progress, order=order,
+                        origin=origin, retry_failed=retry_failed, note=note)
+    except WriteFailedError as e:
+        done = "nothing was queued" if not summary.items else \
+            f"{summary.items:,} items were queued before it and stay queued"
+        raise WriteFailedError(f"{e} ({done}; the same command again queues the rest)") from None
+    finally:
+        if rejects is not None:
+            rejects.discard()  # a no-op once closed
+        if order is not None:
+            order.close()
+
+
+def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str, settings: RunSettings,
+             conn: redis.Redis | None, setup: RunSetup | None, *, started: float, batch_size: int,
+             rejects: RejectsWriter | None, max_record_bytes: int,
+             progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None, order: LongestFirst | None,
+             origin: Origin | None, retry_failed: bool, note: Note | None) -> Summary:
+    """enqueue_file once its input is checked and its side files are open."""
+    store = RunStore(conn) if conn is not None else None
     if setup is not None:
         info = setup.apply(note or _log_note)
         summary.fingerprint = info.fingerprint
@@ -405,30 +437,33 @@ def enqueue_file(
             summary.seconds = round(time.perf_counter() - started, 3)
             RunStore(conn).record_source(run, summary.source, summary.to_dict())
             return summary
-    records = itertools.chain([first], records)
     if progress is not None:
         records = progress(records)
-    rejects = RejectsWriter(rejects_path) if rejects_path else None
-    order = LongestFirst() if longest_first else None
     lock = RunLock(conn, run) if conn is not None else None
     writer = JobWriter(run, conn, batch_size=batch_size, lock=lock) if conn is not None else None
     enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,
                    retry_failed=retry_failed)
+    ended = False
     try:
         enq.process(records)
-        summary.complete = True
+        summary.complete = ended = True
+    except InputError:  # the input broke part way: what came before it stands, its rejects too
+        ended = True
+        raise
     finally:
         if lock is not None:
             lock.release()
-        if rejects is not None:
-            rejects.close()
         enq.fill(summary)
-        summary.rejects_path = rejects.path if rejects is not None and rejects.written else None
-        summary.seconds = round(time.perf_counter() - started, 3)
-        if store is not None and summary.records:
-            store.record_source(run, summary.source, summary.to_dict())
-            if setup is not None:
-                setup.record_source(summary.source, summary.to_dict())
+        try:
+            if rejects is not None and ended:
+                rejects.close()  # in place only now; otherwise enqueue_file removes its .partial
+        finally:
+            summary.rejects_path = rejects.path if rejects is not None and rejects.written else None
+            summary.seconds = round(time.perf_counter() - started, 3)
+            if store is not None and summary.records:
+                store.record_source(run, summary.source, summary.to_dict())
+                if setup is not None:
+                    setup.record_source(summary.source, summary.to_dict())
     return summary
 
 

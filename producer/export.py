@@ -43,23 +43,22 @@ from genqueue.producer.export_core import (
 )
 from genqueue.producer.export_formats import FORMATS
 from genqueue.producer.export_sources import source_for
+from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 
 __all__ = ["export_command", "format_export", "stem"]
 
 log = logging.getLogger(__name__)
 
 
-def _writable(path: Path, what: str) -> Path:
+def _writable(path: Path, target: Target) -> Path:
+    """PATH made absolute, once its place took one block (outfiles.probe): a read-only, missing
+    or already full place is refused before anything is read."""
     path = path.absolute()
     if path.is_dir():
-        raise UserError(f"{what} {path} is a directory")
-    probe = path.with_name(path.name + ".tmp")
-    try:
-        with open(probe, "wb"):
-            pass
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"cannot write {what} {path}: {e.strerror}") from None
+        raise UserError(f"{target.what} {path} is a directory")
+    if path.exists() and not path.is_file():  # renaming the finished file onto a device replaces it
+        raise UserError(f"{target.what} {path} is not a regular file: the export renames a finished file into place")
+    probe(path.with_name(path.name + ".tmp"), target, shown=path)
     return path
 
 
@@ -132,16 +131,15 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
     run = check_run_name(run_name)
     failed_limit = _failed_limit(max_failed)
     outcomes = _outcomes(include)
-    out = _writable(Path(output), "output file")
+    out = _writable(Path(output), OUTPUT)
     shape, parquet = _shape_and_container(fmt, out)
-    errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), "errors file")
-    cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), "truncated file")
-    miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), "missing file")
+    errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), ERRORS)
+    cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), TRUNCATED)
+    miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), MISSING)
     if len({out, errs, cut, miss}) < 4:
         raise UserError("--output, --errors, --truncated and --missing must be four different files")
-    workdir = Path(tmp_dir) if tmp_dir else out.parent
-    if not os.access(workdir, os.W_OK):
-        raise UserError(f"cannot write temporary files in {workdir}")
+    workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
+    probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
     conn = connect(redis_url)
     info = RunStore(conn).require(run)
     refusal = info.placement.refusal(run, info.settings.output, this_host())

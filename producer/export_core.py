@@ -60,6 +60,7 @@ from genqueue.producer.export_sinks import (
     stem,
 )
 from genqueue.producer.export_sources import OpenShard, ShardSource
+from genqueue.producer.outfiles import ERRORS, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
 
 __all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
            "stem"]
@@ -148,7 +149,10 @@ class Exporter:
         t0 = time.monotonic()
         shards = self.source.list_shards()
         self.result.shards = len(shards)
-        tmp = Path(tempfile.mkdtemp(prefix=".gq-export-", dir=self.workdir))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=".gq-export-", dir=self.workdir))
+        except OSError as e:
+            raise write_failed(e, self.workdir, PARTITIONS, room_in=self.workdir) from None
         seen_key = run_key(self.run, f"export:{uuid.uuid4().hex}:seen")
         missing_key = seen_key.removesuffix(":seen") + ":missing"
         finals = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
@@ -159,7 +163,8 @@ class Exporter:
             self.progress.writing(len(parts))
             out = self._sink(finals["output"])
             try:
-                with open_writer(finals["errors"]) as errs, open_writer(finals["truncated"]) as cut:
+                with (open_writer(finals["errors"], ERRORS) as errs,
+                      open_writer(finals["truncated"], TRUNCATED) as cut):
                     for i, part in enumerate(parts):
                         self._reduce(part, out, errs, cut, seen_key)
                         part.unlink()
@@ -172,7 +177,10 @@ class Exporter:
             out.close()
             if isinstance(out, GroupingSink):
                 self.result.groups = out.groups
-            self._coverage(seen_key, missing_key, finals["missing"])
+            try:
+                self._coverage(seen_key, missing_key, finals["missing"])
+            except OSError as e:
+                raise write_failed(e, finals["missing"], MISSING) from None
             for k, p in self.paths.items():
                 os.replace(finals[k], p)
         finally:
@@ -203,15 +211,38 @@ class Exporter:
     def _partition(self, shards: list[ShardInfo], tmp: Path) -> list[Path]:
         k, span, layout = self._partitions_for(shards)
         paths = [tmp / f"part-{i:04d}" for i in range(k)]
-        files = [open(p, "wb", buffering=WRITE_BUFFER) for p in paths]  # noqa: SIM115
+        files: list[IO[bytes]] = []
         log.info("reading %d shards from %s into %d partitions of %d positions", len(shards),
                  self.source.where, k, span)
+        # A full --tmp-dir shows as an OSError from a write or from a close (its buffer), or from
+        # an S3 shard's download there: only those are the partitions' failure; a shard that
+        # cannot be read is another error.
         try:
-            for ordinal, shard in enumerate(self.source.each(shards)):
-                self._split(shard, ordinal, files, span, layout)
+            try:
+                for p in paths:
+                    files.append(open(p, "wb", buffering=WRITE_BUFFER))  # noqa: SIM115
+            except OSError as e:
+                raise _PartitionWriteError(e) from None
+            try:
+                for ordinal, shard in enumerate(self.source.each(shards)):
+                    self._split(shard, ordinal, files, span, layout)
+            except OSError as e:  # an S3 shard is downloaded to the same place: full is full
+                if not disk_full(e):
+                    raise
+                raise _PartitionWriteError(e) from None
+            try:
+                while files:
+                    files.pop().close()
+            except OSError as e:
+                raise _PartitionWriteError(e) from None
+        except _PartitionWriteError as e:
+            raise write_failed(e.cause, tmp, PARTITIONS, needed=sum(s.bytes for s in shards)) from None
         finally:
             for f in files:
-                f.close()
+                try:
+                    f.close()
+                except OSError:
+                    pass  # the failure being handled is the one reported
         return paths
 
     def _blob(self, rec: dict[str, Any], line: bytes) -> tuple[int, bytes]:
@@ -262,8 +293,11 @@ class Exporter:
                     blank += 1
                 continue
             f = files[min(layout.position(place, index) // span, last)]
-            f.write(header)
-            f.write(blob)
+            try:
+                f.write(header)
+                f.write(blob)
+            except OSError as e:
+                raise _PartitionWriteError(e) from None
         tick(records & 4095)
         self.result.records_read += records - bad - blank
         self.result.bad_lines += bad
@@ -355,6 +389,14 @@ class Exporter:
         if r.unexpected:
             log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
                         "name?); they are exported too", r.unexpected, self.run)
+
+
+class _PartitionWriteError(Exception):
+    """A partition file could not be written (carries the OSError); _partition says where."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def _field(line: bytes, name: str) -> str:

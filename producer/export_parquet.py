@@ -18,6 +18,9 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from genqueue.common.errors import WriteFailedError
+from genqueue.producer.outfiles import OUTPUT, write_failed
+
 #: JSON bytes per row group: what pass 2 holds in Arrow form at once, on top of its partition.
 #: Measured at 100k records: 32 MiB peaks at 341 MiB RSS, 16 MiB at 245 MiB and 7% slower,
 #: 8 MiB at 217 MiB and 14% slower.
@@ -84,12 +87,17 @@ def arrow_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class ParquetSink:
-    """Buffers JSON lines of one schema and writes them to PATH as Parquet row groups."""
+    """Buffers JSON lines of one schema and writes them to PATH as Parquet row groups. A failed
+    write (Arrow raises OSError with its errno) raises WriteFailedError naming PATH."""
 
     def __init__(self, path: Path, schema: pa.Schema, *, row_group_bytes: int | None = None) -> None:
+        self.path = path
         self.schema = schema
         self.row_group_bytes = ROW_GROUP_BYTES if row_group_bytes is None else row_group_bytes
-        self._writer = pq.ParquetWriter(str(path), self.schema, compression="zstd")
+        try:
+            self._writer = pq.ParquetWriter(str(path), self.schema, compression="zstd")
+        except OSError as e:
+            raise write_failed(e, path, OUTPUT) from None
         self._buf = bytearray()
         self._longest = 0
         self.rows = 0
@@ -113,14 +121,27 @@ class ParquetSink:
             parse_options=pa_json.ParseOptions(explicit_schema=self.schema, unexpected_field_behavior="error"),
         )
         table = table.select(self.schema.names).cast(self.schema)
-        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        try:
+            self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        except OSError as e:
+            raise self._failed(e) from None
         self.rows += table.num_rows
         self.row_groups += 1
 
     def close(self) -> None:
         self.flush()
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError as e:
+            raise self._failed(e) from None
 
     def abort(self) -> None:
         self._buf = bytearray()
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError:
+            pass  # the failure being handled is the one reported
+
+    def _failed(self, e: OSError) -> WriteFailedError:
+        self.abort()
+        return write_failed(e, self.path, OUTPUT)
