@@ -339,7 +339,7 @@ class Exporter:
         error record with rq's reason. `rq requeue` brings them back; a later export sees them.
         Entries that are no usable job are noted in the scan (rqjobs), not exported."""
         for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan):
-            reason = failed_reason(job.job)
+            reason = failed_reason(self.conn, job.id)
             digests = [bytes.fromhex(it["key"]) for it in job.items]
             present = self.conn.smismember(seen_key, digests) if digests else []
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]

@@ -28,10 +28,11 @@ import redis
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rq.job import Job
+from rq.job import Job, JobStatus
 
+from genqueue.common import rqjobs
 from genqueue.common.marks import ShardMarks, mark_shipped
-from genqueue.common.rqaccess import TASK, JobPlace, place_key, queue_for, queue_name
+from genqueue.common.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, queue_name
 from genqueue.consumer.rqcompat import GenWorker
 from genqueue.producer.cli import main as producer
 from tests.conftest import cli, free_port, sharegpt, write_jsonl
@@ -343,3 +344,52 @@ def http_get(port: int, proc: Proc) -> Callable[[str], tuple[int, Any]]:
             return e.code, e.read()[:500]
 
     return get
+
+
+# --- the fast check in Redis never accepts what rq's loader refuses ---------------------------
+RQ_FIELDS = ("status", "created_at", "enqueued_at", "started_at", "ended_at", "last_heartbeat", "timeout",
+             "result_ttl", "retries_left", "enqueue_at_front", "retry_intervals", "dependency_ids", "worker_name",
+             "description", "success_callback_timeout")
+field_values = st.one_of(
+    st.text(max_size=12).map(str.encode),
+    st.binary(max_size=8),
+    st.from_regex(r"\A\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,7})?Z?\Z").map(str.encode),
+    st.integers(-5, 10**6).map(lambda n: str(n).encode()),
+    st.sampled_from([b"queued", b"finished", b"[0, 60]", b"[]", b"[1, ", b"{}", b"\xff", b""]),
+)
+
+
+def test_the_fast_check_agrees_with_rqs_own_loader(conn):
+    q = queue_for("agree", conn)
+    q.enqueue_call(TASK, args=([GOOD_ITEM],), job_id="base")
+    base = conn.hgetall(Job.key_for("base"))
+    fast = conn.register_script(rqjobs._FAST)
+    statuses = [s.value for s in JobStatus]
+    # jobs as rq writes them, at every step, take the fast path
+    w = GenWorker([q], conn, lease=60)
+    w.start()
+    held, _ = w.dequeue(q)
+    assert held is not None
+    assert fast(keys=[Job.key_for("base")], args=["0", *statuses])[0] == b"ok"
+    w.finish(held, {"items": 1})
+    assert fast(keys=[Job.key_for("base")], args=["0", *statuses])[0] == b"ok"
+    w.stop()
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.dictionaries(st.sampled_from(RQ_FIELDS), field_values, min_size=1, max_size=3))
+    def agree(fields: dict[str, bytes]) -> None:
+        conn.delete(Job.key_for("probe"))
+        conn.hset(Job.key_for("probe"), mapping={**base, **fields})
+        verdict = fast(keys=[Job.key_for("probe")], args=["0", *statuses])[0]
+        try:
+            Job("probe", connection=conn, serializer=SERIALIZER).restore(conn.hgetall(Job.key_for("probe")))
+            loads = True
+        except Exception:  # noqa: BLE001 - whatever rq refuses
+            loads = False
+        assert loads or verdict != b"ok", f"the fast check accepts {fields} that rq cannot load"
+        found = list(rqjobs.read_jobs(conn, "agree", [JobPlace.QUEUED], scan=rqjobs.JobScan(), depth=rqjobs.Depth.HEADERS))
+        assert ("probe" in {j.id for j in found}) == loads
+
+    conn.delete(q.key)
+    conn.rpush(q.key, "probe")
+    agree()

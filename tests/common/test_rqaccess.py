@@ -84,7 +84,7 @@ def test_failed_jobs_lists_ours_with_their_reasons(conn: redis.Redis) -> None:
     found = {j.id: j for j in read_jobs(conn, "fail", [JobPlace.FAILED], scan=scan)}
     assert set(found) == {"gq-fail-new", "gq-fail-old"}
     assert [it["index"] for it in found["gq-fail-new"].items] == [0, 1]
-    assert failed_reason(found["gq-fail-old"].job) == "AbandonedJobError: abandoned 4 times"
+    assert failed_reason(conn, "gq-fail-old") == "AbandonedJobError: abandoned 4 times"
     assert set(scan.bad) == {"gq-fail-foreign", "gq-fail-expired"}  # named, not silently dropped
     assert list(read_jobs(conn, "nothing-here", [JobPlace.FAILED], scan=scan)) == []
     w.stop()
