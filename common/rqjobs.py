@@ -45,7 +45,8 @@ _KEY = re.compile(r"^[0-9a-f]{32}$")
 _PICKLE = b"\x80"
 
 # KEYS: job hashes. ARGV[1]: '1' to return each payload; ARGV[2..]: the statuses rq knows.
-# Per job two values: 'ok' and its data ('' without ARGV[1]); 'gone' (no hash); 'nodata'; or
+# Per job two values: 'ok' and its data ('' without ARGV[1]); 'gone' (no hash); 'nothash' and
+# the key's type; 'nodata'; or
 # 'check': a field is not in the exact shape rq writes it, so Python asks rq's own loader.
 # Everything accepted here rq's Job.restore accepts too (its dates, numbers, status, JSON and
 # text fields, checked stricter than rq parses them); nothing else is decided here.
@@ -106,8 +107,11 @@ local function shape_ok(k)
 end
 local out = {}
 for _, k in ipairs(KEYS) do
-  if redis.call('EXISTS', k) == 0 then
+  local kind = redis.call('TYPE', k).ok
+  if kind == 'none' then
     out[#out + 1] = 'gone'; out[#out + 1] = ''
+  elseif kind ~= 'hash' then
+    out[#out + 1] = 'nothash'; out[#out + 1] = kind
   else
     local data = redis.call('HGET', k, 'data')
     if not data or data == '' then
@@ -221,7 +225,8 @@ def read_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace], *, scan: 
 def job_defect(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED) -> str | None:
     """Why the job JOB_ID is no usable genqueue job (the reasons read_jobs gives), or None."""
     scan = JobScan()
-    _verdict(conn, job_id, place, b"check", b"", Depth.ITEMS, scan)
+    out = conn.register_script(_FAST)(keys=[Job.key_for(job_id)], args=["1", *(s.value for s in JobStatus)])
+    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan)
     return next(iter(scan.bad.values())).reason if scan.bad else None
 
 
@@ -255,6 +260,9 @@ def _verdict(conn: redis.Redis, jid: str, place: JobPlace, verdict: bytes, data:
              scan: JobScan) -> RunJob | None:
     if verdict == b"gone":
         scan.note(jid, place, "no job hash (a dangling id)")
+        return None
+    if verdict == b"nothash":
+        scan.note(jid, place, f"the job's key is a {data.decode(errors='replace')}, not a hash")
         return None
     if verdict == b"nodata":
         scan.note(jid, place, "the job's hash holds no data")
@@ -298,7 +306,7 @@ def _payload(data: bytes) -> tuple[str | None, list[Item]]:
     if not isinstance(decoded, list) or len(decoded) != 4:
         return "payload is not rq's [function, instance, args, kwargs]", []
     func, _instance, args, kwargs = decoded
-    if func not in TASKS:
+    if not isinstance(func, str) or func not in TASKS:
         return f"names {str(func)[:80]!r}, not genqueue's task", []
     if kwargs:
         return "has keyword arguments; genqueue jobs carry one list of items", []

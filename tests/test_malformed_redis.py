@@ -75,6 +75,8 @@ SHAPES: dict[str, tuple[dict[str, bytes | str] | None, bool]] = {
                        False),
     "item-bad-index": ({"data": payload(TASK, [[{**GOOD_ITEM, "index": True}]]), "status": "queued"}, False),
     "item-no-messages": ({"data": payload(TASK, [[{**GOOD_ITEM, "messages": []}]]), "status": "queued"}, False),
+    "func-not-text": ({"data": payload([1], [[GOOD_ITEM]]), "status": "queued"}, False),
+    "not-a-hash": (None, True),
     "non-utf8-id": (None, True),
 }
 PLACES = list(JobPlace)
@@ -89,6 +91,8 @@ def plant(conn: redis.Redis, planted: list[tuple[str, JobPlace]]) -> dict[str, t
         member: bytes = jid.encode()
         if shape == "non-utf8-id":
             member = b"\xff\xfe" + member
+        elif shape == "not-a-hash":
+            conn.set(Job.key_for(jid), b"a string where a job hash belongs")
         elif fields is not None:
             conn.hset(Job.key_for(jid), mapping=fields)  # type: ignore[arg-type]
         if place is JobPlace.STARTED:
