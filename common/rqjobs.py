@@ -222,6 +222,16 @@ def read_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace], *, scan: 
                     yield good
 
 
+def scan_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace] = tuple(JobPlace), *,
+              scan: JobScan | None = None, depth: Depth = Depth.HEADERS) -> JobScan:
+    """The bad entries of RUN's PLACES (every place by default), for a command that only names
+    them: read_jobs with the good jobs dropped."""
+    scan = JobScan() if scan is None else scan
+    for _job in read_jobs(conn, run, places, scan=scan, depth=depth):
+        pass
+    return scan
+
+
 def job_defect(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED) -> str | None:
     """Why the job JOB_ID is no usable genqueue job (the reasons read_jobs gives), or None."""
     scan = JobScan()

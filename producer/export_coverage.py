@@ -15,7 +15,7 @@ from typing import IO, Any
 import redis
 
 from genqueue.common.rqaccess import JobPlace
-from genqueue.common.rqjobs import Depth, JobScan, read_jobs
+from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.runs import run_key
 
 TEMP_KEY_TTL = 24 * 3600
@@ -38,8 +38,7 @@ def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missi
         if missing:
             _write_missing(conn, run, fh, missing_key, scan)
         else:  # nothing to look up in the jobs: check what rq needs to load them, cheaply
-            for _job in read_jobs(conn, run, list(JobPlace), scan=scan, depth=Depth.HEADERS):
-                pass
+            scan_jobs(conn, run, scan=scan)
     return enqueued, missing, seen - (enqueued - missing)
 
 

@@ -29,7 +29,6 @@ from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
 from genqueue.common.redisconn import connect
 from genqueue.common.rqaccess import (
-    JobPlace,
     clear_refused,
     forget_queue,
     job_counts,
@@ -37,7 +36,7 @@ from genqueue.common.rqaccess import (
     refused_key,
     run_rq_keys,
 )
-from genqueue.common.rqjobs import Depth, JobScan, read_jobs
+from genqueue.common.rqjobs import scan_jobs
 from genqueue.common.runs import RUNS, RunStore, run_key
 from genqueue.common.settings import check_run_name
 
@@ -164,9 +163,7 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: b
         what += f", and its results under {redact(output)})" if purge_output else "; its output is kept)"
         if not click.confirm(f"delete {what}?", default=False):
             raise UserError("not deleted")
-    scan = JobScan()  # named before they go: no entry Redis holds may stop the delete
-    for _job in read_jobs(conn, run_name, list(JobPlace), scan=scan, depth=Depth.HEADERS):
-        pass
+    scan = scan_jobs(conn, run_name)  # named before they go: no entry Redis holds may stop the delete
     n = delete_run(conn, run_name)
     click.echo(f"run {run_name} deleted: {n} Redis keys")
     if scan.count:

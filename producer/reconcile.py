@@ -44,7 +44,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.marks import done_key, failed_key
 from genqueue.common.rqaccess import LIVE_PLACES, JobPlace
-from genqueue.common.rqjobs import Depth, JobScan, read_jobs
+from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, run_key
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -142,8 +142,7 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
         else:
             view.live_jobs += 1
     # the places rq no longer runs from: what rq needs to load them, so the summary names them all
-    for _job in read_jobs(conn, run, [JobPlace.FINISHED, JobPlace.CANCELED], scan=scan, depth=Depth.HEADERS):
-        pass
+    scan_jobs(conn, run, [JobPlace.FINISHED, JobPlace.CANCELED], scan=scan)
     view.malformed_jobs = scan.to_list()
     view.seconds = time.perf_counter() - t0
     log.info("run %s: %d live jobs (%d items), %d failed jobs, %d claims held by other producers, read in %.2f s",

@@ -32,8 +32,8 @@ from genqueue.common.eta import eta_seconds, format_duration
 from genqueue.common.marks import done_key, failed_key
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
-from genqueue.common.rqaccess import JobPlace, job_counts, queue_name, refused_jobs
-from genqueue.common.rqjobs import Depth, JobScan, malformed_line, read_jobs, refused_line
+from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
+from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
 
 #: A consumer that has not reported for this long is flagged as having stopped reporting.
@@ -71,9 +71,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     stats = store.stats(run)
     items, done, failed = progress(conn, run)
     pause = run_pause(conn, run)
-    scan = JobScan()  # what rq needs to load each job: no payload is moved at every poll
-    for _job in read_jobs(conn, run, list(JobPlace), scan=scan, depth=Depth.HEADERS):
-        pass
+    scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     raw_started = conn.hget(run_key(run), "started_at")
     started_at = float(_text(raw_started)) if raw_started else None
