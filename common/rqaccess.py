@@ -5,7 +5,8 @@ positional argument, the list of items. Its function name is `TASK`; a consumer 
 job naming anything else. Queues, job ids and descriptions, the payload's compression, and
 every read of rq's keys that the producer, status, export and tools make live here, built
 from rq's own key templates: a key spelled in four modules drifts. (The worker subclass and
-its internals stay in consumer/rqcompat.py.)
+its internals stay in consumer/rqcompat.py; reading jobs whatever Redis holds is
+common/rqjobs.py, on top of the places listed here.)
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import Any, TypedDict
 
-import orjson
 import redis
 import rq.job
 from rq import Queue
@@ -25,6 +25,8 @@ from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE, ExecutionRegistry
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.registry import (
+    BaseRegistry,
+    CanceledJobRegistry,
     DeferredJobRegistry,
     FailedJobRegistry,
     FinishedJobRegistry,
@@ -37,6 +39,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcparse
 
 from genqueue.common.contracts import Item
+from genqueue.common.defaults import KEY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,6 @@ SERIALIZER = JSONSerializer
 
 #: Failed-job reasons longer than this are cut (rq keeps whole tracebacks).
 REASON_CHARS = 500
-_FETCH_BATCH = 500
 
 
 # --- queues and jobs ---------------------------------------------------------------------
@@ -121,60 +123,93 @@ def job_failure(job: Job) -> str | None:
     return res.exc_string if res else None
 
 
-@dataclass(frozen=True, slots=True)
-class FailedJob:
-    """A genqueue job in rq's failed registry: its items and rq's reason, in one line."""
+# --- where a run's jobs are --------------------------------------------------------------
+class JobPlace(StrEnum):
+    """The list or registry of a run's queue that holds a job id."""
 
-    id: str
-    items: list[Item]
-    reason: str
-
-
-def failed_jobs(conn: redis.Redis, run: str) -> Iterator[FailedJob]:
-    """Every genqueue job of RUN that rq gave up on (its retries spent). Foreign jobs (another
-    function, a pickle) and jobs whose hash expired are skipped: they carry no items of ours."""
-    ids = [_text(m) for m in conn.zrange(FailedJobRegistry.key_template.format(queue_name(run)), 0, -1)]
-    for job, items in _our_jobs(conn, ids):
-        reason = (job_failure(job) or "failed in rq").strip().splitlines() or ["failed in rq"]
-        yield FailedJob(job.id, items, reason[-1][:REASON_CHARS])
+    QUEUED = "queued"
+    DEQUEUING = "dequeuing"  # rq's intermediate list, between dequeue and start
+    STARTED = "started"
+    SCHEDULED = "scheduled"
+    DEFERRED = "deferred"
+    READY = "ready"
+    FAILED = "failed"
+    FINISHED = "finished"
+    CANCELED = "canceled"
 
 
-def _our_jobs(conn: redis.Redis, ids: list[str]) -> Iterator[tuple[Job, list[Item]]]:
-    """The genqueue jobs among IDS with their items, fetched in batches. Foreign jobs (another
-    function, a pickle, garbage) and jobs whose hash expired are skipped: no items of ours."""
-    for start in range(0, len(ids), _FETCH_BATCH):
-        for job in Job.fetch_many(ids[start:start + _FETCH_BATCH], connection=conn, serializer=SERIALIZER):
-            if job is None:
-                continue
-            try:
-                if job.func_name not in TASKS:
-                    continue
-                items = job_items(job.args)
-            except Exception as e:  # noqa: BLE001 - undecodable (a pickle, garbage): not ours
-                log.debug("job %s skipped: not a genqueue job (%s)", job.id, type(e).__name__)
-                continue
-            yield job, items
+#: Where rq will still run a job from.
+LIVE_PLACES = (JobPlace.QUEUED, JobPlace.DEQUEUING, JobPlace.STARTED, JobPlace.SCHEDULED, JobPlace.DEFERRED,
+               JobPlace.READY)
+_LISTS = frozenset({JobPlace.QUEUED, JobPlace.DEQUEUING})
+_REGISTRIES: dict[JobPlace, type[BaseRegistry]] = {JobPlace.STARTED: StartedJobRegistry, JobPlace.SCHEDULED: ScheduledJobRegistry,
+               JobPlace.DEFERRED: DeferredJobRegistry, JobPlace.READY: ReadyJobRegistry,
+               JobPlace.FAILED: FailedJobRegistry, JobPlace.FINISHED: FinishedJobRegistry,
+               JobPlace.CANCELED: CanceledJobRegistry}
 
 
-def run_job_items(conn: redis.Redis, run: str) -> Iterator[list[Item]]:
-    """The items of every genqueue job of RUN that rq still holds: queued, being dequeued,
-    started, failed, deferred, scheduled, then finished (until its hash expires). Read in
-    batches; foreign or undecodable jobs are skipped. For the export's missing file."""
-    q = queue_for(run, conn)
-    lists = [q.key, q.intermediate_queue_key]
-    registries = [q.started_job_registry, q.failed_job_registry, q.deferred_job_registry,
-                  q.scheduled_job_registry, q.finished_job_registry]
-    seen: set[str] = set()
-    for key in lists + [reg.key for reg in registries]:
-        if key in lists:
-            ids = [_text(x) for x in conn.lrange(key, 0, -1)]
-        else:  # the started registry holds "<job id>:<execution id>"
-            ids = [_text(m).rsplit(":", 1)[0] if key == q.started_job_registry.key else _text(m)
-                   for m in conn.zrange(key, 0, -1)]
-        ids = [i for i in ids if i not in seen]
-        seen.update(ids)
-        for _job, items in _our_jobs(conn, ids):
-            yield items
+def place_key(run: str, place: JobPlace) -> str:
+    """The Redis key of RUN's PLACE (a list for queued and dequeuing, else a sorted set)."""
+    queue_key = Queue.redis_queue_namespace_prefix + queue_name(run)
+    if place is JobPlace.QUEUED:
+        return queue_key
+    if place is JobPlace.DEQUEUING:
+        return IntermediateQueue.get_intermediate_queue_key(queue_key)
+    return str(_REGISTRIES[place].key_template.format(queue_name(run)))
+
+
+def place_members(conn: redis.Redis, run: str, places: list[JobPlace]) -> list[tuple[JobPlace, list[bytes]]]:
+    """The raw members of RUN's PLACES, read in one transaction (a job moving between them
+    meanwhile is seen in exactly one). Members are as stored: the started registry's are
+    `<job id>:<execution id>`. A key of another type (garbage) reads as empty."""
+    with conn.pipeline(transaction=True) as p:
+        for place in places:
+            key = place_key(run, place)
+            if place in _LISTS:
+                p.lrange(key, 0, -1)
+            else:
+                p.zrange(key, 0, -1)
+        out = p.execute(raise_on_error=False)
+    return [(place, list(m) if isinstance(m, list) else []) for place, m in zip(places, out, strict=True)]
+
+
+def refused_key(queue: str) -> str:
+    """Where the consumers keep the jobs of QUEUE they refused (job id -> reason): jobs rq
+    cannot load are dropped from the queue, foreign ones failed (consumer/rqcompat.py)."""
+    return f"{KEY_PREFIX}:refused:{queue}"
+
+
+def refused_jobs(conn: redis.Redis, run: str) -> dict[str, str]:
+    """The jobs of RUN the consumers refused, with their reasons, sorted by id."""
+    raw = conn.hgetall(refused_key(queue_name(run))) if conn.type(refused_key(queue_name(run))) == b"hash" else {}
+    return dict(sorted((_lenient(k), _lenient(v)[:REASON_CHARS]) for k, v in raw.items()))
+
+
+def clear_refused(conn: redis.Redis, run: str) -> dict[str, str]:
+    """Forget the refused jobs of RUN: their record, and the refused jobs themselves where rq
+    will not run them (a refused job is never in a live place unless it was enqueued again,
+    e.g. by the reconcile under the same id: that one is kept). Returns what was cleared."""
+    refused = refused_jobs(conn, run)
+    if not refused:
+        conn.delete(refused_key(queue_name(run)))
+        return {}
+    live: set[str] = set()
+    for place, members in place_members(conn, run, list(LIVE_PLACES)):
+        for m in members:
+            text = _lenient(m)
+            live.add(text.rsplit(":", 1)[0] if place is JobPlace.STARTED and ":" in text else text)
+    gone = [j for j in refused if j not in live]
+    with conn.pipeline(transaction=True) as p:
+        for j in gone:
+            p.zrem(place_key(run, JobPlace.FAILED), j)
+            p.delete(Job.key_for(j), Result.get_key(j), ExecutionRegistry.key_template.format(j))  # type: ignore[no-untyped-call]
+        p.delete(refused_key(queue_name(run)))
+        p.execute()
+    return refused
+
+
+def _lenient(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 # --- raw reads for status and tools ------------------------------------------------------
@@ -230,76 +265,22 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@dataclass(frozen=True, slots=True)
-class JobIds:
-    """A run's job ids at one instant: `live` (queued, being dequeued, started, scheduled,
-    deferred, ready: rq will run them) and `failed` (rq gave up on them)."""
-
-    live: list[str]
-    failed: list[str]
-
-
-def run_job_ids(conn: redis.Redis, run: str) -> JobIds:
-    """The ids of RUN's live and failed jobs, read in one transaction: a job moving between
-    rq's lists and registries meanwhile is seen in exactly one of them."""
-    name = queue_name(run)
-    queue_key = Queue.redis_queue_namespace_prefix + name
-    with conn.pipeline(transaction=True) as p:
-        p.lrange(queue_key, 0, -1)
-        p.lrange(IntermediateQueue.get_intermediate_queue_key(queue_key), 0, -1)
-        p.zrange(StartedJobRegistry.key_template.format(name), 0, -1)
-        for registry in (ScheduledJobRegistry, DeferredJobRegistry, ReadyJobRegistry):
-            p.zrange(registry.key_template.format(name), 0, -1)
-        p.zrange(FailedJobRegistry.key_template.format(name), 0, -1)
-        queued, dequeuing, started, *waiting, failed = p.execute()
-    live = [_text(j) for j in (*queued, *dequeuing)]
-    # the started registry holds "<job id>:<execution id>"; the others, job ids
-    live += [StartedJobRegistry.parse_job_id(_text(e)) for e in started]
-    live += [_text(j) for group in waiting for j in group]
-    return JobIds(live=live, failed=[_text(j) for j in failed])
-
-
-def job_item_keys(conn: redis.Redis, job_ids: Sequence[str]) -> Iterator[list[str]]:
-    """The item keys each of JOB_IDS carries, read from the jobs' JSON payloads (zlib), a batch
-    of jobs per round trip. Jobs that are gone, foreign (another function, a pickle) or
-    undecodable carry no items of ours and are skipped."""
-    for start in range(0, len(job_ids), _FETCH_BATCH):
-        with conn.pipeline(transaction=False) as p:
-            for jid in job_ids[start:start + _FETCH_BATCH]:
-                p.hget(Job.key_for(jid), "data")
-            raws = p.execute()
-        for raw in raws:
-            if raw is None:
-                continue
-            try:
-                try:
-                    data = zlib.decompress(raw)
-                except zlib.error:
-                    data = raw  # rq's own fallback: stored uncompressed
-                func, _instance, args, _kwargs = orjson.loads(data)  # SERIALIZER's JSON, read faster
-                if func not in TASKS:
-                    continue
-                yield [str(it["key"]) for it in job_items(args)]
-            except Exception as e:  # noqa: BLE001 - a pickle or garbage: not a genqueue job
-                log.debug("job payload skipped: not a genqueue job (%s)", type(e).__name__)
-
-
 def run_rq_keys(conn: redis.Redis, run: str) -> list[str]:
     """Every rq key of RUN: its queue, intermediate list and registries, and the hash, results
-    and executions of every job found in them (for `producer delete`)."""
-    q = queue_for(run, conn)
-    registries = [q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
-                  q.deferred_job_registry, q.scheduled_job_registry, q.canceled_job_registry]
+    and executions of every job found in them (for `producer delete`). Entries that are not
+    text name no job key and are dropped with their list or registry."""
+    places = place_members(conn, run, list(JobPlace))
     job_ids: set[str] = set()
-    for key in (q.key, q.intermediate_queue_key):
-        job_ids.update(_text(x) for x in conn.lrange(key, 0, -1))
-    for reg in registries:
-        for member in conn.zrange(reg.key, 0, -1):
-            text = _text(member)
+    for place, members in places:
+        for member in members:
+            try:
+                text = member.decode() if isinstance(member, bytes) else str(member)
+            except UnicodeDecodeError:
+                continue
             # the started registry holds "<job id>:<execution id>"; the others, job ids
-            job_ids.add(text.rsplit(":", 1)[0] if reg is q.started_job_registry else text)
-    keys = [q.key, q.intermediate_queue_key, *(reg.key for reg in registries)]
-    for j in job_ids:
+            job_ids.add(text.rsplit(":", 1)[0] if place is JobPlace.STARTED and ":" in text else text)
+    keys = [place_key(run, p) for p in JobPlace]
+    for j in sorted(job_ids):
         keys += [Job.key_for(j), Result.get_key(j), ExecutionRegistry.key_template.format(j)]  # type: ignore[no-untyped-call]
     return keys
 

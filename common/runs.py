@@ -116,7 +116,7 @@ class RunStore:
     def require(self, run: str) -> RunInfo:
         info = self.get(run)
         if info is None:
-            raise RunNotFoundError(f"no run named {run!r} in Redis (see `producer status` for the runs there)")
+            raise RunNotFoundError(f"no run named {run!r} in Redis (see `producer runs` for the runs there)")
         return info
 
     def check(self, run: str, settings: RunSettings) -> bool:

@@ -14,7 +14,10 @@ rq-dashboard (0.9) out of the box fails on genqueue in three ways:
 
 This runs rq-dashboard's own command line with `--json`, its worker listing reading jobs with
 the JSON serializer, and a worker whose current job no serializer can read shown with its id
-instead of failing the whole page. Every rq-dashboard option passes through; the Redis URL
+instead of failing the whole page. And whatever a genqueue queue holds (a pickle, garbage, a
+hash without data, an id whose hash is gone, a date rq does not parse), its job lists show
+each such entry as a row `(malformed: <reason>)` (common/rqjobs.py's reasons), and a job's own
+page and JSON say why it cannot be shown, where rq-dashboard answered 500 for the whole list. Every rq-dashboard option passes through; the Redis URL
 comes from REDIS_URL as for genqueue's other commands, and it listens on 127.0.0.1 unless told.
 """
 
@@ -31,11 +34,15 @@ import click
 
 from genqueue.common.cli import setup_logging
 from genqueue.common.redact import redact
+from genqueue.common.rqaccess import queue_name
 
 log = logging.getLogger(__name__)
 
 #: The rq-dashboard series whose internals `patch` was written and tested against.
 TESTED_SERIES = "0.9."
+
+#: genqueue's rq queues are named <this><run>.
+QUEUE_PREFIX = queue_name("")
 
 INSTALL_HINT = "pip install 'rq-dashboard==0.9.*' six (from a checkout: pip install -e '.[dashboard]')"
 
@@ -67,9 +74,18 @@ def patch(web: ModuleType) -> None:
             kwargs.setdefault("serializer", JSONSerializer)
             return super().all(*args, **kwargs)
 
+        def get_current_job(self) -> Any:
+            try:
+                return super().get_current_job()
+            except Exception as e:  # noqa: BLE001 - a current job rq cannot load: shown by its id
+                return _Unloadable(str(self.get_current_job_id()), f"{type(e).__name__}: {str(e)[:120]}")
+
     show_current = web.serialize_current_job
 
     def serialize_current_job(job: Any) -> Any:
+        if isinstance(job, _Unloadable):
+            return {"job_id": job.id, "description": job.description, "created_at": None,
+                    "call_string": "(rq cannot load it)"}
         try:
             return show_current(job)
         except DeserializationError:  # a job of some other worker, not JSON: show what is readable
@@ -79,6 +95,68 @@ def patch(web: ModuleType) -> None:
     # setattr: mypy sees rq-dashboard's modules as plain ModuleType
     setattr(web, "Worker", JsonWorker)  # noqa: B010
     setattr(web, "serialize_current_job", serialize_current_job)  # noqa: B010
+    patch_job_lists(web)
+
+
+class _Unloadable:
+    """A worker's current job that rq cannot load: what the workers page shows of it."""
+
+    def __init__(self, job_id: str, why: str) -> None:
+        self.id = job_id
+        self.description = f"(malformed: {why})"
+
+
+def patch_job_lists(web: ModuleType) -> None:
+    """rq-dashboard's job lists, job page and job JSON, whatever a genqueue queue holds (see the
+    module docstring). Queues of other applications are shown by rq-dashboard's own code."""
+    from flask import current_app, request
+    from werkzeug.exceptions import HTTPException
+
+    from genqueue.common.rqaccess import JobPlace, place_key
+    from genqueue.common.rqjobs import job_defect
+
+    page_of = web.get_queue_registry_jobs_count
+    serialize_job = web.serialize_job
+
+    def row(conn: Any, member: bytes, place: JobPlace) -> dict[str, Any]:
+        jid = member.decode(errors="replace")
+        if place is JobPlace.STARTED and ":" in jid:  # "<job id>:<execution id>"
+            jid = jid.rsplit(":", 1)[0]
+        why = job_defect(conn, jid, place)
+        if why is None:
+            try:
+                return dict(serialize_job(web.Job.fetch(jid, connection=conn, serializer=web.config.serializer)))
+            except Exception as e:  # noqa: BLE001 - whatever rq-dashboard cannot show is named, not a 500
+                why = f"{type(e).__name__}: {str(e)[:120]}"
+        return {"id": jid, "created_at": None, "started_at": None, "ended_at": None, "exc_info": why,
+                "description": f"(malformed: {why})"}
+
+    def jobs_page(queue_name: str, registry_name: str, offset: int, per_page: int, order: str,
+                  connection: Any) -> tuple[int, list[dict[str, Any]]]:
+        if not queue_name.startswith(QUEUE_PREFIX) or registry_name not in set(JobPlace):
+            return page_of(queue_name, registry_name, offset, per_page, order, connection)  # type: ignore[no-any-return]
+        place = JobPlace(registry_name)
+        key = place_key(queue_name.removeprefix(QUEUE_PREFIX), place)
+        listed = place in (JobPlace.QUEUED, JobPlace.DEQUEUING)
+        total = int(connection.llen(key) if listed else connection.zcard(key))
+        start = max(0, total - offset - per_page) if order == "dsc" else offset
+        stop = (total - offset if order == "dsc" else offset + per_page) - 1
+        members = connection.lrange(key, start, stop) if listed else connection.zrange(key, start, stop)
+        if order == "dsc":
+            members.reverse()
+        return total, [row(connection, m, place) for m in members]
+
+    def unreadable_job(e: Exception) -> Any:
+        if isinstance(e, HTTPException):  # a 404 and the like: Flask's own answer
+            return e
+        jid = (request.view_args or {}).get("job_id")
+        if jid is None:
+            return {"error": f"{type(e).__name__}: {str(e)[:200]}"}, 500
+        why = job_defect(getattr(current_app, "redis_conn"), str(jid))  # noqa: B009 - set by rq-dashboard or f"{type(e).__name__}: {str(e)[:200]}"
+        return {"id": jid, "status": "malformed", "description": f"(malformed: {why})", "exc_info": why}, 200
+
+    setattr(web, "get_queue_registry_jobs_count", jobs_page)  # noqa: B010
+    web.blueprint.register_error_handler(Exception, unreadable_job)
 
 
 class _StartLineIsNotAnError(logging.Filter):

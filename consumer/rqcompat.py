@@ -22,7 +22,7 @@ from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.rqaccess import SERIALIZER, TASK, TASKS
+from genqueue.common.rqaccess import SERIALIZER, TASK, TASKS, refused_key
 
 log = logging.getLogger(__name__)
 
@@ -240,8 +240,3 @@ class GenWorker(BaseWorker):
                         job_id)
             back += 1
         return back
-
-
-def refused_key(queue_name: str) -> str:
-    """Where the reasons of jobs the consumer refused are kept (job id -> reason)."""
-    return f"{KEY_PREFIX}:refused:{queue_name}"

@@ -36,7 +36,7 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample
-from genqueue.common.rqaccess import queue_name
+from genqueue.common.rqaccess import queue_name, refused_key
 from genqueue.common.runs import CONSUMERS, consumer_key
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
@@ -71,6 +71,8 @@ ENGINE_KV = Gauge("genqueue_engine_kv_cache_usage", "Engine KV cache usage, 0..1
 RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each retried or, last, recorded)",
                    ["kind"])
 QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq queue", ["run"])
+REFUSED_JOBS = Gauge("genqueue_refused_jobs", "Jobs of a served run that consumers refused (genqueue:refused:<queue>; "
+                     "`producer status` names them)", ["run"])
 
 #: The failed-attempt kinds (consumer.client's errors) that get a retries series from the start.
 RETRY_KINDS = ("TransientError", "EndpointDown", "DeadlineExceeded", "BadResponseError")
@@ -219,12 +221,14 @@ class Telemetry:
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n
         depths = await self.rq.call(self._write, snap, now)
-        for run, depth in depths.items():
+        for run, (depth, refused_jobs) in depths.items():
             QUEUE_DEPTH.labels(run).set(depth)
+            REFUSED_JOBS.labels(run).set(refused_jobs)
         return snap
 
-    def _write(self, snap: ConsumerSnapshot, now: float) -> dict[str, int]:
-        """Publish SNAP; returns the depth of each served run's queue (same round trip)."""
+    def _write(self, snap: ConsumerSnapshot, now: float) -> dict[str, tuple[int, int]]:
+        """Publish SNAP; returns the depth of each served run's queue and how many of its jobs
+        were refused (same round trip)."""
         runs = list(snap["runs"])
         with self.conn.pipeline() as p:
             p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
@@ -232,8 +236,10 @@ class Telemetry:
             p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
             for run in runs:
                 p.llen(f"rq:queue:{queue_name(run)}")
-            out = p.execute()
-        return {run: int(n) for run, n in zip(runs, out[3:], strict=True)}
+                p.hlen(refused_key(queue_name(run)))
+            out = p.execute(raise_on_error=False)
+        counts = [n if isinstance(n, int) else 0 for n in out[3:]]  # a refused key of another type: 0
+        return {run: (counts[2 * i], counts[2 * i + 1]) for i, run in enumerate(runs)}
 
     def snapshot(self, now: float | None = None, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time() if now is None else now

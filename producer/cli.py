@@ -135,15 +135,20 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
 @click.option("--watch", is_flag=True, help="Redraw in place every --interval seconds (Ctrl-C to leave).")
 @click.option("--interval", type=click.FloatRange(0.5), default=2.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
+              help="The run's output, where its run.json is looked for when Redis does not hold the run.")
 @redis_option
 @friendly_errors
-def status(run_name: str | None, watch: bool, interval: float, as_json: bool, redis_url: str) -> None:
+def status(run_name: str | None, watch: bool, interval: float, as_json: bool, output: str, redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
     from genqueue.common.runs import RunStore
+    from genqueue.producer.rungone import run_gone
     from genqueue.producer.status import format_status, run_status
 
     conn = connect(redis_url)
     names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
+    if run_name and RunStore(conn).get(run_name) is None:  # Redis lost it? its output may hold run.json
+        raise run_gone(run_name, _absolute_output(output))
 
     def render() -> str:
         reports = [run_status(conn, name) for name in names]
@@ -226,6 +231,10 @@ def format_summary(s: Summary) -> str:
     ]
     if s.rejects_path:
         rows.append(("rejects file", s.rejects_path))
+    if s.queue_view and s.queue_view.get("malformed_jobs"):
+        from genqueue.common.rqjobs import malformed_line
+
+        rows.append(("malformed jobs", malformed_line(s.queue_view["malformed_jobs"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 

@@ -275,7 +275,8 @@ class Enqueuer:
         v = self.view
         self.queue_view = {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
                            "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,
-                           "claimed_items_taken_over": v.taken_over_items, "seconds": round(v.seconds, 3)}
+                           "claimed_items_taken_over": v.taken_over_items, "seconds": round(v.seconds, 3),
+                           "malformed_jobs": v.malformed_jobs}
 
     def _drain(self) -> None:
         """Write what longest-first ordering held back, longest first; then the rest."""

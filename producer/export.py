@@ -29,6 +29,7 @@ from genqueue.common.contracts import Outcome
 from genqueue.common.errors import UserError
 from genqueue.common.placement import this_host
 from genqueue.common.redisconn import connect
+from genqueue.common.rqjobs import malformed_line, refused_line
 from genqueue.common.runs import RunStore
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export_core import (
@@ -44,6 +45,7 @@ from genqueue.producer.export_core import (
 from genqueue.producer.export_formats import FORMATS
 from genqueue.producer.export_sources import source_for
 from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
+from genqueue.producer.rungone import run_gone
 
 __all__ = ["export_command", "format_export", "stem"]
 
@@ -141,7 +143,9 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
     workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
     probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
     conn = connect(redis_url)
-    info = RunStore(conn).require(run)
+    info = RunStore(conn).get(run)
+    if info is None:  # Redis lost it? the usual output may hold its run.json
+        raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT))
     refusal = info.placement.refusal(run, info.settings.output, this_host())
     if refusal is not None:  # this host's directory of that name holds none of the run's shards
         raise UserError(refusal)
@@ -222,6 +226,10 @@ def _progress(*, enabled: bool) -> Iterator[Progress]:
         yield _Bar(bar)
 
 
+def _absolute(output: str) -> str:
+    return output if "://" in output else os.path.abspath(output)
+
+
 def _failed_limit(text: str) -> Callable[[int], int]:
     """--max-failed: a count, or a fraction (0 < f < 1) of the enqueued items."""
     try:
@@ -260,6 +268,10 @@ def format_export(r: ExportResult) -> str:
         rows.append(("not in the run", f"{r.unexpected:,}  (exported anyway)"))
     if r.bad_lines or r.bad_shards:
         rows.append(("unreadable", f"{r.bad_lines:,} lines; {r.bad_shards:,} shards not matching their manifest"))
+    if r.malformed_jobs:
+        rows.append(("malformed jobs", malformed_line(r.malformed_jobs)))
+    if r.refused_jobs:
+        rows.append(("refused jobs", refused_line(r.refused_jobs, r.run)))
     rows += [
         ("output", r.output),
         ("truncated file", r.truncated_path),

@@ -42,7 +42,8 @@ import orjson
 import redis
 
 from genqueue.common.contracts import ErrorClass, Outcome, error_info
-from genqueue.common.rqaccess import failed_jobs
+from genqueue.common.rqaccess import JobPlace, refused_jobs
+from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.runs import run_key
 from genqueue.common.storage import ShardInfo
 from genqueue.producer.export_coverage import TEMP_KEY_TTL, coverage
@@ -113,6 +114,10 @@ class ExportResult:
     seconds: float = 0.0
     failed_by_class: dict[str, int] = field(default_factory=dict)
     truncated_by_outcome: dict[str, int] = field(default_factory=dict)
+    #: Entries of the run's queue and registries that are no usable job (rqjobs.BadJob dicts).
+    malformed_jobs: list[dict[str, str]] = field(default_factory=list)
+    #: Jobs the consumers refused (job id -> reason), from genqueue:refused:<queue>.
+    refused_jobs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,6 +145,7 @@ class Exporter:
         self.paths = {"output": output, "errors": errors_path, "missing": missing_path, "truncated": truncated}
         self.workdir = workdir
         self.partition_bytes = partition_bytes
+        self.scan = JobScan()
         self.result = ExportResult(run, fmt, str(output), str(errors_path), str(missing_path), source.where,
                                    truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
                                    include_outcomes=sorted(include))
@@ -181,6 +187,8 @@ class Exporter:
                 self._coverage(seen_key, missing_key, finals["missing"])
             except OSError as e:
                 raise write_failed(e, finals["missing"], MISSING) from None
+            self.result.malformed_jobs = self.scan.to_list()
+            self.result.refused_jobs = refused_jobs(self.conn, self.run)
             for k, p in self.paths.items():
                 os.replace(finals[k], p)
         finally:
@@ -362,8 +370,10 @@ class Exporter:
     def _failed_jobs(self, errs: IO[bytes], seen_key: str) -> None:
         """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
         consumer) and that no shard holds are permanently failed, not missing: each gets an
-        error record with rq's reason. `rq requeue` brings them back; a later export sees them."""
-        for job in failed_jobs(self.conn, self.run):
+        error record with rq's reason. `rq requeue` brings them back; a later export sees them.
+        Entries that are no usable job are noted in the scan (rqjobs), not exported."""
+        for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan):
+            reason = failed_reason(self.conn, job.id)
             digests = [bytes.fromhex(it["key"]) for it in job.items]
             present = self.conn.smismember(seen_key, digests) if digests else []
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
@@ -372,7 +382,7 @@ class Exporter:
                     "key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": self.run,
                     **{k: v for k, v in it.items() if k in ("id", "source", "source_seq", "sample", "seed")},
                     "messages": it["messages"],
-                    "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {job.reason}"),
+                    "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {reason}"),
                 }
                 errs.write(orjson.dumps(batch_error(rec) if self.shape == "batch" else rec) + b"\n")
             if lost:
@@ -385,7 +395,8 @@ class Exporter:
     # --- coverage ------------------------------------------------------------------
     def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:
         r = self.result
-        r.enqueued, r.missing, r.unexpected = coverage(self.conn, self.run, seen_key, missing_key, missing_path)
+        r.enqueued, r.missing, r.unexpected = coverage(self.conn, self.run, seen_key, missing_key, missing_path,
+                                                       self.scan)
         if r.unexpected:
             log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
                         "name?); they are exported too", r.unexpected, self.run)

@@ -14,7 +14,8 @@ from typing import IO, Any
 
 import redis
 
-from genqueue.common.rqaccess import run_job_items
+from genqueue.common.rqaccess import JobPlace
+from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.runs import run_key
 
 TEMP_KEY_TTL = 24 * 3600
@@ -22,9 +23,12 @@ _SCAN = 10_000
 _WRITE_BUFFER = 256 * 1024
 
 
-def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missing_path: Path) -> tuple[int, int, int]:
+def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missing_path: Path,
+             scan: JobScan) -> tuple[int, int, int]:
     """(enqueued, missing, unexpected) for RUN, with the missing file written to MISSING_PATH.
-    Unexpected: keys with records that the run never enqueued (an older run of that name)."""
+    Unexpected: keys with records that the run never enqueued (an older run of that name).
+    Every job of the run is checked (its payload too when items are missing), the bad ones
+    noted in SCAN."""
     keys = run_key(run, "keys")
     enqueued = int(conn.scard(keys))
     seen = int(conn.scard(seen_key))
@@ -32,14 +36,17 @@ def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missi
     conn.expire(missing_key, TEMP_KEY_TTL)
     with open(missing_path, "wb", buffering=_WRITE_BUFFER) as fh:
         if missing:
-            _write_missing(conn, run, fh, missing_key)
+            _write_missing(conn, run, fh, missing_key, scan)
+        else:  # nothing to look up in the jobs: check what rq needs to load them, cheaply
+            scan_jobs(conn, run, scan=scan)
     return enqueued, missing, seen - (enqueued - missing)
 
 
-def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str) -> None:
+def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str, scan: JobScan) -> None:
     """Items still in a job rq holds first, with their provenance (each taken out of the
     temporary set as it is written); then the keys no job holds."""
-    for items in run_job_items(conn, run):
+    for job in read_jobs(conn, run, list(JobPlace), scan=scan):
+        items = job.items
         digests = [bytes.fromhex(it["key"]) for it in items]
         flags = conn.smismember(missing_key, digests)
         found = [it for it, missing in zip(items, flags, strict=True) if missing]

@@ -28,7 +28,15 @@ from genqueue.common.pause import pause_key, resume_run, run_pause
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
 from genqueue.common.redisconn import connect
-from genqueue.common.rqaccess import forget_queue, job_counts, run_rq_keys
+from genqueue.common.rqaccess import (
+    clear_refused,
+    forget_queue,
+    job_counts,
+    queue_name,
+    refused_key,
+    run_rq_keys,
+)
+from genqueue.common.rqjobs import scan_jobs
 from genqueue.common.runs import RUNS, RunStore, run_key
 from genqueue.common.settings import check_run_name
 
@@ -126,12 +134,21 @@ def resume_command(run_name: str, redis_url: str) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--purge-output", is_flag=True,
               help="Also delete the run's results under its output (a local directory only).")
+@click.option("--refused-only", is_flag=True,
+              help="Only clear the jobs consumers refused (and their reasons); the run stays.")
 @redis_option
 @friendly_errors
-def delete_command(run_name: str, yes: bool, purge_output: bool, redis_url: str) -> None:
+def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: bool, redis_url: str) -> None:
     """Remove a run's state from Redis: its settings, queue, jobs and counters. The results
     already shipped stay where they are unless --purge-output."""
     conn = connect(redis_url)
+    if refused_only:
+        if purge_output:
+            raise UserError("--refused-only clears refused jobs alone; it does not go with --purge-output")
+        cleared = clear_refused(conn, check_run_name(run_name))
+        click.echo(f"run {run_name}: {len(cleared)} refused job(s) cleared" + (
+            ": " + ", ".join(cleared) if cleared else ""))
+        return
     info = RunStore(conn).get(check_run_name(run_name))
     if info is None:
         raise RunNotFoundError(f"no run named {run_name!r} in Redis (see `producer runs`)")
@@ -146,8 +163,11 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, redis_url: str)
         what += f", and its results under {redact(output)})" if purge_output else "; its output is kept)"
         if not click.confirm(f"delete {what}?", default=False):
             raise UserError("not deleted")
+    scan = scan_jobs(conn, run_name)  # named before they go: no entry Redis holds may stop the delete
     n = delete_run(conn, run_name)
     click.echo(f"run {run_name} deleted: {n} Redis keys")
+    if scan.count:
+        click.echo(scan.line("deleted with it"))
     if purge_output:
         target = Path(output) / run_name
         if target.is_dir():
@@ -159,7 +179,7 @@ def delete_run(conn: redis.Redis, run: str) -> int:
     """Delete every Redis key of RUN: genqueue's and rq's (its queue, registries, jobs).
     Consumers holding its jobs find the run gone and stop serving it."""
     ours = [k.decode() for k in conn.scan_iter(match=f"{run_key(run)}:*", count=1000)]
-    keys = [*run_rq_keys(conn, run), run_key(run), pause_key(run), *ours]
+    keys = [*run_rq_keys(conn, run), run_key(run), pause_key(run), refused_key(queue_name(run)), *ours]
     n = 0
     for i in range(0, len(keys), 500):
         n += int(conn.delete(*keys[i:i + 500]))

@@ -43,7 +43,8 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.marks import done_key, failed_key
-from genqueue.common.rqaccess import job_item_keys, run_job_ids
+from genqueue.common.rqaccess import LIVE_PLACES, JobPlace
+from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, run_key
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -101,6 +102,8 @@ class QueueView:
     taken_over_claims: int = 0
     taken_over_items: int = 0
     seconds: float = 0.0
+    #: Entries of the queue and registries that are no usable job (rqjobs.BadJob dicts): skipped.
+    malformed_jobs: list[dict[str, str]] = field(default_factory=list)
 
 
 def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = defaults.CLAIM_GRACE) -> QueueView:
@@ -130,12 +133,17 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
             continue
         view.held_claims += 1
         view.live.update(int.from_bytes(d, "big") for d in conn.smembers(key) if isinstance(d, bytes))
-    ids = run_job_ids(conn, run)
-    view.live_jobs, view.failed_jobs = len(ids.live), len(ids.failed)
-    for keys in job_item_keys(conn, ids.live):
-        view.live.update(as_int(k) for k in keys)
-    for keys in job_item_keys(conn, ids.failed):
-        view.failed.update(as_int(k) for k in keys)
+    scan = JobScan()
+    for job in read_jobs(conn, run, [*LIVE_PLACES, JobPlace.FAILED], scan=scan):
+        into = view.failed if job.place is JobPlace.FAILED else view.live
+        into.update(as_int(it["key"]) for it in job.items)
+        if job.place is JobPlace.FAILED:
+            view.failed_jobs += 1
+        else:
+            view.live_jobs += 1
+    # the places rq no longer runs from: what rq needs to load them, so the summary names them all
+    scan_jobs(conn, run, [JobPlace.FINISHED, JobPlace.CANCELED], scan=scan)
+    view.malformed_jobs = scan.to_list()
     view.seconds = time.perf_counter() - t0
     log.info("run %s: %d live jobs (%d items), %d failed jobs, %d claims held by other producers, read in %.2f s",
              run, view.live_jobs, len(view.live), view.failed_jobs, view.held_claims, view.seconds)

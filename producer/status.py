@@ -32,7 +32,8 @@ from genqueue.common.eta import eta_seconds, format_duration
 from genqueue.common.marks import done_key, failed_key
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
-from genqueue.common.rqaccess import job_counts, queue_name
+from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
+from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
 
 #: A consumer that has not reported for this long is flagged as having stopped reporting.
@@ -70,6 +71,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     stats = store.stats(run)
     items, done, failed = progress(conn, run)
     pause = run_pause(conn, run)
+    scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
+    refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     raw_started = conn.hget(run_key(run), "started_at")
     started_at = float(_text(raw_started)) if raw_started else None
 
@@ -120,6 +123,9 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "failed_by_class": _by_name(stats, "failed_", [c.value for c in ErrorClass]),
         "warnings": {_text(k): redact(_text(v)) for k, v in conn.hgetall(run_key(run, "warnings")).items()},
         "jobs": job_counts(conn, run),
+        "malformed_jobs": [{**b, "reason": redact(b["reason"])} for b in scan.to_list()],
+        "refused": len(refused),
+        "refused_jobs": refused,
         "queue": queue_name(run),
         "speed": {
             "last_minute": recent,
@@ -283,6 +289,10 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
                      f"in flight {c['in_flight']}  engine {run_wait}  KV {kv}  spec {spec}  model {models}")
     for d in r["drift"]:
         lines.append(f"DRIFT    {d}")
+    if r.get("malformed_jobs"):
+        lines.append(f"JOBS     {malformed_line(r['malformed_jobs'], 'in the queue or registries')}")
+    if r.get("refused_jobs"):
+        lines.append(f"REFUSED  {refused_line(r['refused_jobs'], r['run'])}")
     for msg in sorted(set(r["warnings"].values())):
         lines.append(f"WARNING  {msg}")
     return "\n".join(lines)

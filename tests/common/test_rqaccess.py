@@ -14,6 +14,7 @@ from rq import Queue, Retry
 from genqueue.common.rqaccess import (
     LEGACY_TASKS,
     TASK,
+    JobPlace,
     job_counts,
     job_started_at,
     job_status,
@@ -22,7 +23,7 @@ from genqueue.common.rqaccess import (
     use_fast_job_compression,
     worker_executions,
 )
-from genqueue.common.rqaccess import failed_jobs as list_failed
+from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.consumer.rqcompat import GenWorker
 
 pytestmark = pytest.mark.integration
@@ -79,11 +80,13 @@ def test_failed_jobs_lists_ours_with_their_reasons(conn: redis.Redis) -> None:
             assert refused is not None and "os.system" in refused
     assert job_counts(conn, "fail")["failed"] == 4
     conn.delete(rq.job.Job.key_for("gq-fail-expired"))  # its hash expired; the registry entry remains
-    found = {j.id: j for j in list_failed(conn, "fail")}
+    scan = JobScan()
+    found = {j.id: j for j in read_jobs(conn, "fail", [JobPlace.FAILED], scan=scan)}
     assert set(found) == {"gq-fail-new", "gq-fail-old"}
     assert [it["index"] for it in found["gq-fail-new"].items] == [0, 1]
-    assert found["gq-fail-old"].reason == "AbandonedJobError: abandoned 4 times"
-    assert list(list_failed(conn, "nothing-here")) == []
+    assert failed_reason(conn, "gq-fail-old") == "AbandonedJobError: abandoned 4 times"
+    assert set(scan.bad) == {"gq-fail-foreign", "gq-fail-expired"}  # named, not silently dropped
+    assert list(read_jobs(conn, "nothing-here", [JobPlace.FAILED], scan=scan)) == []
     w.stop()
 
 

@@ -19,7 +19,8 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.marks import done_key, failed_key
-from genqueue.common.rqaccess import job_item_keys, queue_for, run_job_ids
+from genqueue.common.rqaccess import LIVE_PLACES, queue_for
+from genqueue.common.rqjobs import JobScan, read_jobs
 from genqueue.common.runlock import LockLostError, RunLock
 from genqueue.common.runs import key_digest, lock_key, run_key
 from genqueue.producer.jobwriter import JobWriter
@@ -48,7 +49,7 @@ def enqueue(redis_url: str, data: Path, run: str, *extra: str, check: bool = Tru
 
 def queued_item_keys(conn: redis.Redis, run: str) -> list[str]:
     """The item keys of every live job of RUN, with repeats (an item twice in the queue is a bug)."""
-    return [k for keys in job_item_keys(conn, run_job_ids(conn, run).live) for k in keys]
+    return [it["key"] for job in read_jobs(conn, run, LIVE_PLACES, scan=JobScan()) for it in job.items]
 
 
 def item_keys(conn: redis.Redis, run: str) -> set[str]:

@@ -1,0 +1,352 @@
+"""Reading a run's rq jobs, whatever Redis holds: good jobs out, bad ones counted and named.
+
+Anything can sit under a run's rq keys: a job put there by hand or by another tool, a pickle,
+compressed garbage, a hash without data, an id in a list or registry whose hash is gone, a
+date or status rq does not parse, items that are not a list, items that are not objects or
+lack fields. Every reader of a run's jobs (export, status, the reconcile, delete, the
+dashboard) goes through `read_jobs`: it yields the jobs genqueue can use, typed (`RunJob`, its
+items checked field by field), and notes every other entry in a `JobScan` (`BadJob`: id,
+place, reason), which the command prints (`N malformed job(s) skipped: <id> (<reason>), ...`)
+and puts in its --json. No caller sees an exception for what Redis holds.
+
+Two depths. HEADERS checks what rq needs to load a job (its hash, data, status, dates and
+numbers) without moving payloads; ITEMS decodes the payload too (zlib'd JSON; a pickle is named
+as one), its function and every item. Status and delete read headers (10,000 jobs in ~0.3 s,
+cheap at every poll); export and the reconcile read the payloads they need anyway (10,000 jobs
+of 32 items in ~1.1 s, against ~0.6 s for the bare payloads). The header check runs in Redis
+(_FAST: one round trip per batch, each job's data sent back only at ITEMS); a field not in the
+exact shape rq writes it is handed to rq's own Job.restore, which decides (the test
+test_the_fast_check_agrees_with_rqs_own_loader holds the two together).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+import redis
+from rq.job import Job, JobStatus
+
+from genqueue.common.contracts import Item
+from genqueue.common.rqaccess import REASON_CHARS, SERIALIZER, TASKS, JobPlace, job_failure, place_members
+
+log = logging.getLogger(__name__)
+
+_FETCH_BATCH = 500
+#: How many bad entries a one-line summary names (the --json lists them all).
+NAMED = 10
+_KEY = re.compile(r"^[0-9a-f]{32}$")
+_PICKLE = b"\x80"
+
+# KEYS: job hashes. ARGV[1]: '1' to return each payload; ARGV[2..]: the statuses rq knows.
+# Per job two values: 'ok' and its data ('' without ARGV[1]); 'gone' (no hash); 'nothash' and
+# the key's type; 'nodata'; or
+# 'check': a field is not in the exact shape rq writes it, so Python asks rq's own loader.
+# Everything accepted here rq's Job.restore accepts too (its dates, numbers, status, JSON and
+# text fields, checked stricter than rq parses them); nothing else is decided here.
+_FAST = """
+local with_data = ARGV[1] == '1'
+local known = {}
+for i = 2, #ARGV do known[ARGV[i]] = true end
+local dates = {'created_at', 'enqueued_at', 'started_at', 'ended_at', 'last_heartbeat'}
+local ints = {'timeout', 'result_ttl', 'failure_ttl', 'ttl', 'number_of_retries', 'retries_left', 'repeats_left',
+              'rate_limit_concurrency', 'allow_dependency_failures', 'enqueue_at_front_on_retry'}
+local present_ints = {'success_callback_timeout', 'failure_callback_timeout', 'stopped_callback_timeout',
+                      'enqueue_at_front'}
+local jsons = {'dependency_ids', 'retry_intervals', 'repeat_intervals', 'webhooks'}
+local texts = {'worker_name', 'success_callback_name', 'failure_callback_name', 'stopped_callback_name',
+               'origin', 'description', 'group_id', 'rate_limit_key', 'dependency_id'}
+local mdays = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}
+local function date_ok(v)
+  local y, mo, d, h, mi, se = string.match(v, '^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):(%d%d)%.%d%d%d%d%d%dZ$')
+  if not y then
+    y, mo, d, h, mi, se = string.match(v, '^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):(%d%d)Z$')
+  end
+  if not y then return false end
+  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
+  if mo < 1 or mo > 12 or d < 1 or d > mdays[mo] or tonumber(h) > 23 or tonumber(mi) > 59 or tonumber(se) > 59 then
+    return false
+  end
+  local leap = (y % 4 == 0 and y % 100 ~= 0) or y % 400 == 0
+  return y >= 1 and not (mo == 2 and d == 29 and not leap)
+end
+local fields = {'status'}
+for _, group in ipairs({dates, ints, present_ints, jsons, texts}) do
+  for _, f in ipairs(group) do fields[#fields + 1] = f end
+end
+local function shape_ok(k)
+  local got = redis.call('HMGET', k, unpack(fields))
+  local v = {}
+  for i, f in ipairs(fields) do v[f] = got[i] end
+  local s = v['status']
+  if s and s ~= '' and not known[s] then return false end
+  for _, f in ipairs(dates) do
+    if v[f] and v[f] ~= '' and not date_ok(v[f]) then return false end
+  end
+  for _, f in ipairs(ints) do
+    if v[f] and v[f] ~= '' and not string.match(v[f], '^%d+$') then return false end
+  end
+  for _, f in ipairs(present_ints) do
+    if v[f] and not string.match(v[f], '^%d+$') then return false end
+  end
+  for _, f in ipairs(jsons) do
+    if v[f] and v[f] ~= '' and not (string.match(v[f], '^[%[%]%d, "%w%.:_%-]*$') and pcall(cjson.decode, v[f])) then
+      return false
+    end
+  end
+  for _, f in ipairs(texts) do
+    if v[f] and string.find(v[f], '[\\128-\\255]') then return false end
+  end
+  return true
+end
+local out = {}
+for _, k in ipairs(KEYS) do
+  local kind = redis.call('TYPE', k).ok
+  if kind == 'none' then
+    out[#out + 1] = 'gone'; out[#out + 1] = ''
+  elseif kind ~= 'hash' then
+    out[#out + 1] = 'nothash'; out[#out + 1] = kind
+  else
+    local data = redis.call('HGET', k, 'data')
+    if not data or data == '' then
+      out[#out + 1] = 'nodata'; out[#out + 1] = ''
+    elseif shape_ok(k) then
+      out[#out + 1] = 'ok'; out[#out + 1] = with_data and data or ''
+    else
+      out[#out + 1] = 'check'; out[#out + 1] = ''
+    end
+  end
+end
+return out
+"""
+
+
+class Depth(StrEnum):
+    HEADERS = "headers"  # what rq needs to load the job; no payload moved
+    ITEMS = "items"  # and its payload: function, arguments, every item
+
+
+@dataclass(frozen=True, slots=True)
+class RunJob:
+    """A job of the run genqueue can use: where it is, and (at Depth.ITEMS) its checked items."""
+
+    id: str
+    place: JobPlace
+    items: list[Item]
+
+
+@dataclass(frozen=True, slots=True)
+class BadJob:
+    """An entry of a run's queue or registries that is not a usable genqueue job."""
+
+    id: str
+    place: JobPlace
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "place": self.place.value, "reason": self.reason}
+
+
+@dataclass(slots=True)
+class JobScan:
+    """The bad entries one command met, each once (by id), in the order met."""
+
+    bad: dict[str, BadJob] = field(default_factory=dict)
+
+    def note(self, job_id: str, place: JobPlace, reason: str) -> None:
+        if job_id not in self.bad:  # the command prints them in one line; each one on -vv
+            log.debug("job %s (%s) skipped: %s", job_id, place.value, reason)
+            self.bad[job_id] = BadJob(job_id, place, reason[:REASON_CHARS])
+
+    @property
+    def count(self) -> int:
+        return len(self.bad)
+
+    def to_list(self) -> list[dict[str, str]]:
+        return [b.to_dict() for b in self.bad.values()]
+
+    def line(self, verb: str = "skipped") -> str:
+        """`N malformed job(s) skipped: <id> (<reason>), ...`, or "" when there is none."""
+        return malformed_line(self.to_list(), verb)
+
+
+def malformed_line(bad: list[dict[str, str]], verb: str = "skipped") -> str:
+    """The one-line summary of BAD (JobScan.to_list()), naming the first NAMED."""
+    if not bad:
+        return ""
+    named = ", ".join(f"{b['id']} ({b['place']}: {b['reason']})" for b in bad[:NAMED])
+    more = f", and {len(bad) - NAMED} more (see --json)" if len(bad) > NAMED else ""
+    return f"{len(bad)} malformed job(s) {verb}: {named}{more}"
+
+
+def refused_line(refused: dict[str, str], run: str) -> str:
+    """`N refused by consumers: <id> (<reason>), ...; clear them with ...`, or ""."""
+    if not refused:
+        return ""
+    named = ", ".join(f"{j} ({why})" for j, why in list(refused.items())[:NAMED])
+    more = f", and {len(refused) - NAMED} more (see --json)" if len(refused) > NAMED else ""
+    return (f"{len(refused)} job(s) refused by consumers: {named}{more}; clear them with "
+            f"`{CLEAR_REFUSED.format(run=run)}`")
+
+
+#: The command that clears a run's refused jobs (lifecycle.py's delete --refused-only).
+CLEAR_REFUSED = "producer delete --run {run} --refused-only"
+
+
+def read_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace], *, scan: JobScan,
+              depth: Depth = Depth.ITEMS) -> Iterator[RunJob]:
+    """The usable jobs of RUN in PLACES (ids read in one transaction; a job in two places is
+    read once, in the first), a batch of jobs per round trip. Every other entry goes to SCAN."""
+    seen: set[str] = set()
+    fast = conn.register_script(_FAST)
+    args = ["1" if depth is Depth.ITEMS else "0", *(st.value for st in JobStatus)]
+    for place, members in place_members(conn, run, list(places)):
+        ids: list[str] = []
+        for m in members:
+            jid = _member_id(m, place, scan)
+            if jid is not None and jid not in seen:
+                seen.add(jid)
+                ids.append(jid)
+        for start in range(0, len(ids), _FETCH_BATCH):
+            batch = ids[start:start + _FETCH_BATCH]
+            out = fast(keys=[Job.key_for(j) for j in batch], args=args)
+            for jid, verdict, data in zip(batch, out[::2], out[1::2], strict=True):
+                good = _verdict(conn, jid, place, verdict, data, depth, scan)
+                if good is not None:
+                    yield good
+
+
+def scan_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace] = tuple(JobPlace), *,
+              scan: JobScan | None = None, depth: Depth = Depth.HEADERS) -> JobScan:
+    """The bad entries of RUN's PLACES (every place by default), for a command that only names
+    them: read_jobs with the good jobs dropped."""
+    scan = JobScan() if scan is None else scan
+    for _job in read_jobs(conn, run, places, scan=scan, depth=depth):
+        pass
+    return scan
+
+
+def job_defect(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED) -> str | None:
+    """Why the job JOB_ID is no usable genqueue job (the reasons read_jobs gives), or None."""
+    scan = JobScan()
+    out = conn.register_script(_FAST)(keys=[Job.key_for(job_id)], args=["1", *(s.value for s in JobStatus)])
+    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan)
+    return next(iter(scan.bad.values())).reason if scan.bad else None
+
+
+def failed_reason(conn: redis.Redis, job_id: str) -> str:
+    """Why rq gave up on the job JOB_ID, its last line (rq keeps whole tracebacks); a result
+    stream that cannot be read says so instead."""
+    try:
+        text = job_failure(Job(job_id, connection=conn, serializer=SERIALIZER)) or "failed in rq"
+    except Exception as e:  # noqa: BLE001 - a garbage result stream must not hide the job's items
+        text = f"failed in rq (its result is unreadable: {type(e).__name__})"
+    lines = text.strip().splitlines() or ["failed in rq"]
+    return lines[-1][:REASON_CHARS]
+
+
+# --- checks ------------------------------------------------------------------------------
+def _member_id(member: object, place: JobPlace, scan: JobScan) -> str | None:
+    try:
+        text = member.decode() if isinstance(member, bytes) else str(member)
+    except UnicodeDecodeError:
+        scan.note(repr(member)[:80], place, "id is not UTF-8 text")
+        return None
+    if place is JobPlace.STARTED:  # the started registry holds "<job id>:<execution id>"
+        text = text.rsplit(":", 1)[0] if ":" in text else text
+    if not text:
+        scan.note(repr(member)[:80], place, "empty id")
+        return None
+    return text
+
+
+def _verdict(conn: redis.Redis, jid: str, place: JobPlace, verdict: bytes, data: bytes, depth: Depth,
+             scan: JobScan) -> RunJob | None:
+    if verdict == b"gone":
+        scan.note(jid, place, "no job hash (a dangling id)")
+        return None
+    if verdict == b"nothash":
+        scan.note(jid, place, f"the job's key is a {data.decode(errors='replace')}, not a hash")
+        return None
+    if verdict == b"nodata":
+        scan.note(jid, place, "the job's hash holds no data")
+        return None
+    if verdict != b"ok":  # not in the shape rq writes: rq's own loader decides
+        raw: dict[bytes, bytes] = conn.hgetall(Job.key_for(jid))  # type: ignore[assignment]  # bytes: no decoding
+        if not raw:
+            scan.note(jid, place, "no job hash (a dangling id)")
+            return None
+        if not raw.get(b"data"):
+            scan.note(jid, place, "the job's hash holds no data")
+            return None
+        try:
+            Job(jid, connection=conn, serializer=SERIALIZER).restore(raw)
+        except Exception as e:  # noqa: BLE001 - whatever rq cannot load is named, not raised
+            scan.note(jid, place, f"rq cannot load it ({type(e).__name__}: {str(e)[:120]})")
+            return None
+        data = raw[b"data"]
+    if depth is Depth.HEADERS:
+        return RunJob(jid, place, [])
+    try:
+        data = zlib.decompress(data)
+    except zlib.error:
+        pass  # rq's own fallback: stored uncompressed
+    if data.startswith(_PICKLE):
+        scan.note(jid, place, "payload is a pickle; genqueue jobs are JSON")
+        return None
+    why, items = _payload(data)
+    if why is not None:
+        scan.note(jid, place, why)
+        return None
+    return RunJob(jid, place, items)
+
+
+def _payload(data: bytes) -> tuple[str | None, list[Item]]:
+    """(None, items) of a genqueue payload, or (why not, [])."""
+    try:
+        decoded = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return "payload is not JSON (compressed or not)", []
+    if not isinstance(decoded, list) or len(decoded) != 4:
+        return "payload is not rq's [function, instance, args, kwargs]", []
+    func, _instance, args, kwargs = decoded
+    if not isinstance(func, str) or func not in TASKS:
+        return f"names {str(func)[:80]!r}, not genqueue's task", []
+    if kwargs:
+        return "has keyword arguments; genqueue jobs carry one list of items", []
+    if not isinstance(args, list) or len(args) != 1 or not isinstance(args[0], list):
+        return "arguments are not a list of items", []
+    items = args[0]
+    if not items:
+        return "carries no items", []
+    for n, item in enumerate(items):
+        why = item_defect(item)
+        if why is not None:
+            return f"item {n}: {why}", []
+    return None, items
+
+
+def item_defect(item: Any) -> str | None:
+    """Why ITEM is not one the producer's readers can use (the fields export and the reconcile
+    read), or None."""
+    if not isinstance(item, dict):
+        return f"a {type(item).__name__}, not an object"
+    key = item.get("key")
+    if not isinstance(key, str) or not _KEY.match(key):
+        return "key is not 32 hex characters"
+    index = item.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return "index is not a non-negative integer"
+    turn = item.get("turn")
+    if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool)):
+        return "turn is not an integer or null"
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        return "messages is not a non-empty list of objects"
+    return None
