@@ -158,13 +158,16 @@ def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:
 def test_runs_block_as_written(tmp_path: Path, redis_url: str) -> None:
     lines = block("## Runs: `producer runs`, `producer resume`, `producer delete`")
     assert lines == ["producer runs [--json]", "producer resume --run NAME",
-                     "producer delete --run NAME [--yes] [--purge-output]"], "the runs block changed"
+                     "producer delete --run NAME [--yes] [--purge-output]",
+                     "producer delete --run NAME --refused-only"], "the runs block changed"
     write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(5)])
     sh = Shell(tmp_path, {"REDIS_URL": redis_url})
     sh.run("producer enqueue data.jsonl")
     assert "data" in sh.run("producer runs").stdout
     assert [orjson.loads(x)["run"] for x in sh.run("producer runs --json").stdout.splitlines()] == ["data"]
     sh.run("producer resume --run data")
+    assert "0 refused job(s) cleared" in sh.run("producer delete --run data --refused-only").stdout
+    assert "data" in sh.run("producer runs").stdout, "--refused-only keeps the run"
     (tmp_path / "genqueue-out" / "data").mkdir(parents=True, exist_ok=True)
     sh.run("producer delete --run data --yes --purge-output")
     assert "data" not in sh.run("producer runs").stdout.split()

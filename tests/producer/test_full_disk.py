@@ -167,9 +167,10 @@ def enqueue(redis_url: str, *args: str, env: dict[str, str] | None = None) -> su
 
 def queued_items(conn: redis.Redis, run: str) -> int:
     """Items in the run's rq jobs (each job's payload lists its items)."""
-    from genqueue.common.rqaccess import run_job_items
+    from genqueue.common.rqaccess import JobPlace
+    from genqueue.common.rqjobs import JobScan, read_jobs
 
-    return sum(len(items) for items in run_job_items(conn, run))
+    return sum(len(job.items) for job in read_jobs(conn, run, tuple(JobPlace), scan=JobScan()))
 
 
 def test_enqueue_rejects_file_on_a_full_disk(small_disk: Path, tmp_path: Path, redis_url: str,
