@@ -36,6 +36,11 @@ class RedisUnavailableError(UserError):
     """Redis cannot be reached at the configured URL."""
 
 
+class CorruptStateError(GenqueueError):
+    """A key genqueue keeps in Redis holds what genqueue never writes (garbage, another tool's
+    data, a hand edit): named with the key and the way out; exit status 1."""
+
+
 class WriteFailedError(GenqueueError):
     """A file the producer writes failed part way (disk full, quota spent, I/O error, read-only):
     one line naming the file, what was written and the option that moves it; exit status 1.

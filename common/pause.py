@@ -36,8 +36,7 @@ def run_pause(conn: redis.Redis, run: str) -> PauseInfo | None:
     raw = conn.get(pause_key(run))
     if raw is None:
         return None
-    data = orjson.loads(raw)
-    return {"reason": str(data.get("reason", "?")), "by": str(data.get("by", "?")), "at": float(data.get("at", 0))}
+    return _pause_info(raw)
 
 
 def resume_run(conn: redis.Redis, run: str) -> PauseInfo | None:
@@ -48,5 +47,17 @@ def resume_run(conn: redis.Redis, run: str) -> PauseInfo | None:
         raw, _ = p.execute()
     if raw is None:
         return None
-    data = orjson.loads(raw)
-    return {"reason": str(data.get("reason", "?")), "by": str(data.get("by", "?")), "at": float(data.get("at", 0))}
+    return _pause_info(raw)
+
+
+def _pause_info(raw: bytes | str) -> PauseInfo:
+    """A pause as stored; one that cannot be read is still a pause (fail closed), saying so."""
+    try:
+        data = orjson.loads(raw)
+        if isinstance(data, dict):
+            return {"reason": str(data.get("reason", "?")), "by": str(data.get("by", "?")),
+                    "at": float(data.get("at", 0))}
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        pass
+    shown = raw[:80].decode("utf-8", "replace") if isinstance(raw, bytes) else raw[:80]
+    return {"reason": f"unreadable pause record {shown!r} (`producer resume` clears it)", "by": "?", "at": 0.0}

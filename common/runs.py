@@ -35,7 +35,7 @@ import redis
 
 from genqueue.common import __version__, defaults
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.errors import GenqueueError, RunConflictError, RunNotFoundError
+from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.placement import Placement
 from genqueue.common.settings import FingerprintEntry, RunSettings, check_update, fingerprint_entry
 
@@ -97,12 +97,26 @@ class RunStore:
         self._release = conn.register_script(_RELEASE)
 
     def get(self, run: str) -> RunInfo | None:
+        """RUN's record, None when Redis has none; CorruptStateError when it cannot be read."""
         data = self.conn.hgetall(run_key(run))
         if not data or b"settings" not in data:
             return None
-        settings = RunSettings.from_json(data[b"settings"])
-        created_at = float(data.get(b"created_at", b"0"))
-        history: list[FingerprintEntry] = orjson.loads(data[b"fingerprints"]) if b"fingerprints" in data else []
+        try:
+            settings = RunSettings.from_json(data[b"settings"])
+            problem = settings.stored_shape_problem()
+            if problem is not None:
+                raise TypeError(problem)
+            created_at = float(data.get(b"created_at", b"0"))
+            history: list[FingerprintEntry] = orjson.loads(data[b"fingerprints"]) if b"fingerprints" in data else []
+            if not isinstance(history, list) or not all(
+                    isinstance(e, dict) and isinstance(e.get("fingerprint"), str)
+                    and isinstance(e.get("since"), int | float) for e in history):
+                raise TypeError("fingerprints is not a list of {fingerprint, since}")
+        except Exception as e:  # noqa: BLE001 - whatever is there, the run cannot be used as it is
+            raise CorruptStateError(
+                f"run {run}'s record in Redis ({run_key(run)}) is unreadable ({type(e).__name__}: {str(e)[:120]}): "
+                f"delete it (`producer delete --run {run} --yes`) and enqueue again; its shipped results and "
+                f"run.json stay in the output") from None
         return RunInfo(
             name=run,
             settings=settings,
@@ -234,12 +248,28 @@ class RunStore:
         self.conn.hset(run_key(run, "sources"), source, orjson.dumps(summary))
 
     def sources(self, run: str) -> dict[str, dict[str, Any]]:
+        """Each input source's summary; an entry that is not one (garbage) is left out."""
         raw = self.conn.hgetall(run_key(run, "sources"))
-        return {_text(k): orjson.loads(v) for k, v in raw.items()}
+        out: dict[str, dict[str, Any]] = {}
+        for k, v in raw.items():
+            try:
+                summary = orjson.loads(v)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(summary, dict):
+                out[_text(k)] = summary
+        return out
 
     def stats(self, run: str) -> dict[str, int]:
+        """The run's counters; a field that is not an integer (garbage) is left out."""
         raw = self.conn.hgetall(run_key(run, "stats"))
-        return {_text(k): int(v) for k, v in raw.items()}
+        out: dict[str, int] = {}
+        for k, v in raw.items():
+            try:
+                out[_text(k)] = int(v)
+            except ValueError:
+                continue
+        return out
 
 
 

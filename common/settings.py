@@ -177,6 +177,23 @@ class RunSettings:
     def from_json(cls, raw: bytes | str) -> RunSettings:
         return cls.from_dict(orjson.loads(raw))
 
+    def stored_shape_problem(self) -> str | None:
+        """Why settings read back from Redis cannot be what genqueue stored (a field of the wrong
+        type), or None. Values are not judged here: a consumer serves what the run holds."""
+        sp = self.sampling
+        for name, ok in (("output", isinstance(self.output, str)),
+                         ("model", self.model is None or isinstance(self.model, str)),
+                         ("max_prompt_chars", _is_int(self.max_prompt_chars)),
+                         ("expect_reasoning", isinstance(self.expect_reasoning, bool)),
+                         ("sampling.max_tokens", _is_int(sp.max_tokens)),
+                         ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
+                         ("sampling.top_p", sp.top_p is None or _is_number(sp.top_p)),
+                         ("sampling.seed", sp.seed is None or _is_int(sp.seed)),
+                         ("sampling.extra", isinstance(sp.extra, dict))):
+            if not ok:
+                return f"{name} has the wrong type"
+        return None
+
     @property
     def fingerprint(self) -> str:
         """16 hex characters that name this exact recipe."""

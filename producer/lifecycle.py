@@ -22,7 +22,7 @@ import orjson
 import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
-from genqueue.common.errors import RunNotFoundError, UserError
+from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
 from genqueue.common.marks import done_key, failed_key
 from genqueue.common.pause import pause_key, resume_run, run_pause
 from genqueue.common.placement import this_host
@@ -46,6 +46,7 @@ class RunState(StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     DONE = "done"
+    UNREADABLE = "unreadable"  # its record in Redis is not genqueue's (CorruptStateError): delete it
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,11 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
     store = RunStore(conn)
     rows = []
     for name in store.names():
-        info = store.get(name)
+        try:
+            info = store.get(name)
+        except CorruptStateError as e:  # one bad record must not hide the other runs
+            rows.append(RunRow(name, 0.0, RunState.UNREADABLE, 0, 0, 0, "?", str(e)))
+            continue
         if info is None:
             continue
         counts = job_counts(conn, name)
@@ -149,16 +154,24 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: b
         click.echo(f"run {run_name}: {len(cleared)} refused job(s) cleared" + (
             ": " + ", ".join(cleared) if cleared else ""))
         return
-    info = RunStore(conn).get(check_run_name(run_name))
-    if info is None:
-        raise RunNotFoundError(f"no run named {run_name!r} in Redis (see `producer runs`)")
-    output = info.settings.output
+    try:
+        info = RunStore(conn).get(check_run_name(run_name))
+    except CorruptStateError:
+        if purge_output:  # where its output is cannot be read from it
+            raise
+        info = None
+        if not yes and not click.confirm(f"delete run {run_name} (its record in Redis is unreadable)?", default=False):
+            raise UserError("not deleted") from None
+    else:
+        if info is None:
+            raise RunNotFoundError(f"no run named {run_name!r} in Redis (see `producer runs`)")
+    output = info.settings.output if info is not None else ""
     if purge_output and output.startswith("s3://"):
         raise UserError("--purge-output removes local outputs only; delete s3:// objects with your S3 tools")
-    refusal = info.placement.refusal(run_name, output, this_host()) if purge_output else None
+    refusal = info.placement.refusal(run_name, output, this_host()) if purge_output and info else None
     if refusal is not None:  # this host's directory of that name is not the run's
         raise UserError(refusal)
-    if not yes:
+    if not yes and info is not None:
         what = f"run {run_name} (its queue, jobs and counters in Redis"
         what += f", and its results under {redact(output)})" if purge_output else "; its output is kept)"
         if not click.confirm(f"delete {what}?", default=False):

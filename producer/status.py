@@ -49,11 +49,28 @@ def consumers(conn: redis.Redis, now: float) -> list[dict[str, Any]]:
     for raw in conn.mget([consumer_key(n) for n in names]):
         if raw is None:
             continue
-        snap = orjson.loads(raw)
-        snap["age_s"] = max(0.0, now - snap.get("last_seen", 0.0))
+        try:
+            snap = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if not _is_snapshot(snap):  # not a consumer's snapshot (garbage under its key): nothing to show
+            continue
+        snap["age_s"] = max(0.0, now - float(snap.get("last_seen", 0.0)))
         snap["live"] = snap["age_s"] <= STALE_AFTER and not snap.get("exited")
         out.append(snap)
     return out
+
+
+def _is_snapshot(snap: Any) -> bool:
+    """Whether SNAP has the shape of a ConsumerSnapshot where status reads it without a default."""
+    if not isinstance(snap, dict) or not isinstance(snap.get("worker"), str):
+        return False
+    runs, seen = snap.get("runs", {}), snap.get("last_seen", 0.0)
+    if not isinstance(runs, dict) or not all(isinstance(r, dict) for r in runs.values()):
+        return False
+    if not isinstance(seen, int | float) or isinstance(seen, bool):
+        return False
+    return all(isinstance(snap.get(k, {}), dict) for k in ("engine", "paused", "shipping", "jobs"))
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[str, Any]:
