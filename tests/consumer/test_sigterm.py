@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,7 +58,7 @@ def stop_within(c: Proc, seconds: float, sig: int = signal.SIGTERM) -> tuple[int
     c.signal(sig)
     try:
         code = c.p.wait(timeout=seconds)
-    except Exception:
+    except subprocess.TimeoutExpired:
         c.kill()
         raise AssertionError(f"still alive {seconds:.0f} s after the signal:\n{c.output()}") from None
     return code, time.monotonic() - t0
