@@ -33,8 +33,10 @@ T = TypeVar("T")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Stopped(Exception):
-    """A stop was asked while this waited; what it waited for was cancelled."""
+class Stopped(BaseException):
+    """A stop was asked while this waited; what it waited for was cancelled. A BaseException,
+    as KeyboardInterrupt is: raised by a signal handler inside a library's `except Exception`
+    (redis-py wraps what its connect raises), it must not become an error that is retried."""
 
 
 async def until(stopping: asyncio.Event, aw: Awaitable[T]) -> T:

@@ -164,6 +164,27 @@ def test_spool_disk_pause(tmp_path, redis_url, conn, small_fs):  # noqa: F811 - 
     assert_given_back(conn, "disk", 10)
 
 
+def test_shipping_leftovers_at_start(tmp_path, redis_url, conn):
+    enqueue(tmp_path, redis_url, "left", 80)
+    shards = tmp_path / "out" / "left" / "shards"  # every ship fails: shards stay in the spool
+    shutil.rmtree(shards, ignore_errors=True)
+    shards.parent.mkdir(parents=True, exist_ok=True)
+    shards.write_text("")
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.002", "--mean-tokens", "40")
+    try:
+        first = start(tmp_path, redis_url, sim.url, "--run", "left", "-c", "8", name="a")
+        spool = tmp_path / "spool" / "a"
+        wait_for(lambda: list(spool.rglob("sealed/*.jsonl")), 30, "a sealed shard")
+        first.kill()
+        c = start(tmp_path, redis_url, sim.url, "--run", "left", "-c", "8", name="a")
+        wait_for(lambda: "left in the spool by an earlier consumer" in c.output(), 30, "leftover shipping")
+        code, took = stop_within(c, DRAIN + SLACK + 10)
+    finally:
+        sim.stop()
+    assert code == 0 and took < DRAIN + SLACK, (code, took, c.output())
+    assert list(spool.rglob("sealed/*.jsonl")), "the leftovers stay for the next start"
+
+
 def test_start_up_with_many_runs_and_the_endpoint_dying_in_pre_flight(tmp_path, redis_url, conn):
     runs = [f"open{i:02d}" for i in range(30)]
     with ThreadPoolExecutor(4) as pool:
