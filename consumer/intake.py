@@ -28,6 +28,9 @@ from genqueue.consumer.stop import Stopped, until
 
 log = logging.getLogger(__name__)
 
+#: Seconds a dequeue under way when a stop comes may take to land in the book.
+FETCH_GRACE = 1.0
+
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -147,7 +150,11 @@ class Intake:
                 await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
                 if not fetch.done():
-                    fetch.cancel()
+                    # A dequeue on its way lands in the book, where the drain gives it back; cut
+                    # only if Redis hangs (then its lease expires and it is swept back).
+                    await asyncio.wait({fetch}, timeout=FETCH_GRACE)
+                    if not fetch.done():
+                        fetch.cancel()
                     return
                 if fetch.result():
                     continue

@@ -122,6 +122,7 @@ class Consumer:
         self._spool_lock: IO[str] | None = None
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
         self._trips: set[asyncio.Task[None]] = set()
+        self._registered = False  # an rq worker in Redis: its stop is reported
 
     # --- wiring callbacks ----------------------------------------------------------
     async def _output_of(self, run: str) -> str | None:
@@ -261,7 +262,8 @@ class Consumer:
                 code = await self._work(dispatcher, intake, leases, telemetry, steering)
         finally:
             await gate.aclose()
-            await self._report_stop(telemetry)
+            if self._registered:
+                await self._report_stop(telemetry)
         left = self.outbox.unshipped()
         if left:
             log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",
@@ -287,6 +289,7 @@ class Consumer:
         for run in await served.resolve():
             telemetry.start_run(run)
         await self.rq.call(self.worker.start)
+        self._registered = True
         telemetry.start_metrics_server()
         log.info("consumer %s started: endpoint %s, concurrency %s, runs %s", self.worker.name, self.cfg.endpoint,
                  "auto" if self.cfg.auto_concurrency else self.cfg.concurrency, self.cfg.run or "(all open)")
