@@ -8,7 +8,7 @@ they are parsed from JSON far more often than built, and stay plain dicts on the
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any, Required, TypedDict, TypeGuard
 
 
@@ -85,6 +85,21 @@ class RejectReason(StrEnum):
     MISSING_ID = "missing_id"  # --id-field names a field the record lacks (or holds no string/integer)
     UNSUPPORTED_REQUEST = "unsupported_request"  # a Batch API line for another endpoint or method
     SAMPLING_DIFFERS = "sampling_differs"  # a Batch API line asks for other sampling than the run's
+
+
+class ExitCode(IntEnum):
+    """How `consumer run` ended, as its exit status: what a scheduler (Slurm, Kubernetes,
+    `consumer launch`) may do next. A --burst end names what kept it from finishing; when
+    several apply, the highest of 3-6 is given."""
+
+    DONE = 0  # --burst: every served run drained; or a signal's drain completed
+    FATAL = 1  # a loop failed past its restart budget, or an unexpected error: restart it
+    USAGE = 2  # a user's mistake (a bad option, --run refused at start): fix it, do not restart
+    REFUSED = 3  # --burst: a run not served here (its output is another host's local path)
+    PREFLIGHT = 4  # --burst: a run failed this consumer's pre-flight
+    PAUSED = 5  # --burst: a run is paused (its breaker tripped; `producer resume` clears it)
+    VANISHED = 6  # --burst: a run is gone from Redis (deleted, flushed, Redis restarted empty)
+    INTERRUPTED = 130  # stopped at once: a second signal, or the stop overran its deadline
 
 
 class Usage(TypedDict, total=False):

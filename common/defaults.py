@@ -143,3 +143,12 @@ LOCK_SECONDS = 30
 #: few short-lived dicts per item; collected 14x less often, its GC time per item falls about
 #: 6x (consumer/cli.py, _tune_gc).
 GC_YOUNG_THRESHOLD = 10_000
+
+#: After --drain-timeout, a stopping consumer has this many seconds to ship what is complete,
+#: give back what is not, and report its stop in Redis; past them it exits anyway, and what it
+#: still holds returns to the queue when its leases expire (LEASE_SECONDS). Shipping a shard to
+#: a healthy store and giving back hundreds of jobs take well under a second each.
+STOP_GRACE = 10.0
+#: After a second signal, the seconds a consumer gets to give back its jobs (one round trip
+#: each when Redis answers) before it exits whatever it is waiting on.
+HARD_STOP_GRACE = 2.0

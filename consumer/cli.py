@@ -68,11 +68,14 @@ def _check_endpoint(url: str) -> str:
 @click.option("--lease", type=click.IntRange(2, 3600), default=defaults.LEASE_SECONDS, show_default=True,
               help="Seconds a job's lease lasts without renewal; a dead consumer's jobs return after this.")
 @click.option("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT, show_default=True,
-              help="On SIGTERM, seconds in-flight requests get before their jobs go back to the queue.")
+              help="On SIGTERM or Ctrl-C, seconds in-flight requests get before their jobs go back to the queue "
+                   "(a second signal stops at once).")
 @click.option("--request-timeout", type=float, default=1800.0, show_default=True,
               help="Seconds to wait for one completion (a long reasoning trace can take many minutes).")
 @click.option("--max-attempts", type=click.IntRange(1, 100), default=6, show_default=True,
-              help="Attempts per request on 408/429/5xx/timeouts (an endpoint that is down does not count).")
+              help="Attempts per request: every failed one counts (refused or reset connections, timeouts, "
+                   "408/429/5xx, unusable 200s), whatever /health says; requests wait without spending "
+                   "attempts only while /health fails.")
 @click.option("--shard-max-bytes", type=click.IntRange(1), default=defaults.SHARD_MAX_BYTES, show_default=True)
 @click.option("--shard-max-age", type=float, default=defaults.SHARD_MAX_AGE, show_default=True,
               help="Seconds before an open shard is sealed and shipped (its jobs are acked then).")
@@ -93,7 +96,9 @@ def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu:
             request_timeout: float, max_attempts: int, shard_max_bytes: int, shard_max_age: float, spool_limit: int,
             endpoint_wait: float, metrics_port: int | None, verbose: int, quiet: bool, redis_url: str) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
+    from genqueue.common.contracts import ExitCode
     from genqueue.common.settings import check_run_name
+    from genqueue.consumer.stop import Stop, Stopped
     from genqueue.consumer.worker import Consumer, ConsumerConfig
 
     outer = ctx.obj or {}
@@ -124,9 +129,16 @@ def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu:
                          shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age,
                          spool_limit=spool_limit, metrics_port=metrics_port,
                          endpoint_wait=endpoint_wait, shared_fs=shared_fs)
-    conn = wait_for(redis_url, endpoint_wait, say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))
-    _tune_gc()
-    code = _run_loop(Consumer(cfg, conn).run())
+    stop = Stop(drain_timeout)
+    stop.install_early()  # the loop's handlers do not exist yet: a signal here must still end it
+    try:
+        conn = wait_for(redis_url, endpoint_wait,
+                        say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))
+        _tune_gc()
+        code = _run_loop(Consumer(cfg, conn, stop=stop).run())
+    except Stopped:
+        code = ExitCode.INTERRUPTED if stop.hard else ExitCode.DONE
+    stop.exit(code)
     if code:
         sys.exit(code)
 

@@ -24,8 +24,12 @@ from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
+from genqueue.consumer.stop import Stopped, until
 
 log = logging.getLogger(__name__)
+
+#: Seconds a dequeue under way when a stop comes may take to land in the book.
+FETCH_GRACE = 1.0
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -115,12 +119,19 @@ class Intake:
         self.skipped = 0
 
     async def run(self) -> None:
-        """Fetch until stopping (or, with burst, until the served runs are drained)."""
+        """Fetch until stopping (or, with burst, until the served runs are drained). A stop ends
+        any wait at once (a pre-flight on a dead endpoint, a Redis call while Redis is out)."""
+        try:
+            await self._run()
+        except Stopped:
+            return
+
+    async def _run(self) -> None:
         last_resolve = 0.0
         runs: list[str] = []
         while not self.stopping.is_set():
             if time.monotonic() - last_resolve > 5.0 or not runs:
-                runs = await self.served.resolve()
+                runs = await until(self.stopping, self.served.resolve())
                 await self._serve(runs)
                 for run in self.book.runs_held() & set(self.served.paused):
                     n = await self.acker.give_back_run(run)
@@ -139,12 +150,16 @@ class Intake:
                 await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
                 if not fetch.done():
-                    fetch.cancel()
+                    # A dequeue on its way lands in the book, where the drain gives it back; cut
+                    # only if Redis hangs (then its lease expires and it is swept back).
+                    await asyncio.wait({fetch}, timeout=FETCH_GRACE)
+                    if not fetch.done():
+                        fetch.cancel()
                     return
                 if fetch.result():
                     continue
-                if self.burst and await self._drained(runs):
-                    log.info("burst: served runs drained; stopping")
+                if self.burst and await until(self.stopping, self._drained(runs)):
+                    log.info("burst: nothing left to take; stopping")
                     return
             self.wake.clear()
             try:
@@ -223,4 +238,8 @@ class Intake:
                     return False
             return True
 
-        return await self.rq.call(check)
+        if not await self.rq.call(check):
+            return False
+        # Empty queues are not a finished run when the run itself is gone (Redis restarted
+        # empty, or flushed): resolve again, which says so; and a run fed meanwhile is served.
+        return set(await self.served.resolve()) <= set(runs)

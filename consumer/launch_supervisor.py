@@ -13,6 +13,9 @@ pool, so nothing blocks for long):
   its log (say, `No module named 'vllm'`) in launch's own error;
 - a consumer that exits non-zero is restarted with backoff once its engine is healthy;
   one that exits 0 (--burst, drained) is done, and when every consumer is done launch stops;
+  one that exits 3-6 (--burst: a run refused, failed pre-flight, paused, or gone from Redis)
+  is done too, with the reason logged: restarted, it would only end the same way; launch then
+  exits with the highest such code, so a scheduler does not take the job for a success;
 - SIGTERM/SIGINT: every consumer drains (SIGTERM), then the engines stop (SIGTERM, then
   SIGKILL). A second signal SIGKILLs everything at once.
 
@@ -31,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import UserError
 from genqueue.consumer.launch_children import Child, Probe, health_ok, last_line, port_in_use
 from genqueue.consumer.launch_plan import (
@@ -51,6 +55,14 @@ log = logging.getLogger("genqueue.consumer.launch")
 
 POLL = 0.2
 HEALTH_EVERY = 1.0
+
+#: Consumer exits that no restart can change (consumer/cli.py's codes), and what each means.
+NOT_RESTARTED = {
+    ExitCode.REFUSED: "a run is not served on this host (its output is another host's local path)",
+    ExitCode.PREFLIGHT: "a run failed the consumer's pre-flight (fix it with `producer enqueue ... --update-settings`)",
+    ExitCode.PAUSED: "a run is paused (fix the cause, then `producer resume --run NAME`)",
+    ExitCode.VANISHED: "a run is gone from Redis (its results stay in the spool until the run is re-created)",
+}
 
 
 @dataclass
@@ -86,6 +98,7 @@ class Supervisor:
         self.cfg = cfg
         self.signals = 0
         self.exit_code = 0
+        self.unfinished = 0  # the highest NOT_RESTARTED code a consumer exited with
         base_env = dict(os.environ)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         groups = cfg.groups()
@@ -150,6 +163,7 @@ class Supervisor:
             return True
         if all(s.done for s in live):
             log.info("every consumer finished")
+            self.exit_code = self.unfinished
             return True
         return False
 
@@ -236,6 +250,12 @@ class Supervisor:
         if code == 0:
             log.info("%s finished (exit 0)", con.name)
             slot.done = True
+            return
+        if code in NOT_RESTARTED:
+            log.error("%s exited %d: %s; not restarting it (see %s)", con.name, code, NOT_RESTARTED[ExitCode(code)],
+                      con.log_path)
+            slot.done = True
+            self.unfinished = max(self.unfinished, code)
             return
         if code is not None:
             if code == 2 and health_ok(self.cfg.health_url(slot.group)):

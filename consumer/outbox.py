@@ -246,6 +246,12 @@ class Outbox:
             await asyncio.sleep(0.05)
         return True
 
+    def unshipped(self) -> list[SealedShard]:
+        """Sealed shards still on local disk: queued, or kept for a run gone from Redis. Read at
+        exit, after the last flush, so the stop line counts what is truly left."""
+        parked = [shard for shards in self._parked.values() for shard in shards]
+        return [shard for shard in [*self.queue, *parked] if shard.path.exists()]
+
     def unpark(self, runs: list[str]) -> None:
         """Runs that are (back) in Redis: their shards kept aside while they were gone ship now."""
         for run in runs:

@@ -13,8 +13,9 @@ import aiohttp
 import orjson
 import redis
 
-from genqueue.common.contracts import ConsumerInfo, ReasoningForm
+from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm
 from genqueue.common.errors import ModelNotServedError, PermanentError, TransientError, UserError
+from genqueue.common.eta import format_duration
 from genqueue.common.pause import pause_key
 from genqueue.common.rqaccess import job_counts
 from genqueue.common.runs import RunInfo, RunStore, run_key
@@ -44,6 +45,7 @@ class ServedSnapshot:
 @dataclass(slots=True)
 class _Refusal:
     reason: str
+    code: ExitCode  # what it makes a --burst consumer's exit: REFUSED (placement) or PREFLIGHT
     fingerprint: str  # _version() of the run refused: a refusal holds until it changes, or PREFLIGHT_RETRY
     at: float
 
@@ -89,10 +91,12 @@ class ServedRuns:
         """The runs prepared so far (the sweeper's list)."""
         return list(self.contexts)
 
-    async def wait_for_models(self, stopping: asyncio.Event) -> None:
+    async def wait_for_models(self) -> None:
         """Read /v1/models, waiting up to endpoint_wait for the endpoint to answer: vLLM takes
-        minutes to load a large model, and a restarted node may start its consumer first."""
-        deadline = time.monotonic() + self.endpoint_wait
+        minutes to load a large model, and a restarted node may start its consumer first.
+        (A stop cancels the wait: the consumer races its start-up against it.)"""
+        t0 = time.monotonic()
+        deadline = t0 + self.endpoint_wait
         last_log = 0.0
         while True:
             try:
@@ -100,10 +104,13 @@ class ServedRuns:
                 break
             except TransientError as e:  # refused, reset, 5xx, a garbled /v1/models: wait
                 now = time.monotonic()
-                if now >= deadline or stopping.is_set():
-                    raise UserError(f"endpoint {self.endpoint} is not reachable: {e}") from None
+                if now >= deadline:
+                    raise UserError(f"endpoint {self.endpoint} is not reachable after "
+                                    f"{format_duration(now - t0)} (--endpoint-wait): {e}") from None
                 if now - last_log >= 10.0:
-                    log.warning("waiting for endpoint %s (%s)", self.endpoint, e)
+                    log.warning("waiting for endpoint %s (%s): waited %s, waiting %s more (--endpoint-wait %s)",
+                                self.endpoint, e, format_duration(now - t0), format_duration(deadline - now),
+                                format_duration(self.endpoint_wait))
                     last_log = now
                 await asyncio.sleep(1.0)
         self.models = [m["id"] for m in models if isinstance(m.get("id"), str)]
@@ -174,7 +181,7 @@ class ServedRuns:
                     raise UserError(misplaced)
                 if refusal is None or refusal.reason != misplaced:
                     log.error("not serving run %s: %s", name, misplaced)
-                self._refused[name] = _Refusal(misplaced, _version(info), time.monotonic())
+                self._refused[name] = _Refusal(misplaced, ExitCode.REFUSED, _version(info), time.monotonic())
                 continue
             model = info.settings.model
             if model is None:
@@ -192,7 +199,7 @@ class ServedRuns:
             if failed is not None:
                 if refusal is None or refusal.reason != failed:
                     log.error("run %s: pre-flight failed, not serving it on this consumer: %s", name, failed)
-                self._refused[name] = _Refusal(failed, _version(info), time.monotonic())
+                self._refused[name] = _Refusal(failed, ExitCode.PREFLIGHT, _version(info), time.monotonic())
                 continue
             if self._refused.pop(name, None) is not None:
                 log.info("run %s: pre-flight passes now; serving it", name)
@@ -251,6 +258,14 @@ class ServedRuns:
             log.error("%s", msg)
             await self.rq.call(self.store.conn.hset, run_key(ctx.run, "warnings"), self.worker, msg)
         return None
+
+    def unfinished(self) -> dict[str, tuple[ExitCode, str]]:
+        """The runs this consumer could not serve to the end, with the exit code each makes for a
+        --burst consumer and why: refused (placement), failed pre-flight, paused, gone from Redis."""
+        out = {run: (r.code, r.reason) for run, r in self._refused.items()}
+        out.update({run: (ExitCode.PAUSED, f"paused: {why}") for run, why in self.paused.items()})
+        out.update({run: (ExitCode.VANISHED, why) for run, why in self.vanished.items()})
+        return out
 
     def snapshot(self) -> ServedSnapshot:
         refused = {run: r.reason for run, r in self._refused.items()}

@@ -22,8 +22,8 @@ that fails is restarted with a log line, or stops the consumer with a non-zero e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from typing import IO
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerInfo, Record
+from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import UserError
 from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.pause import pause_run
@@ -56,6 +56,7 @@ from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
 from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool
+from genqueue.consumer.stop import Stop, Stopped, until
 from genqueue.consumer.supervise import LoopFailed, supervised
 from genqueue.consumer.telemetry import Parts, Telemetry
 
@@ -98,7 +99,7 @@ class Consumer:
     """Pulls jobs of the runs it serves and turns them into shipped result shards."""
 
     def __init__(self, cfg: ConsumerConfig, conn: redis.Redis, *,
-                 store_for: Callable[[str], ShardStore] | None = None) -> None:
+                 store_for: Callable[[str], ShardStore] | None = None, stop: Stop | None = None) -> None:
         self.cfg = cfg
         self.conn = conn
         self.store = RunStore(conn)
@@ -108,8 +109,9 @@ class Consumer:
                                        "endpoint": cfg.endpoint}
         self.book: Book[Held] = Book()
         self.acker = Acker(self.rq, self.worker, conn, self.book)
-        self.stopping = asyncio.Event()
-        self.hard_stop = False
+        self.stop = stop if stop is not None else Stop(cfg.drain_timeout)
+        self.stopping = self.stop.stopping
+        self.stop.on_hard(self._go_hard)
         self.wake = asyncio.Event()
         self.limiter = Limiter(min(defaults.AUTO_START, cfg.max_concurrency) if cfg.auto_concurrency
                                else cfg.concurrency)
@@ -120,6 +122,7 @@ class Consumer:
         self._spool_lock: IO[str] | None = None
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
         self._trips: set[asyncio.Task[None]] = set()
+        self._registered = False  # an rq worker in Redis: its stop is reported
 
     # --- wiring callbacks ----------------------------------------------------------
     async def _output_of(self, run: str) -> str | None:
@@ -187,12 +190,7 @@ class Consumer:
     # --- main ----------------------------------------------------------------------
     async def run(self) -> int:
         """Serve until stopped (or, with burst, until the served runs are drained). Exit code."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            except (NotImplementedError, RuntimeError):  # not the main thread (tests)
-                pass
+        self.stop.install(asyncio.get_running_loop())
         try:
             self._spool_lock = lock_spool(self.cfg.spool)
         except SpoolBusyError as e:
@@ -204,7 +202,8 @@ class Consumer:
         finally:
             self.rq.close()
             self.outbox.close()
-            await checkpoints.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(checkpoints.close(), timeout=max(self.stop.left(), 0.5))
 
     async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
         cfg = self.cfg
@@ -248,21 +247,63 @@ class Consumer:
                         wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
                         on_runs=self.outbox.unpark)
 
-        await served.wait_for_models(self.stopping)
+        t0 = time.monotonic()
+        code: int = ExitCode.DONE
+        started = False
+        try:
+            try:
+                # Start-up waits on the endpoint and on Redis, which may never answer: a stop ends it.
+                await until(self.stopping, self._start(served, telemetry))
+                started = True
+            except Stopped:
+                log.info("consumer %s stopping before start-up finished (nothing held)", self.worker.name)
+            if started:
+                t0 = time.monotonic()
+                code = await self._work(dispatcher, intake, leases, telemetry, steering)
+        finally:
+            await gate.aclose()
+            if self._registered:
+                await self._report_stop(telemetry)
+        left = self.outbox.unshipped()
+        if left:
+            log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",
+                        len(left), self.cfg.spool)
+        if code == ExitCode.DONE and cfg.burst and not self.stop.signalled:
+            ends = served.unfinished()
+            for run, (_, why) in ends.items():
+                log.error("run %s was not served to the end: %s", run, why)
+            code = max((c for c, _ in ends.values()), default=ExitCode.DONE)
+        if code == ExitCode.DONE and self.stop.hard:
+            code = ExitCode.INTERRUPTED
+        elapsed = time.monotonic() - t0
+        items = sum(t["completions"] for t in telemetry.totals.values())
+        errors = sum(t["errors"] for t in telemetry.totals.values())
+        a = self.acker.snapshot()
+        log.info("consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back, "
+                 "%.1f items/s (exit %d)", self.worker.name, elapsed, items, errors, a.acked, a.given_back,
+                 items / elapsed if elapsed > 0 else 0.0, code)
+        return code
+
+    async def _start(self, served: ServedRuns, telemetry: Telemetry) -> None:
+        await served.wait_for_models()
         for run in await served.resolve():
             telemetry.start_run(run)
         await self.rq.call(self.worker.start)
+        self._registered = True
         telemetry.start_metrics_server()
-        log.info("consumer %s started: endpoint %s, concurrency %s, runs %s", self.worker.name, cfg.endpoint,
-                 "auto" if cfg.auto_concurrency else cfg.concurrency, cfg.run or "(all open)")
+        log.info("consumer %s started: endpoint %s, concurrency %s, runs %s", self.worker.name, self.cfg.endpoint,
+                 "auto" if self.cfg.auto_concurrency else self.cfg.concurrency, self.cfg.run or "(all open)")
         await self._ship_leftovers()
-        t0 = time.monotonic()
+
+    async def _work(self, dispatcher: Dispatcher, intake: Intake, leases: Leases, telemetry: Telemetry,
+                    steering: Steering) -> int:
+        """Run every loop until the intake ends (a stop, or a --burst end) and the drain is done."""
         background: dict[str, Callable[[], Awaitable[None]]] = {
             "dispatcher": dispatcher.run, "renewer": leases.renew_forever, "sweeper": leases.sweep_forever,
             "sealer": self._sealer, "shipper": self.outbox.shipper, "telemetry": telemetry.loop,
             "steering": steering.run,
         }
-        code = 0
+        code = ExitCode.DONE
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(supervised(name, fn), name=name) for name, fn in background.items()]
@@ -270,27 +311,19 @@ class Consumer:
         except* LoopFailed as group:
             for e in group.exceptions:
                 log.error("consumer %s stopping: %s", self.worker.name, e)
-            code = 1
+            code = ExitCode.FATAL
             await self._give_back_all_best_effort()
-        finally:
-            await gate.aclose()
-            try:
-                await asyncio.wait_for(telemetry.publish(exited=True), timeout=5.0)
-                await asyncio.wait_for(self.rq.once(self.worker.stop), timeout=5.0)
-            except (TimeoutError, redis.exceptions.RedisError) as e:
-                log.warning("could not report the stop to Redis (%s)", e)
-        if code == 0 and cfg.burst and served.snapshot().refused:
-            for run, why in served.snapshot().refused.items():
-                log.error("run %s was not served: %s", run, why)
-            code = 3
-        elapsed = time.monotonic() - t0
-        items = sum(t["completions"] for t in telemetry.totals.values())
-        errors = sum(t["errors"] for t in telemetry.totals.values())
-        a = self.acker.snapshot()
-        log.info("consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back, "
-                 "%.1f items/s", self.worker.name, elapsed, items, errors, a.acked, a.given_back,
-                 items / elapsed if elapsed > 0 else 0.0)
         return code
+
+    async def _report_stop(self, telemetry: Telemetry) -> None:
+        """Say in Redis that this consumer stopped; best effort within what is left of the stop
+        (a moment when Redis is out: status ages a silent consumer out anyway)."""
+        cap = 0.5 if self.rq.snapshot().unreachable_since is not None else 5.0
+        try:
+            await asyncio.wait_for(telemetry.publish(exited=True), timeout=min(self.stop.left(floor=0.5), cap))
+            await asyncio.wait_for(self.rq.once(self.worker.stop), timeout=min(self.stop.left(floor=0.5), cap))
+        except Exception as e:  # noqa: BLE001 - the stop goes on; status ages the consumer out
+            log.warning("could not report the stop to Redis (%s: %s)", type(e).__name__, e)
 
     async def _main(self, intake: Intake, dispatcher: Dispatcher, background: list[asyncio.Task[None]]) -> None:
         """Fetch until it is time to stop, drain, then end the background loops."""
@@ -299,16 +332,10 @@ class Consumer:
         for t in background:
             t.cancel()
 
-    def _on_signal(self, sig: int) -> None:
-        if self.stopping.is_set():
-            log.warning("second signal: stopping now")
-            self.hard_stop = True
-            self.rq.hard_stop = True
-            self.outbox.stopping_hard = True
-        else:
-            log.info("signal %s: draining (in flight finishes, the rest goes back to the queue)",
-                     signal.Signals(sig).name)
-            self.stopping.set()
+    def _go_hard(self) -> None:
+        """A second signal: every wait gives up at once."""
+        self.rq.hard_stop = True
+        self.outbox.stopping_hard = True
         self.wake.set()
 
     async def _sealer(self) -> None:
@@ -338,20 +365,30 @@ class Consumer:
             await asyncio.gather(shipper, return_exceptions=True)
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
-        deadline = time.monotonic() + self.cfg.drain_timeout
-        self.stopping.set()
+        """In flight finishes until the drain deadline; then what is complete ships and the rest
+        goes back, within the stop's grace (a --burst end drains the same way)."""
+        stop = self.stop
+        stop.begin()
         self.wake.set()
-        await dispatcher.finish(self.cfg.drain_timeout, lambda: self.hard_stop)
+        await dispatcher.finish(max(stop.drain_deadline - time.monotonic(), 0.0), lambda: stop.hard)
         self.book.drop_pending()
         if not self.outbox.seal_due(set(), force=True):
             log.error("the spool refuses writes (%s): results not written are lost with this process; their "
                       "jobs go back to the queue", self.outbox.disk_error)
-        left = 0.0 if self.hard_stop else max(deadline - time.monotonic(), 5.0)
-        if not await self.outbox.flush(left):
-            log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",
-                        len(self.outbox.queue), self.cfg.spool)
+        # Shipping needs Redis (the run's output, done marks, acks) and a store that takes
+        # shards: with either failing now, a moment only (the shards ship at the next start).
+        redis_out = self.rq.snapshot().unreachable_since is not None
+        failing = redis_out or self.outbox.last_error is not None
+        ship = 0.0 if stop.hard else min(stop.left(reserve=4.0), 1.0 if failing else
+                                         max(stop.drain_deadline - time.monotonic(), 5.0))
+        await self.outbox.flush(ship)
+        back = 0.0 if stop.hard else min(stop.left(reserve=2.0), 1.0 if redis_out else 10.0)
         loop = asyncio.get_running_loop()
-        await self.acker.give_back_all(loop.time() + (0.0 if self.hard_stop else 10.0))
+        try:
+            await asyncio.wait_for(self.acker.give_back_all(loop.time() + back), timeout=back + 1.0)
+        except TimeoutError:
+            log.warning("held jobs not all given back within %.1f s; the rest return when their leases expire",
+                        back + 1.0)
 
     async def _give_back_all_best_effort(self) -> None:
         """After a fatal loop failure: give held jobs back if Redis answers within seconds;

@@ -51,8 +51,8 @@ class Proc:
 class Sim:
     """The stand-in vLLM as its own process on a fixed port (so it can die and come back)."""
 
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.port = free_port()
+    def __init__(self, tmp: Path, *args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.args = list(args)
         self.tmp = tmp
         self.proc: Proc | None = None

@@ -44,7 +44,7 @@ def test_max_tokens_over_the_context_is_stopped_by_the_preflight(tmp_path, redis
         served = sim_requests(sim)
     finally:
         sim.stop()
-    assert code == 3, log
+    assert code == 4, log  # ExitCode.PREFLIGHT
     assert "pre-flight failed" in log and "max_tokens 50000 does not fit the model's context of 8192" in log
     assert "Traceback" not in log
     assert served <= 1, f"{served} requests reached the engine"
@@ -63,7 +63,7 @@ def test_every_item_refused_trips_the_breaker_and_pauses_the_run(tmp_path, redis
         served = sim_requests(sim)
     finally:
         sim.stop()
-    assert code == 3, log
+    assert code == 5, log  # ExitCode.PAUSED
     pause = conn.get("genqueue:run:storm:paused")
     assert pause is not None, log
     reason = orjson.loads(pause)["reason"]

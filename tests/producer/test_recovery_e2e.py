@@ -155,7 +155,7 @@ def test_update_settings_fixes_a_run_no_engine_accepts(tmp_path: Path, redis_url
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "10", "--max-model-len", "1024")
     try:
         c1 = consumer(tmp_path, redis_url, sim, "us", "c1", "--burst")
-        assert c1.wait(120) == 3, c1.output()  # not served: max_tokens does not fit the context
+        assert c1.wait(120) == 4, c1.output()  # ExitCode.PREFLIGHT: not served: max_tokens does not fit the context
         assert "--update-settings" in c1.output() and not read_results(out, "us")
         s = enqueue(redis_url, data, "us", str(out), "--max-tokens", "64", "--update-settings")
         assert s["settings_updated"]["from"] == first["fingerprint"] and s["already_queued"] == 120
