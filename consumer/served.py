@@ -14,7 +14,7 @@ import orjson
 import redis
 
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm
-from genqueue.common.errors import ModelNotServedError, PermanentError, TransientError, UserError
+from genqueue.common.errors import CorruptStateError, ModelNotServedError, PermanentError, TransientError, UserError
 from genqueue.common.eta import format_duration
 from genqueue.common.pause import pause_key
 from genqueue.common.rqaccess import job_counts
@@ -159,7 +159,15 @@ class ServedRuns:
                 continue
             if name in self._skipped:
                 continue
-            info = await self.rq.call(self.store.get, name)
+            try:
+                info = await self.rq.call(self.store.get, name)
+            except CorruptStateError as e:  # not genqueue's record: nothing of it can be served
+                if self.only_run:
+                    raise UserError(str(e)) from None
+                if name not in self._refused or self._refused[name].reason != str(e):
+                    log.error("not serving run %s: %s", name, e)
+                self._refused[name] = _Refusal(str(e), ExitCode.PREFLIGHT, "unreadable", time.monotonic())
+                continue
             if info is None:
                 if self.only_run and not self._started and name not in self.vanished:
                     raise UserError(f"no run named {name!r} in Redis")

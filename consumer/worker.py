@@ -33,7 +33,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
-from genqueue.common.errors import UserError
+from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.pause import pause_run
 from genqueue.common.placement import this_host
@@ -126,7 +126,10 @@ class Consumer:
 
     # --- wiring callbacks ----------------------------------------------------------
     async def _output_of(self, run: str) -> str | None:
-        info = await self.rq.call(self.store.get, run)
+        try:
+            info = await self.rq.call(self.store.get, run)
+        except CorruptStateError:  # its shards wait in the spool, as for a run gone from Redis
+            return None
         return info.settings.output if info is not None else None
 
     async def _shipped(self, run: str, seq: int | None, marks: ShardMarks) -> None:

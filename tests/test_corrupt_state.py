@@ -103,3 +103,28 @@ def test_an_unreadable_pause_is_still_a_pause(redis_url: str, conn: redis.Redis,
     conn.set(f"genqueue:run:{RUN}:paused", b"garbage")
     pause = run_pause(conn, RUN)
     assert pause is not None and "unreadable pause record" in pause["reason"]
+
+
+def test_a_consumer_serves_on_beside_a_run_whose_record_is_garbage(tmp_path: Path, redis_url: str,
+                                                                  conn: redis.Redis) -> None:
+    from tests.conftest import cli
+    from tests.consumer.e2e import Sim
+
+    write_jsonl(tmp_path / "a.jsonl", [sharegpt(i) for i in range(5)])
+    env = {"REDIS_URL": redis_url}
+    out = str(tmp_path / "out")
+    cli("producer", "enqueue", str(tmp_path / "a.jsonl"), "--run", "good", "--output", out, env=env)
+    cli("producer", "enqueue", str(tmp_path / "a.jsonl"), "--run", "bad", "--output", out, env=env)
+    conn.hset("genqueue:run:bad", "settings", b"garbage")
+    sim = Sim(tmp_path, "--mean-tokens", "5")
+    try:
+        done = cli("consumer", "run", "--endpoint", sim.url, "--burst", "--spool", str(tmp_path / "s"), env=env,
+                   check=False, timeout=90)
+        alone = cli("consumer", "run", "--run", "bad", "--endpoint", sim.url, "--burst", "--spool",
+                    str(tmp_path / "s2"), env=env, check=False, timeout=90)
+    finally:
+        sim.stop()
+    assert done.returncode == 4, done.stderr  # --burst: a run it could not serve (ExitCode.PREFLIGHT)
+    assert "not serving run bad" in done.stderr and "Traceback" not in done.stderr
+    assert conn.scard("genqueue:run:good:done") == 5
+    assert alone.returncode == 2 and "error: run bad's record in Redis" in alone.stderr, alone.stderr
