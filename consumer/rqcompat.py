@@ -101,8 +101,8 @@ class GenWorker(BaseWorker):
             reason = f"refused: undecodable job payload ({type(e).__name__}); genqueue jobs are JSON"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
-        if func not in TASKS:
-            reason = f"refused: job names {func!r}; genqueue runs only {TASK}"
+        if not isinstance(func, str) or func not in TASKS:  # a list is unhashable: test the type first
+            reason = f"refused: job names {str(func)[:200]!r}; genqueue runs only {TASK}"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
         execution = self.prepare_execution(job)

@@ -53,6 +53,10 @@ def plant(conn: redis.Redis) -> dict[str, str]:
     planted[pq.enqueue("os.getcwd").id] = "a pickled payload"
     planted[Queue(q.name, connection=conn, serializer=SERIALIZER).enqueue("os.system", "echo pwned").id] = \
         "a foreign function"
+    task_job("list-func", ([good_item(8)],), "a function name that is not text")
+    import orjson
+    import zlib
+    conn.hset("rq:job:list-func", "data", zlib.compress(orjson.dumps([[1], None, [[good_item(8)]], {}])))
     # and one the consumer must run: a job queued under the task's name before the namespace move
     q.enqueue_call("consumer.task.generate", args=([good_item(6), good_item(7)],), job_id="legacy-task")
     return planted
