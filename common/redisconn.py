@@ -31,6 +31,7 @@ from redis.retry import Retry
 from genqueue.common import defaults
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.errors import RedisUnavailableError
+from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
 
 #: Old name of genqueue.common.redact.redact, kept while callers move.
@@ -85,7 +86,8 @@ def connect(url: str, *, check: bool = True) -> redis.Redis:
 def wait_for(url: str, seconds: float, *, say: Callable[[str], None]) -> redis.Redis:
     """connect(URL), waiting up to SECONDS for Redis to answer (a consumer started while Redis
     restarts must not exit: under a supervisor that would be a crash loop). Says so every 10 s."""
-    deadline = time.monotonic() + seconds
+    t0 = time.monotonic()
+    deadline = t0 + seconds
     last = 0.0
     attempt = 0
     while True:
@@ -96,7 +98,8 @@ def wait_for(url: str, seconds: float, *, say: Callable[[str], None]) -> redis.R
             if now >= deadline or "invalid Redis URL" in str(e):
                 raise
             if now - last >= 10.0:
-                say(f"{e}; waiting for it (up to {seconds:.0f} s)")
+                say(f"{e}; waited {format_duration(now - t0)}, waiting {format_duration(deadline - now)} more "
+                    f"(--endpoint-wait {format_duration(seconds)})")
                 last = now
             time.sleep(compute_backoff(min(attempt, 4), base=0.5, cap=5.0))
             attempt += 1

@@ -137,3 +137,14 @@ def test_redis_errors_do_not_show_the_password(silent_server: int) -> None:
     assert "hunter2" not in str(info.value) and "***@127.0.0.1" in str(info.value)
     with pytest.raises(redis.exceptions.RedisError):
         connect(f"redis://127.0.0.1:{silent_server}/0?socket_timeout=0.1", check=False).ping()
+
+
+def test_waiting_for_redis_says_how_long_it_waited_and_will_wait():
+    from genqueue.common.errors import RedisUnavailableError
+    from genqueue.common.redisconn import wait_for
+    from tests.conftest import free_port
+
+    said: list[str] = []
+    with pytest.raises(RedisUnavailableError):
+        wait_for(f"redis://127.0.0.1:{free_port()}/0", 1.0, say=said.append)
+    assert said and "waited 0m 00s, waiting 0m 01s more (--endpoint-wait 0m 01s)" in said[0], said
