@@ -252,6 +252,10 @@ class Outbox:
         parked = [shard for shards in self._parked.values() for shard in shards]
         return [shard for shard in [*self.queue, *parked] if shard.path.exists()]
 
+    def parked_runs(self) -> list[str]:
+        """Runs gone from Redis whose shards wait here until the run is re-created."""
+        return [run for run, shards in self._parked.items() if shards]
+
     def unpark(self, runs: list[str]) -> None:
         """Runs that are (back) in Redis: their shards kept aside while they were gone ship now."""
         for run in runs:

@@ -268,9 +268,11 @@ class Consumer:
             if self._registered:
                 await self._report_stop(telemetry)
         left = self.outbox.unshipped()
+        gone = sorted({shard.run for shard in left} & set(self.outbox.parked_runs()))
         if left:
-            log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start",
-                        len(left), self.cfg.spool)
+            log.warning("stopping with %d shard(s) not shipped; they stay in %s and ship at the next start%s",
+                        len(left), self.cfg.spool, f" (runs gone from Redis: {', '.join(gone)}: once `producer "
+                        "enqueue` re-creates them)" if gone else "")
         if code == ExitCode.DONE and cfg.burst and not self.stop.signalled:
             ends = served.unfinished()
             for run, (_, why) in ends.items():
