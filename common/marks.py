@@ -49,16 +49,23 @@ class ShardMarks:
         (self.failed if error else self.done).append(key_digest(item_key))
 
 
-def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks) -> None:
-    """Record MARKS of a shipped shard of RUN (one round trip)."""
+def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
+                 stamp: tuple[str, int, int] | None = None) -> int | None:
+    """Record MARKS of a shipped shard of RUN (one round trip). STAMP (key, value, expiry in
+    seconds) is set after the marks: Redis holding the stamp holds the marks written before it.
+    Returns the stamp it replaced (0 if none; None without STAMP or with nothing to mark):
+    consumer/rewind.py tells by it a Redis that lost writes."""
     if not marks.done and not marks.failed:
-        return
+        return None
     with conn.pipeline(transaction=False) as p:
         if marks.done:
             p.sadd(done_key(run), *marks.done)
         if marks.failed:
             p.sadd(failed_key(run), *marks.failed)
-        p.execute()
+        if stamp is not None:
+            p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
+        out = p.execute()
+    return int(out[-1] or 0) if stamp is not None else None
 
 
 class Mark(StrEnum):

@@ -18,6 +18,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,6 +64,9 @@ class GenWorker(BaseWorker):
         self.lease = lease
         # A clock off by more than a quarter lease would already lose leases without this.
         self.clock = RedisClock(conn, warn_above=lease / 4, name=name)
+        # Whether a job of the queue named may be taken now (consumer/rewind.py holds a run back
+        # while its marks are rebuilt).
+        self.gate: Callable[[str], bool] = lambda queue_name: True
         self.log_result_lifespan = False
         self.log_job_description = False
 
@@ -91,7 +95,10 @@ class GenWorker(BaseWorker):
         queue is empty, or (None, reason) when the job found cannot be run by genqueue: it is
         failed in rq (a foreign function, a pickle, garbage) or, when rq itself cannot load
         it (a hash gone or without data, a status or date rq does not parse), dropped from
-        the queue; either way the reason is logged and kept under genqueue:refused:<queue>."""
+        the queue; either way the reason is logged and kept under genqueue:refused:<queue>.
+        A queue the gate holds back reads as empty."""
+        if not self.gate(queue.name):
+            return None, None
         moved = Queue.lmove(self.connection, queue.key, None)
         if moved is None:
             return None, None
