@@ -31,6 +31,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from enum import StrEnum
 
 import redis
 
@@ -48,6 +49,18 @@ log = logging.getLogger(__name__)
 CHECK_EVERY = 1.0
 #: Seconds the stamp and a finished rebuild's state are kept.
 KEEP = 7 * 24 * 3600
+#: Seconds a rebuild waits for the run's lock before it lets the loop look again (a producer
+#: may hold it for a long reconcile; the run stays held back meanwhile).
+LOCK_WAIT = 10.0
+
+
+class Rebuild(StrEnum):
+    """What one attempt at rebuilding a pending run's marks came to."""
+
+    REBUILT = "rebuilt"  # here
+    DONE = "done"  # by another consumer meanwhile
+    GONE = "gone"  # the run is not in Redis: `producer enqueue` re-creates it and rebuilds
+    LOCKED = "locked"  # the run's lock stayed taken: try again later
 
 
 def stamp_key(worker: str) -> str:
@@ -151,28 +164,36 @@ class Rewind:
             await self.rq.call(self.check)
             for run in sorted(self.pending):
                 # A thread of its own: the rq thread keeps renewing leases meanwhile.
-                if await asyncio.to_thread(self._rebuild, run):
-                    self.rebuilt += 1
+                outcome = await asyncio.to_thread(self._rebuild, run)
+                if outcome is Rebuild.LOCKED:
+                    continue
+                self.rebuilt += outcome is Rebuild.REBUILT
                 self.pending.discard(run)
-                log.info("run %s: its marks are whole again; taking its jobs", run)
+                if outcome is not Rebuild.GONE:
+                    log.info("run %s: its marks are whole again; taking its jobs", run)
             await asyncio.sleep(CHECK_EVERY)
 
-    def _rebuild(self, run: str) -> bool:
-        """Rebuild RUN's marks under its lock unless another consumer did. True if done here."""
+    def _rebuild(self, run: str) -> Rebuild:
+        """Rebuild RUN's marks under its lock unless another consumer did."""
         info = RunStore(self.conn).get(run)
-        if info is None:  # gone from Redis too: `producer enqueue` re-creates it and rebuilds
+        if info is None:
             self.conn.delete(state_key(run))
-            return False
+            return Rebuild.GONE
         lock = RunLock(self.conn, run)
+        deadline = time.monotonic() + LOCK_WAIT
+        while lock.holder() is not None:  # bounded, so a stopping consumer never hangs here
+            if time.monotonic() > deadline:
+                return Rebuild.LOCKED
+            time.sleep(0.1)
         lock.acquire()
         try:
             state = _text(self.conn.get(state_key(run))) or ""
             if not state.startswith("pending:"):
-                return False
+                return Rebuild.DONE
             t0 = time.monotonic()
             rebuilt = rebuild_marks(self.conn, run, self._store_for(info.settings.output))
             self.conn.set(state_key(run), "done:" + state.removeprefix("pending:"), ex=KEEP)
             log.warning("run %s: marks rebuilt from %s in %.1f s", run, rebuilt.line(), time.monotonic() - t0)
-            return True
+            return Rebuild.REBUILT
         finally:
             lock.release()

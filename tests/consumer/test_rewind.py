@@ -19,7 +19,10 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.marks import done_key
+from genqueue.common.marks import ShardMarks, done_key
+from genqueue.common.runs import run_key
+from genqueue.consumer.rewind import Rebuild, Rewind, stamp_key, state_key
+from genqueue.consumer.rqthread import RqThread
 from tests.conftest import RedisServer, cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 
@@ -99,3 +102,35 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
     assert e["duplicates_removed"] == twice
     assert window > held, "the test means something only if the window shipped more than was in flight"
     assert twice <= held, f"{twice} items generated twice for {held} in flight at the crash"
+
+
+def test_a_stamp_gone_back_holds_the_run_on_every_consumer_until_rebuilt(conn: redis.Redis,
+                                                                          redis_url: str) -> None:
+    """The protocol on its own (real Redis, no processes): A finds its stamp gone back and marks
+    the run pending; B, which lost nothing, holds the run back too; once the state says done,
+    B's attempt finds nothing to rebuild and takes the run again."""
+    conn.hset(run_key("rw"), mapping={"settings": "{}"})  # present (its settings are not read here)
+    rq = RqThread()
+    try:
+        no_store = lambda output: None  # never called: no rebuild runs here
+        a = Rewind(rq, conn, "a", runs=lambda: ["rw"], store_for=no_store)  # type: ignore[arg-type]
+        b = Rewind(rq, conn, "b", runs=lambda: ["rw"], store_for=no_store)  # type: ignore[arg-type]
+        marks = ShardMarks()
+        marks.add("ab" * 16, error=False)
+        for _ in range(3):
+            a.mark_shipped("rw", marks)
+        b.mark_shipped("rw", marks)
+        assert a.allows("genqueue.rw") and b.allows("genqueue.rw") and not a.pending
+        conn.set(stamp_key("a"), 1)  # Redis lost A's last two writes
+        a.mark_shipped("rw", marks)  # the stamp it replaces tells at once
+        assert a.pending == {"rw"} and a.rewinds == 1
+        assert (conn.get(state_key("rw")) or b"").startswith(b"pending:")
+        b._checked = float("-inf")
+        assert not b.allows("genqueue.rw") and b.pending == {"rw"}  # B lost nothing, and holds back
+        assert not a.allows("genqueue.rw")
+        conn.set(state_key("rw"), "done:x")  # as the rebuilder leaves it
+        assert b._rebuild("rw") is Rebuild.DONE
+        conn.delete(run_key("rw"))
+        assert a._rebuild("rw") is Rebuild.GONE and conn.get(state_key("rw")) is None
+    finally:
+        rq.close()
