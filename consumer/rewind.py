@@ -125,12 +125,16 @@ class Rewind:
             p.get(stamp_key(self.worker))
             for run in runs:
                 p.get(state_key(run))
-            info, stamp, *states = p.execute()
+            # INFO may be refused (a managed Redis's ACL): the run_id only tells the log.
+            info, stamp, *states = p.execute(raise_on_error=False)
+        for answer in (stamp, *states):
+            if isinstance(answer, Exception):
+                raise answer
         self._checked = time.monotonic()
-        run_id = str(info.get("run_id"))
-        if self.run_id is not None and run_id != self.run_id:
+        run_id = None if isinstance(info, Exception) else str(info.get("run_id"))
+        if self.run_id is not None and run_id is not None and run_id != self.run_id:
             log.warning("Redis restarted (run_id %s -> %s)", self.run_id[:8], run_id[:8])
-        self.run_id = run_id
+        self.run_id = run_id or self.run_id
         found = int(_text(stamp) or 0)
         if self._written and found < self._written:
             self._found_rewind(runs, found)
