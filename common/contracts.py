@@ -303,3 +303,4 @@ class ConsumerSnapshot(TypedDict):
     shipping: ShippingView
     jobs: dict[str, int]  # acked, lease_lost, redone, refused, given_back, swept
     redis_unreachable_since: float | None
+    clock_offset: float | None  # Redis's clock - this node's, seconds; leases use Redis's

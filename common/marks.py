@@ -13,12 +13,21 @@ Keys (16-byte digests of the item keys, as in genqueue:run:<run>:keys):
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import orjson
 import redis
 
 from genqueue.common.runs import key_digest, run_key
+from genqueue.common.storage import ShardStore, read_manifest
+
+log = logging.getLogger(__name__)
+
+#: Digests written per round trip when marks are rebuilt.
+REBUILD_BATCH = 10_000
 
 
 def done_key(run: str) -> str:
@@ -40,16 +49,23 @@ class ShardMarks:
         (self.failed if error else self.done).append(key_digest(item_key))
 
 
-def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks) -> None:
-    """Record MARKS of a shipped shard of RUN (one round trip)."""
+def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
+                 stamp: tuple[str, int, int] | None = None) -> int | None:
+    """Record MARKS of a shipped shard of RUN (one round trip). STAMP (key, value, expiry in
+    seconds) is set after the marks: Redis holding the stamp holds the marks written before it.
+    Returns the stamp it replaced (0 if none; None without STAMP or with nothing to mark):
+    consumer/rewind.py tells by it a Redis that lost writes."""
     if not marks.done and not marks.failed:
-        return
+        return None
     with conn.pipeline(transaction=False) as p:
         if marks.done:
             p.sadd(done_key(run), *marks.done)
         if marks.failed:
             p.sadd(failed_key(run), *marks.failed)
-        p.execute()
+        if stamp is not None:
+            p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
+        out = p.execute()
+    return int(out[-1] or 0) if stamp is not None else None
 
 
 class Mark(StrEnum):
@@ -68,3 +84,69 @@ def marks_of(conn: redis.Redis, run: str, item_keys: list[str]) -> list[Mark | N
         p.smismember(failed_key(run), digests)
         done, failed = p.execute()
     return [Mark.DONE if d else Mark.FAILED if f else None for d, f in zip(done, failed, strict=True)]
+
+
+# --- after a Redis loss (or a rewind): the marks, from the shipped shards -------------------
+@dataclass(slots=True)
+class Rebuilt:
+    """What rebuild_marks read."""
+
+    shards: int = 0
+    records: int = 0
+    done: int = 0
+    failed: int = 0
+    unreadable: int = 0  # lines that are not a record with a key (a torn or foreign line)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        text = (f"{self.records:,} records in {self.shards:,} shards: {self.done:,} items done, "
+                f"{self.failed:,} with an error record")
+        return text + (f", {self.unreadable:,} unreadable lines skipped" if self.unreadable else "")
+
+
+def rebuild_marks(conn: redis.Redis, run: str, store: ShardStore) -> Rebuilt:
+    """Rebuild RUN's DONE and FAILED marks, and its keys set, from every record of its shipped
+    shards (streamed: memory holds one batch of digests). Idempotent: marks only get added."""
+    t0 = time.perf_counter()
+    out = Rebuilt()
+    done: set[bytes] = set()
+    failed: set[bytes] = set()
+
+    def flush() -> None:
+        with conn.pipeline(transaction=False) as p:
+            for key, digests in ((done_key(run), done), (failed_key(run), failed)):
+                if digests:
+                    p.sadd(key, *digests)
+                    p.sadd(run_key(run, "keys"), *digests)
+            p.execute()
+        done.clear()
+        failed.clear()
+
+    for shard in store.list_shards(run):
+        out.shards += 1
+        manifest = read_manifest(store, run, shard)
+        lines = 0
+        with store.open(run, shard.name) as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                lines += 1
+                try:
+                    rec = orjson.loads(line)
+                    digest = bytes.fromhex(rec["key"])
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    out.unreadable += 1
+                    continue
+                out.records += 1
+                (failed if "error" in rec else done).add(digest)
+                if len(done) + len(failed) >= REBUILD_BATCH:
+                    flush()
+        if manifest is not None and manifest["records"] != lines:
+            log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines, manifest["records"])
+    flush()
+    with conn.pipeline(transaction=False) as p:
+        p.scard(done_key(run))
+        p.scard(failed_key(run))
+        out.done, out.failed = (int(n) for n in p.execute())
+    out.seconds = time.perf_counter() - t0
+    return out

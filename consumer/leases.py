@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 class LeaseSnapshot:
     swept: int  # jobs of dead consumers this one sent back to the queue
     lost: int  # leases of this consumer found swept by another
+    clock_offset: float | None  # Redis's clock - this node's, seconds (common/clock.py)
 
 
 class Leases:
@@ -45,7 +46,10 @@ class Leases:
     async def renew_once(self) -> int:
         """Renew every held job; drop the ones whose lease was lost. Returns how many were lost."""
         held = {js.held.id: js for js in self.book}
-        lost = await self.rq.call(self.worker.renew, [js.held for js in held.values()])
+        found = await self.rq.call(self.worker.renew, [js.held for js in held.values()])
+        # A job acked or given back here while the renewal waited its turn in the rq thread is
+        # gone from the registry too: ended by us, not lost.
+        lost = [h for h in found if self.book.jobs.get(h.id) is held[h.id]]
         by_run: collections.Counter[str] = collections.Counter()
         for h in lost:
             js = held[h.id]
@@ -79,4 +83,4 @@ class Leases:
             await asyncio.sleep(interval)
 
     def snapshot(self) -> LeaseSnapshot:
-        return LeaseSnapshot(self.swept, self.lost)
+        return LeaseSnapshot(self.swept, self.lost, self.worker.clock.offset)

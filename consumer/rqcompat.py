@@ -4,23 +4,33 @@
 the consumer's asyncio loop. Its methods are synchronous Redis work; the consumer calls them
 from one dedicated thread, so they never block the event loop and never run concurrently.
 tests/consumer/test_rqcompat.py is the contract test for the rq behaviour relied on here.
+
+Lease times are Redis's (common/clock.py), not this node's: rq writes a lease's score with the
+local clock, and each place it does is followed, in the same MULTI, by our score in Redis time;
+sweeps compare with Redis time too. A node whose clock is off neither loses its live jobs to
+others' sweeps nor sweeps theirs.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import time
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
+import rq.utils
 from rq import Queue
-from rq.executions import Execution
+from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
-from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
+from genqueue.common.clock import RedisClock
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.rqaccess import SERIALIZER, TASK, TASKS, refused_key
 
@@ -49,8 +59,14 @@ class GenWorker(BaseWorker):
         # A fresh name per process start: a killed worker's name stays "busy" until its hash
         # expires, and a restart must not collide with it.
         name = name or f"gq-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        _skew_for_tests()
         super().__init__(queues, name=name, connection=conn, serializer=SERIALIZER, worker_ttl=max(lease, 10))
         self.lease = lease
+        # A clock off by more than a quarter lease would already lose leases without this.
+        self.clock = RedisClock(conn, warn_above=lease / 4, name=name)
+        # Whether a job of the queue named may be taken now (consumer/rewind.py holds a run back
+        # while its marks are rebuilt).
+        self.gate: Callable[[str], bool] = lambda queue_name: True
         self.log_result_lifespan = False
         self.log_job_description = False
 
@@ -66,6 +82,7 @@ class GenWorker(BaseWorker):
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
+        self.clock.measure()
         self.register_birth()  # type: ignore[no-untyped-call]
         self.set_state(WorkerStatus.IDLE)
 
@@ -78,7 +95,10 @@ class GenWorker(BaseWorker):
         queue is empty, or (None, reason) when the job found cannot be run by genqueue: it is
         failed in rq (a foreign function, a pickle, garbage) or, when rq itself cannot load
         it (a hash gone or without data, a status or date rq does not parse), dropped from
-        the queue; either way the reason is logged and kept under genqueue:refused:<queue>."""
+        the queue; either way the reason is logged and kept under genqueue:refused:<queue>.
+        A queue the gate holds back reads as empty."""
+        if not self.gate(queue.name):
+            return None, None
         moved = Queue.lmove(self.connection, queue.key, None)
         if moved is None:
             return None, None
@@ -105,10 +125,32 @@ class GenWorker(BaseWorker):
             reason = f"refused: job names {str(func)[:200]!r}; genqueue runs only {TASK}"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
-        execution = self.prepare_execution(job)
+        execution = self._prepare_execution(job)
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)
-        job.started_at = now()
+        job.started_at = self._now()
         return Held(job, queue, execution), None
+
+    def _now(self) -> datetime:
+        """Now in Redis time: a job's start and end are read beside other consumers' (status)."""
+        return datetime.fromtimestamp(self.clock.now(), UTC)
+
+    def _prepare_execution(self, job: Job) -> Execution:
+        """rq's prepare_execution, with the lease scored in Redis time in the same MULTI: no
+        sweeper ever sees the local clock's score."""
+        with self.connection.pipeline() as p:
+            execution = Execution.create(job, self.lease, pipeline=p, worker_name=self.name)
+            self._score_lease(p, job, execution)
+            self.executions[execution.id] = execution
+            self.set_state(WorkerStatus.BUSY, pipeline=p)
+            p.execute()
+        return execution
+
+    def _score_lease(self, p: redis.client.Pipeline, job: Job, execution: Execution) -> None:
+        """Queue (in P, after rq's own ZADDs) the lease's expiry in Redis time: the started
+        registry's score, and the job's execution registry's (rq keeps it a minute longer)."""
+        expiry = self.clock.now() + self.lease
+        p.zadd(job.started_job_registry.key, {execution.composite_key: expiry}, xx=True)
+        p.zadd(ExecutionRegistry.key_template.format(job.id), {execution.id: expiry + 60}, xx=True)
 
     def _fail_foreign(self, queue: Queue, job: Job, reason: str) -> None:
         log.warning("job %s on %s: %s", job.id, queue.name, reason)
@@ -131,7 +173,9 @@ class GenWorker(BaseWorker):
         """Extend the lease of every held job that is still ours, and the worker's heartbeat.
         Returns the jobs whose lease was lost (swept while Redis was out of reach, or while
         this process stood still): they are someone else's now and are not renewed, since
-        renewing would put a swept lease back. Two round trips, whatever the count."""
+        renewing would put a swept lease back. Three round trips, whatever the count (one
+        re-measures the offset to Redis's clock)."""
+        self.clock.measure()
         with self.connection.pipeline() as p:
             for h in held:
                 p.zscore(h.queue.started_job_registry.key, h.execution.composite_key)
@@ -140,9 +184,10 @@ class GenWorker(BaseWorker):
         kept = [h for h, score in zip(held, scores, strict=True) if score is not None]
         with self.connection.pipeline() as p:
             self.heartbeat(self.lease + 60, pipeline=p)
-            ts = now()
+            ts = self._now()
             for h in kept:
                 h.execution.heartbeat(h.queue.started_job_registry, self.lease, pipeline=p)
+                self._score_lease(p, h.job, h.execution)
                 h.job.heartbeat(ts, self.lease, pipeline=p, xx=True)
             p.execute()
         for h in lost:
@@ -163,7 +208,7 @@ class GenWorker(BaseWorker):
             self.executions.pop(held.execution.id, None)
             return False
         job = held.job
-        job.ended_at = now()
+        job.ended_at = self._now()
         job._result = manifest
         job._status = JobStatus.FINISHED
         self.handle_job_success(job, held.queue, held.queue.started_job_registry, held.execution)
@@ -173,7 +218,7 @@ class GenWorker(BaseWorker):
     def fail(self, held: Held, reason: str, *, retry: bool) -> None:
         """The job failed as a whole; with retry it goes back to the queue while its budget lasts."""
         job = held.job
-        job.ended_at = now()
+        job.ended_at = self._now()
         if not retry:
             job.retries_left = 0
         self.handle_job_failure(job, held.queue, held.queue.started_job_registry, exc_string=reason,
@@ -205,10 +250,12 @@ class GenWorker(BaseWorker):
             return 0
         try:
             registry: StartedJobRegistry = queue.started_job_registry
-            expired = registry.get_expired_job_ids()
+            # One cutoff for the query and the cleanup: a lease renewed in between is not swept.
+            cutoff = self.clock.now()
+            expired = registry.get_expired_job_ids(cutoff)
             if expired:
                 log.warning("queue %s: %d abandoned job(s) past their lease; re-queueing", queue.name, len(expired))
-                registry.cleanup()
+                registry.cleanup(cutoff)
             return len(expired) + self._reclaim_intermediate(queue)
         finally:
             self.connection.delete(queue.registry_cleaning_key)
@@ -219,7 +266,7 @@ class GenWorker(BaseWorker):
         retry: they never ran. rq's own cleanup waits a minute and then spends one."""
         stuck = [j for j in queue.intermediate_queue.get_job_ids() if j not in queue.started_job_registry]
         back = 0
-        now_ts = now().timestamp()
+        now_ts = self.clock.now()  # the marks are compared by every consumer: Redis time
         for job_id in stuck:
             if not self.connection.hexists(Job.key_for(job_id), "data"):
                 # rq cannot load it: pushing it back would only move it here again.
@@ -240,3 +287,26 @@ class GenWorker(BaseWorker):
                         job_id)
             back += 1
         return back
+
+
+#: A test hook: seconds to set this process's wall clock behind (tests/consumer/test_lease_clock.py).
+#: libfaketime would be the real thing, but under it Python 3.11's time.sleep fails (EINVAL)
+#: when the monotonic clock is left alone, and timed thread waits hang when it is not.
+TEST_CLOCK_BEHIND = "GENQUEUE_TEST_CLOCK_BEHIND"
+
+
+def _skew_for_tests() -> None:
+    """With TEST_CLOCK_BEHIND set, this process's time.time and rq's clock (every lease score
+    rq writes) run that many seconds behind, as on a node without NTP. Never set otherwise."""
+    behind = float(os.environ.get(TEST_CLOCK_BEHIND) or 0)
+    if not behind or getattr(time.time, "skewed", False):
+        return
+    real = time.time
+
+    def skewed() -> float:
+        return real() - behind
+
+    skewed.skewed = True  # type: ignore[attr-defined]
+    time.time = skewed
+    rq.utils.now = lambda: datetime.fromtimestamp(time.time(), UTC)
+    log.warning("test hook: this process's clock runs %.0f s behind (%s)", behind, TEST_CLOCK_BEHIND)

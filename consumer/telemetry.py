@@ -192,7 +192,8 @@ class Telemetry:
             await asyncio.sleep(self.interval)
 
     async def publish(self, *, exited: bool = False) -> ConsumerSnapshot:
-        now = time.time()
+        # last_seen is judged by `producer status` elsewhere: in Redis time, like the leases
+        now = time.time() + (self.parts.leases().clock_offset or 0.0)
         for run, t in self.totals.items():
             w = self.windows.get(run)
             if w is None:
@@ -289,4 +290,5 @@ class Telemetry:
                      "refused": acks.refused, "given_back": acks.given_back, "swept": leases.swept,
                      "leases_lost": leases.lost},
             "redis_unreachable_since": p.rq().unreachable_since,
+            "clock_offset": leases.clock_offset,
         }

@@ -34,7 +34,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import CorruptStateError, UserError
-from genqueue.common.marks import ShardMarks, mark_shipped
+from genqueue.common.marks import ShardMarks
 from genqueue.common.pause import pause_run
 from genqueue.common.placement import this_host
 from genqueue.common.rqaccess import queue_for
@@ -52,6 +52,7 @@ from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.intake import Intake
 from genqueue.consumer.leases import Leases
 from genqueue.consumer.outbox import Outbox
+from genqueue.consumer.rewind import Rewind
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
@@ -120,6 +121,10 @@ class Consumer:
                              store_for=store_for or default_store_for, output_of=self._output_of,
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone)
         self._spool_lock: IO[str] | None = None
+        # A Redis that rewinds (consumer/rewind.py): stamped marks, held runs, rebuilt marks.
+        self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
+                              store_for=store_for or default_store_for)
+        self.worker.gate = self._rewind.allows
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
         self._trips: set[asyncio.Task[None]] = set()
         self._registered = False  # an rq worker in Redis: its stop is reported
@@ -135,7 +140,7 @@ class Consumer:
     async def _shipped(self, run: str, seq: int | None, marks: ShardMarks) -> None:
         """A shard of RUN is stored: mark its items done, then ack the jobs it completes (in
         that order: a crash in between leaves jobs that, run again, skip those items)."""
-        await self.rq.call(mark_shipped, self.conn, run, marks)
+        await self.rq.call(self._rewind.mark_shipped, run, marks)
         if seq is not None and await self.acker.shipped(run, seq):
             self.wake.set()
 
@@ -306,7 +311,7 @@ class Consumer:
         background: dict[str, Callable[[], Awaitable[None]]] = {
             "dispatcher": dispatcher.run, "renewer": leases.renew_forever, "sweeper": leases.sweep_forever,
             "sealer": self._sealer, "shipper": self.outbox.shipper, "telemetry": telemetry.loop,
-            "steering": steering.run,
+            "steering": steering.run, "rewind": self._rewind.watch,
         }
         code = ExitCode.DONE
         try:

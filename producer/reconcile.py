@@ -21,8 +21,8 @@ set can only get into one through this producer. An item in a live job may finis
 (then it is DONE: the re-claim script checks that again) or fail in rq (it is counted as queued
 this time, and as failed by the next reconcile).
 
-After a Redis loss the marks are rebuilt from the shipped shards first (`rebuild_marks`):
-every record's key, streamed shard by shard; error records are FAILED.
+After a Redis loss the marks are rebuilt from the shipped shards first
+(common.marks.rebuild_marks): every record's key, streamed shard by shard; error records are FAILED.
 
 And when nothing can need doing, the input is not read at all (`unchanged_input`): the same
 bytes as its source's last complete enqueue, made into items the same way, and every item of
@@ -46,13 +46,8 @@ from genqueue.common.marks import done_key, failed_key
 from genqueue.common.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, run_key
-from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
-
-#: Digests written per round trip when marks are rebuilt.
-REBUILD_BATCH = 10_000
-
 
 #: Bits of an item's state (item_states): in the run's keys set, DONE, FAILED.
 IN_RUN, DONE, FAILED = 1, 2, 4
@@ -188,69 +183,3 @@ def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None
     if isinstance(done, Exception) or int(items) != int(done):  # (Redis before 7.0: no SINTERCARD)
         return None
     return prev
-
-
-# --- after a Redis loss: the marks, from the shipped shards --------------------------------
-@dataclass(slots=True)
-class Rebuilt:
-    """What rebuild_marks read."""
-
-    shards: int = 0
-    records: int = 0
-    done: int = 0
-    failed: int = 0
-    unreadable: int = 0  # lines that are not a record with a key (a torn or foreign line)
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        text = (f"{self.records:,} records in {self.shards:,} shards: {self.done:,} items done, "
-                f"{self.failed:,} with an error record")
-        return text + (f", {self.unreadable:,} unreadable lines skipped" if self.unreadable else "")
-
-
-def rebuild_marks(conn: redis.Redis, run: str, store: ShardStore) -> Rebuilt:
-    """Rebuild RUN's DONE and FAILED marks, and its keys set, from every record of its shipped
-    shards (streamed: memory holds one batch of digests). Idempotent: marks only get added."""
-    t0 = time.perf_counter()
-    out = Rebuilt()
-    done: set[bytes] = set()
-    failed: set[bytes] = set()
-
-    def flush() -> None:
-        with conn.pipeline(transaction=False) as p:
-            for key, digests in ((done_key(run), done), (failed_key(run), failed)):
-                if digests:
-                    p.sadd(key, *digests)
-                    p.sadd(run_key(run, "keys"), *digests)
-            p.execute()
-        done.clear()
-        failed.clear()
-
-    for shard in store.list_shards(run):
-        out.shards += 1
-        manifest = read_manifest(store, run, shard)
-        lines = 0
-        with store.open(run, shard.name) as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                lines += 1
-                try:
-                    rec = orjson.loads(line)
-                    digest = bytes.fromhex(rec["key"])
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    out.unreadable += 1
-                    continue
-                out.records += 1
-                (failed if "error" in rec else done).add(digest)
-                if len(done) + len(failed) >= REBUILD_BATCH:
-                    flush()
-        if manifest is not None and manifest["records"] != lines:
-            log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines, manifest["records"])
-    flush()
-    with conn.pipeline(transaction=False) as p:
-        p.scard(done_key(run))
-        p.scard(failed_key(run))
-        out.done, out.failed = (int(n) for n in p.execute())
-    out.seconds = time.perf_counter() - t0
-    return out

@@ -37,12 +37,12 @@ from typing import Any
 import redis
 
 from genqueue.common.errors import UserError
+from genqueue.common.marks import rebuild_marks
 from genqueue.common.placement import Placement, this_host
 from genqueue.common.runs import RunInfo, RunStore, conflict
 from genqueue.common.settings import RunSettings, check_update
 from genqueue.common.storage import LocalStore, OutputStore, ShardInfo, StoreError, store_for
 from genqueue.common.storage.runfile import RunFile, RunFileError, read_run_file, where, write_run_file
-from genqueue.producer.reconcile import rebuild_marks
 
 log = logging.getLogger(__name__)
 

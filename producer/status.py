@@ -208,7 +208,7 @@ def _consumer_row(c: dict[str, Any], run: str) -> dict[str, Any]:
         "paused": [k for k, v in c.get("paused", {}).items() if v], "version": c.get("version"),
         "paused_detail": {k: redact(str(v)) for k, v in c.get("paused", {}).items() if v},
         "engine": {"models": c.get("models"), "max_model_len": c.get("max_model_len"), **c.get("engine", {})},
-        "shipping": ship, "reasoning_probe": r.get("reasoning_probe"),
+        "shipping": ship, "reasoning_probe": r.get("reasoning_probe"), "clock_offset": c.get("clock_offset"),
     }
 
 
@@ -296,6 +296,8 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
             state = f"STOPPED REPORTING {format_duration(c['age_s'])} ago"
         if c["paused"]:
             state += " (paused: " + ", ".join(c["paused"]) + ")"
+        if abs(c["clock_offset"] or 0.0) > 1.0:  # leases use Redis's clock; the node's wants fixing
+            state += f" (clock {abs(c['clock_offset']):.1f} s {'behind' if c['clock_offset'] > 0 else 'ahead of'} Redis)"
         kv = "-" if e.get("kv_cache_usage") is None else f"{100 * e['kv_cache_usage']:.0f}%"
         spec = "off" if not e.get("spec_decode") else _f(e.get("spec_acceptance"), 2)
         run_wait = f"{_f(e.get('running'), 0)}/{_f(e.get('waiting'), 0)}" if e.get("metrics") else "no /metrics"

@@ -63,6 +63,13 @@ class RedisServer:
             self.proc.wait(timeout=10)
             self.proc = None
 
+    def kill(self) -> None:
+        """A crash: SIGKILL, nothing saved at exit (what start() loads is the last dump.rdb)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

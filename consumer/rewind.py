@@ -1,0 +1,203 @@
+"""A Redis that went back in time costs nothing already shipped.
+
+Redis restarted from an RDB snapshot, or a replica promoted after a failover, has lost its
+last seconds of writes: among them the done marks of the items shipped then (common/marks.py),
+whose shards sit in the output. Their jobs come back (queued or started in the older data) and
+would generate those items again. So:
+
+- Every marks write of this consumer carries a stamp of its own, in the same pipeline after
+  the marks (`genqueue:marks_stamp:<worker>`, a counter, set with GET): Redis holding a stamp
+  lower than the last one written, or none, holds data older than what this consumer has seen,
+  found by the next marks write or the next look (below), whichever comes first. Redis's
+  `run_id` (INFO server) says when it restarted (logged; a restart that lost nothing is fine).
+- The consumer that finds its stamp gone back marks each run it serves as rebuilding
+  (`genqueue:run:<run>:rebuild` = "pending:<nonce>"). Every consumer reads that state (once a
+  second at most, in one round trip with the stamp, before it dequeues): it takes no job of a
+  pending run until the state says done.
+- Each consumer that sees a run pending takes the run's lock (common/runlock.py: one at a
+  time, and no producer reconciles meanwhile). The first rebuilds the run's marks from its
+  shipped shards (common.marks.rebuild_marks, the producer's own code) and sets "done:<nonce>";
+  the others find it done and only wait. A rebuilder that dies leaves the state pending and
+  the lock expiring: the next one rebuilds.
+
+What is lost then is only what was in flight at the crash (generated again, and removed as a
+duplicate by export), not the seconds of shipped work before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from enum import StrEnum
+
+import redis
+
+from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.marks import ShardMarks, mark_shipped, rebuild_marks
+from genqueue.common.rqaccess import queue_name
+from genqueue.common.runlock import RunLock
+from genqueue.common.runs import RunStore, run_key
+from genqueue.common.storage import ShardStore
+from genqueue.consumer.rqthread import RqThread
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at Redis (run_id, this consumer's stamp, rebuild states).
+CHECK_EVERY = 1.0
+#: Seconds the stamp and a finished rebuild's state are kept.
+KEEP = 7 * 24 * 3600
+#: Seconds a rebuild waits for the run's lock before it lets the loop look again (a producer
+#: may hold it for a long reconcile; the run stays held back meanwhile).
+LOCK_WAIT = 10.0
+
+
+class Rebuild(StrEnum):
+    """What one attempt at rebuilding a pending run's marks came to."""
+
+    REBUILT = "rebuilt"  # here
+    DONE = "done"  # by another consumer meanwhile
+    GONE = "gone"  # the run is not in Redis: `producer enqueue` re-creates it and rebuilds
+    LOCKED = "locked"  # the run's lock stayed taken: try again later
+
+
+def stamp_key(worker: str) -> str:
+    return f"{KEY_PREFIX}:marks_stamp:{worker}"
+
+
+def state_key(run: str) -> str:
+    return run_key(run, "rebuild")
+
+
+def _text(raw: object) -> str | None:
+    return raw.decode() if isinstance(raw, bytes) else None if raw is None else str(raw)
+
+
+class Rewind:
+    """Notices a Redis older than what this consumer wrote, and has the marks rebuilt."""
+
+    def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, *, runs: Callable[[], list[str]],
+                 store_for: Callable[[str], ShardStore]) -> None:
+        self.rq = rq
+        self.conn = conn
+        self.worker = worker
+        self._runs = runs
+        self._store_for = store_for
+        self.run_id: str | None = None
+        self._seq = 0  # the last stamp this consumer sent
+        self._written = 0  # the last stamp Redis confirmed
+        self._checked = float("-inf")
+        self._retries = 0
+        self.pending: set[str] = set()  # runs whose marks are being rebuilt (here or elsewhere)
+        self.rewinds = 0  # rewinds this consumer found
+        self.rebuilt = 0  # runs this consumer rebuilt
+
+    # --- in the rq thread ------------------------------------------------------------
+    def mark_shipped(self, run: str, marks: ShardMarks) -> None:
+        """common.marks.mark_shipped, stamped (in the same pipeline, after the marks). The
+        stamp it replaces tells at once whether Redis lost this consumer's last writes."""
+        self._seq += 1
+        replaced = mark_shipped(self.conn, run, marks, stamp=(stamp_key(self.worker), self._seq, KEEP))
+        if replaced is None:
+            return
+        if replaced < self._written:
+            self._found_rewind(self._runs(), replaced)
+        self._written = self._seq
+
+    def allows(self, queue: str) -> bool:
+        """Whether a job of QUEUE may be taken now (GenWorker.dequeue asks first): not while
+        its run's marks are rebuilt. Looks at Redis first when the last look is a second old,
+        or when Redis was out of reach since, so the first dequeue after an outage sees a rewind
+        before it takes anything."""
+        retries = self.rq.snapshot().retries  # the rq thread retried: Redis was out, look again
+        if retries != self._retries or time.monotonic() - self._checked >= CHECK_EVERY:
+            self._retries = retries
+            self.check()
+        return not any(queue == queue_name(run) for run in self.pending)
+
+    def check(self) -> None:
+        """One round trip: Redis's run_id, this consumer's stamp, the runs' rebuild states."""
+        runs = self._runs()
+        with self.conn.pipeline(transaction=False) as p:
+            p.info("server")
+            p.get(stamp_key(self.worker))
+            for run in runs:
+                p.get(state_key(run))
+            # INFO may be refused (a managed Redis's ACL): the run_id only tells the log.
+            info, stamp, *states = p.execute(raise_on_error=False)
+        for answer in (stamp, *states):
+            if isinstance(answer, Exception):
+                raise answer
+        self._checked = time.monotonic()
+        run_id = None if isinstance(info, Exception) else str(info.get("run_id"))
+        if self.run_id is not None and run_id is not None and run_id != self.run_id:
+            log.warning("Redis restarted (run_id %s -> %s)", self.run_id[:8], run_id[:8])
+        self.run_id = run_id or self.run_id
+        found = int(_text(stamp) or 0)
+        if self._written and found < self._written:
+            self._found_rewind(runs, found)
+            return
+        for run, raw in zip(runs, states, strict=True):
+            if (_text(raw) or "").startswith("pending:"):
+                if run not in self.pending:
+                    log.warning("run %s: its marks are being rebuilt after a Redis rewind; not taking its jobs "
+                                "until done", run)
+                self.pending.add(run)
+
+    def _found_rewind(self, runs: list[str], found: int) -> None:
+        self.rewinds += 1
+        log.warning("Redis holds older data than this consumer wrote (its marks stamp is %d, %d was written): "
+                    "writes were lost (a restart from an RDB snapshot, a failover); rebuilding the marks of %s "
+                    "from the shipped shards before taking their jobs again", found, self._written,
+                    ", ".join(runs) or "no run")
+        nonce = uuid.uuid4().hex[:12]
+        with self.conn.pipeline(transaction=False) as p:
+            for run in runs:
+                p.set(state_key(run), f"pending:{nonce}")
+            p.set(stamp_key(self.worker), self._seq, ex=KEEP)
+            p.execute()
+        self._written = self._seq
+        self.pending.update(runs)
+
+    # --- the loop --------------------------------------------------------------------
+    async def watch(self) -> None:
+        """Look at Redis every CHECK_EVERY seconds; rebuild (or wait for) pending runs."""
+        while True:
+            await self.rq.call(self.check)
+            for run in sorted(self.pending):
+                # A thread of its own: the rq thread keeps renewing leases meanwhile.
+                outcome = await asyncio.to_thread(self._rebuild, run)
+                if outcome is Rebuild.LOCKED:
+                    continue
+                self.rebuilt += outcome is Rebuild.REBUILT
+                self.pending.discard(run)
+                if outcome is not Rebuild.GONE:
+                    log.info("run %s: its marks are whole again; taking its jobs", run)
+            await asyncio.sleep(CHECK_EVERY)
+
+    def _rebuild(self, run: str) -> Rebuild:
+        """Rebuild RUN's marks under its lock unless another consumer did."""
+        info = RunStore(self.conn).get(run)
+        if info is None:
+            self.conn.delete(state_key(run))
+            return Rebuild.GONE
+        lock = RunLock(self.conn, run)
+        deadline = time.monotonic() + LOCK_WAIT
+        while lock.holder() is not None:  # bounded, so a stopping consumer never hangs here
+            if time.monotonic() > deadline:
+                return Rebuild.LOCKED
+            time.sleep(0.1)
+        lock.acquire()
+        try:
+            state = _text(self.conn.get(state_key(run))) or ""
+            if not state.startswith("pending:"):
+                return Rebuild.DONE
+            t0 = time.monotonic()
+            rebuilt = rebuild_marks(self.conn, run, self._store_for(info.settings.output))
+            self.conn.set(state_key(run), "done:" + state.removeprefix("pending:"), ex=KEEP)
+            log.warning("run %s: marks rebuilt from %s in %.1f s", run, rebuilt.line(), time.monotonic() - t0)
+            return Rebuild.REBUILT
+        finally:
+            lock.release()
