@@ -6,8 +6,9 @@ position by position) in the shape a training tool reads (export_formats: openai
 specforge, batch), as JSONL (gzip for .gz, zstd for .zst) or Parquet (.parquet or --format
 parquet); the answers that never ended on their own to a truncated file; the items that
 failed for good to an errors file; and the enqueued items with no record at all to a missing
-file. Exits 1 when anything is missing, or when more items failed for good than
---max-failed, unless --allow-partial. See producer/export_core.py for the method.
+file. Exits 1 when anything is missing, or when more items failed for good or are partial
+(a regenerated conversation whose later turn failed) than --max-failed, unless
+--allow-partial. See producer/export_core.py for the method.
 """
 
 from __future__ import annotations
@@ -93,14 +94,14 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
               help="Dataset file to write: .jsonl (.gz or .zst to compress) or .parquet.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai", show_default=True,
-              help="openai: chat `messages`, each answer's `reasoning` beside it; sharegpt: LLaMA-Factory's "
+              help="openai: chat `messages`, each answer's thinking as `reasoning_content` beside it; sharegpt: LLaMA-Factory's "
                    "conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads it too); "
                    "specforge: SpecForge's conversations of role/content with reasoning_content; batch: OpenAI "
                    "Batch API output lines; parquet: the openai shape in Parquet (any shape is Parquet when the "
                    "output is named .parquet).")
 @click.option("--include-outcomes", "include", default=None, metavar="OUTCOME,...",
-              help="Outcomes the dataset holds (default: finished,cut_in_answer; `all` for every one). Answers "
-                   "with another outcome go to the truncated file.")
+              help="Outcomes the dataset holds (default: finished; e.g. finished,cut_in_answer,partial; `all` "
+                   "for every one). Answers with another outcome go to the truncated file.")
 @click.option("--group-samples", is_flag=True,
               help="Runs enqueued with --samples N: one line per prompt holding its N samples, not N lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
@@ -113,8 +114,8 @@ def _outcomes(text: str | None) -> frozenset[str]:
                    "(default: <output stem>.missing.txt).")
 @click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
 @click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
-              help="Exit 1 when more items than this failed for good: a count (100) or a fraction of the "
-                   "enqueued items (0.01).")
+              help="Exit 1 when more items than this failed for good or are partial: a count (100) or a "
+                   "fraction of the enqueued items (0.01).")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
               help="Where the temporary partition files go (default: beside the output; needs about "
                    "the dataset's size free).")
@@ -163,11 +164,15 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
                    "run consumers until the run is done, or pass --allow-partial", err=True)
         raise SystemExit(1)
     limit = failed_limit(result.enqueued)
-    if result.failed > limit:
+    # A partial conversation is a failure the dataset does not hold, as a failed item is; a cut
+    # answer is the run's max_tokens at work, counted apart and not held against the run.
+    if result.failed + result.partial > limit:
         by = ", ".join(f"{k} {v:,}" for k, v in sorted(result.failed_by_class.items(), key=lambda kv: -kv[1]))
-        click.echo(f"error: {result.failed:,} items failed for good ({by}), over --max-failed {max_failed} "
-                   f"({limit:,} of {result.enqueued:,}); see {result.errors_path}, or pass --allow-partial",
-                   err=True)
+        what = f"{result.failed:,} items failed for good" + (f" ({by})" if by else "")
+        if result.partial:
+            what += f" and {result.partial:,} are partial (a later turn failed; see {result.truncated_path})"
+        click.echo(f"error: {what}, over --max-failed {max_failed} ({limit:,} of {result.enqueued:,}), "
+                   f"{result.complete:,} complete; see {result.errors_path}, or pass --allow-partial", err=True)
         raise SystemExit(1)
 
 
@@ -249,13 +254,17 @@ def format_export(r: ExportResult) -> str:
         ("run", f"{r.run}  ({r.format} format{container})"),
         ("read", f"{r.records_read:,} records in {r.shards:,} shards from {r.source}"),
         ("enqueued items", f"{r.enqueued:,}"),
-        ("  exported", f"{r.exported:,}" + (f"  ({r.groups:,} prompts)" if r.groups else "")),
-        ("  truncated", f"{r.truncated:,}  (outcome not in {','.join(r.include_outcomes)})"),
+        ("  complete", f"{r.complete:,}  (every answer finished)"),
+        ("  partial", f"{r.partial:,}  (regenerate: a later turn failed; `stopped` says which)"),
+        ("  cut", f"{r.cut:,}  (by max_tokens, or no answer)"),
     ]
-    rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.truncated_by_outcome.items())]
+    rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.cut_by_outcome.items())]
     rows += [
         ("  failed for good", f"{r.failed:,}"),
         ("  missing", f"{r.missing:,}"),
+        ("exported", f"{r.exported:,}  (outcomes {','.join(r.include_outcomes)})"
+         + (f"  ({r.groups:,} prompts)" if r.groups else "")),
+        ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file)"),
         ("duplicates removed", f"{r.duplicates_removed:,}"),
     ]
     if r.unexpected:

@@ -15,7 +15,10 @@ Shapes, each as its training tool's loader reads it (the test that checks each o
 loader's file):
 
 `openai`: `messages` in OpenAI chat form, every generated assistant message with its
-`reasoning` beside `content` (`tool_calls` when it called tools); `tools` as given.
+thinking as `reasoning_content` beside `content` (`tool_calls` when it called tools); `tools`
+as given. `reasoning_content` is the name reasoning models' chat templates read (Qwen3's,
+through transformers' apply_chat_template); vLLM's response field `reasoning` is read by none
+of them, so a dataset keeping that name trains on no thinking at all.
 
 `sharegpt`: LLaMA-Factory's sharegpt form (data/README.md, data/converter.py
 SharegptDatasetConverter): `conversations` of `{from, value}` alternating human|observation
@@ -60,6 +63,17 @@ TOOL_RESULTS_JOIN = "\n</tool_response>\n<tool_response>\n"
 
 _META = ("key", "source", "index", "turn", "sample", "seed")
 _MADE_BY = ("model", "fingerprint", "outcome", "usage", "stopped", "note")
+
+
+def record_outcome(rec: dict[str, Any]) -> str:
+    """The record's outcome, told truthfully also for records written before `partial`
+    existed: a regenerate conversation stopped by an error (or whose cut turn was dropped) is
+    partial, whatever its last good turn said."""
+    stopped = rec.get("stopped")
+    if isinstance(stopped, dict) and (stopped.get("reason") == "error" or stopped.get("dropped")):
+        return Outcome.PARTIAL.value
+    outcome = rec.get("outcome")
+    return outcome if isinstance(outcome, str) else "unknown"
 
 
 def line_id(rec: dict[str, Any]) -> str:
@@ -116,8 +130,8 @@ def to_specforge(rec: dict[str, Any]) -> dict[str, Any]:
         role = "system" if msg.get("role") == "developer" else msg.get("role")
         turn: dict[str, Any] = {"role": role, "content": _text(msg.get("content"))}
         if role == "assistant":
-            if msg.get("reasoning") is not None:
-                turn["reasoning_content"] = msg["reasoning"]
+            if msg.get("reasoning_content") is not None:
+                turn["reasoning_content"] = msg["reasoning_content"]
             if msg.get("tool_calls"):
                 turn["tool_calls"] = msg["tool_calls"]
         elif role == "tool" and msg.get("tool_call_id"):
@@ -153,7 +167,7 @@ def to_batch(rec: dict[str, Any]) -> dict[str, Any]:
     }
     out = {"id": f"batch_req_{key}", "custom_id": line_id(rec),
            "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
-    return _meta(rec, out, _META + ("model", "fingerprint", "outcome"))
+    return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
 
 
 def batch_error(rec: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +192,8 @@ CONVERTERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 def conversation(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's full conversation, every generated assistant message carrying its reasoning."""
+    """The record's full conversation, every generated assistant message carrying its thinking
+    as `reasoning_content`."""
     return [msg for msg, _ in _conversation(rec)]
 
 
@@ -195,14 +210,14 @@ def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
                 msg = {k: v for k, v in msg.items() if k != "reasoning_content"}
                 turn = turns[i] if i < len(turns) else {}
                 if turn.get("reasoning") is not None:
-                    msg["reasoning"] = turn["reasoning"]
+                    msg["reasoning_content"] = turn["reasoning"]
                 unclosed = turn.get("outcome") in UNCLOSED
                 i += 1
             out.append((msg, unclosed))
         return out
     answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
-        answer["reasoning"] = rec["reasoning"]
+        answer["reasoning_content"] = rec["reasoning"]
     if rec.get("tool_calls"):
         answer["tool_calls"] = rec["tool_calls"]
     return [*((m, False) for m in messages), (answer, rec.get("outcome") in UNCLOSED)]
@@ -211,7 +226,7 @@ def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
 def thinking_text(msg: dict[str, Any], unclosed: bool) -> str:
     """The thinking of an assistant message as LLaMA-Factory's ReasoningTemplate reads it
     inside the answer: opened, and closed only when the model closed it."""
-    reasoning = msg.get("reasoning", msg.get("reasoning_content"))
+    reasoning = msg.get("reasoning_content")
     if reasoning is None:
         return ""
     return THINK_OPEN + _text(reasoning) + ("" if unclosed else THINK_CLOSE)

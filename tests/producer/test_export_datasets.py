@@ -99,6 +99,62 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     assert all(len(m[0]) == 32 for m in missing)
 
 
+# --- outcomes that tell the truth ------------------------------------------------------------
+def test_a_conversation_whose_later_turn_failed_is_partial_and_stays_out(tmp_path: Path, redis_url: str) -> None:
+    """regenerate on the stand-in: three conversations' second user turn overflows the context
+    (a 400 after a good first turn). They are `partial`, never `finished`, go to the truncated
+    file, count apart, and count against --max-failed."""
+    env = {"REDIS_URL": redis_url}
+    recs: list[dict[str, Any]] = [sharegpt(i, turns=2) for i in range(10)]
+    for i in (2, 5, 8):
+        recs[i]["conversations"][2]["value"] = "word " * 3000  # type: ignore[index]
+    data = write_jsonl(tmp_path / "p.jsonl", recs)
+    assert enqueue(env, data, "part", "--output", str(tmp_path / "out"))["enqueued"] == 10
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20", "--max-model-len", "2048")
+    try:
+        consume(tmp_path, env, sim, "part")
+    finally:
+        sim.stop()
+    by_id = {r["id"]: r for r in read_results(tmp_path / "out", "part")}
+    for i in (2, 5, 8):
+        r = by_id[f"r{i}"]
+        assert r["outcome"] == "partial" and len(r["turns"]) == 1 and r["turns"][0]["outcome"] == "finished"
+        assert r["stopped"]["turn"] == 1 and r["stopped"]["error"]["class"] == "permanent"
+    assert all(by_id[f"r{i}"]["outcome"] == "finished" for i in range(10) if i not in (2, 5, 8))
+
+    proc = export(env, "--run", "part", "-o", str(tmp_path / "d.jsonl"), "--json", check=False)
+    s = orjson.loads(proc.stdout)
+    assert (s["complete"], s["partial"], s["cut"], s["failed"], s["missing"]) == (7, 3, 0, 0, 0)
+    assert (s["exported"], s["truncated"], s["truncated_by_outcome"]) == (7, 3, {"partial": 3})
+    assert proc.returncode == 1 and "3 are partial" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert [r["id"] for r in lines(tmp_path / "d.jsonl")] == [f"r{i}" for i in range(10) if i not in (2, 5, 8)]
+    cut = lines(tmp_path / "d.truncated.jsonl")
+    assert [(r["id"], r["outcome"]) for r in cut] == [("r2", "partial"), ("r5", "partial"), ("r8", "partial")]
+    table = export(env, "--run", "part", "-o", str(tmp_path / "t.jsonl"), "--max-failed", "3").stdout
+    assert "complete" in table and "partial" in table
+    # opted in, they are in the dataset, and still count against --max-failed
+    opt = export(env, "--run", "part", "-o", str(tmp_path / "o.jsonl"), "--include-outcomes", "finished,partial",
+                 "--max-failed", "3", "--format", "batch", "--json")
+    assert orjson.loads(opt.stdout)["exported"] == 10
+    rows = {r["custom_id"]: r for r in lines(tmp_path / "o.jsonl")}
+    assert rows["r2"]["outcome"] == "partial" and rows["r2"]["stopped"]["error"]["class"] == "permanent"
+
+
+def test_records_written_before_partial_existed_export_as_partial(tmp_path: Path, conn: redis.Redis,
+                                                                  redis_url: str) -> None:
+    out = tmp_path / "out"
+    RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
+    old = [_answer(0, "finished"), _answer(1, "finished"), _answer(2, "finished")]
+    old[1]["stopped"] = {"turn": 1, "reason": "error", "error": {"class": "transient_exhausted"}}
+    old[2]["stopped"] = {"turn": 1, "reason": "cut_in_answer", "dropped": True}
+    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(r["key"]) for r in old])
+    _shard(out, RUN, "w-000001.jsonl", old)
+    s = orjson.loads(export({"REDIS_URL": redis_url}, "--run", RUN, "-o", str(tmp_path / "d.jsonl"), "--json",
+                            "--allow-partial").stdout)
+    assert (s["complete"], s["partial"], s["exported"]) == (1, 2, 1)
+    assert [r["outcome"] for r in lines(tmp_path / "d.truncated.jsonl")] == ["partial", "partial"]
+
+
 # --- nothing fabricated ----------------------------------------------------------------------
 RUN = "cuts"
 
@@ -145,14 +201,17 @@ def test_cut_in_thinking_stays_out_of_the_dataset_by_default(cut_run: Path, redi
     env = {"REDIS_URL": redis_url}
     proc = export(env, "--run", RUN, "-o", str(cut_run / "d.jsonl"), "--format", "sharegpt", "--json")
     s = orjson.loads(proc.stdout)
-    assert (s["enqueued"], s["exported"], s["truncated"], s["failed"], s["missing"]) == (5, 3, 2, 0, 0)
-    assert s["truncated_by_outcome"] == {"cut_in_thinking": 1, "no_answer": 1}
+    assert (s["enqueued"], s["exported"], s["truncated"], s["failed"], s["missing"]) == (5, 2, 3, 0, 0)
+    assert s["truncated_by_outcome"] == {"cut_in_answer": 1, "cut_in_thinking": 1, "no_answer": 1}
+    assert (s["complete"], s["partial"], s["cut"]) == (2, 0, 3) and s["cut_by_outcome"] == s["truncated_by_outcome"]
     rows = lines(cut_run / "d.jsonl")
-    assert [(r["id"], r["outcome"]) for r in rows] == [("q0", "finished"), ("q3", "cut_in_answer"), ("q4", "finished")]
+    # only complete answers by default: a cut one would teach a drafter to stop mid-sentence
+    assert [(r["id"], r["outcome"]) for r in rows] == [("q0", "finished"), ("q4", "finished")]
     assert all(loaders.llamafactory_sharegpt(r) == [] for r in rows)
     cut = lines(cut_run / "d.truncated.jsonl")
-    assert [(r["id"], r["outcome"]) for r in cut] == [("q1", "cut_in_thinking"), ("q2", "no_answer")]
-    assert all("</think>" not in r["conversations"][-1]["value"] for r in cut)  # never a close it did not write
+    assert [(r["id"], r["outcome"]) for r in cut] == [("q1", "cut_in_thinking"), ("q2", "no_answer"),
+                                                      ("q3", "cut_in_answer")]
+    assert all("</think>" not in r["conversations"][-1]["value"] for r in cut[:2])  # never a close it did not write
     table = export(env, "--run", RUN, "-o", str(cut_run / "t.jsonl")).stdout
     assert "truncated" in table and "cut_in_thinking" in table and "t.truncated.jsonl" in table
 
@@ -166,7 +225,7 @@ def test_include_outcomes_puts_them_in_flagged(cut_run: Path, redis_url: str) ->
     assert rows["q1"]["conversations"][-1]["value"] == "<think>\nthinking 1"
     assert [r["id"] for r in lines(cut_run / "all.truncated.jsonl")] == ["q2"]
     only = export(env, "--run", RUN, "-o", str(cut_run / "f.jsonl"), "--include-outcomes", "finished", "--json")
-    assert orjson.loads(only.stdout)["truncated"] == 3  # q1, q2 and now q3; q4's finished copy wins
+    assert orjson.loads(only.stdout)["truncated"] == 3  # q1, q2 and q3; q4's finished copy wins
     bad = export(env, "--run", RUN, "-o", str(cut_run / "x.jsonl"), "--include-outcomes", "finished,done", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --include-outcomes") \
         and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -93,15 +93,17 @@ def test_every_line_says_where_from_and_what_made_it(convert: Any) -> None:
 
 
 # --- openai ----------------------------------------------------------------------------------
-def test_openai_messages_keep_reasoning_beside_the_answer() -> None:
+def test_openai_messages_keep_the_thinking_as_reasoning_content() -> None:
+    # reasoning_content: the name chat templates read (tests/producer/test_chat_template.py renders it)
     line = to_openai(single())
     assert line["id"] == "q-3" and line["messages"][:2] == single()["messages"]
     answer = line["messages"][-1]
-    assert answer == {"role": "assistant", "content": "It is 4.", "reasoning": "2+2 is 4"}
+    assert answer == {"role": "assistant", "content": "It is 4.", "reasoning_content": "2+2 is 4"}
     parsed = ChatCompletionMessage.model_validate(answer)  # the OpenAI SDK's own message type
-    assert parsed.content == "It is 4." and parsed.model_extra == {"reasoning": "2+2 is 4"}
+    assert parsed.content == "It is 4." and parsed.model_extra == {"reasoning_content": "2+2 is 4"}
     regen = to_openai(regenerated())
-    assert [m.get("reasoning") for m in regen["messages"]] == [None, None, "r0", None, "r1 never clos"]
+    assert [m.get("reasoning_content") for m in regen["messages"]] == [None, None, "r0", None, "r1 never clos"]
+    assert not any("reasoning" in m for m in regen["messages"])
     tools = to_openai(with_tools())
     assert tools["tools"] == TOOLS and tools["messages"][-1]["tool_calls"] == [CALL]
 
@@ -214,7 +216,8 @@ def test_an_unclosed_thought_never_gets_a_closing_tag(outcome: str) -> None:
     value = to_sharegpt(rec)["conversations"][-1]["value"]
     assert value == THINK_OPEN + "still thinking about" and "</think>" not in value
     assert loaders.llamafactory_thought(value) == (None, value)
-    assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "", "reasoning": "still thinking about"}
+    assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "",
+                                              "reasoning_content": "still thinking about"}
     regen = to_sharegpt(regenerated("cut_in_thinking"))["conversations"]
     assert regen[1]["value"] == THINK_OPEN + "r0" + THINK_CLOSE + "a0"  # the finished turn closes
     assert regen[3]["value"] == THINK_OPEN + "r1 never clos"
