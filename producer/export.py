@@ -26,7 +26,7 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
-from genqueue.common.contracts import Outcome
+from genqueue.common.contracts import Mode, Outcome
 from genqueue.common.errors import UserError
 from genqueue.common.placement import this_host
 from genqueue.common.redisconn import connect
@@ -152,7 +152,8 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
                           truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
-                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress).export()
+                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
+                          per_turn_ids=info.settings.multi_turn == Mode.EACH).export()
     if as_json:
         click.echo(orjson.dumps(result.to_dict()).decode())
     else:

@@ -46,7 +46,7 @@ from genqueue.common.rqaccess import failed_jobs
 from genqueue.common.runs import run_key
 from genqueue.common.storage import ShardInfo
 from genqueue.producer.export_coverage import TEMP_KEY_TTL, coverage
-from genqueue.producer.export_formats import CONVERTERS, batch_error, record_outcome
+from genqueue.producer.export_formats import batch_error, converter, record_outcome
 from genqueue.producer.export_layout import Layout, layout_for
 from genqueue.producer.export_sinks import (
     WRITE_BUFFER,
@@ -134,12 +134,13 @@ class Exporter:
                  errors_path: Path, missing_path: Path, workdir: Path,
                  partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
                  include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, per_turn_ids: bool = False) -> None:
         self.conn = conn
         self.run = run
         self.source = source
         self.shape = fmt
-        self.convert: Callable[[dict[str, Any]], dict[str, Any]] = CONVERTERS[fmt]
+        self.per_turn_ids = per_turn_ids  # mode each: a line's id names its turn (export_formats.line_id)
+        self.convert: Callable[[dict[str, Any]], dict[str, Any]] = converter(fmt, per_turn=per_turn_ids)
         self.include = include
         self.parquet = parquet
         self.group_samples = group_samples
@@ -227,7 +228,7 @@ class Exporter:
         """What one record becomes: its kind and its line in the file it would go to."""
         if "error" in rec:
             if self.shape == "batch":
-                return _ERROR, orjson.dumps(batch_error(rec)) + b"\n"
+                return _ERROR, orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids)) + b"\n"
             return _ERROR, line if line.endswith(b"\n") else line + b"\n"
         outcome = rec["outcome"] = record_outcome(rec)
         row = self.convert(rec)

@@ -1,7 +1,8 @@
 """Turning one result record into one line of the exported dataset (pure, no I/O).
 
 Every line, whatever its shape, carries `id` (the input record's own id, else the item key;
-in `batch` the record's id is `custom_id` and `id` the Batch API's request id), the item's
+in `batch` the record's id is `custom_id` and `id` the Batch API's request id; unique per
+line: `-t<turn>` in mode each, `-s<sample>` for samples, see line_id), the item's
 `key`, where it came from (`source`, `index`: its position in that source, `turn`, `sample`,
 `seed`), and what made it: `model`, `fingerprint`, `outcome`, `usage`.
 
@@ -44,6 +45,7 @@ error as a response with its status and `{"error": {...}}` body, anything else a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -76,10 +78,20 @@ def record_outcome(rec: dict[str, Any]) -> str:
     return outcome if isinstance(outcome, str) else "unknown"
 
 
-def line_id(rec: dict[str, Any]) -> str:
-    """The id of a record's line: the input record's own id, else the item key."""
+def line_id(rec: dict[str, Any], *, per_turn: bool = False) -> str:
+    """The id of a record's line: the input record's own id, else the item key (one per item).
+    An input id repeats over the items made of one record, and a join on it would overwrite
+    rows: with PER_TURN (mode each: one item per user turn) `-t<turn>` is appended, and for a
+    sample after the first (--samples) `-s<sample>`."""
     rid = rec.get("id")
-    return rid if isinstance(rid, str) and rid else str(rec.get("key", ""))
+    if not (isinstance(rid, str) and rid):
+        return str(rec.get("key", ""))
+    turn, sample = rec.get("turn"), rec.get("sample")
+    if per_turn and isinstance(turn, int):
+        rid += f"-t{turn}"
+    if isinstance(sample, int) and not isinstance(sample, bool) and sample > 0:
+        rid += f"-s{sample}"
+    return rid
 
 
 def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _META + _MADE_BY) -> dict[str, Any]:
@@ -90,15 +102,15 @@ def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _M
     return out
 
 
-def to_openai(rec: dict[str, Any]) -> dict[str, Any]:
+def to_openai(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The openai-format export line of a success record."""
-    out: dict[str, Any] = {"id": line_id(rec), "messages": conversation(rec)}
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "messages": conversation(rec)}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     return _meta(rec, out)
 
 
-def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
+def to_sharegpt(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The sharegpt-format (LLaMA-Factory) export line of a success record."""
     conv: list[dict[str, str]] = []
     system: list[str] = []
@@ -115,7 +127,7 @@ def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
                 conv[-1]["value"] += TOOL_RESULTS_JOIN + _text(msg.get("content"))
             else:
                 conv.append({"from": "observation", "value": _text(msg.get("content"))})
-    out: dict[str, Any] = {"id": line_id(rec), "conversations": conv}
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if system:
         out["system"] = "\n\n".join(system)
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
@@ -123,7 +135,7 @@ def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
     return _meta(rec, out)
 
 
-def to_specforge(rec: dict[str, Any]) -> dict[str, Any]:
+def to_specforge(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The SpecForge-format export line of a success record."""
     conv: list[dict[str, Any]] = []
     for msg in conversation(rec):
@@ -137,14 +149,14 @@ def to_specforge(rec: dict[str, Any]) -> dict[str, Any]:
         elif role == "tool" and msg.get("tool_call_id"):
             turn["tool_call_id"] = msg["tool_call_id"]
         conv.append(turn)
-    out: dict[str, Any] = {"id": line_id(rec), "conversations": conv}
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     out["status"] = "success"
     return _meta(rec, out)
 
 
-def to_batch(rec: dict[str, Any]) -> dict[str, Any]:
+def to_batch(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The OpenAI Batch API output line of a success record."""
     key = str(rec.get("key", ""))
     turns = rec.get("turns") or []
@@ -165,18 +177,18 @@ def to_batch(rec: dict[str, Any]) -> dict[str, Any]:
         "usage": usage,
         "system_fingerprint": rec.get("fingerprint"),
     }
-    out = {"id": f"batch_req_{key}", "custom_id": line_id(rec),
+    out = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn),
            "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
     return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
 
 
-def batch_error(rec: dict[str, Any]) -> dict[str, Any]:
+def batch_error(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The OpenAI Batch API error-file line of an error record: an HTTP error (the server's
     status is known) as a response holding the error body, anything else as `error`."""
     key = str(rec.get("key", ""))
     err = rec.get("error") or {}
     status, message, cls = err.get("status"), str(err.get("message", "")), str(err.get("class", "unknown"))
-    out: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": line_id(rec)}
+    out: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn)}
     if isinstance(status, int) and not isinstance(status, bool):
         body = {"error": {"message": message, "type": str(err.get("type", "")), "param": None, "code": cls}}
         out["response"] = {"status_code": status, "request_id": f"req_{key}", "body": body}
@@ -187,8 +199,14 @@ def batch_error(rec: dict[str, Any]) -> dict[str, Any]:
     return _meta(rec, out, _META + ("fingerprint",))
 
 
-CONVERTERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {
     "openai": to_openai, "sharegpt": to_sharegpt, "specforge": to_specforge, "batch": to_batch}
+
+
+def converter(shape: str, *, per_turn: bool = False) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """SHAPE's converter; PER_TURN: ids unique per turn (mode each, see line_id)."""
+    fn = CONVERTERS[shape]
+    return functools.partial(fn, per_turn=True) if per_turn else fn
 
 
 def conversation(rec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -338,6 +338,30 @@ def test_batch_input_to_batch_output_keeps_custom_ids(tmp_path: Path, redis_url:
     assert "maximum context length" in err["response"]["body"]["error"]["message"]
 
 
+# --- unique ids in every row ----------------------------------------------------------------
+def test_each_mode_ids_are_unique_per_turn_in_every_format(tmp_path: Path, redis_url: str) -> None:
+    """Mode each makes one item per user turn of a record, all with the record's id: every line
+    gets its own (`<id>-t<turn>`), so a join on custom_id overwrites nothing."""
+    env = {"REDIS_URL": redis_url}
+    data = write_jsonl(tmp_path / "e.jsonl", [sharegpt(i, turns=1 + i % 3) for i in range(12)])
+    s = enqueue(env, data, "each", "--output", str(tmp_path / "out"), "--multi-turn", "each")
+    turns = [1 + i % 3 for i in range(12)]
+    assert (s["enqueued"], s["items"]) == (12, sum(turns))  # records; items: one per user turn
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
+    try:
+        consume(tmp_path, env, sim, "each")
+    finally:
+        sim.stop()
+    want = [f"r{i}-t{t}" for i in range(12) for t in range(turns[i])]
+    for fmt, name in (("batch", "custom_id"), ("openai", "id"), ("sharegpt", "id"), ("specforge", "id")):
+        out = tmp_path / f"each-{fmt}.jsonl"
+        export(env, "--run", "each", "-o", str(out), "--format", fmt, "--include-outcomes", "all")
+        ids = [r[name] for r in lines(out)]
+        assert ids == want and len(set(ids)) == len(ids) == sum(turns), fmt
+    batch = lines(tmp_path / "each-batch.jsonl")
+    assert len({r["id"] for r in batch}) == len(batch)  # the Batch request ids too
+
+
 # --- several samples per prompt --------------------------------------------------------------
 def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Path, redis_url: str) -> None:
     env = {"REDIS_URL": redis_url}
@@ -363,6 +387,7 @@ def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Pa
     export(env, "--run", "smp", "-o", str(tmp_path / "n.jsonl"), "--include-outcomes", "all")
     rows = lines(tmp_path / "n.jsonl")
     assert [(r["index"], r.get("sample")) for r in rows] == [(i, k) for i in range(6) for k in (None, 1, 2)]
+    assert [r["id"] for r in rows] == [f"r{i}{s}" for i in range(6) for s in ("", "-s1", "-s2")]  # unique
     export(env, "--run", "smp", "-o", str(tmp_path / "g.jsonl"), "--include-outcomes", "all", "--group-samples")
     groups = lines(tmp_path / "g.jsonl")
     assert [g["id"] for g in groups] == [f"r{i}" for i in range(6)]

@@ -19,6 +19,7 @@ from genqueue.producer.export_formats import (
     THINK_CLOSE,
     THINK_OPEN,
     batch_error,
+    line_id,
     to_batch,
     to_openai,
     to_sharegpt,
@@ -85,11 +86,20 @@ def test_every_line_says_where_from_and_what_made_it(convert: Any) -> None:
     assert line["model"] == "tiny" and line["fingerprint"] == "fp0123456789abcd" and line["outcome"] == "finished"
     assert (line["key"], line["source"], line["index"], line["sample"], line["seed"]) == (
         "ab" * 16, "data/a.jsonl", 3, 2, 7)
-    assert line.get("custom_id", line["id"]) == "q-3"
+    assert line.get("custom_id", line["id"]) == "q-3-s2"  # unique per sample
     orjson.dumps(line)  # plain JSON all the way down
     no_id = single()
     del no_id["id"]
     assert convert(no_id).get("custom_id", convert(no_id)["id"]) == "ab" * 16  # the key stands in
+
+
+def test_line_ids_name_the_turn_in_mode_each_and_the_sample() -> None:
+    rec = single(turn=2)
+    assert line_id(rec) == "q-3" and line_id(rec, per_turn=True) == "q-3-t2"
+    assert line_id({**rec, "sample": 2}, per_turn=True) == "q-3-t2-s2" and line_id({**rec, "sample": 0}) == "q-3"
+    assert line_id({**rec, "id": None}, per_turn=True) == "ab" * 16  # the key is unique per item already
+    assert to_batch(rec, per_turn=True)["custom_id"] == "q-3-t2" == to_sharegpt(rec, per_turn=True)["id"]
+    assert batch_error({**rec, "error": {"class": "permanent", "status": 400}}, per_turn=True)["custom_id"] == "q-3-t2"
 
 
 # --- openai ----------------------------------------------------------------------------------
