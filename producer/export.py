@@ -42,7 +42,7 @@ from genqueue.producer.export_core import (
     beside,
     stem,
 )
-from genqueue.producer.export_formats import FORMATS
+from genqueue.producer.export_formats import FORMATS, llamafactory_dataset_info
 from genqueue.producer.export_sources import source_for
 
 __all__ = ["export_command", "format_export", "stem"]
@@ -154,6 +154,8 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
                           truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
                           workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
                           per_turn_ids=info.settings.multi_turn == Mode.EACH).export()
+    if shape == "sharegpt":
+        _write_dataset_info(result, out)
     if as_json:
         click.echo(orjson.dumps(result.to_dict()).decode())
     else:
@@ -230,6 +232,25 @@ def _progress(*, enabled: bool) -> Iterator[Progress]:
         yield _Bar(bar)
 
 
+#: The file types LLaMA-Factory loads (extras/constants.py FILEEXT2TYPE): no compressed JSONL.
+_LLAMAFACTORY_TYPES = (".jsonl", ".json", ".parquet")
+
+
+def _write_dataset_info(result: ExportResult, out: Path) -> None:
+    """LLaMA-Factory's dataset_info.json entry for a sharegpt export, beside it: without its
+    `columns`, LLaMA-Factory reads no tools."""
+    if not out.name.endswith(_LLAMAFACTORY_TYPES):
+        log.warning("%s is compressed: LLaMA-Factory loads only %s, so no dataset_info.json entry is written",
+                    out.name, ", ".join(_LLAMAFACTORY_TYPES))
+        return
+    path = beside(out, ".dataset_info.json")
+    entry = llamafactory_dataset_info(stem(out).name, out.name, tools=result.with_tools)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)
+    result.dataset_info_path = str(path)
+
+
 def _failed_limit(text: str) -> Callable[[int], int]:
     """--max-failed: a count, or a fraction (0 < f < 1) of the enqueued items."""
     try:
@@ -277,6 +298,7 @@ def format_export(r: ExportResult) -> str:
         ("truncated file", r.truncated_path),
         ("errors file", r.errors_path),
         ("missing file", r.missing_path),
+        *([("LLaMA-Factory entry", r.dataset_info_path)] if r.dataset_info_path else []),
         ("time", f"{r.seconds:.1f} s ({rate})"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -121,6 +121,8 @@ class ExportResult:
     failed_by_class: dict[str, int] = field(default_factory=dict)
     truncated_by_outcome: dict[str, int] = field(default_factory=dict)
     cut_by_outcome: dict[str, int] = field(default_factory=dict)
+    with_tools: bool = False  # a dataset row carries tools (LLaMA-Factory's entry then names the column)
+    dataset_info_path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -235,6 +237,8 @@ class Exporter:
         code = _OUTCOME_CODE.get(outcome, 0) << 2
         if outcome not in self.include:
             return _EXCLUDED | code, orjson.dumps(row) + b"\n"
+        if "tools" in row:
+            self.result.with_tools = True
         if self.parquet:
             from genqueue.producer.export_parquet import arrow_row
 

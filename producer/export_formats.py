@@ -23,7 +23,11 @@ of them, so a dataset keeping that name trains on no thinking at all.
 
 `sharegpt`: LLaMA-Factory's sharegpt form (data/README.md, data/converter.py
 SharegptDatasetConverter): `conversations` of `{from, value}` alternating human|observation
-and gpt|function_call, `system` and `tools` (a JSON string) at the top level. Thinking is
+and gpt|function_call, led by a `{"from": "system"}` turn when there is a system prompt (the
+one place every sharegpt loader reads it without configuration: LLaMA-Factory's system_tag,
+SpecForge's and speculators' first-turn system role; a top-level `system` is read by none of
+them by default), `tools` (a JSON string) at the top level, as LLaMA-Factory (with the
+`columns` entry of `llamafactory_dataset_info`), SpecForge and speculators read it. Thinking is
 inside each gpt value as `<think>\\n{reasoning}\\n</think>\\n\\n{answer}`: LLaMA-Factory's
 ReasoningTemplate thought words, which Qwen3-style templates also produce. A turn without
 thinking is the bare answer. Tool calls are one `function_call` turn (`{"name","arguments"}`,
@@ -127,9 +131,9 @@ def to_sharegpt(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any
                 conv[-1]["value"] += TOOL_RESULTS_JOIN + _text(msg.get("content"))
             else:
                 conv.append({"from": "observation", "value": _text(msg.get("content"))})
-    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if system:
-        out["system"] = "\n\n".join(system)
+        conv.insert(0, {"from": "system", "value": "\n\n".join(system)})
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
         out["tools"] = orjson.dumps(rec["tools"]).decode()
     return _meta(rec, out)
@@ -180,6 +184,17 @@ def to_batch(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     out = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn),
            "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
     return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
+
+
+def llamafactory_dataset_info(name: str, file_name: str, *, tools: bool) -> dict[str, Any]:
+    """LLaMA-Factory's dataset_info.json entry for a sharegpt export (data/README.md; parser.py
+    DatasetAttr). The system prompt is the leading system turn, read through `system_tag`;
+    `tools` is read only through `columns`, so it is named when a row has tools (a column
+    no row has would be a KeyError in its converter)."""
+    columns = {"messages": "conversations", **({"tools": "tools"} if tools else {})}
+    tags = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+            "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
+    return {name: {"file_name": file_name, "formatting": "sharegpt", "columns": columns, "tags": tags}}
 
 
 def batch_error(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:

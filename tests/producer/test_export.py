@@ -142,9 +142,9 @@ def test_sharegpt_and_zstd(run_dir: Path, redis_url: str) -> None:
                      "--allow-partial")
     assert res.exit_code == 0, res.output
     rows = read_jsonl(run_dir / "sg.jsonl.zst")
-    shape = {"conversations": [{"from": "human", "value": "q0.None"},
+    shape = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q0.None"},
                                {"from": "gpt", "value": "<think>\nthinking 0\n</think>\n\nanswer 0.None"}],
-             "system": "be brief", "key": key(0), "index": 0}
+             "key": key(0), "index": 0}
     assert {k: rows[0][k] for k in shape} == shape
     # every line also says what made it (issue 14); without an input id, the key is its id
     assert {k: rows[0][k] for k in ("id", "model", "fingerprint", "outcome")} == {

@@ -362,6 +362,57 @@ def test_each_mode_ids_are_unique_per_turn_in_every_format(tmp_path: Path, redis
     assert len({r["id"] for r in batch}) == len(batch)  # the Batch request ids too
 
 
+# --- system prompts and tools survive every loader -------------------------------------------
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
+def test_system_prompts_and_tools_survive_every_sharegpt_loader(tmp_path: Path, redis_url: str) -> None:
+    """A stand-in run mixing system prompts and tools, exported as sharegpt with the
+    LLaMA-Factory entry export writes beside it: every loader keeps every row, with its system
+    prompt and its tools (the loaders' rules: tests/producer/loaders.py)."""
+    env = {"REDIS_URL": redis_url}
+    recs = [sharegpt(i, turns=1 + i % 2, system=f"Be brief, {i}." if i % 3 == 0 else None) for i in range(24)]
+    for i in range(0, 24, 4):
+        recs[i]["tools"] = orjson.dumps(TOOLS).decode()  # LLaMA-Factory's own input form
+    data = write_jsonl(tmp_path / "st.jsonl", recs)
+    enqueue(env, data, "st", "--output", str(tmp_path / "out"))
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
+    try:
+        consume(tmp_path, env, sim, "st")
+    finally:
+        sim.stop()
+    s = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "st.sg.jsonl"), "--format", "sharegpt",
+                            "--include-outcomes", "all", "--json").stdout)
+    info_path = tmp_path / "st.sg.dataset_info.json"
+    assert s["dataset_info_path"] == str(info_path)
+    info = orjson.loads(info_path.read_bytes())
+    assert list(info) == ["st.sg"] and info["st.sg"]["file_name"] == "st.sg.jsonl"
+    assert info["st.sg"]["columns"] == {"messages": "conversations", "tools": "tools"}
+    import datasets  # the loaders read the file through `datasets`: every row has every column
+
+    rows = list(datasets.load_dataset("json", data_files=str(tmp_path / "st.sg.jsonl"), split="train",
+                                      cache_dir=str(tmp_path / "hf")))
+    systems = {f"r{i}": f"Be brief, {i}." for i in range(24) if i % 3 == 0}
+    tooled = {f"r{i}" for i in range(0, 24, 4)}
+    assert len(rows) == 24 and len(systems) == 8 and len(tooled) == 6
+    lf = [loaders.llamafactory_read(r, info["st.sg"]) for r in rows]
+    assert all(loaders.llamafactory_sharegpt(r) == [] for r in rows)
+    assert {r["id"]: sys_ for r, (sys_, _, _) in zip(rows, lf, strict=True) if sys_} == systems
+    assert {r["id"] for r, (_, tools, _) in zip(rows, lf, strict=True) if tools} == tooled
+    sf = [loaders.specforge_read(r) for r in rows]
+    assert {r["id"]: sys_ for r, (sys_, _) in zip(rows, sf, strict=True) if sys_ != loaders.SPECFORGE_DEFAULT_SYSTEM} \
+        == systems
+    assert {r["id"] for r, (_, tools) in zip(rows, sf, strict=True) if tools == TOOLS} == tooled
+    sp = [loaders.speculators_read(r) for r in rows]
+    assert {r["id"] for r, (roles, _) in zip(rows, sp, strict=True) if roles[0] == "system"} == set(systems)
+    assert all(roles.count("user") == roles.count("assistant") for roles, _ in sp)
+    assert loaders.eagle3(rows) == []
+    # a compressed export gets no entry: LLaMA-Factory cannot load it
+    gz = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "z.jsonl.gz"), "--format", "sharegpt",
+                             "--include-outcomes", "all", "--json").stdout)
+    assert gz["dataset_info_path"] == "" and not (tmp_path / "z.dataset_info.json").exists()
+
+
 # --- several samples per prompt --------------------------------------------------------------
 def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Path, redis_url: str) -> None:
     env = {"REDIS_URL": redis_url}

@@ -20,6 +20,7 @@ from genqueue.producer.export_formats import (
     THINK_OPEN,
     batch_error,
     line_id,
+    llamafactory_dataset_info,
     to_batch,
     to_openai,
     to_sharegpt,
@@ -122,16 +123,38 @@ def test_openai_messages_keep_the_thinking_as_reasoning_content() -> None:
 def test_sharegpt_is_what_llamafactory_trains_on() -> None:
     line = to_sharegpt(single())
     assert line["conversations"] == [
+        {"from": "system", "value": "Be brief."},
         {"from": "human", "value": "What is 2+2?"},
         {"from": "gpt", "value": "<think>\n2+2 is 4\n</think>\n\nIt is 4."}]
-    assert line["system"] == "Be brief." and line["id"] == "q-3"
+    assert "system" not in line and line["id"] == "q-3"
     assert loaders.llamafactory_sharegpt(line) == []
-    assert loaders.llamafactory_thought(line["conversations"][1]["value"]) == ("2+2 is 4", "It is 4.")
-    bare = to_sharegpt(single(reasoning=None))["conversations"][1]["value"]
+    assert loaders.llamafactory_thought(line["conversations"][2]["value"]) == ("2+2 is 4", "It is 4.")
+    bare = to_sharegpt(single(reasoning=None))["conversations"][2]["value"]
     assert bare == "It is 4." and loaders.llamafactory_thought(bare) == (None, "It is 4.")  # LF adds an empty cot
     regen = to_sharegpt(regenerated())
     assert loaders.llamafactory_sharegpt(regen) == []
-    assert [t["from"] for t in regen["conversations"]] == ["human", "gpt", "human", "gpt"]
+    assert [t["from"] for t in regen["conversations"]] == ["system", "human", "gpt", "human", "gpt"]
+
+
+def test_system_prompts_and_tools_reach_every_sharegpt_loader() -> None:
+    """The system prompt as the leading system turn, tools as a JSON string: LLaMA-Factory
+    (with the dataset_info.json entry export prints), SpecForge and speculators all read both;
+    EAGLE-3 skips the system turn and trains on the rest."""
+    rec = single(tools=TOOLS)
+    line = to_sharegpt(rec)
+    entry = llamafactory_dataset_info("d", "d.jsonl", tools=True)
+    assert entry["d"]["columns"] == {"messages": "conversations", "tools": "tools"}
+    system, tools, turns = loaders.llamafactory_read(line, entry["d"])
+    assert (system, orjson.loads(tools), turns) == ("Be brief.", TOOLS, 2)
+    assert loaders.llamafactory_read(line)[:2] == ("Be brief.", "")  # no entry: the system turn alone survives
+    assert loaders.specforge_read(line) == ("Be brief.", TOOLS)
+    assert loaders.speculators_read(line) == (["system", "user", "assistant"], TOOLS)
+    assert loaders.eagle3([line]) == []
+    # without a system prompt nothing stands in for one, and no tools column is named
+    bare = to_sharegpt(single(messages=[{"role": "user", "content": "hi"}]))
+    assert bare["conversations"][0]["from"] == "human"
+    assert loaders.specforge_read(bare)[0] == loaders.SPECFORGE_DEFAULT_SYSTEM
+    assert "tools" not in llamafactory_dataset_info("d", "d.jsonl", tools=False)["d"]["columns"]
 
 
 def test_sharegpt_tool_turns_alternate_as_llamafactory_demands() -> None:
@@ -228,7 +251,7 @@ def test_an_unclosed_thought_never_gets_a_closing_tag(outcome: str) -> None:
     assert loaders.llamafactory_thought(value) == (None, value)
     assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "",
                                               "reasoning_content": "still thinking about"}
-    regen = to_sharegpt(regenerated("cut_in_thinking"))["conversations"]
+    regen = to_sharegpt(regenerated("cut_in_thinking"))["conversations"][1:]  # after the system turn
     assert regen[1]["value"] == THINK_OPEN + "r0" + THINK_CLOSE + "a0"  # the finished turn closes
     assert regen[3]["value"] == THINK_OPEN + "r1 never clos"
 
