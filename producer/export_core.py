@@ -8,9 +8,9 @@ copies of an item land in the same partition. Pass 2 takes the partitions in ord
 time in memory, keeps one record per key, sorts by (source place, position, turn, sample,
 key) and sends each kept record where it belongs: the dataset (an answer whose outcome is
 included), the truncated file (an answer whose outcome is not: by default, anything but a
-complete conversation whose every answer finished), or the errors file (keys that only have error records). K is
-sized so a partition holds about `partition_bytes` of shard data: memory stays flat as the
-run grows.
+complete conversation whose every answer finished), or the errors file (keys that only have
+error records). K is sized so a partition holds about `partition_bytes` of shard data:
+memory stays flat as the run grows.
 
 Which copy of a duplicated item is kept (deterministic, whatever order shards are read in):
 an included answer beats an excluded one, which beats an error record; then the lowest
