@@ -157,6 +157,17 @@ def test_system_prompts_and_tools_reach_every_sharegpt_loader() -> None:
     assert "tools" not in llamafactory_dataset_info("d", "d.jsonl", tools=False)["d"]["columns"]
 
 
+def test_tool_turns_for_speculators_are_in_the_specforge_shape() -> None:
+    """speculators reads any role it does not know as assistant: sharegpt's function_call and
+    observation turns would all be answers there. The specforge shape carries the calls as
+    OpenAI tool_calls and the results as tool turns, which it reads as they are."""
+    roles, tools = loaders.speculators_read(to_specforge(with_tools()))
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant", "tool", "tool", "assistant",
+                     "user", "assistant"] and tools == TOOLS
+    shared = loaders.speculators_read(to_sharegpt(with_tools()))[0]
+    assert shared.count("assistant") == 7  # function_call and observation turns taken for answers
+
+
 def test_sharegpt_tool_turns_alternate_as_llamafactory_demands() -> None:
     line = to_sharegpt(with_tools())
     assert loaders.llamafactory_sharegpt(line) == []
