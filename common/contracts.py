@@ -37,12 +37,16 @@ class HistoryReasoning(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How one answer ended. NO_ANSWER: stopped by itself with thinking and no answer."""
+    """How one answer ended. NO_ANSWER: stopped by itself with thinking and no answer.
+    PARTIAL (a record's outcome, never a turn's): a `regenerate` conversation whose later turn
+    failed (an error, or a cut turn dropped under --truncation error) after at least one good
+    turn; `stopped` says which turn and its error class."""
 
     FINISHED = "finished"
     CUT_IN_THINKING = "cut_in_thinking"
     CUT_IN_ANSWER = "cut_in_answer"
     NO_ANSWER = "no_answer"
+    PARTIAL = "partial"
 
 
 class ReasoningForm(StrEnum):

@@ -4,7 +4,8 @@ Modes first/last/each: one request on the item's messages. Mode regenerate: the 
 are answered in order, each on the history of the answers so far (the original assistant
 turns were dropped by the producer), so every assistant token comes from the target model.
 A turn cut by max_tokens or failed permanently ends the conversation there; what came before
-is kept and the record says where and why it stopped.
+is kept and the record says where and why it stopped (`stopped`); a conversation whose later
+turn failed is `partial`, never `finished`.
 
 Fail closed: every failed attempt (refused, reset, deadline, 5xx, a 200 that is not a usable
 completion) spends one of `max_attempts` and backs off with jitter, whatever /health says, so
@@ -215,7 +216,8 @@ class Generator:
                     if not turns:
                         return _truncated_error(_base(ctx, item, attempt, list(history)), turn)
                     history.pop()
-                    stopped = {"turn": user_turn, "reason": turn.outcome, "dropped": True}
+                    stopped = {"turn": user_turn, "reason": turn.outcome, "dropped": True,
+                               "error": _truncated_info(turn.outcome)}
                     break
                 turns.append(entry)
                 history.append(_assistant_message(turn, ctx.settings.history_reasoning))
@@ -233,7 +235,10 @@ class Generator:
         rec["reasoning_form"] = last["reasoning_form"]
         rec["tool_calls"] = history[-1].get("tool_calls", []) if history[-1]["role"] == "assistant" else []
         rec["finish_reason"] = last["finish_reason"]
-        rec["outcome"] = last["outcome"]
+        # A later turn that failed leaves a conversation the target never finished: never
+        # `finished`, so it stays out of a default training file. A cut turn that was kept
+        # (--truncation keep) is the last turn, and its own outcome says what it is.
+        rec["outcome"] = Outcome.PARTIAL if stopped is not None and "error" in stopped else last["outcome"]
         rec["usage"] = _sum_usage(t["usage"] for t in turns)
         rec["model"] = last["model"]
         rec["history_reasoning"] = ctx.settings.history_reasoning
@@ -295,13 +300,15 @@ def _error_record(base: RecordBase, info: ErrorInfo, partial: dict[str, Any] | N
     return rec
 
 
+def _truncated_info(outcome: str) -> ErrorInfo:
+    return error_info(ErrorClass.TRUNCATED, outcome,
+                      f"the completion was cut by max_tokens ({outcome}); the run's truncation policy is error")
+
+
 def _truncated_error(base: RecordBase, turn: Turn) -> ErrorRecord:
-    outcome = turn.outcome
     partial = {"content": turn.content, "reasoning": turn.reasoning, "finish_reason": turn.finish_reason,
                "usage": turn.usage}
-    return _error_record(base, error_info(
-        ErrorClass.TRUNCATED, outcome,
-        f"the completion was cut by max_tokens ({outcome}); the run's truncation policy is error"), partial)
+    return _error_record(base, _truncated_info(turn.outcome), partial)
 
 
 def _assistant_message(turn: Turn, history_reasoning: str) -> dict[str, Any]:

@@ -6,8 +6,9 @@ position by position) in the shape a training tool reads (export_formats: openai
 specforge, batch), as JSONL (gzip for .gz, zstd for .zst) or Parquet (.parquet or --format
 parquet); the answers that never ended on their own to a truncated file; the items that
 failed for good to an errors file; and the enqueued items with no record at all to a missing
-file. Exits 1 when anything is missing, or when more items failed for good than
---max-failed, unless --allow-partial. See producer/export_core.py for the method.
+file. Exits 1 when anything is missing, or when more items failed for good or are partial
+(a regenerated conversation whose later turn failed) than --max-failed, unless
+--allow-partial. See producer/export_core.py for the method.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
-from genqueue.common.contracts import Outcome
+from genqueue.common.contracts import Mode, Outcome
 from genqueue.common.errors import UserError
 from genqueue.common.placement import this_host
 from genqueue.common.redisconn import connect
@@ -42,7 +43,7 @@ from genqueue.producer.export_core import (
     beside,
     stem,
 )
-from genqueue.producer.export_formats import FORMATS
+from genqueue.producer.export_formats import FORMATS, llamafactory_dataset_info
 from genqueue.producer.export_sources import source_for
 from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 from genqueue.producer.rungone import run_gone
@@ -94,14 +95,14 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
               help="Dataset file to write: .jsonl (.gz or .zst to compress) or .parquet.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai", show_default=True,
-              help="openai: chat `messages`, each answer's `reasoning` beside it; sharegpt: LLaMA-Factory's "
+              help="openai: chat `messages`, each answer's thinking as `reasoning_content` beside it; sharegpt: LLaMA-Factory's "
                    "conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads it too); "
                    "specforge: SpecForge's conversations of role/content with reasoning_content; batch: OpenAI "
                    "Batch API output lines; parquet: the openai shape in Parquet (any shape is Parquet when the "
                    "output is named .parquet).")
 @click.option("--include-outcomes", "include", default=None, metavar="OUTCOME,...",
-              help="Outcomes the dataset holds (default: finished,cut_in_answer; `all` for every one). Answers "
-                   "with another outcome go to the truncated file.")
+              help="Outcomes the dataset holds (default: finished; e.g. finished,cut_in_answer,partial; `all` "
+                   "for every one). Answers with another outcome go to the truncated file.")
 @click.option("--group-samples", is_flag=True,
               help="Runs enqueued with --samples N: one line per prompt holding its N samples, not N lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
@@ -114,8 +115,8 @@ def _outcomes(text: str | None) -> frozenset[str]:
                    "(default: <output stem>.missing.txt).")
 @click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
 @click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
-              help="Exit 1 when more items than this failed for good: a count (100) or a fraction of the "
-                   "enqueued items (0.01).")
+              help="Exit 1 when more items than this failed for good or are partial: a count (100) or a "
+                   "fraction of the enqueued items (0.01).")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
               help="Where the temporary partition files go (default: beside the output; needs about "
                    "the dataset's size free).")
@@ -153,7 +154,10 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
                           truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
-                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress).export()
+                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
+                          per_turn_ids=info.settings.multi_turn == Mode.EACH).export()
+    if shape == "sharegpt":
+        _write_dataset_info(result, out)
     if as_json:
         click.echo(orjson.dumps(result.to_dict()).decode())
     else:
@@ -165,11 +169,15 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
                    "run consumers until the run is done, or pass --allow-partial", err=True)
         raise SystemExit(1)
     limit = failed_limit(result.enqueued)
-    if result.failed > limit:
+    # A partial conversation is a failure the dataset does not hold, as a failed item is; a cut
+    # answer is the run's max_tokens at work, counted apart and not held against the run.
+    if result.failed + result.partial > limit:
         by = ", ".join(f"{k} {v:,}" for k, v in sorted(result.failed_by_class.items(), key=lambda kv: -kv[1]))
-        click.echo(f"error: {result.failed:,} items failed for good ({by}), over --max-failed {max_failed} "
-                   f"({limit:,} of {result.enqueued:,}); see {result.errors_path}, or pass --allow-partial",
-                   err=True)
+        what = f"{result.failed:,} items failed for good" + (f" ({by})" if by else "")
+        if result.partial:
+            what += f" and {result.partial:,} are partial (a later turn failed; see {result.truncated_path})"
+        click.echo(f"error: {what}, over --max-failed {max_failed} ({limit:,} of {result.enqueued:,}), "
+                   f"{result.complete:,} complete; see {result.errors_path}, or pass --allow-partial", err=True)
         raise SystemExit(1)
 
 
@@ -230,6 +238,25 @@ def _absolute(output: str) -> str:
     return output if "://" in output else os.path.abspath(output)
 
 
+#: The file types LLaMA-Factory loads (extras/constants.py FILEEXT2TYPE): no compressed JSONL.
+_LLAMAFACTORY_TYPES = (".jsonl", ".json", ".parquet")
+
+
+def _write_dataset_info(result: ExportResult, out: Path) -> None:
+    """LLaMA-Factory's dataset_info.json entry for a sharegpt export, beside it: without its
+    `columns`, LLaMA-Factory reads no tools."""
+    if not out.name.endswith(_LLAMAFACTORY_TYPES):
+        log.warning("%s is compressed: LLaMA-Factory loads only %s, so no dataset_info.json entry is written",
+                    out.name, ", ".join(_LLAMAFACTORY_TYPES))
+        return
+    path = beside(out, ".dataset_info.json")
+    entry = llamafactory_dataset_info(stem(out).name, out.name, tools=result.with_tools)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)
+    result.dataset_info_path = str(path)
+
+
 def _failed_limit(text: str) -> Callable[[int], int]:
     """--max-failed: a count, or a fraction (0 < f < 1) of the enqueued items."""
     try:
@@ -255,13 +282,17 @@ def format_export(r: ExportResult) -> str:
         ("run", f"{r.run}  ({r.format} format{container})"),
         ("read", f"{r.records_read:,} records in {r.shards:,} shards from {r.source}"),
         ("enqueued items", f"{r.enqueued:,}"),
-        ("  exported", f"{r.exported:,}" + (f"  ({r.groups:,} prompts)" if r.groups else "")),
-        ("  truncated", f"{r.truncated:,}  (outcome not in {','.join(r.include_outcomes)})"),
+        ("  complete", f"{r.complete:,}  (every answer finished)"),
+        ("  partial", f"{r.partial:,}  (regenerate: a later turn failed; `stopped` says which)"),
+        ("  cut", f"{r.cut:,}  (by max_tokens, or no answer)"),
     ]
-    rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.truncated_by_outcome.items())]
+    rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.cut_by_outcome.items())]
     rows += [
         ("  failed for good", f"{r.failed:,}"),
         ("  missing", f"{r.missing:,}"),
+        ("exported", f"{r.exported:,}  (outcomes {','.join(r.include_outcomes)})"
+         + (f"  ({r.groups:,} prompts)" if r.groups else "")),
+        ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file)"),
         ("duplicates removed", f"{r.duplicates_removed:,}"),
     ]
     if r.unexpected:
@@ -277,6 +308,7 @@ def format_export(r: ExportResult) -> str:
         ("truncated file", r.truncated_path),
         ("errors file", r.errors_path),
         ("missing file", r.missing_path),
+        *([("LLaMA-Factory entry", r.dataset_info_path)] if r.dataset_info_path else []),
         ("time", f"{r.seconds:.1f} s ({rate})"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -7,10 +7,10 @@ place, then position: export_layout). Every record of one key shares one place, 
 copies of an item land in the same partition. Pass 2 takes the partitions in order: one at a
 time in memory, keeps one record per key, sorts by (source place, position, turn, sample,
 key) and sends each kept record where it belongs: the dataset (an answer whose outcome is
-included), the truncated file (an answer whose outcome is not: by default, cut inside its
-thinking or with no answer), or the errors file (keys that only have error records). K is
-sized so a partition holds about `partition_bytes` of shard data: memory stays flat as the
-run grows.
+included), the truncated file (an answer whose outcome is not: by default, anything but a
+complete conversation whose every answer finished), or the errors file (keys that only have
+error records). K is sized so a partition holds about `partition_bytes` of shard data:
+memory stays flat as the run grows.
 
 Which copy of a duplicated item is kept (deterministic, whatever order shards are read in):
 an included answer beats an excluded one, which beats an error record; then the lowest
@@ -47,7 +47,7 @@ from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.runs import run_key
 from genqueue.common.storage import ShardInfo
 from genqueue.producer.export_coverage import TEMP_KEY_TTL, coverage
-from genqueue.producer.export_formats import CONVERTERS, batch_error
+from genqueue.producer.export_formats import batch_error, converter, record_outcome
 from genqueue.producer.export_layout import Layout, layout_for
 from genqueue.producer.export_sinks import (
     WRITE_BUFFER,
@@ -72,10 +72,15 @@ log = logging.getLogger(__name__)
 PARTITION_BYTES = 64 * 1024 * 1024
 MAX_PARTITIONS = 512
 SADD_BATCH = 10_000
-#: What the dataset holds by default: answers that ended on their own, or were cut while
-#: answering (its outcome says so); an answer cut inside its thinking, or with no answer, is
-#: not a complete sample and goes to the truncated file.
-DEFAULT_OUTCOMES = frozenset({Outcome.FINISHED.value, Outcome.CUT_IN_ANSWER.value})
+#: What the dataset holds by default: complete conversations whose every answer ended on its
+#: own. A cut answer (every trainer closes each assistant turn with an end-of-turn token, so a
+#: drafter would learn to stop mid-sentence) and a partial conversation go to the truncated
+#: file; --include-outcomes opts them in.
+DEFAULT_OUTCOMES = frozenset({Outcome.FINISHED.value})
+#: An answer's outcome travels in the partition header's kind byte (kind | code << 2), so
+#: pass 2 counts outcomes without parsing lines. Code 0: none known.
+_OUTCOME_NAMES = ("unknown", *(o.value for o in Outcome))
+_OUTCOME_CODE = {name: code for code, name in enumerate(_OUTCOME_NAMES)}
 
 # What a kept record becomes; also its rank among copies of one key (lower wins).
 _INCLUDED, _EXCLUDED, _ERROR = 0, 1, 2
@@ -103,6 +108,9 @@ class ExportResult:
     enqueued: int = 0
     exported: int = 0
     truncated: int = 0
+    complete: int = 0  # answered items by outcome, whichever file they went to: finished
+    partial: int = 0  # regenerate: a later turn failed
+    cut: int = 0  # any other outcome (cut by max_tokens, or no answer)
     failed: int = 0
     missing: int = 0
     duplicates_removed: int = 0
@@ -118,6 +126,9 @@ class ExportResult:
     malformed_jobs: list[dict[str, str]] = field(default_factory=list)
     #: Jobs the consumers refused (job id -> reason), from genqueue:refused:<queue>.
     refused_jobs: dict[str, str] = field(default_factory=dict)
+    cut_by_outcome: dict[str, int] = field(default_factory=dict)
+    with_tools: bool = False  # a dataset row carries tools (LLaMA-Factory's entry then names the column)
+    dataset_info_path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,12 +142,13 @@ class Exporter:
                  errors_path: Path, missing_path: Path, workdir: Path,
                  partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
                  include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, per_turn_ids: bool = False) -> None:
         self.conn = conn
         self.run = run
         self.source = source
         self.shape = fmt
-        self.convert: Callable[[dict[str, Any]], dict[str, Any]] = CONVERTERS[fmt]
+        self.per_turn_ids = per_turn_ids  # mode each: a line's id names its turn (export_formats.line_id)
+        self.convert: Callable[[dict[str, Any]], dict[str, Any]] = converter(fmt, per_turn=per_turn_ids)
         self.include = include
         self.parquet = parquet
         self.group_samples = group_samples
@@ -257,16 +269,20 @@ class Exporter:
         """What one record becomes: its kind and its line in the file it would go to."""
         if "error" in rec:
             if self.shape == "batch":
-                return _ERROR, orjson.dumps(batch_error(rec)) + b"\n"
+                return _ERROR, orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids)) + b"\n"
             return _ERROR, line if line.endswith(b"\n") else line + b"\n"
+        outcome = rec["outcome"] = record_outcome(rec)
         row = self.convert(rec)
-        if rec.get("outcome") not in self.include:
-            return _EXCLUDED, orjson.dumps(row) + b"\n"
+        code = _OUTCOME_CODE.get(outcome, 0) << 2
+        if outcome not in self.include:
+            return _EXCLUDED | code, orjson.dumps(row) + b"\n"
+        if "tools" in row:
+            self.result.with_tools = True
         if self.parquet:
             from genqueue.producer.export_parquet import arrow_row
 
             row = arrow_row(row)
-        return _INCLUDED, orjson.dumps(row) + b"\n"
+        return _INCLUDED | code, orjson.dumps(row) + b"\n"
 
     def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
         last = len(files) - 1
@@ -323,7 +339,7 @@ class Exporter:
         view = memoryview(data)
         unpack = _HEADER.unpack_from
         hsize = _HEADER.size
-        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int]] = {}
+        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int, int]] = {}
         pos = n = 0
         end_all = len(data)
         while pos < end_all:
@@ -331,23 +347,21 @@ class Exporter:
             start = pos + hsize
             pos = start + blen
             n += 1
-            rank = (kind, attempt, finished, ordinal, lineno)
+            rank = (kind & 3, attempt, finished, ordinal, lineno)
             cur = best.get(key)
             if cur is None or rank < cur[0]:
-                best[key] = (rank, (place, index, turn, sample), start, pos)
+                best[key] = (rank, (place, index, turn, sample), start, pos, kind >> 2)
         self.result.duplicates_removed += n - len(best)
         batch: list[bytes] = []
         r = self.result
-        for key, (rank, order, start, stop) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
+        for key, (rank, order, start, stop, code) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
             line = view[start:stop]
+            if rank[0] != _ERROR:
+                self._count_outcome(_OUTCOME_NAMES[code], included=rank[0] == _INCLUDED)
             if rank[0] == _INCLUDED:
                 out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
-                r.exported += 1
             elif rank[0] == _EXCLUDED:
                 cut.write(line)
-                r.truncated += 1
-                outcome = _field(bytes(line), "outcome")
-                r.truncated_by_outcome[outcome] = r.truncated_by_outcome.get(outcome, 0) + 1
             else:
                 errs.write(line)
                 r.failed += 1
@@ -360,6 +374,22 @@ class Exporter:
         if batch:
             self._sadd(seen_key, batch)
         view.release()
+
+    def _count_outcome(self, outcome: str, *, included: bool) -> None:
+        """Coverage counts complete, partial and cut apart, whichever file each went to."""
+        r = self.result
+        if included:
+            r.exported += 1
+        else:
+            r.truncated += 1
+            r.truncated_by_outcome[outcome] = r.truncated_by_outcome.get(outcome, 0) + 1
+        if outcome == Outcome.FINISHED:
+            r.complete += 1
+        elif outcome == Outcome.PARTIAL:
+            r.partial += 1
+        else:
+            r.cut += 1
+            r.cut_by_outcome[outcome] = r.cut_by_outcome.get(outcome, 0) + 1
 
     def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
         with self.conn.pipeline(transaction=False) as p:
@@ -384,7 +414,7 @@ class Exporter:
                     "messages": it["messages"],
                     "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {reason}"),
                 }
-                errs.write(orjson.dumps(batch_error(rec) if self.shape == "batch" else rec) + b"\n")
+                errs.write(orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids) if self.shape == "batch" else rec) + b"\n")
             if lost:
                 self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
                 self.result.failed += len(lost)
@@ -408,13 +438,6 @@ class _PartitionWriteError(Exception):
     def __init__(self, cause: OSError) -> None:
         super().__init__(str(cause))
         self.cause = cause
-
-
-def _field(line: bytes, name: str) -> str:
-    try:
-        return str(orjson.loads(line)[name])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return "unknown"
 
 
 def _error_class(line: bytes) -> str:

@@ -1,7 +1,8 @@
 """Turning one result record into one line of the exported dataset (pure, no I/O).
 
 Every line, whatever its shape, carries `id` (the input record's own id, else the item key;
-in `batch` the record's id is `custom_id` and `id` the Batch API's request id), the item's
+in `batch` the record's id is `custom_id` and `id` the Batch API's request id; unique per
+line: `-t<turn>` in mode each, `-s<sample>` for samples, see line_id), the item's
 `key`, where it came from (`source`, `index`: its position in that source, `turn`, `sample`,
 `seed`), and what made it: `model`, `fingerprint`, `outcome`, `usage`.
 
@@ -15,11 +16,18 @@ Shapes, each as its training tool's loader reads it (the test that checks each o
 loader's file):
 
 `openai`: `messages` in OpenAI chat form, every generated assistant message with its
-`reasoning` beside `content` (`tool_calls` when it called tools); `tools` as given.
+thinking as `reasoning_content` beside `content` (`tool_calls` when it called tools); `tools`
+as given. `reasoning_content` is the name reasoning models' chat templates read (Qwen3's,
+through transformers' apply_chat_template); vLLM's response field `reasoning` is read by none
+of them, so a dataset keeping that name trains on no thinking at all.
 
 `sharegpt`: LLaMA-Factory's sharegpt form (data/README.md, data/converter.py
 SharegptDatasetConverter): `conversations` of `{from, value}` alternating human|observation
-and gpt|function_call, `system` and `tools` (a JSON string) at the top level. Thinking is
+and gpt|function_call, led by a `{"from": "system"}` turn when there is a system prompt (the
+one place every sharegpt loader reads it without configuration: LLaMA-Factory's system_tag,
+SpecForge's and speculators' first-turn system role; a top-level `system` is read by none of
+them by default), `tools` (a JSON string) at the top level, as LLaMA-Factory (with the
+`columns` entry of `llamafactory_dataset_info`), SpecForge and speculators read it. Thinking is
 inside each gpt value as `<think>\\n{reasoning}\\n</think>\\n\\n{answer}`: LLaMA-Factory's
 ReasoningTemplate thought words, which Qwen3-style templates also produce. A turn without
 thinking is the bare answer. Tool calls are one `function_call` turn (`{"name","arguments"}`,
@@ -41,6 +49,7 @@ error as a response with its status and `{"error": {...}}` body, anything else a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -62,10 +71,31 @@ _META = ("key", "source", "index", "turn", "sample", "seed")
 _MADE_BY = ("model", "fingerprint", "outcome", "usage", "stopped", "note")
 
 
-def line_id(rec: dict[str, Any]) -> str:
-    """The id of a record's line: the input record's own id, else the item key."""
+def record_outcome(rec: dict[str, Any]) -> str:
+    """The record's outcome, told truthfully also for records written before `partial`
+    existed: a regenerate conversation stopped by an error (or whose cut turn was dropped) is
+    partial, whatever its last good turn said."""
+    stopped = rec.get("stopped")
+    if isinstance(stopped, dict) and (stopped.get("reason") == "error" or stopped.get("dropped")):
+        return Outcome.PARTIAL.value
+    outcome = rec.get("outcome")
+    return outcome if isinstance(outcome, str) else "unknown"
+
+
+def line_id(rec: dict[str, Any], *, per_turn: bool = False) -> str:
+    """The id of a record's line: the input record's own id, else the item key (one per item).
+    An input id repeats over the items made of one record, and a join on it would overwrite
+    rows: with PER_TURN (mode each: one item per user turn) `-t<turn>` is appended, and for a
+    sample after the first (--samples) `-s<sample>`."""
     rid = rec.get("id")
-    return rid if isinstance(rid, str) and rid else str(rec.get("key", ""))
+    if not (isinstance(rid, str) and rid):
+        return str(rec.get("key", ""))
+    turn, sample = rec.get("turn"), rec.get("sample")
+    if per_turn and isinstance(turn, int):
+        rid += f"-t{turn}"
+    if isinstance(sample, int) and not isinstance(sample, bool) and sample > 0:
+        rid += f"-s{sample}"
+    return rid
 
 
 def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _META + _MADE_BY) -> dict[str, Any]:
@@ -76,15 +106,15 @@ def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _M
     return out
 
 
-def to_openai(rec: dict[str, Any]) -> dict[str, Any]:
+def to_openai(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The openai-format export line of a success record."""
-    out: dict[str, Any] = {"id": line_id(rec), "messages": conversation(rec)}
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "messages": conversation(rec)}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     return _meta(rec, out)
 
 
-def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
+def to_sharegpt(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The sharegpt-format (LLaMA-Factory) export line of a success record."""
     conv: list[dict[str, str]] = []
     system: list[str] = []
@@ -101,36 +131,36 @@ def to_sharegpt(rec: dict[str, Any]) -> dict[str, Any]:
                 conv[-1]["value"] += TOOL_RESULTS_JOIN + _text(msg.get("content"))
             else:
                 conv.append({"from": "observation", "value": _text(msg.get("content"))})
-    out: dict[str, Any] = {"id": line_id(rec), "conversations": conv}
     if system:
-        out["system"] = "\n\n".join(system)
+        conv.insert(0, {"from": "system", "value": "\n\n".join(system)})
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
         out["tools"] = orjson.dumps(rec["tools"]).decode()
     return _meta(rec, out)
 
 
-def to_specforge(rec: dict[str, Any]) -> dict[str, Any]:
+def to_specforge(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The SpecForge-format export line of a success record."""
     conv: list[dict[str, Any]] = []
     for msg in conversation(rec):
         role = "system" if msg.get("role") == "developer" else msg.get("role")
         turn: dict[str, Any] = {"role": role, "content": _text(msg.get("content"))}
         if role == "assistant":
-            if msg.get("reasoning") is not None:
-                turn["reasoning_content"] = msg["reasoning"]
+            if msg.get("reasoning_content") is not None:
+                turn["reasoning_content"] = msg["reasoning_content"]
             if msg.get("tool_calls"):
                 turn["tool_calls"] = msg["tool_calls"]
         elif role == "tool" and msg.get("tool_call_id"):
             turn["tool_call_id"] = msg["tool_call_id"]
         conv.append(turn)
-    out: dict[str, Any] = {"id": line_id(rec), "conversations": conv}
+    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     out["status"] = "success"
     return _meta(rec, out)
 
 
-def to_batch(rec: dict[str, Any]) -> dict[str, Any]:
+def to_batch(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The OpenAI Batch API output line of a success record."""
     key = str(rec.get("key", ""))
     turns = rec.get("turns") or []
@@ -151,18 +181,29 @@ def to_batch(rec: dict[str, Any]) -> dict[str, Any]:
         "usage": usage,
         "system_fingerprint": rec.get("fingerprint"),
     }
-    out = {"id": f"batch_req_{key}", "custom_id": line_id(rec),
+    out = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn),
            "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
-    return _meta(rec, out, _META + ("model", "fingerprint", "outcome"))
+    return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
 
 
-def batch_error(rec: dict[str, Any]) -> dict[str, Any]:
+def llamafactory_dataset_info(name: str, file_name: str, *, tools: bool) -> dict[str, Any]:
+    """LLaMA-Factory's dataset_info.json entry for a sharegpt export (data/README.md; parser.py
+    DatasetAttr). The system prompt is the leading system turn, read through `system_tag`;
+    `tools` is read only through `columns`, so it is named when a row has tools (a column
+    no row has would be a KeyError in its converter)."""
+    columns = {"messages": "conversations", **({"tools": "tools"} if tools else {})}
+    tags = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+            "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
+    return {name: {"file_name": file_name, "formatting": "sharegpt", "columns": columns, "tags": tags}}
+
+
+def batch_error(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
     """The OpenAI Batch API error-file line of an error record: an HTTP error (the server's
     status is known) as a response holding the error body, anything else as `error`."""
     key = str(rec.get("key", ""))
     err = rec.get("error") or {}
     status, message, cls = err.get("status"), str(err.get("message", "")), str(err.get("class", "unknown"))
-    out: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": line_id(rec)}
+    out: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn)}
     if isinstance(status, int) and not isinstance(status, bool):
         body = {"error": {"message": message, "type": str(err.get("type", "")), "param": None, "code": cls}}
         out["response"] = {"status_code": status, "request_id": f"req_{key}", "body": body}
@@ -173,12 +214,19 @@ def batch_error(rec: dict[str, Any]) -> dict[str, Any]:
     return _meta(rec, out, _META + ("fingerprint",))
 
 
-CONVERTERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {
     "openai": to_openai, "sharegpt": to_sharegpt, "specforge": to_specforge, "batch": to_batch}
 
 
+def converter(shape: str, *, per_turn: bool = False) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """SHAPE's converter; PER_TURN: ids unique per turn (mode each, see line_id)."""
+    fn = CONVERTERS[shape]
+    return functools.partial(fn, per_turn=True) if per_turn else fn
+
+
 def conversation(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's full conversation, every generated assistant message carrying its reasoning."""
+    """The record's full conversation, every generated assistant message carrying its thinking
+    as `reasoning_content`."""
     return [msg for msg, _ in _conversation(rec)]
 
 
@@ -195,14 +243,14 @@ def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
                 msg = {k: v for k, v in msg.items() if k != "reasoning_content"}
                 turn = turns[i] if i < len(turns) else {}
                 if turn.get("reasoning") is not None:
-                    msg["reasoning"] = turn["reasoning"]
+                    msg["reasoning_content"] = turn["reasoning"]
                 unclosed = turn.get("outcome") in UNCLOSED
                 i += 1
             out.append((msg, unclosed))
         return out
     answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
-        answer["reasoning"] = rec["reasoning"]
+        answer["reasoning_content"] = rec["reasoning"]
     if rec.get("tool_calls"):
         answer["tool_calls"] = rec["tool_calls"]
     return [*((m, False) for m in messages), (answer, rec.get("outcome") in UNCLOSED)]
@@ -211,7 +259,7 @@ def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
 def thinking_text(msg: dict[str, Any], unclosed: bool) -> str:
     """The thinking of an assistant message as LLaMA-Factory's ReasoningTemplate reads it
     inside the answer: opened, and closed only when the model closed it."""
-    reasoning = msg.get("reasoning", msg.get("reasoning_content"))
+    reasoning = msg.get("reasoning_content")
     if reasoning is None:
         return ""
     return THINK_OPEN + _text(reasoning) + ("" if unclosed else THINK_CLOSE)

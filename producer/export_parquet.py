@@ -40,7 +40,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "openai": pa.schema([
         ("id", pa.string()),
         ("messages", pa.list_(pa.struct([
-            ("role", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
+            ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
             ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
         ("tools", pa.string()), *_META]),
     "sharegpt": pa.schema([

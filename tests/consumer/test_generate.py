@@ -151,6 +151,21 @@ def test_permanent_error_in_a_later_turn_ends_the_conversation_there() -> None:
     assert len(rec["turns"]) == 1 and rec["stopped"]["reason"] == "error"
     assert rec["stopped"]["error"]["class"] == "permanent"
     assert [m["role"] for m in rec["messages"]] == ["user", "assistant"]
+    # the conversation is not what the target would have finished: never `finished`
+    assert rec["outcome"] == "partial" and rec["turns"][0]["outcome"] == "finished"
+
+
+def test_a_cut_later_turn_dropped_under_truncation_error_is_partial() -> None:
+    item: Item = {**ITEM, "messages": [{"role": "user", "content": "short"},
+                                       {"role": "user", "content": "long one [len=400]"}]}
+
+    async def go(gen: Generator, sim: SimServer) -> Rec:
+        return await gen.answer(ctx(max_tokens=64, truncation="error"), item)
+
+    rec = ok(run(with_gen(SimConfig(mean_tokens=8, seed=2, length_hints=True), go)))
+    assert len(rec["turns"]) == 1 and rec["outcome"] == "partial" and rec["stopped"]["dropped"]
+    assert rec["stopped"]["error"]["class"] == "truncated" and rec["stopped"]["reason"].startswith("cut_in")
+    assert [m["role"] for m in rec["messages"]] == ["user", "assistant"]
 
 
 @pytest.mark.parametrize("mode", ["inline", "reasoning_content", "field"])

@@ -65,7 +65,9 @@ def export(tmp_path: Path, redis_url: str, s3: S3Server, run: str) -> tuple[dict
     from genqueue.producer.cli import main
 
     out = tmp_path / f"{run}.export.jsonl"
-    args = ["--run", run, "--output", str(out), "--json"]
+    # every outcome: these runs prove delivery, not which answers make good samples (by default a
+    # cut answer goes to the truncated file)
+    args = ["--run", run, "--output", str(out), "--json", "--include-outcomes", "all"]
     env = {"REDIS_URL": redis_url, **s3.env}
     assert "export" in main.commands
     proc = cli("producer", "export", *args, env=env, check=False)

@@ -108,3 +108,65 @@ def eagle3(rows: list[dict[str, Any]]) -> list[str]:
             if not isinstance(sentence.get("value"), str):
                 problems.append(f"row {i}: turn {j} value is not a string")
     return problems
+
+
+def llamafactory_read(row: dict[str, Any], entry: dict[str, Any] | None = None) -> tuple[str, str, int]:
+    """(system, tools, turns) as LLaMA-Factory's SharegptDatasetConverter reads ROW under the
+    dataset_info.json ENTRY (None: no entry, the DatasetAttr defaults). converter.py lines
+    147-156: a leading turn whose role tag is `system_tag` (default "system") is the system
+    prompt, else the `system` column if one is named (default: none); line 222: tools come
+    from the `tools` column only if one is named (default: none)."""
+    columns = (entry or {}).get("columns", {})
+    tags = (entry or {}).get("tags", {})
+    messages = row[columns.get("messages", "conversations")]
+    role, content, system_tag = tags.get("role_tag", "from"), tags.get("content_tag", "value"), tags.get(
+        "system_tag", "system")
+    if system_tag and messages and messages[0][role] == system_tag:
+        system, messages = messages[0][content], messages[1:]
+    else:
+        system = row[columns["system"]] if columns.get("system") else ""
+    tools = row[columns["tools"]] if columns.get("tools") else ""
+    return system or "", tools or "", len(messages)
+
+
+# --- SpecForge (sgl-project/SpecForge @ a6b6b0230009d15ec2a97a57384e6f53f0f96946) ------------
+SPECFORGE_DEFAULT_SYSTEM = "<the chat template's system_prompt>"
+
+
+def specforge_read(row: dict[str, Any]) -> tuple[str, list[Any]]:
+    """(system, tools) as SpecForge's build_eagle3_dataset reads a row: tools from the `tools`
+    column, a JSON string or a list (specforge/data/preprocessing.py lines 261-284); the system
+    prompt only from a first message whose role (from `role`, else `from`) is "system",
+    otherwise the chat template's own default is inserted (specforge/data/parse.py
+    _normalize_message and GeneralParser.parse, lines 202-212)."""
+    conv = row["conversations"]
+    first = conv[0] if conv else {}
+    role = first.get("role", first.get("from", ""))
+    system = (first.get("content") or first.get("value") or "") if role == "system" else SPECFORGE_DEFAULT_SYSTEM
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    return system, tools if isinstance(tools, list) else []
+
+
+# --- speculators (vllm-project/speculators @ c05b95b303f7d4f21e8d7624e0ffa1c2d9b4d73b) -------
+def speculators_read(row: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """(roles, tools) as speculators' preprocessing reads a row: _normalize_conversation
+    (src/speculators/data_generation/preprocessing.py lines 71-119) maps from/role through
+    human|user -> user, gpt|assistant -> assistant, system, tool, and any other role to
+    assistant; tools from the `tools` column, a JSON string or a list (_parse_conv_tools)."""
+    roles = []
+    for turn in row["conversations"]:
+        role = turn.get("from", turn.get("role", ""))
+        if role in ("human", "user"):
+            roles.append("user")
+        elif role in ("gpt", "assistant"):
+            roles.append("assistant")
+        elif role in ("system", "tool"):
+            roles.append(role)
+        else:
+            roles.append("assistant")
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    return roles, tools if isinstance(tools, list) else []

@@ -116,10 +116,10 @@ def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_u
     assert by[3]["messages"][-1]["content"] == "answer 3.None"  # the earlier shard's copy
     assert by[5]["messages"][-1]["content"] == "answer 5.None-first"  # success beats error; attempt 1 beats 2
     assert by[0]["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q0.None"},
-                                 {"role": "assistant", "content": "answer 0.None", "reasoning": "thinking 0"}]
+                                 {"role": "assistant", "content": "answer 0.None", "reasoning_content": "thinking 0"}]
     assert {"key", "index", "model", "fingerprint", "usage"} <= by[0].keys() and "turn" not in by[0]
     assert by[4]["messages"] == [{"role": "user", "content": "u0"},
-                                 {"role": "assistant", "content": "a0", "reasoning": "r0"},
+                                 {"role": "assistant", "content": "a0", "reasoning_content": "r0"},
                                  {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
     errors = read_jsonl(run_dir / "ds.errors.jsonl")
     assert [(e["index"], e["error"]["message"]) for e in errors] == [(8, "first")]
@@ -142,9 +142,9 @@ def test_sharegpt_and_zstd(run_dir: Path, redis_url: str) -> None:
                      "--allow-partial")
     assert res.exit_code == 0, res.output
     rows = read_jsonl(run_dir / "sg.jsonl.zst")
-    shape = {"conversations": [{"from": "human", "value": "q0.None"},
+    shape = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q0.None"},
                                {"from": "gpt", "value": "<think>\nthinking 0\n</think>\n\nanswer 0.None"}],
-             "system": "be brief", "key": key(0), "index": 0}
+             "key": key(0), "index": 0}
     assert {k: rows[0][k] for k in shape} == shape
     # every line also says what made it (issue 14); without an input id, the key is its id
     assert {k: rows[0][k] for k in ("id", "model", "fingerprint", "outcome")} == {

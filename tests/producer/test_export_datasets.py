@@ -99,6 +99,62 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     assert all(len(m[0]) == 32 for m in missing)
 
 
+# --- outcomes that tell the truth ------------------------------------------------------------
+def test_a_conversation_whose_later_turn_failed_is_partial_and_stays_out(tmp_path: Path, redis_url: str) -> None:
+    """regenerate on the stand-in: three conversations' second user turn overflows the context
+    (a 400 after a good first turn). They are `partial`, never `finished`, go to the truncated
+    file, count apart, and count against --max-failed."""
+    env = {"REDIS_URL": redis_url}
+    recs: list[dict[str, Any]] = [sharegpt(i, turns=2) for i in range(10)]
+    for i in (2, 5, 8):
+        recs[i]["conversations"][2]["value"] = "word " * 3000  # type: ignore[index]
+    data = write_jsonl(tmp_path / "p.jsonl", recs)
+    assert enqueue(env, data, "part", "--output", str(tmp_path / "out"))["enqueued"] == 10
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20", "--max-model-len", "2048")
+    try:
+        consume(tmp_path, env, sim, "part")
+    finally:
+        sim.stop()
+    by_id = {r["id"]: r for r in read_results(tmp_path / "out", "part")}
+    for i in (2, 5, 8):
+        r = by_id[f"r{i}"]
+        assert r["outcome"] == "partial" and len(r["turns"]) == 1 and r["turns"][0]["outcome"] == "finished"
+        assert r["stopped"]["turn"] == 1 and r["stopped"]["error"]["class"] == "permanent"
+    assert all(by_id[f"r{i}"]["outcome"] == "finished" for i in range(10) if i not in (2, 5, 8))
+
+    proc = export(env, "--run", "part", "-o", str(tmp_path / "d.jsonl"), "--json", check=False)
+    s = orjson.loads(proc.stdout)
+    assert (s["complete"], s["partial"], s["cut"], s["failed"], s["missing"]) == (7, 3, 0, 0, 0)
+    assert (s["exported"], s["truncated"], s["truncated_by_outcome"]) == (7, 3, {"partial": 3})
+    assert proc.returncode == 1 and "3 are partial" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert [r["id"] for r in lines(tmp_path / "d.jsonl")] == [f"r{i}" for i in range(10) if i not in (2, 5, 8)]
+    cut = lines(tmp_path / "d.truncated.jsonl")
+    assert [(r["id"], r["outcome"]) for r in cut] == [("r2", "partial"), ("r5", "partial"), ("r8", "partial")]
+    table = export(env, "--run", "part", "-o", str(tmp_path / "t.jsonl"), "--max-failed", "3").stdout
+    assert "complete" in table and "partial" in table
+    # opted in, they are in the dataset, and still count against --max-failed
+    opt = export(env, "--run", "part", "-o", str(tmp_path / "o.jsonl"), "--include-outcomes", "finished,partial",
+                 "--max-failed", "3", "--format", "batch", "--json")
+    assert orjson.loads(opt.stdout)["exported"] == 10
+    rows = {r["custom_id"]: r for r in lines(tmp_path / "o.jsonl")}
+    assert rows["r2"]["outcome"] == "partial" and rows["r2"]["stopped"]["error"]["class"] == "permanent"
+
+
+def test_records_written_before_partial_existed_export_as_partial(tmp_path: Path, conn: redis.Redis,
+                                                                  redis_url: str) -> None:
+    out = tmp_path / "out"
+    RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
+    old = [_answer(0, "finished"), _answer(1, "finished"), _answer(2, "finished")]
+    old[1]["stopped"] = {"turn": 1, "reason": "error", "error": {"class": "transient_exhausted"}}
+    old[2]["stopped"] = {"turn": 1, "reason": "cut_in_answer", "dropped": True}
+    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(r["key"]) for r in old])
+    _shard(out, RUN, "w-000001.jsonl", old)
+    s = orjson.loads(export({"REDIS_URL": redis_url}, "--run", RUN, "-o", str(tmp_path / "d.jsonl"), "--json",
+                            "--allow-partial").stdout)
+    assert (s["complete"], s["partial"], s["exported"]) == (1, 2, 1)
+    assert [r["outcome"] for r in lines(tmp_path / "d.truncated.jsonl")] == ["partial", "partial"]
+
+
 # --- nothing fabricated ----------------------------------------------------------------------
 RUN = "cuts"
 
@@ -145,14 +201,17 @@ def test_cut_in_thinking_stays_out_of_the_dataset_by_default(cut_run: Path, redi
     env = {"REDIS_URL": redis_url}
     proc = export(env, "--run", RUN, "-o", str(cut_run / "d.jsonl"), "--format", "sharegpt", "--json")
     s = orjson.loads(proc.stdout)
-    assert (s["enqueued"], s["exported"], s["truncated"], s["failed"], s["missing"]) == (5, 3, 2, 0, 0)
-    assert s["truncated_by_outcome"] == {"cut_in_thinking": 1, "no_answer": 1}
+    assert (s["enqueued"], s["exported"], s["truncated"], s["failed"], s["missing"]) == (5, 2, 3, 0, 0)
+    assert s["truncated_by_outcome"] == {"cut_in_answer": 1, "cut_in_thinking": 1, "no_answer": 1}
+    assert (s["complete"], s["partial"], s["cut"]) == (2, 0, 3) and s["cut_by_outcome"] == s["truncated_by_outcome"]
     rows = lines(cut_run / "d.jsonl")
-    assert [(r["id"], r["outcome"]) for r in rows] == [("q0", "finished"), ("q3", "cut_in_answer"), ("q4", "finished")]
+    # only complete answers by default: a cut one would teach a drafter to stop mid-sentence
+    assert [(r["id"], r["outcome"]) for r in rows] == [("q0", "finished"), ("q4", "finished")]
     assert all(loaders.llamafactory_sharegpt(r) == [] for r in rows)
     cut = lines(cut_run / "d.truncated.jsonl")
-    assert [(r["id"], r["outcome"]) for r in cut] == [("q1", "cut_in_thinking"), ("q2", "no_answer")]
-    assert all("</think>" not in r["conversations"][-1]["value"] for r in cut)  # never a close it did not write
+    assert [(r["id"], r["outcome"]) for r in cut] == [("q1", "cut_in_thinking"), ("q2", "no_answer"),
+                                                      ("q3", "cut_in_answer")]
+    assert all("</think>" not in r["conversations"][-1]["value"] for r in cut[:2])  # never a close it did not write
     table = export(env, "--run", RUN, "-o", str(cut_run / "t.jsonl")).stdout
     assert "truncated" in table and "cut_in_thinking" in table and "t.truncated.jsonl" in table
 
@@ -166,7 +225,7 @@ def test_include_outcomes_puts_them_in_flagged(cut_run: Path, redis_url: str) ->
     assert rows["q1"]["conversations"][-1]["value"] == "<think>\nthinking 1"
     assert [r["id"] for r in lines(cut_run / "all.truncated.jsonl")] == ["q2"]
     only = export(env, "--run", RUN, "-o", str(cut_run / "f.jsonl"), "--include-outcomes", "finished", "--json")
-    assert orjson.loads(only.stdout)["truncated"] == 3  # q1, q2 and now q3; q4's finished copy wins
+    assert orjson.loads(only.stdout)["truncated"] == 3  # q1, q2 and q3; q4's finished copy wins
     bad = export(env, "--run", RUN, "-o", str(cut_run / "x.jsonl"), "--include-outcomes", "finished,done", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --include-outcomes") \
         and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
@@ -279,6 +338,81 @@ def test_batch_input_to_batch_output_keeps_custom_ids(tmp_path: Path, redis_url:
     assert "maximum context length" in err["response"]["body"]["error"]["message"]
 
 
+# --- unique ids in every row ----------------------------------------------------------------
+def test_each_mode_ids_are_unique_per_turn_in_every_format(tmp_path: Path, redis_url: str) -> None:
+    """Mode each makes one item per user turn of a record, all with the record's id: every line
+    gets its own (`<id>-t<turn>`), so a join on custom_id overwrites nothing."""
+    env = {"REDIS_URL": redis_url}
+    data = write_jsonl(tmp_path / "e.jsonl", [sharegpt(i, turns=1 + i % 3) for i in range(12)])
+    s = enqueue(env, data, "each", "--output", str(tmp_path / "out"), "--multi-turn", "each")
+    turns = [1 + i % 3 for i in range(12)]
+    assert (s["enqueued"], s["items"]) == (12, sum(turns))  # records; items: one per user turn
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
+    try:
+        consume(tmp_path, env, sim, "each")
+    finally:
+        sim.stop()
+    want = [f"r{i}-t{t}" for i in range(12) for t in range(turns[i])]
+    for fmt, name in (("batch", "custom_id"), ("openai", "id"), ("sharegpt", "id"), ("specforge", "id")):
+        out = tmp_path / f"each-{fmt}.jsonl"
+        export(env, "--run", "each", "-o", str(out), "--format", fmt, "--include-outcomes", "all")
+        ids = [r[name] for r in lines(out)]
+        assert ids == want and len(set(ids)) == len(ids) == sum(turns), fmt
+    batch = lines(tmp_path / "each-batch.jsonl")
+    assert len({r["id"] for r in batch}) == len(batch)  # the Batch request ids too
+
+
+# --- system prompts and tools survive every loader -------------------------------------------
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
+def test_system_prompts_and_tools_survive_every_sharegpt_loader(tmp_path: Path, redis_url: str) -> None:
+    """A stand-in run mixing system prompts and tools, exported as sharegpt with the
+    LLaMA-Factory entry export writes beside it: every loader keeps every row, with its system
+    prompt and its tools (the loaders' rules: tests/producer/loaders.py)."""
+    env = {"REDIS_URL": redis_url}
+    recs = [sharegpt(i, turns=1 + i % 2, system=f"Be brief, {i}." if i % 3 == 0 else None) for i in range(24)]
+    for i in range(0, 24, 4):
+        recs[i]["tools"] = orjson.dumps(TOOLS).decode()  # LLaMA-Factory's own input form
+    data = write_jsonl(tmp_path / "st.jsonl", recs)
+    enqueue(env, data, "st", "--output", str(tmp_path / "out"))
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
+    try:
+        consume(tmp_path, env, sim, "st")
+    finally:
+        sim.stop()
+    s = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "st.sg.jsonl"), "--format", "sharegpt",
+                            "--include-outcomes", "all", "--json").stdout)
+    info_path = tmp_path / "st.sg.dataset_info.json"
+    assert s["dataset_info_path"] == str(info_path)
+    info = orjson.loads(info_path.read_bytes())
+    assert list(info) == ["st.sg"] and info["st.sg"]["file_name"] == "st.sg.jsonl"
+    assert info["st.sg"]["columns"] == {"messages": "conversations", "tools": "tools"}
+    import datasets  # the loaders read the file through `datasets`: every row has every column
+
+    rows = list(datasets.load_dataset("json", data_files=str(tmp_path / "st.sg.jsonl"), split="train",
+                                      cache_dir=str(tmp_path / "hf")))
+    systems = {f"r{i}": f"Be brief, {i}." for i in range(24) if i % 3 == 0}
+    tooled = {f"r{i}" for i in range(0, 24, 4)}
+    assert len(rows) == 24 and len(systems) == 8 and len(tooled) == 6
+    lf = [loaders.llamafactory_read(r, info["st.sg"]) for r in rows]
+    assert all(loaders.llamafactory_sharegpt(r) == [] for r in rows)
+    assert {r["id"]: sys_ for r, (sys_, _, _) in zip(rows, lf, strict=True) if sys_} == systems
+    assert {r["id"] for r, (_, tools, _) in zip(rows, lf, strict=True) if tools} == tooled
+    sf = [loaders.specforge_read(r) for r in rows]
+    assert {r["id"]: sys_ for r, (sys_, _) in zip(rows, sf, strict=True) if sys_ != loaders.SPECFORGE_DEFAULT_SYSTEM} \
+        == systems
+    assert {r["id"] for r, (_, tools) in zip(rows, sf, strict=True) if tools == TOOLS} == tooled
+    sp = [loaders.speculators_read(r) for r in rows]
+    assert {r["id"] for r, (roles, _) in zip(rows, sp, strict=True) if roles[0] == "system"} == set(systems)
+    assert all(roles.count("user") == roles.count("assistant") for roles, _ in sp)
+    assert loaders.eagle3(rows) == []
+    # a compressed export gets no entry: LLaMA-Factory cannot load it
+    gz = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "z.jsonl.gz"), "--format", "sharegpt",
+                             "--include-outcomes", "all", "--json").stdout)
+    assert gz["dataset_info_path"] == "" and not (tmp_path / "z.dataset_info.json").exists()
+
+
 # --- several samples per prompt --------------------------------------------------------------
 def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Path, redis_url: str) -> None:
     env = {"REDIS_URL": redis_url}
@@ -304,6 +438,7 @@ def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Pa
     export(env, "--run", "smp", "-o", str(tmp_path / "n.jsonl"), "--include-outcomes", "all")
     rows = lines(tmp_path / "n.jsonl")
     assert [(r["index"], r.get("sample")) for r in rows] == [(i, k) for i in range(6) for k in (None, 1, 2)]
+    assert [r["id"] for r in rows] == [f"r{i}{s}" for i in range(6) for s in ("", "-s1", "-s2")]  # unique
     export(env, "--run", "smp", "-o", str(tmp_path / "g.jsonl"), "--include-outcomes", "all", "--group-samples")
     groups = lines(tmp_path / "g.jsonl")
     assert [g["id"] for g in groups] == [f"r{i}" for i in range(6)]

@@ -19,6 +19,8 @@ from genqueue.producer.export_formats import (
     THINK_CLOSE,
     THINK_OPEN,
     batch_error,
+    line_id,
+    llamafactory_dataset_info,
     to_batch,
     to_openai,
     to_sharegpt,
@@ -85,23 +87,34 @@ def test_every_line_says_where_from_and_what_made_it(convert: Any) -> None:
     assert line["model"] == "tiny" and line["fingerprint"] == "fp0123456789abcd" and line["outcome"] == "finished"
     assert (line["key"], line["source"], line["index"], line["sample"], line["seed"]) == (
         "ab" * 16, "data/a.jsonl", 3, 2, 7)
-    assert line.get("custom_id", line["id"]) == "q-3"
+    assert line.get("custom_id", line["id"]) == "q-3-s2"  # unique per sample
     orjson.dumps(line)  # plain JSON all the way down
     no_id = single()
     del no_id["id"]
     assert convert(no_id).get("custom_id", convert(no_id)["id"]) == "ab" * 16  # the key stands in
 
 
+def test_line_ids_name_the_turn_in_mode_each_and_the_sample() -> None:
+    rec = single(turn=2)
+    assert line_id(rec) == "q-3" and line_id(rec, per_turn=True) == "q-3-t2"
+    assert line_id({**rec, "sample": 2}, per_turn=True) == "q-3-t2-s2" and line_id({**rec, "sample": 0}) == "q-3"
+    assert line_id({**rec, "id": None}, per_turn=True) == "ab" * 16  # the key is unique per item already
+    assert to_batch(rec, per_turn=True)["custom_id"] == "q-3-t2" == to_sharegpt(rec, per_turn=True)["id"]
+    assert batch_error({**rec, "error": {"class": "permanent", "status": 400}}, per_turn=True)["custom_id"] == "q-3-t2"
+
+
 # --- openai ----------------------------------------------------------------------------------
-def test_openai_messages_keep_reasoning_beside_the_answer() -> None:
+def test_openai_messages_keep_the_thinking_as_reasoning_content() -> None:
+    # reasoning_content: the name chat templates read (tests/producer/test_chat_template.py renders it)
     line = to_openai(single())
     assert line["id"] == "q-3" and line["messages"][:2] == single()["messages"]
     answer = line["messages"][-1]
-    assert answer == {"role": "assistant", "content": "It is 4.", "reasoning": "2+2 is 4"}
+    assert answer == {"role": "assistant", "content": "It is 4.", "reasoning_content": "2+2 is 4"}
     parsed = ChatCompletionMessage.model_validate(answer)  # the OpenAI SDK's own message type
-    assert parsed.content == "It is 4." and parsed.model_extra == {"reasoning": "2+2 is 4"}
+    assert parsed.content == "It is 4." and parsed.model_extra == {"reasoning_content": "2+2 is 4"}
     regen = to_openai(regenerated())
-    assert [m.get("reasoning") for m in regen["messages"]] == [None, None, "r0", None, "r1 never clos"]
+    assert [m.get("reasoning_content") for m in regen["messages"]] == [None, None, "r0", None, "r1 never clos"]
+    assert not any("reasoning" in m for m in regen["messages"])
     tools = to_openai(with_tools())
     assert tools["tools"] == TOOLS and tools["messages"][-1]["tool_calls"] == [CALL]
 
@@ -110,16 +123,49 @@ def test_openai_messages_keep_reasoning_beside_the_answer() -> None:
 def test_sharegpt_is_what_llamafactory_trains_on() -> None:
     line = to_sharegpt(single())
     assert line["conversations"] == [
+        {"from": "system", "value": "Be brief."},
         {"from": "human", "value": "What is 2+2?"},
         {"from": "gpt", "value": "<think>\n2+2 is 4\n</think>\n\nIt is 4."}]
-    assert line["system"] == "Be brief." and line["id"] == "q-3"
+    assert "system" not in line and line["id"] == "q-3"
     assert loaders.llamafactory_sharegpt(line) == []
-    assert loaders.llamafactory_thought(line["conversations"][1]["value"]) == ("2+2 is 4", "It is 4.")
-    bare = to_sharegpt(single(reasoning=None))["conversations"][1]["value"]
+    assert loaders.llamafactory_thought(line["conversations"][2]["value"]) == ("2+2 is 4", "It is 4.")
+    bare = to_sharegpt(single(reasoning=None))["conversations"][2]["value"]
     assert bare == "It is 4." and loaders.llamafactory_thought(bare) == (None, "It is 4.")  # LF adds an empty cot
     regen = to_sharegpt(regenerated())
     assert loaders.llamafactory_sharegpt(regen) == []
-    assert [t["from"] for t in regen["conversations"]] == ["human", "gpt", "human", "gpt"]
+    assert [t["from"] for t in regen["conversations"]] == ["system", "human", "gpt", "human", "gpt"]
+
+
+def test_system_prompts_and_tools_reach_every_sharegpt_loader() -> None:
+    """The system prompt as the leading system turn, tools as a JSON string: LLaMA-Factory
+    (with the dataset_info.json entry export prints), SpecForge and speculators all read both;
+    EAGLE-3 skips the system turn and trains on the rest."""
+    rec = single(tools=TOOLS)
+    line = to_sharegpt(rec)
+    entry = llamafactory_dataset_info("d", "d.jsonl", tools=True)
+    assert entry["d"]["columns"] == {"messages": "conversations", "tools": "tools"}
+    system, tools, turns = loaders.llamafactory_read(line, entry["d"])
+    assert (system, orjson.loads(tools), turns) == ("Be brief.", TOOLS, 2)
+    assert loaders.llamafactory_read(line)[:2] == ("Be brief.", "")  # no entry: the system turn alone survives
+    assert loaders.specforge_read(line) == ("Be brief.", TOOLS)
+    assert loaders.speculators_read(line) == (["system", "user", "assistant"], TOOLS)
+    assert loaders.eagle3([line]) == []
+    # without a system prompt nothing stands in for one, and no tools column is named
+    bare = to_sharegpt(single(messages=[{"role": "user", "content": "hi"}]))
+    assert bare["conversations"][0]["from"] == "human"
+    assert loaders.specforge_read(bare)[0] == loaders.SPECFORGE_DEFAULT_SYSTEM
+    assert "tools" not in llamafactory_dataset_info("d", "d.jsonl", tools=False)["d"]["columns"]
+
+
+def test_tool_turns_for_speculators_are_in_the_specforge_shape() -> None:
+    """speculators reads any role it does not know as assistant: sharegpt's function_call and
+    observation turns would all be answers there. The specforge shape carries the calls as
+    OpenAI tool_calls and the results as tool turns, which it reads as they are."""
+    roles, tools = loaders.speculators_read(to_specforge(with_tools()))
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant", "tool", "tool", "assistant",
+                     "user", "assistant"] and tools == TOOLS
+    shared = loaders.speculators_read(to_sharegpt(with_tools()))[0]
+    assert shared.count("assistant") == 7  # function_call and observation turns taken for answers
 
 
 def test_sharegpt_tool_turns_alternate_as_llamafactory_demands() -> None:
@@ -214,8 +260,9 @@ def test_an_unclosed_thought_never_gets_a_closing_tag(outcome: str) -> None:
     value = to_sharegpt(rec)["conversations"][-1]["value"]
     assert value == THINK_OPEN + "still thinking about" and "</think>" not in value
     assert loaders.llamafactory_thought(value) == (None, value)
-    assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "", "reasoning": "still thinking about"}
-    regen = to_sharegpt(regenerated("cut_in_thinking"))["conversations"]
+    assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "",
+                                              "reasoning_content": "still thinking about"}
+    regen = to_sharegpt(regenerated("cut_in_thinking"))["conversations"][1:]  # after the system turn
     assert regen[1]["value"] == THINK_OPEN + "r0" + THINK_CLOSE + "a0"  # the finished turn closes
     assert regen[3]["value"] == THINK_OPEN + "r1 never clos"
 
