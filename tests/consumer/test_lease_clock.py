@@ -46,6 +46,7 @@ def _snapshot(conn, proc):
     return None
 
 
+@pytest.mark.slow
 def test_a_consumer_two_minutes_behind_keeps_its_live_jobs(tmp_path, redis_url, conn):
     # "[len=500]": every item runs to its TOKENS budget; the start-up probe (no hint) is short.
     data = write_jsonl(tmp_path / "skew.jsonl", [_long(sharegpt(i)) for i in range(ITEMS)])

@@ -26,7 +26,7 @@ def _consumer(tmp_path, url, sim, name, *extra):
                 tmp_path / f"{name}.log", env={"REDIS_URL": url})
 
 
-@pytest.mark.parametrize("cut", [True, False], ids=["connections-reset", "half-open"])
+@pytest.mark.parametrize("cut", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["connections-reset", "half-open"])
 def test_a_partition_longer_than_the_lease_heals_by_itself(tmp_path, redis_url, conn, cut):
     data = write_jsonl(tmp_path / "part.jsonl", [sharegpt(i) for i in range(120)])
     cli("producer", "enqueue", str(data), "--run", "part", "--output", str(tmp_path / "out"), "--batch-size", "4",

@@ -153,6 +153,7 @@ def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis
     assert len({r["key"] for r in rows}) == len(rows) == 400
 
 
+@pytest.mark.slow
 def test_consumer_killed_between_sealing_and_upload(tmp_path, redis_url, conn, s3_server: S3Server):
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.004", "--mean-tokens", "60")
     run = "s3kill"

@@ -127,6 +127,7 @@ def test_spool_full_pause_with_an_unreachable_output(tmp_path, redis_url, conn):
     assert f"stopping with {len(left)} shard(s) not shipped" in log, log
 
 
+@pytest.mark.slow
 def test_redis_unreachable_pause(tmp_path):
     server = RedisServer(tmp_path, appendonly=True)
     server.start()
@@ -185,6 +186,7 @@ def test_shipping_leftovers_at_start(tmp_path, redis_url, conn):
     assert list(spool.rglob("sealed/*.jsonl")), "the leftovers stay for the next start"
 
 
+@pytest.mark.slow
 def test_start_up_with_many_runs_and_the_endpoint_dying_in_pre_flight(tmp_path, redis_url, conn):
     runs = [f"open{i:02d}" for i in range(30)]
     with ThreadPoolExecutor(4) as pool:

@@ -16,6 +16,7 @@ from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_a_run_flushed_from_redis_is_said_once_and_comes_back_with_enqueue(tmp_path, redis_url, conn):
     data = write_jsonl(tmp_path / "gone.jsonl", [sharegpt(i) for i in range(400)])
     env = {"REDIS_URL": redis_url}

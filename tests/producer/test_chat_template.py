@@ -12,7 +12,8 @@ The template is Qwen/Qwen3-0.6B's `chat_template` as llama.cpp keeps it,
 models/templates/Qwen-Qwen3-0.6B.jinja (read at ye-NX/llama.cpp, a fork of ggml-org/llama.cpp,
 commit b354d7c9ecb76c97c07098617cdebbdfffa2583e). It is public code, so it is not committed
 here: the tests read it from the folder $GENQUEUE_CHAT_TEMPLATES, else ../shared/chat_templates
-beside the repository, and skip (saying where to get it) when neither holds it.
+beside the repository; when neither holds it they use the tiny model's Qwen3-style template
+(scripts/build_tiny_model.py, genqueue's own) with Qwen3's reading rule: `reasoning_content` only.
 """
 
 from __future__ import annotations
@@ -37,14 +38,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _template() -> str:
+    """Qwen3's own template when it is here; else genqueue's tiny model's Qwen3-style template
+    (scripts/build_tiny_model.py, written here) held to Qwen3's reading rule: thinking from
+    `reasoning_content` only (the tiny model's also reads vLLM's `reasoning`, to be lenient)."""
     folders = [Path(p) for p in (os.environ.get("GENQUEUE_CHAT_TEMPLATES"),) if p]
     folders.append(REPO.parent / "shared" / "chat_templates")
     for folder in folders:
         path = folder / TEMPLATE_NAME
         if path.is_file():
             return path.read_text()
-    pytest.skip(f"Qwen3's chat template is not here: put {TEMPLATE_SOURCE} in $GENQUEUE_CHAT_TEMPLATES "
-                f"or ../shared/chat_templates as {TEMPLATE_NAME}")
+    return strict_tiny_template()
+
+
+def strict_tiny_template() -> str:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_tiny_model", REPO / "scripts" / "build_tiny_model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lenient = "{%- elif message.reasoning is string %}{%- set reasoning = message.reasoning %}"
+    template: str = module.CHAT_TEMPLATE
+    assert lenient in template, "the tiny model's template changed: update the strict reading rule here"
+    return template.replace(lenient, "")
 
 
 @pytest.fixture(scope="module")
