@@ -378,3 +378,13 @@ def test_trailing_empty_assistant_turn_is_dropped_not_rejected() -> None:
 
     conv = normalize({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]})
     assert [m["role"] for m in conv.messages] == ["user"]
+
+
+def test_regenerate_first_answer_a_tool_call_is_the_turns_before_it() -> None:
+    """As the README says: a first *answer* that calls a tool is not tool_turn_first; the item
+    holds the user turn before it, noted as cut at the tool turn."""
+    conv = normalize(sg(("human", "u1"), ("function_call", '{"name": "f"}'), ("observation", "r"),
+                        ("gpt", "a1"), ("human", "u2"), ("gpt", "a2"), tools=[{"name": "f"}]))
+    [item] = make_items(conv, Mode.REGENERATE, 0)
+    assert item["messages"] == [U1]
+    assert item["note"] == "stopped_at_tool_turn"
