@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -16,6 +18,34 @@ import pytest
 import redis
 
 BIN = Path(sys.executable).parent
+
+
+@contextlib.contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of SIZE mounted at MNT for the block (root only: skips the test elsewhere), so a
+    test can fill a real filesystem; unmounted after it."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def free_gpu() -> int:
+    """A GPU number N whose port 8000+N is free here (the README's `consumer run --gpu N`)."""
+    start = random.randrange(1, 1000)
+    for n in [*range(start, 1024), *range(1, start)]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 8000 + n))
+            except OSError:
+                continue
+        return n
+    raise RuntimeError("no free port in 8001..9023")
 
 
 def free_port() -> int:

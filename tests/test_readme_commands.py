@@ -10,10 +10,8 @@ tests/test_operations.py's, the monitoring queries tests/test_grafana.py's.)
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import BIN, sharegpt, wait_for, write_jsonl
+from tests.conftest import BIN, free_gpu, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Sim
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
@@ -38,19 +36,6 @@ def block(heading: str, nth: int = 0) -> list[str]:
     body = section[:section.index("```")]
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in body.splitlines()]
     return [line for line in lines if line]
-
-
-def free_gpu() -> int:
-    """A GPU number N whose port 8000+N is free here (the README's --gpu convention)."""
-    start = random.randrange(1, 1000)
-    for n in [*range(start, 1024), *range(1, start)]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", 8000 + n))
-            except OSError:
-                continue
-        return n
-    raise RuntimeError("no free port in 8001..9023")
 
 
 class Shell:

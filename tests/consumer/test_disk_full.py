@@ -5,13 +5,12 @@ which needs root; skipped otherwise)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import orjson
 import pytest
 
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import cli, sharegpt, small_tmpfs, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
 pytestmark = pytest.mark.integration
@@ -19,15 +18,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "spoolfs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "spoolfs", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_spool_disk_pauses_and_resumes_by_itself(tmp_path, redis_url, conn, small_fs):

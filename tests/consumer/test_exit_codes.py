@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import redis
 
 from genqueue.common.contracts import ExitCode
 from genqueue.common.pause import pause_run
-from tests.conftest import BIN, RedisServer, cli, sharegpt, wait_for, write_jsonl
+from tests.conftest import BIN, RedisServer, cli, free_gpu, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.consumer.test_launch import Launch
 
@@ -35,18 +34,6 @@ def burst(tmp_path: Path, redis_url: str, sim: Sim, *extra: str, env: dict[str, 
                           "--spool", str(tmp_path / "spool"), *extra], tmp_path / "c.log",
              env={"REDIS_URL": redis_url, **(env or {})})
     return c.wait(timeout), c.output()
-
-
-def free_gpu() -> int:
-    """An N whose port 8000+N nothing listens on (the README's `consumer run --gpu N`)."""
-    for n in range(100, 1000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", 8000 + n))
-            except OSError:
-                continue
-            return n
-    raise RuntimeError("no free port 8100..8999")
 
 
 def test_gpu_n_burst_as_in_the_quick_start_serves_the_run(tmp_path, redis_url, conn):

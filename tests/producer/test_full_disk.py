@@ -20,7 +20,7 @@ import redis
 
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
-from tests.conftest import cli, write_jsonl
+from tests.conftest import cli, small_tmpfs, write_jsonl
 from tests.producer.test_export import RUN, error, key, success, write_shard
 
 pytestmark = pytest.mark.integration
@@ -31,16 +31,8 @@ DISK = "2m"
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs of the test's own, unmounted after it."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {proc.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", DISK) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill(disk: Path) -> None:
