@@ -95,7 +95,7 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     """What binds the engine over SAMPLES (oldest first; the last is now)."""
     s = s or DoctorSettings()
     if not samples or not samples[-1].engine.get("metrics"):
-        return Verdict(EngineBound.UNKNOWN, "the engine has no vLLM /metrics: nothing to judge by")
+        return Verdict(EngineBound.UNKNOWN, "no vLLM /metrics read from the engine (yet): nothing to judge by")
     now = samples[-1]
     recent = [x for x in samples if x.t >= now.t - s.window and x.engine.get("metrics")]
     notes = _notes(recent, now.consumer, s)
