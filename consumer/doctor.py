@@ -98,9 +98,9 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
         return Verdict(EngineBound.UNKNOWN, "no vLLM /metrics read from the engine (yet): nothing to judge by")
     now = samples[-1]
     recent = [x for x in samples if x.t >= now.t - s.window and x.engine.get("metrics")]
-    notes = _notes(recent, now.consumer, s)
+    notes, extra = _notes(recent, now.consumer, s)
     if len(recent) < 2 or recent[-1].t - recent[0].t < s.window / 2:
-        return Verdict(EngineBound.UNKNOWN, "too few samples yet", {}, notes)
+        return Verdict(EngineBound.UNKNOWN, "too few samples yet", extra, notes)
     e, c = now.engine, now.consumer
     running = [_num(x.engine.get("running")) for x in recent]
     waiting = [_num(x.engine.get("waiting")) for x in recent]
@@ -110,7 +110,7 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     nums: Numbers = {"running": running[-1], "waiting": waiting[-1], "kv_cache_usage": round(kv[-1], 4),
                      "preemptions_per_min": round(preempted * 60 / span, 1), "in_flight": c.in_flight,
                      "limit": c.limit, "pending": c.pending, "queue_depth": c.queue_depth,
-                     "cpu": round(c.cpu, 2)}
+                     "cpu": round(c.cpu, 2), **extra}
     if max(kv) >= s.kv_full and (preempted > 0 or min(waiting) > 0 and min(kv) >= s.kv_full):
         why = (f"{int(preempted)} preemptions in {span:.0f} s" if preempted > 0
                else f"{int(waiting[-1])} requests wait on a full cache")
@@ -180,11 +180,13 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
         f"({c.in_flight} in flight of {c.limit})"), nums, notes)
 
 
-def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[str, ...]:
-    """Speculative decoding and the prefix cache, over the window (totals until it has two samples)."""
+def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tuple[str, ...], Numbers]:
+    """Speculative decoding and the prefix cache, over the window (totals until it has two
+    samples), in words and in numbers."""
     if not recent:
-        return ()
+        return (), {}
     last = recent[-1].engine
+    nums: Numbers = {}
 
     def change(key: str) -> float | None:
         if len(recent) > 1:
@@ -198,11 +200,20 @@ def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[st
         out.append("speculative decoding off")
     elif tokens and accepted is not None:
         length = f", mean accepted length {1 + accepted / drafts:.2f}" if drafts else ""
-        running = _num(last.get("running"))
+        nums |= {"spec_acceptance": round(accepted / tokens, 3),
+                 "spec_mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else None}
+        running = sum(_num(x.engine.get("running")) for x in recent) / len(recent)
+        span = recent[-1].t - recent[0].t
+        generated = change("generation_tokens")
+        per_request = ""
+        if generated and running and span > 0:
+            nums["tokens_per_s_per_request"] = round(generated / span / running, 1)
+            per_request = f", {generated / span / running:.1f} tok/s per running request"
+        # Published runs: drafting helps at low concurrency and has cost ~30% at 64 and up.
         hint = (": at this batch it may cost more than it saves; measure with it off" if running >= 64
                 else ": at this batch it should help")
         out.append(f"speculative decoding on: {accepted / tokens:.0%} of draft tokens accepted{length}, "
-                   f"batch {int(running)}{hint}")
+                   f"batch {running:.0f}{per_request}{hint}")
     else:
         out.append("speculative decoding on: no drafts in the window")
     queries, hits = change("prefix_queries"), change("prefix_hits")
@@ -211,10 +222,11 @@ def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[st
                                            "start vLLM with --enable-prefix-caching" if c.related_prompts else ""))
     elif queries and hits is not None:
         rate = hits / queries
+        nums["prefix_hit_rate"] = round(rate, 3)
         warn = (": WARNING related prompts miss (turns of one conversation should share their history)"
                 if c.related_prompts and rate < s.prefix_warn else "")
         out.append(f"prefix cache hit rate {rate:.0%}{warn}")
-    return tuple(out)
+    return tuple(out), nums
 
 
 class Doctor:

@@ -85,6 +85,8 @@ def test_notes_on_spec_decode_and_prefix_cache():
     v = diagnose(window(es, consumer(in_flight=4, related_prompts=True)), S)
     assert "speculative decoding on: 60% of draft tokens accepted, mean accepted length 2.80" in v.notes[0]
     assert v.notes[1].startswith("prefix cache hit rate 0%: WARNING related prompts miss")
+    assert v.numbers["spec_acceptance"] == 0.6 and v.numbers["spec_mean_accepted_length"] == 2.8
+    assert v.numbers["prefix_hit_rate"] == 0.0
     plain = diagnose(window([engine(running=4)] * 4, consumer(in_flight=4)), S)
     assert plain.notes == ("speculative decoding off",)
 
