@@ -97,6 +97,8 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     if not samples or not samples[-1].engine.get("metrics"):
         return Verdict(EngineBound.UNKNOWN, "no vLLM /metrics read from the engine (yet): nothing to judge by")
     now = samples[-1]
+    if "endpoint_down" in now.consumer.paused:  # its last /metrics are stale: judge nothing by them
+        return Verdict(EngineBound.UNKNOWN, "the endpoint is down: admission is paused until it answers")
     recent = [x for x in samples if x.t >= now.t - s.window and x.engine.get("metrics")]
     notes, extra = _notes(recent, now.consumer, s)
     if len(recent) < 2 or recent[-1].t - recent[0].t < s.window / 2:

@@ -28,6 +28,9 @@ def test_no_metrics_or_too_few_samples_is_unknown():
     assert diagnose([], S).bound == EngineBound.UNKNOWN
     assert diagnose(window([{"metrics": False}], consumer()), S).bound == EngineBound.UNKNOWN
     assert diagnose(window([engine(running=8)], consumer()), S).bound == EngineBound.UNKNOWN
+    stale = [engine(running=8, waiting=30, kv_cache_usage=0.1)] * 4
+    v = diagnose(window(stale, consumer(paused=("endpoint_down",))), S)
+    assert v.bound == EngineBound.UNKNOWN and "endpoint is down" in v.advice
 
 
 def test_batch_cap_binds_and_suggests_from_kv_headroom():

@@ -9,6 +9,7 @@ The regimes run side by side (one stand-in, run and consumer each), so the wait 
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,14 @@ import pytest
 import redis
 
 from genqueue.common.runs import CONSUMERS, consumer_key
-from tests.conftest import RedisServer, cli, sharegpt, write_jsonl
+from tests.conftest import RedisServer, cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SAFETY = 0.8  # defaults.DOCTOR_SAFETY
+
+METRICS_PORT = free_port()
 
 #: run -> (stand-in options, consumer options, records, enqueue options)
 LONG = "[len=100000]"  # with --max-tokens 3000: 3000 steps
@@ -43,7 +46,7 @@ def _tail_records() -> list[dict[str, Any]]:
 
 REGIMES: dict[str, tuple[list[str], list[str], list[dict[str, Any]], list[str]]] = {
     "cap": (["--max-num-seqs", "4", "--kv-cache-tokens", "20000", "--step-time", "0.01", "--mean-tokens", "300"],
-            ["-c", "32"], _records(200), []),
+            ["-c", "32", "--metrics-port", str(METRICS_PORT)], _records(200), []),
     "memory": (["--max-num-seqs", "256", "--kv-cache-tokens", "3000", "--step-time", "0.01", "--mean-tokens", "300"],
                ["-c", "64"], _records(300), []),
     "genq": (["--step-time", "0.01", "--mean-tokens", "300"], ["-c", "4"], _records(100), []),
@@ -127,6 +130,10 @@ def test_the_batch_cap_binds_and_a_larger_one_is_suggested(regimes: Regimes) -> 
     assert "engine: the batch cap binds" in out and "raise --max-num-seqs from 4 to about" in out
     js = orjson.loads(cli("producer", "status", "--run", "cap", "--json", env={"REDIS_URL": regimes.url}).stdout)
     assert js["consumers"][0]["engine"]["verdict"] in ("batch_cap", "engine")
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as resp:
+        page = resp.read().decode()
+    assert 'genqueue_engine_bound{reason="batch_cap"} 1.0' in page
+    assert 'genqueue_engine_bound{reason="memory"} 0.0' in page
 
 
 def test_memory_binds_when_the_kv_cache_is_small(regimes: Regimes) -> None:
