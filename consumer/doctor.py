@@ -239,14 +239,18 @@ class Doctor:
         self.s = settings or DoctorSettings()
         self.samples: collections.deque[Sample] = collections.deque()
         self.verdict: Verdict | None = None
+        self._logged: EngineBound | None = None
 
     def observe(self, sample: Sample) -> Verdict:
         self.samples.append(sample)
         while self.samples and self.samples[0].t < sample.t - self.s.history:
             self.samples.popleft()
         v = diagnose(list(self.samples), self.s)
-        if self.verdict is None or v.bound != self.verdict.bound:
+        # Logged once it holds for two looks: a verdict on a border would flap the log every 2 s.
+        held = self.verdict is not None and self.verdict.bound == v.bound
+        if held and v.bound != self._logged:
             log.info("engine %s: %s", self.name, v.advice)
+            self._logged = v.bound
         self.verdict = v
         return v
 

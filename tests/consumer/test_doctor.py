@@ -94,10 +94,13 @@ def test_notes_on_spec_decode_and_prefix_cache():
     assert plain.notes == ("speculative decoding off",)
 
 
-def test_doctor_keeps_a_window_and_publishes_its_verdict():
+def test_doctor_keeps_a_window_and_publishes_its_verdict(caplog):
     d = Doctor("http://x/v1", S)
-    for i in range(4):
+    caplog.set_level("INFO", logger="genqueue.consumer.doctor")
+    for i in range(8):
         d.observe(Sample(i * 2.0, engine(running=8, waiting=20, kv_cache_usage=0.25), consumer(in_flight=28)))
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2 and "too few samples" in logged[0] and "raise --max-num-seqs" in logged[1]
     view = d.view(engine(running=8))
     assert view["verdict"] == "batch_cap" and view["numbers"]["suggested_max_num_seqs"] == 25
     assert "raise --max-num-seqs" in view["advice"] and view["notes"] == ["speculative decoding off"]
