@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: Characters per token, as sim_app.prompt_tokens counts them.
 CHARS_PER_TOKEN = 4
@@ -119,6 +122,7 @@ class KvScheduler:
         self._admit()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._task.add_done_callback(self._ended)
         try:
             await seq.done
         finally:
@@ -130,6 +134,15 @@ class KvScheduler:
                 self._admit()
             elif seq in self.waiting:
                 self.waiting.remove(seq)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A scheduler that dies must not leave its requests waiting forever: fail them, loudly."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("stand-in KV scheduler failed", exc_info=task.exception())
+        for s in [*self.running, *self.waiting]:
+            if not s.done.done():
+                s.done.set_exception(RuntimeError("the stand-in's KV scheduler failed"))
 
     def _admit(self) -> None:
         used = self.used_blocks()
