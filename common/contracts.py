@@ -240,8 +240,21 @@ def error_info(cls: ErrorClass, type_: str, message: str, status: int | None = N
     return {"class": cls.value, "type": type_, "status": status, "message": message}
 
 
+class EngineBound(StrEnum):
+    """What binds an engine now: the engine doctor's verdict (consumer/doctor.py)."""
+
+    UNKNOWN = "unknown"  # no /metrics, or too few samples yet
+    IDLE = "idle"  # nothing running and nothing left to send
+    ENGINE = "engine"  # the engine computes at the batch it holds: nothing to change from here
+    BATCH_CAP = "batch_cap"  # running pinned at --max-num-seqs while requests wait, KV has room
+    MEMORY = "memory"  # KV cache near full and requests preempted: more concurrency will not help
+    GENQUEUE = "genqueue"  # free slots, nothing waiting: the consumer holds back (limit, work, pause, CPU)
+    TAIL = "tail"  # the run's tail: the queue is empty and a few long requests run alone
+
+
 class EngineView(TypedDict, total=False):
-    """What a consumer reports of its engine, from the engine's own /metrics."""
+    """What a consumer reports of its engine, from the engine's own /metrics, and the doctor's
+    verdict on it (verdict, advice, numbers, notes)."""
 
     metrics: Required[bool]  # False: the endpoint has no vLLM /metrics; nothing else is set
     running: float | None
@@ -250,6 +263,21 @@ class EngineView(TypedDict, total=False):
     preemptions: float | None
     spec_decode: bool
     spec_acceptance: float | None
+    # counters and cache config the doctor reads (None: the engine does not export them)
+    spec_drafts: float | None
+    spec_draft_tokens: float | None
+    spec_accepted_tokens: float | None
+    prefix_queries: float | None
+    prefix_hits: float | None
+    prompt_tokens: float | None
+    generation_tokens: float | None
+    block_size: int | None
+    num_gpu_blocks: int | None
+    prefix_caching: bool | None
+    verdict: str  # an EngineBound
+    advice: str  # the verdict in plain words, with the change it suggests
+    numbers: dict[str, float | int | str | None]  # the numbers behind it
+    notes: list[str]  # speculative decoding and prefix cache, in plain words
 
 
 class RunCounters(TypedDict, total=False):

@@ -152,3 +152,25 @@ STOP_GRACE = 10.0
 #: After a second signal, the seconds a consumer gets to give back its jobs (one round trip
 #: each when Redis answers) before it exits whatever it is waiting on.
 HARD_STOP_GRACE = 2.0
+
+#: The engine doctor (consumer/doctor.py) judges the last DOCTOR_WINDOW seconds of engine samples
+#: (a few of the consumer's 2 s snapshots: long enough that one moment's dip is not a verdict,
+#: short enough to follow a run into its tail) and keeps DOCTOR_HISTORY seconds for the tail's
+#: length and the batch's peak.
+DOCTOR_WINDOW = 10.0
+DOCTOR_HISTORY = 600.0
+#: KV usage at which preemptions mean memory binds (vLLM preempts only when no block is free;
+#: usage is sampled, so "near" full), and below which a capped batch has room to grow.
+DOCTOR_KV_FULL = 0.9
+DOCTOR_KV_ROOM = 0.8
+#: The suggested --max-num-seqs is running / kv_usage times this: contexts grow as they
+#: generate, so a batch sized to today's usage would preempt tomorrow.
+DOCTOR_SAFETY = 0.8
+#: Running counts within this fraction of their peak (or 1 request) are a plateau.
+DOCTOR_PLATEAU = 0.05
+#: A tail: the queue is empty and at most this fraction of the peak batch still runs.
+DOCTOR_TAIL_FRACTION = 0.25
+#: A consumer using this much of one core is CPU-bound (its event loop is one thread).
+DOCTOR_CPU_BOUND = 0.9
+#: A prefix-cache hit rate below this while prompts share prefixes is a warning.
+DOCTOR_PREFIX_WARN = 0.05

@@ -15,6 +15,13 @@ KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total",)
 SPEC_DRAFT = ("vllm:spec_decode_num_draft_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
+SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total",)
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
+PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
+PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
+GENERATION_TOKENS = ("vllm:generation_tokens_total",)
+CACHE_CONFIG = "vllm:cache_config_info"
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 #: Gauges that are fractions per engine: a data-parallel vLLM reports one series per engine
@@ -44,6 +51,23 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def cache_config(text: str) -> dict[str, str]:
+    """The labels of vllm:cache_config_info (block_size, num_gpu_blocks, enable_prefix_caching...)."""
+    for line in text.splitlines():
+        if line.startswith(CACHE_CONFIG + "{"):
+            m = _LINE.match(line)
+            if m is not None and m["labels"]:
+                return dict(_LABEL.findall(m["labels"]))
+    return {}
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:  # "None" when vLLM has not sized the cache
+        return None
+
+
 def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
     for n in names:
         if n in metrics:
@@ -56,6 +80,7 @@ def engine_view(text: str | None) -> EngineView:
     if not text:
         return {"metrics": False}
     m = parse_prometheus(text)
+    cfg = cache_config(text)
     accepted, drafted = _first(m, SPEC_ACCEPTED), _first(m, SPEC_DRAFT)
     return {
         "metrics": True,
@@ -65,4 +90,15 @@ def engine_view(text: str | None) -> EngineView:
         "preemptions": _first(m, PREEMPTIONS),
         "spec_decode": drafted is not None,
         "spec_acceptance": (accepted / drafted) if accepted is not None and drafted else None,
+        "spec_drafts": _first(m, SPEC_DRAFTS),
+        "spec_draft_tokens": drafted,
+        "spec_accepted_tokens": accepted,
+        "prefix_queries": _first(m, PREFIX_QUERIES),
+        "prefix_hits": _first(m, PREFIX_HITS),
+        "prompt_tokens": _first(m, PROMPT_TOKENS),
+        "generation_tokens": _first(m, GENERATION_TOKENS),
+        "block_size": _int(cfg.get("block_size")),
+        "num_gpu_blocks": _int(cfg.get("num_gpu_blocks")),
+        "prefix_caching": (cfg["enable_prefix_caching"].lower() == "true"
+                           if "enable_prefix_caching" in cfg else None),
     }

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import random
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from genqueue.consumer.sim_text import make_output, request_digest
+from genqueue.consumer.sim_kv import KvScheduler, PrefixCache, Seq, spec_yield
+from genqueue.consumer.sim_text import hinted_mean, make_output, prompt_tokens, request_digest
 
 REASONING_MODES = ("field", "inline", "none", "reasoning_content")
 
@@ -32,6 +33,13 @@ class SimConfig:
     hang_rate: float = 0.0  # fraction of requests never answered (until the client gives up)
     down: bool = False  # /health, /v1/models and chat answer 503
     length_hints: bool = False  # a "[len=N]" in the last user message sets the mean length (benchmarks)
+    # Engine models for the doctor's regimes (sim_kv.py); the defaults keep plain slots.
+    kv_cache_tokens: int = 0  # 0: no KV model (usage = running / slots); else its size in tokens
+    block_size: int = 16  # tokens per KV block (vLLM's --block-size)
+    prefix_cache_blocks: int = 0  # 0: no prefix cache; else an LRU of this many prompt blocks
+    prefill_time: float = 0.0  # seconds per uncached prompt token before the first output token
+    spec_tokens: int = 0  # speculative decoding: draft tokens per step (0: off)
+    spec_acceptance: float = 0.7  # probability a draft token is accepted (given those before it)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -45,22 +53,6 @@ def _error(status: int, message: str, type_: str) -> web.Response:
     )
 
 
-def prompt_tokens(messages: list[Any]) -> int:
-    """vLLM-ish estimate: characters of all message text // 4, plus 4 per message."""
-    chars = 0
-    for m in messages:
-        if not isinstance(m, dict):
-            continue
-        c = m.get("content")
-        if isinstance(c, str):
-            chars += len(c)
-        elif isinstance(c, list):
-            for part in c:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    chars += len(part["text"])
-    return chars // 4 + 4 * len(messages)
-
-
 class SimEngine:
     """Slot accounting, counters and failure injection, shared by the handlers of one app."""
 
@@ -70,6 +62,15 @@ class SimEngine:
         self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self.rng = random.Random(config.seed)  # injection decisions
         self._ids = random.Random(config.seed ^ 0x5EED)
+        self.spec_per_step = spec_yield(config.spec_tokens, config.spec_acceptance)
+        self.prefix = (PrefixCache(config.prefix_cache_blocks, config.block_size)
+                       if config.prefix_cache_blocks else None)
+        self.kv = (KvScheduler(kv_tokens=config.kv_cache_tokens, block_size=config.block_size,
+                               slots=config.slots, step_time=config.step_time,
+                               prefill_time=config.prefill_time, tokens_per_step=1 + self.spec_per_step,
+                               on_running=self._set_running)
+                   if config.kv_cache_tokens else None)
+        self.spec_steps = 0.0  # request-steps decoded without the KV model (spec-decode drafts)
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -87,13 +88,34 @@ class SimEngine:
         self._busy += self.running * (now - self._last)
         self._last = now
 
+    def _set_running(self, n: int) -> None:
+        """The KV scheduler's running count, for the same busy and max accounting as slots."""
+        self._tick()
+        if n > self.running and self._first_admit is None:
+            self._first_admit = self._last
+        if n < self.running:
+            self._last_release = self._last
+        self.running = n
+        self.max_running = max(self.max_running, n)
+        self.counts["max_waiting"] = max(self.counts["max_waiting"], self.num_waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.kv.waiting) if self.kv is not None else len(self.waiting)
+
+    def kv_usage(self) -> float:
+        if self.kv is not None:
+            return self.kv.usage()
+        return min(1.0, self.running / self.config.slots) if self.config.slots else 0.0
+
     def snapshot(self) -> dict[str, Any]:
         self._tick()
         active = (self._last_release - self._first_admit
                   if self._first_admit is not None and self._last_release is not None else 0.0)
         return {**self.counts, "max_running": self.max_running, "busy_slot_seconds": self._busy,
                 "active_seconds": active,
-                "running": self.running, "waiting": len(self.waiting)}
+                "running": self.running, "waiting": self.num_waiting,
+                "preemptions": self.kv.preemptions if self.kv is not None else 0}
 
     def _admit(self) -> None:
         slots = self.config.slots
@@ -195,19 +217,10 @@ async def _chat(request: web.Request) -> web.Response:
     content, thought, n_out, finish = make_output(
         digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction)
     try:
-        await eng.acquire()
-        try:
-            delay = n_out * cfg.step_time
-            if delay > 0:  # one timer per request, no per-token work
-                loop = asyncio.get_running_loop()
-                done = loop.create_future()
-                timer = loop.call_later(delay, _finish, done)
-                try:
-                    await done
-                finally:
-                    timer.cancel()
-        finally:
-            eng.release()
+        if eng.kv is not None:
+            await _generate_kv(eng, messages, n_prompt, n_out)
+        else:
+            await _generate_slots(eng, messages, n_prompt, n_out)
     except asyncio.CancelledError:  # the client went away (vLLM aborts such a request)
         eng.counts["cancelled"] += 1
         raise
@@ -229,6 +242,38 @@ async def _chat(request: web.Request) -> web.Response:
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
                   "total_tokens": n_prompt + n_out},
     })
+
+
+def _prefill(eng: SimEngine, messages: list[Any], n_prompt: int) -> float:
+    """Seconds of prefill: the prompt tokens the prefix cache does not hold."""
+    hit = eng.prefix.lookup(messages, n_prompt) if eng.prefix is not None else 0
+    return (n_prompt - hit) * eng.config.prefill_time
+
+
+async def _generate_kv(eng: SimEngine, messages: list[Any], n_prompt: int, n_out: int) -> None:
+    assert eng.kv is not None
+    seq = Seq(prompt=n_prompt, out=n_out, prefill=_prefill(eng, messages, n_prompt),
+              done=asyncio.get_running_loop().create_future())
+    await eng.kv.run(seq)
+
+
+async def _generate_slots(eng: SimEngine, messages: list[Any], n_prompt: int, n_out: int) -> None:
+    cfg = eng.config
+    await eng.acquire()
+    try:
+        steps = math.ceil(n_out / (1 + eng.spec_per_step)) if eng.spec_per_step else n_out
+        delay = _prefill(eng, messages, n_prompt) + steps * cfg.step_time
+        if delay > 0:  # one timer per request, no per-token work
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            timer = loop.call_later(delay, _finish, done)
+            try:
+                await done
+            finally:
+                timer.cancel()
+        eng.spec_steps += steps
+    finally:
+        eng.release()
 
 
 def _finish(fut: asyncio.Future[None]) -> None:
@@ -274,23 +319,49 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     eng = request.app[SIM_ENGINE]
-    label = f'{{model_name="{eng.config.model}"}}'
-    usage = eng.running / eng.config.slots if eng.config.slots else 0.0
-    rows = [
-        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+    cfg = eng.config
+    label = f'{{model_name="{cfg.model}"}}'
+    kv = eng.kv
+    rows: list[tuple[str, str, str, str, float]] = [
+        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", label,
          eng.running),
-        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-         len(eng.waiting)),
-        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-         float(min(1.0, usage))),
-        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", label,
+         eng.num_waiting),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", label,
+         float(eng.kv_usage())),
+        ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+         label, kv.preemptions if kv is not None else 0),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", label,
          eng.counts["prompt_tokens"]),
-        ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+        ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", label,
          eng.counts["tokens"]),
     ]
+    if eng.prefix is not None:
+        rows += [
+            ("vllm:prefix_cache_queries_total", "counter",
+             "Prefix cache queries, in terms of number of queried tokens.", label, eng.prefix.queries),
+            ("vllm:prefix_cache_hits_total", "counter",
+             "Prefix cache hits, in terms of number of cached tokens.", label, eng.prefix.hits),
+        ]
+    if cfg.spec_tokens:
+        drafts = int(kv.decode_steps if kv is not None else eng.spec_steps)
+        rows += [
+            ("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", label,
+             drafts),
+            ("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", label,
+             drafts * cfg.spec_tokens),
+            ("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", label,
+             int(drafts * eng.spec_per_step)),
+        ]
+    # Without the KV model, usage is running / slots: as if each slot held max_model_len tokens.
+    blocks = (kv.total_blocks if kv is not None
+              else cfg.slots * cfg.max_model_len // cfg.block_size)
+    info = (f'{{block_size="{cfg.block_size}",enable_prefix_caching="{bool(cfg.prefix_cache_blocks)}",'
+            f'model_name="{cfg.model}",num_gpu_blocks="{blocks}"}}')
+    rows.append(("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", info, 1.0))
     lines = []
-    for name, kind, help_, value in rows:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+    for name, kind, help_, labels, value in rows:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
@@ -301,20 +372,6 @@ async def _sim_stats(request: web.Request) -> web.Response:
         eng.reset_stats()
     return web.Response(body=orjson.dumps({**eng.snapshot(), "slots": eng.config.slots}),
                         content_type="application/json")
-
-
-_HINT = re.compile(r"\[len=(\d+)\]")
-
-
-def hinted_mean(messages: list[Any], default: int) -> int:
-    """With --length-hints, the model's answer length follows the dataset's original answer:
-    a "[len=N]" in the last user message makes N the mean of the drawn length (a stand-in for
-    "the target answers about as long as the original did", for longest-first benchmarks)."""
-    for m in reversed(messages):
-        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
-            found = _HINT.search(m["content"])
-            return max(1, int(found.group(1))) if found else default
-    return default
 
 
 def build_app(config: SimConfig) -> web.Application:

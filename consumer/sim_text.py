@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from typing import Any
 
 import orjson
@@ -111,3 +112,33 @@ def make_output(
     if reasoning == "inline":
         return "<think>\n" + (thought or "") + "\n</think>\n\n" + answer, None, n, finish
     return answer, thought, n, finish
+
+
+def prompt_tokens(messages: list[Any]) -> int:
+    """vLLM-ish estimate: characters of all message text // 4, plus 4 per message."""
+    chars = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        c = m.get("content")
+        if isinstance(c, str):
+            chars += len(c)
+        elif isinstance(c, list):
+            for part in c:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    chars += len(part["text"])
+    return chars // 4 + 4 * len(messages)
+
+
+_HINT = re.compile(r"\[len=(\d+)\]")
+
+
+def hinted_mean(messages: list[Any], default: int) -> int:
+    """With --length-hints, the model's answer length follows the dataset's original answer:
+    a "[len=N]" in the last user message makes N the mean of the drawn length (a stand-in for
+    "the target answers about as long as the original did", for longest-first benchmarks)."""
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
+            found = _HINT.search(m["content"])
+            return max(1, int(found.group(1))) if found else default
+    return default

@@ -17,15 +17,14 @@ from typing import Any, Self
 import click
 from aiohttp import web
 
-from genqueue.consumer.sim_app import (  # noqa: F401 (public API)
+from genqueue.consumer.sim_app import (
     REASONING_MODES,
     SIM_ENGINE,
     SimConfig,
     SimEngine,
     build_app,
-    prompt_tokens,
 )
-from genqueue.consumer.sim_text import make_output, sample_length  # noqa: F401 (public API)
+from genqueue.consumer.sim_text import make_output, prompt_tokens, sample_length  # noqa: F401 (public API)
 
 __all__ = ["SimConfig", "SimEngine", "SimServer", "build_app", "sample_length", "simulate_command"]
 
@@ -156,7 +155,8 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
     "Serve a stand-in for vLLM for tests, demos and benchmarks; the real target stays vLLM. "
     "Speaks the OpenAI chat API (non-streaming), models continuous batching "
     "(--slots running at once, the rest wait FIFO; a request takes tokens x --step-time), "
-    "exposes vLLM's /metrics gauges and can inject failures. Runs until SIGINT/SIGTERM."))
+    "exposes vLLM's /metrics gauges and counters, optionally models a KV cache, a prefix cache and "
+    "speculative decoding, and can inject failures. Runs until SIGINT/SIGTERM."))
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--model", default=SimConfig.model, show_default=True, help="Served model name.")
@@ -181,7 +181,23 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               help="Fraction of requests never answered.")
 @click.option("--length-hints", is_flag=True,
               help='A "[len=N]" in the last user message sets that request\'s mean output length (benchmarks).')
-def simulate_command(host: str, port: int, **settings: Any) -> None:
+@click.option("--max-num-seqs", "max_num_seqs", type=click.IntRange(1), default=None,
+              help="vLLM's name for --slots (either sets it).")
+@click.option("--kv-cache-tokens", default=SimConfig.kv_cache_tokens, show_default=True, type=click.IntRange(0),
+              help="KV cache size in tokens (0: none); running requests' context fills it, past it they are preempted.")
+@click.option("--block-size", default=SimConfig.block_size, show_default=True, type=click.IntRange(1),
+              help="Tokens per KV block (and per prefix-cache block).")
+@click.option("--prefix-cache-blocks", default=SimConfig.prefix_cache_blocks, show_default=True,
+              type=click.IntRange(0), help="Prefix cache: an LRU of this many prompt blocks (0: off).")
+@click.option("--prefill-time", default=SimConfig.prefill_time, show_default=True, type=click.FloatRange(0),
+              help="Seconds per prompt token not found in the prefix cache, before the first output token.")
+@click.option("--spec-tokens", default=SimConfig.spec_tokens, show_default=True, type=click.IntRange(0),
+              help="Speculative decoding: draft tokens per step (0: off).")
+@click.option("--spec-acceptance", default=SimConfig.spec_acceptance, show_default=True,
+              type=click.FloatRange(0, 1), help="Probability a draft token is accepted.")
+def simulate_command(host: str, port: int, max_num_seqs: int | None, **settings: Any) -> None:
+    if max_num_seqs is not None:
+        settings["slots"] = max_num_seqs
     config = SimConfig(**settings)
     try:
         import uvloop

@@ -28,6 +28,7 @@ from genqueue.common import __version__
 from genqueue.common.contracts import (
     ConsumerInfo,
     ConsumerSnapshot,
+    EngineBound,
     ErrorClass,
     Outcome,
     Record,
@@ -41,6 +42,7 @@ from genqueue.common.runs import CONSUMERS, consumer_key
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
 from genqueue.consumer.book import BookSnapshot
+from genqueue.consumer.doctor import Doctor
 from genqueue.consumer.leases import LeaseSnapshot
 from genqueue.consumer.outbox import OutboxSnapshot
 from genqueue.consumer.rqthread import RqSnapshot, RqThread
@@ -68,6 +70,8 @@ JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
 ENGINE_RUNNING = Gauge("genqueue_engine_running", "Requests the engine runs (its own /metrics)")
 ENGINE_WAITING = Gauge("genqueue_engine_waiting", "Requests waiting in the engine (its own /metrics)")
 ENGINE_KV = Gauge("genqueue_engine_kv_cache_usage", "Engine KV cache usage, 0..1 (its own /metrics)")
+ENGINE_BOUND = Gauge("genqueue_engine_bound", "1 for what binds the engine now (the engine doctor's verdict), "
+                     "0 for the others", ["reason"])
 RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each retried or, last, recorded)",
                    ["kind"])
 QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq queue", ["run"])
@@ -136,6 +140,9 @@ class Telemetry:
             PAUSED.labels(reason).set(0)
         for kind in RETRY_KINDS:  # a series at 0 from the start, so rate() and dashboards work
             RETRIES.labels(kind)
+        self.doctor = Doctor(identity["endpoint"])
+        self._depth: int | None = None  # jobs left in the served runs' queues, as last published
+        self._cpu_at = (time.monotonic(), time.process_time())
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -200,6 +207,13 @@ class Telemetry:
                 w = self.windows[run] = RateWindow(60.0)
             w.add(Sample(now, t["completions"], t["prompt_tokens"], t["completion_tokens"]))
         snap = self.snapshot(now, exited=exited)
+        # The engine doctor: what binds the engine now, from its samples and our own view.
+        wall, cpu = time.monotonic(), time.process_time()
+        cores = (cpu - self._cpu_at[1]) / max(wall - self._cpu_at[0], 1e-3)
+        self._cpu_at = (wall, cpu)
+        snap["engine"] = self.doctor.check(now, snap, self.parts.served(), queue_depth=self._depth, cpu=cores)
+        for bound in EngineBound:
+            ENGINE_BOUND.labels(bound.value).set(1 if snap["engine"].get("verdict") == bound else 0)
         IN_FLIGHT.set(snap["in_flight"])
         PENDING.set(snap["pending_items"])
         for reason in PAUSE_REASONS:
@@ -222,6 +236,7 @@ class Telemetry:
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n
         depths = await self.rq.call(self._write, snap, now)
+        self._depth = sum(depth for depth, _ in depths.values())
         for run, (depth, refused_jobs) in depths.items():
             QUEUE_DEPTH.labels(run).set(depth)
             REFUSED_JOBS.labels(run).set(refused_jobs)

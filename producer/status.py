@@ -306,6 +306,8 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
         lines.append(f"  {c['worker']}  gpu {c['gpu'] if c['gpu'] is not None else '-'}  {state}  "
                      f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
                      f"in flight {c['in_flight']}  engine {run_wait}  KV {kv}  spec {spec}  model {models}")
+        if e.get("advice"):  # the engine doctor's verdict (consumer/doctor.py), with its notes
+            lines.append(f"    engine: {e['advice']}" + "".join(f"; {n}" for n in e.get("notes") or []))
     for d in r["drift"]:
         lines.append(f"DRIFT    {d}")
     if r.get("malformed_jobs"):

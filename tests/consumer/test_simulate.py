@@ -262,3 +262,63 @@ def test_cli_help():
     for opt in ("--port", "--host", "--slots", "--step-time", "--mean-tokens", "--max-model-len",
                 "--seed", "--reasoning", "--error-rate", "--hang-rate", "--model"):
         assert opt in text
+
+
+async def _metrics_of(s: aiohttp.ClientSession, sim: SimServer) -> dict:
+    from genqueue.consumer.engine import engine_view
+    async with s.get(sim.url[: -len("/v1")] + "/metrics") as r:
+        return dict(engine_view(await r.text()))
+
+
+def test_kv_cache_fills_with_context_and_preempts_past_it():
+    async def main():
+        # 40 requests of ~110 prompt + up to 200 output tokens cannot all fit in 2,000 tokens
+        cfg = SimConfig(slots=64, step_time=0.002, mean_tokens=150, kv_cache_tokens=2000, block_size=16)
+        async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
+            reqs = [asyncio.ensure_future(post(s, sim, {"max_tokens": 200, "messages": [
+                {"role": "user", "content": f"q{i} " + "x" * 400}]})) for i in range(40)]
+            seen = []
+            while not all(r.done() for r in reqs):
+                seen.append(await _metrics_of(s, sim))
+                await asyncio.sleep(0.02)
+            results = await asyncio.gather(*reqs)
+            end = await _metrics_of(s, sim)
+        assert all(status == 200 for status, _ in results)
+        assert max(m["kv_cache_usage"] for m in seen) >= 0.9
+        assert max(m["running"] for m in seen) < 40 and max(m["waiting"] for m in seen) > 0
+        assert end["preemptions"] > 0 and end["running"] == 0 and end["kv_cache_usage"] == 0
+        assert end["num_gpu_blocks"] == 125 and end["block_size"] == 16 and end["prefix_caching"] is False
+        assert end["generation_tokens"] == sum(b["usage"]["completion_tokens"] for _, b in results)
+        assert end["prompt_tokens"] == sum(b["usage"]["prompt_tokens"] for _, b in results)
+    run(main())
+
+
+def test_prefix_cache_counts_tokens_and_spec_decode_counts_drafts():
+    async def main():
+        cfg = SimConfig(step_time=0.001, mean_tokens=60, prefix_cache_blocks=64, block_size=16,
+                        spec_tokens=3, spec_acceptance=0.5)
+        system = {"role": "system", "content": "You are terse. " * 40}
+        async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
+            first = await post(s, sim, {"max_tokens": 100, "messages": [system, {"role": "user", "content": "a"}]})
+            cold = await _metrics_of(s, sim)
+            second = await post(s, sim, {"max_tokens": 100, "messages": [system, {"role": "user", "content": "b"}]})
+            warm = await _metrics_of(s, sim)
+        assert first[0] == second[0] == 200
+        assert cold["prefix_hits"] == 0 and cold["prefix_queries"] == first[1]["usage"]["prompt_tokens"]
+        # the shared prefix is "<system>" and 600 characters: 9 whole blocks of 16 tokens (64 characters)
+        assert warm["prefix_hits"] == (8 + 600) // 64 * 16 and cold["prefix_caching"] is True
+        assert warm["prefix_queries"] == cold["prefix_queries"] + second[1]["usage"]["prompt_tokens"]
+        # accepted per step: 0.5 + 0.25 + 0.125 = 0.875 of 3 drafted; each draft step yields 1.875 tokens
+        assert warm["spec_accepted_tokens"] / warm["spec_draft_tokens"] == pytest.approx(0.875 / 3, abs=0.02)
+        assert warm["spec_draft_tokens"] == 3 * warm["spec_drafts"]
+        tokens = first[1]["usage"]["completion_tokens"] + second[1]["usage"]["completion_tokens"]
+        assert warm["spec_drafts"] == pytest.approx(tokens / 1.875, abs=2)
+    run(main())
+
+
+def test_max_num_seqs_is_slots():
+    result = CliRunner().invoke(simulate_command, ["--help"])
+    text = " ".join(result.output.split())
+    for opt in ("--max-num-seqs", "--kv-cache-tokens", "--block-size", "--prefix-cache-blocks",
+                "--prefill-time", "--spec-tokens", "--spec-acceptance"):
+        assert opt in text

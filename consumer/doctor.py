@@ -1,0 +1,273 @@
+"""The engine doctor: from a window of the engine's own /metrics and the consumer's own view,
+what binds the engine now and what to change (pure policy, no I/O).
+
+Verdicts (common.contracts.EngineBound), judged in this order over the last `window` seconds:
+  memory     the KV cache is near full and requests are preempted (or wait on a full cache):
+             more concurrency will not help; the options are memory options.
+  batch_cap  running is pinned at a plateau while requests wait and the KV cache has room:
+             --max-num-seqs caps the batch; raise it to about running / kv_usage * safety.
+  engine     requests wait and the batch moves: the engine computes as fast as it can.
+  (nothing waits from here on: the engine has free slots)
+  genqueue   the consumer holds back: paused, at its own in-flight limit, CPU-bound, or out of work
+             while the queue still holds jobs.
+  tail       the queue is empty and a few requests (at most a tail fraction of the batch seen)
+             run alone: how many, and for how long.
+  idle       nothing runs and nothing is left to send.
+Speculative decoding and the prefix cache are notes beside the verdict: they bind nothing alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from genqueue.common import defaults
+from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView, Mode
+from genqueue.consumer.served import ServedSnapshot
+
+log = logging.getLogger(__name__)
+
+Numbers = dict[str, float | int | str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorSettings:
+    window: float = defaults.DOCTOR_WINDOW
+    history: float = defaults.DOCTOR_HISTORY
+    kv_full: float = defaults.DOCTOR_KV_FULL
+    kv_room: float = defaults.DOCTOR_KV_ROOM
+    safety: float = defaults.DOCTOR_SAFETY
+    plateau: float = defaults.DOCTOR_PLATEAU
+    tail_fraction: float = defaults.DOCTOR_TAIL_FRACTION
+    cpu_bound: float = defaults.DOCTOR_CPU_BOUND
+    prefix_warn: float = defaults.DOCTOR_PREFIX_WARN
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerView:
+    """What the consumer knows of itself when a sample is taken."""
+
+    limit: int  # its in-flight limit now
+    auto: bool  # --concurrency auto (the limit is steered) or a fixed -c
+    in_flight: int
+    pending: int  # items dequeued and waiting for a permit
+    queue_depth: int | None  # jobs left in the served runs' queues (None: not known yet)
+    paused: tuple[str, ...] = ()  # reasons admission is paused
+    cpu: float = 0.0  # the consumer's CPU, in cores
+    related_prompts: bool = False  # items share prefixes (turns of one conversation in `each` mode)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t: float
+    engine: EngineView
+    consumer: ConsumerView
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    bound: EngineBound
+    advice: str
+    numbers: Numbers = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+def _delta(first: EngineView, last: EngineView, key: str) -> float | None:
+    a, b = first.get(key), last.get(key)
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return None
+    return max(0.0, float(b) - float(a))  # a restarted engine's counters start again at 0
+
+
+def suggested_max_num_seqs(running: float, kv_usage: float, safety: float) -> int:
+    """The batch the KV cache has room for: running / kv_usage, times a safety margin for
+    contexts that grow as they generate."""
+    return int(running * safety / max(kv_usage, 1e-3))
+
+
+def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
+    """What binds the engine over SAMPLES (oldest first; the last is now)."""
+    s = s or DoctorSettings()
+    if not samples or not samples[-1].engine.get("metrics"):
+        return Verdict(EngineBound.UNKNOWN, "no vLLM /metrics read from the engine (yet): nothing to judge by")
+    now = samples[-1]
+    if "endpoint_down" in now.consumer.paused:  # its last /metrics are stale: judge nothing by them
+        return Verdict(EngineBound.UNKNOWN, "the endpoint is down: admission is paused until it answers")
+    recent = [x for x in samples if x.t >= now.t - s.window and x.engine.get("metrics")]
+    notes, extra = _notes(recent, now.consumer, s)
+    if len(recent) < 2 or recent[-1].t - recent[0].t < s.window / 2:
+        return Verdict(EngineBound.UNKNOWN, "too few samples yet", extra, notes)
+    e, c = now.engine, now.consumer
+    running = [_num(x.engine.get("running")) for x in recent]
+    waiting = [_num(x.engine.get("waiting")) for x in recent]
+    kv = [_num(x.engine.get("kv_cache_usage")) for x in recent]
+    preempted = _delta(recent[0].engine, e, "preemptions") or 0.0
+    span = recent[-1].t - recent[0].t
+    nums: Numbers = {"running": running[-1], "waiting": waiting[-1], "kv_cache_usage": round(kv[-1], 4),
+                     "preemptions_per_min": round(preempted * 60 / span, 1), "in_flight": c.in_flight,
+                     "limit": c.limit, "pending": c.pending, "queue_depth": c.queue_depth,
+                     "cpu": round(c.cpu, 2), **extra}
+    if max(kv) >= s.kv_full and (preempted > 0 or min(waiting) > 0 and min(kv) >= s.kv_full):
+        why = (f"{int(preempted)} preemptions in {span:.0f} s" if preempted > 0
+               else f"{int(waiting[-1])} requests wait on a full cache")
+        return Verdict(EngineBound.MEMORY, (
+            f"memory binds: KV cache {kv[-1]:.0%} full, {why}; more concurrency will not help. "
+            "Options: FP8 KV cache (--kv-cache-dtype fp8), a higher --gpu-memory-utilization, "
+            "another parallel layout (more tensor parallel for a larger cache), shorter max_tokens"),
+            nums, notes)
+    if min(waiting) > 0:
+        top, low = max(running), min(running)
+        if top > 0 and top - low <= max(1.0, s.plateau * top) and max(kv) < s.kv_room:
+            n = int(top)
+            m = suggested_max_num_seqs(top, max(kv), s.safety)
+            nums |= {"max_num_seqs": n, "suggested_max_num_seqs": m}
+            return Verdict(EngineBound.BATCH_CAP, (
+                f"the batch cap binds: {n} running on a plateau, {int(waiting[-1])} waiting, KV cache "
+                f"{max(kv):.0%} used: raise --max-num-seqs from {n} to about {m}"), nums, notes)
+        return Verdict(EngineBound.ENGINE, (
+            f"the engine computes at its batch: {int(running[-1])} running, {int(waiting[-1])} waiting, "
+            f"KV cache {kv[-1]:.0%}: nothing to change from here"), nums, notes)
+    return _free_slots(recent, samples, nums, notes, s)
+
+
+def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, notes: tuple[str, ...],
+                s: DoctorSettings) -> Verdict:
+    """Nothing waits in the engine: which of the consumer's reasons holds it back."""
+    now = recent[-1]
+    c = now.consumer
+    running = _num(now.engine.get("running"))
+    if c.paused:
+        return Verdict(EngineBound.GENQUEUE, f"genqueue binds: admission is paused ({', '.join(c.paused)})",
+                       nums, notes)
+    if all(x.consumer.in_flight >= x.consumer.limit for x in recent):
+        if c.auto:
+            change = f"--concurrency auto holds {c.limit}: raise --max-concurrency if that is its ceiling"
+        else:
+            change = f"raise -c from {c.limit} (or use --concurrency auto)"
+        return Verdict(EngineBound.GENQUEUE, (
+            f"genqueue binds: the consumer is at its own limit ({c.in_flight} in flight of {c.limit}) "
+            f"and the engine has free slots: {change}"), nums, notes)
+    if c.cpu >= s.cpu_bound:
+        return Verdict(EngineBound.GENQUEUE, (
+            f"genqueue binds: the consumer is CPU-bound ({c.cpu:.0%} of a core): run another consumer "
+            "process on this engine"), nums, notes)
+    if c.pending == 0 and c.queue_depth == 0:
+        if running == 0 and c.in_flight == 0:
+            return Verdict(EngineBound.IDLE, "idle: nothing runs and the queue is empty", nums, notes)
+        peak = max((_num(x.engine.get("running")) for x in samples), default=0.0)
+        if running <= max(1.0, s.tail_fraction * peak):
+            since = now.t
+            for x in reversed(samples):
+                if x.consumer.pending or x.consumer.queue_depth != 0:
+                    break
+                since = x.t
+            nums |= {"tail_requests": int(running), "tail_seconds": round(now.t - since, 1),
+                     "peak_running": int(peak)}
+            return Verdict(EngineBound.TAIL, (
+                f"the run's tail: the queue is empty and {int(running)} long request(s) run alone "
+                f"(batch was {int(peak)}), for {now.t - since:.0f} s so far"), nums, notes)
+    if c.pending == 0:
+        left = "the queue is empty" if c.queue_depth == 0 else "jobs are not fetched fast enough"
+        return Verdict(EngineBound.GENQUEUE, (
+            f"genqueue binds: the consumer is out of work ({left}; {c.in_flight} in flight of {c.limit})"),
+            nums, notes)
+    return Verdict(EngineBound.GENQUEUE, (
+        f"genqueue binds: {c.pending} items wait in the consumer while the engine has free slots "
+        f"({c.in_flight} in flight of {c.limit})"), nums, notes)
+
+
+def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tuple[str, ...], Numbers]:
+    """Speculative decoding and the prefix cache, over the window (totals until it has two
+    samples), in words and in numbers."""
+    if not recent:
+        return (), {}
+    last = recent[-1].engine
+    nums: Numbers = {}
+
+    def change(key: str) -> float | None:
+        if len(recent) > 1:
+            return _delta(recent[0].engine, last, key)
+        v = last.get(key)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    out = []
+    drafts, tokens, accepted = change("spec_drafts"), change("spec_draft_tokens"), change("spec_accepted_tokens")
+    if last.get("spec_draft_tokens") is None:
+        out.append("speculative decoding off")
+    elif tokens and accepted is not None:
+        length = f", mean accepted length {1 + accepted / drafts:.2f}" if drafts else ""
+        nums |= {"spec_acceptance": round(accepted / tokens, 3),
+                 "spec_mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else None}
+        running = sum(_num(x.engine.get("running")) for x in recent) / len(recent)
+        span = recent[-1].t - recent[0].t
+        generated = change("generation_tokens")
+        per_request = ""
+        if generated and running and span > 0:
+            nums["tokens_per_s_per_request"] = round(generated / span / running, 1)
+            per_request = f", {generated / span / running:.1f} tok/s per running request"
+        # Published runs: drafting helps at low concurrency and has cost ~30% at 64 and up.
+        hint = (": at this batch it may cost more than it saves; measure with it off" if running >= 64
+                else ": at this batch it should help")
+        out.append(f"speculative decoding on: {accepted / tokens:.0%} of draft tokens accepted{length}, "
+                   f"batch {running:.0f}{per_request}{hint}")
+    else:
+        out.append("speculative decoding on: no drafts in the window")
+    queries, hits = change("prefix_queries"), change("prefix_hits")
+    if last.get("prefix_caching") is False:
+        out.append("prefix caching off" + (": related prompts (turns of one conversation) would hit it; "
+                                           "start vLLM with --enable-prefix-caching" if c.related_prompts else ""))
+    elif queries and hits is not None:
+        rate = hits / queries
+        nums["prefix_hit_rate"] = round(rate, 3)
+        warn = (": WARNING related prompts miss (turns of one conversation should share their history)"
+                if c.related_prompts and rate < s.prefix_warn else "")
+        out.append(f"prefix cache hit rate {rate:.0%}{warn}")
+    return tuple(out), nums
+
+
+class Doctor:
+    """Keeps the window of samples for one engine and says when its verdict changes."""
+
+    def __init__(self, name: str, settings: DoctorSettings | None = None) -> None:
+        self.name = name
+        self.s = settings or DoctorSettings()
+        self.samples: collections.deque[Sample] = collections.deque()
+        self.verdict: Verdict | None = None
+        self._logged: EngineBound | None = None
+
+    def observe(self, sample: Sample) -> Verdict:
+        self.samples.append(sample)
+        while self.samples and self.samples[0].t < sample.t - self.s.history:
+            self.samples.popleft()
+        v = diagnose(list(self.samples), self.s)
+        # Logged once it holds for two looks: a verdict on a border would flap the log every 2 s.
+        held = self.verdict is not None and self.verdict.bound == v.bound
+        if held and v.bound != self._logged:
+            log.info("engine %s: %s", self.name, v.advice)
+            self._logged = v.bound
+        self.verdict = v
+        return v
+
+    def check(self, now: float, snap: ConsumerSnapshot, served: ServedSnapshot, *, queue_depth: int | None,
+              cpu: float) -> EngineView:
+        """Observe the consumer's snapshot SNAP taken at NOW; its engine view with the verdict."""
+        view = ConsumerView(
+            limit=snap["concurrency"], auto=snap["concurrency_mode"] == "auto", in_flight=snap["in_flight"],
+            pending=snap["pending_items"], queue_depth=queue_depth, paused=tuple(sorted(snap["paused"])), cpu=cpu,
+            related_prompts=any(ctx.settings.multi_turn == Mode.EACH for ctx in served.runs.values()))
+        self.observe(Sample(now, snap["engine"], view))
+        return self.view(snap["engine"])
+
+    def view(self, engine: EngineView) -> EngineView:
+        """ENGINE with the current verdict, for the snapshot."""
+        v = self.verdict
+        if v is None:
+            return engine
+        return {**engine, "verdict": v.bound.value, "advice": v.advice, "numbers": dict(v.numbers),
+                "notes": list(v.notes)}

@@ -1,0 +1,120 @@
+"""The engine doctor's policy (consumer/doctor.py), without I/O: windows of samples in, verdicts out."""
+
+from __future__ import annotations
+
+from genqueue.common.contracts import EngineBound, EngineView
+from genqueue.consumer.doctor import ConsumerView, Doctor, DoctorSettings, Sample, diagnose, suggested_max_num_seqs
+from genqueue.consumer.engine import engine_view
+
+S = DoctorSettings(window=10.0)
+
+
+def engine(**kw: float | bool | None) -> EngineView:
+    return {"metrics": True, "running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0, "preemptions": 0.0,
+            **kw}  # type: ignore[typeddict-item]
+
+
+def consumer(**kw: object) -> ConsumerView:
+    base: dict[str, object] = {"limit": 256, "auto": True, "in_flight": 0, "pending": 10, "queue_depth": 5}
+    return ConsumerView(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def window(engines: list[EngineView], consumers: list[ConsumerView] | ConsumerView, every: float = 2.0) -> list[Sample]:
+    cs = consumers if isinstance(consumers, list) else [consumers] * len(engines)
+    return [Sample(i * every, e, c) for i, (e, c) in enumerate(zip(engines, cs, strict=True))]
+
+
+def test_no_metrics_or_too_few_samples_is_unknown():
+    assert diagnose([], S).bound == EngineBound.UNKNOWN
+    assert diagnose(window([{"metrics": False}], consumer()), S).bound == EngineBound.UNKNOWN
+    assert diagnose(window([engine(running=8)], consumer()), S).bound == EngineBound.UNKNOWN
+    stale = [engine(running=8, waiting=30, kv_cache_usage=0.1)] * 4
+    v = diagnose(window(stale, consumer(paused=("endpoint_down",))), S)
+    assert v.bound == EngineBound.UNKNOWN and "endpoint is down" in v.advice
+
+
+def test_batch_cap_binds_and_suggests_from_kv_headroom():
+    es = [engine(running=8, waiting=w, kv_cache_usage=0.1) for w in (30, 28, 31, 29)]
+    v = diagnose(window(es, consumer(in_flight=40)), S)
+    assert v.bound == EngineBound.BATCH_CAP
+    assert v.numbers["max_num_seqs"] == 8
+    assert v.numbers["suggested_max_num_seqs"] == suggested_max_num_seqs(8, 0.1, S.safety) == 64
+    assert "raise --max-num-seqs from 8 to about 64" in v.advice
+
+
+def test_a_batch_that_moves_while_requests_wait_is_the_engine_computing():
+    es = [engine(running=r, waiting=5, kv_cache_usage=0.5) for r in (20, 40, 60, 80)]
+    assert diagnose(window(es, consumer()), S).bound == EngineBound.ENGINE
+    # a full cache with waiting requests but no plateau below it: the batch is as large as memory allows
+    es = [engine(running=r, waiting=5, kv_cache_usage=0.85) for r in (60, 60, 61, 60)]
+    assert diagnose(window(es, consumer()), S).bound == EngineBound.ENGINE
+
+
+def test_memory_binds_when_the_cache_is_full_and_preempts():
+    es = [engine(running=12, waiting=50, kv_cache_usage=0.97, preemptions=p) for p in (3, 5, 9, 14)]
+    v = diagnose(window(es, consumer()), S)
+    assert v.bound == EngineBound.MEMORY
+    assert "--kv-cache-dtype fp8" in v.advice and "--gpu-memory-utilization" in v.advice
+    assert "11 preemptions" in v.advice and v.numbers["preemptions_per_min"] == 110.0
+
+
+def test_genqueue_binds_at_its_own_limit_paused_cpu_or_out_of_work():
+    es = [engine(running=4, kv_cache_usage=0.02)] * 4
+    v = diagnose(window(es, consumer(limit=4, auto=False, in_flight=4)), S)
+    assert v.bound == EngineBound.GENQUEUE and "at its own limit" in v.advice and "raise -c from 4" in v.advice
+    v = diagnose(window(es, consumer(in_flight=4, paused=("spool_full",))), S)
+    assert v.bound == EngineBound.GENQUEUE and "paused (spool_full)" in v.advice
+    v = diagnose(window(es, consumer(in_flight=4, cpu=0.97)), S)
+    assert v.bound == EngineBound.GENQUEUE and "CPU-bound" in v.advice
+    v = diagnose(window(es, consumer(in_flight=4, pending=0, queue_depth=12)), S)
+    assert v.bound == EngineBound.GENQUEUE and "out of work" in v.advice
+
+
+def test_the_tail_says_how_many_run_alone_and_for_how_long():
+    busy = [engine(running=64, waiting=3, kv_cache_usage=0.4)] * 3
+    tail = [engine(running=2, kv_cache_usage=0.01)] * 6
+    cs = [consumer(in_flight=67)] * 3 + [consumer(in_flight=2, pending=0, queue_depth=0)] * 6
+    v = diagnose(window(busy + tail, cs), S)
+    assert v.bound == EngineBound.TAIL
+    assert v.numbers["tail_requests"] == 2 and v.numbers["tail_seconds"] == 10.0 and v.numbers["peak_running"] == 64
+    idle = diagnose(window([engine()] * 4, consumer(pending=0, queue_depth=0)), S)
+    assert idle.bound == EngineBound.IDLE
+
+
+def test_notes_on_spec_decode_and_prefix_cache():
+    es = [engine(running=4, kv_cache_usage=0.02, spec_drafts=100 * i, spec_draft_tokens=300 * i,
+                 spec_accepted_tokens=180 * i, prefix_queries=1000 * i, prefix_hits=0, prefix_caching=True)
+          for i in range(4)]
+    v = diagnose(window(es, consumer(in_flight=4, related_prompts=True)), S)
+    assert "speculative decoding on: 60% of draft tokens accepted, mean accepted length 2.80" in v.notes[0]
+    assert v.notes[1].startswith("prefix cache hit rate 0%: WARNING related prompts miss")
+    assert v.numbers["spec_acceptance"] == 0.6 and v.numbers["spec_mean_accepted_length"] == 2.8
+    assert v.numbers["prefix_hit_rate"] == 0.0
+    plain = diagnose(window([engine(running=4)] * 4, consumer(in_flight=4)), S)
+    assert plain.notes == ("speculative decoding off",)
+
+
+def test_doctor_keeps_a_window_and_publishes_its_verdict(caplog):
+    d = Doctor("http://x/v1", S)
+    caplog.set_level("INFO", logger="genqueue.consumer.doctor")
+    for i in range(8):
+        d.observe(Sample(i * 2.0, engine(running=8, waiting=20, kv_cache_usage=0.25), consumer(in_flight=28)))
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2 and "too few samples" in logged[0] and "raise --max-num-seqs" in logged[1]
+    view = d.view(engine(running=8))
+    assert view["verdict"] == "batch_cap" and view["numbers"]["suggested_max_num_seqs"] == 25
+    assert "raise --max-num-seqs" in view["advice"] and view["notes"] == ["speculative decoding off"]
+
+
+def test_engine_view_reads_the_counters_and_cache_config():
+    text = "\n".join([
+        'vllm:num_requests_running{engine="0"} 3', 'vllm:num_requests_waiting{engine="0"} 1',
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5', 'vllm:num_preemptions_total{engine="0"} 7',
+        'vllm:prefix_cache_queries_total{engine="0"} 1000', 'vllm:prefix_cache_hits_total{engine="0"} 600',
+        'vllm:spec_decode_num_drafts_total{engine="0"} 100', 'vllm:spec_decode_num_draft_tokens_total{engine="0"} 300',
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 240',
+        'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="573"} 1.0'])
+    v = engine_view(text)
+    assert v["preemptions"] == 7 and v["prefix_hits"] == 600 and v["spec_drafts"] == 100
+    assert v["spec_acceptance"] == 0.8 and v["block_size"] == 16 and v["num_gpu_blocks"] == 573
+    assert v["prefix_caching"] is True
