@@ -226,6 +226,10 @@ class RunStore:
             raws = p.execute()
         return {n: _int_or_zero(raw) for n, raw in zip(names, raws, strict=True)}
 
+    def count(self) -> int:
+        """How many runs Redis holds (O(1): consumers poll it to find a new run at once)."""
+        return int(self.conn.zcard(RUNS))
+
     def names(self) -> list[str]:
         """Every run, oldest first."""
         return [_text(n) for n in self.conn.zrange(RUNS, 0, -1)]

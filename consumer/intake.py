@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 #: Seconds a dequeue under way when a stop comes may take to land in the book.
 FETCH_GRACE = 1.0
 
+#: Seconds between full looks at the runs in Redis (which to serve, paused, settings changed),
+#: and between the O(1) looks for a run created or deleted in between.
+RESOLVE_EVERY = 5.0
+NEW_RUN_EVERY = 1.0
+
 #: Seconds before a run whose queue was found empty is asked again (at least the poll interval):
 #: meanwhile its share goes to the others.
 DRY_RETRY = 0.5
@@ -133,10 +138,15 @@ class Intake:
             return
 
     async def _run(self) -> None:
-        last_resolve = 0.0
+        last_resolve = last_look = 0.0
         runs: list[str] = []
         while not self.stopping.is_set():
-            if time.monotonic() - last_resolve > 5.0 or not runs:
+            now = time.monotonic()
+            look = now - last_look >= NEW_RUN_EVERY
+            if look:
+                last_look = now
+            if now - last_resolve > RESOLVE_EVERY or not runs or (look and await until(
+                    self.stopping, self.served.new_runs())):
                 runs = await until(self.stopping, self.served.resolve())
                 await self._serve(runs)
                 for run in self.book.runs_held() & set(self.served.paused):

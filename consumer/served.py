@@ -82,6 +82,7 @@ class ServedRuns:
         self._tripped: dict[str, str] = {}  # paused here, not yet seen paused in Redis
         self.vanished: dict[str, str] = {}  # runs served here that are gone from Redis
         self.priorities: dict[str, int] = {}  # each run's priority, as of the last resolve
+        self._count = -1  # how many runs Redis held at the last resolve
         self._started = False
 
     def pause(self, run: str, reason: str) -> None:
@@ -124,6 +125,7 @@ class ServedRuns:
         """The runs this consumer may serve now, highest priority first, then oldest first, with
         contexts ready: not paused in Redis, and past this consumer's pre-flight."""
         names = [self.only_run] if self.only_run else await self.rq.call(self.store.names)
+        self._count = len(names)
         paused = await self.rq.call(_pauses, self.store.conn, names)
         priorities = await self.rq.call(self.store.priorities, names)
         for name, p in priorities.items():
@@ -222,6 +224,13 @@ class ServedRuns:
         self._started = True
         usable.sort(key=lambda n: -priorities.get(n, 0))  # stable: oldest first within a priority
         return usable
+
+    async def new_runs(self) -> bool:
+        """Whether runs were created or deleted since the last resolve (one O(1) call): a run
+        enqueued behind a big one is served within a second, not at the next full resolve."""
+        if self.only_run:
+            return False
+        return await self.rq.call(self.store.count) != self._count
 
     def _vanish(self, run: str) -> None:
         """RUN is gone from Redis (deleted, or Redis restarted empty or was flushed): said once,
