@@ -292,6 +292,7 @@ class RunCounters(TypedDict, total=False):
     completion_tokens_per_s: float
     fingerprint: str | None
     reasoning_probe: str | None
+    in_flight: int  # this run's requests in flight on the consumer (its share of the slots)
 
 
 class ShippingView(TypedDict):

@@ -8,7 +8,9 @@ Keys (all under genqueue:, rq's own keys keep rq's prefix):
                                       adds one). Consumers watch `fingerprint`: when it changes they
                                       re-read `settings` for the jobs they take from then on;
                                       output_host and shared_fs: where a local output lives
-                                      (common/placement.py)
+                                      (common/placement.py); priority: the run's share of the fleet
+                                      (an integer, higher first, absent = 0; not part of the recipe,
+                                      so not in the fingerprint; consumers read it every few seconds)
   genqueue:run:<run>:keys       set   16-byte digests of every item key claimed (idempotence)
   genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
                                       the transaction that enqueues them deletes it (below)
@@ -95,6 +97,7 @@ class RunStore:
         self.conn = conn
         self._claim = conn.register_script(_CLAIM)
         self._release = conn.register_script(_RELEASE)
+        self._set_priority = conn.register_script(_SET_PRIORITY)
 
     def get(self, run: str) -> RunInfo | None:
         """RUN's record, None when Redis has none; CorruptStateError when it cannot be read."""
@@ -209,6 +212,24 @@ class RunStore:
             return old, RunInfo(run, settings, old.created_at, old.version, history, old.placement)
         raise RunConflictError(f"the settings of run {run!r} kept changing while they were updated; try again")
 
+    def set_priority(self, run: str, priority: int) -> None:
+        """Give RUN a priority (higher is served first); its settings and fingerprint stay."""
+        # Only on a run that exists: a delete racing this must not leave a record without settings.
+        if not self._set_priority(keys=[run_key(run)], args=[str(priority)]):
+            raise RunNotFoundError(f"no run named {run!r} in Redis (see `producer runs` for the runs there)")
+
+    def priorities(self, names: list[str]) -> dict[str, int]:
+        """Each run's priority (0 when never set, or not an integer), one round trip."""
+        with self.conn.pipeline(transaction=False) as p:
+            for n in names:
+                p.hget(run_key(n), "priority")
+            raws = p.execute()
+        return {n: _int_or_zero(raw) for n, raw in zip(names, raws, strict=True)}
+
+    def count(self) -> int:
+        """How many runs Redis holds (O(1): consumers poll it to find a new run at once)."""
+        return int(self.conn.zcard(RUNS))
+
     def names(self) -> list[str]:
         """Every run, oldest first."""
         return [_text(n) for n in self.conn.zrange(RUNS, 0, -1)]
@@ -286,6 +307,16 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _int_or_zero(raw: object) -> int:
+    """A stored priority; garbage counts as the default (0), never as a reason to stop serving."""
+    if raw is None:
+        return 0
+    try:
+        return int(_text(raw))
+    except ValueError:
+        return 0
+
+
 #: The error the claim script answers while another producer holds the run's lock.
 LOCKED = "GENQUEUE_LOCKED"
 
@@ -355,4 +386,11 @@ for i = 1, #held, 4096 do
 end
 redis.call('DEL', KEYS[2])
 return #held
+"""
+
+# KEYS: the run's hash. ARGV: the priority. Set only on a run that exists (has its settings).
+_SET_PRIORITY = """
+if redis.call('HEXISTS', KEYS[1], 'settings') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'priority', ARGV[1])
+return 1
 """

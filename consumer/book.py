@@ -1,10 +1,14 @@
 """The book of held jobs: which jobs this consumer holds, which of their items wait for a
 slot, which are in flight, and which jobs are complete and ready to ack (pure, no I/O).
 
-Admission counts prompts, not jobs: items wait in one queue (`pending`) whatever job they
-came from, so a job waiting on one slow prompt holds nothing back. A job is complete when
-every item has a record in the spool; it is ackable once the shard holding its last record
-(its `max_seq`) is shipped.
+Admission counts prompts, not jobs: items wait in one queue per run whatever job they came
+from, so a job waiting on one slow prompt holds nothing back. Which run's item a free slot
+takes: the highest priority with an item waiting, then, among runs of equal priority, the one
+with the fewest requests in flight here (so equal runs share the slots evenly, a small run's
+items go out as soon as it has any, and a higher run takes every slot that frees up without
+cutting a request short). That choice looks at the runs with items waiting: a handful, not
+the items. A job is complete when every item has a record in the spool; it is ackable once
+the shard holding its last record (its `max_seq`) is shipped.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class BookSnapshot:
     held_jobs: int
     pending_items: int
     in_flight: int
+    in_flight_by_run: dict[str, int]
 
 
 class Book(Generic[H]):
@@ -70,32 +75,80 @@ class Book(Generic[H]):
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobState[H]] = {}
-        self._pending: collections.deque[tuple[JobState[H], Item]] = collections.deque()
+        # Items waiting for a slot, per run; a run is a key only while it has some waiting.
+        self._queues: dict[str, collections.deque[tuple[JobState[H], Item]]] = {}
+        self._waiting = 0
         self.in_flight = 0
+        self._flying: collections.Counter[str] = collections.Counter()  # in flight per run
+        self._priority: dict[str, int] = {}
+        self._share: dict[str, int] = {}  # items each run may hold waiting (the intake's, shares.py)
+        self.below_share = False  # the last take left its run under its share: time to fetch
 
     # --- taking work ---------------------------------------------------------------
     def hold(self, js: JobState[H]) -> None:
         """Start holding JS; its items wait for a slot."""
         self.jobs[js.id] = js
-        self._pending.extend((js, it) for it in (js.items if js.todo is None else js.todo))
+        todo = js.items if js.todo is None else js.todo
+        if todo:
+            q = self._queues.get(js.run)
+            if q is None:
+                q = self._queues[js.run] = collections.deque()
+            q.extend((js, it) for it in todo)
+            self._waiting += len(todo)
+
+    def set_priorities(self, priorities: dict[str, int]) -> None:
+        """Each run's priority (absent: 0), as Redis has it now."""
+        self._priority = dict(priorities)
+
+    def set_shares(self, shares: dict[str, int]) -> None:
+        """How many items each run may hold waiting, as the intake last computed it."""
+        self._share = shares
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return self._waiting
+
+    def pending_of(self, run: str) -> int:
+        q = self._queues.get(run)
+        return len(q) if q is not None else 0
+
+    def in_flight_of(self, run: str) -> int:
+        return self._flying[run]
 
     def take(self) -> tuple[JobState[H], Item] | None:
         """The next item to send (counted in flight), or None when none waits."""
-        while self._pending:
-            js, item = self._pending.popleft()
+        while self._waiting:
+            run = self._next_run()
+            q = self._queues[run]
+            js, item = q.popleft()
+            self._waiting -= 1
+            self.below_share = len(q) < self._share.get(run, 0)
+            if not q:
+                del self._queues[run]
             if js.abandoned:
                 continue
             self.in_flight += 1
+            self._flying[run] += 1
             return js, item
         return None
 
-    def answered(self) -> None:
-        """An item taken with take() is no longer in flight (its record may still be unwritten)."""
+    def _next_run(self) -> str:
+        """The run whose item takes the next slot (module docstring); one run waiting: it."""
+        queues = self._queues
+        if len(queues) == 1:
+            return next(iter(queues))
+        prio, flying = self._priority, self._flying
+        best, key = "", (0, 0)
+        for run in queues:
+            k = (prio.get(run, 0), -flying[run])
+            if not best or k > key:
+                best, key = run, k
+        return best
+
+    def answered(self, js: JobState[H]) -> None:
+        """An item of JS taken with take() is no longer in flight (its record may still be unwritten)."""
         self.in_flight -= 1
+        self._flying[js.run] -= 1
 
     # --- results -------------------------------------------------------------------
     def recorded(self, js: JobState[H], rec: Record, seq: int) -> None:
@@ -135,8 +188,14 @@ class Book(Generic[H]):
         """Stop working on JS: its waiting items are dropped, late records are not written."""
         js.abandoned = True
         self.jobs.pop(js.id, None)
-        if any(p[0] is js for p in self._pending):
-            self._pending = collections.deque(p for p in self._pending if p[0] is not js)
+        q = self._queues.get(js.run)
+        if q is not None and any(p[0] is js for p in q):
+            kept = collections.deque(p for p in q if p[0] is not js)
+            self._waiting -= len(q) - len(kept)
+            if kept:
+                self._queues[js.run] = kept
+            else:
+                del self._queues[js.run]
 
     def release(self, js: JobState[H]) -> None:
         """JS is acked or given back: forget it."""
@@ -145,8 +204,9 @@ class Book(Generic[H]):
     # --- stopping ------------------------------------------------------------------
     def drop_pending(self) -> int:
         """Drop every waiting item (a drain gives their jobs back); returns how many."""
-        n = len(self._pending)
-        self._pending.clear()
+        n = self._waiting
+        self._queues.clear()
+        self._waiting = 0
         return n
 
     def busy_runs(self) -> set[str]:
@@ -163,4 +223,5 @@ class Book(Generic[H]):
         return len(self.jobs)
 
     def snapshot(self) -> BookSnapshot:
-        return BookSnapshot(len(self.jobs), len(self._pending), self.in_flight)
+        return BookSnapshot(len(self.jobs), self._waiting, self.in_flight,
+                            {run: n for run, n in self._flying.items() if n})

@@ -72,8 +72,8 @@ class Dispatcher:
             task = asyncio.create_task(self._item(js, item))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-            if self.book.pending < self._low_water():
-                self.wake.set()
+            if self.book.below_share or self.book.pending < self._low_water():
+                self.wake.set()  # the intake fetches for the run that fell under its share
 
     async def _item(self, js: JobState[Held], item: Item) -> None:
         try:
@@ -86,7 +86,7 @@ class Dispatcher:
             rec = internal_error(js.ctx, item, js.attempt, e)
         finally:
             self.limiter.release()
-            self.book.answered()
+            self.book.answered(js)
         if js.abandoned:
             return  # its job went back to the queue meanwhile: its new run writes this again
         seq = self.outbox.append(js.run, rec)

@@ -24,12 +24,22 @@ from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
+from genqueue.consumer.shares import RunDemand, fetch_order, targets
 from genqueue.consumer.stop import Stopped, until
 
 log = logging.getLogger(__name__)
 
 #: Seconds a dequeue under way when a stop comes may take to land in the book.
 FETCH_GRACE = 1.0
+
+#: Seconds between full looks at the runs in Redis (which to serve, paused, settings changed),
+#: and between the O(1) looks for a run created or deleted in between.
+RESOLVE_EVERY = 5.0
+NEW_RUN_EVERY = 1.0
+
+#: Seconds before a run whose queue was found empty is asked again (at least the poll interval):
+#: meanwhile its share goes to the others.
+DRY_RETRY = 0.5
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -117,6 +127,7 @@ class Intake:
         self._on_complete = on_complete
         self._on_runs = on_runs
         self.skipped = 0
+        self._dry: dict[str, float] = {}  # run -> when a dequeue last found its queue empty
 
     async def run(self) -> None:
         """Fetch until stopping (or, with burst, until the served runs are drained). A stop ends
@@ -127,10 +138,15 @@ class Intake:
             return
 
     async def _run(self) -> None:
-        last_resolve = 0.0
+        last_resolve = last_look = 0.0
         runs: list[str] = []
         while not self.stopping.is_set():
-            if time.monotonic() - last_resolve > 5.0 or not runs:
+            now = time.monotonic()
+            look = now - last_look >= NEW_RUN_EVERY
+            if look:
+                last_look = now
+            if now - last_resolve > RESOLVE_EVERY or not runs or (look and await until(
+                    self.stopping, self.served.new_runs())):
                 runs = await until(self.stopping, self.served.resolve())
                 await self._serve(runs)
                 for run in self.book.runs_held() & set(self.served.paused):
@@ -140,12 +156,14 @@ class Intake:
                     for js in self.book:  # nothing to give back to: their queue is gone
                         if js.run == run:
                             self.book.abandon(js)
+                self.book.set_priorities(self.served.priorities)
                 self._on_runs(runs)
                 last_resolve = time.monotonic()
-            if self.book.pending < self._low_water() and self._may_fetch():
+            wanted = self.wanted(runs)
+            if wanted and self._may_fetch():
                 # Raced against the stop: with Redis unreachable a dequeue waits for it, and a
                 # SIGTERM must still drain what is held.
-                fetch = asyncio.ensure_future(self.fetch_one(runs))
+                fetch = asyncio.ensure_future(self.fetch_one(wanted))
                 stop = asyncio.ensure_future(self.stopping.wait())
                 await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
@@ -156,11 +174,12 @@ class Intake:
                     if not fetch.done():
                         fetch.cancel()
                     return
-                if fetch.result():
-                    continue
-                if self.burst and await until(self.stopping, self._drained(runs)):
-                    log.info("burst: nothing left to take; stopping")
-                    return
+                if fetch.result() or self.wanted(runs):
+                    continue  # a run found empty just now leaves its share to the others: at once
+            if self.burst and not self.book.pending and self._may_fetch() \
+                    and await until(self.stopping, self._drained(runs)):
+                log.info("burst: nothing left to take; stopping")
+                return
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=self.poll_interval)
@@ -175,8 +194,22 @@ class Intake:
             queues = [queue_for(r, conn) for r in runs] or [queue_for("_idle", conn)]
             await self.rq.call(self.worker.set_queues, queues)
 
+    def wanted(self, runs: list[str]) -> list[str]:
+        """The runs to fetch a job of now, the neediest first (consumer/shares.py): each run holds
+        its share of the low-water mark, so a run enqueued behind a big one is fetched at once."""
+        now = time.monotonic()
+        retry = max(self.poll_interval, DRY_RETRY)
+        prio = self.served.priorities
+        demand = [RunDemand(run, prio.get(run, 0), self.book.pending_of(run),
+                            now - self._dry.get(run, -retry) >= retry)
+                  for run in runs if run not in self.served.paused]
+        shares = targets(self._low_water(), demand)
+        self.book.set_shares(shares)
+        return fetch_order(demand, shares)
+
     async def fetch_one(self, runs: list[str]) -> bool:
-        """Dequeue one job of the first run that has one; True when a job was taken (or refused)."""
+        """Dequeue one job of the first of RUNS that has one; True when a job was taken (or
+        refused). A run found empty is not asked again for DRY_RETRY seconds."""
         conn = self.worker.connection
         for run in runs:
             if run in self.served.paused:  # paused since the last resolve (the breaker)
@@ -186,7 +219,9 @@ class Intake:
                 self.acker.count_refused()
                 return True
             if held is None:
+                self._dry[run] = time.monotonic()
                 continue
+            self._dry.pop(run, None)
             try:
                 items = parse_items(held.job.args, held.job.kwargs)
             except InvalidJob as e:

@@ -81,6 +81,8 @@ class ServedRuns:
         self.paused: dict[str, str] = {}  # runs paused in Redis (the breaker), with the reason
         self._tripped: dict[str, str] = {}  # paused here, not yet seen paused in Redis
         self.vanished: dict[str, str] = {}  # runs served here that are gone from Redis
+        self.priorities: dict[str, int] = {}  # each run's priority, as of the last resolve
+        self._count = -1  # how many runs Redis held at the last resolve
         self._started = False
 
     def pause(self, run: str, reason: str) -> None:
@@ -120,10 +122,16 @@ class ServedRuns:
         log.info("endpoint %s serves %s", self.endpoint, ", ".join(self.models))
 
     async def resolve(self) -> list[str]:
-        """The runs this consumer may serve now, oldest first, with contexts ready: not paused
-        in Redis, and past this consumer's pre-flight."""
+        """The runs this consumer may serve now, highest priority first, then oldest first, with
+        contexts ready: not paused in Redis, and past this consumer's pre-flight."""
         names = [self.only_run] if self.only_run else await self.rq.call(self.store.names)
+        self._count = len(names)
         paused = await self.rq.call(_pauses, self.store.conn, names)
+        priorities = await self.rq.call(self.store.priorities, names)
+        for name, p in priorities.items():
+            if p != self.priorities.get(name, p):
+                log.info("run %s: priority %d -> %d", name, self.priorities[name], p)
+        self.priorities = priorities
         # A pause this consumer made is in force before Redis has it (its write may be on its way).
         for run in list(self._tripped):
             if run in paused:
@@ -214,7 +222,15 @@ class ServedRuns:
             self.contexts[name] = ctx
             usable.append(name)
         self._started = True
+        usable.sort(key=lambda n: -priorities.get(n, 0))  # stable: oldest first within a priority
         return usable
+
+    async def new_runs(self) -> bool:
+        """Whether runs were created or deleted since the last resolve (one O(1) call): a run
+        enqueued behind a big one is served within a second, not at the next full resolve."""
+        if self.only_run:
+            return False
+        return await self.rq.call(self.store.count) != self._count
 
     def _vanish(self, run: str) -> None:
         """RUN is gone from Redis (deleted, or Redis restarted empty or was flushed): said once,

@@ -273,6 +273,8 @@ class Telemetry:
                          "reasoning_probe": ctx.reasoning_probe if ctx else None}
         for run, ctx in served.runs.items():
             runs.setdefault(run, {"fingerprint": ctx.fingerprint, "reasoning_probe": ctx.reasoning_probe})
+        for run, counters in runs.items():  # each run's share of the slots (producer status)
+            counters["in_flight"] = book.in_flight_by_run.get(run, 0)
         return {
             "worker": self.identity["worker"],
             "host": self.identity["host"],

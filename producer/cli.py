@@ -20,6 +20,9 @@ from genqueue.producer.enqueue import Summary, enqueue_file
 from genqueue.producer.items import Origin
 from genqueue.producer.reader import RawRecord
 
+#: A run's priority: any integer in a range no one needs to leave.
+PRIORITY = click.IntRange(-1_000_000, 1_000_000)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="genqueue producer")
@@ -78,6 +81,10 @@ def main(verbose: int) -> None:
 @click.option("--update-settings", is_flag=True,
               help="Give an existing run these settings (a new fingerprint) for its items not done yet, "
                    "instead of refusing them.")
+@click.option("--priority", type=PRIORITY, default=None,
+              help="The run's share of the fleet: consumers serve higher priorities first, equal ones evenly "
+                   "(default 0 for a new run; given on an existing run, sets it; not part of the settings). "
+                   "Change it later with `producer priority`.")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
@@ -86,8 +93,8 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
             temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
             max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
             expect_reasoning: bool, output: str, shared_fs: bool, rejects_path: str | None, id_field: str | None, samples: int,
-            longest_first: bool, tmp_dir: str | None, retry_failed: bool, update_settings: bool, dry_run: bool, as_json: bool,
-            redis_url: str) -> None:
+            longest_first: bool, tmp_dir: str | None, retry_failed: bool, update_settings: bool,
+            priority: int | None, dry_run: bool, as_json: bool, redis_url: str) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it.
 
     Re-running it on a run is the reconcile: it queues exactly the items with no shipped result
@@ -123,11 +130,36 @@ def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, m
         update_settings=update_settings,
         shared_fs=shared_fs,
         note=lambda line: click.echo(line, err=True),
+        priority=priority,
     )
     if as_json:
         click.echo(orjson.dumps(summary.to_dict()).decode())
     else:
         click.echo(format_summary(summary))
+
+
+@main.command(context_settings={"ignore_unknown_options": True})  # so that `-5` is a priority, not an option
+@click.option("--run", "run_name", required=True, help="The run.")
+@click.argument("level", metavar="[N]", required=False, type=PRIORITY)
+@redis_option
+@friendly_errors
+def priority(run_name: str, level: int | None, redis_url: str) -> None:
+    """Show the run's priority, or give it priority N (higher first; 0 by default).
+
+    Consumers serve the open runs of the highest priority first and share their slots evenly
+    between runs of equal priority; a change takes effect within seconds, for the slots that
+    free up from then on (requests in flight finish). The run's settings and fingerprint stay."""
+    from genqueue.common.runs import RunStore
+
+    store = RunStore(connect(redis_url))
+    run = check_run_name(run_name)
+    store.require(run)
+    old = store.priorities([run])[run]
+    if level is None:
+        click.echo(f"run {run}: priority {old}")
+        return
+    store.set_priority(run, level)
+    click.echo(f"run {run}: priority {old} -> {level}")
 
 
 @main.command()
@@ -207,6 +239,7 @@ def format_summary(s: Summary) -> str:
     rows = [
         ("run", s.run + ("  (dry run: nothing written to Redis)" if s.dry_run else "")),
         ("fingerprint", s.fingerprint),
+        *([("priority", str(s.priority))] if s.priority else []),
         ("records read", f"{s.records:,}"),
         ("  enqueued", f"{s.enqueued:,}"),
     ]

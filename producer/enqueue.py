@@ -125,6 +125,7 @@ class Summary:
     input_digest: str | None = None  # blake2b of the input file (None for stdin)
     derivation: str | None = None  # what made its items: the settings, the reading options
     complete: bool = False  # the whole input was read
+    priority: int = 0  # the run's priority now (--priority sets it; not part of the recipe)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -376,6 +377,7 @@ def enqueue_file(
     shared_fs: bool = False,
     note: Note | None = None,
     tmp_dir: str | None = None,
+    priority: int | None = None,
 ) -> Summary:
     """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued): the items
     with no shipped result that are not queued in rq (module docstring). RETRY_FAILED: queue
@@ -383,7 +385,8 @@ def enqueue_file(
     settings instead of refusing them. SHARED_FS: a local output is one filesystem every node
     mounts (common/placement.py). NOTE gets the lines worth telling the user (a run
     re-created from its output, settings updated). TMP_DIR: where --longest-first holds items
-    (default TMPDIR). A file that cannot be written raises WriteFailedError (outfiles)."""
+    (default TMPDIR). PRIORITY: give the run this priority before any job is queued (None:
+    keep it). A file that cannot be written raises WriteFailedError (outfiles)."""
     started = time.perf_counter()
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     # a conflicting run is refused before the input is read; nothing is written yet
@@ -403,7 +406,7 @@ def enqueue_file(
         order = LongestFirst(tmp_dir) if longest_first else None
         return _enqueue(path, records, summary, run, settings, conn, setup, started=started, batch_size=batch_size,
                         rejects=rejects, max_record_bytes=max_record_bytes, progress=progress, order=order,
-                        origin=origin, retry_failed=retry_failed, note=note)
+                        origin=origin, retry_failed=retry_failed, note=note, priority=priority)
     except WriteFailedError as e:
         done = "nothing was queued" if not summary.items else \
             f"{summary.items:,} items were queued before it and stay queued"
@@ -419,11 +422,15 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
              conn: redis.Redis | None, setup: RunSetup | None, *, started: float, batch_size: int,
              rejects: RejectsWriter | None, max_record_bytes: int,
              progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None, order: LongestFirst | None,
-             origin: Origin | None, retry_failed: bool, note: Note | None) -> Summary:
+             origin: Origin | None, retry_failed: bool, note: Note | None, priority: int | None) -> Summary:
     """enqueue_file once its input is checked and its side files are open."""
     store = RunStore(conn) if conn is not None else None
-    if setup is not None:
+    if setup is not None and store is not None:
         info = setup.apply(note or _log_note)
+        # before the first job: a consumer must never serve a high run's items at the default
+        if priority is not None:
+            store.set_priority(run, priority)
+        summary.priority = store.priorities([run])[run]
         summary.fingerprint = info.fingerprint
         summary.created_run = bool(setup.outcome.get("created_run"))
         summary.recreated_run = bool(setup.outcome.get("recreated_run"))

@@ -161,6 +161,11 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "hosts": hosts_view(everyone, run),
         "versions": versions,
         "drift": drift,
+        # Runs share the fleet by priority (`producer priority`), then evenly: this run's part of
+        # the requests in flight on the live consumers that serve it.
+        "priority": store.priorities([run])[run],
+        "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
+                  "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
     }
 
 
@@ -246,6 +251,10 @@ def format_status(r: dict[str, Any], *, color: bool | None = None) -> str:
                   f"done {r['items_done']:,}, failed {r['items_failed']:,}, truncated {r['items_truncated']:,}")),
         ("jobs", (f"queued {jobs['queued']:,}, in flight {jobs['started']:,}, "
                  f"finished {jobs['finished']:,}, failed {jobs['failed']:,}")),
+        ("priority", f"{r.get('priority', 0)}; share: {r['share']['in_flight']:,} of the {r['share']['of']:,} "
+                     f"requests in flight on its {r['share']['consumers']} live consumer(s)"
+                     + (f" ({100 * r['share']['in_flight'] / r['share']['of']:.0f}%)" if r['share']['of'] else "")
+         if "share" in r else "0"),
         ("speed (1 min)", (f"{_f(last['completions_per_s'])} completions/s, "
                           f"{_f(last['completion_tokens_per_s'], 0)} completion tok/s, "
                           f"{_f(last['prompt_tokens_per_s'], 0)} prompt tok/s")),

@@ -55,7 +55,7 @@ def test_book_acks_only_complete_jobs_whose_last_shard_shipped() -> None:
     assert book.take() is None and book.in_flight == 3
     for seq, t in zip((1, 2, 2), taken, strict=True):
         assert t is not None
-        book.answered()
+        book.answered(t[0])
         book.recorded(t[0], result(t[1]), seq)
     assert a.complete and b.complete and a.max_seq == 2 and b.max_seq == 2
     assert book.ackable("r", 1) == []
@@ -70,7 +70,7 @@ def test_book_lost_shard_abandons_its_jobs_and_their_waiting_items() -> None:
     book.hold(b)
     t = book.take()
     assert t is not None and t[0] is a
-    book.answered()
+    book.answered(a)
     book.recorded(a, result(t[1]), 4)
     lost = book.lose_shard("r", 4)
     assert lost == [a] and a.abandoned and "a" not in book.jobs
@@ -205,7 +205,7 @@ def held_job(jid: str, n: int) -> JobState[Any]:
 def complete(book: Book[Any], js: JobState[Any], seq: int) -> None:
     book.hold(js)
     while (t := book.take()) is not None:
-        book.answered()
+        book.answered(t[0])
         book.recorded(t[0], result(t[1]), seq)
 
 
