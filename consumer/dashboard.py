@@ -14,7 +14,9 @@ rq-dashboard (0.9) out of the box fails on genqueue in three ways:
 
 This runs rq-dashboard's own command line with `--json`, its worker listing reading jobs with
 the JSON serializer, and a worker whose current job no serializer can read shown with its id
-instead of failing the whole page. And whatever a genqueue queue holds (a pickle, garbage, a
+instead of failing the whole page. A consumer holds many jobs at once (rq executions), where
+rq-dashboard shows one "current job" per worker: its workers data gives each worker
+`current_jobs`, every job it holds, and its Workers page lists them. And whatever a genqueue queue holds (a pickle, garbage, a
 hash without data, an id whose hash is gone, a date rq does not parse), its job lists show
 each such entry as a row `(malformed: <reason>)` (common/rqjobs.py's reasons), and a job's own
 page and JSON say why it cannot be shown, where rq-dashboard answered 500 for the whole list. Every rq-dashboard option passes through; the Redis URL
@@ -26,7 +28,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -95,7 +99,79 @@ def patch(web: ModuleType) -> None:
     # setattr: mypy sees rq-dashboard's modules as plain ModuleType
     setattr(web, "Worker", JsonWorker)  # noqa: B010
     setattr(web, "serialize_current_job", serialize_current_job)  # noqa: B010
+    patch_held_jobs(web)
     patch_job_lists(web)
+
+
+def patch_held_jobs(web: ModuleType) -> None:
+    """workers.json gives each worker `current_jobs`, every job it holds (its rq executions),
+    beside rq-dashboard's `current_job` (one of them), and the Workers page lists them all: a
+    consumer holds many jobs at once. rq-dashboard's own view builds the rest of each row."""
+    from flask import current_app
+    from jinja2 import ChoiceLoader, DictLoader
+
+    from genqueue.common.rqaccess import SERIALIZER
+
+    own_view = web.list_workers.__wrapped__  # under rq-dashboard's @jsonify (functools.wraps)
+
+    def held(conn: Any, name: str) -> list[Any]:
+        worker = web.Worker.find_by_key(web.Worker.redis_worker_namespace_prefix + name, connection=conn)
+        if worker is None:  # gone since rq-dashboard listed it
+            return []
+        jobs = []
+        for job_id in sorted({e.job_id for e in worker.get_current_executions(refresh=True)}):
+            try:
+                job: Any = web.Job.fetch(job_id, connection=conn, serializer=SERIALIZER)
+            except Exception as e:  # noqa: BLE001 - a held job rq cannot load: shown by its id
+                job = _Unloadable(job_id, f"{type(e).__name__}: {str(e)[:120]}")
+            jobs.append(web.serialize_current_job(job))
+        return jobs
+
+    def list_workers(instance_number: int) -> dict[str, Any]:
+        listed: dict[str, Any] = own_view(instance_number)
+        conn = getattr(current_app, "redis_conn")  # noqa: B009 - set by rq-dashboard
+        for row in listed["workers"]:
+            row["current_jobs"] = held(conn, row["name"])
+        return listed
+
+    view = web.jsonify(list_workers)
+
+    page = workers_page(Path(str(web.__file__)).parent / "templates" / WORKERS_TEMPLATE)
+    if page is None:
+        log.warning("rq-dashboard's Workers page is not the one genqueue knows: it shows one job per worker")
+
+    def on_app(state: Any) -> None:  # once rq-dashboard's blueprint is on its app
+        state.app.view_functions[f"{state.name_prefix}.{state.name}.list_workers".lstrip(".")] = view
+        if page is not None:  # ahead of the app's loader: rq-dashboard's app finds its templates itself
+            state.app.jinja_loader = ChoiceLoader([DictLoader({WORKERS_TEMPLATE: page}), state.app.jinja_loader])
+
+    web.blueprint.record(on_app)
+
+
+#: rq-dashboard's Workers page, and its cell showing one current job per worker.
+WORKERS_TEMPLATE = "rq_dashboard/workers.html"
+ONE_JOB_CELL = re.compile(r"<% if \(d\.current_job !== 'idle'\) \{ %>.*?<td><%= d\.current_job %></td>\s*<% \} %>",
+                          re.DOTALL)
+HELD_JOBS_CELL = """<td>
+            <% if (d.current_jobs && d.current_jobs.length) { %><% _.each(d.current_jobs, function(job) { %>
+                <div title="Job ID: <%- job.job_id %>&#013;&#010;Description: <%- job.description %>&#013;&#010;Created at: <%= toRelative(job.created_at) %>">
+                    <a href="<%= url_for_single_job_view(job.job_id) %>"><%- job.call_string %></a>
+                </div>
+            <% }); %><% } else { %>idle<% } %>
+            </td>"""
+
+
+def workers_page(path: Path) -> str | None:
+    """rq-dashboard's Workers page listing every job a worker holds; None when PATH is not the
+    page this was written for (then rq-dashboard's own page is left as it is)."""
+    try:
+        source = path.read_text()
+    except OSError:
+        return None
+    page, n = ONE_JOB_CELL.subn(HELD_JOBS_CELL, source)
+    if n != 1 or "Current&nbsp;job<" not in page:
+        return None
+    return page.replace("Current&nbsp;job<", "Jobs&nbsp;held<")
 
 
 class _Unloadable:

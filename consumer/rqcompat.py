@@ -24,11 +24,12 @@ from typing import Any
 
 import redis
 import rq.utils
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.worker import BaseWorker, WorkerStatus
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from genqueue.common.clock import RedisClock
 from genqueue.common.defaults import KEY_PREFIX
@@ -69,24 +70,41 @@ class GenWorker(BaseWorker):
         self.gate: Callable[[str], bool] = lambda queue_name: True
         self.log_result_lifespan = False
         self.log_job_description = False
+        # Between start and stop: only then is this worker in rq's worker sets.
+        self._registered = False
 
     # rq sizes leases from the job timeout; ours are a consumer setting.
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return self.lease
 
     def set_queues(self, queues: list[Queue]) -> None:
-        """Serve QUEUES from now on (runs come and go while a consumer lives)."""
+        """Serve QUEUES from now on (runs come and go while a consumer lives): in the worker's
+        hash and in rq's per-queue worker sets, which `rq info <queue>`, rq-dashboard and
+        Worker.all(queue=...) read; a queue no longer served loses it. Before start and after
+        stop only the local list changes: rq's sets hold live workers only."""
+        before = set(self.queue_names())
         self.queues = queues
         self._ordered_queues = queues[:]
-        self.connection.hset(self.key, "queues", ",".join(q.name for q in queues))
+        if not self._registered:
+            return
+        with self.connection.pipeline() as p:
+            p.hset(self.key, "queues", ",".join(self.queue_names()))
+            for name in before - set(self.queue_names()):
+                p.srem(WORKERS_BY_QUEUE_KEY % name, self.key)
+            worker_registration.register(self, pipeline=p)
+            p.execute()
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
         self.clock.measure()
         self.register_birth()  # type: ignore[no-untyped-call]
+        self._registered = True
         self.set_state(WorkerStatus.IDLE)
 
     def stop(self) -> None:
+        """Leave rq's worker sets of every queue served (rq's register_death reads them from
+        self.queues, which set_queues keeps current)."""
+        self._registered = False
         self.register_death()  # type: ignore[no-untyped-call]
 
     # --- dequeue -------------------------------------------------------------------
@@ -184,6 +202,10 @@ class GenWorker(BaseWorker):
         kept = [h for h, score in zip(held, scores, strict=True) if score is not None]
         with self.connection.pipeline() as p:
             self.heartbeat(self.lease + 60, pipeline=p)
+            # Put back what a cleaner took while this worker's hash had expired (Redis out of
+            # reach for a lease and a minute): a live consumer stays listed by rq's tools.
+            if self._registered:
+                worker_registration.register(self, pipeline=p)
             ts = self._now()
             for h in kept:
                 h.execution.heartbeat(h.queue.started_job_registry, self.lease, pipeline=p)
@@ -192,6 +214,8 @@ class GenWorker(BaseWorker):
             p.execute()
         for h in lost:
             self.executions.pop(h.execution.id, None)
+        if lost:
+            self._idle_if_empty()
         return lost
 
     def still_ours(self, held: Held) -> bool:
@@ -256,6 +280,9 @@ class GenWorker(BaseWorker):
             if expired:
                 log.warning("queue %s: %d abandoned job(s) past their lease; re-queueing", queue.name, len(expired))
                 registry.cleanup(cutoff)
+            # As rq's own workers do under this lock: a dead (SIGKILLed) consumer leaves rq's
+            # worker sets once its hash has expired (a lease and a minute without a heartbeat).
+            worker_registration.clean_worker_registry(queue)
             return len(expired) + self._reclaim_intermediate(queue)
         finally:
             self.connection.delete(queue.registry_cleaning_key)

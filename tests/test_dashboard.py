@@ -132,3 +132,15 @@ def test_a_missing_dependency_is_one_line_naming_it(monkeypatch):
     monkeypatch.setattr(dashboard.importlib, "import_module", no_six)
     with pytest.raises(dashboard.DashboardMissing, match="No module named 'six'.*pip install 'rq-dashboard==0.9.\\*' six"):
         dashboard.load()
+
+
+def test_the_workers_page_lists_every_held_job_or_is_left_as_rq_dashboard_made_it(tmp_path):
+    import rq_dashboard.web as web
+
+    page = dashboard.workers_page(Path(web.__file__).parent / "templates" / dashboard.WORKERS_TEMPLATE)
+    assert page is not None and "_.each(d.current_jobs" in page and "Jobs&nbsp;held" in page
+    assert "d.current_job !== 'idle'" not in page
+    other = tmp_path / "workers.html"
+    other.write_text("<td><%= d.current_job.name %></td>")  # some other rq-dashboard's page
+    assert dashboard.workers_page(other) is None
+    assert dashboard.workers_page(tmp_path / "absent.html") is None

@@ -123,3 +123,47 @@ def test_a_job_stuck_between_dequeue_and_start_comes_back_without_spending_a_ret
     assert Job.fetch(job_id, connection=conn, serializer=SERIALIZER).retries_left == 3
     held, _ = w.dequeue(q)
     assert held is not None and held.id == job_id
+
+
+def test_rqs_worker_sets_follow_the_queues_served_and_the_state_held(conn):
+    qa, _ = enqueue(conn, 1, run="a")
+    qb, _ = enqueue(conn, 1, run="b")
+    qc = queue_for("c", conn)
+    w = GenWorker([queue_for("_idle", conn)], conn, lease=30)
+    w.start()
+    w.set_queues([qa, qb])
+
+    def listed() -> dict[str, str]:
+        return {q.name: ",".join(x.get_state() for x in Worker.all(queue=q, connection=conn)) for q in (qa, qb, qc)}
+
+    assert listed() == {qa.name: "idle", qb.name: "idle", qc.name: ""}
+    assert Worker.all(queue=queue_for("_idle", conn), connection=conn) == []
+    held, _ = w.dequeue(qb)
+    assert listed() == {qa.name: "busy", qb.name: "busy", qc.name: ""}
+    w.set_queues([qb, qc])  # run a ended
+    assert listed() == {qa.name: "", qb.name: "busy", qc.name: "busy"}
+    w.finish(held, {"items": 1})
+    assert listed() == {qa.name: "", qb.name: "idle", qc.name: "idle"}
+    w.stop()
+    assert listed() == {qa.name: "", qb.name: "", qc.name: ""} and Worker.all(connection=conn) == []
+
+
+def test_a_killed_consumer_leaves_rqs_worker_sets_when_its_hash_expires(conn):
+    qa, _ = enqueue(conn, 1, run="a")
+    qb, _ = enqueue(conn, 1, run="b")
+    dead = GenWorker([qa], conn, lease=30)
+    dead.start()
+    dead.set_queues([qa, qb])
+    dead.renew([])
+    # rq's worker TTL: the hash outlives the last heartbeat by a lease and a minute, no more
+    assert 0 < conn.ttl(dead.key) <= 30 + 60
+    conn.delete(dead.key)  # SIGKILLed, and that long has passed
+    survivor = GenWorker([qb], conn, lease=30)
+    survivor.start()
+    assert survivor.sweep(qb) == 0
+    assert conn.smembers(f"rq:workers:{qb.name}") == {survivor.key.encode()}
+    assert dead.key.encode() in conn.smembers(f"rq:workers:{qa.name}")  # nobody swept a yet
+    survivor.set_queues([qa, qb])
+    survivor.sweep(qa)
+    assert [x.name for x in Worker.all(queue=qa, connection=conn)] == [survivor.name]
+    assert conn.smembers(f"rq:workers:{qa.name}") == {survivor.key.encode()}
