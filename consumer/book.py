@@ -59,10 +59,20 @@ _FAILED_KEY: dict[str, str] = {c: f"failed_{c}" for c in ErrorClass}
 
 
 @dataclass(frozen=True, slots=True)
+class RunLoad:
+    """What this consumer holds of one run: jobs, items waiting for a slot, requests in flight."""
+
+    held_jobs: int = 0
+    pending_items: int = 0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class BookSnapshot:
     held_jobs: int
     pending_items: int
     in_flight: int
+    runs: dict[str, RunLoad] = field(default_factory=dict)
 
 
 class Book(Generic[H]):
@@ -72,6 +82,8 @@ class Book(Generic[H]):
         self.jobs: dict[str, JobState[H]] = {}
         self._pending: collections.deque[tuple[JobState[H], Item]] = collections.deque()
         self.in_flight = 0
+        # per run, so a consumer serving a big and a tiny run reports each its own figures
+        self._in_flight_by_run: collections.Counter[str] = collections.Counter()
 
     # --- taking work ---------------------------------------------------------------
     def hold(self, js: JobState[H]) -> None:
@@ -90,12 +102,18 @@ class Book(Generic[H]):
             if js.abandoned:
                 continue
             self.in_flight += 1
+            self._in_flight_by_run[js.run] += 1
             return js, item
         return None
 
-    def answered(self) -> None:
-        """An item taken with take() is no longer in flight (its record may still be unwritten)."""
+    def answered(self, run: str | None = None) -> None:
+        """An item of RUN taken with take() is no longer in flight (its record may still be
+        unwritten). Without RUN only the consumer's total is kept (unit tests)."""
         self.in_flight -= 1
+        if run is not None:
+            self._in_flight_by_run[run] -= 1
+            if self._in_flight_by_run[run] <= 0:
+                del self._in_flight_by_run[run]
 
     # --- results -------------------------------------------------------------------
     def recorded(self, js: JobState[H], rec: Record, seq: int) -> None:
@@ -112,8 +130,8 @@ class Book(Generic[H]):
         outcome = ok["outcome"]
         c["items_done"] += 1
         c[_OUTCOME_KEY.get(outcome) or f"outcome_{outcome}"] += 1
-        if outcome != Outcome.FINISHED:
-            c["items_truncated"] += 1
+        if ok.get("turns") is not None:
+            c["turns_generated"] += len(ok["turns"])
         usage = ok["usage"]
         c["prompt_tokens"] += usage.get("prompt_tokens", 0)
         c["completion_tokens"] += usage.get("completion_tokens", 0)
@@ -163,4 +181,8 @@ class Book(Generic[H]):
         return len(self.jobs)
 
     def snapshot(self) -> BookSnapshot:
-        return BookSnapshot(len(self.jobs), len(self._pending), self.in_flight)
+        held = collections.Counter(js.run for js in self.jobs.values())
+        pending = collections.Counter(js.run for js, _ in self._pending if not js.abandoned)
+        runs = {run: RunLoad(held[run], pending[run], self._in_flight_by_run[run])
+                for run in sorted(set(held) | set(pending) | set(self._in_flight_by_run))}
+        return BookSnapshot(len(self.jobs), len(self._pending), self.in_flight, runs)

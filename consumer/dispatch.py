@@ -86,7 +86,7 @@ class Dispatcher:
             rec = internal_error(js.ctx, item, js.attempt, e)
         finally:
             self.limiter.release()
-            self.book.answered()
+            self.book.answered(js.run)
         if js.abandoned:
             return  # its job went back to the queue meanwhile: its new run writes this again
         seq = self.outbox.append(js.run, rec)
