@@ -161,7 +161,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "eta_s": eta,
         "eta_assumes_completion_tokens_per_s": recent["completion_tokens_per_s"],
         "shipping": shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now),
-        "consumers": [_consumer_row(c, run, shares[c["worker"]]) for c in mine],
+        "consumers": [_consumer_row(c, run, shares[c["worker"]], where["in_flight"]) for c in mine],
         "output_placement": {"host": info.placement.host, "shared_fs": info.placement.shared_fs,
                              "where": info.placement.describe(info.settings.output)},
         "hosts": hosts_view(everyone, run),
@@ -189,10 +189,13 @@ def hosts_view(snaps: list[dict[str, Any]], run: str) -> dict[str, dict[str, Any
     return dict(sorted(out.items()))
 
 
-def _consumer_row(c: dict[str, Any], run: str, share: dict[str, Any]) -> dict[str, Any]:
+def _consumer_row(c: dict[str, Any], run: str, share: dict[str, Any], run_in_flight: int) -> dict[str, Any]:
     """Consumer C as seen from RUN: the run's rates and SHARE (its in flight, jobs held and
-    shipping), never the figures of another run C serves."""
+    shipping), never the figures of another run C serves. Its in flight is capped by RUN_IN_FLIGHT,
+    the run's: a report seconds old does not show work in flight beside a run that is done."""
     r = c["runs"][run]
+    share = {**share, "in_flight": min(share["in_flight"], run_in_flight),
+             "pending_items": min(share["pending_items"], max(run_in_flight - share["in_flight"], 0))}
     ship = dict(share["shipping"])
     err = (c.get("shipping") or {}).get("last_error")
     ship["last_error"] = _redact_error(err) if err else None

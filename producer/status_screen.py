@@ -41,7 +41,11 @@ def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[st
     ship = r["shipping"]
     if ship["stalled"]:
         alarm.add(len(rows))
-    rows.append(("shipping", shipping_line(ship, r["now"])))
+    if not ship["shards"] and r["items_done"] + r["items_failed"]:
+        # done marks are written as a shard ships; the consumer's report of it is seconds behind
+        rows.append(("shipping", "results shipped; the consumers have not reported it yet (they do every few s)"))
+    else:
+        rows.append(("shipping", shipping_line(ship, r["now"])))
     if ship["stalled"]:  # its own row, so that clipping the line never hides it
         alarm.add(len(rows))
         rows.append(("", f"STALLED: shards waiting over {format_duration(ship['warn_after_s'])}"))
