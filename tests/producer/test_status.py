@@ -8,13 +8,17 @@ from typing import Any
 import orjson
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
+from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine import engine_view, parse_prometheus
 from genqueue.producer.status import format_status, run_status
+from genqueue.producer.status_figures import outcome_view, placement
 from tests.conftest import cli
 
 
@@ -164,3 +168,32 @@ def test_shards_waiting_briefly_are_not_an_alarm(conn: redis.Redis) -> None:
     assert not r["shipping"]["stalled"] and r["shipping"]["errors"] == []
     text = format_status(r, color=True)
     assert "\x1b[" not in text and "STALLED" not in text and "2 waiting on disk (oldest 0m 12s)" in text
+
+
+@given(st.integers(0, 500), st.integers(0, 500), st.integers(0, 500), st.integers(0, 500), st.integers(0, 500),
+       st.integers(0, 50))
+def test_every_item_is_in_one_place(items: int, done: int, failed: int, in_flight: int, unshipped: int,
+                                    jobs_queued: int) -> None:
+    done, failed = min(done, items), min(failed, max(items - done, 0))
+    where = placement(items, done, failed, in_flight, unshipped, jobs_queued)
+    assert sum(where.values()) == items and min(where.values()) >= 0
+    remaining = items - done - failed
+    assert (where["queued"] == 0) == (jobs_queued == 0 or remaining == where["shipping"])
+
+
+@pytest.mark.integration
+def test_outcomes_are_counted_with_the_marks_once(conn: redis.Redis) -> None:
+    """The marks' script counts each item once, by its outcome: a shard shipped twice (a
+    leftover shipped again) or an error record of an item with a result counts nothing more."""
+    marks = ShardMarks()
+    for i, outcome in enumerate(["finished", "finished", "cut_in_answer", "partial"]):
+        marks.add(f"{i:032x}", error=False, kind=outcome)
+    mark_shipped(conn, "cnt", marks)
+    mark_shipped(conn, "cnt", marks)
+    errors = ShardMarks()
+    errors.add(f"{0:032x}", error=True, kind="permanent")  # item 0 has a result: counted nowhere
+    errors.add(f"{9:032x}", error=True, kind="transient_exhausted")
+    mark_shipped(conn, "cnt", errors)
+    view = outcome_view(RunStore(conn).stats("cnt"), 4, 1)
+    assert (view["complete"], view["partial"], view["cut"], view["outcomes_counted"]) == (2, 1, 1, 4)
+    assert view["failed_by_class"] == {"transient_exhausted": 1} and view["cut_by_outcome"] == {"cut_in_answer": 1}
