@@ -231,8 +231,8 @@ def format_status(r: dict[str, Any], *, color: bool | None = None, width: int | 
             reason = fit(reason, max(width - 9 - len(who), 20))
         lines.insert(0, _red(f"PAUSED   {reason}{who}", paint))
     lines.append("")
-    lines.append(fit("consumers  (this run's share: items/s, completion tok/s, in flight, jobs held; under each its "
-                     "engine: running/waiting, KV cache, spec-decode acceptance, model)", width))
+    lines.append(fit("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)",
+                     width))
     if not r["consumers"]:
         lines.append("  none has reported for this run")
     for c in r["consumers"]:

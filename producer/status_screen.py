@@ -103,8 +103,8 @@ def _multi_turn(r: dict[str, Any]) -> list[tuple[str, str]]:
     if mode == Mode.REGENERATE:
         return [("multi-turn", f"{mode}, truncation {s.get('truncation')}: {met}"),
                 ("  turns", (f"{r['turns_generated']:,} generated; conversations complete {r['complete']:,}, "
-                             f"stopped at a tool turn {inp['stopped_at_tool_turn']:,}, partial {r['partial']:,}, "
-                             f"cut {r['cut']:,}"))]
+                             f"partial {r['partial']:,}, cut {r['cut']:,}; "
+                             f"{inp['stopped_at_tool_turn']:,} stop at a tool turn"))]
     if mode == Mode.EACH:
         return [("multi-turn", f"{mode}: {met}"),
                 ("  turns", f"{inp['user_turns']:,} user turns, each an item: {r['items']:,} items")]
