@@ -243,7 +243,16 @@ def format_status(r: dict[str, Any], *, color: bool | None = None, width: int | 
     if r.get("refused_jobs"):
         tail.append(f"REFUSED  {refused_line(r['refused_jobs'], r['run'])}")
     tail += [f"WARNING  {msg}" for msg in sorted(set(r["warnings"].values()))]
-    return "\n".join(lines + [fit(t, width) for t in tail])
+    return "\n".join(lines + [x for t in tail for x in _fit_keeping_command(t, width)])
+
+
+def _fit_keeping_command(line: str, width: int | None) -> list[str]:
+    """LINE clipped to WIDTH; a command it ends with (as `...; clear them with <command>`) goes on
+    its own line, indented, so that clipping never cuts what the reader is told to run."""
+    head, sep, last = line.rpartition("; ")
+    if width is None or len(line) <= width or not sep or "`" not in last:
+        return [fit(line, width)]
+    return [fit(head, width), fit(" " * 9 + last, width)]
 
 
 def _consumer_line(c: dict[str, Any]) -> str:
