@@ -77,7 +77,7 @@ from genqueue.producer.reconcile import (
 )
 from genqueue.producer.rejects import Rejected, RejectsWriter
 from genqueue.producer.runsetup import Note, RunSetup, prepare
-from genqueue.producer.sources import bind
+from genqueue.producer.sources import bind, end_reading, start_reading
 
 log = logging.getLogger(__name__)
 
@@ -461,6 +461,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,
                    retry_failed=retry_failed)
     ended = False
+    if conn is not None:
+        start_reading(conn, run, summary.source, time.time())
     try:
         enq.process(records)
         summary.complete = ended = True
@@ -470,6 +472,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     finally:
         if lock is not None:
             lock.release()
+        if conn is not None:
+            end_reading(conn, run, summary.source)
         enq.fill(summary)
         try:
             if rejects is not None and ended:

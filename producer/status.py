@@ -34,6 +34,7 @@ from genqueue.common.redact import redact
 from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
+from genqueue.producer.sources import reading
 from genqueue.producer.status_figures import input_view, outcome_view, placement, run_share, speed_note
 from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
 
@@ -79,7 +80,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
     now = time.time() if now is None else now
     store = RunStore(conn)
     info = store.require(run)
-    inputs = input_view(store.sources(run))
+    inputs = input_view(store.sources(run), reading(conn, run))
     items, done, failed, stats = counts(conn, run)
     pause = run_pause(conn, run)
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll

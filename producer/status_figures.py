@@ -77,9 +77,10 @@ def outcome_view(stats: dict[str, int], done: int, failed: int) -> dict[str, Any
     }
 
 
-def input_view(sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | None = None) -> dict[str, Any]:
     """What was read of each input: records read, whether the read was complete, rejected by
-    reason, and what the multi-turn rule met (records with several user turns)."""
+    reason, and what the multi-turn rule met (records with several user turns); READING: the
+    inputs an enqueue is reading now, with when it began."""
     files = []
     rejected: dict[str, int] = {}
     for name, s in sorted(sources.items(), key=lambda kv: int(kv[1].get("source_seq", 0) or 0)):
@@ -93,8 +94,9 @@ def input_view(sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
                       "stopped_at_tool_turn": int(s.get("stopped_at_tool_turn", 0) or 0)})
     return {
         "files": files,
+        "reading": dict(sorted((reading or {}).items())),
         "records": sum(f["records"] for f in files),
-        "complete": bool(files) and all(f["complete"] for f in files),
+        "complete": bool(files) and all(f["complete"] for f in files) and not reading,
         "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(sorted(rejected.items())),
         "multi_turn_records": sum(f["multi_turn_records"] for f in files),

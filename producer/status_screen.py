@@ -31,7 +31,7 @@ def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[st
     if len(fps) > 1:
         rows.append(("fingerprints", f"{len(fps)} (settings updated): " + " -> ".join(
             f"{e['fingerprint']} ({time.strftime('%m-%d %H:%M', time.localtime(e['since']))})" for e in fps)))
-    rows += _input_rows(r["input"], wide)
+    rows += _input_rows(r["input"], wide, r["now"])
     rows += _multi_turn(r)
     rows.append(("sampling", _sampling(s["sampling"] or {})))
     rows.append(("model", str(s.get("model") or "(whatever the endpoints serve)")))
@@ -73,9 +73,13 @@ def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[st
     return rows, alarm
 
 
-def _input_rows(inp: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
+def _input_rows(inp: dict[str, Any], wide: bool, now: float) -> list[tuple[str, str]]:
     files = inp["files"]
+    busy = [("", f"{short_name(name, wide)}: still reading (an enqueue began {format_duration(now - at)} ago)")
+            for name, at in inp.get("reading", {}).items()]
     if not files:
+        if busy:
+            return [("input", busy[0][1]), *busy[1:]]
         return [("input", "none recorded yet (`producer enqueue` records each input when it has read it)")]
 
     def read(f: dict[str, Any]) -> str:
@@ -83,7 +87,7 @@ def _input_rows(inp: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
             f"{f['records']:,} records read, INCOMPLETE (the read stopped early: enqueue it again)"
         return f"{short_name(f['name'], wide)}: {how}, rejected {f['rejected']:,}"
 
-    rows = [("input" if i == 0 else "", read(f)) for i, f in enumerate(files)]
+    rows = [("input" if i == 0 else "", read(f)) for i, f in enumerate(files)] + busy
     if len(files) > 1:
         done = "complete" if inp["complete"] else "NOT complete"
         rows.append(("", (f"{len(files)} files: {inp['records']:,} records read ({done}), "

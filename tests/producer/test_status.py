@@ -17,6 +17,7 @@ from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine import engine_view, parse_prometheus
+from genqueue.producer.sources import end_reading, start_reading
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status_figures import outcome_view, placement
 from tests.conftest import cli
@@ -197,3 +198,16 @@ def test_outcomes_are_counted_with_the_marks_once(conn: redis.Redis) -> None:
     view = outcome_view(RunStore(conn).stats("cnt"), 4, 1)
     assert (view["complete"], view["partial"], view["cut"], view["outcomes_counted"]) == (2, 1, 1, 4)
     assert view["failed_by_class"] == {"transient_exhausted": 1} and view["cut_by_outcome"] == {"cut_in_answer": 1}
+
+
+@pytest.mark.integration
+def test_an_input_still_being_read_is_said(conn: redis.Redis) -> None:
+    RunStore(conn).create_or_check("rd", RunSettings())
+    now = time.time()
+    start_reading(conn, "rd", "/data/part-2.jsonl", now - 65)
+    r = run_status(conn, "rd", now=now)
+    assert r["input"]["reading"] == {"/data/part-2.jsonl": pytest.approx(now - 65)} and not r["input"]["complete"]
+    row = next(x for x in format_status(r, color=False).splitlines() if x.startswith("input"))
+    assert "part-2.jsonl: still reading (an enqueue began 1m 05s ago)" in row
+    end_reading(conn, "rd", "/data/part-2.jsonl")
+    assert run_status(conn, "rd", now=now)["input"]["reading"] == {}
