@@ -130,8 +130,6 @@ class Book(Generic[H]):
         outcome = ok["outcome"]
         c["items_done"] += 1
         c[_OUTCOME_KEY.get(outcome) or f"outcome_{outcome}"] += 1
-        if ok.get("turns") is not None:
-            c["turns_generated"] += len(ok["turns"])
         usage = ok["usage"]
         c["prompt_tokens"] += usage.get("prompt_tokens", 0)
         c["completion_tokens"] += usage.get("completion_tokens", 0)

@@ -25,7 +25,7 @@ import orjson
 
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import Record
-from genqueue.common.marks import ShardMarks, record_kind
+from genqueue.common.marks import ShardMarks, record_kind, record_turns
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
 from genqueue.consumer.shards import ShardWriter
@@ -119,7 +119,8 @@ class Outbox:
         marks = self._marks.get((run, seq))
         if marks is None:
             marks = self._marks[(run, seq)] = ShardMarks()
-        marks.add(record["key"], error="error" in record, kind=record_kind(record))
+        marks.add(record["key"], error="error" in record, kind=record_kind(record),
+                  turns=record_turns(record))
         return seq
 
     @property
@@ -315,7 +316,7 @@ def marks_of_file(path: Path) -> ShardMarks:
         for line in fh:
             try:
                 rec = orjson.loads(line)
-                marks.add(rec["key"], error="error" in rec, kind=record_kind(rec))
+                marks.add(rec["key"], error="error" in rec, kind=record_kind(rec), turns=record_turns(rec))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
     return marks

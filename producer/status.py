@@ -133,7 +133,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "records": inputs["records"],
         "rejected": inputs["rejected"],
         "rejected_by_reason": inputs["rejected_by_reason"],
-        "turns_generated": stats.get("turns_generated", 0),
+        "turns_generated": stats.get("shipped_turns", 0),
         "items": items,
         "items_done": done,
         "items_failed": failed,

@@ -47,6 +47,8 @@ def check_identities(r: dict[str, Any]) -> None:
     assert sum(r["outcomes"].values()) == r["done"] and sum(r["cut_by_outcome"].values()) == r["cut"]
     assert r["failed"] == r["items_failed"] and sum(r["failed_by_class"].values()) >= r["failed"]
     assert (r["jobs"]["queued"] == 0) == (r["items_queued"] == 0), r
+    if r["settings"]["multi_turn"] == "regenerate":  # counted with the marks: a turn at least each
+        assert r["turns_generated"] >= r["done"], r
     assert all(c["in_flight"] + c["pending_items"] <= r["items_in_flight"] for c in r["consumers"]), r
     last, avg = r["speed"]["last_minute"], r["speed"]["run_average"]
     if r["done"] + r["failed"] == 0:  # nothing shipped: no rate, beside `done 0`

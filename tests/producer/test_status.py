@@ -188,14 +188,16 @@ def test_outcomes_are_counted_with_the_marks_once(conn: redis.Redis) -> None:
     leftover shipped again) or an error record of an item with a result counts nothing more."""
     marks = ShardMarks()
     for i, outcome in enumerate(["finished", "finished", "cut_in_answer", "partial"]):
-        marks.add(f"{i:032x}", error=False, kind=outcome)
+        marks.add(f"{i:032x}", error=False, kind=outcome, turns=2)
     mark_shipped(conn, "cnt", marks)
     mark_shipped(conn, "cnt", marks)
     errors = ShardMarks()
     errors.add(f"{0:032x}", error=True, kind="permanent")  # item 0 has a result: counted nowhere
     errors.add(f"{9:032x}", error=True, kind="transient_exhausted")
     mark_shipped(conn, "cnt", errors)
-    view = outcome_view(RunStore(conn).stats("cnt"), 4, 1)
+    stats = RunStore(conn).stats("cnt")
+    assert stats["shipped_turns"] == 8  # two turns each, counted once
+    view = outcome_view(stats, 4, 1)
     assert (view["complete"], view["partial"], view["cut"], view["outcomes_counted"]) == (2, 1, 1, 4)
     assert view["failed_by_class"] == {"transient_exhausted": 1} and view["cut_by_outcome"] == {"cut_in_answer": 1}
 
