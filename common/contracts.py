@@ -280,9 +280,25 @@ class EngineView(TypedDict, total=False):
     notes: list[str]  # speculative decoding and prefix cache, in plain words
 
 
-class RunCounters(TypedDict, total=False):
-    """A consumer's counters and one-minute rates for one run (the snapshot's `runs`)."""
+class RunShippingView(TypedDict):
+    """One run's share of a consumer's shipping (ShippingView is the consumer's total)."""
 
+    shards: int
+    bytes: int
+    waiting_shards: int
+    unshipped_records: int  # written to the spool, not shipped yet
+    last_upload_at: float | None
+    oldest_waiting_at: float | None
+
+
+class RunCounters(TypedDict, total=False):
+    """A consumer's counters, one-minute rates and load for one run (the snapshot's `runs`):
+    every figure here is this run's alone, whatever else the consumer serves."""
+
+    in_flight: int
+    pending_items: int
+    held_jobs: int
+    shipping: RunShippingView
     completions: int
     errors: int
     prompt_tokens: int
@@ -292,7 +308,6 @@ class RunCounters(TypedDict, total=False):
     completion_tokens_per_s: float
     fingerprint: str | None
     reasoning_probe: str | None
-    in_flight: int  # this run's requests in flight on the consumer (its share of the slots)
 
 
 class ShippingView(TypedDict):

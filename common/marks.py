@@ -9,12 +9,17 @@ in the shipped shards: if they are lost (Redis flushed), nothing breaks, work is
 Keys (16-byte digests of the item keys, as in genqueue:run:<run>:keys):
   genqueue:run:<run>:done     set   items with a result record in a shipped shard
   genqueue:run:<run>:failed   set   items with an error record in a shipped shard
+
+With the marks, in the same script, each item newly marked adds one to its outcome's counter
+(`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats): so the outcomes
+`producer status` shows always sum to the items it calls done, at every moment.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -38,15 +43,66 @@ def failed_key(run: str) -> str:
     return run_key(run, "failed")
 
 
+#: Marks the digests in ARGV (digest, counter name, turns, ...) in KEYS[1] (done) or, with
+#: KEYS[3] (done) given, KEYS[1] (failed); each newly marked one adds 1 to its counter in KEYS[2]
+#: and its regenerated turns to `shipped_turns` (an error record of an item that has a result
+#: already counts nowhere).
+_MARK = """
+local added = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then
+    added = added + 1
+    if ARGV[i + 1] ~= '' and (KEYS[3] == nil or redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 0) then
+      redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
+      if ARGV[i + 2] ~= '0' then
+        redis.call('HINCRBY', KEYS[2], 'shipped_turns', ARGV[i + 2])
+      end
+    end
+  end
+end
+return added
+"""
+
+
 @dataclass(slots=True)
 class ShardMarks:
-    """The item digests one shard holds, split by record kind."""
+    """The item digests one shard holds, split by record kind, with each one's counter name
+    (its outcome or error class; empty when unknown)."""
 
     done: list[bytes] = field(default_factory=list)
     failed: list[bytes] = field(default_factory=list)
+    done_kind: list[str] = field(default_factory=list)
+    failed_kind: list[str] = field(default_factory=list)
+    done_turns: list[int] = field(default_factory=list)
 
-    def add(self, item_key: str, *, error: bool) -> None:
+    def add(self, item_key: str, *, error: bool, kind: str = "", turns: int = 0) -> None:
         (self.failed if error else self.done).append(key_digest(item_key))
+        (self.failed_kind if error else self.done_kind).append(
+            (f"shipped_failed_{kind}" if error else f"shipped_outcome_{kind}") if kind else "")
+        if not error:
+            self.done_turns.append(turns)
+
+
+def record_kind(rec: Mapping[str, object]) -> str:
+    """The outcome of a result record, or the class of an error record ("" when neither)."""
+    err = rec.get("error")
+    if isinstance(err, dict):
+        return str(err.get("class") or "")
+    return str(rec.get("outcome") or "")
+
+
+def record_turns(rec: Mapping[str, object]) -> int:
+    """How many turns a regenerate record holds (0 for any other record)."""
+    turns = rec.get("turns")
+    return len(turns) if isinstance(turns, list) else 0
+
+
+def _triples(digests: list[bytes], kinds: list[str], turns: list[int] | None = None) -> list[bytes | str | int]:
+    if len(kinds) != len(digests):  # marks built without kinds: nothing to count
+        kinds = [""] * len(digests)
+    if turns is None or len(turns) != len(digests):
+        turns = [0] * len(digests)
+    return [x for t in zip(digests, kinds, turns, strict=True) for x in t]
 
 
 def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
@@ -57,11 +113,12 @@ def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
     consumer/rewind.py tells by it a Redis that lost writes."""
     if not marks.done and not marks.failed:
         return None
+    stats = run_key(run, "stats")
     with conn.pipeline(transaction=False) as p:
         if marks.done:
-            p.sadd(done_key(run), *marks.done)
+            p.eval(_MARK, 2, done_key(run), stats, *_triples(marks.done, marks.done_kind, marks.done_turns))
         if marks.failed:
-            p.sadd(failed_key(run), *marks.failed)
+            p.eval(_MARK, 3, failed_key(run), stats, done_key(run), *_triples(marks.failed, marks.failed_kind))
         if stamp is not None:
             p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
         out = p.execute()

@@ -63,11 +63,20 @@ _FAILED_KEY: dict[str, str] = {c: f"failed_{c}" for c in ErrorClass}
 
 
 @dataclass(frozen=True, slots=True)
+class RunLoad:
+    """What this consumer holds of one run: jobs, items waiting for a slot, requests in flight."""
+
+    held_jobs: int = 0
+    pending_items: int = 0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class BookSnapshot:
     held_jobs: int
     pending_items: int
     in_flight: int
-    in_flight_by_run: dict[str, int]
+    runs: dict[str, RunLoad] = field(default_factory=dict)
 
 
 class Book(Generic[H]):
@@ -165,8 +174,6 @@ class Book(Generic[H]):
         outcome = ok["outcome"]
         c["items_done"] += 1
         c[_OUTCOME_KEY.get(outcome) or f"outcome_{outcome}"] += 1
-        if outcome != Outcome.FINISHED:
-            c["items_truncated"] += 1
         usage = ok["usage"]
         c["prompt_tokens"] += usage.get("prompt_tokens", 0)
         c["completion_tokens"] += usage.get("completion_tokens", 0)
@@ -223,5 +230,9 @@ class Book(Generic[H]):
         return len(self.jobs)
 
     def snapshot(self) -> BookSnapshot:
-        return BookSnapshot(len(self.jobs), self._waiting, self.in_flight,
-                            {run: n for run, n in self._flying.items() if n})
+        held = collections.Counter(js.run for js in self.jobs.values())
+        pending = collections.Counter(js.run for queue in self._queues.values() for js, _ in queue
+                                      if not js.abandoned)
+        runs = {run: RunLoad(held[run], pending[run], self._flying[run])
+                for run in sorted(set(held) | set(pending) | {r for r, n in self._flying.items() if n})}
+        return BookSnapshot(len(self.jobs), self._waiting, self.in_flight, runs)

@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -25,7 +25,7 @@ import orjson
 
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import Record
-from genqueue.common.marks import ShardMarks
+from genqueue.common.marks import ShardMarks, record_kind, record_turns
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
 from genqueue.consumer.shards import ShardWriter
@@ -42,6 +42,18 @@ class ShipOutcome(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RunShipping:
+    """One run's share of the outbox: shipped, waiting on disk, records not shipped yet."""
+
+    shards: int = 0
+    bytes: int = 0
+    waiting_shards: int = 0
+    unshipped_records: int = 0  # in the open shard and the sealed ones waiting
+    last_upload_at: float | None = None
+    oldest_waiting_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxSnapshot:
     shards: int
     bytes: int
@@ -54,6 +66,7 @@ class OutboxSnapshot:
     failures: int
     lost: int
     disk_error: str | None
+    runs: dict[str, RunShipping] = field(default_factory=dict)
 
 
 class Outbox:
@@ -85,6 +98,7 @@ class Outbox:
         self.disk_error: str | None = None
         self._disk_error_since: float | None = None
         self.last_upload_at: float | None = None
+        self._shipped_by_run: dict[str, tuple[int, int, float]] = {}  # shards, bytes, last upload
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ship")
         self._kick = asyncio.Event()
         self.stopping_hard = False
@@ -105,7 +119,8 @@ class Outbox:
         marks = self._marks.get((run, seq))
         if marks is None:
             marks = self._marks[(run, seq)] = ShardMarks()
-        marks.add(record["key"], error="error" in record)
+        marks.add(record["key"], error="error" in record, kind=record_kind(record),
+                  turns=record_turns(record))
         return seq
 
     @property
@@ -233,6 +248,8 @@ class Outbox:
         self.last_upload_at = time.time()
         self.stats["shards"] += 1
         self.stats["bytes"] += shard.bytes
+        n, b, _ = self._shipped_by_run.get(shard.run, (0, 0, 0.0))
+        self._shipped_by_run[shard.run] = (n + 1, b + shard.bytes, self.last_upload_at)
         log.debug("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, redact(dest))
         return ShipOutcome.SHIPPED
 
@@ -271,7 +288,22 @@ class Outbox:
         oldest = min(self._queued_at.values(), default=None)
         return OutboxSnapshot(self.stats["shards"], self.stats["bytes"], len(self.queue), self.spool_bytes,
                               self.last_upload_at, self.last_error, self.last_error_at, oldest,
-                              self.stats["ship_failures"], self.stats["shards_lost"], self.disk_error)
+                              self.stats["ship_failures"], self.stats["shards_lost"], self.disk_error,
+                              self._runs())
+
+    def _runs(self) -> dict[str, RunShipping]:
+        waiting: dict[str, list[SealedShard]] = {}
+        for shard in self.queue:
+            waiting.setdefault(shard.run, []).append(shard)
+        out = {}
+        for run in sorted(set(self._shipped_by_run) | set(waiting) | set(self.writers)):
+            n, b, last = self._shipped_by_run.get(run, (0, 0, 0.0))
+            queued = waiting.get(run, [])
+            w = self.writers.get(run)
+            at = [self._queued_at[s.name] for s in queued if s.name in self._queued_at]
+            out[run] = RunShipping(n, b, len(queued), sum(s.records for s in queued) + (w.records if w else 0),
+                                   last or None, min(at, default=None))
+        return out
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -284,7 +316,7 @@ def marks_of_file(path: Path) -> ShardMarks:
         for line in fh:
             try:
                 rec = orjson.loads(line)
-                marks.add(rec["key"], error="error" in rec)
+                marks.add(rec["key"], error="error" in rec, kind=record_kind(rec), turns=record_turns(rec))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
     return marks

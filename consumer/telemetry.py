@@ -41,10 +41,10 @@ from genqueue.common.rqaccess import queue_name, refused_key
 from genqueue.common.runs import CONSUMERS, consumer_key
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
-from genqueue.consumer.book import BookSnapshot
+from genqueue.consumer.book import BookSnapshot, RunLoad
 from genqueue.consumer.doctor import Doctor
 from genqueue.consumer.leases import LeaseSnapshot
-from genqueue.consumer.outbox import OutboxSnapshot
+from genqueue.consumer.outbox import OutboxSnapshot, RunShipping
 from genqueue.consumer.rqthread import RqSnapshot, RqThread
 from genqueue.consumer.served import ServedSnapshot
 
@@ -273,8 +273,13 @@ class Telemetry:
                          "reasoning_probe": ctx.reasoning_probe if ctx else None}
         for run, ctx in served.runs.items():
             runs.setdefault(run, {"fingerprint": ctx.fingerprint, "reasoning_probe": ctx.reasoning_probe})
-        for run, counters in runs.items():  # each run's share of the slots (producer status)
-            counters["in_flight"] = book.in_flight_by_run.get(run, 0)
+        for run, r in runs.items():
+            load = book.runs.get(run) or RunLoad()
+            ship = ob.runs.get(run) or RunShipping()
+            r["in_flight"], r["pending_items"], r["held_jobs"] = load.in_flight, load.pending_items, load.held_jobs
+            r["shipping"] = {"shards": ship.shards, "bytes": ship.bytes, "waiting_shards": ship.waiting_shards,
+                             "unshipped_records": ship.unshipped_records,
+                             "last_upload_at": ship.last_upload_at, "oldest_waiting_at": ship.oldest_waiting_at}
         return {
             "worker": self.identity["worker"],
             "host": self.identity["host"],

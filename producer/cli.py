@@ -167,15 +167,18 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
 @click.option("--watch", is_flag=True, help="Redraw in place every --interval seconds (Ctrl-C to leave).")
 @click.option("--interval", type=click.FloatRange(0.5), default=2.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--wide", is_flag=True, help="Clip no line to 100 columns; full input paths, a row per rejected reason.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="The run's output, where its run.json is looked for when Redis does not hold the run.")
 @redis_option
 @friendly_errors
-def status(run_name: str | None, watch: bool, interval: float, as_json: bool, output: str, redis_url: str) -> None:
+def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wide: bool, output: str,
+           redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
     from genqueue.common.runs import RunStore
     from genqueue.producer.rungone import run_gone
     from genqueue.producer.status import format_status, run_status
+    from genqueue.producer.status_screen import WIDTH
 
     conn = connect(redis_url)
     names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
@@ -184,7 +187,8 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, ou
 
     def render() -> str:
         reports = [run_status(conn, name) for name in names]
-        return "\n\n".join(format_status(r) for r in reports) if reports else "no runs in Redis"
+        return "\n\n".join(format_status(r, width=None if wide else WIDTH) for r in reports) if reports \
+            else "no runs in Redis"
 
     if as_json:
         reports = [run_status(conn, name) for name in names]

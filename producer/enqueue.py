@@ -54,9 +54,10 @@ from genqueue.common.errors import InputError, WriteFailedError
 from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.settings import RunSettings
+from genqueue.producer.conversation import Conversation
 from genqueue.producer.convert import normalize
 from genqueue.producer.inputcheck import checked
-from genqueue.producer.items import Origin, answer_lengths, estimate_cost, make_items
+from genqueue.producer.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
 from genqueue.producer.jobwriter import JobWriter, Requeue
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe
@@ -76,7 +77,7 @@ from genqueue.producer.reconcile import (
 )
 from genqueue.producer.rejects import Rejected, RejectsWriter
 from genqueue.producer.runsetup import Note, RunSetup, prepare
-from genqueue.producer.sources import bind
+from genqueue.producer.sources import bind, end_reading, start_reading
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class Summary:
     derivation: str | None = None  # what made its items: the settings, the reading options
     complete: bool = False  # the whole input was read
     priority: int = 0  # the run's priority now (--priority sets it; not part of the recipe)
+    user_turns: int = 0  # user turns in the records converted (status: the multi-turn rule's input)
+    multi_turn_records: int = 0  # of those records: with more than one user turn
+    stopped_at_tool_turn: int = 0  # items cut at a tool turn (regenerate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,6 +190,7 @@ class Enqueuer:
             if chars > self.settings.max_prompt_chars:
                 raise Rejected(RejectReason.TOO_LONG, f"{chars} characters > limit {self.settings.max_prompt_chars}")
             items = make_items(conv, self.settings.multi_turn, rec.index, self.origin.of(rec.value))
+            self._count_turns(conv, items)
             if self.order is not None:
                 answers = answer_lengths(conv)
                 self._estimates.update((it["key"], estimate_cost(it, answers)) for it in items)
@@ -193,6 +198,14 @@ class Enqueuer:
         except Rejected as r:
             self._reject(rec, r.reason, r.detail)
             return None
+
+    def _count_turns(self, conv: Conversation, items: list[Item]) -> None:
+        """What the multi-turn rule meets: records with several user turns, and the items cut
+        at a tool turn (`producer status` shows them beside what the consumers generated)."""
+        users = sum(m["role"] == "user" for m in conv.messages)
+        self.counts["user_turns"] += users
+        self.counts["multi_turn_records"] += users > 1
+        self.counts["stopped_at_tool_turn"] += sum(it.get("note") == STOPPED_AT_TOOL_TURN for it in items)
 
     def process(self, records: Iterator[RawRecord]) -> None:
         chunk: list[tuple[int, list[Item]]] = []
@@ -344,6 +357,9 @@ class Enqueuer:
         summary.retried = self.counts["retried"]
         summary.jobs = self.counts["jobs"]
         summary.prompt_chars = self.counts["prompt_chars"]
+        summary.user_turns = self.counts["user_turns"]
+        summary.multi_turn_records = self.counts["multi_turn_records"]
+        summary.stopped_at_tool_turn = self.counts["stopped_at_tool_turn"]
         summary.queue_view = self.queue_view
 
 
@@ -452,6 +468,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,
                    retry_failed=retry_failed)
     ended = False
+    if conn is not None:
+        start_reading(conn, run, summary.source, time.time())
     try:
         enq.process(records)
         summary.complete = ended = True
@@ -461,6 +479,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     finally:
         if lock is not None:
             lock.release()
+        if conn is not None:
+            end_reading(conn, run, summary.source)
         enq.fill(summary)
         try:
             if rejects is not None and ended:
@@ -484,6 +504,8 @@ def _unchanged(conn: redis.Redis, run: str, summary: Summary) -> bool:
     summary.records = int(prev["records"])
     summary.rejected = int(prev["rejected"])
     summary.rejected_by_reason = dict(prev["rejected_by_reason"])
+    for k in ("user_turns", "multi_turn_records", "stopped_at_tool_turn"):
+        setattr(summary, k, int(prev.get(k, 0)))
     summary.already_done = summary.already_enqueued = summary.records - summary.rejected
     summary.input_unchanged = summary.complete = True
     return True

@@ -4,7 +4,9 @@ Each input gets its place (0, 1, 2...) the first time it is enqueued into a run,
 so two producers racing on two files never share one, and enqueueing a file again keeps its
 place. Items carry the place as `source_seq`; the export sorts by it, then by position.
 
-Key: genqueue:run:<run>:source-order  zset  source id (see enqueue.source_id) -> place
+Keys: genqueue:run:<run>:source-order  zset  source id (see enqueue.source_id) -> place
+      genqueue:run:<run>:reading       hash  source id -> when an enqueue began reading it (gone
+                                             when it ends; `producer status` says "still reading")
 """
 
 from __future__ import annotations
@@ -49,3 +51,33 @@ def bind(origin: Origin | None, path: str, source_id: str, run: str, settings: R
     request parameters."""
     return replace(origin or Origin(), source=path, source_seq=assign(conn, run, source_id) if conn else 0,
                    base_seed=settings.sampling.seed or 0, run_params=settings.sampling.request_params())
+
+
+#: A reading mark outlives a producer killed mid-read by at most this long (status shows its age).
+READING_TTL = 24 * 3600
+
+
+def reading_key(run: str) -> str:
+    return run_key(run, "reading")
+
+
+def start_reading(conn: redis.Redis, run: str, source_id: str, at: float) -> None:
+    with conn.pipeline(transaction=False) as p:
+        p.hset(reading_key(run), source_id, repr(at))
+        p.expire(reading_key(run), READING_TTL)
+        p.execute()
+
+
+def end_reading(conn: redis.Redis, run: str, source_id: str) -> None:
+    conn.hdel(reading_key(run), source_id)
+
+
+def reading(conn: redis.Redis, run: str) -> dict[str, float]:
+    """The sources of RUN an enqueue is reading now, with when it began (garbage left out)."""
+    out: dict[str, float] = {}
+    for k, v in conn.hgetall(reading_key(run)).items():
+        try:
+            out[k.decode() if isinstance(k, bytes) else str(k)] = float(v)
+        except ValueError:
+            continue
+    return out

@@ -205,7 +205,7 @@ def test_a_thinking_run_on_a_server_without_thinking_is_reported(tmp_path, redis
     assert "expects thinking" in c.output()
     st = cli("producer", "status", "--run", "nothink", env={"REDIS_URL": redis_url}).stdout
     assert "WARNING" in st and "expects thinking" in st
-    assert "outcomes" in st and "finished 5" in st
+    assert "outcomes" in st and "complete 5 (finished)" in st
 
 
 def test_an_unwritable_output_pauses_admission_and_loses_nothing(tmp_path, redis_url, conn):

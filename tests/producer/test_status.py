@@ -8,13 +8,18 @@ from typing import Any
 import orjson
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
+from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine import engine_view, parse_prometheus
+from genqueue.producer.sources import end_reading, start_reading
 from genqueue.producer.status import format_status, run_status
+from genqueue.producer.status_figures import outcome_view, placement
 from tests.conftest import cli
 
 
@@ -63,7 +68,7 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     store.record_source("known", "/data/x.jsonl", {"records": 1010, "rejected_by_reason": {"invalid_json": 10}})
     conn.hset(run_key("known", "stats"), mapping={"items_done": 380, "items_failed": 20, "completion_tokens": 190_000,
                                                    "prompt_tokens": 40_000, "outcome_finished": 370,
-                                                   "outcome_cut_in_answer": 10, "items_truncated": 10,
+                                                   "outcome_cut_in_answer": 10,
                                                    "failed_permanent": 20})
     now = time.time()
     conn.hset(run_key("known"), "started_at", repr(now - 100))
@@ -85,7 +90,8 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     snap("w2", 2, 300, 9999.0)  # stopped reporting five minutes ago: not in the rate
     r = run_status(conn, "known", now=now)
     assert r["items"] == 1000 and r["records"] == 1010 and r["rejected"] == 10
-    assert r["items_in_flight"] == 128 and r["items_queued"] == 1000 - 400 - 128
+    # no rq job is queued, so no item is: the rest are elsewhere (here: in no job at all)
+    assert r["items_in_flight"] == 128 and r["items_queued"] == 0 and r["items_elsewhere"] == 1000 - 400 - 128
     assert r["speed"]["last_minute"]["completion_tokens_per_s"] == pytest.approx(3000.0)
     # 600 items left x (190,000 / 380 = 500 tokens each) / 3,000 tok/s = 100 s
     assert r["eta_s"] == pytest.approx(100.0)
@@ -132,15 +138,18 @@ def test_shipping_errors_and_stalled_shards_are_on_screen_without_secrets(conn: 
     lines = text.splitlines()
     ship_line = next(x for x in lines if x.startswith("shipping"))
     assert "3 shards, 4.0 MB shipped, 4 waiting on disk (oldest 15m 00s)" in ship_line
-    assert "STALLED: shards waiting over 5m 00s" in ship_line
-    w0 = lines[lines.index(ship_line) + 1]
-    assert w0.split()[:5] == ["w0", "last", "shipping", "error", "EndpointConnectionError:"]
-    assert "Could not connect" in w0 and "***@s3.internal:9000" in w0 and w0.endswith("(0m 42s ago)")
-    assert "last shipping error error: timed out" in lines[lines.index(ship_line) + 2]
+    assert lines[lines.index(ship_line) + 1].split() == ["STALLED:", "shards", "waiting", "over", "5m", "00s"]
+    w0 = lines[lines.index(ship_line) + 2]
+    assert w0.split()[:7] == ["w0", "last", "shipping", "error", "(0m", "42s", "ago)", "EndpointConnectionError:"][:7]
+    assert "EndpointConnectionError: Could not connect" in w0 and len(w0) <= 100
+    wide = format_status(r, color=False, width=None).splitlines()
+    assert "***@s3.internal:9000" in next(x for x in wide if x.startswith("  w0"))
+    assert "last shipping error error: timed out" in lines[lines.index(ship_line) + 3]
     assert "\x1b[" not in text
     painted = format_status(r, color=True).splitlines()
     red = [x for x in painted if x.startswith("\x1b[31m")]
-    assert len(red) == 3 and "shipping" in red[0] and "w0" in red[1]  # the line and its errors
+    # the line, its STALLED row and its errors
+    assert len(red) == 4 and "shipping" in red[0] and "STALLED" in red[1] and "w0" in red[2]
     # --json and a pipe (not a terminal): plain, and no secret anywhere
     out = cli("producer", "status", "--run", "ship", env={"REDIS_URL": redis_url}).stdout
     as_json = cli("producer", "status", "--run", "ship", "--json", env={"REDIS_URL": redis_url}).stdout
@@ -160,3 +169,47 @@ def test_shards_waiting_briefly_are_not_an_alarm(conn: redis.Redis) -> None:
     assert not r["shipping"]["stalled"] and r["shipping"]["errors"] == []
     text = format_status(r, color=True)
     assert "\x1b[" not in text and "STALLED" not in text and "2 waiting on disk (oldest 0m 12s)" in text
+
+
+@given(st.integers(0, 500), st.integers(0, 500), st.integers(0, 500), st.integers(0, 500), st.integers(0, 500),
+       st.integers(0, 50))
+def test_every_item_is_in_one_place(items: int, done: int, failed: int, in_flight: int, unshipped: int,
+                                    jobs_queued: int) -> None:
+    done, failed = min(done, items), min(failed, max(items - done, 0))
+    where = placement(items, done, failed, in_flight, unshipped, jobs_queued)
+    assert sum(where.values()) == items and min(where.values()) >= 0
+    remaining = items - done - failed
+    assert (where["queued"] == 0) == (jobs_queued == 0 or remaining == where["shipping"])
+
+
+@pytest.mark.integration
+def test_outcomes_are_counted_with_the_marks_once(conn: redis.Redis) -> None:
+    """The marks' script counts each item once, by its outcome: a shard shipped twice (a
+    leftover shipped again) or an error record of an item with a result counts nothing more."""
+    marks = ShardMarks()
+    for i, outcome in enumerate(["finished", "finished", "cut_in_answer", "partial"]):
+        marks.add(f"{i:032x}", error=False, kind=outcome, turns=2)
+    mark_shipped(conn, "cnt", marks)
+    mark_shipped(conn, "cnt", marks)
+    errors = ShardMarks()
+    errors.add(f"{0:032x}", error=True, kind="permanent")  # item 0 has a result: counted nowhere
+    errors.add(f"{9:032x}", error=True, kind="transient_exhausted")
+    mark_shipped(conn, "cnt", errors)
+    stats = RunStore(conn).stats("cnt")
+    assert stats["shipped_turns"] == 8  # two turns each, counted once
+    view = outcome_view(stats, 4, 1)
+    assert (view["complete"], view["partial"], view["cut"], view["outcomes_counted"]) == (2, 1, 1, 4)
+    assert view["failed_by_class"] == {"transient_exhausted": 1} and view["cut_by_outcome"] == {"cut_in_answer": 1}
+
+
+@pytest.mark.integration
+def test_an_input_still_being_read_is_said(conn: redis.Redis) -> None:
+    RunStore(conn).create_or_check("rd", RunSettings())
+    now = time.time()
+    start_reading(conn, "rd", "/data/part-2.jsonl", now - 65)
+    r = run_status(conn, "rd", now=now)
+    assert r["input"]["reading"] == {"/data/part-2.jsonl": pytest.approx(now - 65)} and not r["input"]["complete"]
+    row = next(x for x in format_status(r, color=False).splitlines() if x.startswith("input"))
+    assert "part-2.jsonl: still reading (an enqueue began 1m 05s ago)" in row
+    end_reading(conn, "rd", "/data/part-2.jsonl")
+    assert run_status(conn, "rd", now=now)["input"]["reading"] == {}

@@ -1,0 +1,125 @@
+"""The figures `producer status` shows, made to agree with each other (pure, no I/O).
+
+Every figure is one run's: a consumer serving several runs reports each run's load and shipping
+apart (contracts.RunCounters), and only that run's share is counted here. Outcomes use export's
+words (complete, partial, cut by outcome, failed) and come from the counters the done marks
+bump in the same script (common/marks.py), so they sum to `done` at every moment. An item is
+in exactly one place: queued, in flight (held by a consumer), shipping (written, not shipped),
+done, failed, or elsewhere (in a failed rq job, or moved since a consumer last reported).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genqueue.common.contracts import ErrorClass, Outcome
+
+#: The outcomes export counts as `cut`: the answer did not end on its own.
+CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
+SHIPPED_OUTCOME = "shipped_outcome_"
+SHIPPED_FAILED = "shipped_failed_"
+
+
+def run_share(c: dict[str, Any], run: str) -> dict[str, Any]:
+    """Consumer C's figures for RUN: in flight, waiting for a slot, jobs held, shipping. A
+    snapshot of the first shape (consumer-wide figures only) counts for RUN only when RUN is
+    the one run it serves: never another run's figures under this one."""
+    r = c["runs"][run]
+    alone = len(c["runs"]) == 1
+
+    def pick(key: str) -> int:
+        v = r.get(key)
+        if isinstance(v, int):
+            return v
+        return int(c.get(key, 0) or 0) if alone else 0
+
+    ship = r.get("shipping")
+    if not isinstance(ship, dict):
+        ship = dict(c.get("shipping") or {}) if alone else {}
+    return {"in_flight": pick("in_flight"), "pending_items": pick("pending_items"), "held_jobs": pick("held_jobs"),
+            "shipping": ship}
+
+
+def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int, jobs_queued: int) -> dict[str, int]:
+    """Where each of ITEMS is; the parts sum to ITEMS. Consumers report every few seconds, rq
+    now: items queued are zero exactly when no job is queued (at least one per queued job)."""
+    remaining = max(items - done - failed, 0)
+    shipping = min(unshipped, remaining)
+    held = min(in_flight, remaining - shipping)
+    queued = remaining - shipping - held
+    if jobs_queued == 0:
+        queued = 0
+    elif queued < jobs_queued:  # a report older than rq's count: what it called in flight moved
+        queued = min(jobs_queued, remaining - shipping)
+        held = remaining - shipping - queued
+    return {"queued": queued, "in_flight": held, "shipping": shipping, "done": done, "failed": failed,
+            "elsewhere": remaining - shipping - held - queued}
+
+
+def outcome_view(stats: dict[str, int], done: int, failed: int) -> dict[str, Any]:
+    """DONE and FAILED items in export's words. `outcomes` sums to DONE whenever the marks were
+    written by consumers (`counted` says how many items the counters cover otherwise: marks
+    rebuilt from the shards after a Redis loss are not counted by outcome)."""
+    outcomes = _by_name(stats, SHIPPED_OUTCOME, [o.value for o in Outcome])
+    by_class = _by_name(stats, SHIPPED_FAILED, [c.value for c in ErrorClass])
+    cut = {k: v for k, v in outcomes.items() if k in CUT}
+    counted = sum(outcomes.values())
+    return {
+        "done": done,
+        "complete": outcomes.get(Outcome.FINISHED.value, 0),
+        "partial": outcomes.get(Outcome.PARTIAL.value, 0),
+        "cut": sum(cut.values()),
+        "cut_by_outcome": cut,
+        "outcomes": outcomes,
+        "outcomes_counted": counted,
+        "failed": failed,
+        "failed_by_class": by_class,
+    }
+
+
+def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | None = None) -> dict[str, Any]:
+    """What was read of each input: records read, whether the read was complete, rejected by
+    reason, and what the multi-turn rule met (records with several user turns); READING: the
+    inputs an enqueue is reading now, with when it began."""
+    files = []
+    rejected: dict[str, int] = {}
+    for name, s in sorted(sources.items(), key=lambda kv: int(kv[1].get("source_seq", 0) or 0)):
+        by = {str(k): int(v) for k, v in (s.get("rejected_by_reason") or {}).items()}
+        for reason, n in by.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        files.append({"name": name, "records": int(s.get("records", 0) or 0), "complete": bool(s.get("complete")),
+                      "rejected": sum(by.values()), "rejected_by_reason": by,
+                      "multi_turn_records": int(s.get("multi_turn_records", 0) or 0),
+                      "user_turns": int(s.get("user_turns", 0) or 0),
+                      "stopped_at_tool_turn": int(s.get("stopped_at_tool_turn", 0) or 0)})
+    return {
+        "files": files,
+        "reading": dict(sorted((reading or {}).items())),
+        "records": sum(f["records"] for f in files),
+        "complete": bool(files) and all(f["complete"] for f in files) and not reading,
+        "rejected": sum(rejected.values()),
+        "rejected_by_reason": dict(sorted(rejected.items())),
+        "multi_turn_records": sum(f["multi_turn_records"] for f in files),
+        "user_turns": sum(f["user_turns"] for f in files),
+        "stopped_at_tool_turn": sum(f["stopped_at_tool_turn"] for f in files),
+    }
+
+
+def speed_note(items: int, done: int, failed: int, live: int) -> str | None:
+    """Why the last minute's rate is blank, or None when it is a rate: nothing shipped yet (a
+    rate beside `done 0` would be the spool's, not the run's), the run is over, no consumer."""
+    if items and done + failed >= items:
+        return "run complete"
+    if not live:
+        return "no live consumer"
+    if done + failed == 0:
+        return "nothing shipped yet"
+    return None
+
+
+def _by_name(stats: dict[str, int], prefix: str, known: list[str]) -> dict[str, int]:
+    """Counters named PREFIX<name>: the KNOWN names in their order, then any others sorted."""
+    found = {k[len(prefix):]: v for k, v in stats.items() if k.startswith(prefix) and v}
+    ordered = {n: found[n] for n in known if n in found}
+    ordered.update(sorted((n, v) for n, v in found.items() if n not in ordered))
+    return ordered

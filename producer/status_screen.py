@@ -1,0 +1,216 @@
+"""The rows of `producer status`'s screen, from run_status()'s data (pure, no I/O).
+
+The first rows answer the five questions someone running a long job asks, in this order: what
+is read of the input, what the multi-turn rule made of it, which sampling, where the results go
+and whether they ship, and where the run is against the estimate. Then the detail: where every
+item is, outcomes in export's words, jobs, speed, tokens, hosts. Each row fits 100 columns;
+what does not is clipped with `…` (`--wide`: nothing is clipped, every rejected reason and
+input file gets its row).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from genqueue.common.contracts import Mode
+from genqueue.common.eta import format_duration
+from genqueue.common.redact import redact
+
+#: Columns a screen line may take (`--wide`: no limit).
+WIDTH = 100
+
+
+def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[str, str]], set[int]]:
+    """(rows of (key, value), the indexes of rows to paint red) for run_status() R."""
+    s = r["settings"]
+    fps = r.get("fingerprints") or []
+    rows: list[tuple[str, str]] = [
+        ("run", f"{r['run']}  (queue {r['queue']}, fingerprint {r['fingerprint']}, genqueue {r['version']})"),
+    ]
+    if len(fps) > 1:
+        rows.append(("fingerprints", f"{len(fps)} (settings updated): " + " -> ".join(
+            f"{e['fingerprint']} ({time.strftime('%m-%d %H:%M', time.localtime(e['since']))})" for e in fps)))
+    rows += _input_rows(r["input"], wide, r["now"])
+    rows += _multi_turn(r)
+    rows.append(("sampling", _sampling(s["sampling"] or {})))
+    rows.append(("model", str(s.get("model") or "(whatever the endpoints serve)")))
+    rows.append(("output", redact(str(s.get("output")))
+                 + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")))
+    alarm: set[int] = set()
+    ship = r["shipping"]
+    if ship["stalled"]:
+        alarm.add(len(rows))
+    if not ship["shards"] and r["items_done"] + r["items_failed"]:
+        # done marks are written as a shard ships; the consumer's report of it is seconds behind
+        rows.append(("shipping", "results shipped; the consumers have not reported it yet (they do every few s)"))
+    else:
+        rows.append(("shipping", shipping_line(ship, r["now"])))
+    if ship["stalled"]:  # its own row, so that clipping the line never hides it
+        alarm.add(len(rows))
+        rows.append(("", f"STALLED: shards waiting over {format_duration(ship['warn_after_s'])}"))
+    for e in ship["errors"]:
+        if ship["stalled"]:
+            alarm.add(len(rows))
+        # its age first: the message is what clipping may cut
+        age = f" ({format_duration(e['age_s'])} ago)" if e["age_s"] is not None else ""
+        rows.append((f"  {e['worker']}", f"last shipping error{age} {e['class']}: {clip(e['message'])}"))
+    rows.append(("progress", _progress(r)))
+    rows.append(("items", _items(r)))
+    rows.append(("outcomes", _outcomes(r)))
+    if r["failed_by_class"] or r["refused"]:
+        by = ", ".join(f"{k} {v:,}" for k, v in r["failed_by_class"].items())
+        rows.append(("failed", f"{r['failed']:,}" + (f" ({by})" if by else "") + f"; refused {r['refused']:,} jobs"))
+    jobs = r["jobs"]
+    rows.append(("jobs", (f"queued {jobs['queued']:,}, in flight {jobs['started']:,}, "
+                         f"finished {jobs['finished']:,}, failed {jobs['failed']:,}")))
+    if "share" in r:  # runs share the fleet by priority (`producer priority`), then evenly
+        share = r["share"]
+        pct = f" ({100 * share['in_flight'] / share['of']:.0f}%)" if share["of"] else ""
+        rows.append(("priority", (f"{r.get('priority', 0)}; share: {share['in_flight']:,} of the {share['of']:,} "
+                                  f"requests in flight on its {share['consumers']} live consumer(s){pct}")))
+    rows.append(("speed", _speed(r)))
+    rows.append(("tokens", f"prompt {r['prompt_tokens']:,}, completion {r['completion_tokens']:,}"))
+    if "hosts" in r:
+        if any(h["refusing"] for h in r["hosts"].values()):
+            alarm.add(len(rows))
+        rows.append(("hosts", hosts_line(r["hosts"])))
+    return rows, alarm
+
+
+def _input_rows(inp: dict[str, Any], wide: bool, now: float) -> list[tuple[str, str]]:
+    files = inp["files"]
+    busy = [("", f"{short_name(name, wide)}: still reading (an enqueue began {format_duration(now - at)} ago)")
+            for name, at in inp.get("reading", {}).items()]
+    if not files:
+        if busy:
+            return [("input", busy[0][1]), *busy[1:]]
+        return [("input", "none recorded yet (`producer enqueue` records each input when it has read it)")]
+
+    def read(f: dict[str, Any]) -> str:
+        how = f"{f['records']:,} of {f['records']:,} records read (complete)" if f["complete"] else \
+            f"{f['records']:,} records read, INCOMPLETE (the read stopped early: enqueue it again)"
+        return f"{short_name(f['name'], wide)}: {how}, rejected {f['rejected']:,}"
+
+    rows = [("input" if i == 0 else "", read(f)) for i, f in enumerate(files)] + busy
+    if len(files) > 1:
+        done = "complete" if inp["complete"] else "NOT complete"
+        rows.append(("", (f"{len(files)} files: {inp['records']:,} records read ({done}), "
+                          f"rejected {inp['rejected']:,}")))
+    if wide:
+        rows += [(f"  rejected: {k}", f"{v:,}") for k, v in inp["rejected_by_reason"].items()]
+    elif inp["rejected_by_reason"]:
+        rows.append(("  rejected", ", ".join(f"{k} {v:,}" for k, v in inp["rejected_by_reason"].items())))
+    return rows
+
+
+def _multi_turn(r: dict[str, Any]) -> list[tuple[str, str]]:
+    s, inp = r["settings"], r["input"]
+    mode = str(s.get("multi_turn"))
+    converted = inp["records"] - inp["rejected"]
+    met = f"{inp['multi_turn_records']:,} of {converted:,} records have more than one user turn"
+    if mode == Mode.REGENERATE:
+        return [("multi-turn", f"{mode}, truncation {s.get('truncation')}: {met}"),
+                ("  turns", (f"{r['turns_generated']:,} generated; conversations complete {r['complete']:,}, "
+                             f"partial {r['partial']:,}, cut {r['cut']:,}; "
+                             f"{inp['stopped_at_tool_turn']:,} stop at a tool turn"))]
+    if mode == Mode.EACH:
+        return [("multi-turn", f"{mode}: {met}"),
+                ("  turns", f"{inp['user_turns']:,} user turns, each an item: {r['items']:,} items")]
+    return [("multi-turn", f"{mode}: {met}"),
+            ("  turns", f"only the {mode} user turn of each record is answered: {r['items']:,} items")]
+
+
+def _sampling(sp: dict[str, Any]) -> str:
+    extra = sp.get("extra") or {}
+    bits = [f"{k} {'-' if sp.get(k) is None else sp.get(k)}" for k in ("temperature", "top_p", "max_tokens", "seed")]
+    bits.append("extra " + (", ".join(f"{k}={v}" for k, v in extra.items()) if extra else "-"))
+    return ", ".join(bits)
+
+
+def _progress(r: dict[str, Any]) -> str:
+    items = r["items"] or 0
+    finished = r["items_done"] + r["items_failed"]
+    frac = finished / items if items else 0.0
+    rate = r["eta_assumes_completion_tokens_per_s"]
+    if items and finished >= items:
+        eta = "run complete"
+    elif r["eta_s"] is None or rate is None:
+        eta = f"ETA - ({r['speed']['note'] or 'no rate yet'})"
+    else:
+        eta = f"ETA {format_duration(r['eta_s'])} at {rate:,.0f} completion tok/s (the last minute's)"
+    return f"{bar(frac)} {100 * frac:.1f}%: {finished:,} of {items:,} items; {eta}"
+
+
+def _items(r: dict[str, Any]) -> str:
+    text = (f"{r['items']:,}: queued {r['items_queued']:,}, in flight {r['items_in_flight']:,}, "
+            f"shipping {r['items_shipping']:,}, done {r['items_done']:,}, failed {r['items_failed']:,}")
+    if r["items_elsewhere"]:
+        text += f", elsewhere {r['items_elsewhere']:,} (failed jobs, or moved since the last report)"
+    return text
+
+
+def _outcomes(r: dict[str, Any]) -> str:
+    cut = ", ".join(f"{k} {v:,}" for k, v in r["cut_by_outcome"].items())
+    text = (f"done {r['done']:,} = complete {r['complete']:,} (finished) + partial {r['partial']:,} "
+            f"+ cut {r['cut']:,}" + (f" ({cut})" if cut else ""))
+    if r["outcomes_counted"] != r["done"]:
+        text += f"; outcomes known for {r['outcomes_counted']:,} (marks rebuilt from the shards)"
+    return text
+
+
+def _speed(r: dict[str, Any]) -> str:
+    last, avg, note = r["speed"]["last_minute"], r["speed"]["run_average"], r["speed"]["note"]
+    if note:
+        head = f"last minute - ({note})"
+    else:
+        head = (f"last minute {last['completions_per_s']:,.1f} items/s, "
+                f"{last['completion_tokens_per_s']:,.0f} completion tok/s, {last['prompt_tokens_per_s']:,.0f} prompt tok/s")
+    if avg["completions_per_s"] is None:
+        return head + "; run -"
+    return head + f"; run {avg['completions_per_s']:,.1f} items/s, {avg['completion_tokens_per_s']:,.0f} completion tok/s"
+
+
+def shipping_line(ship: dict[str, Any], now: float) -> str:
+    line = f"{ship['shards']:,} shards, {ship['bytes'] / 1e6:,.1f} MB shipped, {ship['waiting_shards']} waiting on disk"
+    if ship["oldest_waiting_s"] is not None:
+        line += f" (oldest {format_duration(ship['oldest_waiting_s'])})"
+    last = ship["last_upload_at"]
+    line += f", last upload {format_duration(now - last)} ago" if last else ", no upload yet"
+    return line
+
+
+def hosts_line(hosts: dict[str, dict[str, Any]]) -> str:
+    if not hosts:
+        return "no live consumer serves or refuses this run"
+    parts = []
+    for host, h in hosts.items():
+        bits = [f"{h['serving']} consumer(s) shipping"] if h["serving"] else []
+        if h["refusing"]:
+            bits.append(f"{h['refusing']} REFUSING: {clip(h['reason'], 120)}")
+        parts.append(f"{host}: " + ", ".join(bits))
+    return "; ".join(parts)
+
+
+def short_name(path: str, wide: bool) -> str:
+    """An input's name as shown: its file name (the whole path with --wide)."""
+    return path if wide or path == "-" else path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def bar(frac: float, width: int = 20) -> str:
+    n = round(frac * width)
+    return "[" + "#" * n + "." * (width - n) + "]"
+
+
+def clip(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fit(line: str, width: int | None) -> str:
+    """LINE clipped to WIDTH columns with `…` (None: as is)."""
+    return line if width is None or len(line) <= width else line[: width - 1] + "…"
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
