@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -244,8 +245,11 @@ def format_status(r: dict[str, Any], *, color: bool | None = None, width: int | 
     for c in r["consumers"]:
         lines += [fit(_consumer_line(c), width), fit("      " + engine_text(c["engine"]), width)]
         e = c["engine"]
-        if e.get("advice"):  # the engine doctor's verdict (consumer/doctor.py), with its notes
-            lines.append(fit("      engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or []), width))
+        if e.get("advice"):  # the engine doctor's verdict (consumer/doctor.py), with its notes: wrapped,
+            # never clipped, since its suggested change is what the reader came for
+            advice = "engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or [])
+            lines += (textwrap.wrap(advice, width, initial_indent=" " * 6, subsequent_indent=" " * 8)
+                      if width is not None else ["      " + advice])
     tail = [f"DRIFT    {d}" for d in r["drift"]]
     if r.get("malformed_jobs"):
         tail.append(f"JOBS     {malformed_line(r['malformed_jobs'], 'in the queue or registries')}")

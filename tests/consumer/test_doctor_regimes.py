@@ -127,7 +127,9 @@ def test_the_batch_cap_binds_and_a_larger_one_is_suggested(regimes: Regimes) -> 
     assert n["suggested_max_num_seqs"] >= 16
     assert f"raise --max-num-seqs from 4 to about {n['suggested_max_num_seqs']}" in e["advice"]
     out = cli("producer", "status", "--run", "cap", env={"REDIS_URL": regimes.url}).stdout
-    assert "engine: the batch cap binds" in out and "raise --max-num-seqs from 4 to about" in out
+    flat = " ".join(out.split())  # the advice wraps at 100 columns, never clipped
+    assert "engine: the batch cap binds" in flat and "raise --max-num-seqs from 4 to about" in flat
+    assert max(len(line) for line in out.splitlines()) <= 100
     js = orjson.loads(cli("producer", "status", "--run", "cap", "--json", env={"REDIS_URL": regimes.url}).stdout)
     assert js["consumers"][0]["engine"]["verdict"] in ("batch_cap", "engine")
     with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as resp:
