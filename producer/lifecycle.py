@@ -59,13 +59,16 @@ class RunRow:
     failed: int
     output: str
     paused: str | None
+    priority: int = 0
 
 
 def run_rows(conn: redis.Redis) -> list[RunRow]:
     """Every run in Redis, oldest first, with its state."""
     store = RunStore(conn)
     rows = []
-    for name in store.names():
+    names = store.names()
+    priorities = store.priorities(names) if names else {}
+    for name in names:
         try:
             info = store.get(name)
         except CorruptStateError as e:  # one bad record must not hide the other runs
@@ -89,7 +92,8 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
         else:
             state = RunState.DONE
         rows.append(RunRow(name, info.created_at, state, int(items), int(done), int(failed),
-                           redact(info.settings.output), pause["reason"] if pause else None))
+                           redact(info.settings.output), pause["reason"] if pause else None,
+                           priorities.get(name, 0)))
     return rows
 
 
@@ -104,17 +108,17 @@ def runs_command(as_json: bool, redis_url: str) -> None:
         for r in rows:
             click.echo(orjson.dumps({"run": r.name, "created_at": r.created_at, "state": r.state.value,
                                      "items": r.items, "done": r.done, "failed": r.failed,
-                                     "output": r.output, "paused": r.paused}).decode())
+                                     "output": r.output, "paused": r.paused, "priority": r.priority}).decode())
         return
     if not rows:
         click.echo("no runs in Redis")
         return
     width = max(len(r.name) for r in rows)
-    click.echo(f"{'run':<{width}}  {'created':<16}  {'state':<7}  {'done of items':>17}  output")
+    click.echo(f"{'run':<{width}}  {'created':<16}  {'state':<7}  {'priority':>8}  {'done of items':>17}  output")
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         done = f"{r.done:,} of {r.items:,}"
-        click.echo(f"{r.name:<{width}}  {created:<16}  {r.state.value:<7}  {done:>17}  {r.output}")
+        click.echo(f"{r.name:<{width}}  {created:<16}  {r.state.value:<7}  {r.priority:>8}  {done:>17}  {r.output}")
         if r.paused:
             click.secho(f"{'':<{width}}  paused: {r.paused}", fg="red")
 

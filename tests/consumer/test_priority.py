@@ -126,6 +126,8 @@ def test_priority_is_set_at_enqueue_and_changed_later_without_a_new_fingerprint(
     human = cli("producer", "status", "--run", "prio", env=env).stdout
     assert any(line.startswith("priority") and line.endswith("-2; share: 0 of the 0 requests in flight on its "
                                                           "0 live consumer(s)") for line in human.splitlines())
+    listed = [orjson.loads(x) for x in cli("producer", "runs", "--json", env=env).stdout.splitlines()]
+    assert [(r["run"], r["priority"]) for r in listed] == [("prio", -2)]
     gone = cli("producer", "priority", "--run", "nope", "4", env=env, check=False)
     assert gone.returncode == 2 and gone.stderr.startswith("error: no run named 'nope'")
     assert conn.hget("genqueue:run:nope", "priority") is None and not conn.exists("genqueue:run:nope")
