@@ -101,6 +101,28 @@ def patch(web: ModuleType) -> None:
     setattr(web, "serialize_current_job", serialize_current_job)  # noqa: B010
     patch_held_jobs(web)
     patch_job_lists(web)
+    sweep_in_redis_time()
+
+
+def sweep_in_redis_time() -> None:
+    """rq-dashboard counts and lists a started registry through rq's cleanup, which sweeps the
+    leases expired by this host's clock; genqueue scores leases in Redis's clock
+    (common/clock.py), so a dashboard on a host whose clock runs ahead would re-queue live jobs.
+    Its sweeps here use Redis's TIME instead."""
+    from rq.registry import StartedJobRegistry
+
+    if getattr(StartedJobRegistry.cleanup, "redis_time", False):
+        return
+    local = StartedJobRegistry.cleanup
+
+    def cleanup(self: Any, timestamp: float | None = None, exception_handlers: list[Any] | None = None) -> Any:
+        if timestamp is None:
+            secs, micros = self.connection.time()
+            timestamp = secs + micros / 1_000_000
+        return local(self, timestamp, exception_handlers)
+
+    cleanup.redis_time = True  # type: ignore[attr-defined]
+    setattr(StartedJobRegistry, "cleanup", cleanup)  # noqa: B010
 
 
 def patch_held_jobs(web: ModuleType) -> None:

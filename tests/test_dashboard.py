@@ -144,3 +144,21 @@ def test_the_workers_page_lists_every_held_job_or_is_left_as_rq_dashboard_made_i
     other.write_text("<td><%= d.current_job.name %></td>")  # some other rq-dashboard's page
     assert dashboard.workers_page(other) is None
     assert dashboard.workers_page(tmp_path / "absent.html") is None
+
+
+def test_the_dashboards_sweeps_use_redis_time_not_a_fast_host_clock(conn, monkeypatch):
+    """A live lease (scored in Redis's clock) survives the dashboard's registry reads on a host
+    whose clock runs 1,000 s ahead; rq's own cleanup there would have swept it."""
+    import rq.registry
+    from rq.registry import StartedJobRegistry
+
+    from genqueue.consumer.dashboard import sweep_in_redis_time
+
+    secs, micros = conn.time()
+    redis_now = secs + micros / 1_000_000
+    monkeypatch.setattr(rq.registry, "current_timestamp", lambda: int(redis_now + 1000))
+    registry = StartedJobRegistry("genqueue.clock", connection=conn)
+    conn.zadd(registry.key, {"live-job:exec-1": redis_now + 30})
+    assert "live-job" in registry.get_expired_job_ids(rq.registry.current_timestamp())  # rq's clock: expired
+    sweep_in_redis_time()
+    assert registry.count == 1 and conn.zscore(registry.key, "live-job:exec-1") is not None
