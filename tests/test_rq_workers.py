@@ -18,7 +18,7 @@ from tests.conftest import BIN, cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 from tests.test_dashboard import DASHBOARD, Dashboard, get, get_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RUNS = ("alpha", "beta")
 JOBS_PER_RUN = 2

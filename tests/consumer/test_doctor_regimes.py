@@ -22,7 +22,7 @@ from genqueue.common.runs import CONSUMERS, consumer_key
 from tests.conftest import RedisServer, cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.slow]
 
 SAFETY = 0.8  # defaults.DOCTOR_SAFETY
 

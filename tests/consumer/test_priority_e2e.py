@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: Seconds within which a small run's first result must ship after its enqueue returns.
 FIRST_RESULT_BOUND = 10.0
