@@ -11,11 +11,13 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Item, Mode
+from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.generate import Generator
 from genqueue.consumer.sim_text import call_hints, tool_calls_for
 from genqueue.consumer.simulate import SimConfig, SimServer
 from genqueue.consumer.tool_turns import match_calls, splice_results
 from genqueue.producer.convert import normalize
+from genqueue.producer.export_core import _tool_turns
 from genqueue.producer.items import make_items
 from tests.conftest import cli, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
@@ -157,6 +159,31 @@ def test_a_call_the_recording_did_not_make_is_a_divergence() -> None:
     rec = ok(regenerate("recorded", record))
     assert rec["note"] == "tool_call_diverged" and rec["stopped"]["recorded"] == []
     assert len(rec["turns"]) == 1 and rec["tool_calls"][0]["function"]["name"] == "clock"
+
+
+def test_a_checkpoint_resumes_after_the_tool_turns_of_the_turns_done(redis_url: str) -> None:
+    item = item_of(agentic(4))
+
+    async def go(gen: Generator, sim: SimServer) -> tuple[Rec, int]:
+        rec = await gen.answer(ctx(), item)
+        return rec, sim.stats["requests"]
+
+    cfg = SimConfig(mean_tokens=15, seed=3, tool_calls="recorded")
+    full, n = run(with_gen(cfg, go, Checkpoints(redis_url)))
+    assert n == 5  # two answers for each of the two tool turns, one for the last
+    resumed, n2 = run(with_gen(cfg, go, Checkpoints(redis_url)))
+    assert n2 == 1 and ok(resumed)["resumed_at_turn"] == 2
+    assert ok(resumed)["messages"][:-1] == ok(full)["messages"][:-1] and len(ok(resumed)["turns"]) == 5
+
+
+def test_export_tells_the_tool_turns_apart() -> None:
+    spliced = [{"tool_results_spliced": True}, {}]
+    assert _tool_turns({"turns": spliced}) == 1  # regenerated to the end
+    assert _tool_turns({"turns": spliced, "note": "tool_call_diverged", "stopped": {"reason": "tool_call_diverged"}}) == 2
+    assert _tool_turns({"turns": [{}], "note": "stopped_at_tool_turn"}) == 3
+    assert _tool_turns({"turns": spliced, "stopped": {"turn": 0, "step": 1, "reason": "error"}}) == 3
+    assert _tool_turns({"turns": spliced, "stopped": {"turn": 1, "reason": "cut_in_answer"}}) == 0  # cut elsewhere
+    assert _tool_turns({"turns": [{}]}) == 0 and _tool_turns({"content": "x"}) == 0  # no tool turns; not regenerate
 
 
 # --- a whole run -------------------------------------------------------------------------
