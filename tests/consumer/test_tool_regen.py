@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Item, Mode
+from genqueue.common.marks import record_turns
 from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.generate import Generator
 from genqueue.consumer.sim_text import call_hints, tool_calls_for
@@ -129,7 +130,7 @@ def test_matching_calls_splice_the_recorded_results_and_go_on_to_the_end() -> No
         ("12:00", target_ids["clock"]), ("rain", target_ids["weather"])]
     assert rec["messages"][3]["tool_call_id"] == rec["messages"][2]["tool_calls"][0]["id"] != "o1"
     assert rec["messages"][4]["content"] == turns[1]["content"]  # the target's answer, not the recorded one
-    assert rec["turns_total"] == 3
+    assert rec["turns_total"] == 3 and record_turns(rec) == 3  # status counts user turns, not answers
 
 
 def test_a_diverging_call_stops_the_conversation_there() -> None:
