@@ -91,6 +91,13 @@ class RejectReason(StrEnum):
     SAMPLING_DIFFERS = "sampling_differs"  # a Batch API line asks for other sampling than the run's
 
 
+class Note(StrEnum):
+    """A `regenerate` record's `note`: why the conversation ends before the recorded one did."""
+
+    STOPPED_AT_TOOL_TURN = "stopped_at_tool_turn"  # producer: a recorded tool call without its results
+    TOOL_CALL_DIVERGED = "tool_call_diverged"  # consumer: the target's tool call is not the recorded one
+
+
 class ExitCode(IntEnum):
     """How `consumer run` ended, as its exit status: what a scheduler (Slurm, Kubernetes,
     `consumer launch`) may do next. A --burst end names what kept it from finishing; when
@@ -137,7 +144,7 @@ class Item(TypedDict, total=False):
     turn: Required[int | None]  # 0-based user turn (first/last/each); None in regenerate
     messages: Required[list[dict[str, Any]]]
     tools: list[dict[str, Any]]
-    note: str  # "stopped_at_tool_turn" when regenerate cut the conversation
+    note: str  # Note: "stopped_at_tool_turn" when regenerate cut the conversation
     # provenance (never part of the key): where the item came from
     id: str  # the input record's own identifier (`id`, `custom_id`, or --id-field)
     source: str  # the input's name as given to `producer enqueue` ("-": stdin)
@@ -163,6 +170,12 @@ class TurnRecord(TypedDict, total=False):
     usage: Required[Usage]
     model: Required[str]
     truncation: dict[str, Any]
+    # tool turns: the target's calls; whether the recorded results were spliced after them
+    # (False: the call diverged from the recorded one); the answer's place after tool results
+    # within its user turn (1 = the first answer after them), absent on a user turn's first answer
+    tool_calls: list[dict[str, Any]]
+    tool_results_spliced: bool
+    step: int
 
 
 class RecordBase(TypedDict, total=False):

@@ -92,9 +92,11 @@ def record_kind(rec: Mapping[str, object]) -> str:
 
 
 def record_turns(rec: Mapping[str, object]) -> int:
-    """How many turns a regenerate record holds (0 for any other record)."""
+    """How many user turns a regenerate record answered (0 for any other record): the answers
+    after tool results within a user turn (they have a `step`) are not turns of their own, so
+    the count stays comparable with the run's user turns."""
     turns = rec.get("turns")
-    return len(turns) if isinstance(turns, list) else 0
+    return sum(1 for t in turns if not (isinstance(t, dict) and "step" in t)) if isinstance(turns, list) else 0
 
 
 def _triples(digests: list[bytes], kinds: list[str], turns: list[int] | None = None) -> list[bytes | str | int]:

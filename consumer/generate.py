@@ -5,7 +5,11 @@ are answered in order, each on the history of the answers so far (the original a
 turns were dropped by the producer), so every assistant token comes from the target model.
 A turn cut by max_tokens or failed permanently ends the conversation there; what came before
 is kept and the record says where and why it stopped (`stopped`); a conversation whose later
-turn failed is `partial`, never `finished`.
+turn failed is `partial`, never `finished`. Tool turns (the item keeps the recorded calls and
+their results): when the target's calls match the recorded ones (consumer/tool_turns.py), the
+recorded results are spliced in, answering the target's call ids, and the target answers
+again on them; at the first divergence (other calls, none, or a call the recording did not
+make) the conversation ends there, noted `tool_call_diverged`.
 
 Fail closed: every failed attempt (refused, reset, deadline, 5xx, a 200 that is not a usable
 completion) spends one of `max_attempts` and backs off with jitter, whatever /health says, so
@@ -34,6 +38,7 @@ from genqueue.common.contracts import (
     HistoryReasoning,
     Item,
     Mode,
+    Note,
     Outcome,
     RecordBase,
     ResultRecord,
@@ -47,6 +52,7 @@ from genqueue.common.settings import RunSettings
 from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.client import EndpointClient, Gate, RepeatedLog
 from genqueue.consumer.completion import Turn, parse_completion
+from genqueue.consumer.tool_turns import call_summary, match_calls, splice_results
 
 __all__ = ["Gate", "Generator", "RunContext", "retry_budget"]
 
@@ -189,43 +195,77 @@ class Generator:
         if state is not None:
             history, turns, pos = state
         stopped: dict[str, Any] | None = None
-        resumed_at = len(turns) if state is not None else None
+        resumed_at = turns[-1]["turn"] + 1 if state is not None else None
+        user_turn = turns[-1]["turn"] if turns else -1
+        step = 0  # answers given after tool results within the user turn
         while pos < len(source):
             msg = source[pos]
             pos += 1
+            if msg["role"] == "user":
+                user_turn, step = user_turn + 1, 0
+            elif msg["role"] != "system":
+                continue  # recorded tool turns are read at the answer they follow
             history.append(msg)
             if msg["role"] != "user":
                 continue
-            user_turn = len(turns)
-            try:
-                turn, note = await self.complete(ctx, list(history), item.get("tools"), _seed(item))
-            except (PermanentError, TransientError) as e:
-                if not turns:
-                    return _error_record(_base(ctx, item, attempt, list(history)), _error_info(e))
-                history.pop()
-                stopped = {"turn": user_turn, "reason": "error", "error": _error_info(e)}
-                break
-            entry: TurnRecord = {
-                "turn": user_turn, "content": turn.content, "reasoning": turn.reasoning,
-                "reasoning_form": turn.reasoning_form, "finish_reason": turn.finish_reason,
-                "outcome": turn.outcome, "usage": turn.usage, "model": turn.model or ctx.model}
-            if note is not None:
-                entry["truncation"] = note
-            if turn.outcome != Outcome.FINISHED:
-                if ctx.settings.truncation == Truncation.ERROR:
+            while True:  # the user turn's answer, and one more after each spliced tool result
+                try:
+                    turn, note = await self.complete(ctx, list(history), item.get("tools"), _seed(item))
+                except (PermanentError, TransientError) as e:
                     if not turns:
-                        return _truncated_error(_base(ctx, item, attempt, list(history)), turn)
-                    history.pop()
-                    stopped = {"turn": user_turn, "reason": turn.outcome, "dropped": True,
-                               "error": _truncated_info(turn.outcome)}
+                        return _error_record(_base(ctx, item, attempt, list(history)), _error_info(e))
+                    _drop_unanswered(history)
+                    stopped = _stop(user_turn, step, "error", error=_error_info(e))
+                    break
+                entry: TurnRecord = {
+                    "turn": user_turn, "content": turn.content, "reasoning": turn.reasoning,
+                    "reasoning_form": turn.reasoning_form, "finish_reason": turn.finish_reason,
+                    "outcome": turn.outcome, "usage": turn.usage, "model": turn.model or ctx.model}
+                if step:
+                    entry["step"] = step
+                if turn.tool_calls:
+                    entry["tool_calls"] = turn.tool_calls
+                if note is not None:
+                    entry["truncation"] = note
+                if turn.outcome != Outcome.FINISHED:
+                    if ctx.settings.truncation == Truncation.ERROR:
+                        if not turns:
+                            return _truncated_error(_base(ctx, item, attempt, list(history)), turn)
+                        _drop_unanswered(history)
+                        stopped = _stop(user_turn, step, turn.outcome, dropped=True,
+                                        error=_truncated_info(turn.outcome))
+                        break
+                    turns.append(entry)
+                    history.append(_assistant_message(turn, ctx.settings.history_reasoning))
+                    stopped = _stop(user_turn, step, turn.outcome)
                     break
                 turns.append(entry)
                 history.append(_assistant_message(turn, ctx.settings.history_reasoning))
-                stopped = {"turn": user_turn, "reason": turn.outcome}
+                recorded = source[pos] if pos < len(source) and source[pos]["role"] == "assistant" else None
+                if recorded is None and not turn.tool_calls:
+                    break  # answered as the recording did: on to the next user turn
+                ids = match_calls(turn.tool_calls, recorded["tool_calls"]) if recorded is not None else None
+                entry["tool_results_spliced"] = ids is not None
+                if recorded is None and pos == len(source) and item.get("note") == Note.STOPPED_AT_TOOL_TURN:
+                    # where the producer cut a call whose results were not recorded: nothing to
+                    # compare with, and nothing to splice
+                    stopped = _stop(user_turn, step, Note.STOPPED_AT_TOOL_TURN)
+                    break
+                if ids is None:
+                    stopped = _stop(user_turn, step, Note.TOOL_CALL_DIVERGED,
+                                    recorded=call_summary(recorded["tool_calls"]) if recorded is not None else [],
+                                    target=call_summary(turn.tool_calls))
+                    break
+                pos += 1
+                results = []
+                while pos < len(source) and source[pos]["role"] == "tool":
+                    results.append(source[pos])
+                    pos += 1
+                history.extend(splice_results(results, ids))
+                step += 1
+            if stopped is not None:
                 break
-            turns.append(entry)
-            history.append(_assistant_message(turn, ctx.settings.history_reasoning))
-            if self.checkpoints is not None and len(turns) < total_user_turns:
+            if self.checkpoints is not None and user_turn + 1 < total_user_turns:
                 await self.checkpoints.save(ctx.run, item["key"], {"history": history, "turns": turns, "pos": pos})
         last = turns[-1]
         rec = cast(ResultRecord, dict(_base(ctx, item, attempt, history)))
@@ -237,7 +277,9 @@ class Generator:
         rec["finish_reason"] = last["finish_reason"]
         # A later turn that failed leaves a conversation the target never finished: never
         # `finished`, so it stays out of a default training file. A cut turn that was kept
-        # (--truncation keep) is the last turn, and its own outcome says what it is.
+        # (--truncation keep) is the last turn, and its own outcome says what it is. A tool
+        # call that diverged ends a conversation whose every answer is the target's own: it
+        # keeps the last answer's outcome, and the note says why it ends early.
         rec["outcome"] = Outcome.PARTIAL if stopped is not None and "error" in stopped else last["outcome"]
         rec["usage"] = _sum_usage(t["usage"] for t in turns)
         rec["model"] = last["model"]
@@ -245,6 +287,8 @@ class Generator:
         rec["turns_total"] = total_user_turns
         if stopped is not None:
             rec["stopped"] = stopped
+            if stopped["reason"] == Note.TOOL_CALL_DIVERGED:
+                rec["note"] = Note.TOOL_CALL_DIVERGED
         if "truncation" in last:
             rec["truncation"] = last["truncation"]
         if resumed_at is not None:
@@ -309,6 +353,23 @@ def _truncated_error(base: RecordBase, turn: Turn) -> ErrorRecord:
     partial = {"content": turn.content, "reasoning": turn.reasoning, "finish_reason": turn.finish_reason,
                "usage": turn.usage}
     return _error_record(base, _truncated_info(turn.outcome), partial)
+
+
+def _stop(user_turn: int, step: int, reason: str, **detail: Any) -> dict[str, Any]:
+    """The record's `stopped`: the user turn, the answer's step after tool results (when not
+    the first answer), the reason and its details."""
+    stopped: dict[str, Any] = {"turn": user_turn, "reason": reason}
+    if step:
+        stopped["step"] = step
+    stopped.update(detail)
+    return stopped
+
+
+def _drop_unanswered(history: list[dict[str, Any]]) -> None:
+    """A failed answer leaves its user turn unanswered: drop it. Spliced tool results stay,
+    after the call that asked for them (the turns say they were spliced)."""
+    if history and history[-1]["role"] == "user":
+        history.pop()
 
 
 def _assistant_message(turn: Turn, history_reasoning: str) -> dict[str, Any]:

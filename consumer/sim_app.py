@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from genqueue.consumer.sim_kv import KvScheduler, PrefixCache, Seq, spec_yield
-from genqueue.consumer.sim_text import hinted_mean, make_output, prompt_tokens, request_digest
+from genqueue.consumer.sim_text import hinted_mean, make_output, prompt_tokens, request_digest, tool_calls_for
 
 REASONING_MODES = ("field", "inline", "none", "reasoning_content")
 
@@ -33,6 +33,7 @@ class SimConfig:
     hang_rate: float = 0.0  # fraction of requests never answered (until the client gives up)
     down: bool = False  # /health, /v1/models and chat answer 503
     length_hints: bool = False  # a "[len=N]" in the last user message sets the mean length (benchmarks)
+    tool_calls: str = "none"  # none | recorded | diverge: answer a request with tools by the hinted calls
     # Engine models for the doctor's regimes (sim_kv.py); the defaults keep plain slots.
     kv_cache_tokens: int = 0  # 0: no KV model (usage = running / slots); else its size in tokens
     block_size: int = 16  # tokens per KV block (vLLM's --block-size)
@@ -227,7 +228,10 @@ async def _chat(request: web.Request) -> web.Response:
     eng.counts["completed"] += 1
     eng.counts["tokens"] += n_out
     eng.counts["prompt_tokens"] += n_prompt
-    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": []}
+    calls = tool_calls_for(messages, cfg.tool_calls, digest) if body.get("tools") else None
+    if calls:  # as vLLM's tool parsers answer: the calls, no text, finish_reason tool_calls
+        content, finish = "", "tool_calls"
+    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls or []}
     if cfg.reasoning == "reasoning_content":
         message["reasoning_content"] = thought
     else:

@@ -7,6 +7,7 @@ making a 512-token answer costs a string slice, not 512 random draws.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import re
@@ -142,3 +143,63 @@ def hinted_mean(messages: list[Any], default: int) -> int:
             found = _HINT.search(m["content"])
             return max(1, int(found.group(1))) if found else default
     return default
+
+
+
+TOOL_CALL_MODES = ("none", "recorded", "diverge")
+_CALL_HINT = "[call="
+
+
+def call_hints(text: str) -> list[list[tuple[str, Any]]]:
+    """The rounds of tool calls a user message asks for: each "[call=NAME:JSON,NAME:JSON]" is
+    one round (several calls: parallel ones), in order. A hint that does not parse is ignored."""
+    rounds: list[list[tuple[str, Any]]] = []
+    dec = json.JSONDecoder()
+    at = text.find(_CALL_HINT)
+    while at >= 0:
+        pos = at + len(_CALL_HINT)
+        calls: list[tuple[str, Any]] = []
+        try:
+            while True:
+                colon = text.index(":", pos)
+                name = text[pos:colon].strip()
+                args, pos = dec.raw_decode(text, colon + 1)
+                calls.append((name, args))
+                if text.startswith(",", pos):
+                    pos += 1
+                    continue
+                if text.startswith("]", pos) and name:
+                    rounds.append(calls)
+                break
+        except ValueError:  # json.JSONDecodeError is one
+            pass
+        at = text.find(_CALL_HINT, pos)
+    return rounds
+
+
+def tool_calls_for(messages: list[Any], mode: str, digest: int) -> list[dict[str, Any]] | None:
+    """With --tool-calls recorded|diverge, the calls this request answers with, or None for a
+    text answer. The last user message's hints name the rounds; the assistant messages with
+    tool calls since it say how many rounds were made. `recorded` makes the hinted calls,
+    `diverge` the hinted names with other arguments. Ids are vLLM-like, fixed by the digest."""
+    if mode == "none":
+        return None
+    made = 0
+    for m in reversed(messages):
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "user":
+            text = m.get("content")
+            rounds = call_hints(text) if isinstance(text, str) else []
+            if made >= len(rounds):
+                return None
+            out = []
+            for i, (name, args) in enumerate(rounds[made]):
+                if mode == "diverge":
+                    args = {"diverged": True}
+                out.append({"id": f"chatcmpl-tool-{digest:016x}{i}", "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(args)}})
+            return out
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            made += 1
+    return None

@@ -24,7 +24,7 @@ from genqueue.consumer.sim_app import (
     SimEngine,
     build_app,
 )
-from genqueue.consumer.sim_text import make_output, prompt_tokens, sample_length  # noqa: F401 (public API)
+from genqueue.consumer.sim_text import TOOL_CALL_MODES, make_output, prompt_tokens, sample_length  # noqa: F401 (public API)
 
 __all__ = ["SimConfig", "SimEngine", "SimServer", "build_app", "sample_length", "simulate_command"]
 
@@ -181,6 +181,9 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               help="Fraction of requests never answered.")
 @click.option("--length-hints", is_flag=True,
               help='A "[len=N]" in the last user message sets that request\'s mean output length (benchmarks).')
+@click.option("--tool-calls", default=SimConfig.tool_calls, show_default=True, type=click.Choice(TOOL_CALL_MODES),
+              help='When a request has tools, answer with the calls a "[call=NAME:JSON]" in the last user '
+                   "message names (recorded), the same names with other arguments (diverge), or text (none).")
 @click.option("--max-num-seqs", "max_num_seqs", type=click.IntRange(1), default=None,
               help="vLLM's name for --slots (either sets it).")
 @click.option("--kv-cache-tokens", default=SimConfig.kv_cache_tokens, show_default=True, type=click.IntRange(0),

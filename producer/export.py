@@ -287,6 +287,11 @@ def format_export(r: ExportResult) -> str:
         ("  cut", f"{r.cut:,}  (by max_tokens, or no answer)"),
     ]
     rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.cut_by_outcome.items())]
+    if r.tool_turns_to_end or r.tool_call_diverged or r.stopped_at_tool_turn:
+        tools = (f"{r.tool_turns_to_end:,} regenerated to the end, {r.tool_call_diverged:,} stopped at a "
+                 f"divergence (tool_call_diverged), {r.stopped_at_tool_turn:,} stopped at a tool turn for another "
+                 "reason")
+        rows.append(("  tool turns", tools))
     rows += [
         ("  failed for good", f"{r.failed:,}"),
         ("  missing", f"{r.missing:,}"),

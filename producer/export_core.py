@@ -41,7 +41,7 @@ from typing import IO, Any
 import orjson
 import redis
 
-from genqueue.common.contracts import ErrorClass, Outcome, error_info
+from genqueue.common.contracts import ErrorClass, Note, Outcome, error_info
 from genqueue.common.rqaccess import JobPlace, refused_jobs
 from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.runs import run_key
@@ -81,6 +81,12 @@ DEFAULT_OUTCOMES = frozenset({Outcome.FINISHED.value})
 #: pass 2 counts outcomes without parsing lines. Code 0: none known.
 _OUTCOME_NAMES = ("unknown", *(o.value for o in Outcome))
 _OUTCOME_CODE = {name: code for code, name in enumerate(_OUTCOME_NAMES)}
+#: A regenerate conversation's tool turns ride in the same byte (code << 5; the outcome's code
+#: has bits 2-4): 0 none, then regenerated to the end, stopped at a divergence, stopped at a
+#: tool turn for another reason.
+_TOOLS_TO_END, _TOOLS_DIVERGED, _TOOLS_STOPPED = 1, 2, 3
+if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
+    raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
 
 # What a kept record becomes; also its rank among copies of one key (lower wins).
 _INCLUDED, _EXCLUDED, _ERROR = 0, 1, 2
@@ -111,6 +117,11 @@ class ExportResult:
     complete: int = 0  # answered items by outcome, whichever file they went to: finished
     partial: int = 0  # regenerate: a later turn failed
     cut: int = 0  # any other outcome (cut by max_tokens, or no answer)
+    # regenerate conversations with tool turns: regenerated to the end through the recorded
+    # results, stopped at a divergence, stopped at a tool turn for another reason
+    tool_turns_to_end: int = 0
+    tool_call_diverged: int = 0
+    stopped_at_tool_turn: int = 0
     failed: int = 0
     missing: int = 0
     duplicates_removed: int = 0
@@ -273,7 +284,7 @@ class Exporter:
             return _ERROR, line if line.endswith(b"\n") else line + b"\n"
         outcome = rec["outcome"] = record_outcome(rec)
         row = self.convert(rec)
-        code = _OUTCOME_CODE.get(outcome, 0) << 2
+        code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5
         if outcome not in self.include:
             return _EXCLUDED | code, orjson.dumps(row) + b"\n"
         if "tools" in row:
@@ -357,7 +368,8 @@ class Exporter:
         for key, (rank, order, start, stop, code) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
             line = view[start:stop]
             if rank[0] != _ERROR:
-                self._count_outcome(_OUTCOME_NAMES[code], included=rank[0] == _INCLUDED)
+                self._count_outcome(_OUTCOME_NAMES[code & 7], included=rank[0] == _INCLUDED)
+                self._count_tool_turns(code >> 3)
             if rank[0] == _INCLUDED:
                 out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
             elif rank[0] == _EXCLUDED:
@@ -390,6 +402,15 @@ class Exporter:
         else:
             r.cut += 1
             r.cut_by_outcome[outcome] = r.cut_by_outcome.get(outcome, 0) + 1
+
+    def _count_tool_turns(self, code: int) -> None:
+        r = self.result
+        if code == _TOOLS_TO_END:
+            r.tool_turns_to_end += 1
+        elif code == _TOOLS_DIVERGED:
+            r.tool_call_diverged += 1
+        elif code == _TOOLS_STOPPED:
+            r.stopped_at_tool_turn += 1
 
     def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
         with self.conn.pipeline(transaction=False) as p:
@@ -438,6 +459,23 @@ class _PartitionWriteError(Exception):
     def __init__(self, cause: OSError) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _tool_turns(rec: dict[str, Any]) -> int:
+    """What became of a regenerate conversation's tool turns (the _TOOLS_ codes; 0: it had
+    none, or it stopped elsewhere). To the end: results were spliced and nothing stopped it."""
+    turns = rec.get("turns")
+    if not isinstance(turns, list):
+        return 0
+    note, stopped = rec.get("note"), rec.get("stopped")
+    stopped = stopped if isinstance(stopped, dict) else None
+    if note == Note.TOOL_CALL_DIVERGED or (stopped is not None and stopped.get("reason") == Note.TOOL_CALL_DIVERGED):
+        return _TOOLS_DIVERGED
+    if note == Note.STOPPED_AT_TOOL_TURN or (stopped is not None and stopped.get("step")):
+        return _TOOLS_STOPPED  # cut by the producer, or an answer after tool results failed or was cut
+    if stopped is None and any(isinstance(t, dict) and t.get("tool_results_spliced") for t in turns):
+        return _TOOLS_TO_END
+    return 0
 
 
 def _error_class(line: bytes) -> str:

@@ -13,10 +13,14 @@ Modes (`contracts.Mode`), as ``--multi-turn`` names them:
 - ``each``: one item per user turn k: the original history before it, then that turn.
 - ``regenerate`` (the default): one item per conversation holding the system messages and
   the user turns only; the consumer regenerates every assistant turn on the regenerated
-  history. Tool rule: the target cannot replay tool results it never asked for, so the
-  conversation is cut before the first assistant message with tool calls; the user turns
-  after it are dropped and the item carries ``"note": "stopped_at_tool_turn"``. A tool call
-  before any user turn leaves nothing to regenerate: ``tool_turn_first``. ``turn`` is None.
+  history. Tool rule: the item keeps each recorded assistant message with tool calls and the
+  tool messages answering it (the consumer splices those results in when the target makes the
+  same calls, and stops where it does not). A tool call whose results are not all there (one
+  missing, or a result answering another call) cannot be replayed: the conversation is cut
+  before it, the user turns after it are dropped and the item carries ``"note":
+  "stopped_at_tool_turn"``. A tool call before any user turn leaves nothing to regenerate:
+  ``tool_turn_first``. ``turn`` is None. Items of conversations without tool calls hold the
+  system and user messages only, as they always did (their keys are unchanged).
 
 The key hashes mode, messages and tools only, so identical items from different records
 share a key: that is how duplicates are found, and it is intended. Provenance (the record's
@@ -36,11 +40,11 @@ from typing import Any
 
 import orjson
 
-from genqueue.common.contracts import Item, Mode, RejectReason
+from genqueue.common.contracts import Item, Mode, Note, RejectReason
 from genqueue.producer.conversation import Conversation
 from genqueue.producer.rejects import Rejected
 
-STOPPED_AT_TOOL_TURN = "stopped_at_tool_turn"
+STOPPED_AT_TOOL_TURN = Note.STOPPED_AT_TOOL_TURN
 
 _SORT = orjson.OPT_SORT_KEYS
 
@@ -205,17 +209,45 @@ def check_batch_sampling(body: dict[str, Any], run_params: Mapping[str, Any]) ->
 
 def _regenerate(conv: Conversation, index: int) -> Item:
     msgs = conv.messages
-    cut = next(
-        (i for i, m in enumerate(msgs) if m["role"] == "assistant" and "tool_calls" in m), None
-    )
-    kept = msgs if cut is None else msgs[:cut]
-    picked = [m for m in kept if m["role"] == "system" or m["role"] == "user"]
-    if not any(m["role"] == "user" for m in picked):
+    picked: list[dict[str, Any]] = []
+    cut = has_user = False
+    i = 0
+    while i < len(msgs):
+        m = msgs[i]
+        i += 1
+        if m["role"] == "system" or m["role"] == "user":
+            picked.append(m)
+            has_user = has_user or m["role"] == "user"
+        elif m["role"] == "assistant" and "tool_calls" in m:
+            if not has_user:
+                break  # a call nobody asked for: nothing to regenerate (tool_turn_first below)
+            results = _results_of(m, msgs, i)
+            if results is None:
+                cut = True
+                break
+            picked.append(m)
+            picked.extend(results)
+            i += len(results)
+    if not has_user:
         raise Rejected(RejectReason.TOOL_TURN_FIRST, "a tool call comes before any user turn")
     item = _item(Mode.REGENERATE, index, None, picked, conv.tools)
-    if cut is not None:
+    if cut:
         item["note"] = STOPPED_AT_TOOL_TURN
     return item
+
+
+def _results_of(call: dict[str, Any], msgs: tuple[dict[str, Any], ...], start: int) -> list[dict[str, Any]] | None:
+    """The tool messages at START answering CALL's tool calls, one each (in any order); None
+    when they do not (a result missing, or one answering another call): such a turn cannot be
+    replayed, so the conversation is cut before it."""
+    want = sorted(c["id"] for c in call["tool_calls"])
+    end = start
+    while end < len(msgs) and msgs[end]["role"] == "tool":
+        end += 1
+    results = list(msgs[start:end])
+    if sorted(m["tool_call_id"] for m in results) != want:
+        return None
+    return results
 
 
 def _item(

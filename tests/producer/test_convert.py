@@ -313,14 +313,54 @@ def test_mode_regenerate(three_turns: Conversation) -> None:
     orjson.dumps(item)  # plain JSON
 
 
-def test_regenerate_stops_at_first_tool_turn() -> None:
+def test_regenerate_keeps_the_recorded_tool_turns() -> None:
+    """The item carries each recorded call and its results (the consumer splices them in when
+    the target calls the same); the original answers are dropped as ever."""
     conv = normalize(sg(("human", "u1"), ("gpt", "a1"), ("human", "u2"),
                         ("function_call", '{"name": "f"}'), ("observation", "r"), ("gpt", "a2"),
                         ("human", "u3"), ("gpt", "a3"), tools=[{"name": "f"}]))
     [item] = make_items(conv, Mode.REGENERATE, 0)
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert item["messages"] == [U1, {"role": "user", "content": "u2"}, call,
+                                {"role": "tool", "content": "r", "tool_call_id": "call_0"},
+                                {"role": "user", "content": "u3"}]
+    assert "note" not in item
+    assert item["tools"] == [{"type": "function", "function": {"name": "f"}}]
+
+
+def test_regenerate_parallel_results_in_any_order_are_kept() -> None:
+    conv = normalize({"messages": [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "content": "rb", "tool_call_id": "b"}, {"role": "tool", "content": "ra", "tool_call_id": "a"},
+        {"role": "assistant", "content": "done"}]})
+    [item] = make_items(conv, Mode.REGENERATE, 0)
+    assert [m["role"] for m in item["messages"]] == ["user", "assistant", "tool", "tool"]
+    assert "note" not in item
+
+
+def test_regenerate_stops_at_a_tool_turn_without_its_results() -> None:
+    """A call whose results are not all recorded cannot be replayed: cut before it, as before."""
+    conv = normalize({"messages": [
+        {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "content": "ra", "tool_call_id": "a"},
+        {"role": "assistant", "content": "a2"}, {"role": "user", "content": "u3"}]})
+    [item] = make_items(conv, Mode.REGENERATE, 0)
     assert item["messages"] == [U1, {"role": "user", "content": "u2"}]
     assert item["note"] == "stopped_at_tool_turn"
-    assert item["tools"] == [{"type": "function", "function": {"name": "f"}}]
+
+
+def test_regenerate_key_unchanged_without_tool_turns(three_turns: Conversation) -> None:
+    """Items of conversations without tool calls keep the keys of earlier runs."""
+    [item] = make_items(three_turns, Mode.REGENERATE, 7)
+    assert item["key"] == item_key(Mode.REGENERATE, [SYS, U1, U2, U3], None)
 
 
 def test_regenerate_tool_turn_first() -> None:
@@ -380,11 +420,11 @@ def test_trailing_empty_assistant_turn_is_dropped_not_rejected() -> None:
     assert [m["role"] for m in conv.messages] == ["user"]
 
 
-def test_regenerate_first_answer_a_tool_call_is_the_turns_before_it() -> None:
+def test_regenerate_first_answer_a_tool_call_is_kept() -> None:
     """As the README says: a first *answer* that calls a tool is not tool_turn_first; the item
-    holds the user turn before it, noted as cut at the tool turn."""
+    holds that call and its result after the user turn, and the user turns after them."""
     conv = normalize(sg(("human", "u1"), ("function_call", '{"name": "f"}'), ("observation", "r"),
                         ("gpt", "a1"), ("human", "u2"), ("gpt", "a2"), tools=[{"name": "f"}]))
     [item] = make_items(conv, Mode.REGENERATE, 0)
-    assert item["messages"] == [U1]
-    assert item["note"] == "stopped_at_tool_turn"
+    assert [m["role"] for m in item["messages"]] == ["user", "assistant", "tool", "user"]
+    assert "note" not in item
