@@ -9,8 +9,9 @@ tokens actually generated). An item with no original answer counts as the mean o
 one: a dataset of bare prompts has no estimate (None).
 
 GPU-hours spent are each consumer's GPUs times its wall time while it served the run (from the
-later of its start and the run's first job to its last report), split between the runs it
-counted tokens for by their completion tokens. A consumer's snapshot does not say how many GPUs
+later of its start and the run's first job to its last report, or, once the run is complete, to
+its last upload of the run's results), split between the runs it counted tokens for by their
+completion tokens. A consumer's snapshot does not say how many GPUs
 its engine has (`consumer launch --gpus-per-engine`): one is assumed unless it says `gpus`.
 Projected: spent, plus the live consumers' GPUs for as long as the remaining tokens take at the
 fleet's completion-token rate of the last minute.
@@ -49,13 +50,19 @@ def gpus_of(c: dict[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
-def consumer_hours(c: dict[str, Any], run: str, run_started_at: float | None) -> float:
-    """GPU-hours consumer C spent on RUN (module docstring)."""
+def consumer_hours(c: dict[str, Any], run: str, run_started_at: float | None, *, complete: bool = False) -> float:
+    """GPU-hours consumer C spent on RUN (module docstring). COMPLETE: RUN is over, so C's time
+    on it ends at its last upload of RUN's results, not at its last report (a consumer left
+    idle after a run does not go on spending the run's money)."""
     start = max(float(c.get("started_at") or 0.0), run_started_at or 0.0)
     if not start:
         return 0.0
-    wall = max(float(c.get("last_seen") or 0.0) - start, 0.0)
     runs = c.get("runs") or {}
+    end = float(c.get("last_seen") or 0.0)
+    last_upload = ((runs.get(run) or {}).get("shipping") or {}).get("last_upload_at")
+    if complete and isinstance(last_upload, int | float) and not isinstance(last_upload, bool):
+        end = min(end, float(last_upload))
+    wall = max(end - start, 0.0)
     tokens = {k: float(v.get("completion_tokens", 0) or 0) for k, v in runs.items() if isinstance(v, dict)}
     total = sum(tokens.values())
     share = tokens.get(run, 0.0) / total if total else 1.0 / max(len(runs), 1)
@@ -77,11 +84,13 @@ def remaining_tokens(items: int, done: int, failed: int, generated: int,
 
 
 def run_cost(consumers: list[dict[str, Any]], run: str, *, run_started_at: float | None, remaining: float | None,
-             rate: float | None, price: float | None, estimate: int | None, remaining_basis: str) -> dict[str, Any]:
+             rate: float | None, price: float | None, estimate: int | None, remaining_basis: str,
+             complete: bool = False) -> dict[str, Any]:
     """The `cost` figures of `producer status` for RUN. CONSUMERS: the snapshots of those that
     served it (`live` set); REMAINING: its output tokens still to generate; RATE: the fleet's
-    completion tokens a second for it now; PRICE: money a GPU-hour (None: not given)."""
-    spent = sum(consumer_hours(c, run, run_started_at) for c in consumers)
+    completion tokens a second for it now; PRICE: money a GPU-hour (None: not given); COMPLETE:
+    RUN is over (consumer_hours)."""
+    spent = sum(consumer_hours(c, run, run_started_at, complete=complete) for c in consumers)
     live_gpus = sum(gpus_of(c) for c in consumers if c.get("live"))
     assumed = any(gpus_of(c) == 1 and "gpus" not in c for c in consumers)
     projected: float | None
@@ -101,8 +110,9 @@ def run_cost(consumers: list[dict[str, Any]], run: str, *, run_started_at: float
         "projected_money": None if price is None or projected is None else projected * price,
         "estimated_output_tokens": estimate,
         "basis": {
-            "gpu_hours_spent": ("GPUs x wall time of each consumer since the run's first job (or its start), "
-                                "split between its runs by completion tokens"
+            "gpu_hours_spent": ("GPUs x wall time of each consumer since the run's first job (or its start) "
+                                + ("to its last upload of the run" if complete else "to its last report")
+                                + ", split between its runs by completion tokens"
                                 + ("; 1 GPU per consumer assumed (its report does not say)" if assumed else "")),
             "gpu_hours_projected": how,
             "price": "--gpu-hour-price / GENQUEUE_GPU_HOUR_PRICE" if price is not None else "not given",

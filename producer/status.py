@@ -123,7 +123,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     estimate = _estimate(sources)
     left, left_how = remaining_tokens(items, done, failed, stats.get("completion_tokens", 0), estimate)
     cost = run_cost(mine, run, run_started_at=started_at, remaining=left, rate=recent["completion_tokens_per_s"],
-                    price=gpu_hour_price, estimate=estimate, remaining_basis=left_how)
+                    price=gpu_hour_price, estimate=estimate, remaining_basis=left_how,
+                    complete=bool(items) and done + failed >= items)
 
     def per_s(total: int) -> float | None:
         return total / elapsed if elapsed and done + failed else None

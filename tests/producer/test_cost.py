@@ -56,6 +56,11 @@ def test_gpu_hours_are_gpus_times_wall_time_split_between_runs_by_tokens() -> No
     assert consumer_hours(snap(0, 3600, {"a": 30, "b": 10}), "a", None) == pytest.approx(0.75)
     assert consumer_hours(snap(0, 3600, {"a": 0, "b": 0}), "a", None) == pytest.approx(0.5)
     assert consumer_hours({**snap(0, 3600, {"a": 1}), "started_at": None}, "a", None) == 0.0  # start unknown
+    # a run that is over: the consumer's time on it ends at its last upload of the run, not its last report
+    over = snap(0, 7200, {"a": 10})
+    over["runs"]["a"]["shipping"] = {"last_upload_at": T + 3600}
+    assert consumer_hours(over, "a", None, complete=True) == pytest.approx(1.0)
+    assert consumer_hours(over, "a", None) == pytest.approx(2.0)
     # a consumer that says it fronts 4 GPUs (tensor parallel) counts 4
     assert consumer_hours(snap(0, 3600, {"a": 1}, gpus=4), "a", None) == pytest.approx(4.0)
 
@@ -137,6 +142,15 @@ def test_enqueue_estimates_and_status_costs_a_running_run(tmp_path: Path, redis_
         assert rows["money"].endswith("projected at 3 a GPU-hour")
         assert all(len(line) <= WIDTH for line in text.splitlines())
         assert status(price=None)["cost"]["spent_money"] is None
+        # once the run is over its spend stops growing, and nothing more is projected
+        wait_for(lambda: status()["items_done"] == 200, 60, "the run done")
+        time.sleep(3)  # the consumer reports its last upload within a report's interval (2 s)
+        ended = status()["cost"]
+        time.sleep(2.5)
+        later = status()["cost"]
+        assert later["gpu_hours_spent"] == pytest.approx(ended["gpu_hours_spent"])
+        assert ended["gpu_hours_spent"] > b["gpu_hours_spent"]
+        assert later["gpu_hours_projected"] == later["gpu_hours_spent"]
     finally:
         c.signal(signal.SIGTERM)
         c.wait(60)
