@@ -151,6 +151,12 @@ def test_enqueue_estimates_and_status_costs_a_running_run(tmp_path: Path, redis_
         assert later["gpu_hours_spent"] == pytest.approx(ended["gpu_hours_spent"])
         assert ended["gpu_hours_spent"] > b["gpu_hours_spent"]
         assert later["gpu_hours_projected"] == later["gpu_hours_spent"]
+        # enqueue again, every item done: the input is not read, and the estimate recorded stands
+        again = orjson.loads(cli("producer", "enqueue", str(data), "--run", "cost", "--output", str(tmp_path / "out"),
+                                 "--batch-size", "4", "--max-tokens", "64", "--rejects", str(tmp_path / "rej"),
+                                 "--json", env=env).stdout)
+        assert again["input_unchanged"] and again["estimated_output_tokens"] == 20_000
+        assert status()["cost"]["estimated_output_tokens"] == 20_000
     finally:
         c.signal(signal.SIGTERM)
         c.wait(60)
