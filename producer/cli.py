@@ -170,10 +170,12 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
 @click.option("--wide", is_flag=True, help="Clip no line to 100 columns; full input paths, a row per rejected reason.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="The run's output, where its run.json is looked for when Redis does not hold the run.")
+@click.option("--gpu-hour-price", type=click.FloatRange(0), default=None, envvar="GENQUEUE_GPU_HOUR_PRICE",
+              show_envvar=True, help="Money a GPU-hour costs: the run's cost is shown in money too (any currency).")
 @redis_option
 @friendly_errors
 def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wide: bool, output: str,
-           redis_url: str) -> None:
+           gpu_hour_price: float | None, redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
     from genqueue.common.runs import RunStore
     from genqueue.producer.rungone import run_gone
@@ -186,12 +188,12 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wi
         raise run_gone(run_name, _absolute_output(output))
 
     def render() -> str:
-        reports = [run_status(conn, name) for name in names]
+        reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
         return "\n\n".join(format_status(r, width=None if wide else WIDTH) for r in reports) if reports \
             else "no runs in Redis"
 
     if as_json:
-        reports = [run_status(conn, name) for name in names]
+        reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
         click.echo(orjson.dumps(reports[0] if run_name else {"runs": reports}).decode())
     elif watch:
         import time
@@ -264,6 +266,8 @@ def format_summary(s: Summary) -> str:
     rows += [
         ("items queued", queued),
         ("jobs", f"{s.jobs:,}"),
+        ("estimated output", f"{s.estimated_output_tokens:,} tokens (the original answers' characters / 4)"
+         if s.estimated_output_tokens is not None else "- (the input has no original answers)"),
         ("time", f"{s.seconds:.1f} s"),
     ]
     if s.rejects_path:

@@ -56,6 +56,7 @@ from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.settings import RunSettings
 from genqueue.producer.conversation import Conversation
 from genqueue.producer.convert import normalize
+from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.inputcheck import checked
 from genqueue.producer.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
 from genqueue.producer.jobwriter import JobWriter, Requeue
@@ -130,6 +131,9 @@ class Summary:
     user_turns: int = 0  # user turns in the records converted (status: the multi-turn rule's input)
     multi_turn_records: int = 0  # of those records: with more than one user turn
     stopped_at_tool_turn: int = 0  # items cut at a tool turn (regenerate)
+    # the run's output tokens as the input's original answers say (producer/cost.py): of every
+    # item converted from this input, not only those queued now; None when it has no answers
+    estimated_output_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,8 +195,9 @@ class Enqueuer:
                 raise Rejected(RejectReason.TOO_LONG, f"{chars} characters > limit {self.settings.max_prompt_chars}")
             items = make_items(conv, self.settings.multi_turn, rec.index, self.origin.of(rec.value))
             self._count_turns(conv, items)
+            answers = answer_lengths(conv)
+            self._count_answers(items, answers)
             if self.order is not None:
-                answers = answer_lengths(conv)
                 self._estimates.update((it["key"], estimate_cost(it, answers)) for it in items)
             return items
         except Rejected as r:
@@ -206,6 +211,13 @@ class Enqueuer:
         self.counts["user_turns"] += users
         self.counts["multi_turn_records"] += users > 1
         self.counts["stopped_at_tool_turn"] += sum(it.get("note") == STOPPED_AT_TOOL_TURN for it in items)
+
+    def _count_answers(self, items: list[Item], answers: list[int]) -> None:
+        for it in items:
+            chars = output_chars(it, answers)
+            self.counts["output_items"] += 1
+            self.counts["output_answered"] += chars > 0
+            self.counts["output_chars"] += chars
 
     def process(self, records: Iterator[RawRecord]) -> None:
         chunk: list[tuple[int, list[Item]]] = []
@@ -361,6 +373,8 @@ class Enqueuer:
         summary.multi_turn_records = self.counts["multi_turn_records"]
         summary.stopped_at_tool_turn = self.counts["stopped_at_tool_turn"]
         summary.queue_view = self.queue_view
+        summary.estimated_output_tokens = estimated_tokens(self.counts["output_chars"], self.counts["output_items"],
+                                                           self.counts["output_answered"])
 
 
 #: The flag a record gets for an item a requeue did not put in a job.
@@ -506,6 +520,8 @@ def _unchanged(conn: redis.Redis, run: str, summary: Summary) -> bool:
     summary.rejected_by_reason = dict(prev["rejected_by_reason"])
     for k in ("user_turns", "multi_turn_records", "stopped_at_tool_turn"):
         setattr(summary, k, int(prev.get(k, 0)))
+    est = prev.get("estimated_output_tokens")
+    summary.estimated_output_tokens = est if isinstance(est, int) else None
     summary.already_done = summary.already_enqueued = summary.records - summary.rejected
     summary.input_unchanged = summary.complete = True
     return True

@@ -35,6 +35,7 @@ from genqueue.common.redact import redact
 from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
+from genqueue.producer.cost import remaining_tokens, run_cost
 from genqueue.producer.sources import reading
 from genqueue.producer.status_figures import input_view, outcome_view, placement, run_share, speed_note
 from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
@@ -76,12 +77,15 @@ def _is_snapshot(snap: Any) -> bool:
     return all(isinstance(snap.get(k, {}), dict) for k in ("engine", "paused", "shipping", "jobs"))
 
 
-def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[str, Any]:
-    """Everything `producer status` shows about RUN, as plain data; every figure RUN's own."""
+def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
+               gpu_hour_price: float | None = None) -> dict[str, Any]:
+    """Everything `producer status` shows about RUN, as plain data; every figure RUN's own.
+    GPU_HOUR_PRICE: money a GPU-hour, for the cost in money (None: GPU-hours only)."""
     now = time.time() if now is None else now
     store = RunStore(conn)
     info = store.require(run)
-    inputs = input_view(store.sources(run), reading(conn, run))
+    sources = store.sources(run)
+    inputs = input_view(sources, reading(conn, run))
     items, done, failed, stats = counts(conn, run)
     pause = run_pause(conn, run)
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
@@ -116,6 +120,11 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         if c.get("version") != info.version:
             drift.append(f"{c['worker']} runs genqueue {c.get('version')}, the run was created by {info.version}")
     outcomes = outcome_view(stats, done, failed)
+    estimate = _estimate(sources)
+    left, left_how = remaining_tokens(items, done, failed, stats.get("completion_tokens", 0), estimate)
+    cost = run_cost(mine, run, run_started_at=started_at, remaining=left, rate=recent["completion_tokens_per_s"],
+                    price=gpu_hour_price, estimate=estimate, remaining_basis=left_how,
+                    complete=bool(items) and done + failed >= items)
 
     def per_s(total: int) -> float | None:
         return total / elapsed if elapsed and done + failed else None
@@ -162,6 +171,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         },
         "eta_s": eta,
         "eta_assumes_completion_tokens_per_s": recent["completion_tokens_per_s"],
+        "cost": cost,
         "shipping": shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now),
         "consumers": [_consumer_row(c, run, shares[c["worker"]], where["in_flight"]) for c in mine],
         "output_placement": {"host": info.placement.host, "shared_fs": info.placement.shared_fs,
@@ -175,6 +185,14 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None) -> dict[st
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
     }
+
+
+def _estimate(sources: dict[str, dict[str, Any]]) -> int | None:
+    """The run's estimated output tokens: the sum of its inputs' (producer/cost.py); None when
+    no input recorded one."""
+    found = [e for s in sources.values()
+             if isinstance(e := s.get("estimated_output_tokens"), int) and not isinstance(e, bool)]
+    return sum(found) if found else None
 
 
 def hosts_view(snaps: list[dict[str, Any]], run: str) -> dict[str, dict[str, Any]]:

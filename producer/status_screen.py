@@ -56,6 +56,8 @@ def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[st
         age = f" ({format_duration(e['age_s'])} ago)" if e["age_s"] is not None else ""
         rows.append((f"  {e['worker']}", f"last shipping error{age} {e['class']}: {clip(e['message'])}"))
     rows.append(("progress", _progress(r)))
+    if "cost" in r:
+        rows += [("estimate", _estimate(r)), *_cost(r["cost"])]
     rows.append(("items", _items(r)))
     rows.append(("outcomes", _outcomes(r)))
     if r["failed_by_class"] or r["refused"]:
@@ -140,6 +142,40 @@ def _progress(r: dict[str, Any]) -> str:
     else:
         eta = f"ETA {format_duration(r['eta_s'])} at {rate:,.0f} completion tok/s (the last minute's)"
     return f"{bar(frac)} {100 * frac:.1f}%: {finished:,} of {items:,} items; {eta}"
+
+
+def _estimate(r: dict[str, Any]) -> str:
+    """The input's estimate of output tokens against the tokens per item generated so far, and
+    how long the estimate's rest takes at the last minute's rate."""
+    est, items, done = r["cost"]["estimated_output_tokens"], r["items"], r["items_done"]
+    if est is None:
+        return "- (the input has no original answers to estimate output tokens from)"
+    text = f"{est:,} tokens" + (f" ({est / items:,.0f}/item)" if items else "")
+    if done and r["completion_tokens"] and est:
+        per = r["completion_tokens"] / done
+        text += f"; so far {per:,.0f}/item ({per * items / est:.2f}x)"
+    left = max(items - done - r["items_failed"], 0)
+    rate = r["eta_assumes_completion_tokens_per_s"]
+    if left and rate and items:
+        text += f"; at {rate:,.0f} tok/s: {format_duration(est * left / items / rate)}"
+    return text
+
+
+def _cost(c: dict[str, Any]) -> list[tuple[str, str]]:
+    """GPU-hours spent and projected; in money on a row of its own at --gpu-hour-price."""
+    text = (f"GPU-hours {_amount(c['gpu_hours_spent'])} spent -> {_amount(c['gpu_hours_projected'])} projected "
+            f"({c['live_gpus']} live GPUs)")
+    if c["price"] is None:
+        return [("cost", text + "; money: --gpu-hour-price")]
+    return [("cost", text), ("  money", (f"{_amount(c['spent_money'])} spent -> {_amount(c['projected_money'])} "
+                                         f"projected at {c['price']:g} a GPU-hour"))]
+
+
+def _amount(x: float | None) -> str:
+    """X in few columns: whole units once they are many, else three digits ("-": not known)."""
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x >= 1 else f"{x:.2g}"
 
 
 def _items(r: dict[str, Any]) -> str:

@@ -1,0 +1,123 @@
+"""What a run costs: its estimated output tokens, and GPU-hours (and money) spent and projected
+(pure arithmetic, no I/O).
+
+The estimate comes from the input: each item's original assistant answer(s), the ones it
+regenerates (all of a conversation's in regenerate mode, its own turn's otherwise), in
+characters, at CHARS_PER_TOKEN characters a token (the usual figure for English text with a
+BPE tokenizer; code and other languages run denser, so it is a rough guide, shown beside the
+tokens actually generated). An item with no original answer counts as the mean of those with
+one: a dataset of bare prompts has no estimate (None).
+
+GPU-hours spent are each consumer's GPUs times its wall time while it served the run (from the
+later of its start and the run's first job to its last report, or, once the run is complete, to
+its last upload of the run's results), split between the runs it counted tokens for by their
+completion tokens. A consumer's snapshot does not say how many GPUs
+its engine has (`consumer launch --gpus-per-engine`): one is assumed unless it says `gpus`.
+Projected: spent, plus the live consumers' GPUs for as long as the remaining tokens take at the
+fleet's completion-token rate of the last minute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genqueue.common.contracts import Item
+
+#: Characters a token, for the estimate from the original answers.
+CHARS_PER_TOKEN = 4.0
+
+
+def output_chars(item: Item, answers: list[int]) -> int:
+    """Characters of the original answers ITEM regenerates (ANSWERS: per user turn, as
+    items.answer_lengths gives them); 0 when the input has none."""
+    turn = item.get("turn")
+    if turn is None:
+        return sum(answers)
+    return answers[turn] if 0 <= turn < len(answers) else 0
+
+
+def estimated_tokens(chars: int, items: int, answered: int) -> int | None:
+    """Output tokens of ITEMS items, ANSWERED of which have original answers of CHARS characters
+    in all; None when none has one."""
+    if not answered:
+        return None
+    return round(chars / CHARS_PER_TOKEN * items / answered)
+
+
+def gpus_of(c: dict[str, Any]) -> int:
+    """GPUs consumer C fronts: its snapshot's `gpus` when it says, else 1."""
+    n = c.get("gpus")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+
+def consumer_hours(c: dict[str, Any], run: str, run_started_at: float | None, *, complete: bool = False) -> float:
+    """GPU-hours consumer C spent on RUN (module docstring). COMPLETE: RUN is over, so C's time
+    on it ends at its last upload of RUN's results, not at its last report (a consumer left
+    idle after a run does not go on spending the run's money)."""
+    start = max(float(c.get("started_at") or 0.0), run_started_at or 0.0)
+    if not start:
+        return 0.0
+    runs = c.get("runs") or {}
+    end = float(c.get("last_seen") or 0.0)
+    last_upload = ((runs.get(run) or {}).get("shipping") or {}).get("last_upload_at")
+    if complete and isinstance(last_upload, int | float) and not isinstance(last_upload, bool):
+        end = min(end, float(last_upload))
+    wall = max(end - start, 0.0)
+    tokens = {k: float(v.get("completion_tokens", 0) or 0) for k, v in runs.items() if isinstance(v, dict)}
+    total = sum(tokens.values())
+    share = tokens.get(run, 0.0) / total if total else 1.0 / max(len(runs), 1)
+    return gpus_of(c) * wall * share / 3600.0
+
+
+def remaining_tokens(items: int, done: int, failed: int, generated: int,
+                     estimate: int | None) -> tuple[float | None, str]:
+    """(output tokens still to generate, how it was found): the tokens per item measured on what
+    shipped once something has, else the input's estimate per item."""
+    left = max(items - done - failed, 0)
+    if not left:
+        return 0.0, "nothing left"
+    if done and generated:
+        return generated / done * left, f"{generated / done:,.0f} tok per item done so far x {left:,} items left"
+    if estimate is not None and items:
+        return estimate / items * left, f"the input's estimate ({estimate / items:,.0f} tok per item) x {left:,} left"
+    return None, "no estimate and nothing shipped yet"
+
+
+def run_cost(consumers: list[dict[str, Any]], run: str, *, run_started_at: float | None, remaining: float | None,
+             rate: float | None, price: float | None, estimate: int | None, remaining_basis: str,
+             complete: bool = False) -> dict[str, Any]:
+    """The `cost` figures of `producer status` for RUN. CONSUMERS: the snapshots of those that
+    served it (`live` set); REMAINING: its output tokens still to generate; RATE: the fleet's
+    completion tokens a second for it now; PRICE: money a GPU-hour (None: not given); COMPLETE:
+    RUN is over (consumer_hours)."""
+    spent = sum(consumer_hours(c, run, run_started_at, complete=complete) for c in consumers)
+    live_gpus = sum(gpus_of(c) for c in consumers if c.get("live"))
+    assumed = any(gpus_of(c) == 1 and "gpus" not in c for c in consumers)
+    projected: float | None
+    if remaining == 0:
+        projected, how = spent, "the run needs nothing more"
+    elif remaining is None or not rate or not live_gpus:
+        projected, how = None, "no completion rate yet" if remaining is not None else remaining_basis
+    else:
+        projected = spent + remaining / rate * live_gpus / 3600.0
+        how = (f"spent + {remaining:,.0f} tok left ({remaining_basis}) / {rate:,.0f} tok/s x {live_gpus} live GPU(s)")
+    return {
+        "gpu_hours_spent": spent,
+        "gpu_hours_projected": projected,
+        "live_gpus": live_gpus,
+        "price": price,
+        "spent_money": None if price is None else spent * price,
+        "projected_money": None if price is None or projected is None else projected * price,
+        "estimated_output_tokens": estimate,
+        "basis": {
+            "gpu_hours_spent": ("GPUs x wall time of each consumer since the run's first job (or its start) "
+                                + ("to its last upload of the run" if complete else "to its last report")
+                                + ", split between its runs by completion tokens"
+                                + ("; 1 GPU per consumer assumed (its report does not say)" if assumed else "")),
+            "gpu_hours_projected": how,
+            "price": "--gpu-hour-price / GENQUEUE_GPU_HOUR_PRICE" if price is not None else "not given",
+            "estimated_output_tokens": (f"the original answers' characters / {CHARS_PER_TOKEN:g}, recorded by "
+                                        "`producer enqueue`" if estimate is not None else
+                                        "none: the input has no original answers (or was enqueued before estimates)"),
+        },
+    }
