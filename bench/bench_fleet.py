@@ -76,7 +76,8 @@ def one_run(label: str, balance: bool, args: argparse.Namespace, work: Path, env
     sampler.join()
     if any(codes):
         raise SystemExit(f"{label}: consumer exit codes {codes}")
-    tokens = sum(stats(e)["tokens"] for e in engines)
+    final = [stats(e) for e in engines]
+    tokens = sum(x["tokens"] for x in final)
     start = min(t for t, req, _ in samples if sum(req))
     # the last answer anywhere (the pre-flight probes are answers too: count to the final total)
     end = min(t for t, _, comp in samples if sum(comp) == sum(samples[-1][2]))
@@ -88,7 +89,8 @@ def one_run(label: str, balance: bool, args: argparse.Namespace, work: Path, env
     bound_item = longest(work / "out", run) * args.step_time
     bound = max(bound_work, bound_item)
     return {"makespan": end - start, "work": bound_work, "item": bound_item, "ratio": (end - start) / bound,
-            "skew": max(firsts) - start, "idle": sum(end - t for t in lasts)}
+            "skew": max(firsts) - start, "idle": sum(end - t for t in lasts),
+            "busy": sum(x["busy_slot_seconds"] for x in final) / (len(engines) * args.slots * (end - start))}
 
 
 def main() -> None:
@@ -115,12 +117,12 @@ def main() -> None:
             fh.write(json.dumps({"conversations": [{"from": "human", "value": f"question {i}"},
                                                    {"from": "gpt", "value": "answer"}]}) + "\n")
     rows = [("end of run", "makespan s", "bound s", "work/capacity s", "longest item s", "makespan/bound",
-             "start skew s", "idle at end engine-s")]
+             "slots busy", "start skew s", "idle at end engine-s")]
     try:
         for label, balance in (("give back off", False), ("give back on", True)):
             r = one_run(label, balance, args, work, env, engines, data)
             rows.append((label, f"{r['makespan']:.2f}", f"{max(r['work'], r['item']):.2f}", f"{r['work']:.2f}",
-                         f"{r['item']:.2f}", f"{r['ratio']:.3f}", f"{r['skew']:.2f}", f"{r['idle']:.2f}"))
+                         f"{r['item']:.2f}", f"{r['ratio']:.3f}", f"{r['busy']:.1%}", f"{r['skew']:.2f}", f"{r['idle']:.2f}"))
     finally:
         for p in sims:
             p.terminate()

@@ -144,6 +144,7 @@ class Intake:
         self._has_room = has_room  # a request slot is free
         self._empty_at: dict[str, float] = {}  # run -> when its queue was last seen empty (kept)
         self._looked: dict[str, float] = {}  # run -> when a call for work was last looked for
+        self._fed_at: dict[str, float] = {}  # run -> when a dequeue last found a job
 
     async def run(self) -> None:
         """Fetch until stopping (or, with burst, until the served runs are drained). A stop ends
@@ -215,14 +216,20 @@ class Intake:
         """The runs to fetch a job of now, the neediest first (consumer/shares.py): each run holds
         its share of the low-water mark, so a run enqueued behind a big one is fetched at once."""
         now = time.monotonic()
-        retry = max(self.poll_interval, DRY_RETRY)
         prio = self.served.priorities
         demand = [RunDemand(run, prio.get(run, 0), self.book.pending_of(run),
-                            now - self._dry.get(run, -retry) >= retry and self._may_take(run, now))
+                            now - self._dry.get(run, -DRY_RETRY) >= self._retry(run, now) and self._may_take(run, now))
                   for run in runs if run not in self.served.paused]
         shares = targets(self._low_water(), demand)
         self.book.set_shares(shares)
         return fetch_order(demand, shares)
+
+    def _retry(self, run: str, now: float) -> float:
+        """Seconds before an empty queue is asked again: at each poll while the run's last jobs
+        are being given back and taken (one was taken lately), else DRY_RETRY."""
+        if TAIL_BALANCE and now - self._fed_at.get(run, -TAIL_WINDOW) < TAIL_WINDOW:
+            return self.poll_interval
+        return max(self.poll_interval, DRY_RETRY)
 
     def _may_take(self, run: str, now: float) -> bool:
         """At the end of RUN (its queue seen empty lately), a job is taken only when it can be
@@ -273,6 +280,7 @@ class Intake:
                     await self.rq.call(self._call_for_work, run)
                 continue
             self._dry.pop(run, None)
+            self._fed_at[run] = time.monotonic()
             try:
                 items = parse_items(held.job.args, held.job.kwargs)
             except InvalidJob as e:

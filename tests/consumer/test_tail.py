@@ -43,7 +43,7 @@ def test_fast_consumer_is_not_idle_while_the_slow_one_holds_unsent_items(tmp_pat
     env = {"REDIS_URL": redis_url}
     data = write_jsonl(tmp_path / "d.jsonl", [sharegpt(i) for i in range(ITEMS)])
     cli("producer", "enqueue", str(data), "--run", "t", "--output", str(tmp_path / "out"), "--batch-size", "4",
-        "--max-tokens", "2000", "--rejects", str(tmp_path / "rej.jsonl"), env=env)
+        "--max-tokens", "250", "--rejects", str(tmp_path / "rej.jsonl"), env=env)
     samples: list[tuple[float, dict, dict]] = []
     done = threading.Event()
 
