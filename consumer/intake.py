@@ -236,7 +236,9 @@ class Intake:
         started here at once; before, the low-water mark rules."""
         if not TAIL_BALANCE or now - self._empty_at.get(run, -TAIL_WINDOW) >= TAIL_WINDOW:
             return True
-        return not self.book.pending_of(run) and self._has_room()
+        # Other runs' items waiting here: the book gives this run's items the next slots by its
+        # priority and share, so its last jobs are not starved by slots other runs refill.
+        return not self.book.pending_of(run) and (self._has_room() or self.book.pending > 0)
 
     async def _balance(self, runs: list[str]) -> None:
         """Give back the jobs held here with nothing sent yet when another consumer calls for
