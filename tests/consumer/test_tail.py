@@ -18,10 +18,10 @@ import urllib.request
 
 import pytest
 
+from genqueue.consumer.book import Book
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
-
-pytestmark = pytest.mark.integration
+from tests.consumer.test_priority import job
 
 ITEMS = 240
 SLOTS = 32
@@ -33,11 +33,25 @@ SLOTS = 32
 BOUND = 2.0
 
 
+def test_only_jobs_with_nothing_sent_can_be_given_back() -> None:
+    book: Book[object] = Book()
+    a, b, c = job("r", "a", 2), job("r", "b", 2), job("other", "c", 2)
+    for js in (a, b, c):
+        book.hold(js)
+    assert book.unsent("r") == [a, b]
+    taken = book.take()
+    assert taken is not None and taken[0] is a  # one item of a is on its way: a stays here
+    assert book.unsent("r") == [b]
+    book.abandon(b)  # given back
+    assert book.unsent("r") == [] and book.pending_of("r") == 1
+
+
 def stats(sim: Sim) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{sim.port}/sim/stats", timeout=2) as r:
         return json.loads(r.read())
 
 
+@pytest.mark.integration
 def test_fast_consumer_is_not_idle_while_the_slow_one_holds_unsent_items(tmp_path, redis_url):
     fast = Sim(tmp_path, "--slots", str(SLOTS), "--step-time", "0.02", "--mean-tokens", "100", "--seed", "1")
     (tmp_path / "slow").mkdir()
