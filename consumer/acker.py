@@ -104,7 +104,9 @@ class Acker:
 
     async def give_back_jobs(self, jobs: list[JobState[Held]]) -> int:
         """JOBS (held, nothing of them sent) go back to the front of their queue without
-        spending a retry, for an idle consumer to take (the end of a run)."""
+        spending a retry, for an idle consumer to take (the end of a run). One that meanwhile had
+        an item sent or was ended another way (a pause gives it back too) stays as it is."""
+        jobs = [js for js in jobs if js.sent == 0 and not js.abandoned and js.id in self.book.jobs]
         for js in jobs:
             self.book.abandon(js)
         return await self.give_back_held([js.held for js in jobs])

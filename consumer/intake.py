@@ -259,8 +259,9 @@ class Intake:
                 continue
             self._empty_at[run] = now  # its queue is empty: taking them back here would hoard them
             n = await self.acker.give_back_jobs(jobs)
-            log.info("run %s: its queue is empty and consumer %s has a slot free: %d job(s) not started here "
-                     "given back", run, caller, n)
+            if n:
+                log.info("run %s: its queue is empty and consumer %s has a slot free: %d job(s) not started "
+                         "here given back", run, caller, n)
 
     def _call_for_work(self, run: str) -> None:
         self.worker.connection.set(run_key(run, "hungry"), self.worker.name, px=int(HUNGRY_TTL * 1000))
