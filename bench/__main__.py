@@ -28,6 +28,7 @@ FULL = {
     "producer": ["bench.bench_producer", "--records", "1000000"],
     "export": ["bench.bench_export", "--records", "1000000", "--records", "250000"],
     "longest_first": ["bench.bench_longest_first", "--items", "2000"],
+    "fleet": ["bench.bench_fleet", "--items", "8000", "--slots", "16", "--mean-tokens", "100", "--max-tokens", "1000"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
@@ -39,6 +40,8 @@ QUICK = {
     "producer": ["bench.bench_producer", "--records", "2000"],
     "export": ["bench.bench_export", "--records", "3000"],
     "longest_first": ["bench.bench_longest_first", "--items", "150", "--slots", "16", "--step-time", "0.0005"],
+    "fleet": ["bench.bench_fleet", "--items", "400", "--slots", "8", "--step-time", "0.0005", "--mean-tokens", "50",
+              "--max-tokens", "500"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm"}
@@ -50,6 +53,7 @@ TITLES = {
     "producer": "3a. Producer at a million records",
     "export": "3b. Export at a million records",
     "longest_first": "Longest first: makespan with and without",
+    "fleet": "Fleet end of run: 4 engines (one half as fast), makespan against its lower bound",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
 

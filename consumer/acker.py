@@ -102,6 +102,15 @@ class Acker:
         self.given_back += len(held)
         return len(held)
 
+    async def give_back_jobs(self, jobs: list[JobState[Held]]) -> int:
+        """JOBS (held, nothing of them sent) go back to the front of their queue without
+        spending a retry, for an idle consumer to take (the end of a run). One that meanwhile had
+        an item sent or was ended another way (a pause gives it back too) stays as it is."""
+        jobs = [js for js in jobs if js.sent == 0 and not js.abandoned and js.id in self.book.jobs]
+        for js in jobs:
+            self.book.abandon(js)
+        return await self.give_back_held([js.held for js in jobs])
+
     async def give_back_run(self, run: str) -> int:
         """Every held job of RUN goes back without spending a retry (the run was paused)."""
         n = 0

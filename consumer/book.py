@@ -43,6 +43,7 @@ class JobState(Generic[H]):
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     abandoned: bool = False
     todo: list[Item] | None = None  # the items still to generate, when not all of them
+    sent: int = 0  # items taken to send: a job with none is whole here, and can be given back
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
@@ -138,6 +139,7 @@ class Book(Generic[H]):
                 continue
             self.in_flight += 1
             self._flying[run] += 1
+            js.sent += 1
             return js, item
         return None
 
@@ -203,6 +205,12 @@ class Book(Generic[H]):
                 self._queues[js.run] = kept
             else:
                 del self._queues[js.run]
+
+    def unsent(self, run: str) -> list[JobState[H]]:
+        """Jobs of RUN of which nothing was sent yet (whole jobs: only those can go back to the
+        queue without losing work or redoing any)."""
+        return [js for js in self.jobs.values()
+                if js.run == run and js.sent == 0 and not js.complete and not js.abandoned]
 
     def release(self, js: JobState[H]) -> None:
         """JS is acked or given back: forget it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.marks import Mark, marks_of
 from genqueue.common.rqaccess import job_counts, queue_for
+from genqueue.common.runs import run_key
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -40,6 +42,16 @@ NEW_RUN_EVERY = 1.0
 #: Seconds before a run whose queue was found empty is asked again (at least the poll interval):
 #: meanwhile its share goes to the others.
 DRY_RETRY = 0.5
+
+#: The end of a run (README, `consumer run`): a consumer that finds its run's queue empty with
+#: a slot free and nothing of the run waiting calls for work for this many seconds; a consumer
+#: that sees the call gives back the jobs it holds and has sent nothing of.
+HUNGRY_TTL = 2.0
+#: Seconds after a run's queue was last seen empty during which a job of it is taken only with
+#: nothing of it waiting here and a slot free: no consumer hoards the last jobs.
+TAIL_WINDOW = 5.0
+#: GENQUEUE_TAIL_BALANCE=0 turns both off, to measure what they buy (bench/bench_fleet.py).
+TAIL_BALANCE = os.environ.get("GENQUEUE_TAIL_BALANCE", "1") != "0"
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -111,7 +123,8 @@ class Intake:
                  low_water: Callable[[], int], may_fetch: Callable[[], bool], burst: bool,
                  poll_interval: float, wake: asyncio.Event, stopping: asyncio.Event,
                  on_complete: Callable[[str], Awaitable[object]],
-                 on_runs: Callable[[list[str]], None] = lambda runs: None) -> None:
+                 on_runs: Callable[[list[str]], None] = lambda runs: None,
+                 has_room: Callable[[], bool] = lambda: True) -> None:
         self.rq = rq
         self.worker = worker
         self.book = book
@@ -128,6 +141,10 @@ class Intake:
         self._on_runs = on_runs
         self.skipped = 0
         self._dry: dict[str, float] = {}  # run -> when a dequeue last found its queue empty
+        self._has_room = has_room  # a request slot is free
+        self._empty_at: dict[str, float] = {}  # run -> when its queue was last seen empty (kept)
+        self._looked: dict[str, float] = {}  # run -> when a call for work was last looked for
+        self._fed_at: dict[str, float] = {}  # run -> when a dequeue last found a job
 
     async def run(self) -> None:
         """Fetch until stopping (or, with burst, until the served runs are drained). A stop ends
@@ -176,6 +193,7 @@ class Intake:
                     return
                 if fetch.result() or self.wanted(runs):
                     continue  # a run found empty just now leaves its share to the others: at once
+            await until(self.stopping, self._balance(runs))
             if self.burst and not self.book.pending and self._may_fetch() \
                     and await until(self.stopping, self._drained(runs)):
                 log.info("burst: nothing left to take; stopping")
@@ -198,14 +216,55 @@ class Intake:
         """The runs to fetch a job of now, the neediest first (consumer/shares.py): each run holds
         its share of the low-water mark, so a run enqueued behind a big one is fetched at once."""
         now = time.monotonic()
-        retry = max(self.poll_interval, DRY_RETRY)
         prio = self.served.priorities
         demand = [RunDemand(run, prio.get(run, 0), self.book.pending_of(run),
-                            now - self._dry.get(run, -retry) >= retry)
+                            now - self._dry.get(run, -DRY_RETRY) >= self._retry(run, now) and self._may_take(run, now))
                   for run in runs if run not in self.served.paused]
         shares = targets(self._low_water(), demand)
         self.book.set_shares(shares)
         return fetch_order(demand, shares)
+
+    def _retry(self, run: str, now: float) -> float:
+        """Seconds before an empty queue is asked again: at each poll while the run's last jobs
+        are being given back and taken (one was taken lately), else DRY_RETRY."""
+        if TAIL_BALANCE and now - self._fed_at.get(run, -TAIL_WINDOW) < TAIL_WINDOW:
+            return self.poll_interval
+        return max(self.poll_interval, DRY_RETRY)
+
+    def _may_take(self, run: str, now: float) -> bool:
+        """At the end of RUN (its queue seen empty lately), a job is taken only when it can be
+        started here at once; before, the low-water mark rules."""
+        if not TAIL_BALANCE or now - self._empty_at.get(run, -TAIL_WINDOW) >= TAIL_WINDOW:
+            return True
+        # Other runs' items waiting here: the book gives this run's items the next slots by its
+        # priority and share, so its last jobs are not starved by slots other runs refill.
+        return not self.book.pending_of(run) and (self._has_room() or self.book.pending > 0)
+
+    async def _balance(self, runs: list[str]) -> None:
+        """Give back the jobs held here with nothing sent yet when another consumer calls for
+        work of their run: it has a slot free now, this one has none (or it would have sent them)."""
+        if not TAIL_BALANCE:
+            return
+        now = time.monotonic()
+        for run in runs:
+            if now - self._looked.get(run, -DRY_RETRY) < DRY_RETRY:
+                continue
+            jobs = self.book.unsent(run)
+            if not jobs:
+                continue
+            self._looked[run] = now
+            raw = await self.rq.call(self.worker.connection.get, run_key(run, "hungry"))
+            caller = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            if caller is None or caller == self.worker.name:
+                continue
+            self._empty_at[run] = now  # its queue is empty: taking them back here would hoard them
+            n = await self.acker.give_back_jobs(jobs)
+            if n:
+                log.info("run %s: its queue is empty and consumer %s has a slot free: %d job(s) not started "
+                         "here given back", run, caller, n)
+
+    def _call_for_work(self, run: str) -> None:
+        self.worker.connection.set(run_key(run, "hungry"), self.worker.name, px=int(HUNGRY_TTL * 1000))
 
     async def fetch_one(self, runs: list[str]) -> bool:
         """Dequeue one job of the first of RUNS that has one; True when a job was taken (or
@@ -219,9 +278,12 @@ class Intake:
                 self.acker.count_refused()
                 return True
             if held is None:
-                self._dry[run] = time.monotonic()
+                self._dry[run] = self._empty_at[run] = time.monotonic()
+                if TAIL_BALANCE and not self.book.pending_of(run) and self._has_room():
+                    await self.rq.call(self._call_for_work, run)
                 continue
             self._dry.pop(run, None)
+            self._fed_at[run] = time.monotonic()
             try:
                 items = parse_items(held.job.args, held.job.kwargs)
             except InvalidJob as e:

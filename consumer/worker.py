@@ -253,7 +253,8 @@ class Consumer:
         intake = Intake(self.rq, self.worker, self.book, self.acker, served, low_water=self._low_water,
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
                         wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
-                        on_runs=self.outbox.unpark)
+                        on_runs=self.outbox.unpark,
+                        has_room=lambda: self.book.in_flight < self.limiter.limit)
 
         t0 = time.monotonic()
         code: int = ExitCode.DONE

@@ -17,6 +17,7 @@ def test_benchmark_suite_runs_at_smoke_sizes(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
-    for title in ("Saturation", "Cost", "Producer", "Export", "Longest first", "Client CPU", "2b. Consumer CPU"):
+    for title in ("Saturation", "Cost", "Producer", "Export", "Longest first", "Client CPU", "2b. Consumer CPU",
+                  "Fleet end of run"):
         assert title in text, title
     assert "FAILED" not in text
