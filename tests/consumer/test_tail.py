@@ -51,6 +51,7 @@ def stats(sim: Sim) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_fast_consumer_is_not_idle_while_the_slow_one_holds_unsent_items(tmp_path, redis_url):
     fast = Sim(tmp_path, "--slots", str(SLOTS), "--step-time", "0.02", "--mean-tokens", "100", "--seed", "1")
