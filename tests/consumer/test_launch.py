@@ -345,6 +345,7 @@ def test_two_gpus_complete_a_run_then_sigterm_stops_everything(tmp_path, redis_u
     assert "engine-gpu1 healthy" in out and "launch stopped (exit 0)" in out
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_killed_engine_and_consumer_are_restarted_and_nothing_is_lost(tmp_path, redis_url, conn):
     jobs = enqueue(tmp_path, redis_url, "crash", 300)

@@ -45,6 +45,7 @@ def _held(conn: redis.Redis) -> int:
     return sum(s.get("in_flight", 0) + s.get("pending_items", 0) for s in snaps if not s.get("exited"))
 
 
+@pytest.mark.slow
 def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp_path: Path) -> None:
     (tmp_path / "redis").mkdir()
     server = RedisServer(tmp_path / "redis")

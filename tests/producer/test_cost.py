@@ -91,6 +91,7 @@ def test_projected_is_spent_plus_the_rest_at_the_fleet_rate_and_money_is_hours_t
     assert no_rate["gpu_hours_projected"] is None and no_rate["projected_money"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_enqueue_estimates_and_status_costs_a_running_run(tmp_path: Path, redis_url: str) -> None:
     # 199 answers of 400 characters (100 tokens each) and one bare prompt (counted at the mean)

@@ -85,6 +85,7 @@ def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: red
     assert (e["exported"], e["missing"], e["failed"]) == (600, 0, 0), e
 
 
+@pytest.mark.slow
 def test_redis_flushed_mid_run_comes_back_from_s3(tmp_path: Path, redis_url: str, conn: redis.Redis,
                                                   s3_server: S3Server) -> None:  # noqa: F811
     data = write_jsonl(tmp_path / "fl.jsonl", [sharegpt(i) for i in range(600)])
