@@ -153,18 +153,13 @@ def test_a_regenerated_run_renders_every_thinking_trace(tmp_path: Path, redis_ur
                                                         qwen3: Any) -> None:
     """regenerate on the stand-in (thinking in `message.reasoning`, as vLLM's parser returns
     it), exported as openai JSONL and Parquet: rows in = rows rendered with their thinking."""
-    from tests.consumer.e2e import Sim
-    from tests.producer.test_export_datasets import consume, enqueue, export, lines
+    from tests.producer.test_export_datasets import enqueue, export, generate, lines
 
     env = {"REDIS_URL": redis_url}
     recs = [sharegpt(i, turns=1 + i % 3, system="Answer briefly." if i % 4 == 0 else None) for i in range(24)]
     data = write_jsonl(tmp_path / "t.jsonl", recs)
     assert enqueue(env, data, "tmpl", "--output", str(tmp_path / "out"))["enqueued"] == 24
-    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "24", "--reasoning", "field")
-    try:
-        consume(tmp_path, env, sim, "tmpl")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "tmpl", "--slots", "8", "--mean-tokens", "24", "--reasoning", "field")
     export(env, "--run", "tmpl", "-o", str(tmp_path / "d.jsonl"), "--include-outcomes", "all")
     export(env, "--run", "tmpl", "-o", str(tmp_path / "d.parquet"), "--include-outcomes", "all")
     rows = lines(tmp_path / "d.jsonl")

@@ -24,14 +24,13 @@ from openai.types.chat import ChatCompletion
 
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
-from genqueue.producer import export_parquet, sources
+from genqueue.producer import export_parquet
 from genqueue.producer.export import export_command
 from genqueue.producer.export_core import Exporter
 from genqueue.producer.export_sources import source_for
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.producer import loaders
-from tests.producer.specforge_validation import validate_row
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +45,15 @@ def consume(tmp: Path, env: dict[str, str], sim: Sim, run: str) -> None:
     c = Proc("consumer", ["run", "--run", run, "--endpoint", sim.url, "--spool", str(tmp / "spool" / run),
                           "--shard-max-age", "0.5", "--burst", "-c", "16"], tmp / f"consumer-{run}.log", env=env)
     assert c.wait(120) == 0, c.output()
+
+
+def generate(tmp: Path, env: dict[str, str], run: str, *sim_args: str) -> None:
+    """RUN generated to the end by one --burst consumer on a stand-in started with SIM_ARGS."""
+    sim = Sim(tmp, "--step-time", "0.001", *sim_args)
+    try:
+        consume(tmp, env, sim, run)
+    finally:
+        sim.stop()
 
 
 def export(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -66,11 +74,7 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     out = ["--output", str(tmp_path / "out")]
     assert enqueue(env, a, "two", *out)["enqueued"] == 30
     assert enqueue(env, b, "two", "--id-field", "uid", *out)["enqueued"] == 25
-    sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.001", "--mean-tokens", "30")
-    try:
-        consume(tmp_path, env, sim, "two")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "two", "--slots", "16", "--mean-tokens", "30")
     records = read_results(tmp_path / "out", "two")
     assert {(r["source"], r["source_seq"]) for r in records} == {(str(a), 0), (str(b), 1)}
     assert all(r["id"] == (f"r{r['index']}" if r["source"] == str(a) else f"b-{r['index']}") for r in records)
@@ -110,11 +114,7 @@ def test_a_conversation_whose_later_turn_failed_is_partial_and_stays_out(tmp_pat
         recs[i]["conversations"][2]["value"] = "word " * 3000  # type: ignore[index]
     data = write_jsonl(tmp_path / "p.jsonl", recs)
     assert enqueue(env, data, "part", "--output", str(tmp_path / "out"))["enqueued"] == 10
-    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20", "--max-model-len", "2048")
-    try:
-        consume(tmp_path, env, sim, "part")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "part", "--slots", "8", "--mean-tokens", "20", "--max-model-len", "2048")
     by_id = {r["id"]: r for r in read_results(tmp_path / "out", "part")}
     for i in (2, 5, 8):
         r = by_id[f"r{i}"]
@@ -314,11 +314,7 @@ def test_batch_input_to_batch_output_keeps_custom_ids(tmp_path: Path, redis_url:
                                                                                "unsupported_request": 1})
     rejects = lines(tmp_path / "batch.rejects.jsonl")
     assert "temperature=1.3, the run's is 0.6" in rejects[0]["detail"]
-    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
-    try:
-        consume(tmp_path, env, sim, "bt")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "bt", "--slots", "8", "--mean-tokens", "20")
     proc = export(env, "--run", "bt", "-o", str(tmp_path / "bt.jsonl"), "--format", "batch", "--json",
                   "--max-failed", "1", "--include-outcomes", "all")
     s = orjson.loads(proc.stdout)
@@ -347,11 +343,7 @@ def test_each_mode_ids_are_unique_per_turn_in_every_format(tmp_path: Path, redis
     s = enqueue(env, data, "each", "--output", str(tmp_path / "out"), "--multi-turn", "each")
     turns = [1 + i % 3 for i in range(12)]
     assert (s["enqueued"], s["items"]) == (12, sum(turns))  # records; items: one per user turn
-    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
-    try:
-        consume(tmp_path, env, sim, "each")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "each", "--slots", "8", "--mean-tokens", "20")
     want = [f"r{i}-t{t}" for i in range(12) for t in range(turns[i])]
     for fmt, name in (("batch", "custom_id"), ("openai", "id"), ("sharegpt", "id"), ("specforge", "id")):
         out = tmp_path / f"each-{fmt}.jsonl"
@@ -376,11 +368,7 @@ def test_system_prompts_and_tools_survive_every_sharegpt_loader(tmp_path: Path, 
         recs[i]["tools"] = orjson.dumps(TOOLS).decode()  # LLaMA-Factory's own input form
     data = write_jsonl(tmp_path / "st.jsonl", recs)
     enqueue(env, data, "st", "--output", str(tmp_path / "out"))
-    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "20")
-    try:
-        consume(tmp_path, env, sim, "st")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "st", "--slots", "8", "--mean-tokens", "20")
     s = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "st.sg.jsonl"), "--format", "sharegpt",
                             "--include-outcomes", "all", "--json").stdout)
     info_path = tmp_path / "st.sg.dataset_info.json"
@@ -422,11 +410,7 @@ def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Pa
     grown = enqueue(env, data, "smp", "--samples", "3", *out)
     again = enqueue(env, data, "smp", "--samples", "3", *out)
     assert (first["items"], grown["items"], again["items"]) == (6, 12, 0)
-    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.001", "--mean-tokens", "30")
-    try:
-        consume(tmp_path, env, sim, "smp")
-    finally:
-        sim.stop()
+    generate(tmp_path, env, "smp", "--slots", "8", "--mean-tokens", "30")
     records = read_results(tmp_path / "out", "smp")
     by_sample = {(r["index"], r.get("sample")): r for r in records}
     assert len(records) == 18
