@@ -153,7 +153,7 @@ def test_a_regenerated_run_renders_every_thinking_trace(tmp_path: Path, redis_ur
                                                         qwen3: Any) -> None:
     """regenerate on the stand-in (thinking in `message.reasoning`, as vLLM's parser returns
     it), exported as openai JSONL and Parquet: rows in = rows rendered with their thinking."""
-    from tests.producer.test_export_datasets import enqueue, export, generate, lines
+    from tests.producer.test_export_datasets import _prune, enqueue, export, generate, lines
 
     env = {"REDIS_URL": redis_url}
     recs = [sharegpt(i, turns=1 + i % 3, system="Answer briefly." if i % 4 == 0 else None) for i in range(24)]
@@ -173,11 +173,3 @@ def test_a_regenerated_run_renders_every_thinking_trace(tmp_path: Path, redis_ur
         if isinstance(r.get("tools"), str):
             r["tools"] = orjson.loads(r["tools"])
     assert rendered_thinking(qwen3, from_parquet) == (len(with_thinking), len(with_thinking))
-
-
-def _prune(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _prune(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_prune(v) for v in value]
-    return value
