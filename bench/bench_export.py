@@ -101,7 +101,7 @@ def build(out: Path, n: int, dup_rate: float, seed: int = 0) -> tuple[int, int]:
 def setup_run(url: str, out: Path, n: int) -> None:
     from genqueue.common.runs import RunStore, run_key
     from genqueue.common.settings import RunSettings
-    from genqueue.producer import sources
+    from genqueue.producer.ingest import sources
 
     conn = redis.Redis.from_url(url)
     store = RunStore(conn)
@@ -117,7 +117,7 @@ def export_cmd() -> list[str]:
 
     if "export" in main.commands:
         return [str(BIN / "producer"), "export"]
-    return [sys.executable, "-c", "from genqueue.producer.export import export_command; export_command()"]
+    return [sys.executable, "-c", "from genqueue.producer.export.command import export_command; export_command()"]
 
 
 def run_export(url: str, dest: Path, fmt: str) -> tuple[dict[str, Any], float, float, int]:

@@ -16,7 +16,7 @@ from genqueue.common import __version__, defaults
 from genqueue.common.cli import friendly_errors, redis_option, setup_logging
 from genqueue.common.errors import UserError
 from genqueue.common.redisconn import wait_for
-from genqueue.consumer.simulate import simulate_command
+from genqueue.consumer.sim.server import simulate_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -172,7 +172,7 @@ main.add_command(simulate_command, "simulate")
 
 def _register() -> None:
     from genqueue.consumer.dashboard import dashboard_command
-    from genqueue.consumer.launch import launch_command
+    from genqueue.consumer.launch.command import launch_command
 
     main.add_command(launch_command, "launch")
     main.add_command(dashboard_command, "dashboard")

@@ -17,8 +17,8 @@ from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
 from genqueue.producer.enqueue import Summary, enqueue_file
-from genqueue.producer.items import Origin
-from genqueue.producer.reader import RawRecord
+from genqueue.producer.ingest.items import Origin
+from genqueue.producer.ingest.reader import RawRecord
 
 #: A run's priority: any integer in a range no one needs to leave.
 PRIORITY = click.IntRange(-1_000_000, 1_000_000)
@@ -281,7 +281,7 @@ def format_summary(s: Summary) -> str:
 
 
 def _register() -> None:
-    from genqueue.producer.export import export_command
+    from genqueue.producer.export.command import export_command
     from genqueue.producer.lifecycle import delete_command, resume_command, runs_command
 
     main.add_command(export_command, "export")

@@ -54,15 +54,17 @@ from genqueue.common.errors import InputError, WriteFailedError
 from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.settings import RunSettings
-from genqueue.producer.conversation import Conversation
-from genqueue.producer.convert import normalize
 from genqueue.producer.cost import estimated_tokens, output_chars
-from genqueue.producer.inputcheck import checked
-from genqueue.producer.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
+from genqueue.producer.ingest.conversation import Conversation
+from genqueue.producer.ingest.convert import normalize
+from genqueue.producer.ingest.inputcheck import checked
+from genqueue.producer.ingest.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
+from genqueue.producer.ingest.reader import RawRecord, iter_records
+from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
+from genqueue.producer.ingest.sources import bind, end_reading, start_reading
 from genqueue.producer.jobwriter import JobWriter, Requeue
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe
-from genqueue.producer.reader import RawRecord, iter_records
 from genqueue.producer.reconcile import (
     DONE,
     FAILED,
@@ -76,9 +78,7 @@ from genqueue.producer.reconcile import (
     take_view,
     unchanged_input,
 )
-from genqueue.producer.rejects import Rejected, RejectsWriter
 from genqueue.producer.runsetup import Note, RunSetup, prepare
-from genqueue.producer.sources import bind, end_reading, start_reading
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
 from genqueue.producer.cost import remaining_tokens, run_cost
-from genqueue.producer.sources import reading
+from genqueue.producer.ingest.sources import reading
 from genqueue.producer.status_figures import input_view, outcome_view, placement, run_share, speed_note
 from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
 

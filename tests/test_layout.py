@@ -114,10 +114,10 @@ def package_of(module: str) -> str:
 def test_the_graph_is_read_from_every_module() -> None:
     graph, _ = import_graph()
     assert {"genqueue.common.contracts", "genqueue.common.storage", "genqueue.common.storage.s3",
-            "genqueue.common.rqaccess", "genqueue.producer.export", "genqueue.consumer.shards"} <= graph.keys()
+            "genqueue.common.rqaccess", "genqueue.producer.export.command", "genqueue.consumer.shards"} <= graph.keys()
     # one edge of each kind the rules below look at, so the test cannot pass by reading nothing
-    assert "genqueue.common.storage.s3" in graph["genqueue.producer.export_sources"] or \
-        "genqueue.common.storage" in graph["genqueue.producer.export_sources"]
+    assert "genqueue.common.storage.s3" in graph["genqueue.producer.export.sources"] or \
+        "genqueue.common.storage" in graph["genqueue.producer.export.sources"]
     assert "genqueue.common.storage" in graph["genqueue.consumer.shards"]
 
 
@@ -166,3 +166,63 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert {"genqueue.producer.x", "genqueue.common.y", "genqueue.common.y.z", "genqueue.common.w",
             "genqueue.common.u", "genqueue.common.v", "genqueue.consumer.t"} <= names.keys()
     assert names["genqueue.consumer.t"] and not names["genqueue.common.u"] and not names["genqueue.common.v"]
+
+
+# The wings: parts of a package that are a program of their own, each in its folder, whose
+# docstring says what it is for and, on its `May import:` line, what it may stand on.
+WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.producer.ingest",
+         "genqueue.producer.export")
+
+
+def allowed_imports(wing: str) -> tuple[str, ...]:
+    """The prefixes named on the wing's `May import:` line (`nothing outside the wing`: none)."""
+    doc = ast.get_docstring(ast.parse(module_files()[wing].read_text())) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert len(lines) == 1, f"{wing}'s docstring has no single 'May import:' line"
+    spec = lines[0].removeprefix("May import:").strip()
+    return () if spec == "nothing outside the wing" else tuple(p.strip() for p in spec.split(","))
+
+
+def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_a_wing_imports_only_what_its_docstring_allows(wing: str) -> None:
+    graph, _ = import_graph()
+    prefixes = allowed_imports(wing)
+    assert len(module_files()) > 0 and any(m.startswith(wing + ".") for m in graph)
+    edges = sorted(f"{m} -> {n}" for m, deps in graph.items() if m == wing or m.startswith(wing + ".")
+                   for n in deps if not allowed(n, (wing,)) and not allowed(n, prefixes))
+    assert edges == []
+
+
+@pytest.mark.parametrize(("wing", "users"), [
+    ("genqueue.consumer.sim", ("genqueue.consumer.cli",)),
+    ("genqueue.consumer.launch", ("genqueue.consumer.cli",)),
+    ("genqueue.producer.export", ("genqueue.producer.cli",)),
+])
+def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[str, ...]) -> None:
+    """The stand-in, the launcher and the export are commands: only the CLI that registers them
+    imports them, so the worker cannot come to depend on the stand-in (or enqueue on export)."""
+    graph, _ = import_graph()
+    edges = sorted(f"{m} -> {n}" for m, deps in graph.items() if not allowed(m, (wing,)) and m not in users
+                   for n in deps if allowed(n, (wing,)))
+    assert edges == []
+
+
+def test_every_wing_is_in_its_folder() -> None:
+    """No wing's module is left on its package's top level under the old flat names."""
+    flat = sorted(str(p.relative_to(ROOT)) for pattern in ("consumer/launch*.py", "consumer/sim*.py",
+                                                           "producer/export*.py")
+                  for p in ROOT.glob(pattern))
+    assert flat == []
+    for wing in WINGS:
+        assert module_files()[wing].name == "__init__.py"
+
+
+def test_the_wing_rule_reads_what_it_should() -> None:
+    assert allowed_imports("genqueue.consumer.sim") == ()
+    assert "genqueue.common" in allowed_imports("genqueue.producer.export")
+    assert allowed("genqueue.common.runs", ("genqueue.common",))
+    assert not allowed("genqueue.commonplace", ("genqueue.common",))

@@ -16,7 +16,7 @@ from genqueue.common.contracts import ExitCode
 from genqueue.common.pause import pause_run
 from tests.conftest import BIN, RedisServer, cli, free_gpu, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
-from tests.consumer.test_launch import Launch
+from tests.consumer.launch.test_launch import Launch
 
 pytestmark = pytest.mark.integration
 

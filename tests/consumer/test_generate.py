@@ -15,7 +15,7 @@ from genqueue.common.settings import RunSettings, Sampling
 from genqueue.consumer.checkpoints import Checkpoints, checkpoint_key
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.generate import Gate, Generator, RunContext, retry_budget
-from genqueue.consumer.simulate import SimConfig, SimServer
+from genqueue.consumer.sim.server import SimConfig, SimServer
 
 T = TypeVar("T")
 Rec = ResultRecord | ErrorRecord

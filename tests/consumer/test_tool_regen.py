@@ -14,12 +14,12 @@ from genqueue.common.contracts import Item, Mode
 from genqueue.common.marks import record_turns
 from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.generate import Generator
-from genqueue.consumer.sim_text import call_hints, tool_calls_for
-from genqueue.consumer.simulate import SimConfig, SimServer
+from genqueue.consumer.sim.text import call_hints, tool_calls_for
+from genqueue.consumer.sim.server import SimConfig, SimServer
 from genqueue.consumer.tool_turns import match_calls, splice_results
-from genqueue.producer.convert import normalize
-from genqueue.producer.export_core import _tool_turns
-from genqueue.producer.items import make_items
+from genqueue.producer.ingest.convert import normalize
+from genqueue.producer.export.core import _tool_turns
+from genqueue.producer.ingest.items import make_items
 from tests.conftest import cli, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.consumer.test_generate import Rec, ctx, ok, run, with_gen

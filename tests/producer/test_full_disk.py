@@ -21,7 +21,7 @@ import redis
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from tests.conftest import cli, small_tmpfs, write_jsonl
-from tests.producer.test_export import RUN, error, key, success, write_shard
+from tests.producer.export.test_export import RUN, error, key, success, write_shard
 
 pytestmark = pytest.mark.integration
 

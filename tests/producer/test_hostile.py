@@ -79,7 +79,7 @@ def test_deep_nesting_and_non_utf8_are_rejected_with_a_reason(tmp_path: Path) ->
 
 def test_binary_garbage_file_does_not_crash(tmp_path: Path) -> None:
     path = tmp_path / "garbage.jsonl"
-    # a good record first: an input that starts with garbage is refused (tests/producer/test_input_check.py)
+    # a good record first: an input that starts with garbage is refused (tests/producer/ingest/test_input_check.py)
     path.write_bytes(GOOD + b"\n" + os.urandom(300_000) + b"\n" + GOOD)
     s, _, err = producer_dry([str(path), "--rejects", str(tmp_path / "r")])
     assert s["enqueued"] == 1 and s["records"] == s["enqueued"] + s["rejected"] + s["duplicates"]

@@ -10,8 +10,8 @@ from rq.job import Job
 
 from genqueue.common.contracts import Item, Mode
 from genqueue.common.rqaccess import SERIALIZER, queue_for
-from genqueue.producer.convert import normalize
-from genqueue.producer.items import answer_lengths, estimate_cost, make_items
+from genqueue.producer.ingest.convert import normalize
+from genqueue.producer.ingest.items import answer_lengths, estimate_cost, make_items
 from genqueue.producer.order import LongestFirst, cost_class
 from tests.conftest import cli, write_jsonl
 

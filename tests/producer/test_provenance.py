@@ -8,9 +8,9 @@ import pytest
 
 from genqueue.common.contracts import Mode, RejectReason
 from genqueue.common.settings import Sampling
-from genqueue.producer.convert import normalize
-from genqueue.producer.items import Origin, item_key, make_items, record_id, sample_key
-from genqueue.producer.rejects import Rejected
+from genqueue.producer.ingest.convert import normalize
+from genqueue.producer.ingest.items import Origin, item_key, make_items, record_id, sample_key
+from genqueue.producer.ingest.rejects import Rejected
 
 RUN_PARAMS = Sampling(temperature=0.6, top_p=0.95, max_tokens=256).request_params()
 

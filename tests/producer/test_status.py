@@ -17,7 +17,7 @@ from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine import engine_view, parse_prometheus
-from genqueue.producer.sources import end_reading, start_reading
+from genqueue.producer.ingest.sources import end_reading, start_reading
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status_figures import outcome_view, placement
 from tests.conftest import cli

@@ -1,0 +1,12 @@
+"""The export wing: `producer export` turns a run's shipped shards into the dataset a trainer
+reads, and accounts for every item of the run (done, partial, failed, refused, missing).
+
+- command.py: the click command, its options, and the summary it prints;
+- core.py: the pass over the shards (dedupe by item key, outcomes kept or set aside);
+- formats.py: one converter per export format (openai, sharegpt, batch, ...);
+- parquet.py / sinks.py / layout.py: where rows go (JSONL, Parquet partitions, side files);
+- coverage.py: the run's items against what the shards hold;
+- sources.py: reading shards from a local folder or S3.
+
+May import: genqueue.common, genqueue.producer.outfiles, genqueue.producer.rungone, genqueue.producer.ingest.sources
+"""

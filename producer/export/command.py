@@ -1,0 +1,320 @@
+"""`producer export`: one clean dataset from a run's shards, and the proof that nothing is lost.
+
+Reads every shard of the run from its output location (a directory or s3://), keeps one record
+per item (delivery is at least once), writes the dataset in input order (source by source,
+position by position) in the shape a training tool reads (formats.py: openai, sharegpt,
+specforge, batch), as JSONL (gzip for .gz, zstd for .zst) or Parquet (.parquet or --format
+parquet); the answers that never ended on their own to a truncated file; the items that
+failed for good to an errors file; and the enqueued items with no record at all to a missing
+file. Exits 1 when anything is missing, or when more items failed for good or are partial
+(a regenerated conversation whose later turn failed) than --max-failed, unless
+--allow-partial. See producer/export/core.py for the method.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from genqueue.common import defaults
+from genqueue.common.cli import friendly_errors, redis_option
+from genqueue.common.contracts import Mode, Outcome
+from genqueue.common.errors import UserError
+from genqueue.common.placement import this_host
+from genqueue.common.redisconn import connect
+from genqueue.common.rqjobs import malformed_line, refused_line
+from genqueue.common.runs import RunStore
+from genqueue.common.settings import check_run_name
+from genqueue.producer.export.core import (
+    DEFAULT_OUTCOMES,
+    PARTITION_BYTES,
+    Exporter,
+    ExportResult,
+    NoProgress,
+    Progress,
+    beside,
+    stem,
+)
+from genqueue.producer.export.formats import FORMATS, llamafactory_dataset_info
+from genqueue.producer.export.sources import source_for
+from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
+from genqueue.producer.rungone import run_gone
+
+__all__ = ["export_command", "format_export", "stem"]
+
+log = logging.getLogger(__name__)
+
+
+def _writable(path: Path, target: Target) -> Path:
+    """PATH made absolute, once its place took one block (outfiles.probe): a read-only, missing
+    or already full place is refused before anything is read."""
+    path = path.absolute()
+    if path.is_dir():
+        raise UserError(f"{target.what} {path} is a directory")
+    if path.exists() and not path.is_file():  # renaming the finished file onto a device replaces it
+        raise UserError(f"{target.what} {path} is not a regular file: the export renames a finished file into place")
+    probe(path.with_name(path.name + ".tmp"), target, shown=path)
+    return path
+
+
+def _shape_and_container(fmt: str, output: Path) -> tuple[str, bool]:
+    """(the lines' shape, whether the file is Parquet) from --format and the output's name."""
+    named_parquet = output.name.lower().endswith(".parquet")
+    if fmt == "parquet":
+        if not named_parquet:
+            raise UserError(f"--format parquet writes Parquet: name the output *.parquet, not {output.name}")
+        return "openai", True
+    if named_parquet and fmt == "batch":
+        raise UserError("--format batch writes the Batch API's JSONL output file: name the output *.jsonl")
+    return fmt, named_parquet
+
+
+def _outcomes(text: str | None) -> frozenset[str]:
+    if text is None:
+        return DEFAULT_OUTCOMES
+    names = {t.strip() for t in text.split(",") if t.strip()}
+    if "all" in names:
+        return frozenset(o.value for o in Outcome)
+    unknown = sorted(names - {o.value for o in Outcome})
+    if unknown or not names:
+        raise UserError(f"--include-outcomes takes outcomes among {', '.join(o.value for o in Outcome)} (or all), "
+                        f"not {', '.join(unknown) or repr(text)}")
+    return frozenset(names)
+
+
+@click.command("export")
+@click.option("--run", "run_name", required=True, help="The run to export.")
+@click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
+              help="Dataset file to write: .jsonl (.gz or .zst to compress) or .parquet.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai", show_default=True,
+              help="openai: chat `messages`, each answer's thinking as `reasoning_content` beside it; sharegpt: LLaMA-Factory's "
+                   "conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads it too); "
+                   "specforge: SpecForge's conversations of role/content with reasoning_content; batch: OpenAI "
+                   "Batch API output lines; parquet: the openai shape in Parquet (any shape is Parquet when the "
+                   "output is named .parquet).")
+@click.option("--include-outcomes", "include", default=None, metavar="OUTCOME,...",
+              help="Outcomes the dataset holds (default: finished; e.g. finished,cut_in_answer,partial; `all` "
+                   "for every one). Answers with another outcome go to the truncated file.")
+@click.option("--group-samples", is_flag=True,
+              help="Runs enqueued with --samples N: one line per prompt holding its N samples, not N lines.")
+@click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
+              help="Items that never succeeded (default: <output stem>.errors.jsonl; Batch error lines with "
+                   "--format batch, else their error records).")
+@click.option("--truncated", "truncated_path", type=click.Path(dir_okay=False), default=None,
+              help="Answers whose outcome the dataset leaves out (default: <output stem>.truncated.jsonl).")
+@click.option("--missing", "missing_path", type=click.Path(dir_okay=False), default=None,
+              help="Enqueued items with no record: key, id, source, position, tab-separated "
+                   "(default: <output stem>.missing.txt).")
+@click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
+@click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
+              help="Exit 1 when more items than this failed for good or are partial: a count (100) or a "
+                   "fraction of the enqueued items (0.01).")
+@click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the temporary partition files go (default: beside the output; needs about "
+                   "the dataset's size free).")
+@click.option("--partition-mb", type=click.IntRange(1), default=PARTITION_BYTES // 2**20, show_default=True,
+              help="Shard data per in-memory partition: roughly the export's peak memory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@redis_option
+@friendly_errors
+def export_command(run_name: str, output: str, fmt: str, include: str | None, group_samples: bool,
+                   errors_path: str | None, truncated_path: str | None, missing_path: str | None,
+                   allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
+                   redis_url: str) -> None:
+    """Write a run's results as one deduplicated dataset, ordered as the input was, with its
+    truncated, error and missing files; prove coverage."""
+    run = check_run_name(run_name)
+    failed_limit = _failed_limit(max_failed)
+    outcomes = _outcomes(include)
+    out = _writable(Path(output), OUTPUT)
+    shape, parquet = _shape_and_container(fmt, out)
+    errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), ERRORS)
+    cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), TRUNCATED)
+    miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), MISSING)
+    if len({out, errs, cut, miss}) < 4:
+        raise UserError("--output, --errors, --truncated and --missing must be four different files")
+    workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
+    probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
+    conn = connect(redis_url)
+    info = RunStore(conn).get(run)
+    if info is None:  # Redis lost it? the usual output may hold its run.json
+        raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT))
+    refusal = info.placement.refusal(run, info.settings.output, this_host())
+    if refusal is not None:  # this host's directory of that name holds none of the run's shards
+        raise UserError(refusal)
+    source = source_for(info.settings.output, run, tmpdir=str(workdir))
+    with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
+        result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
+                          truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
+                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
+                          per_turn_ids=info.settings.multi_turn == Mode.EACH).export()
+    if shape == "sharegpt":
+        _write_dataset_info(result, out)
+    if as_json:
+        click.echo(orjson.dumps(result.to_dict()).decode())
+    else:
+        click.echo(format_export(result))
+    if allow_partial:
+        return
+    if result.missing:
+        click.echo(f"error: {result.missing:,} enqueued items have no record (see {result.missing_path}); "
+                   "run consumers until the run is done, or pass --allow-partial", err=True)
+        raise SystemExit(1)
+    limit = failed_limit(result.enqueued)
+    # A partial conversation is a failure the dataset does not hold, as a failed item is; a cut
+    # answer is the run's max_tokens at work, counted apart and not held against the run.
+    if result.failed + result.partial > limit:
+        by = ", ".join(f"{k} {v:,}" for k, v in sorted(result.failed_by_class.items(), key=lambda kv: -kv[1]))
+        what = f"{result.failed:,} items failed for good" + (f" ({by})" if by else "")
+        if result.partial:
+            what += f" and {result.partial:,} are partial (a later turn failed; see {result.truncated_path})"
+        click.echo(f"error: {what}, over --max-failed {max_failed} ({limit:,} of {result.enqueued:,}), "
+                   f"{result.complete:,} complete; see {result.errors_path}, or pass --allow-partial", err=True)
+        raise SystemExit(1)
+
+
+class _Bar:
+    """A rich progress bar on stderr: records read of the manifests' total (rate, ETA), then
+    partitions written."""
+
+    wants_total = True
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.task: Any = None
+
+    def reading(self, records: int | None, shards: int) -> None:
+        self.task = self.bar.add_task(f"reading {shards:,} shards", total=records)
+
+    def read(self, records: int) -> None:
+        self.bar.advance(self.task, records)
+
+    def writing(self, partitions: int) -> None:
+        self.bar.update(self.task, total=self.bar.tasks[-1].completed)
+        self.task = self.bar.add_task("writing the dataset", total=partitions)
+
+    def wrote(self) -> None:
+        self.bar.advance(self.task, 1)
+
+
+@contextmanager
+def _progress(*, enabled: bool) -> Iterator[Progress]:
+    """A bar on a terminal; nothing with --json or when stderr is not a terminal."""
+    if not enabled:
+        yield NoProgress()
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        ProgressColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as RichProgress
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
+
+    with RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+                      Rate(), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+        yield _Bar(bar)
+
+
+def _absolute(output: str) -> str:
+    return output if "://" in output else os.path.abspath(output)
+
+
+#: The file types LLaMA-Factory loads (extras/constants.py FILEEXT2TYPE): no compressed JSONL.
+_LLAMAFACTORY_TYPES = (".jsonl", ".json", ".parquet")
+
+
+def _write_dataset_info(result: ExportResult, out: Path) -> None:
+    """LLaMA-Factory's dataset_info.json entry for a sharegpt export, beside it: without its
+    `columns`, LLaMA-Factory reads no tools."""
+    if not out.name.endswith(_LLAMAFACTORY_TYPES):
+        log.warning("%s is compressed: LLaMA-Factory loads only %s, so no dataset_info.json entry is written",
+                    out.name, ", ".join(_LLAMAFACTORY_TYPES))
+        return
+    path = beside(out, ".dataset_info.json")
+    entry = llamafactory_dataset_info(stem(out).name, out.name, tools=result.with_tools)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)
+    result.dataset_info_path = str(path)
+
+
+def _failed_limit(text: str) -> Callable[[int], int]:
+    """--max-failed: a count, or a fraction (0 < f < 1) of the enqueued items."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--max-failed takes a count or a fraction, not {text!r}") from None
+    if value < 0 or (value != int(value) and value >= 1):
+        raise UserError(f"--max-failed takes a count (>= 0) or a fraction below 1, not {text!r}")
+    if value < 1 and value != int(value):
+        return lambda enqueued: int(value * enqueued)
+    return lambda _enqueued: int(value)
+
+
+def format_export(r: ExportResult) -> str:
+    """The human summary printed after an export."""
+    rate = f"{r.records_read / r.seconds:,.0f} records/s" if r.seconds > 0 else "-"
+    rows: list[tuple[str, str]] = []
+    if r.failed:  # failures first: they are what a reader must see
+        rows.append(("FAILED for good", f"{r.failed:,}"))
+        rows += [(f"  {cls}", f"{n:,}") for cls, n in sorted(r.failed_by_class.items(), key=lambda kv: -kv[1])]
+    container = " in Parquet" if r.container == "parquet" else ""
+    rows += [
+        ("run", f"{r.run}  ({r.format} format{container})"),
+        ("read", f"{r.records_read:,} records in {r.shards:,} shards from {r.source}"),
+        ("enqueued items", f"{r.enqueued:,}"),
+        ("  complete", f"{r.complete:,}  (every answer finished)"),
+        ("  partial", f"{r.partial:,}  (regenerate: a later turn failed; `stopped` says which)"),
+        ("  cut", f"{r.cut:,}  (by max_tokens, or no answer)"),
+    ]
+    rows += [(f"    {outcome}", f"{n:,}") for outcome, n in sorted(r.cut_by_outcome.items())]
+    if r.tool_turns_to_end or r.tool_call_diverged or r.stopped_at_tool_turn:
+        tools = (f"{r.tool_turns_to_end:,} regenerated to the end, {r.tool_call_diverged:,} stopped at a "
+                 f"divergence (tool_call_diverged), {r.stopped_at_tool_turn:,} stopped at a tool turn for another "
+                 "reason")
+        rows.append(("  tool turns", tools))
+    rows += [
+        ("  failed for good", f"{r.failed:,}"),
+        ("  missing", f"{r.missing:,}"),
+        ("exported", f"{r.exported:,}  (outcomes {','.join(r.include_outcomes)})"
+         + (f"  ({r.groups:,} prompts)" if r.groups else "")),
+        ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file)"),
+        ("duplicates removed", f"{r.duplicates_removed:,}"),
+    ]
+    if r.unexpected:
+        rows.append(("not in the run", f"{r.unexpected:,}  (exported anyway)"))
+    if r.bad_lines or r.bad_shards:
+        rows.append(("unreadable", f"{r.bad_lines:,} lines; {r.bad_shards:,} shards not matching their manifest"))
+    if r.malformed_jobs:
+        rows.append(("malformed jobs", malformed_line(r.malformed_jobs)))
+    if r.refused_jobs:
+        rows.append(("refused jobs", refused_line(r.refused_jobs, r.run)))
+    rows += [
+        ("output", r.output),
+        ("truncated file", r.truncated_path),
+        ("errors file", r.errors_path),
+        ("missing file", r.missing_path),
+        *([("LLaMA-Factory entry", r.dataset_info_path)] if r.dataset_info_path else []),
+        ("time", f"{r.seconds:.1f} s ({rate})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,491 @@
+"""The export engine: every shard of a run in, one deduplicated dataset out, in bounded memory.
+
+Pass 1 streams every shard line once, converts it to the output shape, and appends it with a
+small binary header (key digest, source place, position, turn, sample, kind, tie-break
+fields) to one of K partition files chosen by the record's place in the run's order (source
+place, then position: layout.py). Every record of one key shares one place, so all
+copies of an item land in the same partition. Pass 2 takes the partitions in order: one at a
+time in memory, keeps one record per key, sorts by (source place, position, turn, sample,
+key) and sends each kept record where it belongs: the dataset (an answer whose outcome is
+included), the truncated file (an answer whose outcome is not: by default, anything but a
+complete conversation whose every answer finished), or the errors file (keys that only have
+error records). K is sized so a partition holds about `partition_bytes` of shard data:
+memory stays flat as the run grows.
+
+Which copy of a duplicated item is kept (deterministic, whatever order shards are read in):
+an included answer beats an excluded one, which beats an error record; then the lowest
+`attempt`; then the earliest `timings.finished_at`; then the first in shard-name order, then
+line order.
+
+Coverage is computed by Redis, not in client memory (coverage.py): the exported keys are
+SADDed in batches to a temporary set, and SDIFFSTORE against the run's key set yields the
+missing items.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import shutil
+import struct
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import redis
+
+from genqueue.common.contracts import ErrorClass, Note, Outcome, error_info
+from genqueue.common.rqaccess import JobPlace, refused_jobs
+from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
+from genqueue.common.runs import run_key
+from genqueue.common.storage import ShardInfo
+from genqueue.producer.export.coverage import TEMP_KEY_TTL, coverage
+from genqueue.producer.export.formats import batch_error, converter, record_outcome
+from genqueue.producer.export.layout import Layout, layout_for
+from genqueue.producer.export.sinks import (
+    WRITE_BUFFER,
+    GroupingSink,
+    JsonlSink,
+    NoProgress,
+    Progress,
+    Sink,
+    beside,
+    open_writer,
+    stem,
+)
+from genqueue.producer.export.sources import OpenShard, ShardSource
+from genqueue.producer.outfiles import ERRORS, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
+
+__all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
+           "stem"]
+
+log = logging.getLogger(__name__)
+
+#: Shard bytes per partition: pass 2 holds about this much (plus a small index) in memory.
+PARTITION_BYTES = 64 * 1024 * 1024
+MAX_PARTITIONS = 512
+SADD_BATCH = 10_000
+#: What the dataset holds by default: complete conversations whose every answer ended on its
+#: own. A cut answer (every trainer closes each assistant turn with an end-of-turn token, so a
+#: drafter would learn to stop mid-sentence) and a partial conversation go to the truncated
+#: file; --include-outcomes opts them in.
+DEFAULT_OUTCOMES = frozenset({Outcome.FINISHED.value})
+#: An answer's outcome travels in the partition header's kind byte (kind | code << 2), so
+#: pass 2 counts outcomes without parsing lines. Code 0: none known.
+_OUTCOME_NAMES = ("unknown", *(o.value for o in Outcome))
+_OUTCOME_CODE = {name: code for code, name in enumerate(_OUTCOME_NAMES)}
+#: A regenerate conversation's tool turns ride in the same byte (code << 5; the outcome's code
+#: has bits 2-4): 0 none, then regenerated to the end, stopped at a divergence, stopped at a
+#: tool turn for another reason.
+_TOOLS_TO_END, _TOOLS_DIVERGED, _TOOLS_STOPPED = 1, 2, 3
+if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
+    raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
+
+# What a kept record becomes; also its rank among copies of one key (lower wins).
+_INCLUDED, _EXCLUDED, _ERROR = 0, 1, 2
+# key digest, source place, position, turn (-1: none), sample (-1: none), kind, attempt,
+# finished_at, shard ordinal, line, and the length of the blob that follows: the line in the
+# output shape (or, for an error record, its errors-file line).
+_HEADER = struct.Struct("<16sIqiiBIdIII")
+
+
+@dataclass
+class ExportResult:
+    """What an export did: the coverage numbers, and where everything was written."""
+
+    run: str
+    format: str
+    output: str
+    errors_path: str
+    missing_path: str
+    source: str
+    truncated_path: str = ""
+    container: str = "jsonl"
+    include_outcomes: list[str] = field(default_factory=list)
+    shards: int = 0
+    records_read: int = 0
+    enqueued: int = 0
+    exported: int = 0
+    truncated: int = 0
+    complete: int = 0  # answered items by outcome, whichever file they went to: finished
+    partial: int = 0  # regenerate: a later turn failed
+    cut: int = 0  # any other outcome (cut by max_tokens, or no answer)
+    # regenerate conversations with tool turns: regenerated to the end through the recorded
+    # results, stopped at a divergence, stopped at a tool turn for another reason
+    tool_turns_to_end: int = 0
+    tool_call_diverged: int = 0
+    stopped_at_tool_turn: int = 0
+    failed: int = 0
+    missing: int = 0
+    duplicates_removed: int = 0
+    failed_jobs: int = 0
+    unexpected: int = 0
+    bad_lines: int = 0
+    bad_shards: int = 0
+    groups: int = 0
+    seconds: float = 0.0
+    failed_by_class: dict[str, int] = field(default_factory=dict)
+    truncated_by_outcome: dict[str, int] = field(default_factory=dict)
+    #: Entries of the run's queue and registries that are no usable job (rqjobs.BadJob dicts).
+    malformed_jobs: list[dict[str, str]] = field(default_factory=list)
+    #: Jobs the consumers refused (job id -> reason), from genqueue:refused:<queue>.
+    refused_jobs: dict[str, str] = field(default_factory=dict)
+    cut_by_outcome: dict[str, int] = field(default_factory=dict)
+    with_tools: bool = False  # a dataset row carries tools (LLaMA-Factory's entry then names the column)
+    dataset_info_path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Exporter:
+    """Exports one run from SOURCE to OUTPUT in FMT (a shape of formats.py); see the module
+    docstring. PARQUET writes the dataset as Parquet; INCLUDE names the outcomes it holds."""
+
+    def __init__(self, conn: redis.Redis, run: str, source: ShardSource, *, fmt: str, output: Path,
+                 errors_path: Path, missing_path: Path, workdir: Path,
+                 partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
+                 include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
+                 progress: Progress | None = None, per_turn_ids: bool = False) -> None:
+        self.conn = conn
+        self.run = run
+        self.source = source
+        self.shape = fmt
+        self.per_turn_ids = per_turn_ids  # mode each: a line's id names its turn (formats.line_id)
+        self.convert: Callable[[dict[str, Any]], dict[str, Any]] = converter(fmt, per_turn=per_turn_ids)
+        self.include = include
+        self.parquet = parquet
+        self.group_samples = group_samples
+        self.progress: Progress = progress or NoProgress()
+        truncated = truncated_path or beside(output, ".truncated.jsonl")
+        self.paths = {"output": output, "errors": errors_path, "missing": missing_path, "truncated": truncated}
+        self.workdir = workdir
+        self.partition_bytes = partition_bytes
+        self.scan = JobScan()
+        self.result = ExportResult(run, fmt, str(output), str(errors_path), str(missing_path), source.where,
+                                   truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
+                                   include_outcomes=sorted(include))
+
+    def export(self) -> ExportResult:
+        """Run both passes and the coverage check; the files appear only on success."""
+        t0 = time.monotonic()
+        shards = self.source.list_shards()
+        self.result.shards = len(shards)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=".gq-export-", dir=self.workdir))
+        except OSError as e:
+            raise write_failed(e, self.workdir, PARTITIONS, room_in=self.workdir) from None
+        seen_key = run_key(self.run, f"export:{uuid.uuid4().hex}:seen")
+        missing_key = seen_key.removesuffix(":seen") + ":missing"
+        finals = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
+        try:
+            total = self.source.count_records(shards) if self.progress.wants_total else None
+            self.progress.reading(total, len(shards))
+            parts = self._partition(shards, tmp)
+            self.progress.writing(len(parts))
+            out = self._sink(finals["output"])
+            try:
+                with (open_writer(finals["errors"], ERRORS) as errs,
+                      open_writer(finals["truncated"], TRUNCATED) as cut):
+                    for i, part in enumerate(parts):
+                        self._reduce(part, out, errs, cut, seen_key)
+                        part.unlink()
+                        self.progress.wrote()
+                        log.info("partition %d/%d done", i + 1, len(parts))
+                    self._failed_jobs(errs, seen_key)
+            except BaseException:
+                out.abort()
+                raise
+            out.close()
+            if isinstance(out, GroupingSink):
+                self.result.groups = out.groups
+            try:
+                self._coverage(seen_key, missing_key, finals["missing"])
+            except OSError as e:
+                raise write_failed(e, finals["missing"], MISSING) from None
+            self.result.malformed_jobs = self.scan.to_list()
+            self.result.refused_jobs = refused_jobs(self.conn, self.run)
+            for k, p in self.paths.items():
+                os.replace(finals[k], p)
+        finally:
+            self.conn.delete(seen_key, missing_key)
+            shutil.rmtree(tmp, ignore_errors=True)
+            for p in finals.values():
+                p.unlink(missing_ok=True)
+        self.result.seconds = round(time.monotonic() - t0, 3)
+        return self.result
+
+    def _sink(self, path: Path) -> Sink:
+        inner: Sink
+        if self.parquet:
+            from genqueue.producer.export.parquet import ParquetSink, schema_for
+
+            inner = ParquetSink(path, schema_for(self.shape, self.group_samples))
+        else:
+            inner = JsonlSink(path)
+        return GroupingSink(inner) if self.group_samples else inner
+
+    # --- pass 1 --------------------------------------------------------------------
+    def _partitions_for(self, shards: list[ShardInfo]) -> tuple[int, int, Layout]:
+        total = sum(s.bytes for s in shards)
+        k = max(1, min(MAX_PARTITIONS, math.ceil(total / self.partition_bytes)))
+        layout = layout_for(self.conn, self.run)
+        return k, max(1, math.ceil(layout.total / k)), layout
+
+    def _partition(self, shards: list[ShardInfo], tmp: Path) -> list[Path]:
+        k, span, layout = self._partitions_for(shards)
+        paths = [tmp / f"part-{i:04d}" for i in range(k)]
+        files: list[IO[bytes]] = []
+        log.info("reading %d shards from %s into %d partitions of %d positions", len(shards),
+                 self.source.where, k, span)
+        # A full --tmp-dir shows as an OSError from a write or from a close (its buffer), or from
+        # an S3 shard's download there: only those are the partitions' failure; a shard that
+        # cannot be read is another error.
+        try:
+            try:
+                for p in paths:
+                    files.append(open(p, "wb", buffering=WRITE_BUFFER))  # noqa: SIM115
+            except OSError as e:
+                raise _PartitionWriteError(e) from None
+            try:
+                for ordinal, shard in enumerate(self.source.each(shards)):
+                    self._split(shard, ordinal, files, span, layout)
+            except OSError as e:  # an S3 shard is downloaded to the same place: full is full
+                if not disk_full(e):
+                    raise
+                raise _PartitionWriteError(e) from None
+            try:
+                while files:
+                    files.pop().close()
+            except OSError as e:
+                raise _PartitionWriteError(e) from None
+        except _PartitionWriteError as e:
+            raise write_failed(e.cause, tmp, PARTITIONS, needed=sum(s.bytes for s in shards)) from None
+        finally:
+            for f in files:
+                try:
+                    f.close()
+                except OSError:
+                    pass  # the failure being handled is the one reported
+        return paths
+
+    def _blob(self, rec: dict[str, Any], line: bytes) -> tuple[int, bytes]:
+        """What one record becomes: its kind and its line in the file it would go to."""
+        if "error" in rec:
+            if self.shape == "batch":
+                return _ERROR, orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids)) + b"\n"
+            return _ERROR, line if line.endswith(b"\n") else line + b"\n"
+        outcome = rec["outcome"] = record_outcome(rec)
+        row = self.convert(rec)
+        code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5
+        if outcome not in self.include:
+            return _EXCLUDED | code, orjson.dumps(row) + b"\n"
+        if "tools" in row:
+            self.result.with_tools = True
+        if self.parquet:
+            from genqueue.producer.export.parquet import arrow_row
+
+            row = arrow_row(row)
+        return _INCLUDED | code, orjson.dumps(row) + b"\n"
+
+    def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
+        last = len(files) - 1
+        pack = _HEADER.pack
+        loads = orjson.loads
+        digest = hashlib.sha256()
+        size = records = bad = blank = 0
+        tick = self.progress.read
+        for lineno, line in enumerate(shard.fh):
+            digest.update(line)
+            size += len(line)
+            records += 1
+            if not records & 4095:
+                tick(4096)
+            try:
+                rec = loads(line)
+                key = bytes.fromhex(rec["key"])
+                if len(key) != 16:
+                    raise ValueError("key is not 16 bytes")
+                index = int(rec["index"])
+                place = int(rec.get("source_seq") or 0)
+                turn, sample = rec.get("turn"), rec.get("sample")
+                kind, blob = self._blob(rec, line)
+                header = pack(key, place, index, -1 if turn is None else int(turn),
+                              -1 if sample is None else int(sample), kind, int(rec.get("attempt") or 0),
+                              float((rec.get("timings") or {}).get("finished_at") or math.inf), ordinal, lineno,
+                              len(blob))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, struct.error):
+                if line.strip():
+                    bad += 1
+                else:
+                    blank += 1
+                continue
+            f = files[min(layout.position(place, index) // span, last)]
+            try:
+                f.write(header)
+                f.write(blob)
+            except OSError as e:
+                raise _PartitionWriteError(e) from None
+        tick(records & 4095)
+        self.result.records_read += records - bad - blank
+        self.result.bad_lines += bad
+        name, man = shard.info.name, shard.manifest
+        if bad:
+            log.warning("%s: %d unreadable lines skipped", name, bad)
+        if man is not None and (man["sha256"] != digest.hexdigest() or size != shard.info.bytes
+                                or man["records"] != records):
+            self.result.bad_shards += 1
+            log.warning("%s does not match its manifest (sha256, size or record count): read anyway", name)
+
+    # --- pass 2 --------------------------------------------------------------------
+    def _reduce(self, part: Path, out: Sink, errs: IO[bytes], cut: IO[bytes], seen_key: str) -> None:
+        data = part.read_bytes()
+        view = memoryview(data)
+        unpack = _HEADER.unpack_from
+        hsize = _HEADER.size
+        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int, int]] = {}
+        pos = n = 0
+        end_all = len(data)
+        while pos < end_all:
+            key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, blen = unpack(data, pos)
+            start = pos + hsize
+            pos = start + blen
+            n += 1
+            rank = (kind & 3, attempt, finished, ordinal, lineno)
+            cur = best.get(key)
+            if cur is None or rank < cur[0]:
+                best[key] = (rank, (place, index, turn, sample), start, pos, kind >> 2)
+        self.result.duplicates_removed += n - len(best)
+        batch: list[bytes] = []
+        r = self.result
+        for key, (rank, order, start, stop, code) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
+            line = view[start:stop]
+            if rank[0] != _ERROR:
+                self._count_outcome(_OUTCOME_NAMES[code & 7], included=rank[0] == _INCLUDED)
+                self._count_tool_turns(code >> 3)
+            if rank[0] == _INCLUDED:
+                out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
+            elif rank[0] == _EXCLUDED:
+                cut.write(line)
+            else:
+                errs.write(line)
+                r.failed += 1
+                cls = _error_class(bytes(line))
+                r.failed_by_class[cls] = r.failed_by_class.get(cls, 0) + 1
+            batch.append(key)
+            if len(batch) >= SADD_BATCH:
+                self._sadd(seen_key, batch)
+                batch = []
+        if batch:
+            self._sadd(seen_key, batch)
+        view.release()
+
+    def _count_outcome(self, outcome: str, *, included: bool) -> None:
+        """Coverage counts complete, partial and cut apart, whichever file each went to."""
+        r = self.result
+        if included:
+            r.exported += 1
+        else:
+            r.truncated += 1
+            r.truncated_by_outcome[outcome] = r.truncated_by_outcome.get(outcome, 0) + 1
+        if outcome == Outcome.FINISHED:
+            r.complete += 1
+        elif outcome == Outcome.PARTIAL:
+            r.partial += 1
+        else:
+            r.cut += 1
+            r.cut_by_outcome[outcome] = r.cut_by_outcome.get(outcome, 0) + 1
+
+    def _count_tool_turns(self, code: int) -> None:
+        r = self.result
+        if code == _TOOLS_TO_END:
+            r.tool_turns_to_end += 1
+        elif code == _TOOLS_DIVERGED:
+            r.tool_call_diverged += 1
+        elif code == _TOOLS_STOPPED:
+            r.stopped_at_tool_turn += 1
+
+    def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
+        with self.conn.pipeline(transaction=False) as p:
+            p.sadd(seen_key, *digests)
+            p.expire(seen_key, TEMP_KEY_TTL)
+            p.execute()
+
+    def _failed_jobs(self, errs: IO[bytes], seen_key: str) -> None:
+        """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
+        consumer) and that no shard holds are permanently failed, not missing: each gets an
+        error record with rq's reason. `rq requeue` brings them back; a later export sees them.
+        Entries that are no usable job are noted in the scan (rqjobs), not exported."""
+        for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan):
+            reason = failed_reason(self.conn, job.id)
+            digests = [bytes.fromhex(it["key"]) for it in job.items]
+            present = self.conn.smismember(seen_key, digests) if digests else []
+            lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
+            for it in lost:
+                rec: dict[str, Any] = {
+                    "key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": self.run,
+                    **{k: v for k, v in it.items() if k in ("id", "source", "source_seq", "sample", "seed")},
+                    "messages": it["messages"],
+                    "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {reason}"),
+                }
+                errs.write(orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids) if self.shape == "batch" else rec) + b"\n")
+            if lost:
+                self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
+                self.result.failed += len(lost)
+                self.result.failed_jobs += 1
+                by = self.result.failed_by_class
+                by[ErrorClass.JOB_FAILED.value] = by.get(ErrorClass.JOB_FAILED.value, 0) + len(lost)
+
+    # --- coverage ------------------------------------------------------------------
+    def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:
+        r = self.result
+        r.enqueued, r.missing, r.unexpected = coverage(self.conn, self.run, seen_key, missing_key, missing_path,
+                                                       self.scan)
+        if r.unexpected:
+            log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
+                        "name?); they are exported too", r.unexpected, self.run)
+
+
+class _PartitionWriteError(Exception):
+    """A partition file could not be written (carries the OSError); _partition says where."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _tool_turns(rec: dict[str, Any]) -> int:
+    """What became of a regenerate conversation's tool turns (the _TOOLS_ codes; 0: it had
+    none, or it stopped elsewhere). To the end: results were spliced and nothing stopped it."""
+    turns = rec.get("turns")
+    if not isinstance(turns, list):
+        return 0
+    note, stopped = rec.get("note"), rec.get("stopped")
+    stopped = stopped if isinstance(stopped, dict) else None
+    if note == Note.TOOL_CALL_DIVERGED or (stopped is not None and stopped.get("reason") == Note.TOOL_CALL_DIVERGED):
+        return _TOOLS_DIVERGED
+    if note == Note.STOPPED_AT_TOOL_TURN or (stopped is not None and stopped.get("step")):
+        return _TOOLS_STOPPED  # cut by the producer, or an answer after tool results failed or was cut
+    if stopped is None and any(isinstance(t, dict) and t.get("tool_results_spliced") for t in turns):
+        return _TOOLS_TO_END
+    return 0
+
+
+def _error_class(line: bytes) -> str:
+    try:
+        rec = orjson.loads(line)
+        err = rec.get("error") or {}
+        if "class" in err:
+            return str(err["class"])
+        if "code" in err:  # a Batch error line
+            return str(err["code"])
+        return str(rec["response"]["body"]["error"]["code"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "unknown"
