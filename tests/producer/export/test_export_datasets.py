@@ -30,7 +30,7 @@ from genqueue.producer.export.core import Exporter
 from genqueue.producer.export.sources import source_for
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
-from tests.producer import loaders
+from tests.producer.export import loaders
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from genqueue.producer.export.formats import (
     to_sharegpt,
     to_specforge,
 )
-from tests.producer import loaders
+from tests.producer.export import loaders
 from tests.producer.export.specforge_validation import validate_row
 
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
