@@ -9,23 +9,14 @@ from typing import Any
 
 import orjson
 
-from genqueue.common.settings import RunSettings
 from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.generate import RunContext
 from genqueue.consumer.shares import RunDemand, fetch_order, targets
+from tests import doubles
 from tests.conftest import cli, sharegpt, write_jsonl
-
-IDENT = {"host": "h", "gpu": None, "worker": "w", "endpoint": "e"}
-
-
-def ctx(run: str) -> RunContext:
-    return RunContext(run, RunSettings(), "m", IDENT)
 
 
 def job(run: str, jid: str, n: int) -> JobState[Any]:
-    items = [{"key": f"{hash((run, jid, i)) & (2**128 - 1):032x}", "index": i, "turn": None,
-              "messages": [{"role": "user", "content": "hi"}]} for i in range(n)]
-    return JobState(jid, object(), ctx(run), items, 1, None)
+    return doubles.job(jid, n, run=run)
 
 
 # --- shares: what each run may hold waiting ----------------------------------------------

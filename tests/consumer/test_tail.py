@@ -21,7 +21,7 @@ import pytest
 from genqueue.consumer.book import Book
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
-from tests.consumer.test_priority import job
+from tests.doubles import job
 
 ITEMS = 240
 SLOTS = 32
@@ -35,7 +35,7 @@ BOUND = 2.0
 
 def test_only_jobs_with_nothing_sent_can_be_given_back() -> None:
     book: Book[object] = Book()
-    a, b, c = job("r", "a", 2), job("r", "b", 2), job("other", "c", 2)
+    a, b, c = job("a", 2, run="r"), job("b", 2, run="r"), job("c", 2, run="other")
     for js in (a, b, c):
         book.hold(js)
     assert book.unsent("r") == [a, b]
