@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import random
 
+from genqueue.common import defaults
 
-def compute_backoff(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
+
+def compute_backoff(attempt: int, *, base: float = defaults.BACKOFF_BASE, cap: float = defaults.BACKOFF_CAP,
+                    rng: random.Random | None = None) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
 
     attempt counts from 0. Jitter spreads a fleet of consumers that saw the same outage,

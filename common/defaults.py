@@ -83,6 +83,9 @@ LEASE_SECONDS = 30
 #: engine has no /metrics).
 CONCURRENCY = 256
 
+#: --concurrency when it is not given: auto, steered by the engine's /metrics (running and waiting).
+CONCURRENCY_OPTION = "auto"
+
 #: --concurrency auto: where it starts, and the bounds it moves within.
 AUTO_START = 256
 #: How often --concurrency auto reads the engine's /metrics.
@@ -96,6 +99,57 @@ SHARD_MAX_AGE = 10.0
 
 #: On SIGTERM, in-flight requests get this long to finish before their jobs go back to the queue.
 DRAIN_TIMEOUT = 60.0
+
+# One request to the engine (consumer/client.py, consumer/generate.py).
+#: Seconds to wait for one completion: a long reasoning trace can take many minutes.
+REQUEST_TIMEOUT = 1800.0
+#: Attempts per request: every failed one counts (refused or reset connections, timeouts,
+#: 408/429/5xx, unusable 200s); requests wait without spending attempts while the engine's
+#: /health fails (a restart), so these are for a live engine's failures.
+MAX_ATTEMPTS = 6
+#: Full-jitter backoff between a request's attempts (and compute_backoff's own defaults): the
+#: wait before attempt N is uniform in [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**N)] seconds.
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 30.0
+
+#: Seconds a starting consumer waits for its endpoint and for Redis: vLLM loads a large model
+#: for minutes.
+ENDPOINT_WAIT = 1800.0
+
+#: Seconds between a consumer's looks at its queues when it has nothing to send.
+POLL_INTERVAL = 0.2
+
+#: Seconds between a consumer's snapshots in Redis (what `producer status` and Prometheus read).
+TELEMETRY_INTERVAL = 2.0
+
+#: Seconds between two redraws of `producer status --watch`.
+STATUS_INTERVAL = 2.0
+
+#: Answers per prompt (`producer enqueue --samples`).
+SAMPLES = 1
+
+# A node (consumer run --gpu, consumer launch).
+#: The port vLLM serves on by default, and so the one of GPU 0's engine: GPU N's engine listens
+#: on ENGINE_PORT + N (`consumer run --gpu N`, `consumer launch --base-port`).
+ENGINE_PORT = 8000
+#: Local spool directories live under this one: a consumer's is SPOOL_ROOT/gpuN (or /<port>).
+SPOOL_ROOT = "./genqueue-spool"
+#: Where `consumer launch` writes its engines' and consumers' logs and pids.json.
+LOG_DIR = "./genqueue-logs"
+#: `consumer launch`: the engine command (vllm, or simulate for genqueue's stand-in), and
+#: whether CUDA_VISIBLE_DEVICES is set (gpu) or left as it is (cpu: vLLM CPU builds).
+ENGINE = "vllm"
+DEVICE = "gpu"
+#: `consumer launch`: GPUs per engine (tensor parallelism) and replicas inside one engine
+#: (data parallelism): one GPU, one engine, one consumer.
+GPUS_PER_ENGINE = 1
+DATA_PARALLEL = 1
+#: Seconds an engine has to answer /health after it starts: a 27B model loads for minutes.
+ENGINE_START_TIMEOUT = 1200.0
+#: An engine that answered /health once and then fails it (no answer, or not 200) this long while
+#: its process lives is hung (a stuck collective, a dead engine core behind a live API server):
+#: it is killed and restarted. Long enough that a busy engine's slow answer is not mistaken for it.
+ENGINE_HANG_TIMEOUT = 120.0
 
 #: Past this many bytes of unshipped results on local disk (the store is down), a consumer
 #: pauses admission: it keeps its leases and waits for shards to ship.

@@ -2,6 +2,7 @@
 
 The settings are stored in Redis with the run. Consumers read them from there, never from
 their own command line, so every GPU runs one recipe; each result records the fingerprint.
+Also the checks of values more than one command takes: a run's name, --concurrency.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ def check_run_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+def parse_concurrency(text: str) -> int | None:
+    """--concurrency (`consumer run`, `consumer launch`): a fixed number of requests in flight
+    (at least 1), or None for auto; UserError for anything else."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        fixed = int(text)
+    except ValueError:
+        raise UserError(f"--concurrency takes a number or auto, not {text!r}") from None
+    if fixed < 1:
+        raise UserError(f"--concurrency takes a number or auto, not {text!r}: it must be at least 1")
+    return fixed
 
 
 def run_name_from_path(path: str) -> str:

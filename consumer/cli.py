@@ -7,15 +7,14 @@ import gc
 import logging
 import sys
 from collections.abc import Coroutine
-from typing import Any
-from urllib.parse import urlparse
+from typing import Any, Unpack
 
 import click
 
 from genqueue.common import __version__, defaults
 from genqueue.common.cli import friendly_errors, redis_option, setup_logging
-from genqueue.common.errors import UserError
 from genqueue.common.redisconn import wait_for
+from genqueue.consumer.config import ConsumerConfig, RunOptions
 from genqueue.consumer.sim.server import simulate_command
 
 
@@ -39,28 +38,17 @@ def _talk(verbose: int, quiet: bool) -> None:
     logging.getLogger("genqueue.consumer").setLevel(level)
 
 
-def _check_endpoint(url: str) -> str:
-    parts = urlparse(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:8000/v1, not {url!r}")
-    try:
-        _ = parts.port
-    except ValueError:
-        raise UserError(f"--endpoint {url!r} has an invalid port") from None
-    return url
-
-
 @main.command("run")
 @click.option("--run", "run_name", help="Serve only this run (default: every open run the endpoint's model fits).")
 @click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", show_envvar=True, help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
 @click.option("--gpu", type=click.IntRange(0, 1023), default=None,
-              help="Short for --endpoint http://127.0.0.1:<8000+N>/v1; also recorded in results.")
-@click.option("--concurrency", "-c", default="auto", show_default=True,
+              help=f"Short for --endpoint http://127.0.0.1:<{defaults.ENGINE_PORT}+N>/v1; also recorded in results.")
+@click.option("--concurrency", "-c", default=defaults.CONCURRENCY_OPTION, show_default=True,
               help="Requests kept in flight: a number, or auto (steered by vLLM's /metrics: running and waiting).")
 @click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=defaults.MAX_CONCURRENCY,
               show_default=True, help="Ceiling for --concurrency auto.")
 @click.option("--burst", is_flag=True, help="Exit once the served runs are drained and nothing is in flight.")
-@click.option("--spool", default=None, help="Local spool directory (default: ./genqueue-spool/<gpu or port>).")
+@click.option("--spool", default=None, help=f"Local spool directory (default: {defaults.SPOOL_ROOT}/<gpu or port>).")
 @click.option("--shared-fs", is_flag=True,
               help="Runs whose output is a local path: this host mounts it as the filesystem every node shares, "
                    "so serve them though another host created them (without it they are refused; hosts are named "
@@ -70,9 +58,9 @@ def _check_endpoint(url: str) -> str:
 @click.option("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT, show_default=True,
               help="On SIGTERM or Ctrl-C, seconds in-flight requests get before their jobs go back to the queue "
                    "(a second signal stops at once).")
-@click.option("--request-timeout", type=float, default=1800.0, show_default=True,
+@click.option("--request-timeout", type=float, default=defaults.REQUEST_TIMEOUT, show_default=True,
               help="Seconds to wait for one completion (a long reasoning trace can take many minutes).")
-@click.option("--max-attempts", type=click.IntRange(1, 100), default=6, show_default=True,
+@click.option("--max-attempts", type=click.IntRange(1, 100), default=defaults.MAX_ATTEMPTS, show_default=True,
               help="Attempts per request: every failed one counts (refused or reset connections, timeouts, "
                    "408/429/5xx, unusable 200s), whatever /health says; requests wait without spending "
                    "attempts only while /health fails.")
@@ -81,7 +69,7 @@ def _check_endpoint(url: str) -> str:
               help="Seconds before an open shard is sealed and shipped (its jobs are acked then).")
 @click.option("--spool-limit", type=click.IntRange(1), default=defaults.SPOOL_LIMIT, show_default=True,
               help="Bytes of unshipped results on local disk past which admission pauses.")
-@click.option("--endpoint-wait", type=click.FloatRange(0), default=1800.0, show_default=True,
+@click.option("--endpoint-wait", type=click.FloatRange(0), default=defaults.ENDPOINT_WAIT, show_default=True,
               help="Seconds to wait at start for the endpoint (vLLM loads a large model for minutes) and for Redis.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
               show_envvar=True,
@@ -91,48 +79,19 @@ def _check_endpoint(url: str) -> str:
 @redis_option
 @click.pass_context
 @friendly_errors
-def run_cmd(ctx: click.Context, run_name: str | None, endpoint: str | None, gpu: int | None, concurrency: str,
-            max_concurrency: int, burst: bool, spool: str | None, shared_fs: bool, lease: int, drain_timeout: float,
-            request_timeout: float, max_attempts: int, shard_max_bytes: int, shard_max_age: float, spool_limit: int,
-            endpoint_wait: float, metrics_port: int | None, verbose: int, quiet: bool, redis_url: str) -> None:
+def run_cmd(ctx: click.Context, verbose: int, quiet: bool, **options: Unpack[RunOptions]) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
     from genqueue.common.contracts import ExitCode
-    from genqueue.common.settings import check_run_name
     from genqueue.consumer.stop import Stop, Stopped
-    from genqueue.consumer.worker import Consumer, ConsumerConfig
+    from genqueue.consumer.worker import Consumer
 
     outer = ctx.obj or {}
     _talk(verbose + outer.get("verbose", 0), quiet or outer.get("quiet", False))
-    if endpoint is None:
-        if gpu is None:
-            raise UserError("give --endpoint URL or --gpu N")
-        endpoint = f"http://127.0.0.1:{8000 + gpu}/v1"
-    _check_endpoint(endpoint)
-    if run_name:
-        check_run_name(run_name)
-    if spool is None:
-        tag = f"gpu{gpu}" if gpu is not None else endpoint.rstrip("/").rsplit(":", 1)[-1].split("/")[0]
-        spool = f"./genqueue-spool/{tag}"
-    auto = concurrency.strip().lower() == "auto"
-    if not auto:
-        try:
-            fixed = int(concurrency)
-        except ValueError:
-            raise UserError(f"--concurrency takes a number or auto, not {concurrency!r}") from None
-        if fixed < 1:
-            raise UserError("--concurrency must be at least 1")
-    cfg = ConsumerConfig(endpoint=endpoint, redis_url=redis_url, run=run_name,
-                         concurrency=defaults.CONCURRENCY if auto else fixed, auto_concurrency=auto,
-                         max_concurrency=max_concurrency,
-                         burst=burst, spool=spool, lease=lease, gpu=gpu, drain_timeout=drain_timeout,
-                         request_timeout=request_timeout, max_attempts=max_attempts,
-                         shard_max_bytes=shard_max_bytes, shard_max_age=shard_max_age,
-                         spool_limit=spool_limit, metrics_port=metrics_port,
-                         endpoint_wait=endpoint_wait, shared_fs=shared_fs)
-    stop = Stop(drain_timeout)
+    cfg = ConsumerConfig.from_options(options)
+    stop = Stop(cfg.drain_timeout)
     stop.install_early()  # the loop's handlers do not exist yet: a signal here must still end it
     try:
-        conn = wait_for(redis_url, endpoint_wait,
+        conn = wait_for(cfg.redis_url, cfg.endpoint_wait,
                         say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))
         _tune_gc()
         code = _run_loop(Consumer(cfg, conn, stop=stop).run())

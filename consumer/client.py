@@ -20,6 +20,7 @@ from typing import Any, Self
 import aiohttp
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.consumer.completion import decode_body, snippet
 
@@ -61,7 +62,7 @@ def _error_message(body: bytes) -> str:
 class EndpointClient:
     """One aiohttp session per process, with no connection cap below the concurrency."""
 
-    def __init__(self, base_url: str, *, request_timeout: float = 1800.0, connect_timeout: float = 10.0,
+    def __init__(self, base_url: str, *, request_timeout: float = defaults.REQUEST_TIMEOUT, connect_timeout: float = 10.0,
                  api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):

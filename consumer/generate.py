@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from genqueue.common import __version__
+from genqueue.common import __version__, defaults
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import (
     ConsumerInfo,
@@ -82,9 +82,9 @@ class Generator:
     """Sends an item's requests with bounded retries; `answer` never raises (but for
     cancellation)."""
 
-    def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = 6,
-                 checkpoints: Checkpoints | None = None, backoff_base: float = 0.5,
-                 backoff_cap: float = 30.0) -> None:
+    def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = defaults.MAX_ATTEMPTS,
+                 checkpoints: Checkpoints | None = None, backoff_base: float = defaults.BACKOFF_BASE,
+                 backoff_cap: float = defaults.BACKOFF_CAP) -> None:
         self.client = client
         self.gate = gate
         self.max_attempts = max(1, max_attempts)

@@ -24,7 +24,7 @@ import redis
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
-from genqueue.common import __version__
+from genqueue.common import __version__, defaults
 from genqueue.common.contracts import (
     ConsumerInfo,
     ConsumerSnapshot,
@@ -122,7 +122,7 @@ class Telemetry:
     """Counts what the consumer does and publishes it."""
 
     def __init__(self, identity: ConsumerInfo, conn: redis.Redis, rq: RqThread, parts: Parts, *,
-                 interval: float = 2.0, metrics_port: int | None = None) -> None:
+                 interval: float = defaults.TELEMETRY_INTERVAL, metrics_port: int | None = None) -> None:
         self.identity = identity
         self.conn = conn
         self.rq = rq

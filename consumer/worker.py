@@ -3,6 +3,7 @@
 This module is the composition root: it builds the parts, wires them, and runs their loops
 under supervision. The parts, each in its own module with its own small interface:
 
+- config: ConsumerConfig, how this consumer runs (built once from `consumer run`'s options);
 - rqthread: the one thread every rq/Redis call runs in (rides out Redis outages);
 - rqcompat: the rq worker subclass (every touch of rq's internals);
 - served: which runs this consumer serves, and their start-up probe;
@@ -26,7 +27,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import IO
 
 import redis
@@ -47,6 +47,7 @@ from genqueue.consumer.book import Book
 from genqueue.consumer.breaker import Breaker
 from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.client import EndpointClient
+from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.intake import Intake
@@ -66,34 +67,6 @@ log = logging.getLogger(__name__)
 #: Seconds a starting consumer waits for an earlier consumer's leftover shards to ship before
 #: it takes work (so the jobs swept back from that consumer skip what those shards hold).
 LEFTOVER_WAIT = 30.0
-
-
-@dataclass
-class ConsumerConfig:
-    """How one consumer runs. The recipe (model, sampling, mode, output) is the run's, not here."""
-
-    endpoint: str
-    redis_url: str
-    run: str | None = None
-    concurrency: int = defaults.CONCURRENCY
-    auto_concurrency: bool = False
-    max_concurrency: int = defaults.MAX_CONCURRENCY
-    burst: bool = False
-    spool: str = "./genqueue-spool"
-    lease: int = defaults.LEASE_SECONDS
-    gpu: int | None = None
-    drain_timeout: float = defaults.DRAIN_TIMEOUT
-    request_timeout: float = 1800.0
-    max_attempts: int = 6
-    shard_max_bytes: int = defaults.SHARD_MAX_BYTES
-    shard_max_age: float = defaults.SHARD_MAX_AGE
-    poll_interval: float = 0.2
-    name: str | None = None
-    spool_limit: int = defaults.SPOOL_LIMIT
-    metrics_port: int | None = None
-    endpoint_wait: float = 1800.0
-    telemetry_interval: float = 2.0
-    shared_fs: bool = False  # local outputs are a filesystem every node shares (common/placement.py)
 
 
 class Consumer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import click
 import orjson
@@ -16,7 +16,7 @@ from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
-from genqueue.producer.enqueue import Summary, enqueue_file
+from genqueue.producer.enqueue import EnqueueOptions, Summary, enqueue_file
 from genqueue.producer.ingest.items import Origin
 from genqueue.producer.ingest.reader import RawRecord
 
@@ -30,6 +30,75 @@ PRIORITY = click.IntRange(-1_000_000, 1_000_000)
 def main(verbose: int) -> None:
     """Turn ShareGPT/OpenAI chat datasets into genqueue runs on Redis (rq queues)."""
     setup_logging(verbose)
+
+
+class EnqueueArgs(TypedDict):
+    """`producer enqueue`'s options as click parses them (one key per option, by its parameter
+    name) but for --json and --redis-url, which are the command's own."""
+
+    run_name: str | None
+    multi_turn: str
+    batch_size: int
+    model: str | None
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None
+    sampling_json: str | None
+    max_prompt_chars: int
+    max_record_bytes: int
+    history_reasoning: str
+    truncation: str
+    expect_reasoning: bool
+    output: str
+    shared_fs: bool
+    rejects_path: str | None
+    id_field: str | None
+    samples: int
+    longest_first: bool
+    tmp_dir: str | None
+    retry_failed: bool
+    update_settings: bool
+    priority: int | None
+    dry_run: bool
+
+
+def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
+    """The run's recipe that `producer enqueue` OPTIONS ask for, checked (UserError), and a
+    warning line for each --sampling-json field genqueue does not know."""
+    sampling = Sampling(temperature=options["temperature"], top_p=options["top_p"],
+                        max_tokens=options["max_tokens"], seed=options["seed"],
+                        extra=_parse_extra(options["sampling_json"]))
+    warnings = sampling.check()
+    settings = RunSettings(
+        model=options["model"],
+        multi_turn=Mode(options["multi_turn"]),
+        sampling=sampling,
+        output=_absolute_output(options["output"]),
+        max_prompt_chars=options["max_prompt_chars"],
+        history_reasoning=HistoryReasoning(options["history_reasoning"]),
+        truncation=Truncation(options["truncation"]),
+        expect_reasoning=options["expect_reasoning"],
+    )
+    return settings, warnings
+
+
+def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
+    """How `producer enqueue` OPTIONS ask to queue RUN; the rejects file is <run>.rejects.jsonl
+    unless named (none with --dry-run)."""
+    dry_run = options["dry_run"]
+    return EnqueueOptions(
+        batch_size=options["batch_size"],
+        rejects_path=options["rejects_path"] or (None if dry_run else f"{run}.rejects.jsonl"),
+        max_record_bytes=options["max_record_bytes"],
+        longest_first=options["longest_first"],
+        tmp_dir=options["tmp_dir"],
+        origin=Origin(id_field=options["id_field"], samples=options["samples"]),
+        retry_failed=options["retry_failed"],
+        update_settings=options["update_settings"],
+        shared_fs=options["shared_fs"],
+        priority=options["priority"],
+    )
 
 
 @main.command()
@@ -69,7 +138,7 @@ def main(verbose: int) -> None:
 @click.option("--id-field", default=None, metavar="FIELD",
               help="The record field holding its own id. Given, a record without it is rejected (missing_id); "
                    "by default id, else custom_id, and a record with neither is kept (its line's id is its key).")
-@click.option("--samples", type=click.IntRange(1, 1000), default=1, show_default=True,
+@click.option("--samples", type=click.IntRange(1, 1000), default=defaults.SAMPLES, show_default=True,
               help="Answers per prompt: N items each, with their own seeds (the run's --seed, or 0, plus 0..N-1).")
 @click.option("--longest-first", is_flag=True,
               help="Queue the costliest items first (by their original answers' length) to shorten the run's tail.")
@@ -89,49 +158,21 @@ def main(verbose: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
 @friendly_errors
-def enqueue(path: str, run_name: str | None, multi_turn: str, batch_size: int, model: str | None,
-            temperature: float, top_p: float, max_tokens: int, seed: int | None, sampling_json: str | None,
-            max_prompt_chars: int, max_record_bytes: int, history_reasoning: str, truncation: str,
-            expect_reasoning: bool, output: str, shared_fs: bool, rejects_path: str | None, id_field: str | None, samples: int,
-            longest_first: bool, tmp_dir: str | None, retry_failed: bool, update_settings: bool,
-            priority: int | None, dry_run: bool, as_json: bool, redis_url: str) -> None:
+def enqueue(path: str, as_json: bool, redis_url: str, **options: Unpack[EnqueueArgs]) -> None:
     """Read PATH (.jsonl, .json array, .gz/.zst of either, .parquet, or - for stdin) and queue it.
 
     Re-running it on a run is the reconcile: it queues exactly the items with no shipped result
     that are not queued in rq (lost from rq, or the whole run when Redis lost it: the run is then
     re-created from the run.json its output holds)."""
+    run_name = options["run_name"]
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
-    sampling = Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
-                        extra=_parse_extra(sampling_json))
-    warnings = sampling.check()  # everything is checked before anything is opened or written
-    settings = RunSettings(
-        model=model,
-        multi_turn=Mode(multi_turn),
-        sampling=sampling,
-        output=_absolute_output(output),
-        max_prompt_chars=max_prompt_chars,
-        history_reasoning=HistoryReasoning(history_reasoning),
-        truncation=Truncation(truncation),
-        expect_reasoning=expect_reasoning,
-    )
+    settings, warnings = run_settings(options)  # everything is checked before anything is opened or written
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
-    conn = None if dry_run else connect(redis_url)
-    summary = enqueue_file(
-        path, run, settings, conn,
-        batch_size=batch_size,
-        rejects_path=rejects_path or (None if dry_run else f"{run}.rejects.jsonl"),
-        max_record_bytes=max_record_bytes,
-        progress=_progress if sys.stderr.isatty() and not as_json else None,
-        longest_first=longest_first,
-        tmp_dir=tmp_dir,
-        origin=Origin(id_field=id_field, samples=samples),
-        retry_failed=retry_failed,
-        update_settings=update_settings,
-        shared_fs=shared_fs,
-        note=lambda line: click.echo(line, err=True),
-        priority=priority,
-    )
+    conn = None if options["dry_run"] else connect(redis_url)
+    summary = enqueue_file(path, run, settings, conn, enqueue_options(options, run),
+                           progress=_progress if sys.stderr.isatty() and not as_json else None,
+                           note=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(orjson.dumps(summary.to_dict()).decode())
     else:
@@ -165,7 +206,7 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
 @main.command()
 @click.option("--run", "run_name", help="Run to show (default: every run).")
 @click.option("--watch", is_flag=True, help="Redraw in place every --interval seconds (Ctrl-C to leave).")
-@click.option("--interval", type=click.FloatRange(0.5), default=2.0, show_default=True)
+@click.option("--interval", type=click.FloatRange(0.5), default=defaults.STATUS_INTERVAL, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--wide", is_flag=True, help="Clip no line to 100 columns; full input paths, a row per rejected reason.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,

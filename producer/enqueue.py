@@ -390,39 +390,45 @@ def _bucket(flags: int) -> str:
     return "duplicates"
 
 
-def enqueue_file(
-    path: str,
-    run: str,
-    settings: RunSettings,
-    conn: redis.Redis | None,
-    *,
-    batch_size: int = defaults.BATCH_SIZE,
-    rejects_path: str | None = None,
-    max_record_bytes: int = defaults.MAX_RECORD_BYTES,
-    progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None = None,
-    longest_first: bool = False,
-    origin: Origin | None = None,
-    retry_failed: bool = False,
-    update_settings: bool = False,
-    shared_fs: bool = False,
-    note: Note | None = None,
-    tmp_dir: str | None = None,
-    priority: int | None = None,
-) -> Summary:
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """How one enqueue reads its input and queues it; the recipe is the run's RunSettings."""
+
+    batch_size: int = defaults.BATCH_SIZE
+    #: where rejected records are written (None: nowhere)
+    rejects_path: str | None = None
+    max_record_bytes: int = defaults.MAX_RECORD_BYTES
+    #: queue the costliest items first, held in TMP_DIR (None: TMPDIR) until the input is read
+    longest_first: bool = False
+    tmp_dir: str | None = None
+    #: how a record's id and samples are found (None: the defaults of Origin)
+    origin: Origin | None = None
+    #: queue items that have only an error record again
+    retry_failed: bool = False
+    #: give an existing run these settings instead of refusing them
+    update_settings: bool = False
+    #: a local output is one filesystem every node mounts (common/placement.py)
+    shared_fs: bool = False
+    #: give the run this priority before any job is queued (None: keep it)
+    priority: int | None = None
+
+
+def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
+                 options: EnqueueOptions | None = None, *,
+                 progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None = None,
+                 note: Note | None = None) -> Summary:
     """Enqueue PATH into RUN (or, with conn=None, only count what would be enqueued): the items
-    with no shipped result that are not queued in rq (module docstring). RETRY_FAILED: queue
-    items that have only an error record again. UPDATE_SETTINGS: give an existing run these
-    settings instead of refusing them. SHARED_FS: a local output is one filesystem every node
-    mounts (common/placement.py). NOTE gets the lines worth telling the user (a run
-    re-created from its output, settings updated). TMP_DIR: where --longest-first holds items
-    (default TMPDIR). PRIORITY: give the run this priority before any job is queued (None:
-    keep it). A file that cannot be written raises WriteFailedError (outfiles)."""
+    with no shipped result that are not queued in rq (module docstring), as OPTIONS say.
+    PROGRESS wraps the records read; NOTE gets the lines worth telling the user (a run
+    re-created from its output, settings updated). A file that cannot be written raises
+    WriteFailedError (outfiles)."""
+    opts = options if options is not None else EnqueueOptions()
     started = time.perf_counter()
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     # a conflicting run is refused before the input is read; nothing is written yet
-    setup: RunSetup | None = prepare(conn, run, settings, update=update_settings,
-                                           shared_fs=shared_fs) if conn is not None else None
-    records = iter_records(path, max_record_bytes=max_record_bytes)  # a missing file raises here
+    setup: RunSetup | None = prepare(conn, run, settings, update=opts.update_settings,
+                                     shared_fs=opts.shared_fs) if conn is not None else None
+    records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
@@ -430,13 +436,12 @@ def enqueue_file(
         # run.json goes there (runsetup), and this host's consumers' shards: a full one is refused
         probe(Path(settings.output) / f".gq-probe-{os.getpid()}", OUTPUT_DIR, shown=Path(settings.output),
               only_full=True)
-    rejects = RejectsWriter(rejects_path).open() if rejects_path else None
+    rejects = RejectsWriter(opts.rejects_path).open() if opts.rejects_path else None
     order: LongestFirst | None = None
     try:
-        order = LongestFirst(tmp_dir) if longest_first else None
-        return _enqueue(path, records, summary, run, settings, conn, setup, started=started, batch_size=batch_size,
-                        rejects=rejects, max_record_bytes=max_record_bytes, progress=progress, order=order,
-                        origin=origin, retry_failed=retry_failed, note=note, priority=priority)
+        order = LongestFirst(opts.tmp_dir) if opts.longest_first else None
+        return _enqueue(path, records, summary, run, settings, conn, setup, opts, started=started, rejects=rejects,
+                        progress=progress, order=order, note=note)
     except WriteFailedError as e:
         done = "nothing was queued" if not summary.items else \
             f"{summary.items:,} items were queued before it and stay queued"
@@ -449,11 +454,11 @@ def enqueue_file(
 
 
 def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str, settings: RunSettings,
-             conn: redis.Redis | None, setup: RunSetup | None, *, started: float, batch_size: int,
-             rejects: RejectsWriter | None, max_record_bytes: int,
-             progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None, order: LongestFirst | None,
-             origin: Origin | None, retry_failed: bool, note: Note | None, priority: int | None) -> Summary:
+             conn: redis.Redis | None, setup: RunSetup | None, opts: EnqueueOptions, *, started: float,
+             rejects: RejectsWriter | None, progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None,
+             order: LongestFirst | None, note: Note | None) -> Summary:
     """enqueue_file once its input is checked and its side files are open."""
+    batch_size, priority, retry_failed = opts.batch_size, opts.priority, opts.retry_failed
     store = RunStore(conn) if conn is not None else None
     if setup is not None and store is not None:
         info = setup.apply(note or _log_note)
@@ -466,10 +471,10 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
         summary.recreated_run = bool(setup.outcome.get("recreated_run"))
         summary.marks_rebuilt = setup.outcome.get("marks_rebuilt")
         summary.settings_updated = setup.outcome.get("settings_updated")
-    origin = bind(origin, path, summary.source, run, settings, conn)
+    origin = bind(opts.origin, path, summary.source, run, settings, conn)
     if conn is not None:
         summary.input_digest = input_digest(path)
-        summary.derivation = derivation(summary.fingerprint, max_record_bytes, repr(origin))
+        summary.derivation = derivation(summary.fingerprint, opts.max_record_bytes, repr(origin))
         if (setup is not None and setup.existing is not None and not retry_failed and not summary.settings_updated
                 and _unchanged(conn, run, summary)):
             summary.seconds = round(time.perf_counter() - started, 3)

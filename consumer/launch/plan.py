@@ -1,5 +1,5 @@
-"""What `consumer launch` starts on a node, as pure functions: GPU groups, ports, command lines,
-the engine command, backoff.
+"""What `consumer launch` starts on a node, as pure functions: its config checked from the
+options, GPU groups, ports, command lines, the engine command, backoff.
 
 Nothing here starts a process or touches the network, so all of it is tested without a GPU.
 """
@@ -11,8 +11,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from genqueue.common import defaults
+from genqueue.common.errors import UserError
+from genqueue.common.settings import check_run_name, parse_concurrency
 
 ENGINES = ("vllm", "simulate")
 DEVICES = ("gpu", "cpu")
@@ -20,14 +23,6 @@ DEVICES = ("gpu", "cpu")
 #: The module behind vLLM's OpenAI server, for the `python -m` form of --vllm-cmd (vLLM's CPU
 #: builds need it: their `vllm serve` entry point fails on the package name).
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-
-#: Seconds an engine waits for /health by default: a 27B model loads for minutes.
-ENGINE_START_TIMEOUT = 1200.0
-
-#: An engine that answered /health once and then fails it (no answer, or not 200) this long while
-#: its process lives is hung (a stuck collective, a dead engine core behind a live API server):
-#: it is killed and restarted. Long enough that a busy engine's slow answer is not mistaken for it.
-ENGINE_HANG_TIMEOUT = 120.0
 
 #: Restart backoff: 1, 2, 4 ... seconds, never more than this.
 RESTART_CAP = 60.0
@@ -168,6 +163,33 @@ def restart_delay(failures: int, *, base: float = 1.0, cap: float = RESTART_CAP)
     return float(min(cap, base * 2 ** min(failures - 1, 32)))
 
 
+class LaunchOptions(TypedDict):
+    """`consumer launch`'s options as click parses them (one key per option, by its parameter name)."""
+
+    gpus: list[int]
+    model: str | None
+    served_model_name: str | None
+    run_name: str | None
+    engine: str
+    vllm_cmd: str | None
+    gpus_per_engine: int
+    data_parallel: int
+    devices: str
+    base_port: int
+    log_dir: Path
+    spool_root: Path
+    concurrency: str | None
+    metrics_base_port: int | None
+    lease: int | None
+    drain_timeout: float
+    burst: bool
+    consumer_args: str
+    engine_start_timeout: float
+    engine_hang_timeout: float
+    redis_url: str
+    engine_args: tuple[str, ...]
+
+
 @dataclass
 class LaunchConfig:
     """Everything `consumer launch` was asked for; argv for each process is derived from it."""
@@ -176,25 +198,76 @@ class LaunchConfig:
     model: str | None = None
     served_model_name: str | None = None
     run: str | None = None
-    engine: str = "vllm"
+    engine: str = defaults.ENGINE
     #: the engine command before its arguments (launch resolves it: resolve_engine_cmd)
     vllm_cmd: str | None = None
-    devices: str = "gpu"
-    gpus_per_engine: int = 1
-    data_parallel: int = 1
-    base_port: int = 8000
-    log_dir: Path = Path("./genqueue-logs")
-    spool_root: Path = Path("./genqueue-spool")
+    devices: str = defaults.DEVICE
+    gpus_per_engine: int = defaults.GPUS_PER_ENGINE
+    data_parallel: int = defaults.DATA_PARALLEL
+    base_port: int = defaults.ENGINE_PORT
+    log_dir: Path = Path(defaults.LOG_DIR)
+    spool_root: Path = Path(defaults.SPOOL_ROOT)
+    #: passed to every consumer as given (checked: parse_concurrency); None: the consumer's default
     concurrency: str | None = None
     metrics_base_port: int | None = None
     lease: int | None = None
-    drain_timeout: float = 60.0
+    drain_timeout: float = defaults.DRAIN_TIMEOUT
     burst: bool = False
     consumer_args: str = ""
     engine_args: list[str] = field(default_factory=list)
-    engine_start_timeout: float = ENGINE_START_TIMEOUT
-    engine_hang_timeout: float = ENGINE_HANG_TIMEOUT
+    engine_start_timeout: float = defaults.ENGINE_START_TIMEOUT
+    engine_hang_timeout: float = defaults.ENGINE_HANG_TIMEOUT
     redis_url: str = ""
+
+    @classmethod
+    def from_options(cls, options: LaunchOptions, *, engine_cmd: Callable[[str | None], list[str]]) -> LaunchConfig:
+        """The config `consumer launch` OPTIONS ask for, checked before anything starts; UserError
+        for a mistake in them. ENGINE_CMD resolves --vllm-cmd (resolve_engine_cmd with the
+        node's PATH; LookupError when vLLM is not there), for --engine vllm only."""
+        run, engine, model = options["run_name"], options["engine"], options["model"]
+        if run:
+            check_run_name(run)
+        if engine == "vllm" and not model:
+            raise UserError("--model is required with --engine vllm")
+        gpus_per_engine, data_parallel = options["gpus_per_engine"], options["data_parallel"]
+        try:
+            groups = group_gpus(options["gpus"], gpus_per_engine * data_parallel)
+        except ValueError as e:
+            raise UserError(f"--gpus: {e} (--gpus-per-engine {gpus_per_engine} x --data-parallel "
+                            f"{data_parallel})") from None
+        top = max(g.first for g in groups)
+        base_port, metrics_base_port = options["base_port"], options["metrics_base_port"]
+        if base_port + top > 65535:
+            raise UserError(f"--base-port {base_port} + GPU {top} is past port 65535")
+        if metrics_base_port is not None and metrics_base_port + top > 65535:
+            raise UserError(f"--metrics-base-port {metrics_base_port} + GPU {top} is past port 65535")
+        concurrency = options["concurrency"]
+        if concurrency is not None:
+            parse_concurrency(concurrency)
+        consumer_args = options["consumer_args"]
+        try:
+            shlex.split(consumer_args)
+        except ValueError as e:
+            raise UserError(f"--consumer-args {consumer_args!r}: {e}") from None
+        engine_args = list(options["engine_args"])
+        reserved = reserved_arg(engine_args)
+        if reserved is not None:
+            raise UserError(f"engine argument {reserved[0]} is launch's to set: use {reserved[1]} "
+                            "(it sets CUDA_VISIBLE_DEVICES to match)")
+        vllm_cmd = options["vllm_cmd"]
+        if engine == "vllm":
+            try:
+                vllm_cmd = shlex.join(engine_cmd(vllm_cmd))
+            except LookupError as e:
+                raise UserError(str(e)) from None
+        return cls(gpus=options["gpus"], model=model, served_model_name=options["served_model_name"], run=run,
+                   engine=engine, vllm_cmd=vllm_cmd, devices=options["devices"], gpus_per_engine=gpus_per_engine,
+                   data_parallel=data_parallel, base_port=base_port, log_dir=options["log_dir"],
+                   spool_root=options["spool_root"], concurrency=concurrency, metrics_base_port=metrics_base_port,
+                   lease=options["lease"], drain_timeout=options["drain_timeout"], burst=options["burst"],
+                   consumer_args=consumer_args, engine_args=engine_args,
+                   engine_start_timeout=options["engine_start_timeout"],
+                   engine_hang_timeout=options["engine_hang_timeout"], redis_url=options["redis_url"])
 
     @property
     def gpus_per_group(self) -> int:

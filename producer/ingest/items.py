@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode, Note, RejectReason
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.rejects import Rejected
@@ -77,7 +78,7 @@ class Provenance:
     source: str | None = None
     source_seq: int = 0
     id: str | None = None
-    samples: int = 1
+    samples: int = defaults.SAMPLES
     base_seed: int = 0
 
 
@@ -142,7 +143,7 @@ class Origin:
     source: str | None = None
     source_seq: int = 0
     id_field: str | None = None
-    samples: int = 1
+    samples: int = defaults.SAMPLES
     base_seed: int = 0
     run_params: Mapping[str, Any] | None = None
 

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import InputError
 from genqueue.producer.ingest.splitter import NON_SPACE, SNIPPET_BYTES, split_array, split_lines
@@ -65,7 +66,7 @@ class RawRecord:
     size: int  # raw size in bytes
 
 
-def iter_records(path: str, *, max_record_bytes: int = 64 * 1024 * 1024) -> Iterator[RawRecord]:
+def iter_records(path: str, *, max_record_bytes: int = defaults.MAX_RECORD_BYTES) -> Iterator[RawRecord]:
     """Yield every non-blank record of ``path`` ("-" for stdin) in input order.
 
     The file is opened before this returns, so a missing or unreadable file raises

@@ -1,0 +1,106 @@
+"""How one consumer runs: `consumer run`'s options, checked and resolved once into a ConsumerConfig.
+
+The recipe (model, sampling, mode, output) is the run's, read from Redis (common/settings.py),
+not here. Every default is a common/defaults.py constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+from urllib.parse import urlparse
+
+from genqueue.common import defaults
+from genqueue.common.errors import UserError
+from genqueue.common.settings import check_run_name, parse_concurrency
+
+
+class RunOptions(TypedDict):
+    """`consumer run`'s options as click parses them (one key per option, by its parameter name)."""
+
+    run_name: str | None
+    endpoint: str | None
+    gpu: int | None
+    concurrency: str
+    max_concurrency: int
+    burst: bool
+    spool: str | None
+    shared_fs: bool
+    lease: int
+    drain_timeout: float
+    request_timeout: float
+    max_attempts: int
+    shard_max_bytes: int
+    shard_max_age: float
+    spool_limit: int
+    endpoint_wait: float
+    metrics_port: int | None
+    redis_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """How one consumer runs: built from `consumer run`'s options by from_options."""
+
+    endpoint: str
+    redis_url: str
+    run: str | None = None
+    concurrency: int = defaults.CONCURRENCY
+    auto_concurrency: bool = False
+    max_concurrency: int = defaults.MAX_CONCURRENCY
+    burst: bool = False
+    spool: str = defaults.SPOOL_ROOT
+    lease: int = defaults.LEASE_SECONDS
+    gpu: int | None = None
+    drain_timeout: float = defaults.DRAIN_TIMEOUT
+    request_timeout: float = defaults.REQUEST_TIMEOUT
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    shard_max_bytes: int = defaults.SHARD_MAX_BYTES
+    shard_max_age: float = defaults.SHARD_MAX_AGE
+    poll_interval: float = defaults.POLL_INTERVAL
+    name: str | None = None
+    spool_limit: int = defaults.SPOOL_LIMIT
+    metrics_port: int | None = None
+    endpoint_wait: float = defaults.ENDPOINT_WAIT
+    telemetry_interval: float = defaults.TELEMETRY_INTERVAL
+    shared_fs: bool = False  # local outputs are a filesystem every node shares (common/placement.py)
+
+    @classmethod
+    def from_options(cls, options: RunOptions) -> ConsumerConfig:
+        """The config `consumer run` OPTIONS ask for; UserError for a mistake in them. The
+        endpoint comes from --endpoint or --gpu, the spool from --spool or the endpoint."""
+        gpu = options["gpu"]
+        endpoint = options["endpoint"]
+        if endpoint is None:
+            if gpu is None:
+                raise UserError("give --endpoint URL or --gpu N")
+            endpoint = f"http://127.0.0.1:{defaults.ENGINE_PORT + gpu}/v1"
+        check_endpoint(endpoint)
+        run = options["run_name"]
+        if run:
+            check_run_name(run)
+        spool = options["spool"]
+        if spool is None:
+            tag = f"gpu{gpu}" if gpu is not None else endpoint.rstrip("/").rsplit(":", 1)[-1].split("/")[0]
+            spool = f"{defaults.SPOOL_ROOT}/{tag}"
+        fixed = parse_concurrency(options["concurrency"])
+        return cls(endpoint=endpoint, redis_url=options["redis_url"], run=run,
+                   concurrency=defaults.CONCURRENCY if fixed is None else fixed, auto_concurrency=fixed is None,
+                   max_concurrency=options["max_concurrency"], burst=options["burst"], spool=spool,
+                   lease=options["lease"], gpu=gpu, drain_timeout=options["drain_timeout"],
+                   request_timeout=options["request_timeout"], max_attempts=options["max_attempts"],
+                   shard_max_bytes=options["shard_max_bytes"], shard_max_age=options["shard_max_age"],
+                   spool_limit=options["spool_limit"], metrics_port=options["metrics_port"],
+                   endpoint_wait=options["endpoint_wait"], shared_fs=options["shared_fs"])
+
+
+def check_endpoint(url: str) -> str:
+    """URL if it is an http(s) URL with a host and a valid port; UserError otherwise."""
+    parts = urlparse(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:8000/v1, not {url!r}")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise UserError(f"--endpoint {url!r} has an invalid port") from None
+    return url
