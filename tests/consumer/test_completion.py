@@ -9,7 +9,7 @@ import pytest
 
 from genqueue.common.contracts import Outcome, ReasoningForm
 from genqueue.common.errors import BadResponseError, PermanentError, TransientError
-from genqueue.consumer.client import classify_status
+from genqueue.consumer.faults import classify_status
 from genqueue.consumer.completion import SNIPPET_CHARS, decode_body, parse_completion, split_inline
 
 
