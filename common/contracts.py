@@ -169,8 +169,8 @@ class Item(TypedDict, total=False):
     key: Required[str]  # 32 hex: blake2b-128 of mode, messages and tools
     index: Required[int]  # the record's position among the input's non-blank records
     turn: Required[int | None]  # 0-based user turn (first/last/each); None in regenerate
-    # Messages, as the producer builds them (its readers are not typed yet): the consumer reads
-    # them as list[Message] once intake has checked each one (consumer/records.messages_of).
+    # The producer still builds plain dicts here; the consumer reads them as list[Message] once
+    # its intake has checked each one. list[Message] here when the producer builds Messages.
     messages: Required[list[dict[str, Any]]]
     tools: list[dict[str, Any]]
     note: str  # Note: "stopped_at_tool_turn" when regenerate cut the conversation
