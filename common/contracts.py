@@ -136,12 +136,41 @@ class ConsumerInfo(TypedDict):
     endpoint: str
 
 
+class ToolFunction(TypedDict, total=False):
+    """The function of a tool call: its name and its arguments (a JSON string in the API;
+    some recordings keep them as an object)."""
+
+    name: str
+    arguments: object
+
+
+class ToolCall(TypedDict, total=False):
+    """One OpenAI tool call, as the endpoint returns it and a recording keeps it."""
+
+    id: str
+    type: str
+    function: ToolFunction
+
+
+class Message(TypedDict, total=False):
+    """One OpenAI chat message, as an item carries it and a record keeps it."""
+
+    role: Required[str]  # system, user, assistant, tool
+    content: str | None
+    name: str
+    tool_calls: list[ToolCall]  # assistant: the calls it made
+    tool_call_id: str | None  # tool: the call it answers
+    reasoning_content: str  # regenerate, --history-reasoning keep: the turn's thinking, for the template
+
+
 class Item(TypedDict, total=False):
     """One unit of work, as the producer puts it in a job (JSON)."""
 
     key: Required[str]  # 32 hex: blake2b-128 of mode, messages and tools
     index: Required[int]  # the record's position among the input's non-blank records
     turn: Required[int | None]  # 0-based user turn (first/last/each); None in regenerate
+    # The producer still builds plain dicts here; the consumer reads them as list[Message] once
+    # its intake has checked each one. list[Message] here when the producer builds Messages.
     messages: Required[list[dict[str, Any]]]
     tools: list[dict[str, Any]]
     note: str  # Note: "stopped_at_tool_turn" when regenerate cut the conversation
@@ -158,6 +187,44 @@ class Item(TypedDict, total=False):
 ErrorInfo = TypedDict("ErrorInfo", {"class": str, "type": str, "status": int | None, "message": str})
 
 
+class TruncationNote(TypedDict, total=False):
+    """A record's (or turn's) `truncation` under --truncation retry: how the first answer
+    ended, whether it was asked again, and with which budget."""
+
+    policy: Required[str]  # a Truncation
+    first_outcome: Required[str]  # an Outcome
+    retried: Required[bool]
+    max_tokens: int  # the budget of the retry, when there was one
+
+
+class CallSummary(TypedDict):
+    """Name and arguments of one tool call, in a divergence's `stopped` note."""
+
+    name: object
+    arguments: object
+
+
+class Stopped(TypedDict, total=False):
+    """regenerate: where and why a conversation ended before the recorded one did."""
+
+    turn: Required[int]  # the user turn
+    reason: Required[str]  # the cut turn's Outcome, "error", or a Note
+    step: int  # the answer's place after tool results, when not the user turn's first answer
+    error: ErrorInfo  # a partial conversation: the failing turn's error
+    dropped: bool  # the cut turn was dropped (--truncation error)
+    recorded: list[CallSummary]  # tool_call_diverged: the recording's calls
+    target: list[CallSummary]  # tool_call_diverged: the target's calls
+
+
+class PartialAnswer(TypedDict):
+    """An error record's `partial`: what a turn cut under --truncation error did say."""
+
+    content: str
+    reasoning: str | None
+    finish_reason: str | None
+    usage: Usage
+
+
 class TurnRecord(TypedDict, total=False):
     """regenerate: one regenerated assistant turn."""
 
@@ -169,11 +236,11 @@ class TurnRecord(TypedDict, total=False):
     outcome: Required[str]
     usage: Required[Usage]
     model: Required[str]
-    truncation: dict[str, Any]
+    truncation: TruncationNote
     # tool turns: the target's calls; whether the recorded results were spliced after them
     # (False: the call diverged from the recorded one); the answer's place after tool results
     # within its user turn (1 = the first answer after them), absent on a user turn's first answer
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     tool_results_spliced: bool
     step: int
 
@@ -185,7 +252,7 @@ class RecordBase(TypedDict, total=False):
     index: Required[int]
     turn: Required[int | None]
     run: Required[str]
-    messages: Required[list[dict[str, Any]]]
+    messages: Required[list[Message]]
     sampling: Required[dict[str, Any]]
     fingerprint: Required[str]
     version: Required[str]
@@ -207,17 +274,17 @@ class ResultRecord(RecordBase, total=False):
     content: Required[str]
     reasoning: Required[str | None]
     reasoning_form: Required[str]
-    tool_calls: Required[list[dict[str, Any]]]
+    tool_calls: Required[list[ToolCall]]
     finish_reason: Required[str | None]
     outcome: Required[str]
     usage: Required[Usage]
     model: Required[str]
-    truncation: dict[str, Any]
+    truncation: TruncationNote
     # regenerate only
     turns: list[TurnRecord]
     history_reasoning: str
     turns_total: int
-    stopped: dict[str, Any]
+    stopped: Stopped
     resumed_at_turn: int
 
 
@@ -225,7 +292,7 @@ class ErrorRecord(RecordBase, total=False):
     """A line of a result shard for an item that could not be answered."""
 
     error: Required[ErrorInfo]
-    partial: dict[str, Any]
+    partial: PartialAnswer
 
 
 Record = ResultRecord | ErrorRecord

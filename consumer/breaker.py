@@ -2,8 +2,8 @@
 shows is stopped before it burns the dataset (pure policy, no I/O).
 
 It counts only failures that retrying cannot fix and that say the same thing for every item:
-error records of class permanent, bad_response or truncated, grouped by class and the first
-line of their message. A storm is (a) the first `first_n` items of the run on this consumer
+error records of the classes faults.STORM_CLASSES names (permanent, bad_response, truncated),
+grouped by class and the first line of their message. A storm is (a) the first `first_n` items of the run on this consumer
 all failing with one such signature, or (b) at least `rate` of the last `window` items failing,
 with one signature making up at least `same` of those failures. Genuine per-item failures (a
 few prompts too long for the context) are spread over many items and signatures: they do not
@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ErrorClass, Record, is_error
+from genqueue.common.contracts import Record, is_error
+from genqueue.consumer.faults import STORM_CLASSES
 
 _DIGITS = re.compile(r"\d+")
-STORM_CLASSES = frozenset({ErrorClass.PERMANENT, ErrorClass.BAD_RESPONSE, ErrorClass.TRUNCATED})
 
 
 @dataclass(frozen=True, slots=True)

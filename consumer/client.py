@@ -1,5 +1,6 @@
 """The HTTP client for a vLLM OpenAI-compatible endpoint, on the hot path, and the gate that
-pauses requests while the endpoint is down.
+pauses requests while the endpoint is down (I/O only: which status or exception is which
+fault, and what to do about it, is consumer/faults.py's to say).
 
 Raw aiohttp + orjson, not the `openai` package: measured on this machine (README,
 "Why not the openai client on the hot path") the openai client spends ~1.2 ms of CPU per
@@ -21,28 +22,11 @@ import aiohttp
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.errors import BadResponseError, PermanentError, TransientError
+from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.completion import decode_body, snippet
+from genqueue.consumer.faults import DeadlineExceeded, EndpointDown, classify_status
 
 log = logging.getLogger(__name__)
-
-#: Statuses that say the request itself is wrong: retrying cannot help.
-PERMANENT_STATUSES = frozenset({400, 404, 413, 422})
-
-
-def classify_status(status: int) -> type[TransientError | PermanentError]:
-    """Which error class an HTTP status belongs to (408, 429, 5xx and anything odd retry)."""
-    return PermanentError if status in PERMANENT_STATUSES else TransientError
-
-
-class EndpointDown(TransientError):
-    """The endpoint could not be reached or dropped the connection (refused, reset, closed
-    before answering). Spends an attempt like any transient fault; whether the endpoint is
-    really down is for the Gate's /health check to say."""
-
-
-class DeadlineExceeded(TransientError):
-    """No complete response within request_timeout (a hung or trickling server)."""
 
 
 def _error_message(body: bytes) -> str:
@@ -93,10 +77,11 @@ class EndpointClient:
             raise RuntimeError("EndpointClient used outside 'async with'")
         return self._session
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /v1/chat/completions; the body of a 200 as a JSON object (its fields are checked
-        by completion.parse_completion). Raises PermanentError, EndpointDown, DeadlineExceeded,
-        BadResponseError or TransientError."""
+    async def chat(self, body: dict[str, object]) -> dict[str, object]:
+        """POST /v1/chat/completions with BODY (the request's JSON, model, messages and
+        sampling fields); the body of a 200 as a JSON object (its fields are checked by
+        completion.parse_completion). Raises PermanentError, EndpointDown, DeadlineExceeded,
+        BadResponseError or TransientError (faults.py)."""
         try:
             async with asyncio.timeout(self.request_timeout):
                 async with self.session.post(f"{self.base_url}/chat/completions", data=orjson.dumps(body),

@@ -15,11 +15,11 @@ closing one means the token budget ran out inside the thinking.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Required, TypedDict, cast
 
 import orjson
 
-from genqueue.common.contracts import Outcome, ReasoningForm, Usage
+from genqueue.common.contracts import Outcome, ReasoningForm, ToolCall, Usage
 from genqueue.common.errors import BadResponseError, TransientError
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -36,6 +36,38 @@ SNIPPET_CHARS = 200
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
+class _ReplyMessage(TypedDict, total=False):
+    content: str | None
+    reasoning: str | None
+    reasoning_content: str | None
+    tool_calls: list[ToolCall] | None
+
+
+class _Choice(TypedDict):
+    finish_reason: str
+    message: _ReplyMessage
+
+
+class _UsageDetails(TypedDict, total=False):
+    reasoning_tokens: int | None
+
+
+class _ReplyUsage(TypedDict, total=False):
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    total_tokens: int | None
+    completion_tokens_details: _UsageDetails | None
+
+
+class ChatResponse(TypedDict, total=False):
+    """The fields of a /v1/chat/completions body that a record reads, once `_checked` has
+    found each of them of its type (the rest of the body is not read)."""
+
+    choices: Required[list[_Choice]]
+    model: str | None
+    usage: _ReplyUsage | None
+
+
 @dataclass(slots=True)
 class Turn:
     """One assistant answer, split into its parts."""
@@ -43,7 +75,7 @@ class Turn:
     content: str
     reasoning: str | None
     reasoning_form: ReasoningForm
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     finish_reason: str
     usage: Usage
     model: str | None
@@ -63,7 +95,7 @@ def snippet(raw: bytes | str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…"
 
 
-def decode_body(raw: bytes) -> dict[str, Any]:
+def decode_body(raw: bytes) -> dict[str, object]:
     """A 200's body as a JSON object; BadResponseError when it is empty, not JSON (or cut
     mid-JSON), or a JSON value other than an object."""
     try:
@@ -94,7 +126,7 @@ def split_inline(content: str) -> tuple[str, str | None, bool]:
     return content, None, True
 
 
-def parse_completion(resp: Any, *, think_opened: bool = False) -> Turn:
+def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
     """Turn a /v1/chat/completions response body into a Turn, after checking it.
 
     Raises BadResponseError for a body that is not a usable completion, TransientError for
@@ -102,7 +134,9 @@ def parse_completion(resp: Any, *, think_opened: bool = False) -> Turn:
     prompt (learned by the consumer's probe), so a reply with no tag at all that was cut by
     the budget is all thinking.
     """
-    choice, msg = _checked(resp)
+    body = _checked(resp)
+    choice = body["choices"][0]
+    msg = choice["message"]
     content = raw = msg.get("content") or ""
     reasoning = msg.get("reasoning")
     if reasoning is None:
@@ -115,7 +149,7 @@ def parse_completion(resp: Any, *, think_opened: bool = False) -> Turn:
             content, reasoning, form = answer, thinking, ReasoningForm.INLINE
         elif think_opened and finish == "length" and content:
             content, reasoning, form = "", content, ReasoningForm.INLINE
-    model = resp.get("model")
+    model = body.get("model")
     return Turn(
         content=content,
         raw_content=raw,
@@ -123,13 +157,13 @@ def parse_completion(resp: Any, *, think_opened: bool = False) -> Turn:
         reasoning_form=form,
         tool_calls=list(msg.get("tool_calls") or []),
         finish_reason=finish,
-        usage=_usage(resp.get("usage")),
-        model=model if isinstance(model, str) else None,
+        usage=_usage(body.get("usage")),
+        model=model,
     )
 
 
-def _checked(resp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(choices[0], its message) of a body with the shape a completion must have."""
+def _checked(resp: object) -> ChatResponse:
+    """RESP as a ChatResponse, once it has the shape a completion must have."""
     if not isinstance(resp, dict):
         raise _bad(resp, f"body is {_kind(resp)}, not an object")
     choices = resp.get("choices")
@@ -169,10 +203,10 @@ def _checked(resp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     model = resp.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad(resp, f"model is {_kind(model)}, not a string")
-    return choice, msg
+    return cast(ChatResponse, resp)
 
 
-def _bad(resp: Any, reason: str) -> BadResponseError:
+def _bad(resp: object, reason: str) -> BadResponseError:
     try:
         text = orjson.dumps(resp).decode()
     except TypeError:
@@ -180,27 +214,27 @@ def _bad(resp: Any, reason: str) -> BadResponseError:
     return BadResponseError(reason, snippet=snippet(text))
 
 
-def _usage(raw: dict[str, Any] | None) -> Usage:
+def _usage(raw: _ReplyUsage | None) -> Usage:
     usage: Usage = {}
     if not raw:
         return usage
-    if raw.get("prompt_tokens") is not None:
-        usage["prompt_tokens"] = raw["prompt_tokens"]
-    if raw.get("completion_tokens") is not None:
-        usage["completion_tokens"] = raw["completion_tokens"]
-    if raw.get("total_tokens") is not None:
-        usage["total_tokens"] = raw["total_tokens"]
+    if (prompt := raw.get("prompt_tokens")) is not None:
+        usage["prompt_tokens"] = prompt
+    if (completion := raw.get("completion_tokens")) is not None:
+        usage["completion_tokens"] = completion
+    if (total := raw.get("total_tokens")) is not None:
+        usage["total_tokens"] = total
     details = raw.get("completion_tokens_details") or {}
-    if details.get("reasoning_tokens") is not None:
-        usage["reasoning_tokens"] = details["reasoning_tokens"]
+    if (reasoning := details.get("reasoning_tokens")) is not None:
+        usage["reasoning_tokens"] = reasoning
     return usage
 
 
-def _count_or_none(value: Any) -> bool:
+def _count_or_none(value: object) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     """A JSON-ish name for VALUE's type, for messages."""
     if value is None:
         return "null"

@@ -13,26 +13,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from genqueue.common import __version__
-from genqueue.common.contracts import ErrorClass, ErrorRecord, Item, Record, error_info
+from genqueue.common.contracts import Item, Record
 from genqueue.consumer.admission import Limiter
 from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.generate import Gate, Generator, RunContext
+from genqueue.consumer.generate import Gate, Generator
 from genqueue.consumer.outbox import Outbox
+from genqueue.consumer.records import internal_error
 from genqueue.consumer.rqcompat import Held
 
 log = logging.getLogger(__name__)
-
-
-def internal_error(ctx: RunContext, item: Item, attempt: int, e: BaseException) -> ErrorRecord:
-    """The record of an item whose answer raised where nothing should (a genqueue bug)."""
-    rec: ErrorRecord = {
-        "key": item["key"], "index": item["index"], "turn": item.get("turn"), "run": ctx.run,
-        "messages": item["messages"], "sampling": ctx.params, "fingerprint": ctx.fingerprint,
-        "version": __version__, "consumer": ctx.consumer, "attempt": attempt,
-        "error": error_info(ErrorClass.INTERNAL, type(e).__name__, f"{type(e).__name__}: {e}"[:1000]),
-    }
-    return rec
 
 
 class Dispatcher:

@@ -19,7 +19,8 @@ from genqueue.common.eta import format_duration
 from genqueue.common.pause import pause_key
 from genqueue.common.rqaccess import job_counts
 from genqueue.common.runs import RunInfo, RunStore, run_key
-from genqueue.consumer.client import EndpointClient, classify_status
+from genqueue.consumer.client import EndpointClient
+from genqueue.consumer.faults import classify_status
 from genqueue.consumer.generate import Generator, RunContext
 from genqueue.consumer.rqthread import RqThread
 

@@ -43,6 +43,7 @@ from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
 from genqueue.consumer.book import BookSnapshot, RunLoad
 from genqueue.consumer.doctor import Doctor
+from genqueue.consumer.faults import RetryKind
 from genqueue.consumer.leases import LeaseSnapshot
 from genqueue.consumer.outbox import OutboxSnapshot, RunShipping
 from genqueue.consumer.rqthread import RqSnapshot, RqThread
@@ -78,9 +79,6 @@ QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq q
 REFUSED_JOBS = Gauge("genqueue_refused_jobs", "Jobs of a served run that consumers refused (genqueue:refused:<queue>; "
                      "`producer status` names them)", ["run"])
 
-#: The failed-attempt kinds (consumer.client's errors) that get a retries series from the start.
-RETRY_KINDS = ("TransientError", "EndpointDown", "DeadlineExceeded", "BadResponseError")
-
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
 
@@ -115,7 +113,7 @@ class Parts:
     rq: Callable[[], RqSnapshot]
     paused: Callable[[], dict[str, str]]
     stopping: Callable[[], bool]
-    retries: Callable[[], dict[str, int]]
+    retries: Callable[[], dict[RetryKind, int]]
 
 
 class Telemetry:
@@ -132,13 +130,13 @@ class Telemetry:
         self.totals: dict[str, Counter[str]] = {}
         self.windows: dict[str, RateWindow] = {}
         self.started_at = time.time()
-        self._retries_seen: dict[str, int] = {}
+        self._retries_seen: dict[RetryKind, int] = {}
         self._refused: set[str] = set()  # runs whose genqueue_run_refused series is 1
         # labels() looks a child up by its label values on every call: cached, off the hot path
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for reason in PAUSE_REASONS:
             PAUSED.labels(reason).set(0)
-        for kind in RETRY_KINDS:  # a series at 0 from the start, so rate() and dashboards work
+        for kind in RetryKind:  # a series at 0 from the start, so rate() and dashboards work
             RETRIES.labels(kind)
         self.doctor = Doctor(identity["endpoint"])
         self._depth: int | None = None  # jobs left in the served runs' queues, as last published

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from genqueue.common.contracts import CallSummary, Message, ToolCall
+
 __all__ = ["call_summary", "match_calls", "splice_results"]
 
 
@@ -32,8 +34,9 @@ def _canon(value: Any) -> Any:
     return ("other", repr(value))
 
 
-def _signature(call: Any) -> tuple[Any, Any] | None:
-    """(name, canonical arguments) of one OpenAI tool call; None when it is no call."""
+def _signature(call: ToolCall) -> tuple[Any, Any] | None:
+    """(name, canonical arguments) of one OpenAI tool call; None when it is no call (the
+    recording and the endpoint are read defensively: either may hold anything)."""
     if not isinstance(call, dict):
         return None
     fn = call.get("function")
@@ -49,7 +52,7 @@ def _signature(call: Any) -> tuple[Any, Any] | None:
     return fn["name"], _canon({} if args is None else args)
 
 
-def match_calls(got: list[dict[str, Any]], recorded: list[dict[str, Any]]) -> dict[str, str] | None:
+def match_calls(got: list[ToolCall], recorded: list[ToolCall]) -> dict[str, str] | None:
     """Recorded call id -> the target's call id when GOT matches RECORDED as a multiset of
     (name, JSON arguments); None at a divergence (no call, other calls, more or fewer)."""
     if not got or len(got) != len(recorded):
@@ -70,14 +73,21 @@ def match_calls(got: list[dict[str, Any]], recorded: list[dict[str, Any]]) -> di
     return ids
 
 
-def splice_results(results: list[dict[str, Any]], ids: dict[str, str]) -> list[dict[str, Any]]:
+def splice_results(results: list[Message], ids: dict[str, str]) -> list[Message]:
     """The recorded tool messages, answering the target's call ids."""
-    return [{**m, "tool_call_id": ids.get(m.get("tool_call_id", ""), m.get("tool_call_id"))} for m in results]
+    return [_answering(m, ids) for m in results]
 
 
-def call_summary(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _answering(msg: Message, ids: dict[str, str]) -> Message:
+    key = msg.get("tool_call_id", "")
+    spliced = msg.copy()
+    spliced["tool_call_id"] = None if key is None else ids.get(key, msg.get("tool_call_id"))
+    return spliced
+
+
+def call_summary(calls: list[ToolCall]) -> list[CallSummary]:
     """Name and arguments of each call, for a divergence's `stopped` note."""
-    out = []
+    out: list[CallSummary] = []
     for c in calls:
         fn = c.get("function") if isinstance(c, dict) else None
         if isinstance(fn, dict):

@@ -8,8 +8,7 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Outcome, ReasoningForm
-from genqueue.common.errors import BadResponseError, PermanentError, TransientError
-from genqueue.consumer.client import classify_status
+from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.completion import SNIPPET_CHARS, decode_body, parse_completion, split_inline
 
 
@@ -57,13 +56,6 @@ def test_reasoning_tokens_from_details() -> None:
     t = parse_completion(resp({"content": "x"}, usage={"prompt_tokens": 1, "completion_tokens": 9,
                                                       "completion_tokens_details": {"reasoning_tokens": 7}}))
     assert t.usage == {"prompt_tokens": 1, "completion_tokens": 9, "reasoning_tokens": 7}
-
-
-def test_status_classes() -> None:
-    for s in (400, 404, 413, 422):
-        assert classify_status(s) is PermanentError
-    for s in (408, 429, 500, 502, 503, 504):
-        assert classify_status(s) is TransientError
 
 
 def test_template_opened_thinking_cut_by_the_budget() -> None:

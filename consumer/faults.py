@@ -1,0 +1,112 @@
+"""Faults of the generation endpoint and what to do about each (pure policy, no I/O).
+
+The one room for a rule about a failed request: the HTTP status table, the exceptions the
+client raises beyond common/errors.py's tree, the name a failed attempt is counted under
+(`RetryKind`, the `genqueue_request_retries` series), the decision after a failed attempt
+(retry or give up, how long to wait, whether to ask the Gate), the `ErrorClass` an item's
+error record gets once the attempts are spent, and which classes the failure-storm breaker
+counts. client.py raises what is defined here, generate.py asks `RetryPolicy` what to do,
+records.py writes `error_class`, breaker.py counts `STORM_CLASSES`, telemetry.py names
+`RetryKind`.
+
+Fail closed: every failed attempt (refused, reset, deadline, 5xx, a 200 that is not a usable
+completion) spends one of `max_attempts` and backs off with jitter, whatever /health says, so
+a misbehaving server gets a bounded number of requests per item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from genqueue.common import defaults
+from genqueue.common.backoff import compute_backoff
+from genqueue.common.contracts import ErrorClass
+from genqueue.common.errors import BadResponseError, EndpointError, PermanentError, TransientError
+
+__all__ = ["PERMANENT_STATUSES", "STORM_CLASSES", "DeadlineExceeded", "EndpointDown", "NextStep",
+           "RetryKind", "RetryPolicy", "classify_status", "error_class", "retry_kind"]
+
+#: Statuses that say the request itself is wrong: retrying cannot help.
+PERMANENT_STATUSES = frozenset({400, 404, 413, 422})
+
+
+def classify_status(status: int) -> type[TransientError | PermanentError]:
+    """Which error class an HTTP status belongs to (408, 429, 5xx and anything odd retry)."""
+    return PermanentError if status in PERMANENT_STATUSES else TransientError
+
+
+class EndpointDown(TransientError):
+    """The endpoint could not be reached or dropped the connection (refused, reset, closed
+    before answering). Spends an attempt like any transient fault; whether the endpoint is
+    really down is for the Gate's /health check to say."""
+
+
+class DeadlineExceeded(TransientError):
+    """No complete response within request_timeout (a hung or trickling server)."""
+
+
+class RetryKind(StrEnum):
+    """What a failed attempt is counted as (the `kind` label of genqueue_request_retries and
+    the keys of Generator.failures). The values are the exception names they always were,
+    so dashboards and tests read the same series."""
+
+    TRANSIENT = "TransientError"  # 5xx, 408/429, a body cut off, a server-aborted request
+    ENDPOINT_DOWN = "EndpointDown"
+    DEADLINE = "DeadlineExceeded"
+    BAD_RESPONSE = "BadResponseError"
+
+
+def retry_kind(e: TransientError) -> RetryKind:
+    """The kind a failed attempt that raised E is counted under (the most specific class)."""
+    if isinstance(e, EndpointDown):
+        return RetryKind.ENDPOINT_DOWN
+    if isinstance(e, DeadlineExceeded):
+        return RetryKind.DEADLINE
+    if isinstance(e, BadResponseError):
+        return RetryKind.BAD_RESPONSE
+    return RetryKind.TRANSIENT
+
+
+def error_class(e: EndpointError) -> ErrorClass:
+    """The class of the error record an item gets when its request ended in E (a permanent
+    refusal, or the last transient failure once the attempts are spent)."""
+    if isinstance(e, PermanentError):
+        return ErrorClass.PERMANENT
+    if isinstance(e, BadResponseError):
+        return ErrorClass.BAD_RESPONSE
+    return ErrorClass.TRANSIENT_EXHAUSTED
+
+
+#: The error classes the failure-storm breaker counts: failures retrying cannot fix and that
+#: say the same thing for every item. Transient trouble is retried or pauses the consumer.
+STORM_CLASSES = frozenset({ErrorClass.PERMANENT, ErrorClass.BAD_RESPONSE, ErrorClass.TRUNCATED})
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """What to do after a failed attempt."""
+
+    kind: RetryKind  # what the attempt is counted as
+    give_up: bool  # the attempts are spent: the error goes into the record
+    delay: float  # seconds to wait before the next attempt (0 when giving up)
+    ask_gate: bool  # ask the Gate whether the endpoint is down before waiting
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries with full-jitter exponential backoff (common/backoff.py)."""
+
+    max_attempts: int
+    backoff_base: float = defaults.BACKOFF_BASE
+    backoff_cap: float = defaults.BACKOFF_CAP
+
+    def after(self, e: TransientError, attempt: int) -> NextStep:
+        """The step after ATTEMPT (counted from 1) failed with E. Every failed attempt asks
+        the Gate: its /health check is shared by every request failing at once and trusted
+        for a probe interval, so asking costs one check per outage, not one per request."""
+        kind = retry_kind(e)
+        if attempt >= self.max_attempts:
+            return NextStep(kind, give_up=True, delay=0.0, ask_gate=False)
+        delay = compute_backoff(attempt - 1, base=self.backoff_base, cap=self.backoff_cap)
+        return NextStep(kind, give_up=False, delay=delay, ask_gate=True)
