@@ -53,7 +53,7 @@ class ConsumerReport(TypedDict, total=False):
     pending_items: int
     held_jobs: int
     stopping: bool
-    paused: dict[str, str]
+    paused: dict[str, str | bool]  # consumers of the first shape wrote every reason, False when not in force
     models: list[str]
     max_model_len: dict[str, int | None]
     engine: EngineView
