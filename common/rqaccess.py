@@ -16,10 +16,11 @@ import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import redis
 import rq.job
+from redis.client import Pipeline
 from rq import Queue
 from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE, ExecutionRegistry
 from rq.intermediate_queue import IntermediateQueue
@@ -288,3 +289,34 @@ def run_rq_keys(conn: redis.Redis, run: str) -> list[str]:
 def forget_queue(conn: redis.Redis, run: str) -> None:
     """Drop RUN's queue from rq's list of queues (`rq info` stops listing it)."""
     conn.srem(Queue.redis_queues_keys, queue_for(run, conn).key)
+
+
+# --- queue lengths -----------------------------------------------------------------------
+class QueueLength(NamedTuple):
+    """What a run's queue holds for the consumers: jobs waiting in rq's list, and jobs the
+    consumers refused (refused_key)."""
+
+    waiting: int
+    refused: int
+
+
+def stage_queue_lengths(p: Pipeline, runs: Sequence[str]) -> None:
+    """Queue the reads of RUNS' queue lengths on P, for queue_lengths_of to read back from its
+    replies (two each, in RUNS' order): a caller's other commands share the round trip."""
+    for run in runs:
+        p.llen(place_key(run, JobPlace.QUEUED))
+        p.hlen(refused_key(queue_name(run)))
+
+
+def queue_lengths_of(replies: Sequence[object], runs: Sequence[str]) -> dict[str, QueueLength]:
+    """RUNS' queue lengths from the replies stage_queue_lengths queued (read with
+    raise_on_error=False: a key of another type, garbage, counts 0)."""
+    counts = [n if isinstance(n, int) else 0 for n in replies]
+    return {run: QueueLength(counts[2 * i], counts[2 * i + 1]) for i, run in enumerate(runs)}
+
+
+def queue_lengths(conn: redis.Redis, runs: Sequence[str]) -> dict[str, QueueLength]:
+    """Each of RUNS' queue lengths, one round trip."""
+    with conn.pipeline(transaction=False) as p:
+        stage_queue_lengths(p, runs)
+        return queue_lengths_of(p.execute(raise_on_error=False), runs)

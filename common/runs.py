@@ -292,6 +292,14 @@ class RunStore:
                 continue
         return out
 
+    def started_at(self, run: str) -> float | None:
+        """When RUN's first job started (a consumer's ack sets it once), or None."""
+        raw = self.conn.hget(run_key(run), "started_at")
+        return float(_text(raw)) if raw else None
+
+    def warnings(self, run: str) -> dict[str, str]:
+        """What the consumers warned of RUN (`genqueue:run:<run>:warnings`: worker -> message)."""
+        return {_text(k): _text(v) for k, v in self.conn.hgetall(run_key(run, "warnings")).items()}
 
 
 def conflict(run: str, existing: RunSettings, asked: RunSettings, where: str = "exists") -> RunConflictError:

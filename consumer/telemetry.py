@@ -3,9 +3,9 @@ Prometheus metrics on a port.
 
 Telemetry listens; it does not reach in. Items are counted as their records are written
 (`record`), and the rest comes from the snapshots the consumer's parts expose, handed over
-as one `Parts` of callables. The snapshot (`genqueue:consumer:<worker>`, refreshed every
-few seconds, listed in the `genqueue:consumers` sorted set by last-seen time) is a
-contracts.ConsumerSnapshot.
+as one `Parts` of callables. The snapshot, refreshed every few seconds, is a
+contracts.ConsumerSnapshot, written (and read back by `producer status`) through
+common/snapshots.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 import redis
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
@@ -37,8 +35,7 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample
-from genqueue.common.rqaccess import queue_name, refused_key
-from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.common.snapshots import publish
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
 from genqueue.consumer.book import BookSnapshot, RunLoad
@@ -50,8 +47,6 @@ from genqueue.consumer.rqthread import RqSnapshot, RqThread
 from genqueue.consumer.served import ServedSnapshot
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_TTL = 24 * 3600
 
 IN_FLIGHT = Gauge("genqueue_in_flight", "Requests in flight to the endpoint")
 PENDING = Gauge("genqueue_pending_items", "Items dequeued and waiting for a slot")
@@ -133,7 +128,7 @@ class Telemetry:
         self._retries_seen: dict[RetryKind, int] = {}
         self._refused: set[str] = set()  # runs whose genqueue_run_refused series is 1
         # labels() looks a child up by its label values on every call: cached, off the hot path
-        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._children: dict[tuple[str, str], tuple[PCounter, PCounter, PCounter]] = {}
         for reason in PAUSE_REASONS:
             PAUSED.labels(reason).set(0)
         for kind in RetryKind:  # a series at 0 from the start, so rate() and dashboards work
@@ -233,27 +228,12 @@ class Telemetry:
         for kind, n in self.parts.retries().items():
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n
-        depths = await self.rq.call(self._write, snap, now)
-        self._depth = sum(depth for depth, _ in depths.values())
-        for run, (depth, refused_jobs) in depths.items():
-            QUEUE_DEPTH.labels(run).set(depth)
-            REFUSED_JOBS.labels(run).set(refused_jobs)
+        lengths = await self.rq.call(publish, self.conn, snap, now)  # and the served runs' queue lengths
+        self._depth = sum(q.waiting for q in lengths.values())
+        for run, q in lengths.items():
+            QUEUE_DEPTH.labels(run).set(q.waiting)
+            REFUSED_JOBS.labels(run).set(q.refused)
         return snap
-
-    def _write(self, snap: ConsumerSnapshot, now: float) -> dict[str, tuple[int, int]]:
-        """Publish SNAP; returns the depth of each served run's queue and how many of its jobs
-        were refused (same round trip)."""
-        runs = list(snap["runs"])
-        with self.conn.pipeline() as p:
-            p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
-            p.zadd(CONSUMERS, {snap["worker"]: now})
-            p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
-            for run in runs:
-                p.llen(f"rq:queue:{queue_name(run)}")
-                p.hlen(refused_key(queue_name(run)))
-            out = p.execute(raise_on_error=False)
-        counts = [n if isinstance(n, int) else 0 for n in out[3:]]  # a refused key of another type: 0
-        return {run: (counts[2 * i], counts[2 * i + 1]) for i, run in enumerate(runs)}
 
     def snapshot(self, now: float | None = None, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time() if now is None else now

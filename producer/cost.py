@@ -19,9 +19,9 @@ fleet's completion-token rate of the last minute.
 
 from __future__ import annotations
 
-from typing import Any
-
 from genqueue.common.contracts import Item
+from genqueue.common.snapshots import ConsumerReport
+from genqueue.producer.status_report import CostView
 
 #: Characters a token, for the estimate from the original answers.
 CHARS_PER_TOKEN = 4.0
@@ -44,13 +44,13 @@ def estimated_tokens(chars: int, items: int, answered: int) -> int | None:
     return round(chars / CHARS_PER_TOKEN * items / answered)
 
 
-def gpus_of(c: dict[str, Any]) -> int:
+def gpus_of(c: ConsumerReport) -> int:
     """GPUs consumer C fronts: its snapshot's `gpus` when it says, else 1."""
     n = c.get("gpus")
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
-def consumer_hours(c: dict[str, Any], run: str, run_started_at: float | None, *, complete: bool = False) -> float:
+def consumer_hours(c: ConsumerReport, run: str, run_started_at: float | None, *, complete: bool = False) -> float:
     """GPU-hours consumer C spent on RUN (module docstring). COMPLETE: RUN is over, so C's time
     on it ends at its last upload of RUN's results, not at its last report (a consumer left
     idle after a run does not go on spending the run's money)."""
@@ -59,7 +59,8 @@ def consumer_hours(c: dict[str, Any], run: str, run_started_at: float | None, *,
         return 0.0
     runs = c.get("runs") or {}
     end = float(c.get("last_seen") or 0.0)
-    last_upload = ((runs.get(run) or {}).get("shipping") or {}).get("last_upload_at")
+    ship = (runs.get(run) or {}).get("shipping")
+    last_upload = ship.get("last_upload_at") if isinstance(ship, dict) else None
     if complete and isinstance(last_upload, int | float) and not isinstance(last_upload, bool):
         end = min(end, float(last_upload))
     wall = max(end - start, 0.0)
@@ -83,9 +84,9 @@ def remaining_tokens(items: int, done: int, failed: int, generated: int,
     return None, "no estimate and nothing shipped yet"
 
 
-def run_cost(consumers: list[dict[str, Any]], run: str, *, run_started_at: float | None, remaining: float | None,
+def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float | None, remaining: float | None,
              rate: float | None, price: float | None, estimate: int | None, remaining_basis: str,
-             complete: bool = False) -> dict[str, Any]:
+             complete: bool = False) -> CostView:
     """The `cost` figures of `producer status` for RUN. CONSUMERS: the snapshots of those that
     served it (`live` set); REMAINING: its output tokens still to generate; RATE: the fleet's
     completion tokens a second for it now; PRICE: money a GPU-hour (None: not given); COMPLETE:

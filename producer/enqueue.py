@@ -53,6 +53,7 @@ from genqueue.common.contracts import Item, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
 from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
+from genqueue.common.runsources import end_reading, start_reading
 from genqueue.common.settings import RunSettings
 from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.ingest.conversation import Conversation
@@ -61,7 +62,7 @@ from genqueue.producer.ingest.inputcheck import checked
 from genqueue.producer.ingest.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
 from genqueue.producer.ingest.reader import RawRecord, iter_records
 from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
-from genqueue.producer.ingest.sources import bind, end_reading, start_reading
+from genqueue.producer.ingest.sources import bind
 from genqueue.producer.jobwriter import JobWriter, Requeue
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe

@@ -23,21 +23,15 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.marks import done_key, failed_key
-from genqueue.common.pause import pause_key, resume_run, run_pause
+from genqueue.common.pause import resume_run, run_pause
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
 from genqueue.common.redisconn import connect
-from genqueue.common.rqaccess import (
-    clear_refused,
-    forget_queue,
-    job_counts,
-    queue_name,
-    refused_key,
-    run_rq_keys,
-)
+from genqueue.common.rqaccess import clear_refused, job_counts
 from genqueue.common.rqjobs import scan_jobs
-from genqueue.common.runs import RUNS, RunStore, run_key
+from genqueue.common.rundelete import delete_run
+from genqueue.common.runs import RunStore
+from genqueue.common.runstats import totals
 from genqueue.common.settings import check_run_name
 
 
@@ -78,11 +72,7 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             continue
         counts = job_counts(conn, name)
         pause = run_pause(conn, name)
-        with conn.pipeline(transaction=False) as p:
-            p.scard(run_key(name, "keys"))
-            p.scard(done_key(name))
-            p.scard(failed_key(name))
-            items, done, failed = p.execute()
+        items, done, failed = totals(conn, name)
         if pause is not None:
             state = RunState.PAUSED
         elif counts["started"] or counts["dequeuing"]:
@@ -91,7 +81,7 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             state = RunState.QUEUED
         else:
             state = RunState.DONE
-        rows.append(RunRow(name, info.created_at, state, int(items), int(done), int(failed),
+        rows.append(RunRow(name, info.created_at, state, items, done, failed,
                            redact(info.settings.output), pause["reason"] if pause else None,
                            priorities.get(name, 0)))
     return rows
@@ -191,15 +181,3 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: b
             shutil.rmtree(target)
             click.echo(f"removed {target}")
 
-
-def delete_run(conn: redis.Redis, run: str) -> int:
-    """Delete every Redis key of RUN: genqueue's and rq's (its queue, registries, jobs).
-    Consumers holding its jobs find the run gone and stop serving it."""
-    ours = [k.decode() for k in conn.scan_iter(match=f"{run_key(run)}:*", count=1000)]
-    keys = [*run_rq_keys(conn, run), run_key(run), pause_key(run), refused_key(queue_name(run)), *ours]
-    n = 0
-    for i in range(0, len(keys), 500):
-        n += int(conn.delete(*keys[i:i + 500]))
-    conn.zrem(RUNS, run)
-    forget_queue(conn, run)
-    return n

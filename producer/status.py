@@ -24,61 +24,36 @@ import time
 from typing import Any
 
 import click
-import orjson
 import redis
 
 from genqueue.common import defaults
 from genqueue.common.eta import eta_seconds, format_duration
-from genqueue.common.marks import done_key, failed_key
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
 from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
-from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, run_key
+from genqueue.common.runs import RunStore
+from genqueue.common.runsources import reading
+from genqueue.common.runstats import progress
+from genqueue.common.snapshots import ConsumerReport, reports
 from genqueue.producer.cost import remaining_tokens, run_cost
-from genqueue.producer.ingest.sources import reading
 from genqueue.producer.status_figures import input_view, outcome_view, placement, run_share, speed_note
+from genqueue.producer.status_report import (
+    ConsumerRow,
+    EngineRow,
+    HostView,
+    Rates,
+    RunShare,
+    ShareShipping,
+    ShippingError,
+    ShippingSummary,
+    StatusReport,
+)
 from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
-
-#: A consumer that has not reported for this long is flagged as having stopped reporting.
-STALE_AFTER = 15.0
-
-
-def consumers(conn: redis.Redis, now: float) -> list[dict[str, Any]]:
-    """Every consumer's last snapshot (the last day's), with `live` set."""
-    names = [_text(n) for n in conn.zrangebyscore(CONSUMERS, now - 86400, "+inf")]
-    if not names:
-        return []
-    out = []
-    for raw in conn.mget([consumer_key(n) for n in names]):
-        if raw is None:
-            continue
-        try:
-            snap = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        if not _is_snapshot(snap):  # not a consumer's snapshot (garbage under its key): nothing to show
-            continue
-        snap["age_s"] = max(0.0, now - float(snap.get("last_seen", 0.0)))
-        snap["live"] = snap["age_s"] <= STALE_AFTER and not snap.get("exited")
-        out.append(snap)
-    return out
-
-
-def _is_snapshot(snap: Any) -> bool:
-    """Whether SNAP has the shape of a ConsumerSnapshot where status reads it without a default."""
-    if not isinstance(snap, dict) or not isinstance(snap.get("worker"), str):
-        return False
-    runs, seen = snap.get("runs", {}), snap.get("last_seen", 0.0)
-    if not isinstance(runs, dict) or not all(isinstance(r, dict) for r in runs.values()):
-        return False
-    if not isinstance(seen, int | float) or isinstance(seen, bool):
-        return False
-    return all(isinstance(snap.get(k, {}), dict) for k in ("engine", "paused", "shipping", "jobs"))
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
-               gpu_hour_price: float | None = None) -> dict[str, Any]:
+               gpu_hour_price: float | None = None) -> StatusReport:
     """Everything `producer status` shows about RUN, as plain data; every figure RUN's own.
     GPU_HOUR_PRICE: money a GPU-hour, for the cost in money (None: GPU-hours only)."""
     now = time.time() if now is None else now
@@ -86,15 +61,14 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     info = store.require(run)
     sources = store.sources(run)
     inputs = input_view(sources, reading(conn, run))
-    items, done, failed, stats = counts(conn, run)
+    items, done, failed, stats = progress(conn, run)
     pause = run_pause(conn, run)
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
-    raw_started = conn.hget(run_key(run), "started_at")
-    started_at = float(_text(raw_started)) if raw_started else None
+    started_at = store.started_at(run)
     jobs = job_counts(conn, run)
 
-    everyone = consumers(conn, now)
+    everyone = reports(conn, now)
     mine = [c for c in everyone if run in c.get("runs", {})]
     live = [c for c in mine if c["live"]]
     shares = {c["worker"]: run_share(c, run) for c in mine}
@@ -102,9 +76,11 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     unshipped = sum(int(shares[c["worker"]]["shipping"].get("unshipped_records", 0) or 0) for c in live)
     where = placement(items, done, failed, in_flight, unshipped, jobs["queued"])
     note = speed_note(items, done, failed, len(live))
-    recent: dict[str, float | None] = {
-        k: None if note else sum(c["runs"][run].get(k, 0.0) for c in live)
-        for k in ("completions_per_s", "prompt_tokens_per_s", "completion_tokens_per_s")
+    recent: Rates = {
+        "completions_per_s": None if note else sum(c["runs"][run].get("completions_per_s", 0.0) for c in live),
+        "prompt_tokens_per_s": None if note else sum(c["runs"][run].get("prompt_tokens_per_s", 0.0) for c in live),
+        "completion_tokens_per_s": (None if note else
+                                    sum(c["runs"][run].get("completion_tokens_per_s", 0.0) for c in live)),
     }
     elapsed = now - started_at if started_at else None
     remaining = max(items - done - failed, 0)
@@ -132,7 +108,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     return {
         "run": run,
         "now": now,
-        "paused": dict(pause) if pause is not None else None,
+        "paused": pause,
         "fingerprint": info.fingerprint,
         "fingerprints": [{"fingerprint": e["fingerprint"], "since": e["since"]} for e in info.fingerprints],
         "version": info.version,
@@ -154,7 +130,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "completion_tokens": stats.get("completion_tokens", 0),
         "prompt_tokens": stats.get("prompt_tokens", 0),
         **outcomes,
-        "warnings": {_text(k): redact(_text(v)) for k, v in conn.hgetall(run_key(run, "warnings")).items()},
+        "warnings": {k: redact(v) for k, v in store.warnings(run).items()},
         "jobs": jobs,
         "malformed_jobs": [{**b, "reason": redact(b["reason"])} for b in scan.to_list()],
         "refused": len(refused),
@@ -195,10 +171,10 @@ def _estimate(sources: dict[str, dict[str, Any]]) -> int | None:
     return sum(found) if found else None
 
 
-def hosts_view(snaps: list[dict[str, Any]], run: str) -> dict[str, dict[str, Any]]:
+def hosts_view(snaps: list[ConsumerReport], run: str) -> dict[str, HostView]:
     """Which hosts ship RUN's results, and which refuse it: per host, its live consumers that
     serve the run and those that refuse it (with the first reason), from their snapshots."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, HostView] = {}
     for c in snaps:
         if not c["live"]:
             continue
@@ -214,16 +190,20 @@ def hosts_view(snaps: list[dict[str, Any]], run: str) -> dict[str, dict[str, Any
     return dict(sorted(out.items()))
 
 
-def _consumer_row(c: dict[str, Any], run: str, share: dict[str, Any], run_in_flight: int) -> dict[str, Any]:
+def _consumer_row(c: ConsumerReport, run: str, share: RunShare, run_in_flight: int) -> ConsumerRow:
     """Consumer C as seen from RUN: the run's rates and SHARE (its in flight, jobs held and
     shipping), never the figures of another run C serves. Its in flight is capped by RUN_IN_FLIGHT,
     the run's: a report seconds old does not show work in flight beside a run that is done."""
     r = c["runs"][run]
     share = {**share, "in_flight": min(share["in_flight"], run_in_flight),
              "pending_items": min(share["pending_items"], max(run_in_flight - share["in_flight"], 0))}
-    ship = dict(share["shipping"])
-    err = (c.get("shipping") or {}).get("last_error")
+    ship: ShareShipping = {**share["shipping"]}
+    shipping = c.get("shipping")
+    err = shipping.get("last_error") if shipping else None
     ship["last_error"] = _redact_error(err) if err else None
+    # `metrics` is missing only from a snapshot with no engine at all (shown as such, not filled in)
+    engine: EngineRow = {"models": c.get("models"), "max_model_len": c.get("max_model_len"),  # type: ignore[typeddict-item]
+                         **c.get("engine", {})}
     return {
         "worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "live": c["live"],
         "exited": bool(c.get("exited")),
@@ -233,12 +213,12 @@ def _consumer_row(c: dict[str, Any], run: str, share: dict[str, Any], run_in_fli
         "runs_served": len(c.get("runs", {})),
         "paused": [k for k, v in c.get("paused", {}).items() if v], "version": c.get("version"),
         "paused_detail": {k: redact(str(v)) for k, v in c.get("paused", {}).items() if v},
-        "engine": {"models": c.get("models"), "max_model_len": c.get("max_model_len"), **c.get("engine", {})},
+        "engine": engine,
         "shipping": ship, "reasoning_probe": r.get("reasoning_probe"), "clock_offset": c.get("clock_offset"),
     }
 
 
-def format_status(r: dict[str, Any], *, color: bool | None = None, width: int | None = WIDTH) -> str:
+def format_status(r: StatusReport, *, color: bool | None = None, width: int | None = WIDTH) -> str:
     """A human view of run_status(): its first lines answer the five questions (the input, the
     multi-turn rule, the sampling, the output and shipping, progress against the estimate).
     WIDTH: clip every line to it (None: --wide, nothing clipped). COLOR: paint alarms red
@@ -247,8 +227,8 @@ def format_status(r: dict[str, Any], *, color: bool | None = None, width: int | 
     key_w = max(len(k) for k, _ in rows)
     paint = _use_color() if color is None else color
     lines = [_red(fit(f"{k.ljust(key_w)}  {v}", width), paint and i in alarm) for i, (k, v) in enumerate(rows)]
-    if r.get("paused"):
-        p = r["paused"]
+    p = r["paused"]
+    if p:
         # the reason is clipped, never the command that clears the pause
         who = f"  (by {p['by']}, {format_duration(r['now'] - p['at'])} ago; `producer resume --run {r['run']}`)"
         reason = redact(p["reason"])
@@ -286,7 +266,7 @@ def _fit_keeping_command(line: str, width: int | None) -> list[str]:
     return [fit(head, width), fit(" " * 9 + last, width)]
 
 
-def _consumer_line(c: dict[str, Any]) -> str:
+def _consumer_line(c: ConsumerRow) -> str:
     if c["live"]:
         state = "live"
     elif c["exited"]:
@@ -295,17 +275,19 @@ def _consumer_line(c: dict[str, Any]) -> str:
         state = f"STOPPED REPORTING {format_duration(c['age_s'])} ago"
     if c["paused"]:
         state += " (paused: " + ", ".join(c["paused"]) + ")"
-    if abs(c["clock_offset"] or 0.0) > 1.0:  # leases use Redis's clock; the node's wants fixing
-        state += f" (clock {abs(c['clock_offset']):.1f} s {'behind' if c['clock_offset'] > 0 else 'ahead of'} Redis)"
+    offset = c["clock_offset"] or 0.0
+    if abs(offset) > 1.0:  # leases use Redis's clock; the node's wants fixing
+        state += f" (clock {abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} Redis)"
     served = f" (of {c['runs_served']} runs)" if c.get("runs_served", 1) > 1 else ""
     return (f"  {c['worker']}  gpu {c['gpu'] if c['gpu'] is not None else '-'}  {state}{served}  "
             f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
             f"in flight {c['in_flight'] + c.get('pending_items', 0)}  held {c.get('held_jobs', 0)} jobs")
 
 
-def engine_text(e: dict[str, Any]) -> str:
+def engine_text(e: EngineRow) -> str:
     """What a consumer's engine says of itself (its /metrics), on the consumer's line."""
-    kv = "-" if e.get("kv_cache_usage") is None else f"{100 * e['kv_cache_usage']:.0f}%"
+    usage = e.get("kv_cache_usage")
+    kv = "-" if usage is None else f"{100 * usage:.0f}%"
     spec = "off" if not e.get("spec_decode") else num(e.get("spec_acceptance"), 2)
     run_wait = f"{num(e.get('running'), 0)}/{num(e.get('waiting'), 0)}" if e.get("metrics") else "no /metrics"
     models = ", ".join(f"{m} (max len {(e.get('max_model_len') or {}).get(m) or '?'})"
@@ -314,18 +296,18 @@ def engine_text(e: dict[str, Any]) -> str:
 
 
 # --- shipping ----------------------------------------------------------------------------
-def shipping_view(shares: list[tuple[dict[str, Any], dict[str, Any]]], now: float) -> dict[str, Any]:
+def shipping_view(shares: list[tuple[ConsumerReport, ShareShipping]], now: float) -> ShippingSummary:
     """What the consumers of a run say about shipping its shards, summed over each one's share
     of the run (consumer, its run's shipping): shards and bytes shipped, shards waiting on local
     disk and for how long, and each consumer's last error (redacted)."""
     ships = [(c.get("worker", "?"), s) for c, s in shares]
-    uploads = [s["last_upload_at"] for _, s in ships if s.get("last_upload_at")]
-    oldest = [s["oldest_waiting_at"] for _, s in ships if s.get("oldest_waiting_at") and s.get("waiting_shards")]
+    uploads = [t for _, s in ships if (t := s.get("last_upload_at"))]
+    oldest = [t for _, s in ships if (t := s.get("oldest_waiting_at")) and s.get("waiting_shards")]
     waited = max(0.0, now - min(oldest)) if oldest else None
-    errors = []
+    errors: list[ShippingError] = []
     for c, _ in shares:
-        s = c.get("shipping") or {}
-        if not s.get("last_error"):
+        s = c.get("shipping")
+        if not s or not s.get("last_error"):
             continue
         cls, message = _split_error(s["last_error"])
         at = s.get("last_error_at")
@@ -344,7 +326,7 @@ def shipping_view(shares: list[tuple[dict[str, Any], dict[str, Any]]], now: floa
     }
 
 
-def _split_error(raw: Any) -> tuple[str, str]:
+def _split_error(raw: object) -> tuple[str, str]:
     """(class, message) of a consumer's last shipping error: `{"class"|"type", "message"}`, or
     the text `<ExceptionName>: <message>` that consumers published first."""
     if isinstance(raw, dict):
@@ -354,38 +336,11 @@ def _split_error(raw: Any) -> tuple[str, str]:
     return (head, tail) if sep and head.isidentifier() else ("error", text)
 
 
-def _redact_error(raw: Any) -> Any:
+def _redact_error(raw: object) -> object:
     """RAW (a text, or a dict with a message) with its secrets masked, in the same shape."""
     if isinstance(raw, dict):
         return {**raw, "message": redact(str(raw.get("message") or ""))}
     return redact(str(raw))
-
-
-def progress(conn: redis.Redis, run: str) -> tuple[int, int, int]:
-    """(items, done, failed) of RUN from its keys set and marks: failed counts the items with
-    an error record and no result."""
-    return counts(conn, run)[:3]
-
-
-def counts(conn: redis.Redis, run: str) -> tuple[int, int, int, dict[str, int]]:
-    """(items, done, failed, stats) of RUN in one transaction: the marks and the outcome
-    counters the same script bumps (common/marks.py) are read at one moment, so they agree."""
-    with conn.pipeline(transaction=True) as p:
-        p.scard(run_key(run, "keys"))
-        p.scard(done_key(run))
-        p.scard(failed_key(run))
-        p.sintercard(2, [failed_key(run), done_key(run)])
-        p.hgetall(run_key(run, "stats"))
-        items, done, failed, both, raw = p.execute(raise_on_error=False)
-    if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
-        both = 0
-    stats: dict[str, int] = {}
-    for k, v in (raw.items() if isinstance(raw, dict) else []):
-        try:
-            stats[_text(k)] = int(v)
-        except ValueError:  # garbage in the hash: left out, as RunStore.stats does
-            continue
-    return int(items), int(done), max(int(failed) - int(both), 0), stats
 
 
 # --- small helpers -----------------------------------------------------------------------
@@ -395,7 +350,3 @@ def _use_color() -> bool:
 
 def _red(line: str, on: bool) -> str:
     return click.style(line, fg="red") if on else line
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -10,9 +10,12 @@ done, failed, or elsewhere (in a failed rq job, or moved since a consumer last r
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, cast
 
 from genqueue.common.contracts import ErrorClass, Outcome
+from genqueue.common.snapshots import ConsumerReport
+from genqueue.producer.status_report import FileView, InputView, OutcomeView, RunShare, ShareShipping
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.
 CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
@@ -20,24 +23,29 @@ SHIPPED_OUTCOME = "shipped_outcome_"
 SHIPPED_FAILED = "shipped_failed_"
 
 
-def run_share(c: dict[str, Any], run: str) -> dict[str, Any]:
+def run_share(c: ConsumerReport, run: str) -> RunShare:
     """Consumer C's figures for RUN: in flight, waiting for a slot, jobs held, shipping. A
     snapshot of the first shape (consumer-wide figures only) counts for RUN only when RUN is
     the one run it serves: never another run's figures under this one."""
     r = c["runs"][run]
     alone = len(c["runs"]) == 1
 
-    def pick(key: str) -> int:
+    def pick(key: Literal["in_flight", "pending_items", "held_jobs"]) -> int:
         v = r.get(key)
         if isinstance(v, int):
             return v
         return int(c.get(key, 0) or 0) if alone else 0
 
-    ship = r.get("shipping")
-    if not isinstance(ship, dict):
-        ship = dict(c.get("shipping") or {}) if alone else {}
+    own = r.get("shipping")
+    ship: Mapping[str, object] = own if isinstance(own, dict) else (c.get("shipping") or {}) if alone else {}
     return {"in_flight": pick("in_flight"), "pending_items": pick("pending_items"), "held_jobs": pick("held_jobs"),
-            "shipping": ship}
+            "shipping": share_shipping(ship)}
+
+
+def share_shipping(ship: Mapping[str, object]) -> ShareShipping:
+    """A copy of SHIP, a snapshot's shipping figures (a run's RunShippingView, or the first
+    shape's consumer-wide ShippingView): read field by field, any of which may be missing."""
+    return cast(ShareShipping, dict(ship))
 
 
 def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int, jobs_queued: int) -> dict[str, int]:
@@ -56,7 +64,7 @@ def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int
             "elsewhere": remaining - shipping - held - queued}
 
 
-def outcome_view(stats: dict[str, int], done: int, failed: int) -> dict[str, Any]:
+def outcome_view(stats: dict[str, int], done: int, failed: int) -> OutcomeView:
     """DONE and FAILED items in export's words. `outcomes` sums to DONE whenever the marks were
     written by consumers (`counted` says how many items the counters cover otherwise: marks
     rebuilt from the shards after a Redis loss are not counted by outcome)."""
@@ -77,11 +85,11 @@ def outcome_view(stats: dict[str, int], done: int, failed: int) -> dict[str, Any
     }
 
 
-def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | None = None) -> dict[str, Any]:
+def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | None = None) -> InputView:
     """What was read of each input: records read, whether the read was complete, rejected by
     reason, and what the multi-turn rule met (records with several user turns); READING: the
     inputs an enqueue is reading now, with when it began."""
-    files = []
+    files: list[FileView] = []
     rejected: dict[str, int] = {}
     for name, s in sorted(sources.items(), key=lambda kv: int(kv[1].get("source_seq", 0) or 0)):
         by = {str(k): int(v) for k, v in (s.get("rejected_by_reason") or {}).items()}

@@ -16,12 +16,13 @@ from typing import Any
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
+from genqueue.producer.status_report import CostView, FileView, HostView, InputView, ShippingSummary, StatusReport
 
 #: Columns a screen line may take (`--wide`: no limit).
 WIDTH = 100
 
 
-def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[str, str]], set[int]]:
+def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str, str]], set[int]]:
     """(rows of (key, value), the indexes of rows to paint red) for run_status() R."""
     s = r["settings"]
     fps = r.get("fingerprints") or []
@@ -80,7 +81,7 @@ def screen_rows(r: dict[str, Any], *, wide: bool = False) -> tuple[list[tuple[st
     return rows, alarm
 
 
-def _input_rows(inp: dict[str, Any], wide: bool, now: float) -> list[tuple[str, str]]:
+def _input_rows(inp: InputView, wide: bool, now: float) -> list[tuple[str, str]]:
     files = inp["files"]
     busy = [("", f"{short_name(name, wide)}: still reading (an enqueue began {format_duration(now - at)} ago)")
             for name, at in inp.get("reading", {}).items()]
@@ -89,7 +90,7 @@ def _input_rows(inp: dict[str, Any], wide: bool, now: float) -> list[tuple[str, 
             return [("input", busy[0][1]), *busy[1:]]
         return [("input", "none recorded yet (`producer enqueue` records each input when it has read it)")]
 
-    def read(f: dict[str, Any]) -> str:
+    def read(f: FileView) -> str:
         how = f"{f['records']:,} of {f['records']:,} records read (complete)" if f["complete"] else \
             f"{f['records']:,} records read, INCOMPLETE (the read stopped early: enqueue it again)"
         return f"{short_name(f['name'], wide)}: {how}, rejected {f['rejected']:,}"
@@ -106,7 +107,7 @@ def _input_rows(inp: dict[str, Any], wide: bool, now: float) -> list[tuple[str, 
     return rows
 
 
-def _multi_turn(r: dict[str, Any]) -> list[tuple[str, str]]:
+def _multi_turn(r: StatusReport) -> list[tuple[str, str]]:
     s, inp = r["settings"], r["input"]
     mode = str(s.get("multi_turn"))
     converted = inp["records"] - inp["rejected"]
@@ -130,7 +131,7 @@ def _sampling(sp: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
-def _progress(r: dict[str, Any]) -> str:
+def _progress(r: StatusReport) -> str:
     items = r["items"] or 0
     finished = r["items_done"] + r["items_failed"]
     frac = finished / items if items else 0.0
@@ -144,7 +145,7 @@ def _progress(r: dict[str, Any]) -> str:
     return f"{bar(frac)} {100 * frac:.1f}%: {finished:,} of {items:,} items; {eta}"
 
 
-def _estimate(r: dict[str, Any]) -> str:
+def _estimate(r: StatusReport) -> str:
     """The input's estimate of output tokens against the tokens per item generated so far, and
     how long the estimate's rest takes at the last minute's rate."""
     est, items, done = r["cost"]["estimated_output_tokens"], r["items"], r["items_done"]
@@ -161,7 +162,7 @@ def _estimate(r: dict[str, Any]) -> str:
     return text
 
 
-def _cost(c: dict[str, Any]) -> list[tuple[str, str]]:
+def _cost(c: CostView) -> list[tuple[str, str]]:
     """GPU-hours spent and projected; in money on a row of its own at --gpu-hour-price."""
     text = (f"GPU-hours {_amount(c['gpu_hours_spent'])} spent -> {_amount(c['gpu_hours_projected'])} projected "
             f"({c['live_gpus']} live GPUs)")
@@ -178,7 +179,7 @@ def _amount(x: float | None) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x >= 1 else f"{x:.2g}"
 
 
-def _items(r: dict[str, Any]) -> str:
+def _items(r: StatusReport) -> str:
     text = (f"{r['items']:,}: queued {r['items_queued']:,}, in flight {r['items_in_flight']:,}, "
             f"shipping {r['items_shipping']:,}, done {r['items_done']:,}, failed {r['items_failed']:,}")
     if r["items_elsewhere"]:
@@ -186,7 +187,7 @@ def _items(r: dict[str, Any]) -> str:
     return text
 
 
-def _outcomes(r: dict[str, Any]) -> str:
+def _outcomes(r: StatusReport) -> str:
     cut = ", ".join(f"{k} {v:,}" for k, v in r["cut_by_outcome"].items())
     text = (f"done {r['done']:,} = complete {r['complete']:,} (finished) + partial {r['partial']:,} "
             f"+ cut {r['cut']:,}" + (f" ({cut})" if cut else ""))
@@ -195,7 +196,7 @@ def _outcomes(r: dict[str, Any]) -> str:
     return text
 
 
-def _speed(r: dict[str, Any]) -> str:
+def _speed(r: StatusReport) -> str:
     last, avg, note = r["speed"]["last_minute"], r["speed"]["run_average"], r["speed"]["note"]
     if note:
         head = f"last minute - ({note})"
@@ -207,7 +208,7 @@ def _speed(r: dict[str, Any]) -> str:
     return head + f"; run {avg['completions_per_s']:,.1f} items/s, {avg['completion_tokens_per_s']:,.0f} completion tok/s"
 
 
-def shipping_line(ship: dict[str, Any], now: float) -> str:
+def shipping_line(ship: ShippingSummary, now: float) -> str:
     line = f"{ship['shards']:,} shards, {ship['bytes'] / 1e6:,.1f} MB shipped, {ship['waiting_shards']} waiting on disk"
     if ship["oldest_waiting_s"] is not None:
         line += f" (oldest {format_duration(ship['oldest_waiting_s'])})"
@@ -216,14 +217,14 @@ def shipping_line(ship: dict[str, Any], now: float) -> str:
     return line
 
 
-def hosts_line(hosts: dict[str, dict[str, Any]]) -> str:
+def hosts_line(hosts: dict[str, HostView]) -> str:
     if not hosts:
         return "no live consumer serves or refuses this run"
     parts = []
     for host, h in hosts.items():
         bits = [f"{h['serving']} consumer(s) shipping"] if h["serving"] else []
         if h["refusing"]:
-            bits.append(f"{h['refusing']} REFUSING: {clip(h['reason'], 120)}")
+            bits.append(f"{h['refusing']} REFUSING: {clip(h['reason'] or '', 120)}")
         parts.append(f"{host}: " + ", ".join(bits))
     return "; ".join(parts)
 

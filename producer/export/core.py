@@ -32,7 +32,6 @@ import shutil
 import struct
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,12 +40,12 @@ from typing import IO, Any
 import orjson
 import redis
 
+from genqueue.common import exportsets
 from genqueue.common.contracts import ErrorClass, Note, Outcome, error_info
 from genqueue.common.rqaccess import JobPlace, refused_jobs
 from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
-from genqueue.common.runs import run_key
 from genqueue.common.storage import ShardInfo
-from genqueue.producer.export.coverage import TEMP_KEY_TTL, coverage
+from genqueue.producer.export.coverage import coverage
 from genqueue.producer.export.formats import batch_error, converter, record_outcome
 from genqueue.producer.export.layout import Layout, layout_for
 from genqueue.producer.export.sinks import (
@@ -182,8 +181,8 @@ class Exporter:
             tmp = Path(tempfile.mkdtemp(prefix=".gq-export-", dir=self.workdir))
         except OSError as e:
             raise write_failed(e, self.workdir, PARTITIONS, room_in=self.workdir) from None
-        seen_key = run_key(self.run, f"export:{uuid.uuid4().hex}:seen")
-        missing_key = seen_key.removesuffix(":seen") + ":missing"
+        scratch = exportsets.scratch_keys(self.run)
+        seen_key, missing_key = scratch
         finals = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
         try:
             total = self.source.count_records(shards) if self.progress.wants_total else None
@@ -215,7 +214,7 @@ class Exporter:
             for k, p in self.paths.items():
                 os.replace(finals[k], p)
         finally:
-            self.conn.delete(seen_key, missing_key)
+            exportsets.drop(self.conn, scratch)
             shutil.rmtree(tmp, ignore_errors=True)
             for p in finals.values():
                 p.unlink(missing_ok=True)
@@ -413,10 +412,7 @@ class Exporter:
             r.stopped_at_tool_turn += 1
 
     def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
-        with self.conn.pipeline(transaction=False) as p:
-            p.sadd(seen_key, *digests)
-            p.expire(seen_key, TEMP_KEY_TTL)
-            p.execute()
+        exportsets.add(self.conn, seen_key, digests)
 
     def _failed_jobs(self, errs: IO[bytes], seen_key: str) -> None:
         """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
@@ -426,7 +422,7 @@ class Exporter:
         for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan):
             reason = failed_reason(self.conn, job.id)
             digests = [bytes.fromhex(it["key"]) for it in job.items]
-            present = self.conn.smismember(seen_key, digests) if digests else []
+            present = exportsets.members(self.conn, seen_key, digests)
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
             for it in lost:
                 rec: dict[str, Any] = {

@@ -1,10 +1,10 @@
 """Coverage, computed by Redis: which enqueued items the export found no record of.
 
-The export SADDs every key it wrote (dataset, truncated or errors file) to a temporary set;
-SDIFFSTORE against the run's key set leaves the missing ones, in Redis, whatever their
-number. The missing file says which records they are: key, id, source and position,
-tab-separated, read back from the jobs rq still holds (queued, started, failed, finished);
-a key no job holds any more has its key alone.
+The export adds every key it wrote (dataset, truncated or errors file) to a temporary set;
+its difference with the run's key set leaves the missing ones, in Redis, whatever their
+number (common/exportsets.py). The missing file says which records they are: key, id, source
+and position, tab-separated, read back from the jobs rq still holds (queued, started, failed,
+finished); a key no job holds any more has its key alone.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from typing import IO, Any
 
 import redis
 
+from genqueue.common import exportsets
 from genqueue.common.rqaccess import JobPlace
 from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
-from genqueue.common.runs import run_key
 
-TEMP_KEY_TTL = 24 * 3600
-_SCAN = 10_000
 _WRITE_BUFFER = 256 * 1024
 
 
@@ -29,11 +27,7 @@ def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missi
     Unexpected: keys with records that the run never enqueued (an older run of that name).
     Every job of the run is checked (its payload too when items are missing), the bad ones
     noted in SCAN."""
-    keys = run_key(run, "keys")
-    enqueued = int(conn.scard(keys))
-    seen = int(conn.scard(seen_key))
-    missing = int(conn.sdiffstore(missing_key, [keys, seen_key]))
-    conn.expire(missing_key, TEMP_KEY_TTL)
+    enqueued, seen, missing = exportsets.coverage(conn, run, exportsets.ScratchKeys(seen_key, missing_key))
     with open(missing_path, "wb", buffering=_WRITE_BUFFER) as fh:
         if missing:
             _write_missing(conn, run, fh, missing_key, scan)
@@ -48,13 +42,13 @@ def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str,
     for job in read_jobs(conn, run, list(JobPlace), scan=scan):
         items = job.items
         digests = [bytes.fromhex(it["key"]) for it in items]
-        flags = conn.smismember(missing_key, digests)
+        flags = exportsets.members(conn, missing_key, digests)
         found = [it for it, missing in zip(items, flags, strict=True) if missing]
         if not found:
             continue
         fh.writelines(missing_line(it["key"], it.get("id"), it.get("source"), it.get("index")) for it in found)
-        conn.srem(missing_key, *[bytes.fromhex(it["key"]) for it in found])
-    fh.writelines(missing_line(d.hex(), None, None, None) for d in conn.sscan_iter(missing_key, count=_SCAN))
+        exportsets.remove(conn, missing_key, [bytes.fromhex(it["key"]) for it in found])
+    fh.writelines(missing_line(d.hex(), None, None, None) for d in exportsets.scan(conn, missing_key))
 
 
 def missing_line(key: str, rid: Any, source: Any, index: Any) -> bytes:

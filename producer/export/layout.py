@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from genqueue.common.runs import RunStore
-from genqueue.producer.ingest.sources import places as source_places
+from genqueue.common.runsources import places as source_places
 
 
 @dataclass(frozen=True, slots=True)

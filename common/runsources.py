@@ -1,0 +1,70 @@
+"""A run's sources in Redis: the place each input takes in the run's order, and the inputs an
+enqueue is reading now. (Each source's summary is the run store's: RunStore.sources.)
+
+Each input gets its place (0, 1, 2...) the first time it is enqueued into a run, atomically,
+so two producers racing on two files never share one, and enqueueing a file again keeps its
+place. Items carry the place as `source_seq`; the export sorts by it, then by position.
+
+Keys: genqueue:run:<run>:source-order  zset  source id (see enqueue.source_id) -> place
+      genqueue:run:<run>:reading       hash  source id -> when an enqueue began reading it (gone
+                                             when it ends; `producer status` says "still reading")
+"""
+
+from __future__ import annotations
+
+import redis
+
+from genqueue.common.runs import run_key
+
+# KEYS: the zset. ARGV: the source id. Its place, given now if it had none.
+_ASSIGN = """
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s then return tonumber(s) end
+local n = redis.call('ZCARD', KEYS[1])
+redis.call('ZADD', KEYS[1], n, ARGV[1])
+return n
+"""
+
+#: A reading mark outlives a producer killed mid-read by at most this long (status shows its age).
+READING_TTL = 24 * 3600
+
+
+def order_key(run: str) -> str:
+    return run_key(run, "source-order")
+
+
+def reading_key(run: str) -> str:
+    return run_key(run, "reading")
+
+
+def assign(conn: redis.Redis, run: str, source_id: str) -> int:
+    """SOURCE_ID's place among RUN's sources (given now when it is new)."""
+    return int(conn.eval(_ASSIGN, 1, order_key(run), source_id))
+
+
+def places(conn: redis.Redis, run: str) -> dict[str, int]:
+    """Every source id of RUN with its place."""
+    pairs: list[tuple[bytes, float]] = conn.zrange(order_key(run), 0, -1, withscores=True)  # type: ignore[assignment]
+    return {k.decode(): int(v) for k, v in pairs}
+
+
+def start_reading(conn: redis.Redis, run: str, source_id: str, at: float) -> None:
+    with conn.pipeline(transaction=False) as p:
+        p.hset(reading_key(run), source_id, repr(at))
+        p.expire(reading_key(run), READING_TTL)
+        p.execute()
+
+
+def end_reading(conn: redis.Redis, run: str, source_id: str) -> None:
+    conn.hdel(reading_key(run), source_id)
+
+
+def reading(conn: redis.Redis, run: str) -> dict[str, float]:
+    """The sources of RUN an enqueue is reading now, with when it began (garbage left out)."""
+    out: dict[str, float] = {}
+    for k, v in conn.hgetall(reading_key(run)).items():
+        try:
+            out[k.decode() if isinstance(k, bytes) else str(k)] = float(v)
+        except ValueError:
+            continue
+    return out

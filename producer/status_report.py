@@ -1,0 +1,231 @@
+"""The shape of what `producer status` reports of a run (its --json, and what its screen is
+drawn from): status.py fills it, status_figures.py and cost.py make its figures, status_screen.py
+draws it. Types only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Required, TypedDict
+
+from genqueue.common.contracts import EngineView
+from genqueue.common.pause import PauseInfo
+from genqueue.common.rqaccess import JobCounts
+
+
+class FileView(TypedDict):
+    """What was read of one input."""
+
+    name: str
+    records: int
+    complete: bool
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    multi_turn_records: int
+    user_turns: int
+    stopped_at_tool_turn: int
+
+
+class InputView(TypedDict):
+    """What was read of every input, and which an enqueue is reading now (name -> since)."""
+
+    files: list[FileView]
+    reading: dict[str, float]
+    records: int
+    complete: bool
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    multi_turn_records: int
+    user_turns: int
+    stopped_at_tool_turn: int
+
+
+class OutcomeView(TypedDict):
+    """Items done and failed in export's words."""
+
+    done: int
+    complete: int
+    partial: int
+    cut: int
+    cut_by_outcome: dict[str, int]
+    outcomes: dict[str, int]
+    outcomes_counted: int
+    failed: int
+    failed_by_class: dict[str, int]
+
+
+class ShareShipping(TypedDict, total=False):
+    """A consumer's shipping of one run, as its snapshot says (contracts.RunShippingView, or
+    the consumer-wide ShippingView of a snapshot of the first shape): any field may be missing."""
+
+    shards: int
+    bytes: int
+    waiting_shards: int
+    unshipped_records: int
+    last_upload_at: float | None
+    oldest_waiting_at: float | None
+    last_error: object  # text, or {"class"|"type", "message"}: status._split_error reads both
+
+
+class RunShare(TypedDict):
+    """A consumer's figures for one run: in flight, waiting for a slot, jobs held, shipping."""
+
+    in_flight: int
+    pending_items: int
+    held_jobs: int
+    shipping: ShareShipping
+
+
+#: A consumer's last shipping error (`class` is a keyword, hence the functional form).
+ShippingError = TypedDict("ShippingError", {"worker": str, "class": str, "message": str,
+                                            "at": float | None, "age_s": float | None})
+
+
+class ShippingSummary(TypedDict):
+    """What the consumers of a run say about shipping its shards, summed."""
+
+    shards: int
+    bytes: int
+    waiting_shards: int
+    unshipped_records: int
+    last_upload_at: float | None
+    oldest_waiting_s: float | None
+    warn_after_s: float
+    stalled: bool
+    errors: list[ShippingError]
+
+
+class CostBasis(TypedDict):
+    gpu_hours_spent: str
+    gpu_hours_projected: str
+    price: str
+    estimated_output_tokens: str
+
+
+class CostView(TypedDict):
+    """GPU-hours (and money) spent and projected, and how each was found (producer/cost.py)."""
+
+    gpu_hours_spent: float
+    gpu_hours_projected: float | None
+    live_gpus: int
+    price: float | None
+    spent_money: float | None
+    projected_money: float | None
+    estimated_output_tokens: int | None
+    basis: CostBasis
+
+
+class EngineRow(EngineView, total=False):
+    """A consumer's engine as its row shows it: the engine's own view and what it serves."""
+
+    models: list[str] | None
+    max_model_len: dict[str, int | None] | None
+
+
+class ConsumerRow(TypedDict):
+    """A consumer as seen from one run: the run's rates and its share."""
+
+    worker: str
+    host: str | None
+    gpu: int | None
+    live: bool
+    exited: bool
+    age_s: float
+    completions_per_s: float
+    completion_tokens_per_s: float
+    in_flight: int
+    pending_items: int
+    held_jobs: int
+    runs_served: int
+    paused: list[str]
+    version: str | None
+    paused_detail: dict[str, str]
+    engine: EngineRow
+    shipping: ShareShipping  # its last_error redacted
+    reasoning_probe: str | None
+    clock_offset: float | None
+
+
+class HostView(TypedDict):
+    """Per host: its live consumers that serve the run, those that refuse it, the first reason."""
+
+    serving: int
+    refusing: int
+    reason: str | None
+
+
+class Rates(TypedDict):
+    completions_per_s: float | None
+    prompt_tokens_per_s: float | None
+    completion_tokens_per_s: float | None
+
+
+class SpeedView(TypedDict):
+    last_minute: Rates
+    note: str | None  # why the last minute's rate is blank
+    run_average: Rates
+
+
+class FingerprintRow(TypedDict):
+    fingerprint: str
+    since: float
+
+
+class OutputPlacement(TypedDict):
+    host: str | None
+    shared_fs: bool
+    where: str
+
+
+class FleetShare(TypedDict):
+    """This run's requests in flight on its live consumers, of all they have in flight."""
+
+    in_flight: int
+    of: int
+    consumers: int
+
+
+class StatusReport(OutcomeView, total=False):
+    """Everything `producer status` shows about one run, as plain data (its --json)."""
+
+    run: Required[str]
+    now: Required[float]
+    paused: Required[PauseInfo | None]
+    fingerprint: Required[str]
+    fingerprints: Required[list[FingerprintRow]]
+    version: Required[str]
+    settings: Required[dict[str, Any]]  # RunSettings.to_dict()
+    created_at: Required[float]
+    started_at: Required[float | None]
+    input: Required[InputView]
+    records: Required[int]
+    rejected: Required[int]
+    rejected_by_reason: Required[dict[str, int]]
+    turns_generated: Required[int]
+    items: Required[int]
+    items_done: Required[int]
+    items_failed: Required[int]
+    items_in_flight: Required[int]
+    items_shipping: Required[int]
+    items_queued: Required[int]
+    items_elsewhere: Required[int]
+    completion_tokens: Required[int]
+    prompt_tokens: Required[int]
+    warnings: Required[dict[str, str]]
+    jobs: Required[JobCounts]
+    malformed_jobs: Required[list[dict[str, str]]]
+    refused: Required[int]
+    refused_jobs: Required[dict[str, str]]
+    queue: Required[str]
+    speed: Required[SpeedView]
+    eta_s: Required[float | None]
+    eta_assumes_completion_tokens_per_s: Required[float | None]
+    shipping: Required[ShippingSummary]
+    consumers: Required[list[ConsumerRow]]
+    versions: Required[list[str]]
+    drift: Required[list[str]]
+    # the screen draws these rows only when they are there
+    cost: CostView
+    output_placement: OutputPlacement
+    hosts: dict[str, HostView]
+    priority: int
+    share: FleetShare

@@ -1,0 +1,60 @@
+"""common/snapshots.py against a real Redis: a consumer's snapshot written, listed and read back
+as `producer status` reads it, with the queue lengths its consumer reads in the same round trip."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import redis
+
+from genqueue.common.rqaccess import JobPlace, QueueLength, place_key, queue_lengths, queue_name, refused_key
+from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.common.snapshots import SNAPSHOT_TTL, STALE_AFTER, publish, read_report, reports
+
+pytestmark = pytest.mark.integration
+
+NOW = 1.7e9
+
+
+def snapshot(worker: str, runs: tuple[str, ...] = ("a",), **extra: object) -> dict[str, object]:
+    return {"worker": worker, "last_seen": NOW, "exited": False, "paused": {}, "engine": {"metrics": False},
+            "shipping": {"shards": 0}, "jobs": {}, "runs": {r: {"completions": 1} for r in runs}, **extra}
+
+
+def test_a_published_snapshot_is_read_back_with_its_age_and_the_queue_lengths(conn: redis.Redis) -> None:
+    conn.rpush(place_key("a", JobPlace.QUEUED), "j1", "j2", "j3")
+    conn.hset(refused_key(queue_name("a")), mapping={"j9": "not a genqueue job"})
+    conn.set(refused_key(queue_name("b")), "garbage")  # a refused key of another type: 0, not an error
+    lengths = publish(conn, snapshot("w0", ("a", "b", "c")), NOW)
+    assert lengths == {"a": QueueLength(3, 1), "b": QueueLength(0, 0), "c": QueueLength(0, 0)}
+    assert queue_lengths(conn, ["a", "c"]) == {"a": QueueLength(3, 1), "c": QueueLength(0, 0)}
+    assert 0 < conn.ttl(consumer_key("w0")) <= SNAPSHOT_TTL
+    [r] = reports(conn, NOW + 2)
+    assert r["worker"] == "w0" and r["runs"]["a"] == {"completions": 1}
+    assert r["age_s"] == pytest.approx(2.0) and r["live"]
+    [late] = reports(conn, NOW + STALE_AFTER + 1)
+    assert not late["live"]
+    # a day later the report is gone from the list (the key has expired by then too)
+    publish(conn, snapshot("w1"), NOW + SNAPSHOT_TTL + 10)
+    assert conn.zscore(CONSUMERS, "w0") is None
+
+
+def test_an_exited_consumer_is_not_live_and_a_snapshot_without_runs_reads_as_none() -> None:
+    gone = read_report(orjson.dumps(snapshot("w", exited=True)), NOW)
+    assert gone is not None and not gone["live"]
+    bare = read_report(orjson.dumps({"worker": "w"}), NOW)  # the first shape: fields may be missing
+    assert bare is not None and bare["runs"] == {} and not bare["live"]  # last seen: never (0)
+
+
+@pytest.mark.parametrize("raw", [
+    b"garbage", b"", b"null", b"[1]", orjson.dumps({"worker": 5}), orjson.dumps({"worker": "w", "runs": {"a": 5}}),
+    orjson.dumps({"worker": "w", "runs": []}), orjson.dumps({"worker": "w", "last_seen": "x"}),
+    orjson.dumps({"worker": "w", "last_seen": True}), orjson.dumps({"worker": "w", "engine": 3}),
+    orjson.dumps({"worker": "w", "paused": ["x"]}),
+])
+def test_what_is_not_a_snapshot_is_left_out(conn: redis.Redis, raw: bytes) -> None:
+    assert read_report(raw, NOW) is None
+    conn.set(consumer_key("bad"), raw)
+    conn.zadd(CONSUMERS, {"bad": NOW, "gone": NOW})  # "gone": listed, its key expired
+    publish(conn, snapshot("good"), NOW)
+    assert [r["worker"] for r in reports(conn, NOW)] == ["good"]
