@@ -10,11 +10,13 @@ queries tests/test_grafana.py's; the README's first lines are .ci/run's: tests/t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -73,6 +75,25 @@ class Shell:
 
 def wait_healthy(sh: Shell, port: int) -> None:
     wait_for(lambda: sh.run(f"curl -sf http://127.0.0.1:{port}/health", ok=(0, 7)).returncode == 0, 30, "the stand-in")
+
+
+def test_install_as_written() -> None:
+    """The install block in one shell, in the checkout: setup (a no-op when .venv is current),
+    then the activation puts the three commands on PATH."""
+    lines = block("## 1. Install")
+    assert lines == ["scripts/setup", "scripts/setup --tests", ". .venv/bin/activate"], "the install block changed"
+    venv = ROOT / ".venv"
+    stamp = venv / ".genqueue-installed"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if Path(sys.prefix) != venv or not stamp.exists() or stamp.read_text().strip() != want:
+        pytest.skip("scripts/setup would reinstall .venv here: run scripts/setup")
+    env = {k: v for k, v in os.environ.items() if k != "GENQUEUE_VENV"}
+    script = " && ".join([*lines, "command -v producer consumer rq"])
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [Path(p).name for p in done.stdout.split()] == ["producer", "consumer", "rq"], done.stdout
+    assert all(Path(p).parent == venv / "bin" for p in done.stdout.split()), done.stdout
 
 
 def test_first_run_on_the_sample_as_written(tmp_path: Path, redis_url: str) -> None:
