@@ -112,6 +112,22 @@ def test_the_engine_doctors_verdicts_are_the_ones_documented() -> None:
     assert all(re.search(rf"\b{v.value}\b", row) for v in EngineBound), row
 
 
+def test_every_pause_reason_and_job_ending_is_documented() -> None:
+    from genqueue.consumer import telemetry
+
+    reasons = METRICS[METRICS.index("`genqueue_paused{reason}`"):]
+    reasons = reasons[:reasons.index("\n\n")]
+    assert set(re.findall(r"`([a-z_]+)`", reasons)) - {"reason"} >= set(telemetry.PAUSE_REASONS), reasons
+    # the endings are the keys of the snapshot's "jobs" (what the gauge is set from)
+    source = Path(telemetry.__file__).read_text()
+    jobs = re.search(r'"jobs": \{(.*?)\}', source, re.DOTALL)
+    assert jobs, "no \"jobs\" in the consumer's snapshot: the scan is broken"
+    endings = set(re.findall(r'"([a-z_]+)":', jobs[1]))
+    assert len(endings) >= 5, endings
+    table = METRICS[METRICS.index("| ending | the jobs |"):]
+    assert names_in(first_column(table[:table.index("\n\n")])) == endings
+
+
 def test_the_metrics_check_can_fail() -> None:
     table = documented_metrics()
     assert table["genqueue_completions_total"] == ("counter", ("run", "outcome"))
