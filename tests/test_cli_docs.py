@@ -1,15 +1,19 @@
-"""Every command's --help and the README agree, so neither can drift from the other.
+"""Every command's --help and its documentation agree, so neither can drift from the other.
 
-For each command, the README section that documents it names every option its --help lists,
-every choice of an option with fixed choices, and no option the command does not have (in the
-section's option table). Plus the small truths of `consumer dashboard`: -h works, its --help
-names the Redis default genqueue really uses, and its normal start is not logged as an error.
+docs/cli.md is generated from the click commands (scripts/cli_docs.py) and must be what the
+generator makes from the code now. For each command, the page that explains it in depth names
+every option its --help lists, every choice of an option with fixed choices, and no option the
+command does not have (in the section's option table). Every command line written anywhere in
+the README or docs/ (code blocks and inline code) uses only options its command has. Plus the
+small truths of `consumer dashboard`: -h works, its --help names the Redis default genqueue
+really uses, and its normal start is not logged as an error.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -20,32 +24,38 @@ import pytest
 
 from genqueue.consumer.cli import main as consumer_main
 from genqueue.producer.cli import main as producer_main
+from scripts import cli_docs
 from tests.conftest import BIN, cli, free_port
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+#: every page a user reads: the README (the guide) and docs/ (the reference)
+PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT / "README.md",
+                                                                        *sorted((ROOT / "docs").glob("*.md"))]}
 
-#: command -> the heading of the README section (with its subsections) that documents it
-SECTIONS: dict[tuple[str, str], str] = {
-    ("producer", "enqueue"): "## `producer enqueue PATH`",
-    ("producer", "export"): "## `producer export`",
-    ("producer", "status"): "## `producer status`",
-    ("producer", "runs"): "## Runs: `producer runs`, `producer resume`, `producer delete`",
-    ("producer", "resume"): "## Runs: `producer runs`, `producer resume`, `producer delete`",
-    ("producer", "delete"): "## Runs: `producer runs`, `producer resume`, `producer delete`",
-    ("consumer", "run"): "## `consumer run`",
-    ("consumer", "launch"): "## `consumer launch`: one command per node",
-    ("consumer", "simulate"): "## The stand-in vLLM: `consumer simulate`",
+#: command -> (the page, the heading of its section, with its subsections) that explains it
+SECTIONS: dict[tuple[str, str], tuple[str, str]] = {
+    ("producer", "enqueue"): ("docs/enqueue.md", "## `producer enqueue PATH`"),
+    ("producer", "export"): ("docs/export.md", "## `producer export`"),
+    ("producer", "status"): ("docs/operations.md", "## `producer status`"),
+    ("producer", "runs"): ("README.md", "## 7. Recover"),
+    ("producer", "resume"): ("README.md", "## 7. Recover"),
+    ("producer", "delete"): ("README.md", "## 7. Recover"),
+    ("consumer", "run"): ("docs/consumer.md", "## `consumer run`"),
+    ("consumer", "launch"): ("docs/consumer.md", "## `consumer launch`: one command per node"),
+    ("consumer", "simulate"): ("docs/consumer.md", "## The stand-in vLLM: `consumer simulate`"),
 }
-#: options every command shares, documented once (Install, Redis connections, Environment variables)
+#: options every command shares, documented once (docs/cli.md's head, docs/environment.md)
 SHARED = {"--help", "--redis-url", "--verbose", "--quiet"}
 GROUPS = {"producer": producer_main, "consumer": consumer_main}
 
 
-def section(heading: str) -> str:
-    """The README's text from HEADING to the next heading of the same level."""
-    start = README.index(heading + "\n")
+def section(where: tuple[str, str]) -> str:
+    """The page's text from the heading to the next heading of the same level."""
+    page, heading = where
+    text = PAGES[page]
+    start = text.index(heading + "\n")
     level = heading.split(" ", 1)[0]
-    rest = README[start + len(heading):]
+    rest = text[start + len(heading):]
     end = re.search(rf"^{level} ", rest, re.MULTILINE)
     return rest[: end.start()] if end else rest
 
@@ -76,7 +86,7 @@ def test_the_readme_names_every_option_of_the_command(group: str, name: str) -> 
     text = section(SECTIONS[(group, name)])
     options = long_options(command(group, name))
     missing = sorted(o for o in options if o not in SHARED and not mentions(text, o))
-    assert not missing, f"{group} {name}: options in --help that its README section does not name: {missing}"
+    assert not missing, f"{group} {name}: options in --help that its section does not name: {missing}"
 
 
 @pytest.mark.parametrize(("group", "name"), list(SECTIONS), ids=[f"{g} {n}" for g, n in SECTIONS])
@@ -86,26 +96,121 @@ def test_the_readme_lists_every_choice_of_an_option(group: str, name: str) -> No
         if isinstance(param.type, click.Choice) and opt == param.opts[-1]:
             absent = [c for c in param.type.choices if f"`{c}`" not in text and not re.search(
                 rf"{re.escape(opt)}[ =][^\n]*\b{re.escape(str(c))}\b", text)]
-            assert not absent, f"{group} {name} {opt}: choices the README does not list: {absent}"
+            assert not absent, f"{group} {name} {opt}: choices its section does not list: {absent}"
 
 
 @pytest.mark.parametrize(("group", "name"), list(SECTIONS), ids=[f"{g} {n}" for g, n in SECTIONS])
 def test_the_readme_documents_no_option_the_command_lacks(group: str, name: str) -> None:
     text = section(SECTIONS[(group, name)])
     known = set(long_options(command(group, name)))
-    # a README line naming this very command: the synopsis and option-table rows of the section
+    # a line naming this very command: the synopsis and option-table rows of the section
     tables = [line for line in text.splitlines() if line.startswith("| `--")]
     synopsis = [line for line in text.splitlines() if line.startswith(f"{group} {name} ")]
     named = {o for line in tables for o in re.findall(r"`(--[a-z0-9-]+)", line.split("|")[1])}
     named |= {o for line in synopsis for o in re.findall(r"(?<![\w-])(--[a-z0-9-]+)", line.split("#")[0].split(" -- ")[0])}
     unknown = sorted(named - known - SHARED)
-    assert not unknown, f"{group} {name}: the README documents options it does not have: {unknown}"
+    assert not unknown, f"{group} {name}: its section documents options it does not have: {unknown}"
 
 
 def test_the_checks_above_can_fail() -> None:
-    """The checks read real text: an option the README never names is found missing."""
+    """The checks read real text: an option the docs never name is found missing."""
     assert not mentions(section(SECTIONS[("producer", "status")]), "--no-such-option")
     assert mentions("`--run NAME`", "--run") and not mentions("--run-name", "--run")
+    assert unknown_options("`producer export --run data --frobnicate`") == ["producer export --frobnicate"]
+
+
+def test_docs_cli_md_is_what_the_code_generates() -> None:
+    """docs/cli.md is generated: a changed option, help text or default is a diff to commit."""
+    want = cli_docs.render()
+    have = (ROOT / "docs" / "cli.md").read_text()
+    assert have == want, "docs/cli.md differs from the commands' --help: run `python -m scripts.cli_docs` and commit"
+
+
+def test_docs_cli_md_lists_every_option_of_every_command() -> None:
+    text = (ROOT / "docs" / "cli.md").read_text()
+    for group_name, group in GROUPS.items():
+        assert isinstance(group, click.Group)
+        for name in group.commands:
+            assert f"## `{group_name} {name}`" in text, f"docs/cli.md has no section for {group_name} {name}"
+            missing = [o for o in long_options(command(group_name, name)) if not mentions(text, o)]
+            assert not missing, f"{group_name} {name}: options docs/cli.md does not list: {missing}"
+
+
+def test_the_generator_follows_the_code() -> None:
+    """A command given a new option, or a new help text, renders differently: the check can fail."""
+
+    @click.group()
+    def grp() -> None:
+        """A group."""
+
+    @grp.command("go")
+    @click.option("--frobnicate", type=click.Choice(["a", "b"]), default="a", show_default=True,
+                  envvar="GQ_TEST_FROB", show_envvar=True, help="Frobnicates.")
+    def go(frobnicate: str) -> None:
+        """Goes."""
+
+    text = cli_docs.render({"tool": grp})
+    assert "## `tool go`" in text and "Goes." in text
+    row = next(line for line in text.splitlines() if "--frobnicate" in line)
+    assert "Frobnicates." in row and "a\\|b" in row and "GQ_TEST_FROB" in row and "default: a" in row
+    go.params[0].help = "Frobnicates twice."
+    assert cli_docs.render({"tool": grp}) != text
+
+
+def command_lines(text: str) -> list[str]:
+    """Every command a page writes as code: lines of fenced and indented blocks, and inline spans."""
+    found: list[str] = []
+    prose: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    "):
+            found.append(line.strip())
+        else:
+            prose.append(line)
+    found += re.findall(r"`([^`]+)`", " ".join(prose))
+    return found
+
+
+def unknown_options(text: str) -> list[str]:
+    """`group command --option` for every long option TEXT's command lines give a command that
+    lacks it. Values of options that take one are skipped (`--consumer-args '--shared-fs'`),
+    and so is what follows ` -- ` (the engine's arguments) or a shell separator."""
+    bad: list[str] = []
+    for line in command_lines(text):
+        for m in re.finditer(r"(?<![\w/-])(producer|consumer) ([a-z]+)\b", line):
+            group_name, name = m[1], m[2]
+            grp = GROUPS[group_name]
+            assert isinstance(grp, click.Group)
+            if name not in grp.commands or name == "dashboard":  # dashboard passes rq-dashboard's options on
+                continue
+            options = long_options(command(group_name, name))
+            rest = line[m.end():]
+            try:
+                tokens = shlex.split(rest, comments=True)
+            except ValueError:
+                tokens = rest.split()
+            i = 0
+            while i < len(tokens):
+                token = tokens[i].strip("[]()`,;.")
+                i += 1
+                if tokens[i - 1] in ("--", "|", "&&", ";", "&", "#") or token in ("producer", "consumer"):
+                    break
+                if not token.startswith("--") or token == "--":
+                    continue
+                opt = token.split("=", 1)[0]
+                if opt not in options and opt not in SHARED:
+                    bad.append(f"{group_name} {name} {opt}")
+                elif opt in options and "=" not in token and not options[opt].is_flag and not options[opt].count:
+                    i += 1
+    return bad
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_command_line_uses_only_options_its_command_has(page: str) -> None:
+    bad = unknown_options(PAGES[page])
+    assert not bad, f"{page} writes options these commands do not have: {sorted(set(bad))}"
 
 
 def test_dashboard_takes_h_and_names_the_redis_default_it_uses() -> None:

@@ -1,6 +1,6 @@
 """deploy/grafana/dashboards/genqueue.json against a live consumer: every metric and label its
 queries name is on the consumer's /metrics page, and (where Prometheus is installed) a real
-Prometheus scraping that consumer answers every query with data, and runs the README's example
+Prometheus scraping that consumer answers every query with data, and runs docs/metrics.md's example
 queries."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "genqueue.json"
-README = ROOT / "README.md"
+METRICS_PAGE = ROOT / "docs" / "metrics.md"
 #: Labels Prometheus adds to every scraped series, and histogram buckets' own.
 TARGET_LABELS = {"instance", "job", "le"}
 METRIC = re.compile(r"\b(genqueue_[a-z_]+)\b")
@@ -188,8 +188,8 @@ def test_a_real_prometheus_answers_every_panel_with_data(prometheus):
 
 
 def readme_examples() -> list[str]:
-    """The README's example PromQL, one query a line (comments dropped)."""
-    text = README.read_text()
+    """docs/metrics.md's example PromQL, one query a line (comments dropped)."""
+    text = METRICS_PAGE.read_text()
     block = text[text.index("```promql") + len("```promql"):]
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in block[:block.index("```")].splitlines()]
     return [line for line in lines if line]

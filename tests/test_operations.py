@@ -1,7 +1,8 @@
-"""The README's operations section, as a user runs it: rq's own tools on genqueue queues (the
-README's lines run verbatim by bash), the dashboard's install line (from a checkout and from a
-wheel), and the small truths: every environment variable genqueue reads is in the --help of its
-option and in the README."""
+"""docs/operations.md's rq section, as a user runs it: rq's own tools on genqueue queues (its
+lines run verbatim by bash), the dashboard's install line (from a checkout and from a wheel),
+and the small truths: every environment variable an option reads is in the --help of that
+option and paired with it in docs/environment.md (tests/test_docs_reference.py checks the page
+against every variable the code reads)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,14 @@ from tests.conftest import BIN, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+ENVIRONMENT = ROOT / "docs" / "environment.md"
 INSTALL_LINE = "pip install -e '.[dashboard]'"
 
 
 def operations_block() -> list[str]:
-    """The command lines (comments dropped) of the README's operations code block."""
-    text = README.read_text()
+    """The command lines (comments dropped) of docs/operations.md's rq code block."""
+    text = OPERATIONS.read_text()
     section = text[text.index("## Operating with rq's own tools"):]
     block = section[section.index("```bash") + len("```bash"):]
     block = block[:block.index("```")]
@@ -43,7 +45,7 @@ def operations_block() -> list[str]:
 
 def readme_line(prefix: str) -> str:
     found = [line for line in operations_block() if line.startswith(prefix)]
-    assert len(found) == 1, f"the README's operations block should show one `{prefix}` line: {found}"
+    assert len(found) == 1, f"docs/operations.md's rq block should show one `{prefix}` line: {found}"
     return found[0]
 
 
@@ -70,7 +72,7 @@ def test_requeue_failures_with_rq_then_resume_and_empty(tmp_path, redis_url, con
     assert q.failed_job_registry.get_job_ids() == [held.id]
     info = run_as_written(readme_line("rq info"), redis_url).stdout
     assert "genqueue.data" in info
-    # README: rq requeue with the JSON serializer puts it back
+    # docs/operations.md: rq requeue with the JSON serializer puts it back
     run_as_written(readme_line("rq requeue"), redis_url)
     assert q.failed_job_registry.count == 0 and held.id in q.job_ids
     # resume: every consumer had stopped; starting one again is all it takes
@@ -82,7 +84,7 @@ def test_requeue_failures_with_rq_then_resume_and_empty(tmp_path, redis_url, con
     finally:
         sim.stop()
     assert {r["key"] for r in read_results(tmp_path / "out", "data")} == run_keys(conn, "data")
-    # README: emptying a queue drops what is queued
+    # docs/operations.md: emptying a queue drops what is queued
     more = write_jsonl(tmp_path / "more.jsonl", [sharegpt(i) for i in range(100, 140)])
     cli("producer", "enqueue", str(more), "--run", "data", "--batch-size", "10", "--output", str(tmp_path / "out"),
         "--rejects", str(tmp_path / "r2"), env=env)
@@ -176,18 +178,23 @@ def test_every_environment_variable_is_in_the_help_of_its_option():
     assert not silent, "options whose --help does not name their environment variable:\n" + "\n".join(silent)
 
 
-def test_every_genqueue_environment_variable_is_in_the_readme():
-    readme = README.read_text()
-    read = set()
-    for pkg in ("common", "producer", "consumer"):
-        for src in (ROOT / pkg).rglob("*.py"):
-            # variables the code reads: os.environ/getenv lookups and click's envvar=
-            text = src.read_text()
-            read |= set(re.findall(r"(?:environ(?:\.get)?\(?\[?|getenv\(|envvar=)\s*[\"'](GENQUEUE_[A-Z0-9_]+)", text))
-    read |= {e for *_, e in environment_options() if e.startswith("GENQUEUE_")}
-    assert read, "found no GENQUEUE_ variable: the scan is broken"
-    missing = sorted(v for v in read if v not in readme)
-    assert not missing, f"environment variables the README does not mention: {missing}"
+def test_every_option_with_a_variable_is_in_docs_environment_md():
+    """docs/environment.md's table of variables with an option names each option that reads one
+    (`group command --option` in the row of its variable), and no option that reads none."""
+    text = ENVIRONMENT.read_text()
+    table = text[text.index("## With an option"):text.index("## Without an option")]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `([A-Z_]+)` \| (.*) \|$", table, re.MULTILINE)}
+    missing = []
+    for path, _cmd, param, envvar in environment_options():
+        if envvar == "REDIS_URL":
+            assert "--redis-url" in rows.get("REDIS_URL", ""), "REDIS_URL's row names --redis-url"
+            continue
+        long_opt = next(o for o in param.opts if o.startswith("--"))
+        if envvar not in rows or not re.search(rf"{re.escape(path)}[^|;]*{re.escape(long_opt)}\b", rows[envvar]):
+            missing.append(f"{envvar}: {path} {long_opt}")
+    assert not missing, f"options whose variable docs/environment.md does not pair with them: {missing}"
+    read = {e for *_, e in environment_options()}
+    assert sorted(set(rows) - read - {"GENQUEUE_OUTPUT"}) == [], "rows for variables no option reads"
 
 
 def test_gitignore_covers_what_the_tools_write_by_default():

@@ -1,36 +1,43 @@
 """The README is a test: the commands it tells a user to type run here as written.
 
-Each test reads a code block of the README and runs its lines through bash, in order, against a
-private redis-server as REDIS_URL and the stand-in vLLM in place of `vllm serve`. A line is run
-verbatim unless SUBSTITUTED names it, with why; a line the test does not know fails it, so a
-README that changes its commands without this test following fails CI. (The operations block is
-tests/test_operations.py's, the monitoring queries tests/test_grafana.py's.)
+Each test reads a code block of the README (or of the docs/ page that holds it) and runs its
+lines through bash, in order, against a private redis-server as REDIS_URL and the stand-in vLLM
+in place of `vllm serve`. A line is run verbatim unless the test's table names it, with why; a
+line the test does not know fails it, so a README that changes its commands without this test
+following fails CI. (docs/operations.md's rq block is tests/test_operations.py's, docs/metrics.md's
+queries tests/test_grafana.py's; the README's first lines are .ci/run's: tests/test_readme_contract.py.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import BIN, free_gpu, sharegpt, wait_for, write_jsonl
+from tests.conftest import BIN, free_gpu, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Sim
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 
 pytestmark = pytest.mark.integration
 
 
-def block(heading: str, nth: int = 0) -> list[str]:
+def block(heading: str, nth: int = 0, page: str = "README.md") -> list[str]:
     """The command lines (comments and continuation-free) of the NTH bash block under HEADING."""
-    section = README[README.index(heading + "\n"):]
+    text = README if page == "README.md" else (ROOT / page).read_text()
+    section = text[text.index(heading + "\n"):]
     for _ in range(nth + 1):
         section = section[section.index("```bash") + len("```bash"):]
     body = section[:section.index("```")]
@@ -66,8 +73,91 @@ class Shell:
                 proc.wait(timeout=10)
 
 
+def wait_healthy(sh: Shell, port: int) -> None:
+    wait_for(lambda: sh.run(f"curl -sf http://127.0.0.1:{port}/health", ok=(0, 7)).returncode == 0, 30, "the stand-in")
+
+
+def test_install_as_written() -> None:
+    """The install block in one shell, in the checkout: setup (a no-op when .venv is current),
+    then the activation puts the three commands on PATH."""
+    lines = block("## 1. Install")
+    assert lines == ["scripts/setup", "scripts/setup --tests", ". .venv/bin/activate"], "the install block changed"
+    venv = ROOT / ".venv"
+    stamp = venv / ".genqueue-installed"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if Path(sys.prefix) != venv or not stamp.exists() or stamp.read_text().strip() != want:
+        pytest.skip("scripts/setup would reinstall .venv here: run scripts/setup")
+    env = {k: v for k, v in os.environ.items() if k != "GENQUEUE_VENV"}
+    script = " && ".join([*lines, "command -v producer consumer rq"])
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [Path(p).name for p in done.stdout.split()] == ["producer", "consumer", "rq"], done.stdout
+    assert all(Path(p).parent == venv / "bin" for p in done.stdout.split()), done.stdout
+
+
+def test_first_run_on_the_sample_as_written(tmp_path: Path, redis_url: str) -> None:
+    lines = block("## 2. A first run on the sample")
+    port = free_port()
+    as_run = {
+        # the tests' own Redis (on a free port) is already REDIS_URL in the shell's environment
+        'redis-server --port 6380 --save "" --daemonize yes': None,
+        "export REDIS_URL=redis://127.0.0.1:6380/0": None,
+        # the stand-in on a free port in 8000's place (and the consumer's endpoint with it)
+        "consumer simulate --port 8000 --mean-tokens 50 &": f"consumer simulate --port {port} --mean-tokens 50 &",
+        "producer enqueue samples/sample.jsonl --run sample": "producer enqueue samples/sample.jsonl --run sample",
+        "consumer run --run sample --endpoint http://127.0.0.1:8000/v1 --burst":
+            f"consumer run --run sample --endpoint http://127.0.0.1:{port}/v1 --burst",
+        "producer status --run sample": "producer status --run sample",
+        "producer export --run sample --output sample.regen.jsonl": "producer export --run sample --output sample.regen.jsonl",
+    }
+    assert lines == list(as_run), "the first run changed: make this test run what it says now"
+    (tmp_path / "samples").mkdir()
+    shutil.copy(ROOT / "samples" / "sample.jsonl", tmp_path / "samples" / "sample.jsonl")
+    sh = Shell(tmp_path, {"REDIS_URL": redis_url})
+    seen: dict[str, str] = {}
+    try:
+        for line in lines:
+            typed = as_run[line]
+            if typed is None:
+                continue
+            if typed.endswith("&"):
+                sh.start(typed.rstrip("& "))
+                wait_healthy(sh, port)
+                continue
+            done = sh.run(typed)
+            assert "Traceback" not in done.stderr, done.stderr
+            seen[line.split()[1]] = done.stdout + done.stderr
+    finally:
+        sh.stop()
+    # what the README says you should see
+    enqueue = seen["enqueue"]
+    for said in ("records read            247", "enqueued              240", "duplicates            1",
+                 "rejected              6", "invalid_json", "not_object", "unknown_role", "items queued            240",
+                 "jobs                    8", "estimated output"):
+        assert said in enqueue, f"enqueue no longer says {said!r}:\n{enqueue}"
+    assert len((tmp_path / "sample.rejects.jsonl").read_text().splitlines()) == 6
+    run = seen["run"]
+    assert "burst: nothing left to take; stopping" in run and "240 items (0 errors), 8 jobs acked" in run, run
+    assert list((tmp_path / "genqueue-out" / "sample" / "shards").glob("*.jsonl"))
+    status = seen["status"]
+    for said in ("sample.jsonl: 247 of 247 records read (complete), rejected 6",
+                 "61 of 241 records have more than one user turn", "conversations complete 240",
+                 "temperature 0.6, top_p 0.95, max_tokens 4096", "100.0%: 240 of 240 items; run complete",
+                 "240: queued 0, in flight 0, shipping 0, done 240, failed 0",
+                 "done 240 = complete 240 (finished) + partial 0 + cut 0"):
+        assert said in status, f"status no longer says {said!r}:\n{status}"
+    assert re.search(r"^shipping +\d+ shards, ", status, re.MULTILINE), status
+    export = seen["export"]
+    assert re.search(r"complete +240", export) and re.search(r"missing +0", export), export
+    assert re.search(r"exported +240", export), export
+    assert len((tmp_path / "sample.regen.jsonl").read_text().splitlines()) == 240
+    for side in ("sample.regen.truncated.jsonl", "sample.regen.errors.jsonl", "sample.regen.missing.txt"):
+        assert (tmp_path / side).exists(), side
+
+
 def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
-    lines = block("## Quick start on a GPU node")
+    lines = block("## 3. A real GPU node")
     gpu = free_gpu()
     # Each README line and what the test types for it. Verbatim unless the comment says otherwise.
     as_run = {
@@ -113,7 +203,7 @@ def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
 
 
 def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:
-    lines = block("## `consumer run`")
+    lines = block("## `consumer run`", page="docs/consumer.md")
     assert lines == ["consumer run --endpoint http://127.0.0.1:8000/v1 [--run NAME] [--concurrency 256] [--burst]",
                      "consumer run --gpu 3"], "the consumer run block changed: make this test run what it says now"
     write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(12)])
@@ -141,7 +231,7 @@ def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:
 
 
 def test_runs_block_as_written(tmp_path: Path, redis_url: str) -> None:
-    lines = block("## Runs: `producer runs`, `producer resume`, `producer delete`")
+    lines = block("## 7. Recover", nth=1)
     assert lines == ["producer runs [--json]", "producer resume --run NAME",
                      "producer delete --run NAME [--yes] [--purge-output]",
                      "producer delete --run NAME --refused-only"], "the runs block changed"
@@ -160,11 +250,10 @@ def test_runs_block_as_written(tmp_path: Path, redis_url: str) -> None:
 
 
 def multi_node_line() -> str:
-    """The README's one command for a run several nodes share (in its quick start's prose)."""
-    text = " ".join(README[README.index("**More than one node:**"):].split())
-    found = re.search(r"`(producer enqueue data\.jsonl --output s3://bucket/prefix)`", text)
-    assert found, "the quick start no longer shows the multi-node enqueue line"
-    return found[1]
+    """The README's one command for a run several nodes share."""
+    lines = block("## 4. Several nodes")
+    assert lines == ["producer enqueue data.jsonl --output s3://bucket/prefix"], "the several-nodes block changed"
+    return lines[0]
 
 
 def test_several_nodes_as_written(tmp_path: Path, redis_url: str, s3_server: S3Server) -> None:  # noqa: F811 - fixture
@@ -187,3 +276,60 @@ def test_several_nodes_as_written(tmp_path: Path, redis_url: str, s3_server: S3S
         assert "node-a" in done.stderr and "--shared-fs" in done.stderr and "Traceback" not in done.stderr
     finally:
         sim.stop()
+
+
+def test_one_command_per_node_as_written(tmp_path: Path, redis_url: str) -> None:
+    (line,) = block("## 3. A real GPU node", nth=1)
+    assert line == "consumer launch --gpus 0-7 --model /models/my-27b", "the launch line changed"
+    gpu = free_gpu()
+    # no GPUs: one GPU whose port 8000+N is free, the stand-in as its engine, and --burst so
+    # launch ends when the run is done (the rest of the line as written)
+    typed = line.replace("--gpus 0-7", f"--gpus {gpu}") + " --engine simulate --burst -- --mean-tokens 10"
+    write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(20)])
+    sh = Shell(tmp_path, {"REDIS_URL": redis_url})
+    sh.run("producer enqueue data.jsonl")
+    done = sh.run(typed, timeout=240)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (tmp_path / "genqueue-logs" / f"engine-gpu{gpu}.log").exists(), "the README says logs go to ./genqueue-logs"
+    export = sh.run("producer export --run data --output d.jsonl --json")
+    assert orjson.loads(export.stdout)["exported"] == 20
+
+
+def test_export_and_recover_as_written(tmp_path: Path, redis_url: str) -> None:
+    lines = block("## 6. Export for your trainer")
+    assert lines == [
+        "producer export --run data --output data.regen.jsonl",
+        "producer export --run data --output data.sg.jsonl --format sharegpt",
+        "producer export --run data --output data.sf.jsonl --format specforge",
+        "producer export --run data --output data.parquet",
+    ], "the export block changed: make this test run what it says now"
+    (recover,) = block("## 7. Recover")
+    assert recover == "producer enqueue data.jsonl", "the recover block changed"
+    write_jsonl(tmp_path / "data.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(12)])
+    sh = Shell(tmp_path, {"REDIS_URL": redis_url})
+    sh.run("producer enqueue data.jsonl")
+    sim = Sim(tmp_path, "--mean-tokens", "10")
+    try:
+        sh.run(f"consumer run --endpoint {sim.url} --burst")
+    finally:
+        sim.stop()
+    for line in lines:
+        sh.run(line)
+    assert len((tmp_path / "data.regen.jsonl").read_text().splitlines()) == 12
+    first = orjson.loads((tmp_path / "data.regen.jsonl").read_text().splitlines()[0])
+    assert "messages" in first
+    sg = orjson.loads((tmp_path / "data.sg.jsonl").read_text().splitlines()[0])
+    assert "conversations" in sg and {t["from"] for t in sg["conversations"]} >= {"human", "gpt"}
+    info = orjson.loads((tmp_path / "data.sg.dataset_info.json").read_bytes())
+    assert info["data.sg"]["formatting"] == "sharegpt", info
+    sf = orjson.loads((tmp_path / "data.sf.jsonl").read_text().splitlines()[0])
+    assert {t["role"] for t in sf["conversations"]} >= {"user", "assistant"}, sf
+    assert pq.read_table(tmp_path / "data.parquet").num_rows == 12
+    # the recover line on a finished run queues nothing again
+    again = sh.run(recover)
+    assert re.search(r"^  enqueued +0$", again.stdout, re.MULTILINE), again.stdout
+    assert re.search(r"^  already done +12$", again.stdout, re.MULTILINE), again.stdout
+    # and with a grown input, the same line queues exactly the new items
+    write_jsonl(tmp_path / "data.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(15)])
+    grown = sh.run(recover)
+    assert re.search(r"^  enqueued +3$", grown.stdout, re.MULTILINE), grown.stdout

@@ -1,4 +1,4 @@
-"""One exit code per way a consumer ends (common/contracts.ExitCode, README `consumer run`), so a
+"""One exit code per way a consumer ends (common/contracts.ExitCode, docs/consumer.md `consumer run`), so a
 scheduler can trust it: real redis-server, the stand-in vLLM over HTTP, the consumer CLI as a
 subprocess. A signal's drain (0) and a second signal (130) are in test_sigterm.py."""
 
@@ -149,7 +149,7 @@ def test_launch_does_not_restart_a_consumer_whose_run_is_paused(tmp_path, redis_
 
 
 def test_the_readme_table_has_every_exit_code() -> None:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "consumer.md").read_text()
     section = text[text.index("## `consumer run`"):text.index("### Why raw aiohttp")]
     rows = {int(m) for m in re.findall(r"^  \| (\d+) \|", section, re.MULTILINE)}
     assert rows == {int(c) for c in ExitCode}
