@@ -13,7 +13,7 @@ from typing import Any, Required, TypedDict, TypeGuard
 
 
 class Mode(StrEnum):
-    """How a multi-turn conversation becomes items (README, "Multi-turn modes")."""
+    """How a multi-turn conversation becomes items (docs/enqueue.md, "Multi-turn modes")."""
 
     FIRST = "first"
     LAST = "last"
@@ -269,7 +269,7 @@ class RecordBase(TypedDict, total=False):
 
 
 class ResultRecord(RecordBase, total=False):
-    """A line of a result shard for an item that was answered (README, "Result records")."""
+    """A line of a result shard for an item that was answered (docs/records.md)."""
 
     content: Required[str]
     reasoning: Required[str | None]

@@ -43,7 +43,7 @@ NEW_RUN_EVERY = 1.0
 #: meanwhile its share goes to the others.
 DRY_RETRY = 0.5
 
-#: The end of a run (README, `consumer run`): a consumer that finds its run's queue empty with
+#: The end of a run (docs/consumer.md, "Taking work"): a consumer that finds its run's queue empty with
 #: a slot free and nothing of the run waiting calls for work for this many seconds; a consumer
 #: that sees the call gives back the jobs it holds and has sent nothing of.
 HUNGRY_TTL = 2.0
