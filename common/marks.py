@@ -73,7 +73,7 @@ for i = 1, #ARGV, 3 do
     if ARGV[i + 1] ~= '' and (KEYS[3] == nil or redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 0) then
       redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
       if ARGV[i + 2] ~= '0' then
-        redis.call('HINCRBY', KEYS[2], 'shipped_turns', ARGV[i + 2])
+        redis.call('HINCRBY', KEYS[2], '""" + SHIPPED_TURNS + """', ARGV[i + 2])
       end
     end
   end
@@ -218,24 +218,41 @@ def all_done(conn: redis.Redis, run: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class MarkCounts:
-    """How many items of a run are marked: DONE, FAILED, and FAILED that are DONE too (an error
-    record, then a result on a later attempt)."""
+class Progress:
+    """A run's items and marks read at one moment, with the counters the marking script bumps
+    (and the run's other counters: its whole stats hash, garbage fields left out)."""
 
+    items: int  # in the run's keys set
     done: int
-    failed: int
-    failed_and_done: int
+    failed: int  # items with an error record, whether or not they have a result too
+    failed_and_done: int  # an error record, then a result on a later attempt (0: Redis before 7.0)
+    stats: dict[str, int]
+
+    @property
+    def failed_only(self) -> int:
+        """Items with an error record and no result."""
+        return max(self.failed - self.failed_and_done, 0)
 
 
-def mark_counts(conn: redis.Redis, runs: list[str]) -> dict[str, MarkCounts]:
-    """Each run's MarkCounts, in one round trip."""
-    with conn.pipeline(transaction=False) as p:
-        for run in runs:
-            p.scard(done_key(run))
-            p.scard(failed_key(run))
-            p.sintercard(2, [failed_key(run), done_key(run)])
-        raw = p.execute()
-    return {run: MarkCounts(int(raw[3 * i]), int(raw[3 * i + 1]), int(raw[3 * i + 2])) for i, run in enumerate(runs)}
+def progress(conn: redis.Redis, run: str) -> Progress:
+    """RUN's Progress, in one transaction: the marks and the outcome counters the same script
+    bumps are read at one moment, so they agree."""
+    with conn.pipeline(transaction=True) as p:
+        p.scard(run_key(run, "keys"))
+        p.scard(done_key(run))
+        p.scard(failed_key(run))
+        p.sintercard(2, [failed_key(run), done_key(run)])
+        p.hgetall(run_key(run, "stats"))
+        items, done, failed, both, raw = p.execute(raise_on_error=False)
+    if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
+        both = 0
+    stats: dict[str, int] = {}
+    for k, v in (raw.items() if isinstance(raw, dict) else []):
+        try:
+            stats[k.decode() if isinstance(k, bytes) else str(k)] = int(v)
+        except ValueError:  # garbage in the hash: left out, as RunStore.stats does
+            continue
+    return Progress(int(items), int(done), int(failed), int(both), stats)
 
 
 # --- the producer's re-claim (producer/jobwriter.py's requeue) ------------------------------

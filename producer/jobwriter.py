@@ -16,9 +16,9 @@ CLAIM_GRACE it takes it over and queues its items like any item with no result a
 
 Re-queueing (`requeue`): items already in the run with no result and no live job (lost from
 rq, or failed with --retry-failed) go through the same two steps, under the run's lock
-(common/runlock.py): a re-claim script puts the ones still in that state in a claim set of
-this producer, fenced by the lock's token, then the same transaction enqueues them, WATCHing the
-lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
+(common/runlock.py): a re-claim script (common/marks.py) puts the ones still in that state in
+a claim set of this producer, fenced by the lock's token, then the same transaction enqueues
+them, WATCHing the lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
 transaction is dropped (the items stay in the run, for a later reconcile).
 """
 
