@@ -103,24 +103,35 @@ def _name(node: ast.expr) -> str | None:
 
 def _redis_bound_names(tree: ast.AST) -> set[str]:
     """Names the module binds to a Redis client or pipeline: `with x.pipeline() as p`,
-    `p = x.pipeline()`, `c = connect(url)`, and parameters annotated as Redis or Pipeline."""
+    `p = x.pipeline()`, `c = connect(url)`, `c = self.conn` (an alias of one), and parameters
+    annotated as Redis or Pipeline."""
     out: set[str] = set()
 
-    def is_connector(value: ast.expr | None) -> bool:
-        return isinstance(value, ast.Call) and _name(value.func) in _CONNECTORS
+    def is_redis(value: ast.expr | None) -> bool:
+        if isinstance(value, ast.Call):
+            return _name(value.func) in _CONNECTORS
+        n = _name(value) if value is not None else None
+        return n is not None and (n.lstrip("_") in REDIS_NAMES or n in out)
 
-    for node in ast.walk(tree):
-        if isinstance(node, ast.withitem) and is_connector(node.context_expr) and node.optional_vars is not None:
-            if (n := _name(node.optional_vars)) is not None:
-                out.add(n)
-        elif isinstance(node, ast.Assign) and is_connector(node.value):
-            out.update(n for t in node.targets if (n := _name(t)) is not None)
-        elif isinstance(node, ast.AnnAssign) and is_connector(node.value):
-            if (n := _name(node.target)) is not None:
-                out.add(n)
-        elif (isinstance(node, ast.arg) and node.annotation is not None
-              and _REDIS_TYPES.search(ast.unparse(node.annotation))):
-            out.add(node.arg)
+    def bind(target: ast.expr | None) -> None:
+        if target is not None and (n := _name(target)) is not None and n not in out:
+            out.add(n)
+            grew.append(n)
+
+    grew = [""]
+    while grew:  # an alias of an alias: until nothing new is bound
+        grew = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.withitem) and is_redis(node.context_expr):
+                bind(node.optional_vars)
+            elif isinstance(node, ast.Assign) and is_redis(node.value):
+                for t in node.targets:
+                    bind(t)
+            elif isinstance(node, ast.AnnAssign) and is_redis(node.value):
+                bind(node.target)
+            elif (isinstance(node, ast.arg) and node.annotation is not None
+                  and _REDIS_TYPES.search(ast.unparse(node.annotation))):
+                bind(ast.Name(node.arg))
     return out
 
 
@@ -191,6 +202,8 @@ def later(self, r: redis.Redis):
     self.rq.call(self.worker.connection.get, "d")  # 9: handed over as a bound method
     c = connect("redis://")
     c.delete("e")                                  # 10: bound from connect()
+    alias = self.store.conn
+    alias.get("f")                                 # 11: an alias of a connection
 '''
 
 EVERYDAY = '''
@@ -213,7 +226,7 @@ def test_the_checker_finds_planted_commands() -> None:
     hits = redis_commands(PLANTED, "planted.py")
     assert [h.split(": ", 1)[1] for h in hits] == [
         "conn.hincrby", "conn.pipeline", "p.get", "p.execute", "stats.hgetall", "r.set", "self.store.conn.get",
-        "self._conn.set", "self.worker.connection.get", "c.delete"], hits
+        "self._conn.set", "self.worker.connection.get", "c.delete", "alias.get"], hits
 
 
 def test_the_checker_leaves_everyday_python_alone() -> None:
