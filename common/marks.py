@@ -4,7 +4,10 @@ Every read and write of the done and failed marks goes through this module, Lua 
 marking a shipped shard (and bumping its per-outcome counters), the consumer's look-up of a
 job's items, the producer's item states and re-claim, the counts, and the rebuild from the
 shards. Nothing outside it spells the keys' layout or the counters' names in a command, so a
-change of how the marks are stored is a change of this file (and its tests) alone.
+change of how the marks are stored is a change of this file (and its tests) alone. (Not yet:
+producer/status.py and producer/lifecycle.py count the sets by `done_key` themselves, and
+producer/status_figures.py spells the counters' prefixes; `progress` and SHIPPED_* are theirs to
+read here.)
 
 When a shard is shipped, the keys of the records it holds are added to the run's `done` set
 (results) or `failed` set (error records), in one round trip, before any job is acked on it.
