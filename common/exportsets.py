@@ -57,7 +57,7 @@ def remove(conn: redis.Redis, key: str, digests: list[bytes]) -> None:
     conn.srem(key, *digests)
 
 
-def scan(conn: redis.Redis, key: str) -> Iterator[bytes]:
+def each_member(conn: redis.Redis, key: str) -> Iterator[bytes]:
     """Every digest the scratch set KEY holds (in parts: it may hold millions)."""
     for d in conn.sscan_iter(key, count=_SCAN):
         yield bytes(d)

@@ -61,3 +61,18 @@ def _pause_info(raw: bytes | str) -> PauseInfo:
         pass
     shown = raw[:80].decode("utf-8", "replace") if isinstance(raw, bytes) else raw[:80]
     return {"reason": f"unreadable pause record {shown!r} (`producer resume` clears it)", "by": "?", "at": 0.0}
+
+
+def paused_reasons(conn: redis.Redis, names: list[str]) -> dict[str, str]:
+    """The runs among NAMES that are paused in Redis, with their reasons (one round trip)."""
+    if not names:
+        return {}
+    raws = conn.mget([pause_key(n) for n in names])
+    out: dict[str, str] = {}
+    for name, raw in zip(names, raws, strict=True):
+        if raw is not None:
+            try:
+                out[name] = str(orjson.loads(raw).get("reason", "?"))
+            except (orjson.JSONDecodeError, AttributeError):
+                out[name] = "?"
+    return out

@@ -16,7 +16,7 @@ import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypedDict, cast
 
 import redis
 import rq.job
@@ -320,3 +320,19 @@ def queue_lengths(conn: redis.Redis, runs: Sequence[str]) -> dict[str, QueueLeng
     with conn.pipeline(transaction=False) as p:
         stage_queue_lengths(p, runs)
         return queue_lengths_of(p.execute(raise_on_error=False), runs)
+
+
+def place_page(conn: redis.Redis, run: str, place: JobPlace, offset: int, per_page: int, *,
+               newest_first: bool) -> tuple[int, list[bytes]]:
+    """How many members RUN's PLACE holds, and the PER_PAGE of them from OFFSET on (counted from
+    the newest end when NEWEST_FIRST, and then listed newest first): the dashboard's job lists."""
+    key = place_key(run, place)
+    listed = place in _LISTS
+    total = int(conn.llen(key) if listed else conn.zcard(key))
+    start = max(0, total - offset - per_page) if newest_first else offset
+    stop = (total - offset if newest_first else offset + per_page) - 1
+    # genqueue's connections answer bytes (common/redisconn.py)
+    members = cast(list[bytes], conn.lrange(key, start, stop) if listed else conn.zrange(key, start, stop))
+    if newest_first:
+        members.reverse()
+    return total, members

@@ -29,6 +29,7 @@ set) leaves those items in the keys set and in no job: the claim set names them 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ import orjson
 import redis
 
 from genqueue.common import __version__, defaults
+from genqueue.common.checkpoints import clear
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.placement import Placement
@@ -402,3 +404,44 @@ if redis.call('HEXISTS', KEYS[1], 'settings') == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'priority', ARGV[1])
 return 1
 """
+
+
+# --- reads and writes of a run's record for the producer's reconcile and the consumers -------
+def add_keys(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
+    """Put DIGESTS in RUN's keys set (items a consumer marked that this producer had not claimed)."""
+    if digests:
+        conn.sadd(run_key(run, "keys"), *digests)
+
+
+def source_summary(conn: redis.Redis, run: str, source: str) -> object:
+    """SOURCE's last enqueue summary as stored (any JSON; None when there is none). Raises
+    orjson.JSONDecodeError when what is stored is not JSON."""
+    raw = conn.hget(run_key(run, "sources"), source)
+    return orjson.loads(raw) if raw is not None else None
+
+
+def run_fingerprints(conn: redis.Redis, names: list[str]) -> dict[str, str]:
+    """The fingerprint of each run among NAMES that is in Redis (one round trip)."""
+    with conn.pipeline(transaction=False) as p:
+        for n in names:
+            p.hget(run_key(n), "fingerprint")
+        return {n: fp.decode() if isinstance(fp, bytes) else str(fp)
+                for n, fp in zip(names, p.execute(), strict=True) if fp is not None}
+
+
+def add_run_warning(conn: redis.Redis, run: str, worker: str, message: str) -> None:
+    """Say MESSAGE about RUN from consumer WORKER (`genqueue:run:<run>:warnings`, one per worker)."""
+    conn.hset(run_key(run, "warnings"), worker, message)
+
+
+def count_acked(conn: redis.Redis, run: str, counts: Mapping[str, int], started_at: float, *,
+                clear_checkpoints: Sequence[str] = ()) -> None:
+    """An acked job's part of RUN's record, in one MULTI/EXEC: its COUNTS added to the run's
+    counters, the run's first start (STARTED_AT, kept when set), and the regenerate checkpoints
+    of its items CLEAR_CHECKPOINTS deleted (common/checkpoints.py)."""
+    with conn.pipeline() as p:
+        for k, v in counts.items():
+            p.hincrby(run_key(run, "stats"), k, v)
+        p.hsetnx(run_key(run), "started_at", repr(started_at))
+        clear(p, run, list(clear_checkpoints))
+        p.execute()

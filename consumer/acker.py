@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import redis
 
 from genqueue.common.contracts import Mode
-from genqueue.common.runs import run_key
+from genqueue.common.runs import count_acked
 from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.checkpoints import clear as clear_checkpoints
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import UNREACHABLE, RqThread
 
@@ -63,14 +62,10 @@ class Acker:
         if not self.worker.finish(js.held, manifest):
             return False
         started = js.held.job.started_at
-        with self.conn.pipeline() as p:
-            for k, v in js.counts.items():
-                p.hincrby(run_key(js.run, "stats"), k, v)
-            p.hsetnx(run_key(js.run), "started_at", repr(started.timestamp() if started else time.time()))
-            if js.ctx.settings.multi_turn == Mode.REGENERATE:
-                multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1]
-                clear_checkpoints(p, js.run, multi)
-            p.execute()
+        multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1] \
+            if js.ctx.settings.multi_turn == Mode.REGENERATE else []
+        count_acked(self.conn, js.run, js.counts, started.timestamp() if started else time.time(),
+                    clear_checkpoints=multi)
         return True
 
     async def shard_lost(self, run: str, lost_seq: int) -> int:

@@ -14,30 +14,23 @@ from typing import Any
 import orjson
 import redis
 
-from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.redisconn import async_connect
+from genqueue.common.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
 
-#: A checkpoint outlives any plausible job retry, then expires by itself.
-TTL_SECONDS = 7 * 24 * 3600
-
-
-def checkpoint_key(run: str, item_key: str) -> str:
-    return f"{KEY_PREFIX}:run:{run}:ckpt:{item_key}"
-
 
 class Checkpoints:
-    """Async access to checkpoints, for the generator on the event loop."""
+    """Best-effort checkpoints, for the generator on the event loop (common/checkpoints.py
+    stores them)."""
 
     def __init__(self, url: str) -> None:
-        self._conn = async_connect(url)
+        self._store = CheckpointStore(url)
         self.saved = 0
         self.resumed = 0
 
     async def load(self, run: str, item_key: str) -> dict[str, Any] | None:
         try:
-            raw = await self._conn.get(checkpoint_key(run, item_key))
+            raw = await self._store.load(run, item_key)
         except redis.exceptions.RedisError as e:
             log.warning("checkpoint of %s not read (%s); starting at turn 1", item_key, e)
             return None
@@ -52,16 +45,10 @@ class Checkpoints:
 
     async def save(self, run: str, item_key: str, state: dict[str, Any]) -> None:
         try:
-            await self._conn.set(checkpoint_key(run, item_key), orjson.dumps(state), ex=TTL_SECONDS)
+            await self._store.save(run, item_key, state)
             self.saved += 1
         except redis.exceptions.RedisError as e:
             log.warning("checkpoint of %s not saved (%s)", item_key, e)
 
     async def close(self) -> None:
-        await self._conn.aclose()
-
-
-def clear(pipe: redis.client.Pipeline, run: str, item_keys: list[str]) -> None:
-    """Queue the deletion of ITEM_KEYS' checkpoints on a (sync) pipeline, at ack time."""
-    if item_keys:
-        pipe.delete(*[checkpoint_key(run, k) for k in item_keys])
+        await self._store.close()

@@ -111,14 +111,15 @@ def sweep_in_redis_time() -> None:
     Its sweeps here use Redis's TIME instead."""
     from rq.registry import StartedJobRegistry
 
+    from genqueue.common.clock import redis_time
+
     if getattr(StartedJobRegistry.cleanup, "redis_time", False):
         return
     local = StartedJobRegistry.cleanup
 
     def cleanup(self: Any, timestamp: float | None = None, exception_handlers: list[Any] | None = None) -> Any:
         if timestamp is None:
-            secs, micros = self.connection.time()
-            timestamp = secs + micros / 1_000_000
+            timestamp = redis_time(self.connection)
         return local(self, timestamp, exception_handlers)
 
     cleanup.redis_time = True  # type: ignore[attr-defined]
@@ -210,7 +211,7 @@ def patch_job_lists(web: ModuleType) -> None:
     from flask import current_app, request
     from werkzeug.exceptions import HTTPException
 
-    from genqueue.common.rqaccess import JobPlace, place_key
+    from genqueue.common.rqaccess import JobPlace, place_page
     from genqueue.common.rqjobs import job_defect
 
     page_of = web.get_queue_registry_jobs_count
@@ -234,14 +235,8 @@ def patch_job_lists(web: ModuleType) -> None:
         if not queue_name.startswith(QUEUE_PREFIX) or registry_name not in set(JobPlace):
             return page_of(queue_name, registry_name, offset, per_page, order, connection)  # type: ignore[no-any-return]
         place = JobPlace(registry_name)
-        key = place_key(queue_name.removeprefix(QUEUE_PREFIX), place)
-        listed = place in (JobPlace.QUEUED, JobPlace.DEQUEUING)
-        total = int(connection.llen(key) if listed else connection.zcard(key))
-        start = max(0, total - offset - per_page) if order == "dsc" else offset
-        stop = (total - offset if order == "dsc" else offset + per_page) - 1
-        members = connection.lrange(key, start, stop) if listed else connection.zrange(key, start, stop)
-        if order == "dsc":
-            members.reverse()
+        total, members = place_page(connection, queue_name.removeprefix(QUEUE_PREFIX), place, offset, per_page,
+                                    newest_first=order == "dsc")
         return total, [row(connection, m, place) for m in members]
 
     def unreadable_job(e: Exception) -> Any:

@@ -18,9 +18,9 @@ from typing import Any, cast
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
+from genqueue.common.hungry import call_for_work, caller_for_work
 from genqueue.common.marks import Mark, marks_of
 from genqueue.common.rqaccess import job_counts, queue_for
-from genqueue.common.runs import run_key
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.book import Book, JobState
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -253,8 +253,7 @@ class Intake:
             if not jobs:
                 continue
             self._looked[run] = now
-            raw = await self.rq.call(self.worker.connection.get, run_key(run, "hungry"))
-            caller = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            caller = await self.rq.call(caller_for_work, self.worker.connection, run)
             if caller is None or caller == self.worker.name:
                 continue
             self._empty_at[run] = now  # its queue is empty: taking them back here would hoard them
@@ -264,7 +263,7 @@ class Intake:
                          "here given back", run, caller, n)
 
     def _call_for_work(self, run: str) -> None:
-        self.worker.connection.set(run_key(run, "hungry"), self.worker.name, px=int(HUNGRY_TTL * 1000))
+        call_for_work(self.worker.connection, run, self.worker.name, HUNGRY_TTL)
 
     async def fetch_one(self, runs: list[str]) -> bool:
         """Dequeue one job of the first of RUNS that has one; True when a job was taken (or

@@ -19,13 +19,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
-
-import orjson
 
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import Record
-from genqueue.common.marks import ShardMarks, record_kind, record_turns
+from genqueue.common.marks import ShardMarks, marks_of_file
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
 from genqueue.consumer.shards import ShardWriter
@@ -119,8 +116,7 @@ class Outbox:
         marks = self._marks.get((run, seq))
         if marks is None:
             marks = self._marks[(run, seq)] = ShardMarks()
-        marks.add(record["key"], error="error" in record, kind=record_kind(record),
-                  turns=record_turns(record))
+        marks.add_record(record)
         return seq
 
     @property
@@ -308,15 +304,3 @@ class Outbox:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-
-def marks_of_file(path: Path) -> ShardMarks:
-    """The marks of a shard on disk (a leftover of an earlier consumer): its records' keys."""
-    marks = ShardMarks()
-    with open(path, "rb") as fh:
-        for line in fh:
-            try:
-                rec = orjson.loads(line)
-                marks.add(rec["key"], error="error" in rec, kind=record_kind(rec), turns=record_turns(rec))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-    return marks

@@ -35,11 +35,11 @@ from enum import StrEnum
 
 import redis
 
-from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.marks import ShardMarks, mark_shipped, rebuild_marks
+from genqueue.common.markstamps import KEEP, forget_state, look, mark_pending, mark_rebuilt, rebuild_state, stamp_key
 from genqueue.common.rqaccess import queue_name
 from genqueue.common.runlock import RunLock
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.runs import RunStore
 from genqueue.common.storage import ShardStore
 from genqueue.consumer.rqthread import RqThread
 
@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks at Redis (run_id, this consumer's stamp, rebuild states).
 CHECK_EVERY = 1.0
-#: Seconds the stamp and a finished rebuild's state are kept.
-KEEP = 7 * 24 * 3600
 #: Seconds a rebuild waits for the run's lock before it lets the loop look again (a producer
 #: may hold it for a long reconcile; the run stays held back meanwhile).
 LOCK_WAIT = 10.0
@@ -61,18 +59,6 @@ class Rebuild(StrEnum):
     DONE = "done"  # by another consumer meanwhile
     GONE = "gone"  # the run is not in Redis: `producer enqueue` re-creates it and rebuilds
     LOCKED = "locked"  # the run's lock stayed taken: try again later
-
-
-def stamp_key(worker: str) -> str:
-    return f"{KEY_PREFIX}:marks_stamp:{worker}"
-
-
-def state_key(run: str) -> str:
-    return run_key(run, "rebuild")
-
-
-def _text(raw: object) -> str | None:
-    return raw.decode() if isinstance(raw, bytes) else None if raw is None else str(raw)
 
 
 class Rewind:
@@ -120,27 +106,18 @@ class Rewind:
     def check(self) -> None:
         """One round trip: Redis's run_id, this consumer's stamp, the runs' rebuild states."""
         runs = self._runs()
-        with self.conn.pipeline(transaction=False) as p:
-            p.info("server")
-            p.get(stamp_key(self.worker))
-            for run in runs:
-                p.get(state_key(run))
-            # INFO may be refused (a managed Redis's ACL): the run_id only tells the log.
-            info, stamp, *states = p.execute(raise_on_error=False)
-        for answer in (stamp, *states):
-            if isinstance(answer, Exception):
-                raise answer
+        seen = look(self.conn, self.worker, runs)
         self._checked = time.monotonic()
-        run_id = None if isinstance(info, Exception) else str(info.get("run_id"))
+        run_id = seen.run_id
         if self.run_id is not None and run_id is not None and run_id != self.run_id:
             log.warning("Redis restarted (run_id %s -> %s)", self.run_id[:8], run_id[:8])
         self.run_id = run_id or self.run_id
-        found = int(_text(stamp) or 0)
+        found = seen.stamp
         if self._written and found < self._written:
             self._found_rewind(runs, found)
             return
-        for run, raw in zip(runs, states, strict=True):
-            if (_text(raw) or "").startswith("pending:"):
+        for run, state in zip(runs, seen.states, strict=True):
+            if state.startswith("pending:"):
                 if run not in self.pending:
                     log.warning("run %s: its marks are being rebuilt after a Redis rewind; not taking its jobs "
                                 "until done", run)
@@ -152,12 +129,7 @@ class Rewind:
                     "writes were lost (a restart from an RDB snapshot, a failover); rebuilding the marks of %s "
                     "from the shipped shards before taking their jobs again", found, self._written,
                     ", ".join(runs) or "no run")
-        nonce = uuid.uuid4().hex[:12]
-        with self.conn.pipeline(transaction=False) as p:
-            for run in runs:
-                p.set(state_key(run), f"pending:{nonce}")
-            p.set(stamp_key(self.worker), self._seq, ex=KEEP)
-            p.execute()
+        mark_pending(self.conn, self.worker, runs, uuid.uuid4().hex[:12], self._seq)
         self._written = self._seq
         self.pending.update(runs)
 
@@ -181,7 +153,7 @@ class Rewind:
         """Rebuild RUN's marks under its lock unless another consumer did."""
         info = RunStore(self.conn).get(run)
         if info is None:
-            self.conn.delete(state_key(run))
+            forget_state(self.conn, run)
             return Rebuild.GONE
         lock = RunLock(self.conn, run)
         deadline = time.monotonic() + LOCK_WAIT
@@ -191,12 +163,12 @@ class Rewind:
             time.sleep(0.1)
         lock.acquire()
         try:
-            state = _text(self.conn.get(state_key(run))) or ""
+            state = rebuild_state(self.conn, run)
             if not state.startswith("pending:"):
                 return Rebuild.DONE
             t0 = time.monotonic()
             rebuilt = rebuild_marks(self.conn, run, self._store_for(info.settings.output))
-            self.conn.set(state_key(run), "done:" + state.removeprefix("pending:"), ex=KEEP)
+            mark_rebuilt(self.conn, run, state)
             log.warning("run %s: marks rebuilt from %s in %.1f s", run, rebuilt.line(), time.monotonic() - t0)
             return Rebuild.REBUILT
         finally:

@@ -10,15 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import orjson
-import redis
 
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm
 from genqueue.common.errors import CorruptStateError, ModelNotServedError, PermanentError, TransientError, UserError
 from genqueue.common.eta import format_duration
-from genqueue.common.pause import pause_key
+from genqueue.common.pause import paused_reasons
 from genqueue.common.rqaccess import job_counts
-from genqueue.common.runs import RunInfo, RunStore, run_key
+from genqueue.common.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.faults import classify_status
 from genqueue.consumer.generate import Generator, RunContext
@@ -127,7 +125,7 @@ class ServedRuns:
         contexts ready: not paused in Redis, and past this consumer's pre-flight."""
         names = [self.only_run] if self.only_run else await self.rq.call(self.store.names)
         self._count = len(names)
-        paused = await self.rq.call(_pauses, self.store.conn, names)
+        paused = await self.rq.call(paused_reasons, self.store.conn, names)
         priorities = await self.rq.call(self.store.priorities, names)
         for name, p in priorities.items():
             if p != self.priorities.get(name, p):
@@ -148,7 +146,7 @@ class ServedRuns:
             self.contexts.pop(name, None)  # probed again, with a fresh breaker
         self.paused = paused
         if self.contexts:
-            present = await self.rq.call(_fingerprints, self.store.conn, list(self.contexts))
+            present = await self.rq.call(run_fingerprints, self.store.conn, list(self.contexts))
             for name in [n for n in self.contexts if n not in present]:
                 self._vanish(name)
             for name, fp in present.items():
@@ -281,7 +279,7 @@ class ServedRuns:
                    "(no message.reasoning, no reasoning_content, no <think> block): is the model a thinking "
                    "model, and is thinking enabled in its chat template?")
             log.error("%s", msg)
-            await self.rq.call(self.store.conn.hset, run_key(ctx.run, "warnings"), self.worker, msg)
+            await self.rq.call(add_run_warning, self.store.conn, ctx.run, self.worker, msg)
         return None
 
     def unfinished(self) -> dict[str, tuple[ExitCode, str]]:
@@ -316,26 +314,3 @@ async def accepts(client: EndpointClient, body: dict[str, Any]) -> None:
     except (aiohttp.ClientError, OSError) as e:
         raise TransientError(f"{type(e).__name__}: {e}") from e
 
-
-def _fingerprints(conn: redis.Redis, names: list[str]) -> dict[str, str]:
-    """The fingerprint of each run among NAMES that is in Redis (one round trip)."""
-    with conn.pipeline(transaction=False) as p:
-        for n in names:
-            p.hget(run_key(n), "fingerprint")
-        return {n: fp.decode() if isinstance(fp, bytes) else str(fp)
-                for n, fp in zip(names, p.execute(), strict=True) if fp is not None}
-
-
-def _pauses(conn: redis.Redis, names: list[str]) -> dict[str, str]:
-    """The runs among NAMES that are paused in Redis, with their reasons (one round trip)."""
-    if not names:
-        return {}
-    raws = conn.mget([pause_key(n) for n in names])
-    out: dict[str, str] = {}
-    for name, raw in zip(names, raws, strict=True):
-        if raw is not None:
-            try:
-                out[name] = str(orjson.loads(raw).get("reason", "?"))
-            except (orjson.JSONDecodeError, AttributeError):
-                out[name] = "?"
-    return out

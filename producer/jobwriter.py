@@ -16,9 +16,9 @@ CLAIM_GRACE it takes it over and queues its items like any item with no result a
 
 Re-queueing (`requeue`): items already in the run with no result and no live job (lost from
 rq, or failed with --retry-failed) go through the same two steps, under the run's lock
-(common/runlock.py): a re-claim script puts the ones still in that state in a claim set of
-this producer, fenced by the lock's token, then the same transaction enqueues them, WATCHing the
-lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
+(common/runlock.py): a re-claim script (common/marks.py) puts the ones still in that state in
+a claim set of this producer, fenced by the lock's token, then the same transaction enqueues
+them, WATCHing the lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
 transaction is dropped (the items stay in the run, for a later reconcile).
 """
 
@@ -27,34 +27,28 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from enum import IntEnum
 from itertools import count
 
 import redis
 from rq import Retry
 
 from genqueue.common import defaults
+from genqueue.common.claims import claim_exists, drop_claim, enqueue_claimed
 from genqueue.common.contracts import Item
-from genqueue.common.marks import done_key, failed_key
+from genqueue.common.marks import Reclaim, ReclaimLockLostError, Requeue
 from genqueue.common.redact import redact
 from genqueue.common.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
 from genqueue.common.runlock import RunLock
-from genqueue.common.runs import LUA_CALL_IN_PARTS, RunLockedError, RunStore, claim_key, key_digest, lock_key, run_key
+from genqueue.common.runs import RunLockedError, RunStore, claim_key, key_digest
 
 log = logging.getLogger(__name__)
+
+# Requeue is the re-claim script's answer (common/marks.py); named here too for producer/enqueue.py.
+__all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 
 #: A transaction whose reply was lost is checked (did its DEL of the claim set land?) and sent
 #: again at most this many times in all.
 COMMIT_ATTEMPTS = 3
-
-
-class Requeue(IntEnum):
-    """What a re-queue did with one item (the re-claim script's answer)."""
-
-    SKIPPED = 0  # not in the run any more, or repeated in the slice
-    QUEUED = 1  # this producer put it in a job
-    DONE = 2  # a shipped shard holds its result by now
-    FAILED = 3  # it has an error record and failed items are not retried
 
 
 class JobWriter:
@@ -73,7 +67,7 @@ class JobWriter:
         # transaction that enqueues it, so its absence proves the transaction landed.
         self._claim_prefix = uuid.uuid4().hex
         self._seq = count()
-        self._reclaim = conn.register_script(_RECLAIM)
+        self._reclaim = Reclaim(conn)
         use_fast_job_compression()
 
     @property
@@ -113,18 +107,14 @@ class JobWriter:
             raise RuntimeError("requeue needs the run's lock")
         self.lock.check()
         claim_id = f"{self._claim_prefix}:{next(self._seq)}"
-        keys = [run_key(self.run, "keys"), claim_key(self.run, claim_id), done_key(self.run),
-                failed_key(self.run), lock_key(self.run)]
         try:
             try:
-                raw = self._reclaim(keys=keys, args=[defaults.CLAIM_TTL, self.lock.token, int(retry_failed),
-                                                     *(key_digest(it["key"]) for it in items)])
-            except redis.exceptions.ResponseError as e:
-                if str(e).startswith(LOCK_LOST):
-                    self.lock.lost = True
-                    self.lock.check()
+                codes = self._reclaim(self.run, claim_id, ttl=defaults.CLAIM_TTL, token=self.lock.token,
+                                      retry_failed=retry_failed, digests=[key_digest(it["key"]) for it in items])
+            except ReclaimLockLostError:
+                self.lock.lost = True
+                self.lock.check()
                 raise
-            codes = [Requeue(int(c)) for c in raw]
             mine = [it for it, c in zip(items, codes, strict=True) if c is Requeue.QUEUED]
             batches = [mine[i : i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
             if batches:
@@ -151,25 +141,14 @@ class JobWriter:
         ckey = claim_key(self.run, claim_id)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
-                # WATCH: should the client be set to retry (a URL option, another default),
-                # redis-py raises instead of re-sending a transaction whose reply it lost,
-                # which would queue every job twice. Fenced (a re-queue): the lock is WATCHed
-                # too, and must still be this producer's.
-                with self.conn.pipeline(transaction=True) as pipe:
-                    if fenced:
-                        pipe.watch(ckey, lock_key(self.run))  # type: ignore[no-untyped-call]
-                        if _text(pipe.get(lock_key(self.run))) != self.lock.token:
-                            self.lock.lost = True
-                            self.lock.check()
-                    else:
-                        pipe.watch(ckey)  # type: ignore[no-untyped-call]
-                    pipe.multi()
-                    self.queue.enqueue_many(datas, pipeline=pipe)
-                    pipe.delete(ckey)
-                    pipe.execute()
+                # Fenced (a re-queue): the lock is WATCHed too, and must still be this producer's.
+                if not enqueue_claimed(self.conn, self.queue, datas, self.run, claim_id,
+                                       token=self.lock.token if fenced else None):
+                    self.lock.lost = True
+                    self.lock.check()  # raises: a re-queue holds the lock, and it is lost now
                 return
             except (redis.exceptions.WatchError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                if not self.conn.exists(ckey):
+                if not claim_exists(self.conn, self.run, claim_id):
                     return  # it landed: the reply was lost, not the transaction
                 if attempt == COMMIT_ATTEMPTS:
                     raise
@@ -179,7 +158,7 @@ class JobWriter:
         """Drop a re-claim that did not end in its transaction: its items stay in the run (they
         were before) and in no job, for a later reconcile; best effort (it expires)."""
         try:
-            self.conn.delete(claim_key(self.run, claim_id))
+            drop_claim(self.conn, self.run, claim_id)
         except redis.exceptions.RedisError as e:
             log.warning("could not drop re-claim %s of run %s (%s): a reconcile takes it over after %d s",
                         claim_id, self.run, redact(str(e)), defaults.CLAIM_GRACE)
@@ -187,7 +166,7 @@ class JobWriter:
     def _release(self, claim_id: str) -> None:
         """Give a failed slice's claim back, if its transaction did not land; best effort."""
         try:
-            if self.conn.exists(claim_key(self.run, claim_id)):
+            if claim_exists(self.conn, self.run, claim_id):
                 n = self.store.release(self.run, claim_id)
                 log.warning("released %d claimed items of run %s that were not enqueued", n, self.run)
         except redis.exceptions.RedisError as e:
@@ -196,53 +175,3 @@ class JobWriter:
                 "reconcile", claim_id, self.run, redact(str(e)),
             )
 
-
-def _text(value: object) -> str | None:
-    return None if value is None else value.decode() if isinstance(value, bytes) else str(value)
-
-
-#: The error the re-claim script answers when the caller's token no longer holds the lock.
-LOCK_LOST = "GENQUEUE_LOCK_LOST"
-
-# KEYS: the run's keys set, this re-claim's claim set, the done set, the failed set, the lock.
-# ARGV: the claim set's TTL, the lock token, 1 to take items with an error record, the digests.
-# Refused, before any write, unless the lock holds the token. A digest is this re-claim's
-# (1) when an earlier send of it took it, or when it is in the run, not done and (unless
-# retried) not failed; else 0 (not in the run, or repeated), 2 (done) or 3 (failed).
-_RECLAIM = """
-if redis.call('GET', KEYS[5]) ~= ARGV[2] then
-  return redis.error_reply('GENQUEUE_LOCK_LOST')
-end
-""" + LUA_CALL_IN_PARTS + """local digests = {}
-for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
-local in_run = call('SMISMEMBER', KEYS[1], digests)
-local done = call('SMISMEMBER', KEYS[3], digests)
-local failed = call('SMISMEMBER', KEYS[4], digests)
-local mine = {}
-if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
-local out, add, seen = {}, {}, {}
-for i, d in ipairs(digests) do
-  local code = 0
-  if seen[d] then
-    code = 0
-  elseif mine[i] == 1 then
-    code = 1
-  elseif in_run[i] == 0 then
-    code = 0
-  elseif done[i] == 1 then
-    code = 2
-  elseif failed[i] == 1 and ARGV[3] ~= '1' then
-    code = 3
-  else
-    code = 1
-    add[#add + 1] = d
-  end
-  seen[d] = true
-  out[i] = code
-end
-if #add > 0 then call('SADD', KEYS[2], add) end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
-end
-return out
-"""

@@ -38,46 +38,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.marks import done_key, failed_key
+from genqueue.common.claims import claim_members, other_claims, take_over
+from genqueue.common.marks import DONE, FAILED, IN_RUN, all_done, item_states
 from genqueue.common.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
-from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, run_key
+from genqueue.common.runs import add_keys, source_summary
 
 log = logging.getLogger(__name__)
 
-#: Bits of an item's state (item_states): in the run's keys set, DONE, FAILED.
-IN_RUN, DONE, FAILED = 1, 2, 4
-
-# KEYS: the run's keys set, done set, failed set. ARGV: digests. One byte per digest, '0' + its
-# state bits: the digests go to Redis once (not once per set), and the answer is one string (not
-# three integers per item): a tenth of the client's CPU of three SMISMEMBERs.
-_STATES = LUA_CALL_IN_PARTS + """
-local a = call('SMISMEMBER', KEYS[1], ARGV)
-local b = call('SMISMEMBER', KEYS[2], ARGV)
-local c = call('SMISMEMBER', KEYS[3], ARGV)
-local out = {}
-for i = 1, #ARGV do out[i] = string.char(48 + a[i] + 2 * b[i] + 4 * c[i]) end
-return table.concat(out)
-"""
-
-
-def item_states(conn: redis.Redis, run: str, digests: list[bytes]) -> bytes:
-    """Each item's state bits (IN_RUN, DONE, FAILED), one byte per digest, in one round trip."""
-    if not digests:
-        return b""
-    raw = conn.register_script(_STATES)(keys=[run_key(run, "keys"), done_key(run), failed_key(run)], args=digests)
-    return bytes(b - 48 for b in raw)
-
+# The item states are the mark store's (common/marks.py); named here too for producer/enqueue.py.
+__all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "derivation", "input_digest",
+           "item_states", "take_view", "unchanged_input"]
 
 def add_to_run(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
     """Put items that have marks but are not in the run's keys set into it (marks shipped by
     consumers after a Redis loss, before this producer read their records)."""
-    if digests:
-        conn.sadd(run_key(run, "keys"), *digests)
+    add_keys(conn, run, digests)
 
 
 def as_int(item_key: str) -> int:
@@ -106,28 +85,18 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
     OWN_PREFIX are this producer's own (all of them ended in their transaction)."""
     t0 = time.perf_counter()
     view = QueueView()
-    prefix = claim_key(run, "")
-    for raw in conn.scan_iter(match=prefix + "*", count=10_000):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if key[len(prefix):].startswith(own_prefix):
-            continue
-        ttl = conn.ttl(key)
-        if ttl < 0:  # gone meanwhile (-2), or no TTL (-1: not one of ours)
-            continue
-        if defaults.CLAIM_TTL - ttl > grace:
-            with conn.pipeline(transaction=True) as p:
-                p.scard(key)
-                p.delete(key)
-                n, deleted = p.execute()
-            if deleted:
+    for claim in other_claims(conn, run, own_prefix):
+        if defaults.CLAIM_TTL - claim.ttl > grace:
+            n = take_over(conn, claim)
+            if n is not None:
                 view.taken_over_claims += 1
-                view.taken_over_items += int(n)
+                view.taken_over_items += n
                 log.warning("run %s: took over claim %s of %d items, left by a producer that stopped between "
                             "claiming them and enqueueing them %.0f s ago; they are queued again",
-                            run, key[len(prefix):], n, defaults.CLAIM_TTL - ttl)
+                            run, claim.id, n, defaults.CLAIM_TTL - claim.ttl)
             continue
         view.held_claims += 1
-        view.live.update(int.from_bytes(d, "big") for d in conn.smembers(key) if isinstance(d, bytes))
+        view.live.update(int.from_bytes(d, "big") for d in claim_members(conn, claim))
     scan = JobScan()
     for job in read_jobs(conn, run, [*LIVE_PLACES, JobPlace.FAILED], scan=scan):
         into = view.failed if job.place is JobPlace.FAILED else view.live
@@ -171,15 +140,8 @@ def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None
     complete enqueue put them all in the run). Else None: read it."""
     if digest is None:
         return None
-    raw = conn.hget(run_key(run, "sources"), source)
-    prev = orjson.loads(raw) if raw is not None else None
+    prev = source_summary(conn, run, source)
     if (not isinstance(prev, dict) or not prev.get("complete") or prev.get("input_digest") != digest
             or prev.get("derivation") != derived):
         return None
-    with conn.pipeline(transaction=False) as p:
-        p.scard(run_key(run, "keys"))
-        p.sintercard(2, [run_key(run, "keys"), done_key(run)])
-        items, done = p.execute(raise_on_error=False)
-    if isinstance(done, Exception) or int(items) != int(done):  # (Redis before 7.0: no SINTERCARD)
-        return None
-    return prev
+    return prev if all_done(conn, run) else None

@@ -48,7 +48,7 @@ def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str,
             continue
         fh.writelines(missing_line(it["key"], it.get("id"), it.get("source"), it.get("index")) for it in found)
         exportsets.remove(conn, missing_key, [bytes.fromhex(it["key"]) for it in found])
-    fh.writelines(missing_line(d.hex(), None, None, None) for d in exportsets.scan(conn, missing_key))
+    fh.writelines(missing_line(d.hex(), None, None, None) for d in exportsets.each_member(conn, missing_key))
 
 
 def missing_line(key: str, rid: Any, source: Any, index: Any) -> bytes:

@@ -12,7 +12,8 @@ import redis
 
 from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
 from genqueue.common.settings import RunSettings, Sampling
-from genqueue.consumer.checkpoints import Checkpoints, checkpoint_key
+from genqueue.common.checkpoints import checkpoint_key
+from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.generate import Gate, Generator, RunContext, retry_budget
 from genqueue.consumer.sim.server import SimConfig, SimServer

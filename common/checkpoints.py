@@ -1,0 +1,47 @@
+"""Checkpoints of multi-turn regeneration in Redis: the store under consumer/checkpoints.py.
+
+Key: genqueue:run:<run>:ckpt:<item key>  (JSON of the history so far), kept TTL_SECONDS; saved
+after each finished turn that leaves more to do, deleted when the item's job is acked (in the
+ack's own transaction: common/runs.py `count_acked`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis
+
+from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.redisconn import async_connect
+
+#: A checkpoint outlives any plausible job retry, then expires by itself.
+TTL_SECONDS = 7 * 24 * 3600
+
+
+def checkpoint_key(run: str, item_key: str) -> str:
+    return f"{KEY_PREFIX}:run:{run}:ckpt:{item_key}"
+
+
+class CheckpointStore:
+    """Async reads and writes of checkpoints, for the generator on the event loop. Raises what
+    redis-py raises: the caller decides what a failure costs."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = async_connect(url)
+
+    async def load(self, run: str, item_key: str) -> bytes | str | None:
+        """The checkpoint of ITEM_KEY, as stored (None when there is none)."""
+        return await self._conn.get(checkpoint_key(run, item_key))
+
+    async def save(self, run: str, item_key: str, state: dict[str, Any]) -> None:
+        await self._conn.set(checkpoint_key(run, item_key), orjson.dumps(state), ex=TTL_SECONDS)
+
+    async def close(self) -> None:
+        await self._conn.aclose()
+
+
+def clear(pipe: redis.client.Pipeline, run: str, item_keys: list[str]) -> None:
+    """Queue the deletion of ITEM_KEYS' checkpoints on a (sync) pipeline, at ack time."""
+    if item_keys:
+        pipe.delete(*[checkpoint_key(run, k) for k in item_keys])

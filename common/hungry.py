@@ -1,0 +1,27 @@
+"""A consumer's call for work of a run: its queue is empty here and it has a slot free.
+
+Key: genqueue:run:<run>:hungry  (the calling consumer's rq worker name), kept a few seconds.
+Other consumers read it and give back the jobs of the run they hold with nothing sent yet
+(consumer/intake.py), so the run's last jobs go where they can start at once.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from genqueue.common.runs import run_key
+
+
+def hungry_key(run: str) -> str:
+    return run_key(run, "hungry")
+
+
+def call_for_work(conn: redis.Redis, run: str, worker: str, ttl: float) -> None:
+    """WORKER calls for work of RUN, for TTL seconds."""
+    conn.set(hungry_key(run), worker, px=int(ttl * 1000))
+
+
+def caller_for_work(conn: redis.Redis, run: str) -> str | None:
+    """The consumer calling for work of RUN now, if any."""
+    raw = conn.get(hungry_key(run))
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else None if raw is None else str(raw)

@@ -1,0 +1,96 @@
+"""The mark store's own reads and scripts, against a real Redis: the parts the producer and the
+consumer used to spell themselves (item states, all done, progress, the re-claim, the marks of a
+shard file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from genqueue.common.marks import (
+    DONE,
+    FAILED,
+    IN_RUN,
+    Reclaim,
+    ReclaimLockLostError,
+    Requeue,
+    ShardMarks,
+    all_done,
+    item_states,
+    mark_shipped,
+    marks_of_file,
+    progress,
+)
+from genqueue.common.runs import claim_key, key_digest, lock_key, run_key
+
+RUN = "m"
+
+
+def key(i: int) -> str:
+    return f"{i:032x}"
+
+
+def shipped(conn: redis.Redis, done: list[int], failed: list[int]) -> None:
+    marks = ShardMarks()
+    for i in done:
+        marks.add_record({"key": key(i), "outcome": "complete", "turns": [{"content": "a"}, {"content": "b"}]})
+    for i in failed:
+        marks.add_record({"key": key(i), "error": {"class": "timeout"}})
+    mark_shipped(conn, RUN, marks)
+
+
+def test_item_states_and_all_done(conn: redis.Redis) -> None:
+    conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(3)))
+    shipped(conn, done=[0, 5], failed=[1])
+    states = item_states(conn, RUN, [key_digest(key(i)) for i in (0, 1, 2, 5)])
+    assert list(states) == [IN_RUN | DONE, IN_RUN | FAILED, IN_RUN, DONE]
+    assert item_states(conn, RUN, []) == b""
+    assert not all_done(conn, RUN)
+    shipped(conn, done=[1, 2], failed=[])
+    assert all_done(conn, RUN)
+
+
+def test_progress_reads_the_marks_with_their_counters(conn: redis.Redis) -> None:
+    conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(4)))
+    shipped(conn, done=[0, 1], failed=[1, 2])
+    conn.hset(run_key(RUN, "stats"), "garbage", "x")
+    p = progress(conn, RUN)
+    assert (p.items, p.done, p.failed, p.failed_and_done, p.failed_only) == (4, 2, 2, 1, 1)
+    # an error record of an item that has a result already counts nowhere
+    assert p.stats == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}
+
+
+def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
+    conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(4)))
+    shipped(conn, done=[0], failed=[1])
+    conn.set(lock_key(RUN), "tok")
+    reclaim = Reclaim(conn)
+    digests = [key_digest(key(i)) for i in (0, 1, 2, 2, 9)]
+    assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=digests) == [
+        Requeue.DONE, Requeue.FAILED, Requeue.QUEUED, Requeue.SKIPPED, Requeue.SKIPPED]
+    assert conn.smembers(claim_key(RUN, "c")) == {key_digest(key(2))}
+    # sent again (a lost reply): the same answer; with failed items retried, the failed one too
+    assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=True, digests=digests)[:3] == [
+        Requeue.DONE, Requeue.QUEUED, Requeue.QUEUED]
+    assert 0 < conn.ttl(claim_key(RUN, "c")) <= 60
+
+
+def test_the_reclaim_writes_nothing_without_the_lock(conn: redis.Redis) -> None:
+    conn.sadd(run_key(RUN, "keys"), key_digest(key(1)))
+    conn.set(lock_key(RUN), "someone else")
+    with pytest.raises(ReclaimLockLostError):
+        Reclaim(conn)(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=[key_digest(key(1))])
+    assert not conn.exists(claim_key(RUN, "c"))
+
+
+def test_the_marks_of_a_shard_file_skip_torn_lines(tmp_path: Path) -> None:
+    path = tmp_path / "shard.jsonl"
+    lines = [orjson.dumps({"key": key(1), "outcome": "complete"}), orjson.dumps({"key": key(2), "error": {"class": "x"}}),
+             b'{"key": "torn', orjson.dumps(["not", "a", "record"]), orjson.dumps({"key": 7})]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    marks = marks_of_file(path)
+    assert marks.done == [key_digest(key(1))] and marks.done_kind == ["shipped_outcome_complete"]
+    assert marks.failed == [key_digest(key(2))] and marks.failed_kind == ["shipped_failed_x"]
