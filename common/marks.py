@@ -4,10 +4,8 @@ Every read and write of the done and failed marks goes through this module, Lua 
 marking a shipped shard (and bumping its per-outcome counters), the consumer's look-up of a
 job's items, the producer's item states and re-claim, the counts, and the rebuild from the
 shards. Nothing outside it spells the keys' layout or the counters' names in a command, so a
-change of how the marks are stored is a change of this file (and its tests) alone. (Not yet:
-producer/status.py and producer/lifecycle.py count the sets by `done_key` themselves, and
-producer/status_figures.py spells the counters' prefixes; `progress` and SHIPPED_* are theirs to
-read here.)
+change of how the marks are stored is a change of this file (and its tests) alone: status
+reads `progress`, `producer runs` reads `totals`, and the counters' names are SHIPPED_*.
 
 When a shard is shipped, the keys of the records it holds are added to the run's `done` set
 (results) or `failed` set (error records), in one round trip, before any job is acked on it.
@@ -256,6 +254,17 @@ def progress(conn: redis.Redis, run: str) -> Progress:
         except ValueError:  # garbage in the hash: left out, as RunStore.stats does
             continue
     return Progress(int(items), int(done), int(failed), int(both), stats)
+
+
+def totals(conn: redis.Redis, run: str) -> tuple[int, int, int]:
+    """The sizes of RUN's keys set and of its done and failed marks as stored (an item may be in
+    both marks), one round trip: `producer runs`' figures."""
+    with conn.pipeline(transaction=False) as p:
+        p.scard(run_key(run, "keys"))
+        p.scard(done_key(run))
+        p.scard(failed_key(run))
+        items, done, failed = p.execute()
+    return int(items), int(done), int(failed)
 
 
 # --- the producer's re-claim (producer/jobwriter.py's requeue) ------------------------------

@@ -23,6 +23,7 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
+from genqueue.common.marks import totals
 from genqueue.common.pause import resume_run, run_pause
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
@@ -31,7 +32,6 @@ from genqueue.common.rqaccess import clear_refused, job_counts
 from genqueue.common.rqjobs import scan_jobs
 from genqueue.common.rundelete import delete_run
 from genqueue.common.runs import RunStore
-from genqueue.common.runstats import totals
 from genqueue.common.settings import check_run_name
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import click
 import redis
 
-from genqueue.common import defaults
+from genqueue.common import defaults, marks
 from genqueue.common.eta import eta_seconds, format_duration
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
@@ -34,7 +34,6 @@ from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import RunStore
 from genqueue.common.runsources import reading
-from genqueue.common.runstats import progress
 from genqueue.common.snapshots import ConsumerReport, reports
 from genqueue.producer.cost import remaining_tokens, run_cost
 from genqueue.producer.status_figures import input_view, outcome_view, placement, run_share, speed_note
@@ -61,7 +60,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     info = store.require(run)
     sources = store.sources(run)
     inputs = input_view(sources, reading(conn, run))
-    items, done, failed, stats = progress(conn, run)
+    counted = marks.progress(conn, run)  # one moment: marks and the counters they bump agree
+    items, done, failed, stats = counted.items, counted.done, counted.failed_only, counted.stats
     pause = run_pause(conn, run)
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from genqueue.common.contracts import ErrorClass, Outcome
+from genqueue.common.marks import SHIPPED_FAILED, SHIPPED_OUTCOME
 from genqueue.common.snapshots import ConsumerReport
 from genqueue.producer.status_report import FileView, InputView, OutcomeView, RunShare, ShareShipping
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.
 CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
-SHIPPED_OUTCOME = "shipped_outcome_"
-SHIPPED_FAILED = "shipped_failed_"
 
 
 def run_share(c: ConsumerReport, run: str) -> RunShare:
