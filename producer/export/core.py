@@ -320,17 +320,16 @@ class Exporter:
             if not records & 4095:
                 tick(4096)
             try:
-                got = read_line(line)
-                kind, blob = self._blob(got.rec, line)
-                header = pack(got.key, got.place, got.position, got.turn, got.sample, kind, got.attempt, got.finished,
-                              ordinal, lineno, len(blob))
+                rec, key, place, index, turn, sample, attempt, finished = read_line(line)
+                kind, blob = self._blob(rec, line)
+                header = pack(key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, len(blob))
             except (*BAD_LINE, struct.error):
                 if line.strip():
                     bad += 1
                 else:
                     blank += 1
                 continue
-            f = files[min(layout.position(got.place, got.position) // span, last)]
+            f = files[min(layout.position(place, index) // span, last)]
             try:
                 f.write(header)
                 f.write(blob)
