@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -47,6 +47,10 @@ from genqueue.producer.export.formats import FORMATS, ExportFormat, SideFile, fo
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 from genqueue.producer.rungone import run_gone
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import Task, TaskID
 
 __all__ = ["export_command", "format_export", "stem"]
 
@@ -185,9 +189,9 @@ class _Bar:
 
     wants_total = True
 
-    def __init__(self, bar: Any) -> None:
+    def __init__(self, bar: RichProgress) -> None:
         self.bar = bar
-        self.task: Any = None
+        self.task: TaskID  # set by reading(), the first call
 
     def reading(self, records: int | None, shards: int) -> None:
         self.task = self.bar.add_task(f"reading {shards:,} shards", total=records)
@@ -223,7 +227,7 @@ def _progress(*, enabled: bool) -> Iterator[Progress]:
     from rich.text import Text
 
     class Rate(ProgressColumn):
-        def render(self, task: Any) -> Text:
+        def render(self, task: Task) -> Text:
             return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
 
     with RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
