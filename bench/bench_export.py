@@ -139,7 +139,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, action="append", help="items per run (repeatable)")
     ap.add_argument("--dup-rate", type=float, default=0.03)
-    ap.add_argument("--format", default="openai", choices=("openai", "sharegpt", "specforge", "batch"))
+    from genqueue.producer.export.formats import FORMATS
+
+    ap.add_argument("--format", default="openai", choices=[f.value for f, spec in FORMATS.items() if not spec.only_parquet])
     ap.add_argument("--suffix", action="append",
                     help="output suffix, repeatable: .jsonl, .jsonl.gz, .jsonl.zst, .parquet (default: .jsonl and "
                          ".parquet, side by side on the same shards)")

@@ -8,8 +8,9 @@ they are parsed from JSON far more often than built, and stay plain dicts on the
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum, StrEnum
-from typing import Any, Required, TypedDict, TypeGuard
+from typing import Any, Required, TypedDict, TypeGuard, cast, final
 
 
 class Mode(StrEnum):
@@ -136,31 +137,48 @@ class ConsumerInfo(TypedDict):
     endpoint: str
 
 
-class ToolFunction(TypedDict, total=False):
-    """The function of a tool call: its name and its arguments (a JSON string in the API;
-    some recordings keep them as an object)."""
+class Role(StrEnum):
+    """The role of a message, in OpenAI chat form (what `producer enqueue` normalises every
+    input's roles to)."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class ToolFunction(TypedDict):
+    """The function of a tool call: its name and its arguments, a JSON string as OpenAI sends it."""
 
     name: str
-    arguments: object
+    arguments: str
 
 
-class ToolCall(TypedDict, total=False):
-    """One OpenAI tool call, as the endpoint returns it and a recording keeps it."""
+class ToolCall(TypedDict):
+    """One call of an assistant message's `tool_calls`."""
 
     id: str
-    type: str
+    type: str  # "function"
     function: ToolFunction
 
 
-class Message(TypedDict, total=False):
-    """One OpenAI chat message, as an item carries it and a record keeps it."""
+#: A tool's schema as the request's `tools` carries it (`{"type": "function", "function":
+#: {"name", "parameters"...}}`): free-form JSON below its type, passed through untouched.
+ToolSpec = dict[str, Any]
 
-    role: Required[str]  # system, user, assistant, tool
-    content: str | None
-    name: str
-    tool_calls: list[ToolCall]  # assistant: the calls it made
-    tool_call_id: str | None  # tool: the call it answers
-    reasoning_content: str  # regenerate, --history-reasoning keep: the turn's thinking, for the template
+
+class ChatMessage(TypedDict, total=False):
+    """One message of a conversation in OpenAI chat form, as items and records hold it:
+    `{"role": "system"|"user", "content"}`, `{"role": "assistant", "content"[, "tool_calls"]}`,
+    `{"role": "tool", "content", "tool_call_id"}`. The export adds an answer's thinking as
+    `reasoning_content`. `content` is a string as the producer writes it; a job made by hand
+    may leave it null beside tool calls."""
+
+    role: Required[str]  # a Role
+    content: Required[str | None]
+    tool_calls: list[ToolCall]
+    tool_call_id: str | None  # null in a recording that lost it
+    reasoning_content: str | None
 
 
 class Item(TypedDict, total=False):
@@ -181,6 +199,57 @@ class Item(TypedDict, total=False):
     # several samples per prompt (--samples N > 1): the sample's number and its request seed
     sample: int
     seed: int
+
+
+class ItemError(ValueError):
+    """A value that is not an Item (parse_item says which field and why)."""
+
+
+_ITEM_KEY = re.compile(r"^[0-9a-f]{32}$")
+_ROLE_NAMES = frozenset(r.value for r in Role)
+
+
+def parse_item(value: object, *, max_chars: int, where: str = "item") -> Item:
+    """VALUE as an Item, checked field by field: the fields a request is made of (key, index,
+    turn, messages with known roles and string contents and at least one user message, at most
+    MAX_CHARS characters of them, tools, note). Raises ItemError naming WHERE and the field."""
+    if not isinstance(value, dict):
+        raise ItemError(f"{where} is a {type(value).__name__}, not an object")
+    key = value.get("key")
+    if not isinstance(key, str) or not _ITEM_KEY.match(key):
+        raise ItemError(f"{where}: key is not 32 hex characters")
+    index = value.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ItemError(f"{where}: index is not a non-negative integer")
+    turn = value.get("turn")
+    if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool)):
+        raise ItemError(f"{where}: turn is not an integer or null")
+    messages = value.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ItemError(f"{where}: messages is not a non-empty list")
+    chars = 0
+    users = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLE_NAMES:
+            raise ItemError(f"{where}: message {i} has no known role")
+        content = m.get("content")
+        if content is None and m["role"] == Role.ASSISTANT and m.get("tool_calls"):
+            continue
+        if not isinstance(content, str):
+            raise ItemError(f"{where}: message {i} content is not a string")
+        chars += len(content)
+        users += m["role"] == Role.USER
+    if not users:
+        raise ItemError(f"{where}: no user message")
+    if chars > max_chars:
+        raise ItemError(f"{where}: {chars} characters of messages, over the limit of {max_chars}")
+    tools = value.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ItemError(f"{where}: tools is not a list of objects")
+    note = value.get("note")
+    if note is not None and not isinstance(note, str):
+        raise ItemError(f"{where}: note is not a string")
+    return cast(Item, value)  # checked above, field by field
 
 
 #: The `error` field of an error record (`class` is a keyword, hence the functional form).
@@ -252,7 +321,7 @@ class RecordBase(TypedDict, total=False):
     index: Required[int]
     turn: Required[int | None]
     run: Required[str]
-    messages: Required[list[Message]]
+    messages: Required[list[ChatMessage]]
     sampling: Required[dict[str, Any]]
     fingerprint: Required[str]
     version: Required[str]
@@ -268,6 +337,7 @@ class RecordBase(TypedDict, total=False):
     seed: int
 
 
+@final  # a shard line is one or the other: `"error" in rec` tells them apart
 class ResultRecord(RecordBase, total=False):
     """A line of a result shard for an item that was answered (docs/records.md)."""
 
@@ -288,6 +358,7 @@ class ResultRecord(RecordBase, total=False):
     resumed_at_turn: int
 
 
+@final
 class ErrorRecord(RecordBase, total=False):
     """A line of a result shard for an item that could not be answered."""
 
@@ -296,6 +367,24 @@ class ErrorRecord(RecordBase, total=False):
 
 
 Record = ResultRecord | ErrorRecord
+
+
+class JobFailedRecord(TypedDict, total=False):
+    """An errors-file line the export writes for an item of a job rq gave up on, that no
+    shard holds: the item's own fields and the error (class job_failed). No consumer answered
+    it, so it carries none of a record's run fields (sampling, fingerprint, consumer...)."""
+
+    key: Required[str]
+    index: Required[int]
+    turn: Required[int | None]
+    run: Required[str]
+    id: str
+    source: str
+    source_seq: int
+    sample: int
+    seed: int
+    messages: Required[list[dict[str, Any]]]
+    error: Required[ErrorInfo]
 
 
 class ShardManifest(TypedDict, total=False):

@@ -30,11 +30,11 @@ from typing import Any
 
 from genqueue.common import defaults
 from genqueue.common.contracts import (
+    ChatMessage,
     ConsumerInfo,
     ErrorClass,
     ErrorRecord,
     Item,
-    Message,
     Mode,
     Note,
     Outcome,
@@ -146,7 +146,7 @@ class Generator:
         rec["timings"] = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
         return rec
 
-    async def complete(self, ctx: RunContext, messages: list[Message],
+    async def complete(self, ctx: RunContext, messages: list[ChatMessage],
                        tools: object, seed: int | None = None) -> tuple[Turn, TruncationNote | None]:
         """A completion under the run's truncation policy: with "retry", a cut answer is asked
         again once with the largest budget the context leaves. Returns (turn, truncation note)."""
@@ -180,7 +180,7 @@ class Generator:
         if not total_user_turns:  # intake refuses such an item; a direct caller might not
             return records.error_record(records.record_base(ctx, item, attempt, source),
                                         error_info(ErrorClass.INVALID_ITEM, "InvalidItem", "item has no user turn"))
-        history: list[Message] = []
+        history: list[ChatMessage] = []
         turns: list[TurnRecord] = []
         pos = 0
         state = await self._load_checkpoint(ctx, item, len(source)) if total_user_turns > 1 else None
@@ -258,7 +258,7 @@ class Generator:
                                            resumed_at=resumed_at)
 
     async def _load_checkpoint(self, ctx: RunContext, item: Item,
-                               n_messages: int) -> tuple[list[Message], list[TurnRecord], int] | None:
+                               n_messages: int) -> tuple[list[ChatMessage], list[TurnRecord], int] | None:
         """A saved (history, turns, position), or None to start at turn 1 (none saved, or one
         whose shape does not fit this item: better to redo turns than to fail the item)."""
         if self.checkpoints is None:
@@ -283,7 +283,7 @@ def retry_budget(max_model_len: int | None, prompt_tokens: int | None, max_token
     return budget if budget > max_tokens else None
 
 
-def _drop_unanswered(history: list[Message]) -> None:
+def _drop_unanswered(history: list[ChatMessage]) -> None:
     """A failed answer leaves its user turn unanswered: drop it. Spliced tool results stay,
     after the call that asked for them (the turns say they were spliced)."""
     if history and history[-1]["role"] == "user":

@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Item
+from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.hungry import call_for_work, caller_for_work
 from genqueue.common.marks import Mark, marks_of
 from genqueue.common.rqaccess import job_counts, queue_for
@@ -53,67 +51,25 @@ TAIL_WINDOW = 5.0
 #: GENQUEUE_TAIL_BALANCE=0 turns both off, to measure what they buy (bench/bench_fleet.py).
 TAIL_BALANCE = os.environ.get("GENQUEUE_TAIL_BALANCE", "1") != "0"
 
-_KEY = re.compile(r"^[0-9a-f]{32}$")
-_ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
 class InvalidJob(ValueError):
     """A job naming genqueue's task whose arguments are not a list of valid items."""
 
 
-def parse_items(args: Any, kwargs: Any, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
-    """The items a job carries, checked field by field (the producer writes them; anything
-    else put on the queue by hand is checked here, once, before any request is made)."""
+def parse_items(args: object, kwargs: object, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
+    """The items a job carries, each read through the contract's typed reader (contracts.parse_item:
+    the producer writes them; anything else put on the queue by hand is checked here, once,
+    before any request is made)."""
     if kwargs:
         raise InvalidJob("job has keyword arguments; genqueue jobs carry one list of items")
     if not isinstance(args, list | tuple) or len(args) != 1 or not isinstance(args[0], list):
         raise InvalidJob("job arguments are not a list of items")
-    items = args[0]
-    if not items:
+    raw: list[object] = args[0]
+    if not raw:
         raise InvalidJob("job carries no items")
-    for n, item in enumerate(items):
-        _check_item(n, item, max_chars)
-    return cast(list[Item], items)
-
-
-def _check_item(n: int, item: Any, max_chars: int) -> None:
-    where = f"item {n}"
-    if not isinstance(item, dict):
-        raise InvalidJob(f"{where} is a {type(item).__name__}, not an object")
-    key = item.get("key")
-    if not isinstance(key, str) or not _KEY.match(key):
-        raise InvalidJob(f"{where}: key is not 32 hex characters")
-    index = item.get("index")
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise InvalidJob(f"{where}: index is not a non-negative integer")
-    turn = item.get("turn")
-    if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool)):
-        raise InvalidJob(f"{where}: turn is not an integer or null")
-    messages = item.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidJob(f"{where}: messages is not a non-empty list")
-    chars = 0
-    users = 0
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise InvalidJob(f"{where}: message {i} has no known role")
-        content = m.get("content")
-        if content is None and m["role"] == "assistant" and m.get("tool_calls"):
-            continue
-        if not isinstance(content, str):
-            raise InvalidJob(f"{where}: message {i} content is not a string")
-        chars += len(content)
-        users += m["role"] == "user"
-    if not users:
-        raise InvalidJob(f"{where}: no user message")
-    if chars > max_chars:
-        raise InvalidJob(f"{where}: {chars} characters of messages, over the limit of {max_chars}")
-    tools = item.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise InvalidJob(f"{where}: tools is not a list of objects")
-    note = item.get("note")
-    if note is not None and not isinstance(note, str):
-        raise InvalidJob(f"{where}: note is not a string")
+    try:
+        return [parse_item(item, max_chars=max_chars, where=f"item {n}") for n, item in enumerate(raw)]
+    except ItemError as e:
+        raise InvalidJob(str(e)) from None
 
 
 class Intake:

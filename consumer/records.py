@@ -19,13 +19,13 @@ from typing import Any, Literal, Protocol, cast
 from genqueue.common import __version__
 from genqueue.common.contracts import (
     CallSummary,
+    ChatMessage,
     ConsumerInfo,
     ErrorClass,
     ErrorInfo,
     ErrorRecord,
     HistoryReasoning,
     Item,
-    Message,
     Note,
     Outcome,
     PartialAnswer,
@@ -63,10 +63,10 @@ class RunFacts(Protocol):
     def consumer(self) -> ConsumerInfo: ...
 
 
-def messages_of(item: Item) -> list[Message]:
+def messages_of(item: Item) -> list[ChatMessage]:
     """ITEM's messages as Messages: intake has checked each one (a known role, string
     content) before an item reaches the generator."""
-    return cast(list[Message], item["messages"])
+    return cast(list[ChatMessage], item["messages"])
 
 
 def seed_of(item: object) -> int | None:
@@ -75,7 +75,7 @@ def seed_of(item: object) -> int | None:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def record_base(ctx: RunFacts, item: Item, attempt: int, messages: list[Message]) -> RecordBase:
+def record_base(ctx: RunFacts, item: Item, attempt: int, messages: list[ChatMessage]) -> RecordBase:
     """The fields every record carries. Reads ITEM defensively: it also builds the record of
     an item that made answering fail (then it may not even be a dict)."""
     get: Callable[..., Any] = item.get if isinstance(item, dict) else _NOTHING.get  # once per item
@@ -165,7 +165,7 @@ def internal_error(ctx: RunFacts, item: Item, attempt: int, e: BaseException) ->
     """The record of an item whose answering raised where nothing should (a genqueue bug).
     ITEM is read defensively: it may be what made answering fail."""
     msgs = item.get("messages", []) if isinstance(item, dict) else []
-    base = record_base(ctx, item, attempt, cast(list[Message], msgs) if isinstance(msgs, list) else [])
+    base = record_base(ctx, item, attempt, cast(list[ChatMessage], msgs) if isinstance(msgs, list) else [])
     message = f"{type(e).__name__}: {e}"[:INTERNAL_MESSAGE_CHARS]
     return error_record(base, error_info(ErrorClass.INTERNAL, type(e).__name__, message))
 
@@ -209,7 +209,7 @@ def stop(user_turn: int, step: int, reason: str, *, dropped: bool | None = None,
     return stopped
 
 
-def conversation_record(base: RecordBase, turns: list[TurnRecord], history: list[Message], stopped: Stopped | None,
+def conversation_record(base: RecordBase, turns: list[TurnRecord], history: list[ChatMessage], stopped: Stopped | None,
                         *, history_reasoning: str, turns_total: int, resumed_at: int | None) -> ResultRecord:
     """regenerate: the record of a conversation answered in TURNS (at least one), HISTORY
     being the messages as they now stand."""
@@ -242,9 +242,9 @@ def conversation_record(base: RecordBase, turns: list[TurnRecord], history: list
     return rec
 
 
-def assistant_message(turn: Turn, history_reasoning: str) -> Message:
+def assistant_message(turn: Turn, history_reasoning: str) -> ChatMessage:
     """The history message TURN becomes, for the next turn's request."""
-    msg: Message = {"role": "assistant", "content": turn.content}
+    msg: ChatMessage = {"role": "assistant", "content": turn.content}
     if turn.tool_calls:
         msg["tool_calls"] = turn.tool_calls
     if history_reasoning == HistoryReasoning.KEEP and turn.reasoning:

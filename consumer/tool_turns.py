@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from genqueue.common.contracts import CallSummary, Message, ToolCall
+from genqueue.common.contracts import CallSummary, ChatMessage, ToolCall
 
 __all__ = ["call_summary", "match_calls", "splice_results"]
 
@@ -73,12 +73,12 @@ def match_calls(got: list[ToolCall], recorded: list[ToolCall]) -> dict[str, str]
     return ids
 
 
-def splice_results(results: list[Message], ids: dict[str, str]) -> list[Message]:
+def splice_results(results: list[ChatMessage], ids: dict[str, str]) -> list[ChatMessage]:
     """The recorded tool messages, answering the target's call ids."""
     return [_answering(m, ids) for m in results]
 
 
-def _answering(msg: Message, ids: dict[str, str]) -> Message:
+def _answering(msg: ChatMessage, ids: dict[str, str]) -> ChatMessage:
     key = msg.get("tool_call_id", "")
     spliced = msg.copy()
     spliced["tool_call_id"] = None if key is None else ids.get(key, msg.get("tool_call_id"))

@@ -3,7 +3,9 @@ reads, and accounts for every item of the run (done, partial, failed, refused, m
 
 - command.py: the click command, its options, and the summary it prints;
 - core.py: the pass over the shards (dedupe by item key, outcomes kept or set aside);
-- formats.py: one converter per export format (openai, sharegpt, batch, ...);
+- formats.py: the export formats (an enum) and their one registry: each format's converter,
+  its errors-file line, whether it may be Parquet, its side file;
+- records.py: one shard line read once into the contract's record and its placing fields;
 - parquet.py / sinks.py / layout.py: where rows go (JSONL, Parquet partitions, side files);
 - coverage.py: the run's items against what the shards hold;
 - sources.py: reading shards from a local folder or S3.

@@ -2,8 +2,8 @@
 
 Reads every shard of the run from its output location (a directory or s3://), keeps one record
 per item (delivery is at least once), writes the dataset in input order (source by source,
-position by position) in the shape a training tool reads (formats.py: openai, sharegpt,
-specforge, batch), as JSONL (gzip for .gz, zstd for .zst) or Parquet (.parquet or --format
+position by position) in the shape a training tool reads (formats.py, one entry per
+--format), as JSONL (gzip for .gz, zstd for .zst) or Parquet (.parquet or --format
 parquet); the answers that never ended on their own to a truncated file; the items that
 failed for good to an errors file; and the enqueued items with no record at all to a missing
 file. Exits 1 when anything is missing, or when more items failed for good or are partial
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -43,10 +43,14 @@ from genqueue.producer.export.core import (
     beside,
     stem,
 )
-from genqueue.producer.export.formats import FORMATS, llamafactory_dataset_info
+from genqueue.producer.export.formats import FORMATS, ExportFormat, SideFile, format_help
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 from genqueue.producer.rungone import run_gone
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import Task, TaskID
 
 __all__ = ["export_command", "format_export", "stem"]
 
@@ -65,16 +69,17 @@ def _writable(path: Path, target: Target) -> Path:
     return path
 
 
-def _shape_and_container(fmt: str, output: Path) -> tuple[str, bool]:
+def _shape_and_container(fmt: ExportFormat, output: Path) -> tuple[ExportFormat, bool]:
     """(the lines' shape, whether the file is Parquet) from --format and the output's name."""
+    spec = FORMATS[fmt]
     named_parquet = output.name.lower().endswith(".parquet")
-    if fmt == "parquet":
+    if spec.only_parquet:
         if not named_parquet:
-            raise UserError(f"--format parquet writes Parquet: name the output *.parquet, not {output.name}")
-        return "openai", True
-    if named_parquet and fmt == "batch":
-        raise UserError("--format batch writes the Batch API's JSONL output file: name the output *.jsonl")
-    return fmt, named_parquet
+            raise UserError(f"--format {fmt} writes Parquet: name the output *.parquet, not {output.name}")
+        return spec.lines or fmt, True
+    if named_parquet and not spec.parquet:
+        raise UserError(f"--format {fmt} writes {spec.not_parquet}: name the output *.jsonl")
+    return spec.lines or fmt, named_parquet
 
 
 def _outcomes(text: str | None) -> frozenset[str]:
@@ -94,12 +99,8 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--run", "run_name", required=True, help="The run to export.")
 @click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
               help="Dataset file to write: .jsonl (.gz or .zst to compress) or .parquet.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai", show_default=True,
-              help="openai: chat `messages`, each answer's thinking as `reasoning_content` beside it; sharegpt: LLaMA-Factory's "
-                   "conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads it too); "
-                   "specforge: SpecForge's conversations of role/content with reasoning_content; batch: OpenAI "
-                   "Batch API output lines; parquet: the openai shape in Parquet (any shape is Parquet when the "
-                   "output is named .parquet).")
+@click.option("--format", "fmt", type=click.Choice([f.value for f in ExportFormat]), default=ExportFormat.OPENAI.value,
+              show_default=True, help=format_help())
 @click.option("--include-outcomes", "include", default=None, metavar="OUTCOME,...",
               help="Outcomes the dataset holds (default: finished; e.g. finished,cut_in_answer,partial; `all` "
                    "for every one). Answers with another outcome go to the truncated file.")
@@ -135,7 +136,7 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
     failed_limit = _failed_limit(max_failed)
     outcomes = _outcomes(include)
     out = _writable(Path(output), OUTPUT)
-    shape, parquet = _shape_and_container(fmt, out)
+    shape, parquet = _shape_and_container(ExportFormat(fmt), out)
     errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), ERRORS)
     cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), TRUNCATED)
     miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), MISSING)
@@ -156,8 +157,9 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
                           truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
                           workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
                           per_turn_ids=info.settings.multi_turn == Mode.EACH).export()
-    if shape == "sharegpt":
-        _write_dataset_info(result, out)
+    side_file = FORMATS[shape].side_file
+    if side_file is not None:
+        _write_side_file(side_file, result, out)
     if as_json:
         click.echo(orjson.dumps(result.to_dict()).decode())
     else:
@@ -187,9 +189,9 @@ class _Bar:
 
     wants_total = True
 
-    def __init__(self, bar: Any) -> None:
+    def __init__(self, bar: RichProgress) -> None:
         self.bar = bar
-        self.task: Any = None
+        self.task: TaskID  # set by reading(), the first call
 
     def reading(self, records: int | None, shards: int) -> None:
         self.task = self.bar.add_task(f"reading {shards:,} shards", total=records)
@@ -225,7 +227,7 @@ def _progress(*, enabled: bool) -> Iterator[Progress]:
     from rich.text import Text
 
     class Rate(ProgressColumn):
-        def render(self, task: Any) -> Text:
+        def render(self, task: Task) -> Text:
             return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
 
     with RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
@@ -238,19 +240,15 @@ def _absolute(output: str) -> str:
     return output if "://" in output else os.path.abspath(output)
 
 
-#: The file types LLaMA-Factory loads (extras/constants.py FILEEXT2TYPE): no compressed JSONL.
-_LLAMAFACTORY_TYPES = (".jsonl", ".json", ".parquet")
-
-
-def _write_dataset_info(result: ExportResult, out: Path) -> None:
-    """LLaMA-Factory's dataset_info.json entry for a sharegpt export, beside it: without its
-    `columns`, LLaMA-Factory reads no tools."""
-    if not out.name.endswith(_LLAMAFACTORY_TYPES):
-        log.warning("%s is compressed: LLaMA-Factory loads only %s, so no dataset_info.json entry is written",
-                    out.name, ", ".join(_LLAMAFACTORY_TYPES))
+def _write_side_file(side: SideFile, result: ExportResult, out: Path) -> None:
+    """The format's side file beside the dataset (sharegpt: LLaMA-Factory's dataset_info.json
+    entry, without whose `columns` LLaMA-Factory reads no tools)."""
+    if not out.name.endswith(side.loads):
+        log.warning("%s is compressed: %s loads only %s, so no %s is written",
+                    out.name, side.reader, ", ".join(side.loads), side.what)
         return
-    path = beside(out, ".dataset_info.json")
-    entry = llamafactory_dataset_info(stem(out).name, out.name, tools=result.with_tools)
+    path = beside(out, side.suffix)
+    entry = side.entry(stem(out).name, out.name, result.with_tools)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
     os.replace(tmp, path)
@@ -268,6 +266,11 @@ def _failed_limit(text: str) -> Callable[[int], int]:
     if value < 1 and value != int(value):
         return lambda enqueued: int(value * enqueued)
     return lambda _enqueued: int(value)
+
+
+def _side_label(r: ExportResult) -> str:
+    side = FORMATS[ExportFormat(r.format)].side_file
+    return side.label if side is not None else "side file"
 
 
 def format_export(r: ExportResult) -> str:
@@ -313,7 +316,7 @@ def format_export(r: ExportResult) -> str:
         ("truncated file", r.truncated_path),
         ("errors file", r.errors_path),
         ("missing file", r.missing_path),
-        *([("LLaMA-Factory entry", r.dataset_info_path)] if r.dataset_info_path else []),
+        *([(_side_label(r), r.dataset_info_path)] if r.dataset_info_path else []),
         ("time", f"{r.seconds:.1f} s ({rate})"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -32,22 +32,33 @@ import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypedDict
 
 import orjson
 import redis
 
 from genqueue.common import exportsets
-from genqueue.common.contracts import ErrorClass, Note, Outcome, error_info
+from genqueue.common.contracts import (
+    ErrorClass,
+    ErrorInfo,
+    Item,
+    JobFailedRecord,
+    Note,
+    Outcome,
+    Record,
+    ResultRecord,
+    error_info,
+)
 from genqueue.common.rqaccess import JobPlace, refused_jobs
 from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.storage import ShardInfo
 from genqueue.producer.export.coverage import coverage
-from genqueue.producer.export.formats import batch_error, converter, record_outcome
+from genqueue.producer.export.formats import ExportFormat, converter, error_converter, record_outcome
 from genqueue.producer.export.layout import Layout, layout_for
+from genqueue.producer.export.records import BAD_LINE, read_line
 from genqueue.producer.export.sinks import (
     WRITE_BUFFER,
     GroupingSink,
@@ -140,15 +151,15 @@ class ExportResult:
     with_tools: bool = False  # a dataset row carries tools (LLaMA-Factory's entry then names the column)
     dataset_info_path: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 class Exporter:
-    """Exports one run from SOURCE to OUTPUT in FMT (a shape of formats.py); see the module
+    """Exports one run from SOURCE to OUTPUT in FMT (formats.FORMATS); see the module
     docstring. PARQUET writes the dataset as Parquet; INCLUDE names the outcomes it holds."""
 
-    def __init__(self, conn: redis.Redis, run: str, source: ShardSource, *, fmt: str, output: Path,
+    def __init__(self, conn: redis.Redis, run: str, source: ShardSource, *, fmt: ExportFormat, output: Path,
                  errors_path: Path, missing_path: Path, workdir: Path,
                  partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
                  include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
@@ -156,9 +167,10 @@ class Exporter:
         self.conn = conn
         self.run = run
         self.source = source
-        self.shape = fmt
+        self.shape = fmt = ExportFormat(fmt)
         self.per_turn_ids = per_turn_ids  # mode each: a line's id names its turn (formats.line_id)
-        self.convert: Callable[[dict[str, Any]], dict[str, Any]] = converter(fmt, per_turn=per_turn_ids)
+        self.convert = converter(fmt, per_turn=per_turn_ids)
+        self.error_line = error_converter(fmt, per_turn=per_turn_ids)  # None: error records as read
         self.include = include
         self.parquet = parquet
         self.group_samples = group_samples
@@ -168,7 +180,7 @@ class Exporter:
         self.workdir = workdir
         self.partition_bytes = partition_bytes
         self.scan = JobScan()
-        self.result = ExportResult(run, fmt, str(output), str(errors_path), str(missing_path), source.where,
+        self.result = ExportResult(run, fmt.value, str(output), str(errors_path), str(missing_path), source.where,
                                    truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
                                    include_outcomes=sorted(include))
 
@@ -275,11 +287,11 @@ class Exporter:
                     pass  # the failure being handled is the one reported
         return paths
 
-    def _blob(self, rec: dict[str, Any], line: bytes) -> tuple[int, bytes]:
+    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes]:
         """What one record becomes: its kind and its line in the file it would go to."""
         if "error" in rec:
-            if self.shape == "batch":
-                return _ERROR, orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids)) + b"\n"
+            if self.error_line is not None:
+                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n"
             return _ERROR, line if line.endswith(b"\n") else line + b"\n"
         outcome = rec["outcome"] = record_outcome(rec)
         row = self.convert(rec)
@@ -297,7 +309,6 @@ class Exporter:
     def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
         last = len(files) - 1
         pack = _HEADER.pack
-        loads = orjson.loads
         digest = hashlib.sha256()
         size = records = bad = blank = 0
         tick = self.progress.read
@@ -308,19 +319,10 @@ class Exporter:
             if not records & 4095:
                 tick(4096)
             try:
-                rec = loads(line)
-                key = bytes.fromhex(rec["key"])
-                if len(key) != 16:
-                    raise ValueError("key is not 16 bytes")
-                index = int(rec["index"])
-                place = int(rec.get("source_seq") or 0)
-                turn, sample = rec.get("turn"), rec.get("sample")
+                rec, key, place, index, turn, sample, attempt, finished = read_line(line)
                 kind, blob = self._blob(rec, line)
-                header = pack(key, place, index, -1 if turn is None else int(turn),
-                              -1 if sample is None else int(sample), kind, int(rec.get("attempt") or 0),
-                              float((rec.get("timings") or {}).get("finished_at") or math.inf), ordinal, lineno,
-                              len(blob))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, struct.error):
+                header = pack(key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, len(blob))
+            except (*BAD_LINE, struct.error):
                 if line.strip():
                     bad += 1
                 else:
@@ -425,13 +427,9 @@ class Exporter:
             present = exportsets.members(self.conn, seen_key, digests)
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
             for it in lost:
-                rec: dict[str, Any] = {
-                    "key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": self.run,
-                    **{k: v for k, v in it.items() if k in ("id", "source", "source_seq", "sample", "seed")},
-                    "messages": it["messages"],
-                    "error": error_info(ErrorClass.JOB_FAILED, "rq", f"job {job.id} failed in rq: {reason}"),
-                }
-                errs.write(orjson.dumps(batch_error(rec, per_turn=self.per_turn_ids) if self.shape == "batch" else rec) + b"\n")
+                rec = _job_failed(it, self.run, error_info(ErrorClass.JOB_FAILED, "rq",
+                                                           f"job {job.id} failed in rq: {reason}"))
+                errs.write(orjson.dumps(rec if self.error_line is None else self.error_line(rec)) + b"\n")
             if lost:
                 self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
                 self.result.failed += len(lost)
@@ -457,7 +455,35 @@ class _PartitionWriteError(Exception):
         self.cause = cause
 
 
-def _tool_turns(rec: dict[str, Any]) -> int:
+class _Provenance(TypedDict, total=False):
+    id: str
+    source: str
+    source_seq: int
+    sample: int
+    seed: int
+
+
+def _job_failed(it: Item, run: str, error: ErrorInfo) -> JobFailedRecord:
+    """The errors-file record of item IT of a job rq gave up on: its provenance in the item's
+    own order, then its messages and the error."""
+    prov: _Provenance = {}
+    for name in it:
+        match name:
+            case "id":
+                prov["id"] = it["id"]
+            case "source":
+                prov["source"] = it["source"]
+            case "source_seq":
+                prov["source_seq"] = it["source_seq"]
+            case "sample":
+                prov["sample"] = it["sample"]
+            case "seed":
+                prov["seed"] = it["seed"]
+    return {"key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": run, **prov,
+            "messages": it["messages"], "error": error}
+
+
+def _tool_turns(rec: ResultRecord) -> int:
     """What became of a regenerate conversation's tool turns (the _TOOLS_ codes; 0: it had
     none, or it stopped elsewhere). To the end: results were spliced and nothing stopped it."""
     turns = rec.get("turns")

@@ -10,7 +10,7 @@ finished); a key no job holds any more has its key alone.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import redis
 
@@ -51,13 +51,13 @@ def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str,
     fh.writelines(missing_line(d.hex(), None, None, None) for d in exportsets.each_member(conn, missing_key))
 
 
-def missing_line(key: str, rid: Any, source: Any, index: Any) -> bytes:
+def missing_line(key: str, rid: object, source: object, index: object) -> bytes:
     """One line of the missing file: key, id, source, position; empty where unknown."""
     cols = [key, _cell(rid), _cell(source), "" if index is None else str(index)]
     return "\t".join(cols).encode() + b"\n"
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     return str(value).replace("\t", " ").replace("\n", " ").replace("\r", " ")

@@ -50,16 +50,36 @@ error as a response with its status and `{"error": {...}}` body, anything else a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, cast
 
 import orjson
 
-from genqueue.common.contracts import Outcome
+from genqueue.common.contracts import (
+    ChatMessage,
+    ErrorRecord,
+    JobFailedRecord,
+    Outcome,
+    Record,
+    ResultRecord,
+    Usage,
+)
 
-SHAPES = ("openai", "sharegpt", "specforge", "batch")
-#: `--format` choices: the shapes, and parquet (the openai shape in a Parquet file).
-FORMATS = (*SHAPES, "parquet")
+#: One line of the export as a converter builds it: a JSON object, serialised as it is.
+Line = dict[str, object]
+
+
+class ExportFormat(StrEnum):
+    """`--format`: the shape of the dataset's lines (parquet: the openai shape in Parquet)."""
+
+    OPENAI = "openai"
+    SHAREGPT = "sharegpt"
+    SPECFORGE = "specforge"
+    BATCH = "batch"
+    PARQUET = "parquet"
+
 
 #: Outcomes whose answer never ended on its own: no closing think tag is written for them.
 UNCLOSED = frozenset({Outcome.CUT_IN_THINKING, Outcome.NO_ANSWER})
@@ -71,7 +91,7 @@ _META = ("key", "source", "index", "turn", "sample", "seed")
 _MADE_BY = ("model", "fingerprint", "outcome", "usage", "stopped", "note")
 
 
-def record_outcome(rec: dict[str, Any]) -> str:
+def record_outcome(rec: ResultRecord) -> str:
     """The record's outcome, told truthfully also for records written before `partial`
     existed: a regenerate conversation stopped by an error (or whose cut turn was dropped) is
     partial, whatever its last good turn said."""
@@ -82,7 +102,7 @@ def record_outcome(rec: dict[str, Any]) -> str:
     return outcome if isinstance(outcome, str) else "unknown"
 
 
-def line_id(rec: dict[str, Any], *, per_turn: bool = False) -> str:
+def line_id(rec: Record | JobFailedRecord, *, per_turn: bool = False) -> str:
     """The id of a record's line: the input record's own id, else the item key (one per item).
     An input id repeats over the items made of one record, and a join on it would overwrite
     rows: with PER_TURN (mode each: one item per user turn) `-t<turn>` is appended, and for a
@@ -98,7 +118,7 @@ def line_id(rec: dict[str, Any], *, per_turn: bool = False) -> str:
     return rid
 
 
-def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _META + _MADE_BY) -> dict[str, Any]:
+def _meta(rec: Mapping[str, object], out: Line, fields: tuple[str, ...] = _META + _MADE_BY) -> Line:
     for name in fields:
         value = rec.get(name)
         if value is not None:
@@ -106,15 +126,15 @@ def _meta(rec: dict[str, Any], out: dict[str, Any], fields: tuple[str, ...] = _M
     return out
 
 
-def to_openai(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
+def to_openai(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     """The openai-format export line of a success record."""
-    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "messages": conversation(rec)}
+    out: Line = {"id": line_id(rec, per_turn=per_turn), "messages": conversation(rec)}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     return _meta(rec, out)
 
 
-def to_sharegpt(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
+def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     """The sharegpt-format (LLaMA-Factory) export line of a success record."""
     conv: list[dict[str, str]] = []
     system: list[str] = []
@@ -133,18 +153,18 @@ def to_sharegpt(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any
                 conv.append({"from": "observation", "value": _text(msg.get("content"))})
     if system:
         conv.insert(0, {"from": "system", "value": "\n\n".join(system)})
-    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
+    out: Line = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
         out["tools"] = orjson.dumps(rec["tools"]).decode()
     return _meta(rec, out)
 
 
-def to_specforge(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
+def to_specforge(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     """The SpecForge-format export line of a success record."""
-    conv: list[dict[str, Any]] = []
+    conv: list[Line] = []
     for msg in conversation(rec):
         role = "system" if msg.get("role") == "developer" else msg.get("role")
-        turn: dict[str, Any] = {"role": role, "content": _text(msg.get("content"))}
+        turn: Line = {"role": role, "content": _text(msg.get("content"))}
         if role == "assistant":
             if msg.get("reasoning_content") is not None:
                 turn["reasoning_content"] = msg["reasoning_content"]
@@ -153,40 +173,43 @@ def to_specforge(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, An
         elif role == "tool" and msg.get("tool_call_id"):
             turn["tool_call_id"] = msg["tool_call_id"]
         conv.append(turn)
-    out: dict[str, Any] = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
+    out: Line = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     out["status"] = "success"
     return _meta(rec, out)
 
 
-def to_batch(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
+def to_batch(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     """The OpenAI Batch API output line of a success record."""
     key = str(rec.get("key", ""))
     turns = rec.get("turns") or []
-    usage = dict((turns[-1].get("usage") if turns else None) or rec.get("usage") or {})
+    found: Usage = (turns[-1].get("usage") if turns else None) or rec.get("usage") or {}
+    usage: Usage = {**found}
     if "total_tokens" not in usage:
         usage["total_tokens"] = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
-    message: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
+    message: Line = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
         message["reasoning"] = rec["reasoning"]
     if rec.get("tool_calls"):
         message["tool_calls"] = rec["tool_calls"]
+    timings = rec.get("timings")
+    finished = timings.get("finished_at") if timings else None
     body = {
         "id": f"chatcmpl-{key}",
         "object": "chat.completion",
-        "created": int((rec.get("timings") or {}).get("finished_at") or 0),
+        "created": int(finished or 0),
         "model": rec.get("model"),
         "choices": [{"index": 0, "message": message, "finish_reason": rec.get("finish_reason"), "logprobs": None}],
         "usage": usage,
         "system_fingerprint": rec.get("fingerprint"),
     }
-    out = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn),
-           "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
+    out: Line = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn),
+                 "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
     return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
 
 
-def llamafactory_dataset_info(name: str, file_name: str, *, tools: bool) -> dict[str, Any]:
+def llamafactory_dataset_info(name: str, file_name: str, *, tools: bool) -> dict[str, object]:
     """LLaMA-Factory's dataset_info.json entry for a sharegpt export (data/README.md; parser.py
     DatasetAttr). The system prompt is the leading system turn, read through `system_tag`;
     `tools` is read only through `columns`, so it is named when a row has tools (a column
@@ -197,13 +220,13 @@ def llamafactory_dataset_info(name: str, file_name: str, *, tools: bool) -> dict
     return {name: {"file_name": file_name, "formatting": "sharegpt", "columns": columns, "tags": tags}}
 
 
-def batch_error(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any]:
+def batch_error(rec: ErrorRecord | JobFailedRecord, *, per_turn: bool = False) -> Line:
     """The OpenAI Batch API error-file line of an error record: an HTTP error (the server's
     status is known) as a response holding the error body, anything else as `error`."""
     key = str(rec.get("key", ""))
-    err = rec.get("error") or {}
+    err: Mapping[str, object] = rec.get("error") or {}
     status, message, cls = err.get("status"), str(err.get("message", "")), str(err.get("class", "unknown"))
-    out: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn)}
+    out: Line = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn)}
     if isinstance(status, int) and not isinstance(status, bool):
         body = {"error": {"message": message, "type": str(err.get("type", "")), "param": None, "code": cls}}
         out["response"] = {"status_code": status, "request_id": f"req_{key}", "body": body}
@@ -214,25 +237,108 @@ def batch_error(rec: dict[str, Any], *, per_turn: bool = False) -> dict[str, Any
     return _meta(rec, out, _META + ("fingerprint",))
 
 
-CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {
-    "openai": to_openai, "sharegpt": to_sharegpt, "specforge": to_specforge, "batch": to_batch}
+# --- the registry: one entry per --format -----------------------------------------------------
+class Convert(Protocol):
+    """A success record's line in a format (PER_TURN: ids unique per turn, see line_id)."""
+
+    def __call__(self, rec: ResultRecord, /, *, per_turn: bool = False) -> Line: ...
 
 
-def converter(shape: str, *, per_turn: bool = False) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """SHAPE's converter; PER_TURN: ids unique per turn (mode each, see line_id)."""
-    fn = CONVERTERS[shape]
+class ConvertError(Protocol):
+    """An error record's line in a format's errors file."""
+
+    def __call__(self, rec: ErrorRecord | JobFailedRecord, /, *, per_turn: bool = False) -> Line: ...
+
+
+#: A format's converter with its ids chosen (see converter, error_converter).
+Converter = Callable[[ResultRecord], Line]
+ErrorConverter = Callable[[ErrorRecord | JobFailedRecord], Line]
+
+
+@dataclass(frozen=True, slots=True)
+class SideFile:
+    """A file written beside the dataset for the tool that reads it (`<stem><suffix>`)."""
+
+    suffix: str
+    what: str  # what it holds, in words
+    label: str  # its row in the export's summary
+    reader: str  # the tool that reads it
+    loads: tuple[str, ...]  # the dataset file types that tool loads: beside another, none is written
+    entry: Callable[[str, str, bool], dict[str, object]]  # (dataset name, file name, rows have tools)
+
+
+@dataclass(frozen=True, slots=True)
+class FormatSpec:
+    """What `--format` F writes: CONVERT makes a success record's line, ERROR_LINE an error
+    record's errors-file line (None: the record as read). LINES: the format whose lines these
+    are, when another's (parquet: openai's). PARQUET: the lines may be written as Parquet
+    (the format then has an Arrow schema in parquet.py); NOT_PARQUET says what it writes
+    instead. ONLY_PARQUET: always Parquet. SIDE_FILE: a file written beside the dataset."""
+
+    help: str  # its part of --format's help
+    convert: Convert
+    error_line: ConvertError | None = None
+    lines: ExportFormat | None = None
+    parquet: bool = True
+    not_parquet: str = ""
+    only_parquet: bool = False
+    side_file: SideFile | None = None
+
+
+#: LLaMA-Factory's dataset_info.json entry; it loads these types only (extras/constants.py
+#: FILEEXT2TYPE): no compressed JSONL.
+LLAMAFACTORY_ENTRY = SideFile(
+    ".dataset_info.json", "dataset_info.json entry", "LLaMA-Factory entry", "LLaMA-Factory",
+    (".jsonl", ".json", ".parquet"),
+    lambda name, file_name, tools: llamafactory_dataset_info(name, file_name, tools=tools))
+
+FORMATS: dict[ExportFormat, FormatSpec] = {
+    ExportFormat.OPENAI: FormatSpec(
+        "chat `messages`, each answer's thinking as `reasoning_content` beside it", to_openai),
+    ExportFormat.SHAREGPT: FormatSpec(
+        "LLaMA-Factory's conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads "
+        "it too)", to_sharegpt, side_file=LLAMAFACTORY_ENTRY),
+    ExportFormat.SPECFORGE: FormatSpec(
+        "SpecForge's conversations of role/content with reasoning_content", to_specforge),
+    ExportFormat.BATCH: FormatSpec(
+        "OpenAI Batch API output lines", to_batch, error_line=batch_error, parquet=False,
+        not_parquet="the Batch API's JSONL output file"),
+    ExportFormat.PARQUET: FormatSpec(
+        "the openai shape in Parquet (any shape is Parquet when the output is named .parquet)", to_openai,
+        lines=ExportFormat.OPENAI, only_parquet=True),
+}
+
+
+def format_help() -> str:
+    """--format's help: each format and what it writes."""
+    return "; ".join(f"{fmt}: {spec.help}" for fmt, spec in FORMATS.items()) + "."
+
+
+def converter(fmt: ExportFormat, *, per_turn: bool = False) -> Converter:
+    """FMT's converter of success records; PER_TURN: ids unique per turn (mode each, see line_id)."""
+    fn = FORMATS[fmt].convert
     return functools.partial(fn, per_turn=True) if per_turn else fn
 
 
-def conversation(rec: dict[str, Any]) -> list[dict[str, Any]]:
+def error_converter(fmt: ExportFormat, *, per_turn: bool = False) -> ErrorConverter | None:
+    """FMT's converter of error records to its errors-file lines; None: they are written as read."""
+    fn = FORMATS[fmt].error_line
+    if fn is None:
+        return None
+    return functools.partial(fn, per_turn=True) if per_turn else fn
+
+
+def conversation(rec: ResultRecord) -> list[ChatMessage]:
     """The record's full conversation, every generated assistant message carrying its thinking
     as `reasoning_content`."""
     return [msg for msg, _ in _conversation(rec)]
 
 
-def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+def _conversation(rec: ResultRecord) -> list[tuple[ChatMessage, bool]]:
     """The conversation, each message with whether it is an answer that never ended on its own."""
-    messages: list[dict[str, Any]] = rec.get("messages") or []
+    # The contract still types a record's messages and tool calls as plain dicts (the consumer
+    # builds them so); they are OpenAI chat messages.
+    messages = cast(list[ChatMessage], rec.get("messages") or [])
     turns = rec.get("turns")
     if turns is not None:  # regenerate: messages already hold the answers, turns their thinking
         out = []
@@ -240,15 +346,20 @@ def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
         for msg in messages:
             unclosed = False
             if msg.get("role") == "assistant":
-                msg = {k: v for k, v in msg.items() if k != "reasoning_content"}
-                turn = turns[i] if i < len(turns) else {}
-                if turn.get("reasoning") is not None:
-                    msg["reasoning_content"] = turn["reasoning"]
-                unclosed = turn.get("outcome") in UNCLOSED
+                msg = msg.copy()
+                msg.pop("reasoning_content", None)
+                if i < len(turns):
+                    turn = turns[i]
+                    reasoning, outcome = turn.get("reasoning"), turn.get("outcome")
+                else:
+                    reasoning = outcome = None
+                if reasoning is not None:
+                    msg["reasoning_content"] = reasoning
+                unclosed = outcome in UNCLOSED
                 i += 1
             out.append((msg, unclosed))
         return out
-    answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
+    answer: ChatMessage = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
         answer["reasoning_content"] = rec["reasoning"]
     if rec.get("tool_calls"):
@@ -256,7 +367,7 @@ def _conversation(rec: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
     return [*((m, False) for m in messages), (answer, rec.get("outcome") in UNCLOSED)]
 
 
-def thinking_text(msg: dict[str, Any], unclosed: bool) -> str:
+def thinking_text(msg: ChatMessage, unclosed: bool) -> str:
     """The thinking of an assistant message as LLaMA-Factory's ReasoningTemplate reads it
     inside the answer: opened, and closed only when the model closed it."""
     reasoning = msg.get("reasoning_content")
@@ -265,7 +376,7 @@ def thinking_text(msg: dict[str, Any], unclosed: bool) -> str:
     return THINK_OPEN + _text(reasoning) + ("" if unclosed else THINK_CLOSE)
 
 
-def _sharegpt_assistant(msg: dict[str, Any], unclosed: bool) -> dict[str, str]:
+def _sharegpt_assistant(msg: ChatMessage, unclosed: bool) -> dict[str, str]:
     thought = thinking_text(msg, unclosed)
     content = _text(msg.get("content"))
     calls = msg.get("tool_calls") or []
@@ -273,7 +384,7 @@ def _sharegpt_assistant(msg: dict[str, Any], unclosed: bool) -> dict[str, str]:
         return {"from": "gpt", "value": thought + content}
     specs = []
     for call in calls:
-        fn = call.get("function", call)
+        fn: Mapping[str, object] = call.get("function", call)
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
@@ -287,7 +398,7 @@ def _sharegpt_assistant(msg: dict[str, Any], unclosed: bool) -> dict[str, str]:
     return {"from": "function_call", "value": thought + payload}
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     if content is None:
         return ""
     if isinstance(content, str):

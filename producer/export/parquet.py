@@ -11,7 +11,6 @@ A field the schema does not know is an error, not a silent loss.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -19,6 +18,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from genqueue.common.errors import WriteFailedError
+from genqueue.producer.export.formats import ExportFormat, Line
 from genqueue.producer.outfiles import OUTPUT, write_failed
 
 #: JSON bytes per row group: what pass 2 holds in Arrow form at once, on top of its partition.
@@ -36,18 +36,19 @@ _META: list[tuple[str, pa.DataType]] = [
     ("outcome", pa.string()), ("usage", _USAGE), ("stopped", pa.string()), ("note", pa.string()),
 ]
 
-SCHEMAS: dict[str, pa.Schema] = {
-    "openai": pa.schema([
+#: The formats that may be written as Parquet (formats.FormatSpec.parquet), each with its schema.
+SCHEMAS: dict[ExportFormat, pa.Schema] = {
+    ExportFormat.OPENAI: pa.schema([
         ("id", pa.string()),
         ("messages", pa.list_(pa.struct([
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
             ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
         ("tools", pa.string()), *_META]),
-    "sharegpt": pa.schema([
+    ExportFormat.SHAREGPT: pa.schema([
         ("id", pa.string()),
         ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
         ("system", pa.string()), ("tools", pa.string()), *_META]),
-    "specforge": pa.schema([
+    ExportFormat.SPECFORGE: pa.schema([
         ("id", pa.string()),
         ("conversations", pa.list_(pa.struct([
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
@@ -57,7 +58,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 
 
-def schema_for(shape: str, grouped: bool = False) -> pa.Schema:
+def schema_for(shape: ExportFormat, grouped: bool = False) -> pa.Schema:
     """The Arrow schema of SHAPE's lines, or of the grouped lines (--group-samples) holding them."""
     schema = SCHEMAS[shape]
     if not grouped:
@@ -73,7 +74,7 @@ _AS_JSON = ("tools", "stopped")
 _USAGE_KEYS = frozenset(_USAGE.names)
 
 
-def arrow_row(row: dict[str, Any]) -> dict[str, Any]:
+def arrow_row(row: Line) -> Line:
     """ROW with its free-form fields turned into JSON text, and usage held to the counts the
     schema has (done in pass 1, per record)."""
     for name in _AS_JSON:

@@ -5,10 +5,11 @@ the dataset; and what the export reports of its progress."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
+from typing import IO, Protocol, cast
 
 import orjson
 
+from genqueue.producer.export.formats import Line
 from genqueue.producer.outfiles import OUTPUT, GuardedWriter, Target, write_failed
 
 WRITE_BUFFER = 256 * 1024
@@ -89,7 +90,7 @@ def guarded_writer(path: Path, target: Target) -> GuardedWriter:
     except OSError as e:
         raise write_failed(e, path, target) from None
     name = path.name.removesuffix(".tmp")
-    outer: Any = raw
+    outer: object = raw
     if name.endswith(".gz"):
         import gzip
 
@@ -126,7 +127,7 @@ class GroupingSink:
     def __init__(self, inner: Sink) -> None:
         self.inner = inner
         self._group: Group | None = None
-        self._lines: list[dict[str, Any]] = []
+        self._lines: list[Line] = []
         self.groups = 0
 
     def write(self, line: bytes | memoryview, group: Group | None = None) -> None:
@@ -142,7 +143,7 @@ class GroupingSink:
         if not self._lines:
             return
         first = self._lines[0]
-        merged: dict[str, Any] = {"id": first.get("custom_id", first.get("id")), "key": first.get("key")}
+        merged: Line = {"id": first.get("custom_id", first.get("id")), "key": first.get("key")}
         for name in ("source", "index", "turn"):
             if first.get(name) is not None:
                 merged[name] = first[name]

@@ -45,11 +45,11 @@ user's limit (``too_long``). Items and keys are made in :mod:`producer.ingest.it
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
 
 import orjson
 
-from genqueue.common.contracts import RejectReason
+from genqueue.common.contracts import ChatMessage, RejectReason, ToolCall, ToolSpec
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.rejects import Rejected
 
@@ -72,7 +72,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SORT = orjson.OPT_SORT_KEYS
 
 
-def normalize(value: Any) -> Conversation:
+def normalize(value: object) -> Conversation:
     """Turn one parsed record into a Conversation; raises Rejected with the reason."""
     if not isinstance(value, dict):
         raise Rejected(RejectReason.NOT_OBJECT, f"a JSON {type(value).__name__}, not an object")
@@ -97,7 +97,7 @@ def normalize(value: Any) -> Conversation:
 _CHAT_URLS = frozenset({"/v1/chat/completions", "/chat/completions"})
 
 
-def batch_body(line: dict[str, Any]) -> dict[str, Any]:
+def batch_body(line: Mapping[str, object]) -> dict[str, object]:
     """The chat completion request body of an OpenAI Batch API input line."""
     method, url, body = line.get("method", "POST"), line.get("url", "/v1/chat/completions"), line.get("body")
     if not isinstance(method, str) or method.upper() != "POST":
@@ -110,8 +110,8 @@ def batch_body(line: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _messages(raw: list[object], system: str | None) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
     if system is not None and system.strip():
         out.append({"role": "system", "content": system})
     pending: list[str] = []  # ids of the latest assistant's calls not yet answered
@@ -131,7 +131,7 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
         content = m.get("value")
         if content is None:
             content = m.get("content")
-        calls: list[dict[str, Any]] | None = None
+        calls: list[ToolCall] | None = None
         if role == "function_call":
             role, text = "assistant", ""
             calls = _function_call(content, counter, i)
@@ -157,7 +157,7 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
         prev = out[-1] if out else None
         # Same role: merge, except text after tool calls, which would move before them.
         if prev is not None and prev["role"] == role and (calls or "tool_calls" not in prev):
-            prev["content"] = _join(prev["content"], text)
+            prev["content"] = _join(prev["content"] or "", text)  # never None here: every text is a string
             if calls:
                 if "tool_calls" in prev:
                     prev["tool_calls"].extend(calls)
@@ -166,7 +166,7 @@ def _messages(raw: list[Any], system: str | None) -> list[dict[str, Any]]:
                     prev["tool_calls"] = calls
                     pending[:] = [c["id"] for c in calls]
             continue
-        message: dict[str, Any] = {"role": role, "content": text}
+        message: ChatMessage = {"role": role, "content": text}
         if calls:
             message["tool_calls"] = calls
             pending[:] = [c["id"] for c in calls]
@@ -189,7 +189,7 @@ def _check_text(s: str, where: str) -> str:
     return s
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return _check_text(content, where)
     if content is None:
@@ -208,7 +208,7 @@ def _text(content: Any, where: str) -> str:
     raise Rejected(RejectReason.NON_TEXT_MESSAGE, f"{where} is a {type(content).__name__}")
 
 
-def _answer(m: dict[str, Any], pending: list[str]) -> str:
+def _answer(m: Mapping[str, object], pending: list[str]) -> str:
     given = m.get("tool_call_id")
     if isinstance(given, str) and given:
         _check_text(given, "tool_call_id")
@@ -218,7 +218,7 @@ def _answer(m: dict[str, Any], pending: list[str]) -> str:
     return pending.pop(0) if pending else "call_unknown"
 
 
-def _function_call(content: Any, counter: list[int], i: int) -> list[dict[str, Any]]:
+def _function_call(content: object, counter: list[int], i: int) -> list[ToolCall]:
     where = f"message {i} (function_call)"
     parsed = content
     if isinstance(content, str):
@@ -232,7 +232,7 @@ def _function_call(content: Any, counter: list[int], i: int) -> list[dict[str, A
     return [_call(spec, None, counter, where) for spec in specs]
 
 
-def _openai_calls(raw: Any, counter: list[int], i: int) -> list[dict[str, Any]]:
+def _openai_calls(raw: object, counter: list[int], i: int) -> list[ToolCall]:
     where = f"message {i} tool_calls"
     if not isinstance(raw, list):
         raise Rejected(RejectReason.INVALID_TOOLS, f"{where} is not a list")
@@ -245,7 +245,7 @@ def _openai_calls(raw: Any, counter: list[int], i: int) -> list[dict[str, Any]]:
     return calls
 
 
-def _call(spec: Any, call_id: Any, counter: list[int], where: str) -> dict[str, Any]:
+def _call(spec: object, call_id: object, counter: list[int], where: str) -> ToolCall:
     if not isinstance(spec, dict):
         raise Rejected(RejectReason.INVALID_TOOLS, f"{where}: a call is not an object")
     name = spec.get("name")
@@ -267,7 +267,7 @@ def _call(spec: Any, call_id: Any, counter: list[int], where: str) -> dict[str, 
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def _dumps(value: Any, where: str) -> bytes:
+def _dumps(value: object, where: str) -> bytes:
     try:
         return orjson.dumps(value, option=_SORT)
     except orjson.JSONEncodeError as e:
@@ -276,7 +276,7 @@ def _dumps(value: Any, where: str) -> bytes:
         raise Rejected(RejectReason.INVALID_TOOLS, f"{where}: {e}") from None
 
 
-def _tools(raw: Any) -> list[dict[str, Any]] | None:
+def _tools(raw: object) -> list[ToolSpec] | None:
     if raw is None:
         return None
     if isinstance(raw, str):

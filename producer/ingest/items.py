@@ -33,15 +33,15 @@ its own request seed (the run's seed, or 0, plus k), so N answers are N draws, r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Item, Mode, Note, RejectReason
+from genqueue.common.contracts import ChatMessage, Item, Mode, Note, RejectReason, ToolSpec
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.rejects import Rejected
 
@@ -50,7 +50,7 @@ STOPPED_AT_TOOL_TURN = Note.STOPPED_AT_TOOL_TURN
 _SORT = orjson.OPT_SORT_KEYS
 
 
-def item_key(mode: Mode, messages: Any, tools: Any) -> str:
+def item_key(mode: Mode, messages: Sequence[Mapping[str, object]], tools: Sequence[ToolSpec] | None) -> str:
     """32 hex characters naming an item: blake2b-128 of its mode, messages and tools."""
     data = orjson.dumps([mode, messages, tools], option=_SORT)
     return blake2b(data, digest_size=16).hexdigest()
@@ -62,7 +62,8 @@ def conversation_key(conv: Conversation) -> bytes:
     return blake2b(data, digest_size=16).digest()
 
 
-def sample_key(mode: Mode, messages: Any, tools: Any, sample: int) -> str:
+def sample_key(mode: Mode, messages: Sequence[Mapping[str, object]], tools: Sequence[ToolSpec] | None,
+               sample: int) -> str:
     """The key of sample SAMPLE of an item: the plain key for sample 0, else one that hashes
     the sample number too."""
     if sample == 0:
@@ -145,9 +146,9 @@ class Origin:
     id_field: str | None = None
     samples: int = defaults.SAMPLES
     base_seed: int = 0
-    run_params: Mapping[str, Any] | None = None
+    run_params: Mapping[str, object] | None = None
 
-    def of(self, value: Any) -> Provenance:
+    def of(self, value: object) -> Provenance:
         """The provenance of the record VALUE; raises Rejected (missing_id, sampling_differs)."""
         if isinstance(value, dict) and isinstance(value.get("body"), dict) and self.run_params is not None:
             check_batch_sampling(value["body"], self.run_params)
@@ -155,7 +156,7 @@ class Origin:
                           self.base_seed)
 
 
-def record_id(value: Any, id_field: str | None = None) -> str | None:
+def record_id(value: object, id_field: str | None = None) -> str | None:
     """The record's own identifier, as a string: ID_FIELD when given (Rejected missing_id when
     the record lacks it), else `id`, else `custom_id` (an OpenAI Batch line), else None.
     Integers are written in decimal; anything else is no identifier."""
@@ -176,7 +177,7 @@ def record_id(value: Any, id_field: str | None = None) -> str | None:
 _MAX_ID_CHARS = 1024
 
 
-def _id_text(raw: Any) -> str | None:
+def _id_text(raw: object) -> str | None:
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
@@ -186,7 +187,7 @@ def _id_text(raw: Any) -> str | None:
     return None
 
 
-def check_batch_sampling(body: dict[str, Any], run_params: Mapping[str, Any]) -> None:
+def check_batch_sampling(body: Mapping[str, object], run_params: Mapping[str, object]) -> None:
     """Refuse an OpenAI Batch request whose sampling differs from the run's (Rejected
     sampling_differs, naming the field and both values): one run, one recipe, one
     fingerprint. A field the line repeats with the run's own value is fine; `n` > 1 asks for
@@ -210,7 +211,7 @@ def check_batch_sampling(body: dict[str, Any], run_params: Mapping[str, Any]) ->
 
 def _regenerate(conv: Conversation, index: int) -> Item:
     msgs = conv.messages
-    picked: list[dict[str, Any]] = []
+    picked: list[ChatMessage] = []
     cut = has_user = False
     i = 0
     while i < len(msgs):
@@ -237,7 +238,7 @@ def _regenerate(conv: Conversation, index: int) -> Item:
     return item
 
 
-def _results_of(call: dict[str, Any], msgs: tuple[dict[str, Any], ...], start: int) -> list[dict[str, Any]] | None:
+def _results_of(call: ChatMessage, msgs: tuple[ChatMessage, ...], start: int) -> list[ChatMessage] | None:
     """The tool messages at START answering CALL's tool calls, one each (in any order); None
     when they do not (a result missing, or one answering another call): such a turn cannot be
     replayed, so the conversation is cut before it."""
@@ -246,19 +247,18 @@ def _results_of(call: dict[str, Any], msgs: tuple[dict[str, Any], ...], start: i
     while end < len(msgs) and msgs[end]["role"] == "tool":
         end += 1
     results = list(msgs[start:end])
-    if sorted(m["tool_call_id"] for m in results) != want:
+    if sorted(m.get("tool_call_id") or "" for m in results) != want:
         return None
     return results
 
 
-def _item(
-    mode: Mode, index: int, turn: int | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-) -> Item:
+def _item(mode: Mode, index: int, turn: int | None, messages: list[ChatMessage], tools: list[ToolSpec] | None) -> Item:
     item: Item = {
         "key": item_key(mode, messages, tools),
         "index": index,
         "turn": turn,
-        "messages": messages,
+        # The contract still types an item's messages as plain dicts, as the consumer reads them.
+        "messages": cast(list[dict[str, Any]], messages),
     }
     if tools is not None:
         item["tools"] = tools

@@ -15,10 +15,16 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 
+from genqueue.common.errors import UserError
+from genqueue.producer.export import parquet as export_parquet
+from genqueue.producer.export.command import _shape_and_container, export_command
 from genqueue.producer.export.formats import (
+    FORMATS,
     THINK_CLOSE,
     THINK_OPEN,
+    ExportFormat,
     batch_error,
+    converter,
     line_id,
     llamafactory_dataset_info,
     to_batch,
@@ -78,6 +84,43 @@ def with_tools() -> dict[str, Any]:
     rec["tool_calls"] = [CALL]
     rec["turn"] = 2
     return rec
+
+
+# --- the registry: one entry per --format ------------------------------------------------------
+def test_every_format_is_one_registry_entry_and_one_choice_of_the_command() -> None:
+    """A format is added in formats.py alone: the enum, its entry, and the CLI's choices and
+    help all follow from them."""
+    assert list(FORMATS) == list(ExportFormat)
+    option = next(p for p in export_command.params if p.name == "fmt")
+    assert list(option.type.choices) == [f.value for f in ExportFormat]  # type: ignore[attr-defined]
+    for fmt, spec in FORMATS.items():
+        assert f"{fmt}: {spec.help}" in (option.help or "")
+        assert spec.lines is None or FORMATS[spec.lines].lines is None  # lines name a shape of their own
+
+
+def test_a_format_is_written_as_parquet_only_with_a_schema_and_otherwise_refused(tmp_path: Any) -> None:
+    for fmt, spec in FORMATS.items():
+        shape = spec.lines or fmt
+        if spec.parquet:
+            assert shape in export_parquet.SCHEMAS, f"{fmt} may be written as Parquet but has no Arrow schema"
+            assert _shape_and_container(fmt, tmp_path / "d.parquet") == (shape, True)
+        else:
+            with pytest.raises(UserError, match=f"--format {fmt} writes .*: name the output"):
+                _shape_and_container(fmt, tmp_path / "d.parquet")
+        if spec.only_parquet:
+            with pytest.raises(UserError, match="name the output \\*.parquet"):
+                _shape_and_container(fmt, tmp_path / "d.jsonl")
+        else:
+            assert _shape_and_container(fmt, tmp_path / "d.jsonl") == (shape, False)
+
+
+def test_error_records_take_the_errors_line_of_their_format() -> None:
+    err = {"key": "ab" * 16, "index": 3, "turn": None, "id": "q-3",
+           "error": {"class": "permanent", "type": "HTTPError", "status": 400, "message": "too long"}}
+    batch = FORMATS[ExportFormat.BATCH].error_line
+    assert batch is not None and batch(err)["custom_id"] == "q-3"  # type: ignore[arg-type]
+    assert all(spec.error_line is None for fmt, spec in FORMATS.items() if fmt != ExportFormat.BATCH)
+    assert converter(ExportFormat.OPENAI, per_turn=True)(single(turn=1))["id"] == "q-3-t1"  # type: ignore[arg-type]
 
 
 # --- every shape: provenance and what made the line ------------------------------------------
