@@ -56,8 +56,11 @@ def cell(text: str) -> str:
 
 def render_command(group: click.Group, group_name: str, name: str) -> list[str]:
     cmd = group.commands[name]
-    parent = click.Context(group, info_name=group_name, terminal_width=100, max_content_width=100)
-    ctx = click.Context(cmd, info_name=name, parent=parent, terminal_width=100, max_content_width=100)
+    # each with its own context_settings, as click's make_context gives them (`-h` among them)
+    parent = click.Context(group, info_name=group_name, terminal_width=100, max_content_width=100,
+                           **group.context_settings)
+    ctx = click.Context(cmd, info_name=name, parent=parent, terminal_width=100, max_content_width=100,
+                        **cmd.context_settings)
     lines = [f"## `{group_name} {name}`", "", "```", cmd.get_usage(ctx), "```", ""]
     doc = (cmd.help or cmd.short_help or "").split("\f")[0].strip()
     for paragraph in doc.split("\n\n"):

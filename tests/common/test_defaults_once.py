@@ -177,7 +177,11 @@ def parse(cmd: click.Command, args: list[str], monkeypatch: pytest.MonkeyPatch) 
     for param in cmd.params:
         for var in ([param.envvar] if isinstance(param.envvar, str) else param.envvar or []):
             monkeypatch.delenv(var, raising=False)
-    with cmd.make_context(cmd.name or "cmd", args) as ctx:
+    # under its group's context, as the CLI makes it: click caches a command's help option from
+    # the first context that asks, and docs/cli.md must see the `-h` the group gives
+    group = next(g for g in (producer_main, consumer_main) if cmd in g.commands.values())
+    parent = click.Context(group, info_name=group.name, **group.context_settings)
+    with cmd.make_context(cmd.name or "cmd", args, parent=parent) as ctx:
         return dict(ctx.params)
 
 

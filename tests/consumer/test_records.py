@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genqueue.common.contracts import ErrorClass, Item, Message, Note, Outcome, ReasoningForm, TurnRecord
+from genqueue.common.contracts import ErrorClass, Item, ChatMessage, Note, Outcome, ReasoningForm, TurnRecord
 from genqueue.common.errors import BadResponseError, PermanentError
 from genqueue.common.settings import RunSettings
 from genqueue.consumer import records
@@ -68,7 +68,7 @@ def test_a_conversation_whose_later_turn_failed_is_partial_and_sums_its_usage() 
     first = records.turn_record(turn("one"), 0, 0, None, "m")
     second = records.turn_record(turn("two"), 1, 0, None, "m")
     turns: list[TurnRecord] = [first, second]
-    history: list[Message] = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "one"},
+    history: list[ChatMessage] = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "one"},
                               {"role": "user", "content": "b"}, {"role": "assistant", "content": "two"}]
     base = records.record_base(CTX, ITEM, 1, history)
     failed = records.stop(2, 0, "error", error=records.fault_info(PermanentError("HTTP 400", status=400)))
