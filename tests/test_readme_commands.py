@@ -45,6 +45,14 @@ def block(heading: str, nth: int = 0, page: str = "README.md") -> list[str]:
     return [line for line in lines if line]
 
 
+def has_socket(pid: int) -> bool:
+    """Whether process PID holds a socket open (its Redis connection)."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:  # a descriptor closed while we looked
+        return False
+
+
 class Shell:
     """Runs README lines as a user's shell would: one working directory, one environment."""
 
@@ -186,7 +194,10 @@ def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
                          30, "the stand-in")
             elif "--watch" in typed:
                 watch = sh.start(typed)
-                time.sleep(2.5)
+                # Ctrl-C once it is drawing (its Redis connection is open, so it is past its
+                # imports: on a loaded machine that takes seconds), after a few redraws
+                wait_for(lambda: has_socket(watch.pid), 60, "status --watch to connect")
+                time.sleep(1.5)
                 watch.send_signal(signal.SIGINT)
                 assert watch.wait(timeout=10) == 0, "Ctrl-C is how --watch is left: not an error"
                 screen = (tmp_path / f"bg{len(sh.background) - 1}.log").read_text()

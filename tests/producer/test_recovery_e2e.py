@@ -65,9 +65,14 @@ def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: red
     try:
         c1 = consumer(tmp_path, redis_url, sim, "emp", "c1", "--burst")
         wait_for(lambda: conn.scard(done_key("emp")) >= 100, 120, "nothing shipped")
-        cli("rq", "empty", "-u", redis_url, "genqueue.emp")  # while c1 still holds jobs
-        shipped_before = {r["key"] for r in read_results(out, "emp")}
-        s = enqueue(redis_url, data, "emp", str(out), "--max-tokens", "64")
+        assert sim.proc is not None
+        sim.proc.p.send_signal(signal.SIGSTOP)  # c1's jobs stay held (its requests wait) while the
+        try:                                    # producer runs, however slowly it starts
+            cli("rq", "empty", "-u", redis_url, "genqueue.emp")  # while c1 still holds jobs
+            shipped_before = {r["key"] for r in read_results(out, "emp")}
+            s = enqueue(redis_url, data, "emp", str(out), "--max-tokens", "64")
+        finally:
+            sim.proc.p.send_signal(signal.SIGCONT)
         assert s["records"] == 600 and s["already_done"] >= len(shipped_before) - 16
         assert s["enqueued"] == s["requeued"] > 0 and s["already_queued"] > 0, s  # c1's held jobs are live
         assert c1.wait(180) == 0, c1.output()
