@@ -86,6 +86,12 @@ def test_each_item_is_sent_and_recorded_with_its_variant_and_exports_split(tmp_p
     assert whole["by_variant"] == dict(counts) and sum(whole["by_variant"].values()) == whole["exported"] == len(rows)
     assert collections.Counter(row["variant"] for row in rows) == counts
 
+    pq = tmp_path / "all.parquet"  # Parquet has a column for it
+    cli("producer", "export", "--run", "mix", "-o", str(pq), env=env)
+    import pyarrow.parquet as pa_pq
+
+    assert collections.Counter(pa_pq.read_table(pq, columns=["variant"]).column("variant").to_pylist()) == counts
+
     for name in ("think", "nothink"):
         code, part, rows = export(tmp_path, redis_url, name, "--variant", name)
         assert code == 0 and part["missing"] == 0 and part["variant"] == name
