@@ -8,13 +8,17 @@ import asyncio
 from pathlib import Path
 
 import orjson
+import pytest
+import redis
 
-from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
+from genqueue.common.contracts import ErrorRecord, ExitCode, Item, ResultRecord
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.common.variants import Variant, normalised
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.sim.server import SimConfig, SimServer
+from tests.conftest import cli, sharegpt, write_jsonl
+from tests.consumer.e2e import Proc, Sim
 
 MIX = normalised([Variant("think", {"chat_template_kwargs": {"enable_thinking": True}}, 0.5),
                   Variant("nothink", {"chat_template_kwargs": {"enable_thinking": False}, "temperature": 0.7}, 0.5)])
@@ -92,3 +96,24 @@ def test_a_run_without_variants_records_none(tmp_path: Path) -> None:
 
     rec = asyncio.run(go())
     assert "error" not in rec and "variant" not in rec
+
+
+@pytest.mark.integration
+def test_a_variant_the_engine_refuses_fails_the_runs_pre_flight(tmp_path: Path, redis_url: str,
+                                                                 conn: redis.Redis) -> None:
+    data = write_jsonl(tmp_path / "v.jsonl", [sharegpt(i) for i in range(16)])
+    env = {"REDIS_URL": redis_url}
+    cli("producer", "enqueue", str(data), "--run", "vbig", "--output", str(tmp_path / "out"), "--max-tokens", "64",
+        "--rejects", str(tmp_path / "rej"), "--variant", "ok={}:1", "--variant", 'huge={"max_tokens":50000}:1',
+        env=env)
+    sim = Sim(tmp_path, "--max-model-len", "8192", "--mean-tokens", "10")
+    try:
+        c = Proc("consumer", ["run", "--run", "vbig", "--endpoint", sim.url, "--burst", "--spool",
+                              str(tmp_path / "spool")], tmp_path / "c.log", env=env)
+        code = c.wait(120)
+    finally:
+        sim.stop()
+    log = c.output()
+    assert code == ExitCode.PREFLIGHT, log
+    assert "the engine refuses a request of this run's variant huge" in log
+    assert conn.llen("rq:queue:genqueue.vbig") == 1, "its jobs wait for the fix"
