@@ -335,6 +335,7 @@ class RecordBase(TypedDict, total=False):
     source_seq: int
     sample: int
     seed: int
+    variant: str  # the request variant the item was sent with, when its run declares a mix
 
 
 @final  # a shard line is one or the other: `"error" in rec` tells them apart

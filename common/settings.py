@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, TypedDict, TypeVar
 
@@ -20,6 +20,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.redact import redact
+from genqueue.common.variants import Variant, check_variants, draw, merged
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -138,6 +139,33 @@ class Sampling:
         ]
 
 
+def check_variant_params(sampling: Sampling, variants: tuple[Variant, ...]) -> list[str]:
+    """Refuse a --variant whose request fields no server accepts once merged over SAMPLING (the
+    same checks as --sampling-json); a warning line for each field genqueue does not know."""
+    check_variants(variants)
+    warnings: list[str] = []
+    for v in variants:
+        reserved = sorted(v.params.keys() & RESERVED_FIELDS.keys())
+        if reserved:
+            raise UserError(f"--variant {v.name} may not set {reserved[0]!r}: {RESERVED_FIELDS[reserved[0]]}")
+        try:
+            replace(sampling, extra=merged(sampling.extra, v.params)).check()
+        except UserError as e:
+            raise UserError(f"--variant {v.name}: {e}") from None
+        warnings += [f"--variant {v.name}: unknown request field {name!r}, sent as given (the server may refuse it)"
+                     for name in sorted(v.params.keys() - KNOWN_FIELDS)]
+    return warnings
+
+
+def _stored_variants(raw: object) -> tuple[Variant, ...]:
+    """The variants of settings read back from Redis; a shape genqueue never stored is left for
+    stored_shape_problem to name (a field of the wrong type), not raised here."""
+    if not isinstance(raw, list):
+        return (Variant("", {}, math.nan),)
+    return tuple(Variant(**v) if isinstance(v, dict) and v.keys() == {"name", "params", "weight"}
+                 else Variant("", {}, math.nan) for v in raw)
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -162,8 +190,12 @@ class RunSettings:
     history_reasoning: HistoryReasoning = defaults.HISTORY_REASONING
     truncation: Truncation = defaults.TRUNCATION
     expect_reasoning: bool = False
+    #: the run's mix of request variants (common/variants.py); none by default, and then absent
+    #: from the JSON, so the runs made before variants keep their fingerprint
+    variants: tuple[Variant, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "variants", tuple(self.variants))
         object.__setattr__(self, "multi_turn", _choice(Mode, self.multi_turn, "--multi-turn"))
         object.__setattr__(
             self, "history_reasoning", _choice(HistoryReasoning, self.history_reasoning, "--history-reasoning")
@@ -176,7 +208,10 @@ class RunSettings:
         check_output(self.output)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.variants:
+            del d["variants"]
+        return d
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
@@ -186,6 +221,8 @@ class RunSettings:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["sampling"] = Sampling(**data.get("sampling", {}))
+        if "variants" in data:
+            values["variants"] = _stored_variants(data["variants"])
         return cls(**values)
 
     @classmethod
@@ -204,10 +241,21 @@ class RunSettings:
                          ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
                          ("sampling.top_p", sp.top_p is None or _is_number(sp.top_p)),
                          ("sampling.seed", sp.seed is None or _is_int(sp.seed)),
-                         ("sampling.extra", isinstance(sp.extra, dict))):
+                         ("sampling.extra", isinstance(sp.extra, dict)),
+                         ("variants", all(isinstance(v.name, str) and isinstance(v.params, dict)
+                                          and _is_number(v.weight) for v in self.variants))):
             if not ok:
                 return f"{name} has the wrong type"
         return None
+
+    def variant_of(self, key: str) -> Variant | None:
+        """The request variant the item KEY is sent with (None: the run declares none)."""
+        return draw(key, self.variants)
+
+    def request_params(self, variant: Variant | None = None) -> dict[str, Any]:
+        """The sampling fields of a request, VARIANT's merged over the run's."""
+        params = self.sampling.request_params()
+        return params if variant is None else merged(params, variant.params)
 
     @property
     def fingerprint(self) -> str:

@@ -72,7 +72,7 @@ class Dispatcher:
         except Exception as e:
             self.internal_errors += 1
             log.exception("item %s of job %s: unexpected error; recorded as an internal error", item["key"], js.id)
-            rec = internal_error(js.ctx, item, js.attempt, e)
+            rec = internal_error(js.ctx.for_item(item), item, js.attempt, e)
         finally:
             self.limiter.release()
             self.book.answered(js)

@@ -25,7 +25,7 @@ import collections
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from genqueue.common import defaults
@@ -47,6 +47,7 @@ from genqueue.common.contracts import (
 )
 from genqueue.common.errors import PermanentError, TransientError
 from genqueue.common.settings import RunSettings
+from genqueue.common.variants import Variant
 from genqueue.consumer import records
 from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.client import EndpointClient, Gate, RepeatedLog
@@ -72,10 +73,18 @@ class RunContext:
     think_opened: bool = False  # the template opens <think> in the prompt (only </think> comes back)
     fingerprint: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    variant: Variant | None = None  # the request variant of one item (for_item), its fields in params
 
     def __post_init__(self) -> None:
         self.fingerprint = self.settings.fingerprint
-        self.params = self.settings.sampling.request_params()
+        self.params = self.settings.request_params(self.variant)
+
+    def for_item(self, item: object) -> RunContext:
+        """This context as ITEM is sent: with the request variant its key draws, when the run
+        has a mix (the same on every consumer and every attempt; all turns of a conversation)."""
+        key = item.get("key") if isinstance(item, dict) else None
+        variant = self.settings.variant_of(key) if isinstance(key, str) else None
+        return self if variant is None else replace(self, variant=variant)
 
 
 class Generator:
@@ -130,6 +139,7 @@ class Generator:
         record of class internal; only cancellation propagates."""
         started = time.time()
         t0 = time.perf_counter()
+        ctx = ctx.for_item(item)
         rec: ResultRecord | ErrorRecord
         try:
             if ctx.settings.multi_turn == Mode.REGENERATE:
@@ -153,7 +163,8 @@ class Generator:
         turn = await self.request(ctx, messages, tools, seed=seed)
         if turn.outcome == Outcome.FINISHED or ctx.settings.truncation != Truncation.RETRY:
             return turn, None
-        budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), ctx.settings.sampling.max_tokens)
+        sent = ctx.params.get("max_tokens", ctx.settings.sampling.max_tokens)  # a variant may set its own
+        budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), sent)
         note: TruncationNote = {"policy": Truncation.RETRY, "first_outcome": turn.outcome, "retried": budget is not None}
         if budget is None:
             return turn, note

@@ -39,6 +39,7 @@ from genqueue.common.contracts import (
     error_info,
 )
 from genqueue.common.errors import EndpointError
+from genqueue.common.variants import Variant
 from genqueue.consumer.completion import Turn
 from genqueue.consumer.faults import error_class
 
@@ -61,6 +62,8 @@ class RunFacts(Protocol):
     def fingerprint(self) -> str: ...
     @property
     def consumer(self) -> ConsumerInfo: ...
+    @property
+    def variant(self) -> Variant | None: ...
 
 
 def messages_of(item: Item) -> list[ChatMessage]:
@@ -97,6 +100,8 @@ def record_base(ctx: RunFacts, item: Item, attempt: int, messages: list[ChatMess
         base["tools"] = tools
     if isinstance(note, str) and note:
         base["note"] = note
+    if ctx.variant is not None:
+        base["variant"] = ctx.variant.name
     # provenance: the input record's id, its source and place, the sample (the export's order)
     for name in ("id", "source"):
         text = get(name)

@@ -248,13 +248,16 @@ class ServedRuns:
             return (f"max_tokens {max_tokens} does not fit the model's context of {ctx.max_model_len} tokens "
                     f"(served by {self.endpoint}); fix the run with `producer enqueue ... --run {ctx.run} "
                     f"--max-tokens N --update-settings`")
-        body = {"model": ctx.model, "messages": [{"role": "user", "content": "Say ok."}], **ctx.params}
-        try:
-            await asyncio.wait_for(accepts(self.client, body), timeout=min(self.request_timeout, PROBE_TIMEOUT))
-        except PermanentError as e:
-            return f"the engine refuses a request of this run's shape: {e}"
-        except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
-            log.warning("run %s: pre-flight request failed (%s); not conclusive, serving it", ctx.run, e)
+        for variant in ctx.settings.variants or (None,):  # every request shape the run sends
+            params = ctx.params if variant is None else ctx.settings.request_params(variant)
+            body = {"model": ctx.model, "messages": [{"role": "user", "content": "Say ok."}], **params}
+            shape = "this run's shape" if variant is None else f"this run's variant {variant.name}"
+            try:
+                await asyncio.wait_for(accepts(self.client, body), timeout=min(self.request_timeout, PROBE_TIMEOUT))
+            except PermanentError as e:
+                return f"the engine refuses a request of {shape}: {e}"
+            except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
+                log.warning("run %s: pre-flight request failed (%s); not conclusive, serving it", ctx.run, e)
         return await self._probe(ctx)
 
     async def _probe(self, ctx: RunContext) -> str | None:

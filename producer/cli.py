@@ -15,7 +15,8 @@ from genqueue.common.cli import friendly_errors, redis_option, setup_logging
 from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.redisconn import connect
-from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
+from genqueue.common.settings import RunSettings, Sampling, check_run_name, check_variant_params, run_name_from_path
+from genqueue.common.variants import normalised, parse_variant
 from genqueue.producer.enqueue import EnqueueOptions, Summary, enqueue_file
 from genqueue.producer.ingest.items import Origin
 from genqueue.producer.ingest.reader import RawRecord
@@ -45,6 +46,7 @@ class EnqueueArgs(TypedDict):
     max_tokens: int
     seed: int | None
     sampling_json: str | None
+    variants: tuple[str, ...]
     max_prompt_chars: int
     max_record_bytes: int
     history_reasoning: str
@@ -70,6 +72,8 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
                         max_tokens=options["max_tokens"], seed=options["seed"],
                         extra=_parse_extra(options["sampling_json"]))
     warnings = sampling.check()
+    variants = normalised([parse_variant(text) for text in options["variants"]])
+    warnings += check_variant_params(sampling, variants)
     settings = RunSettings(
         model=options["model"],
         multi_turn=Mode(options["multi_turn"]),
@@ -79,6 +83,7 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
         history_reasoning=HistoryReasoning(options["history_reasoning"]),
         truncation=Truncation(options["truncation"]),
         expect_reasoning=options["expect_reasoning"],
+        variants=variants,
     )
     return settings, warnings
 
@@ -116,6 +121,10 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
 @click.option("--seed", type=int, default=None, help="Sampling seed sent with every request.")
 @click.option("--sampling-json", default=None,
               help='Extra request fields as JSON, e.g. \'{"top_k": 20, "min_p": 0}\'.')
+@click.option("--variant", "variants", multiple=True, metavar="NAME=JSON[:WEIGHT]",
+              help="A request variant of the run's mix (repeatable): JSON's fields merged over the sampling of a "
+                   "share WEIGHT (default 1) of the items, drawn from each item's key; every record names its "
+                   "variant. E.g. --variant think='{\"chat_template_kwargs\":{\"enable_thinking\":true}}':0.7.")
 @click.option("--max-prompt-chars", type=click.IntRange(1), default=defaults.MAX_PROMPT_CHARS, show_default=True,
               help="Reject records whose text is longer (reason too_long).")
 @click.option("--max-record-bytes", type=click.IntRange(1), default=defaults.MAX_RECORD_BYTES, show_default=True,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
+
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
@@ -35,6 +37,8 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     rows += _input_rows(r["input"], wide, r["now"])
     rows += _multi_turn(r)
     rows.append(("sampling", _sampling(s["sampling"] or {})))
+    if s.get("variants"):
+        rows.append(("variants", _variants(s["variants"])))
     rows.append(("model", str(s.get("model") or "(whatever the endpoints serve)")))
     rows.append(("output", redact(str(s.get("output")))
                  + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")))
@@ -129,6 +133,13 @@ def _sampling(sp: dict[str, Any]) -> str:
     bits = [f"{k} {'-' if sp.get(k) is None else sp.get(k)}" for k in ("temperature", "top_p", "max_tokens", "seed")]
     bits.append("extra " + (", ".join(f"{k}={v}" for k, v in extra.items()) if extra else "-"))
     return ", ".join(bits)
+
+
+def _variants(vs: list[dict[str, Any]]) -> str:
+    """The run's mix of request variants: each one's share of the items and its fields."""
+    total = sum(v["weight"] for v in vs) or 1.0
+    return "; ".join(f"{v['name']} {100 * v['weight'] / total:.3g}% ({orjson.dumps(v['params']).decode()})"
+                     for v in vs)
 
 
 def _progress(r: StatusReport) -> str:

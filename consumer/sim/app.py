@@ -34,6 +34,7 @@ class SimConfig:
     down: bool = False  # /health, /v1/models and chat answer 503
     length_hints: bool = False  # a "[len=N]" in the last user message sets the mean length (benchmarks)
     tool_calls: str = "none"  # none | recorded | diverge: answer a request with tools by the hinted calls
+    record_requests: str = ""  # a file each chat request's body is appended to, one JSON line each (tests)
     # Engine models for the doctor's regimes (kv.py); the defaults keep plain slots.
     kv_cache_tokens: int = 0  # 0: no KV model (usage = running / slots); else its size in tokens
     block_size: int = 16  # tokens per KV block (vLLM's --block-size)
@@ -181,6 +182,8 @@ async def _chat(request: web.Request) -> web.Response:
     if bad is not None:
         eng.counts["rejected"] += 1
         return bad
+    if cfg.record_requests:
+        _record_request(cfg.record_requests, body)
     messages = body["messages"]
     n_prompt = prompt_tokens(messages)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -215,8 +218,11 @@ async def _chat(request: web.Request) -> web.Response:
 
     digest = request_digest(cfg.seed, messages, body.get("seed"))
     mean = hinted_mean(messages, cfg.mean_tokens) if cfg.length_hints else cfg.mean_tokens
+    # As Qwen3-style templates do: `enable_thinking: false` in chat_template_kwargs, no thinking.
+    kwargs = body.get("chat_template_kwargs")
+    thinks = not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
     content, thought, n_out, finish = make_output(
-        digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction)
+        digest, mean, max_tokens, cfg.reasoning if thinks else "none", cfg.think_fraction)
     try:
         if eng.kv is not None:
             await _generate_kv(eng, messages, n_prompt, n_out)
@@ -246,6 +252,12 @@ async def _chat(request: web.Request) -> web.Response:
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
                   "total_tokens": n_prompt + n_out},
     })
+
+
+def _record_request(path: str, body: dict[str, Any]) -> None:
+    """A small blocking append, in the loop: the stand-in of a test, not of a benchmark."""
+    with open(path, "ab") as f:
+        f.write(orjson.dumps(body) + b"\n")
 
 
 def _prefill(eng: SimEngine, messages: list[Any], n_prompt: int) -> float:

@@ -184,6 +184,8 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
 @click.option("--tool-calls", default=SimConfig.tool_calls, show_default=True, type=click.Choice(TOOL_CALL_MODES),
               help='When a request has tools, answer with the calls a "[call=NAME:JSON]" in the last user '
                    "message names (recorded), the same names with other arguments (diverge), or text (none).")
+@click.option("--record-requests", default="", metavar="FILE",
+              help="Append each chat request's body to FILE, one JSON line each (for tests).")
 @click.option("--max-num-seqs", "max_num_seqs", type=click.IntRange(1), default=None,
               help="vLLM's name for --slots (either sets it).")
 @click.option("--kv-cache-tokens", default=SimConfig.kv_cache_tokens, show_default=True, type=click.IntRange(0),

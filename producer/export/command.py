@@ -104,6 +104,9 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--include-outcomes", "include", default=None, metavar="OUTCOME,...",
               help="Outcomes the dataset holds (default: finished; e.g. finished,cut_in_answer,partial; `all` "
                    "for every one). Answers with another outcome go to the truncated file.")
+@click.option("--variant", "variant", default=None, metavar="NAME",
+              help="Runs enqueued with --variant: keep only the records of this request variant (the others "
+                   "are written nowhere, counted apart, and still covered).")
 @click.option("--group-samples", is_flag=True,
               help="Runs enqueued with --samples N: one line per prompt holding its N samples, not N lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
@@ -126,7 +129,8 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
 @friendly_errors
-def export_command(run_name: str, output: str, fmt: str, include: str | None, group_samples: bool,
+def export_command(run_name: str, output: str, fmt: str, include: str | None, variant: str | None,
+                   group_samples: bool,
                    errors_path: str | None, truncated_path: str | None, missing_path: str | None,
                    allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
                    redis_url: str) -> None:
@@ -148,6 +152,10 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
     info = RunStore(conn).get(run)
     if info is None:  # Redis lost it? the usual output may hold its run.json
         raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT))
+    names = [v.name for v in info.settings.variants]
+    if variant is not None and variant not in names:
+        raise UserError(f"--variant {variant}: run {run} has " + (f"the variants {', '.join(names)}" if names
+                                                                   else "no request variants"))
     refusal = info.placement.refusal(run, info.settings.output, this_host())
     if refusal is not None:  # this host's directory of that name holds none of the run's shards
         raise UserError(refusal)
@@ -156,7 +164,8 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, gr
         result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
                           truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
                           workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
-                          per_turn_ids=info.settings.multi_turn == Mode.EACH).export()
+                          per_turn_ids=info.settings.multi_turn == Mode.EACH, variants=info.settings.variants,
+                          variant=variant).export()
     side_file = FORMATS[shape].side_file
     if side_file is not None:
         _write_side_file(side_file, result, out)
@@ -300,6 +309,10 @@ def format_export(r: ExportResult) -> str:
         ("  missing", f"{r.missing:,}"),
         ("exported", f"{r.exported:,}  (outcomes {','.join(r.include_outcomes)})"
          + (f"  ({r.groups:,} prompts)" if r.groups else "")),
+        *([("  by variant", ", ".join(f"{name} {n:,}" for name, n in sorted(r.by_variant.items())))]
+          if r.by_variant else []),
+        *([("variant", f"{r.variant} only  ({r.other_variants:,} items of the other variants left out)")]
+          if r.variant else []),
         ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file)"),
         ("duplicates removed", f"{r.duplicates_removed:,}"),
     ]

@@ -17,6 +17,12 @@ an included answer beats an excluded one, which beats an error record; then the 
 `attempt`; then the earliest `timings.finished_at`; then the first in shard-name order, then
 line order.
 
+A run with request variants (common/variants.py): the summary counts the exported rows by the
+variant each key draws under the run's mix (`by_variant`; exact unless the mix was changed
+with --update-settings while the run was live), and `variant` keeps one variant's records
+only, by the variant each record names: the others take the lowest rank, are written nowhere
+and counted apart (`other_variants`), and still count as covered.
+
 Coverage is computed by Redis, not in client memory (coverage.py): the exported keys are
 SADDed in batches to a temporary set, and SDIFFSTORE against the run's key set yields the
 missing items.
@@ -55,6 +61,7 @@ from genqueue.common.contracts import (
 from genqueue.common.rqaccess import JobPlace, refused_jobs
 from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.storage import ShardInfo
+from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
 from genqueue.producer.export.formats import ExportFormat, converter, error_converter, record_outcome
 from genqueue.producer.export.layout import Layout, layout_for
@@ -98,8 +105,9 @@ _TOOLS_TO_END, _TOOLS_DIVERGED, _TOOLS_STOPPED = 1, 2, 3
 if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
     raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
 
-# What a kept record becomes; also its rank among copies of one key (lower wins).
-_INCLUDED, _EXCLUDED, _ERROR = 0, 1, 2
+# What a kept record becomes; also its rank among copies of one key (lower wins). _OTHER: a
+# record of another variant than the one exported (written nowhere).
+_INCLUDED, _EXCLUDED, _ERROR, _OTHER = 0, 1, 2, 3
 # key digest, source place, position, turn (-1: none), sample (-1: none), kind, attempt,
 # finished_at, shard ordinal, line, and the length of the blob that follows: the line in the
 # output shape (or, for an error record, its errors-file line).
@@ -149,6 +157,9 @@ class ExportResult:
     refused_jobs: dict[str, str] = field(default_factory=dict)
     cut_by_outcome: dict[str, int] = field(default_factory=dict)
     with_tools: bool = False  # a dataset row carries tools (LLaMA-Factory's entry then names the column)
+    variant: str | None = None  # only this request variant's records were exported (--variant)
+    by_variant: dict[str, int] = field(default_factory=dict)  # exported rows by request variant
+    other_variants: int = 0  # items of the other variants, left out by --variant
     dataset_info_path: str = ""
 
     def to_dict(self) -> dict[str, object]:
@@ -163,7 +174,8 @@ class Exporter:
                  errors_path: Path, missing_path: Path, workdir: Path,
                  partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
                  include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
-                 progress: Progress | None = None, per_turn_ids: bool = False) -> None:
+                 progress: Progress | None = None, per_turn_ids: bool = False,
+                 variants: Sequence[Variant] = (), variant: str | None = None) -> None:
         self.conn = conn
         self.run = run
         self.source = source
@@ -179,10 +191,11 @@ class Exporter:
         self.paths = {"output": output, "errors": errors_path, "missing": missing_path, "truncated": truncated}
         self.workdir = workdir
         self.partition_bytes = partition_bytes
+        self.variants, self.variant = tuple(variants), variant
         self.scan = JobScan()
         self.result = ExportResult(run, fmt.value, str(output), str(errors_path), str(missing_path), source.where,
                                    truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
-                                   include_outcomes=sorted(include))
+                                   include_outcomes=sorted(include), variant=variant)
 
     def export(self) -> ExportResult:
         """Run both passes and the coverage check; the files appear only on success."""
@@ -289,6 +302,8 @@ class Exporter:
 
     def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes]:
         """What one record becomes: its kind and its line in the file it would go to."""
+        if self.variant is not None and rec.get("variant") != self.variant:
+            return _OTHER, b""
         if "error" in rec:
             if self.error_line is not None:
                 return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n"
@@ -368,13 +383,17 @@ class Exporter:
         r = self.result
         for key, (rank, order, start, stop, code) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
             line = view[start:stop]
-            if rank[0] != _ERROR:
+            if rank[0] < _ERROR:
                 self._count_outcome(_OUTCOME_NAMES[code & 7], included=rank[0] == _INCLUDED)
                 self._count_tool_turns(code >> 3)
             if rank[0] == _INCLUDED:
+                if self.variants:
+                    self._count_variant(key)
                 out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
             elif rank[0] == _EXCLUDED:
                 cut.write(line)
+            elif rank[0] == _OTHER:
+                r.other_variants += 1
             else:
                 errs.write(line)
                 r.failed += 1
@@ -404,6 +423,11 @@ class Exporter:
             r.cut += 1
             r.cut_by_outcome[outcome] = r.cut_by_outcome.get(outcome, 0) + 1
 
+    def _count_variant(self, key: bytes) -> None:
+        name = _drawn_name(key.hex(), self.variants)
+        if name is not None:
+            self.result.by_variant[name] = self.result.by_variant.get(name, 0) + 1
+
     def _count_tool_turns(self, code: int) -> None:
         r = self.result
         if code == _TOOLS_TO_END:
@@ -426,6 +450,13 @@ class Exporter:
             digests = [bytes.fromhex(it["key"]) for it in job.items]
             present = exportsets.members(self.conn, seen_key, digests)
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
+            if self.variant is not None:  # no record says its variant: the key's draw does
+                mine = {it["key"]: _drawn_name(it["key"], self.variants) == self.variant for it in lost}
+                others = [bytes.fromhex(k) for k, ok in mine.items() if not ok]
+                if others:
+                    self._sadd(seen_key, others)
+                    self.result.other_variants += len(others)
+                    lost = [it for it in lost if mine[it["key"]]]
             for it in lost:
                 rec = _job_failed(it, self.run, error_info(ErrorClass.JOB_FAILED, "rq",
                                                            f"job {job.id} failed in rq: {reason}"))
@@ -498,6 +529,11 @@ def _tool_turns(rec: ResultRecord) -> int:
     if stopped is None and any(isinstance(t, dict) and t.get("tool_results_spliced") for t in turns):
         return _TOOLS_TO_END
     return 0
+
+
+def _drawn_name(key: str, variants: Sequence[Variant]) -> str | None:
+    drawn = draw(key, variants)
+    return None if drawn is None else drawn.name
 
 
 def _error_class(line: bytes) -> str:

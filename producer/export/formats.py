@@ -88,7 +88,7 @@ THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
 TOOL_RESULTS_JOIN = "\n</tool_response>\n<tool_response>\n"
 
 _META = ("key", "source", "index", "turn", "sample", "seed")
-_MADE_BY = ("model", "fingerprint", "outcome", "usage", "stopped", "note")
+_MADE_BY = ("model", "fingerprint", "outcome", "usage", "stopped", "note", "variant")
 
 
 def record_outcome(rec: ResultRecord) -> str:

@@ -34,6 +34,7 @@ _META: list[tuple[str, pa.DataType]] = [
     ("key", pa.string()), ("source", pa.string()), ("index", pa.int64()), ("turn", pa.int64()),
     ("sample", pa.int64()), ("seed", pa.int64()), ("model", pa.string()), ("fingerprint", pa.string()),
     ("outcome", pa.string()), ("usage", _USAGE), ("stopped", pa.string()), ("note", pa.string()),
+    ("variant", pa.string()),
 ]
 
 #: The formats that may be written as Parquet (formats.FormatSpec.parquet), each with its schema.
