@@ -294,6 +294,15 @@ class PartialAnswer(TypedDict):
     usage: Usage
 
 
+class TokenIds(TypedDict):
+    """An answer's token ids as the engine returned them (--token-ids: vLLM's
+    `return_token_ids`): the prompt it rendered (`prompt_token_ids`, the whole history in
+    regenerate) and the completion it generated (`choices[0].token_ids`)."""
+
+    prompt: list[int]
+    completion: list[int]
+
+
 class TurnRecord(TypedDict, total=False):
     """regenerate: one regenerated assistant turn."""
 
@@ -312,6 +321,7 @@ class TurnRecord(TypedDict, total=False):
     tool_calls: list[ToolCall]
     tool_results_spliced: bool
     step: int
+    token_ids: TokenIds  # --token-ids only
 
 
 class RecordBase(TypedDict, total=False):
@@ -350,6 +360,7 @@ class ResultRecord(RecordBase, total=False):
     usage: Required[Usage]
     model: Required[str]
     truncation: TruncationNote
+    token_ids: TokenIds  # --token-ids, modes first/last/each (regenerate: per turn)
     # regenerate only
     turns: list[TurnRecord]
     history_reasoning: str

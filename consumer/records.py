@@ -125,6 +125,8 @@ def result_record(base: RecordBase, turn: Turn, model: str) -> ResultRecord:
     rec["outcome"] = turn.outcome
     rec["usage"] = turn.usage
     rec["model"] = turn.model or model
+    if turn.token_ids is not None:
+        rec["token_ids"] = turn.token_ids
     return rec
 
 
@@ -188,6 +190,8 @@ def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | No
         entry["tool_calls"] = turn.tool_calls
     if note is not None:
         entry["truncation"] = note
+    if turn.token_ids is not None:
+        entry["token_ids"] = turn.token_ids
     return entry
 
 

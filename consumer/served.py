@@ -249,6 +249,8 @@ class ServedRuns:
                     f"(served by {self.endpoint}); fix the run with `producer enqueue ... --run {ctx.run} "
                     f"--max-tokens N --update-settings`")
         body = {"model": ctx.model, "messages": [{"role": "user", "content": "Say ok."}], **ctx.params}
+        if ctx.settings.token_ids:
+            body["return_token_ids"] = True
         try:
             await asyncio.wait_for(accepts(self.client, body), timeout=min(self.request_timeout, PROBE_TIMEOUT))
         except PermanentError as e:
@@ -263,13 +265,18 @@ class ServedRuns:
         messages = [{"role": "user", "content": "What is 2 + 2? Think it through briefly."}]
         try:
             turn = await asyncio.wait_for(
-                self.gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens)),
+                self.gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens),
+                                 need_ids=False),
                 timeout=min(self.request_timeout, PROBE_TIMEOUT))
         except PermanentError as e:
             return f"the engine refuses a request of this run's shape: {e}"
         except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
             log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
             return None
+        if ctx.settings.token_ids and turn.token_ids is None:
+            return (f"the run keeps token ids (--token-ids), but {self.endpoint} returned none to "
+                    "return_token_ids (no prompt_token_ids, no choices[0].token_ids): serve it with a vLLM "
+                    "that returns them (0.10.2 or later)")
         ctx.reasoning_probe = turn.reasoning_form
         raw = turn.raw_content
         ctx.think_opened = turn.reasoning_form == ReasoningForm.INLINE and "</think>" in raw and "<think>" not in raw

@@ -1,0 +1,63 @@
+"""--token-ids in the generator: each answer keeps the ids the engine returned (stand-in over real
+HTTP); an answer without them is not usable."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
+from genqueue.common.settings import RunSettings, Sampling
+from genqueue.consumer.client import EndpointClient
+from genqueue.consumer.generate import NO_TOKEN_IDS, Gate, Generator, RunContext
+from genqueue.consumer.sim.server import SimConfig, SimServer
+from genqueue.consumer.sim.text import decode_ids
+
+ITEM: Item = {"key": "k" * 32, "index": 0, "turn": None, "messages": [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "one"}, {"role": "user", "content": "two"}, {"role": "user", "content": "three"}]}
+
+
+def answer(cfg: SimConfig, item: Item, **settings: Any) -> ResultRecord | ErrorRecord:
+    ctx = RunContext("r", RunSettings(sampling=Sampling(max_tokens=256), **settings), "sim-model", {"host": "t"},
+                     max_model_len=8192)
+
+    async def go() -> ResultRecord | ErrorRecord:
+        async with SimServer(cfg) as sim, EndpointClient(sim.url) as client:
+            return await Generator(client, Gate(client), max_attempts=2, backoff_base=0.01).answer(ctx, item)
+
+    return asyncio.run(go())
+
+
+def test_regenerate_keeps_each_answers_prompt_and_completion_ids() -> None:
+    rec = answer(SimConfig(mean_tokens=20, seed=1), ITEM, token_ids=True)
+    assert "error" not in rec
+    turns = rec["turns"]
+    assert len(turns) == 3
+    for t in turns:
+        ids, usage = t["token_ids"], t["usage"]
+        assert len(ids["prompt"]) == usage["prompt_tokens"] and len(ids["completion"]) == usage["completion_tokens"]
+        assert decode_ids(ids["completion"]) == " ".join(x for x in (t["reasoning"], t["content"]) if x)
+    # each answer's prompt is the whole history before it: it grows turn by turn
+    assert len(turns[0]["token_ids"]["prompt"]) < len(turns[1]["token_ids"]["prompt"]) \
+        < len(turns[2]["token_ids"]["prompt"])
+    assert "token_ids" not in rec  # regenerate: per answer only
+    assert "return_token_ids" not in rec["sampling"]
+
+
+def test_single_turn_modes_keep_the_ids_on_the_record() -> None:
+    rec = answer(SimConfig(mean_tokens=20, seed=2), {**ITEM, "turn": 0}, token_ids=True, multi_turn="first")
+    assert "error" not in rec
+    assert len(rec["token_ids"]["completion"]) == rec["usage"]["completion_tokens"]
+
+
+def test_without_the_setting_no_ids_are_asked_or_kept() -> None:
+    rec = answer(SimConfig(mean_tokens=20, seed=1), ITEM)
+    assert "error" not in rec
+    assert all("token_ids" not in t for t in rec["turns"])
+
+
+def test_an_answer_without_ids_is_a_bad_response_not_a_record_without_them() -> None:
+    rec = answer(SimConfig(mean_tokens=20, seed=1, token_ids=False), ITEM, token_ids=True)
+    assert "error" in rec
+    assert rec["error"]["class"] == "bad_response" and NO_TOKEN_IDS in rec["error"]["message"]
