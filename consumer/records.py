@@ -37,6 +37,7 @@ from genqueue.common.contracts import (
     TurnRecord,
     Usage,
     error_info,
+    share_prompts,
 )
 from genqueue.common.errors import EndpointError
 from genqueue.consumer.completion import Turn
@@ -219,7 +220,7 @@ def conversation_record(base: RecordBase, turns: list[TurnRecord], history: list
     being the messages as they now stand."""
     last = turns[-1]
     rec = cast(ResultRecord, dict(base))
-    rec["turns"] = turns
+    rec["turns"] = share_prompts(turns)  # --token-ids: the history's ids once, not once per turn
     rec["content"] = last["content"]
     rec["reasoning"] = last["reasoning"]
     rec["reasoning_form"] = last["reasoning_form"]

@@ -103,10 +103,17 @@ def decode_ids(ids: list[int]) -> str:
 _WORD_INDEX = {w: i for i, w in enumerate(_WORDS)}
 
 
-def prompt_token_ids(seed: int, messages: Any) -> list[int]:
-    """prompt_tokens(messages) ids below WORD_IDS, fixed by the server seed and the messages."""
+def prompt_token_ids(seed: int, messages: list[Any]) -> list[int]:
+    """prompt_tokens(messages) ids below WORD_IDS. As a chat template renders, each message
+    has its own ids (4 + its characters // 4, fixed by the seed and the message), so a longer
+    history begins with a shorter one's; the count's rest comes last, as a generation prompt."""
+    ids: list[int] = []
+    for m in messages:
+        rng = random.Random(request_digest(seed, [m]))
+        ids += [rng.randrange(WORD_IDS) for _ in range(4 + _chars([m]) // 4)]
     rng = random.Random(request_digest(seed, messages))
-    return [rng.randrange(WORD_IDS) for _ in range(prompt_tokens(messages))]
+    ids += [rng.randrange(WORD_IDS) for _ in range(prompt_tokens(messages) - len(ids))]
+    return ids
 
 
 def _plan(digest: int, mean_tokens: int, max_tokens: int, reasoning: str,
@@ -163,6 +170,10 @@ def make_output(
 
 def prompt_tokens(messages: list[Any]) -> int:
     """vLLM-ish estimate: characters of all message text // 4, plus 4 per message."""
+    return _chars(messages) // 4 + 4 * len(messages)
+
+
+def _chars(messages: list[Any]) -> int:
     chars = 0
     for m in messages:
         if not isinstance(m, dict):
@@ -174,7 +185,7 @@ def prompt_tokens(messages: list[Any]) -> int:
             for part in c:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     chars += len(part["text"])
-    return chars // 4 + 4 * len(messages)
+    return chars
 
 
 _HINT = re.compile(r"\[len=(\d+)\]")

@@ -75,6 +75,7 @@ from genqueue.common.contracts import (
     ResultRecord,
     TokenIds,
     Usage,
+    full_prompts,
 )
 from genqueue.common.errors import UserError
 
@@ -230,19 +231,25 @@ def to_tokens(rec: ResultRecord, *, per_turn: bool = False) -> list[Line]:
     docstring). Raises NoTokenIdsError for a record that kept no ids."""
     base = line_id(rec, per_turn=per_turn)
     turns = rec.get("turns")
-    answers: list[tuple[int | None, int, TokenIds | None, Usage, object]]
+    answers: list[tuple[int | None, int, TokenIds | None, list[int] | None, Usage, object]]
     if turns is not None:
-        answers = [(t.get("turn"), t.get("step", 0), t.get("token_ids"), t.get("usage") or {}, t.get("outcome"))
-                   for t in turns]
+        try:
+            prompts = full_prompts(turns)
+        except ValueError as e:
+            raise NoTokenIdsError(f"--format tokens: record {rec.get('key')} (id {base}): {e}") from None
+        answers = [(t.get("turn"), t.get("step", 0), t.get("token_ids"), p, t.get("usage") or {}, t.get("outcome"))
+                   for t, p in zip(turns, prompts, strict=True)]
     else:
-        answers = [(rec.get("turn"), 0, rec.get("token_ids"), rec.get("usage") or {}, rec.get("outcome"))]
+        ids = rec.get("token_ids")
+        answers = [(rec.get("turn"), 0, ids, ids["prompt"] if ids is not None else None, rec.get("usage") or {},
+                    rec.get("outcome"))]
     rows: list[Line] = []
-    for n, (turn, step, ids, usage, outcome) in enumerate(answers):
-        if ids is None:
+    for n, (turn, step, ids, prompt, usage, outcome) in enumerate(answers):
+        if ids is None or prompt is None:
             raise NoTokenIdsError(
                 f"--format tokens: record {rec.get('key')} (id {base}) has no token ids for its answer {n}: the run "
                 "kept none when it was made (enqueue with --token-ids, on a server that returns them)")
-        prompt, completion = ids["prompt"], ids["completion"]
+        completion = ids["completion"]
         row: Line = {"id": f"{base}-a{n}", "input_ids": prompt + completion,
                      "loss_mask": [0] * len(prompt) + [1] * len(completion)}
         _meta(rec, row, _META + ("model", "fingerprint"))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
+from genqueue.common.contracts import ErrorRecord, Item, ResultRecord, full_prompts
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.generate import NO_TOKEN_IDS, Gate, Generator, RunContext
 from genqueue.consumer.sim.server import SimConfig, SimServer
-from genqueue.consumer.sim.text import decode_ids
+from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
 
 ITEM: Item = {"key": "k" * 32, "index": 0, "turn": None, "messages": [
     {"role": "system", "content": "be brief"},
@@ -34,13 +34,17 @@ def test_regenerate_keeps_each_answers_prompt_and_completion_ids() -> None:
     assert "error" not in rec
     turns = rec["turns"]
     assert len(turns) == 3
-    for t in turns:
+    prompts = full_prompts(turns)
+    for k, (t, prompt) in enumerate(zip(turns, prompts, strict=True)):
         ids, usage = t["token_ids"], t["usage"]
-        assert len(ids["prompt"]) == usage["prompt_tokens"] and len(ids["completion"]) == usage["completion_tokens"]
+        assert prompt == prompt_token_ids(1, rec["messages"][: 2 + 2 * k])  # the history the engine saw
+        assert len(prompt) == usage["prompt_tokens"] and len(ids["completion"]) == usage["completion_tokens"]
         assert decode_ids(ids["completion"]) == " ".join(x for x in (t["reasoning"], t["content"]) if x)
-    # each answer's prompt is the whole history before it: it grows turn by turn
-    assert len(turns[0]["token_ids"]["prompt"]) < len(turns[1]["token_ids"]["prompt"]) \
-        < len(turns[2]["token_ids"]["prompt"])
+    # each later answer keeps only what follows the ids it shares with the previous prompt
+    for k in (1, 2):
+        shared = turns[k]["token_ids"]["prompt_shared"]
+        assert 0 < shared <= len(prompts[k - 1]) and prompts[k][:shared] == prompts[k - 1][:shared]
+        assert turns[k]["token_ids"]["prompt"] == prompts[k][shared:]
     assert "token_ids" not in rec  # regenerate: per answer only
     assert "return_token_ids" not in rec["sampling"]
 

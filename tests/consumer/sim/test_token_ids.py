@@ -49,3 +49,15 @@ def test_ids_only_when_asked_and_not_by_an_engine_that_ignores_the_field() -> No
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
     old = ask(SimConfig(mean_tokens=20, token_ids=False), max_tokens=50, return_token_ids=True)
     assert "prompt_token_ids" not in old and "token_ids" not in old["choices"][0]
+
+
+def test_a_longer_history_begins_with_a_shorter_ones_ids() -> None:
+    from genqueue.consumer.sim.text import prompt_token_ids, prompt_tokens
+
+    short = MESSAGES
+    long = [*MESSAGES, {"role": "assistant", "content": "the queue holds jobs"}, {"role": "user", "content": "more"}]
+    a, b = prompt_token_ids(0, short), prompt_token_ids(0, long)
+    assert len(a) == prompt_tokens(short) and len(b) == prompt_tokens(long)
+    tail = prompt_tokens(short) - sum(4 + len(m["content"]) // 4 for m in short)  # the generation prompt's
+    assert b[: len(a) - tail] == a[: len(a) - tail]
+    assert prompt_token_ids(1, short) != a

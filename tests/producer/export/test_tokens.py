@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from genqueue.consumer.sim.text import decode_ids
+from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
 from genqueue.producer.export.formats import NoTokenIdsError, to_tokens
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 
 pytestmark = pytest.mark.integration
 
-N, TURNS = 12, 3
+N, TURNS, SEED = 12, 3, 7
 
 
 def enqueue(tmp: Path, redis_url: str, run: str, *extra: str) -> None:
@@ -41,7 +41,7 @@ def export(tmp: Path, redis_url: str, run: str, name: str, *extra: str) -> Any:
 
 
 def test_token_ids_run_exports_one_exact_row_per_answer(tmp_path: Path, redis_url: str) -> None:
-    sim = Sim(tmp_path, "--mean-tokens", "30", "--seed", "7")
+    sim = Sim(tmp_path, "--mean-tokens", "30", "--seed", str(SEED))
     try:
         enqueue(tmp_path, redis_url, "tok", "--token-ids")
         code, log = consume(tmp_path, redis_url, sim, "tok")
@@ -51,6 +51,18 @@ def test_token_ids_run_exports_one_exact_row_per_answer(tmp_path: Path, redis_ur
     records = {r["key"]: r for r in read_results(tmp_path / "out", "tok")}
     assert len(records) == N and all(len(r["turns"]) == TURNS for r in records.values())
     answers = {(r["key"], t["turn"]): t for r in records.values() for t in r["turns"]}
+    # what the stand-in rendered for each answer: the history before it, as it was sent
+    rendered = {(r["key"], k): prompt_token_ids(SEED, r["messages"][: 2 + 2 * k])
+                for r in records.values() for k in range(TURNS)}
+    # the shards keep a conversation's history once: each later answer stores what follows
+    # the ids it shares with the previous answer's prompt
+    for r in records.values():
+        first, *later = r["turns"]
+        assert "prompt_shared" not in first["token_ids"]
+        for k, t in enumerate(later, 1):
+            shared = t["token_ids"]["prompt_shared"]
+            assert shared > len(rendered[(r["key"], k - 1)]) - 8  # all but the generation prompt's ids
+            assert len(t["token_ids"]["prompt"]) == len(rendered[(r["key"], k)]) - shared
 
     jsonl = export(tmp_path, redis_url, "tok", "tok.tokens.jsonl")
     assert jsonl.returncode == 0, jsonl.stderr
@@ -60,8 +72,9 @@ def test_token_ids_run_exports_one_exact_row_per_answer(tmp_path: Path, redis_ur
     assert len({r["id"] for r in rows}) == len(rows)
     for row in rows:
         t = answers[(row["key"], row["turn"])]
-        prompt, completion = t["token_ids"]["prompt"], t["token_ids"]["completion"]
+        prompt, completion = rendered[(row["key"], row["turn"])], t["token_ids"]["completion"]
         assert row["input_ids"] == prompt + completion
+        assert len(prompt) == t["usage"]["prompt_tokens"]
         assert len(row["loss_mask"]) == len(row["input_ids"])
         assert row["loss_mask"] == [0] * len(prompt) + [1] * len(completion)
         assert sum(row["loss_mask"]) == row["usage"]["completion_tokens"] == t["usage"]["completion_tokens"]
