@@ -12,7 +12,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import redis
 
+from genqueue.common.runs import RunStore, run_key
+from genqueue.common.settings import RunSettings
 from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
 from genqueue.producer.export.formats import NoTokenIdsError, to_tokens
 from tests.conftest import cli, sharegpt, write_jsonl
@@ -121,3 +124,24 @@ def test_a_record_without_ids_is_refused_never_retokenized() -> None:
     del rec["token_ids"]
     with pytest.raises(NoTokenIdsError, match="has no token ids"):
         to_tokens(rec)  # type: ignore[arg-type]
+
+
+def test_a_record_without_ids_in_a_token_ids_run_stops_the_export_in_one_line(tmp_path: Path, redis_url: str,
+                                                                              conn: redis.Redis) -> None:
+    out = tmp_path / "out"
+    RunStore(conn).create_or_check("mixed", RunSettings(output=str(out), token_ids=True))
+    with_ids, without = ({"key": f"{i:032x}", "index": i, "turn": None, "run": "mixed", "content": "a",
+                          "reasoning": None, "reasoning_form": "none", "tool_calls": [], "finish_reason": "stop",
+                          "outcome": "finished", "usage": {"completion_tokens": 1}, "model": "m",
+                          "fingerprint": "f", "attempt": 1, "messages": [{"role": "user", "content": "q"}]}
+                         for i in range(2))
+    with_ids["token_ids"] = {"prompt": [1, 2], "completion": [3]}
+    conn.sadd(run_key("mixed", "keys"), *[bytes.fromhex(r["key"]) for r in (with_ids, without)])
+    shards = out / "mixed" / "shards"
+    shards.mkdir(parents=True)
+    (shards / "w-000001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (with_ids, without)))
+    res = export(tmp_path, redis_url, "mixed", "mixed.tokens.jsonl")
+    assert res.returncode == 2, res.stdout
+    err = res.stderr.strip()
+    assert "\n" not in err and "has no token ids" in err and without["key"] in err and "Traceback" not in err
+    assert not (tmp_path / "mixed.tokens.jsonl").exists()
