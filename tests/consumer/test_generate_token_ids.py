@@ -19,8 +19,8 @@ ITEM: Item = {"key": "k" * 32, "index": 0, "turn": None, "messages": [
 
 
 def answer(cfg: SimConfig, item: Item, **settings: Any) -> ResultRecord | ErrorRecord:
-    ctx = RunContext("r", RunSettings(sampling=Sampling(max_tokens=256), **settings), "sim-model", {"host": "t"},
-                     max_model_len=8192)
+    ctx = RunContext("r", RunSettings(sampling=Sampling(max_tokens=256), **settings), "sim-model",
+                     {"host": "t", "gpu": None, "worker": "w", "endpoint": ""}, max_model_len=8192)
 
     async def go() -> ResultRecord | ErrorRecord:
         async with SimServer(cfg) as sim, EndpointClient(sim.url) as client:
@@ -43,8 +43,10 @@ def test_regenerate_keeps_each_answers_prompt_and_completion_ids() -> None:
     # each later answer keeps only what follows the ids it shares with the previous prompt
     for k in (1, 2):
         shared = turns[k]["token_ids"]["prompt_shared"]
-        assert 0 < shared <= len(prompts[k - 1]) and prompts[k][:shared] == prompts[k - 1][:shared]
-        assert turns[k]["token_ids"]["prompt"] == prompts[k][shared:]
+        before, whole = prompts[k - 1], prompts[k]
+        assert before is not None and whole is not None
+        assert 0 < shared <= len(before) and whole[:shared] == before[:shared]
+        assert turns[k]["token_ids"]["prompt"] == whole[shared:]
     assert "token_ids" not in rec  # regenerate: per answer only
     assert "return_token_ids" not in rec["sampling"]
 

@@ -40,6 +40,13 @@ def test_tokens_export_is_what_the_server_rendered_and_generated(tmp_path, redis
     assert_all_done(conn, "tok", recs, jobs=1)
     turns = {(r["key"], t["turn"]): (r, k, t) for r in recs for k, t in enumerate(r["turns"])}
     assert len(turns) == 15
+    # the shards keep each conversation's history once: a later turn stores what follows the ids
+    # its prompt shares with the previous turn's (the template drops old thinking: not all of them)
+    assert all(t["token_ids"].get("prompt_shared", 0) > 0 for r in recs for t in r["turns"][1:])
+    stored = sum(len(t["token_ids"]["prompt"]) + len(t["token_ids"]["completion"]) for r in recs for t in r["turns"])
+    full = sum(t["usage"]["prompt_tokens"] + t["usage"]["completion_tokens"] for r in recs for t in r["turns"])
+    print(f"\ntoken ids stored {stored:,} of {full:,} ({stored / full:.0%}); shard bytes "
+          f"{sum(len(orjson.dumps(t['token_ids'])) for r in recs for t in r['turns']):,}")
 
     out = tmp_path / "tok.tokens.jsonl"
     proc = cli("producer", "export", "--run", "tok", "--output", str(out), "--format", "tokens", "--json",

@@ -14,11 +14,11 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 
 
 async def _ask(cfg: SimConfig, body: dict[str, Any]) -> dict[str, Any]:
-    async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
-        async with s.post(f"{sim.url}/chat/completions", json={"messages": MESSAGES, **body}) as r:
-            assert r.status == 200
-            reply: dict[str, Any] = await r.json()
-            return reply
+    async with (SimServer(cfg) as sim, aiohttp.ClientSession() as s,
+                s.post(f"{sim.url}/chat/completions", json={"messages": MESSAGES, **body}) as r):
+        assert r.status == 200
+        reply: dict[str, Any] = await r.json()
+        return reply
 
 
 def ask(cfg: SimConfig, **body: Any) -> dict[str, Any]:

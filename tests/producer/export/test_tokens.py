@@ -130,11 +130,12 @@ def test_a_record_without_ids_in_a_token_ids_run_stops_the_export_in_one_line(tm
                                                                               conn: redis.Redis) -> None:
     out = tmp_path / "out"
     RunStore(conn).create_or_check("mixed", RunSettings(output=str(out), token_ids=True))
-    with_ids, without = ({"key": f"{i:032x}", "index": i, "turn": None, "run": "mixed", "content": "a",
+    rows: list[dict[str, Any]] = [{"key": f"{i:032x}", "index": i, "turn": None, "run": "mixed", "content": "a",
                           "reasoning": None, "reasoning_form": "none", "tool_calls": [], "finish_reason": "stop",
                           "outcome": "finished", "usage": {"completion_tokens": 1}, "model": "m",
                           "fingerprint": "f", "attempt": 1, "messages": [{"role": "user", "content": "q"}]}
-                         for i in range(2))
+                         for i in range(2)]
+    with_ids, without = rows
     with_ids["token_ids"] = {"prompt": [1, 2], "completion": [3]}
     conn.sadd(run_key("mixed", "keys"), *[bytes.fromhex(r["key"]) for r in (with_ids, without)])
     shards = out / "mixed" / "shards"
