@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import datasets
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +25,21 @@ from tests.consumer.e2e import Proc, Sim, read_results
 pytestmark = pytest.mark.integration
 
 N, TURNS, SEED = 12, 3, 7
+
+
+def speculators_kept(examples: dict[str, list[Any]], max_length: int = 8192) -> int:
+    """How many rows speculators trains on, restated from vllm-project/speculators @
+    04319940334981b98babb5db25d4143e63faeea9 src/speculators/data_generation/preprocessing.py:
+    a batch with `input_ids` and `loss_mask` columns is pre-tokenized (_preprocess_batch) and
+    passed through (_passthrough_pretokenized): a row whose lengths differ is a ValueError, one
+    with no supervised token in the window is dropped (_append_row)."""
+    assert "input_ids" in examples and "loss_mask" in examples, "not read as pre-tokenized rows"
+    kept = 0
+    for ids, mask in zip(examples["input_ids"], examples["loss_mask"], strict=True):
+        if len(ids) != len(mask):
+            raise ValueError(f"Pre-tokenized row shape mismatch: input_ids={len(ids)}, loss_mask={len(mask)}")
+        kept += sum(mask[:max_length]) > 0
+    return kept
 
 
 def enqueue(tmp: Path, redis_url: str, run: str, *extra: str) -> None:
@@ -92,6 +108,11 @@ def test_token_ids_run_exports_one_exact_row_per_answer(tmp_path: Path, redis_ur
     assert table.column("loss_mask").to_pylist() == [r["loss_mask"] for r in rows]
     assert pa.types.is_list(table.schema.field("input_ids").type)
     assert table.schema.field("input_ids").type.value_type == pa.int32()
+    # read as speculators reads a dataset (Hugging Face datasets), every row is trained on
+    for kind, path in (("json", "tok.tokens.jsonl"), ("parquet", "tok.tokens.parquet")):
+        ds = datasets.load_dataset(kind, data_files=str(tmp_path / path), split="train",
+                                   cache_dir=str(tmp_path / "hf-cache"))
+        assert speculators_kept(ds[:]) == len(rows), kind
 
 
 def test_a_run_without_token_ids_is_refused_in_one_line(tmp_path: Path, redis_url: str) -> None:
