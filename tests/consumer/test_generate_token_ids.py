@@ -67,3 +67,21 @@ def test_an_answer_without_ids_is_a_bad_response_not_a_record_without_them() -> 
     rec = answer(SimConfig(mean_tokens=20, seed=1, token_ids=False), ITEM, token_ids=True)
     assert "error" in rec
     assert rec["error"]["class"] == "bad_response" and NO_TOKEN_IDS in rec["error"]["message"]
+
+
+def test_answers_after_tool_results_have_their_own_prompt_ids_and_rows() -> None:
+    from genqueue.producer.export.formats import to_tokens
+    from tests.consumer.test_tool_regen import agentic, item_of
+
+    rec = answer(SimConfig(mean_tokens=15, seed=3, tool_calls="recorded"), item_of(agentic(1)), token_ids=True)
+    assert "error" not in rec
+    answered_at = [i for i, m in enumerate(rec["messages"]) if m["role"] == "assistant"]
+    assert len(answered_at) == len(rec["turns"]) == 5
+    prompts = full_prompts(rec["turns"])
+    for at, prompt in zip(answered_at, prompts, strict=True):
+        assert prompt == prompt_token_ids(3, rec["messages"][:at])  # the history up to that answer, results too
+    rows = to_tokens(rec)
+    assert [(r["turn"], r.get("step", 0)) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    assert len({r["id"] for r in rows}) == 5
+    for row, prompt, t in zip(rows, prompts, rec["turns"], strict=True):
+        assert prompt is not None and row["input_ids"] == prompt + t["token_ids"]["completion"]
