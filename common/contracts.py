@@ -294,6 +294,67 @@ class PartialAnswer(TypedDict):
     usage: Usage
 
 
+class TokenIds(TypedDict, total=False):
+    """An answer's token ids as the engine returned them (--token-ids: vLLM's
+    `return_token_ids`): the prompt it rendered (`prompt_token_ids`, the whole history in
+    regenerate) and the completion it generated (`choices[0].token_ids`). In a regenerate
+    record an answer's prompt begins with most of the previous answer's: `prompt_shared` says
+    how many of those ids it begins with, and `prompt` holds only the rest (share_prompts)."""
+
+    prompt: Required[list[int]]
+    completion: Required[list[int]]
+    prompt_shared: int
+
+
+def share_prompts(turns: list[TurnRecord]) -> list[TurnRecord]:
+    """TURNS with each answer's prompt ids stored after what it shares with the previous
+    answer's prompt (`prompt_shared`): a conversation's history is then kept once, not once
+    per turn. Turns already stored so are read as they are (full_prompts)."""
+    out: list[TurnRecord] = []
+    prev: list[int] | None = None
+    for turn, full in zip(turns, full_prompts(turns), strict=True):
+        ids = turn.get("token_ids")
+        if ids is not None and full is not None:
+            n = _shared(prev, full) if prev is not None else 0
+            shared: TokenIds = {"prompt": full[n:], "completion": ids["completion"]}
+            if n:
+                shared["prompt_shared"] = n
+            turn = {**turn, "token_ids": shared}
+        out.append(turn)
+        prev = full
+    return out
+
+
+def full_prompts(turns: list[TurnRecord]) -> list[list[int] | None]:
+    """Each answer's whole prompt ids (None: it kept none), from turns stored by share_prompts.
+    Raises ValueError when an answer shares ids with a previous one that has too few."""
+    out: list[list[int] | None] = []
+    prev: list[int] | None = None
+    for turn in turns:
+        ids = turn.get("token_ids")
+        full: list[int] | None = None
+        if ids is not None:
+            n = ids.get("prompt_shared", 0)
+            if n and (prev is None or len(prev) < n):
+                raise ValueError(f"turn {turn.get('turn')} shares {n} prompt ids with a previous answer that has "
+                                 f"{0 if prev is None else len(prev)}")
+            full = prev[:n] + ids["prompt"] if n and prev is not None else ids["prompt"]
+        out.append(full)
+        prev = full
+    return out
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """The length of the common prefix of A and B."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # at C speed: the common case of a whole history kept
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
 class TurnRecord(TypedDict, total=False):
     """regenerate: one regenerated assistant turn."""
 
@@ -312,6 +373,7 @@ class TurnRecord(TypedDict, total=False):
     tool_calls: list[ToolCall]
     tool_results_spliced: bool
     step: int
+    token_ids: TokenIds  # --token-ids only
 
 
 class RecordBase(TypedDict, total=False):
@@ -351,6 +413,7 @@ class ResultRecord(RecordBase, total=False):
     usage: Required[Usage]
     model: Required[str]
     truncation: TruncationNote
+    token_ids: TokenIds  # --token-ids, modes first/last/each (regenerate: per turn)
     # regenerate only
     turns: list[TurnRecord]
     history_reasoning: str

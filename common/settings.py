@@ -71,6 +71,7 @@ RESERVED_FIELDS: dict[str, str] = {
     "stream_options": "consumers do not stream",
     "n": "each item gets exactly one answer",
     "tools": "tools are the records' own",
+    "return_token_ids": "use --token-ids (the records then keep each turn's prompt and completion ids)",
 }
 
 #: Request fields of vLLM's OpenAI-compatible chat completions that --sampling-json may set
@@ -193,6 +194,7 @@ class RunSettings:
     #: the run's mix of request variants (common/variants.py); none by default, and then absent
     #: from the JSON, so the runs made before variants keep their fingerprint
     variants: tuple[Variant, ...] = ()
+    token_ids: bool = False  # ask for return_token_ids; records keep each turn's ids (a NEW_FIELDS entry)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
@@ -208,10 +210,13 @@ class RunSettings:
         check_output(self.output)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if not self.variants:
-            del d["variants"]
-        return d
+        """The stored form: a field added since runs were first stored is left out while it holds
+        its default (NEW_FIELDS), so a run made before it existed keeps its fingerprint."""
+        data = asdict(self)
+        for name, default in NEW_FIELDS.items():
+            if data.get(name) == default:
+                del data[name]
+        return data
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
@@ -237,6 +242,7 @@ class RunSettings:
                          ("model", self.model is None or isinstance(self.model, str)),
                          ("max_prompt_chars", _is_int(self.max_prompt_chars)),
                          ("expect_reasoning", isinstance(self.expect_reasoning, bool)),
+                         ("token_ids", isinstance(self.token_ids, bool)),
                          ("sampling.max_tokens", _is_int(sp.max_tokens)),
                          ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
                          ("sampling.top_p", sp.top_p is None or _is_number(sp.top_p)),
@@ -266,6 +272,12 @@ class RunSettings:
         """Names of the settings that differ from OTHER, for a refusal message."""
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+
+#: Fields added to RunSettings after runs were first stored, with the default each is left out
+#: of the stored form at (RunSettings.to_dict): the fingerprint of a run that never set one is
+#: the one it had before the field existed.
+NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": ()}
 
 
 #: Settings `--update-settings` may not change, and why: a run keeps them for its whole life.

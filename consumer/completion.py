@@ -19,7 +19,7 @@ from typing import Required, TypedDict, cast
 
 import orjson
 
-from genqueue.common.contracts import Outcome, ReasoningForm, ToolCall, Usage
+from genqueue.common.contracts import Outcome, ReasoningForm, TokenIds, ToolCall, Usage
 from genqueue.common.errors import BadResponseError, TransientError
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -43,9 +43,10 @@ class _ReplyMessage(TypedDict, total=False):
     tool_calls: list[ToolCall] | None
 
 
-class _Choice(TypedDict):
-    finish_reason: str
-    message: _ReplyMessage
+class _Choice(TypedDict, total=False):
+    finish_reason: Required[str]
+    message: Required[_ReplyMessage]
+    token_ids: list[int] | None  # return_token_ids (vLLM)
 
 
 class _UsageDetails(TypedDict, total=False):
@@ -66,6 +67,7 @@ class ChatResponse(TypedDict, total=False):
     choices: Required[list[_Choice]]
     model: str | None
     usage: _ReplyUsage | None
+    prompt_token_ids: list[int] | None  # return_token_ids (vLLM)
 
 
 @dataclass(slots=True)
@@ -80,6 +82,7 @@ class Turn:
     usage: Usage
     model: str | None
     raw_content: str = ""  # content as the server sent it, before any <think> split
+    token_ids: TokenIds | None = None  # the prompt's and the answer's ids, when the server sent both
 
     @property
     def outcome(self) -> Outcome:
@@ -150,6 +153,10 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
         elif think_opened and finish == "length" and content:
             content, reasoning, form = "", content, ReasoningForm.INLINE
     model = body.get("model")
+    prompt_ids, completion_ids = body.get("prompt_token_ids"), choice.get("token_ids")
+    ids: TokenIds | None = None
+    if prompt_ids is not None and completion_ids is not None:
+        ids = {"prompt": prompt_ids, "completion": completion_ids}
     return Turn(
         content=content,
         raw_content=raw,
@@ -159,6 +166,7 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
         finish_reason=finish,
         usage=_usage(body.get("usage")),
         model=model,
+        token_ids=ids,
     )
 
 
@@ -203,7 +211,16 @@ def _checked(resp: object) -> ChatResponse:
     model = resp.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad(resp, f"model is {_kind(model)}, not a string")
+    for where, ids in (("prompt_token_ids", resp.get("prompt_token_ids")),
+                       ("choices[0].token_ids", choice.get("token_ids"))):
+        if ids is not None and not _is_ids(ids):
+            raise _bad(resp, f"{where} is not a list of token ids")
     return cast(ChatResponse, resp)
+
+
+def _is_ids(value: object) -> bool:
+    """Whether VALUE is a list of token ids (only read when the run asked for them)."""
+    return isinstance(value, list) and all(type(i) is int and i >= 0 for i in value)
 
 
 def _bad(resp: object, reason: str) -> BadResponseError:

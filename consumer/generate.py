@@ -45,7 +45,7 @@ from genqueue.common.contracts import (
     TurnRecord,
     error_info,
 )
-from genqueue.common.errors import PermanentError, TransientError
+from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant
 from genqueue.consumer import records
@@ -58,6 +58,10 @@ from genqueue.consumer.tool_turns import call_summary, match_calls, splice_resul
 __all__ = ["Gate", "Generator", "RunContext", "retry_budget"]
 
 log = logging.getLogger(__name__)
+
+#: Why an answer of a --token-ids run is not usable when the server left its ids out.
+NO_TOKEN_IDS = ("the run keeps token ids (--token-ids), but the server returned no prompt_token_ids and "
+                "choices[0].token_ids (vLLM's return_token_ids)")
 
 
 @dataclass
@@ -102,12 +106,16 @@ class Generator:
         self._log = RepeatedLog(log)
 
     async def request(self, ctx: RunContext, messages: Sequence[Mapping[str, object]], tools: object, *,
-                      max_tokens: int | None = None, seed: int | None = None) -> Turn:
+                      max_tokens: int | None = None, seed: int | None = None, need_ids: bool = True) -> Turn:
         """One completion. After a failed attempt faults.RetryPolicy says what to do: back off
         with jitter and ask the gate whether the endpoint is down (while it is, the request
         waits without spending attempts), or give up. Raises PermanentError, or the last
-        TransientError (BadResponseError included) once the attempts are spent."""
+        TransientError (BadResponseError included) once the attempts are spent. A run with
+        --token-ids asks for them; an answer without them is a BadResponseError unless not
+        NEED_IDS (the pre-flight probe, which says so in one line itself)."""
         body: dict[str, object] = {"model": ctx.model, "messages": messages, **ctx.params}
+        if ctx.settings.token_ids:
+            body["return_token_ids"] = True
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if seed is not None:  # one of several samples of a prompt: its own seed
@@ -118,7 +126,10 @@ class Generator:
         while True:
             await self.gate.up.wait()
             try:
-                return parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
+                turn = parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
+                if need_ids and ctx.settings.token_ids and turn.token_ids is None:
+                    raise BadResponseError(NO_TOKEN_IDS, snippet="")
+                return turn
             except TransientError as e:
                 attempt += 1
                 step = self.policy.after(e, attempt)

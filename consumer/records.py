@@ -37,6 +37,7 @@ from genqueue.common.contracts import (
     TurnRecord,
     Usage,
     error_info,
+    share_prompts,
 )
 from genqueue.common.errors import EndpointError
 from genqueue.common.variants import Variant
@@ -130,6 +131,8 @@ def result_record(base: RecordBase, turn: Turn, model: str) -> ResultRecord:
     rec["outcome"] = turn.outcome
     rec["usage"] = turn.usage
     rec["model"] = turn.model or model
+    if turn.token_ids is not None:
+        rec["token_ids"] = turn.token_ids
     return rec
 
 
@@ -193,6 +196,8 @@ def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | No
         entry["tool_calls"] = turn.tool_calls
     if note is not None:
         entry["truncation"] = note
+    if turn.token_ids is not None:
+        entry["token_ids"] = turn.token_ids
     return entry
 
 
@@ -220,7 +225,7 @@ def conversation_record(base: RecordBase, turns: list[TurnRecord], history: list
     being the messages as they now stand."""
     last = turns[-1]
     rec = cast(ResultRecord, dict(base))
-    rec["turns"] = turns
+    rec["turns"] = share_prompts(turns)  # --token-ids: the history's ids once, not once per turn
     rec["content"] = last["content"]
     rec["reasoning"] = last["reasoning"]
     rec["reasoning_form"] = last["reasoning_form"]

@@ -251,6 +251,8 @@ class ServedRuns:
         for variant in ctx.settings.variants or (None,):  # every request shape the run sends
             params = ctx.params if variant is None else ctx.settings.request_params(variant)
             body = {"model": ctx.model, "messages": [{"role": "user", "content": "Say ok."}], **params}
+            if ctx.settings.token_ids:
+                body["return_token_ids"] = True
             shape = "this run's shape" if variant is None else f"this run's variant {variant.name}"
             try:
                 await asyncio.wait_for(accepts(self.client, body), timeout=min(self.request_timeout, PROBE_TIMEOUT))
@@ -266,13 +268,18 @@ class ServedRuns:
         messages = [{"role": "user", "content": "What is 2 + 2? Think it through briefly."}]
         try:
             turn = await asyncio.wait_for(
-                self.gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens)),
+                self.gen.request(ctx, messages, None, max_tokens=min(64, ctx.settings.sampling.max_tokens),
+                                 need_ids=False),
                 timeout=min(self.request_timeout, PROBE_TIMEOUT))
         except PermanentError as e:
             return f"the engine refuses a request of this run's shape: {e}"
         except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
             log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
             return None
+        if ctx.settings.token_ids and turn.token_ids is None:
+            return (f"the run keeps token ids (--token-ids), but {self.endpoint} returned none to "
+                    "return_token_ids (no prompt_token_ids, no choices[0].token_ids): serve it with a vLLM "
+                    "that returns them (0.10.2 or later)")
         ctx.reasoning_probe = turn.reasoning_form
         raw = turn.raw_content
         ctx.think_opened = turn.reasoning_form == ReasoningForm.INLINE and "</think>" in raw and "<think>" not in raw

@@ -52,6 +52,7 @@ class EnqueueArgs(TypedDict):
     history_reasoning: str
     truncation: str
     expect_reasoning: bool
+    token_ids: bool
     output: str
     shared_fs: bool
     rejects_path: str | None
@@ -84,6 +85,7 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
         truncation=Truncation(options["truncation"]),
         expect_reasoning=options["expect_reasoning"],
         variants=variants,
+        token_ids=options["token_ids"],
     )
     return settings, warnings
 
@@ -136,6 +138,10 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               show_default=True, help="What an item cut by max_tokens becomes.")
 @click.option("--expect-reasoning", is_flag=True,
               help="The model thinks: consumers warn loudly if their server returns no thinking.")
+@click.option("--token-ids", is_flag=True,
+              help="Keep each answer's prompt and completion token ids as the engine returned them (vLLM's "
+                   "return_token_ids), for `producer export --format tokens`; a server that returns none fails "
+                   "the consumers' pre-flight.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
 @click.option("--shared-fs", is_flag=True,

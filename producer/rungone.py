@@ -73,4 +73,6 @@ def settings_flags(s: RunSettings) -> list[str]:
         out += ["--truncation", s.truncation.value]
     if s.expect_reasoning:
         out.append("--expect-reasoning")
+    if s.token_ids:
+        out.append("--token-ids")
     return [*out, "--output", s.output]

@@ -14,7 +14,15 @@ import orjson
 from aiohttp import web
 
 from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield
-from genqueue.consumer.sim.text import hinted_mean, make_output, prompt_tokens, request_digest, tool_calls_for
+from genqueue.consumer.sim.text import (
+    hinted_mean,
+    make_output,
+    output_token_ids,
+    prompt_token_ids,
+    prompt_tokens,
+    request_digest,
+    tool_calls_for,
+)
 
 REASONING_MODES = ("field", "inline", "none", "reasoning_content")
 
@@ -42,6 +50,7 @@ class SimConfig:
     prefill_time: float = 0.0  # seconds per uncached prompt token before the first output token
     spec_tokens: int = 0  # speculative decoding: draft tokens per step (0: off)
     spec_acceptance: float = 0.7  # probability a draft token is accepted (given those before it)
+    token_ids: bool = True  # honour return_token_ids (False: an engine that ignores it, as vLLM < 0.10.2)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -242,16 +251,21 @@ async def _chat(request: web.Request) -> web.Response:
         message["reasoning_content"] = thought
     else:
         message["reasoning"] = thought if cfg.reasoning == "field" else None
-    return _json({
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                              "finish_reason": finish, "stop_reason": None}
+    reply: dict[str, Any] = {
         "id": f"chatcmpl-{eng._ids.getrandbits(128):032x}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": cfg.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": finish, "stop_reason": None}],
+        "choices": [choice],
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
                   "total_tokens": n_prompt + n_out},
-    })
+    }
+    if body.get("return_token_ids") and cfg.token_ids:  # as vLLM: one id per counted token
+        reply["prompt_token_ids"] = prompt_token_ids(cfg.seed, messages)
+        choice["token_ids"] = output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction)
+    return _json(reply)
 
 
 def _record_request(path: str, body: dict[str, Any]) -> None:

@@ -200,6 +200,9 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               help="Speculative decoding: draft tokens per step (0: off).")
 @click.option("--spec-acceptance", default=SimConfig.spec_acceptance, show_default=True,
               type=click.FloatRange(0, 1), help="Probability a draft token is accepted.")
+@click.option("--token-ids/--no-token-ids", default=SimConfig.token_ids, show_default=True,
+              help="Honour return_token_ids (prompt_token_ids, choices[].token_ids), as vLLM 0.10.2+ does; "
+                   "--no-token-ids ignores it, as older engines do.")
 def simulate_command(host: str, port: int, max_num_seqs: int | None, **settings: Any) -> None:
     if max_num_seqs is not None:
         settings["slots"] = max_num_seqs

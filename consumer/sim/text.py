@@ -59,6 +59,11 @@ class TextBuffer:
         self.buf = " ".join(words) + " "
         self.starts = starts
         self.capacity = capacity
+        self.ids = [word_id(w) for w in words]  # one token per word (return_token_ids)
+
+    def token_ids(self, start: int, n: int) -> list[int]:
+        """The ids of text(start, n): one per word."""
+        return self.ids[start : start + n] if n > 0 else []
 
     def text(self, start: int, n: int) -> str:
         if n <= 0:
@@ -79,6 +84,62 @@ def text_buffer(capacity: int) -> TextBuffer:
     return buf
 
 
+#: The stand-in's vocabulary for return_token_ids: ids below WORD_IDS are the prompt's (its
+#: template and text, drawn per prompt), each word of _WORDS is two ids from WORD_IDS on (with
+#: and without a closing ".").
+WORD_IDS = 1000
+
+
+def word_id(word: str) -> int:
+    """The id of one output word."""
+    return WORD_IDS + 2 * _WORD_INDEX[word.rstrip(".")] + word.endswith(".")
+
+
+def decode_ids(ids: list[int]) -> str:
+    """The words of output ids, joined by spaces (prompt ids decode to nothing)."""
+    return " ".join(_WORDS[(i - WORD_IDS) // 2] + "." * ((i - WORD_IDS) % 2) for i in ids if i >= WORD_IDS)
+
+
+_WORD_INDEX = {w: i for i, w in enumerate(_WORDS)}
+
+
+def prompt_token_ids(seed: int, messages: list[Any]) -> list[int]:
+    """prompt_tokens(messages) ids below WORD_IDS. As a chat template renders, each message
+    has its own ids (4 + its characters // 4, fixed by the seed and the message), so a longer
+    history begins with a shorter one's; the count's rest comes last, as a generation prompt."""
+    ids: list[int] = []
+    for m in messages:
+        rng = random.Random(request_digest(seed, [m]))
+        ids += [rng.randrange(WORD_IDS) for _ in range(4 + _chars([m]) // 4)]
+    rng = random.Random(request_digest(seed, messages))
+    ids += [rng.randrange(WORD_IDS) for _ in range(prompt_tokens(messages) - len(ids))]
+    return ids
+
+
+def _plan(digest: int, mean_tokens: int, max_tokens: int, reasoning: str,
+          think_fraction: float) -> tuple[int, int, str, int, int]:
+    """(tokens, thinking tokens, finish_reason, thinking's start, answer's start) of a request."""
+    rng = random.Random(digest)
+    drawn = sample_length(rng, mean_tokens)
+    n = min(drawn, max_tokens)
+    finish = "length" if drawn >= max_tokens else "stop"
+    think = 0
+    if reasoning != "none" and drawn > 1:
+        think = min(int(think_fraction * drawn + 0.5), drawn - 1)
+    return n, think, finish, digest % _START_POSITIONS, (digest >> 20) % _START_POSITIONS
+
+
+def output_token_ids(digest: int, mean_tokens: int, max_tokens: int, reasoning: str,
+                     think_fraction: float) -> list[int]:
+    """The ids of make_output's words (as many as its completion_tokens): the thinking's, then
+    the answer's; decode_ids gives the words back."""
+    n, think, finish, start1, start2 = _plan(digest, mean_tokens, max_tokens, reasoning, think_fraction)
+    buf = text_buffer(n)
+    if n <= think and finish == "length":
+        return buf.token_ids(start1, n)
+    return buf.token_ids(start1, think) + buf.token_ids(start2, n - think)
+
+
 def make_output(
     digest: int,
     mean_tokens: int,
@@ -93,16 +154,8 @@ def make_output(
     With reasoning "field" or "reasoning_content" the thinking goes to reasoning_text; "inline"
     puts "<think>...</think>" in front of the content; "none" has no thinking.
     """
-    rng = random.Random(digest)
-    drawn = sample_length(rng, mean_tokens)
-    n = min(drawn, max_tokens)
-    finish = "length" if drawn >= max_tokens else "stop"
-    think = 0
-    if reasoning != "none" and drawn > 1:
-        think = min(int(think_fraction * drawn + 0.5), drawn - 1)
+    n, think, finish, start1, start2 = _plan(digest, mean_tokens, max_tokens, reasoning, think_fraction)
     buf = text_buffer(n)
-    start1 = digest % _START_POSITIONS
-    start2 = (digest >> 20) % _START_POSITIONS
     if n <= think and finish == "length":  # the budget ran out inside the thinking
         cut = buf.text(start1, n)
         if reasoning == "inline":
@@ -117,6 +170,10 @@ def make_output(
 
 def prompt_tokens(messages: list[Any]) -> int:
     """vLLM-ish estimate: characters of all message text // 4, plus 4 per message."""
+    return _chars(messages) // 4 + 4 * len(messages)
+
+
+def _chars(messages: list[Any]) -> int:
     chars = 0
     for m in messages:
         if not isinstance(m, dict):
@@ -128,7 +185,7 @@ def prompt_tokens(messages: list[Any]) -> int:
             for part in c:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     chars += len(part["text"])
-    return chars // 4 + 4 * len(messages)
+    return chars
 
 
 _HINT = re.compile(r"\[len=(\d+)\]")

@@ -159,6 +159,12 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
     refusal = info.placement.refusal(run, info.settings.output, this_host())
     if refusal is not None:  # this host's directory of that name holds none of the run's shards
         raise UserError(refusal)
+    spec = FORMATS[shape]
+    if spec.token_ids and not info.settings.token_ids:
+        raise UserError(f"--format {shape} needs the token ids the engine returned, and run {run} kept none: "
+                        "enqueue it with --token-ids (a new run, or --update-settings for the items not done yet)")
+    if spec.rows is not None and group_samples:
+        raise UserError(f"--format {shape} writes one row per generated answer; --group-samples does not apply")
     source = source_for(info.settings.output, run, tmpdir=str(workdir))
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,

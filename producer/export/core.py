@@ -63,7 +63,13 @@ from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
-from genqueue.producer.export.formats import ExportFormat, converter, error_converter, record_outcome
+from genqueue.producer.export.formats import (
+    ExportFormat,
+    converter,
+    error_converter,
+    record_outcome,
+    rows_converter,
+)
 from genqueue.producer.export.layout import Layout, layout_for
 from genqueue.producer.export.records import BAD_LINE, read_line
 from genqueue.producer.export.sinks import (
@@ -182,6 +188,7 @@ class Exporter:
         self.shape = fmt = ExportFormat(fmt)
         self.per_turn_ids = per_turn_ids  # mode each: a line's id names its turn (formats.line_id)
         self.convert = converter(fmt, per_turn=per_turn_ids)
+        self.convert_rows = rows_converter(fmt, per_turn=per_turn_ids)  # its lines: one, or one per answer
         self.error_line = error_converter(fmt, per_turn=per_turn_ids)  # None: error records as read
         self.include = include
         self.parquet = parquet
@@ -309,17 +316,17 @@ class Exporter:
                 return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n"
             return _ERROR, line if line.endswith(b"\n") else line + b"\n"
         outcome = rec["outcome"] = record_outcome(rec)
-        row = self.convert(rec)
+        rows = self.convert_rows(rec)
         code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5
         if outcome not in self.include:
-            return _EXCLUDED | code, orjson.dumps(row) + b"\n"
-        if "tools" in row:
+            return _EXCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows)
+        if any("tools" in row for row in rows):
             self.result.with_tools = True
         if self.parquet:
             from genqueue.producer.export.parquet import arrow_row
 
-            row = arrow_row(row)
-        return _INCLUDED | code, orjson.dumps(row) + b"\n"
+            rows = [arrow_row(row) for row in rows]
+        return _INCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows)
 
     def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
         last = len(files) - 1

@@ -40,6 +40,15 @@ regenerate_train_data.py, scripts/validate_regenerated_data.py, specforge/data/p
 `conversations` of `{role, content}` with each assistant turn's `reasoning_content`,
 `tool_calls` and `tool_call_id` as in OpenAI chat, `tools` a list, `status: "success"`.
 
+`tokens`: one row per generated answer, in the pre-tokenized form vllm-project/speculators'
+training reads as it is (src/speculators/data_generation/preprocessing.py,
+`_passthrough_pretokenized`: `input_ids` and `loss_mask` of equal length): `input_ids` the
+prompt ids the engine rendered for that answer followed by the ids it generated, `loss_mask`
+0 on the prompt and 1 on exactly the generated ids. Only runs made with --token-ids have them
+(records keep `token_ids` per answer); a record without them is refused, never re-tokenized.
+Each row's `turn` is the user turn it answers (`step`: its place after tool results), its
+`usage` that answer's own, its `id` the record's with `-a<n>` (the n-th answer, from 0).
+
 `batch`: OpenAI Batch API output lines: `{"id", "custom_id", "response": {"status_code",
 "request_id", "body": <chat.completion>}, "error": null}`; the body holds the last answer (in
 mode regenerate, the final turn). Error records become the Batch error file's lines: an HTTP
@@ -64,8 +73,11 @@ from genqueue.common.contracts import (
     Outcome,
     Record,
     ResultRecord,
+    TokenIds,
     Usage,
+    full_prompts,
 )
+from genqueue.common.errors import UserError
 
 #: One line of the export as a converter builds it: a JSON object, serialised as it is.
 Line = dict[str, object]
@@ -79,6 +91,7 @@ class ExportFormat(StrEnum):
     SPECFORGE = "specforge"
     BATCH = "batch"
     PARQUET = "parquet"
+    TOKENS = "tokens"
 
 
 #: Outcomes whose answer never ended on its own: no closing think tag is written for them.
@@ -209,6 +222,45 @@ def to_batch(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
 
 
+class NoTokenIdsError(UserError):
+    """--format tokens met a record without token ids (made before the run asked for them)."""
+
+
+def to_tokens(rec: ResultRecord, *, per_turn: bool = False) -> list[Line]:
+    """The tokens-format rows of a success record: one per generated answer (see the module
+    docstring). Raises NoTokenIdsError for a record that kept no ids."""
+    base = line_id(rec, per_turn=per_turn)
+    turns = rec.get("turns")
+    answers: list[tuple[int | None, int, TokenIds | None, list[int] | None, Usage, object]]
+    if turns is not None:
+        try:
+            prompts = full_prompts(turns)
+        except ValueError as e:
+            raise NoTokenIdsError(f"--format tokens: record {rec.get('key')} (id {base}): {e}") from None
+        answers = [(t.get("turn"), t.get("step", 0), t.get("token_ids"), p, t.get("usage") or {}, t.get("outcome"))
+                   for t, p in zip(turns, prompts, strict=True)]
+    else:
+        ids = rec.get("token_ids")
+        answers = [(rec.get("turn"), 0, ids, ids["prompt"] if ids is not None else None, rec.get("usage") or {},
+                    rec.get("outcome"))]
+    rows: list[Line] = []
+    for n, (turn, step, ids, prompt, usage, outcome) in enumerate(answers):
+        if ids is None or prompt is None:
+            raise NoTokenIdsError(
+                f"--format tokens: record {rec.get('key')} (id {base}) has no token ids for its answer {n}: the run "
+                "kept none when it was made (enqueue with --token-ids, on a server that returns them)")
+        completion = ids["completion"]
+        row: Line = {"id": f"{base}-a{n}", "input_ids": prompt + completion,
+                     "loss_mask": [0] * len(prompt) + [1] * len(completion)}
+        _meta(rec, row, _META + ("model", "fingerprint"))
+        row["turn"] = turn
+        if step:
+            row["step"] = step
+        row["outcome"], row["usage"] = outcome, usage
+        rows.append(row)
+    return rows
+
+
 def llamafactory_dataset_info(name: str, file_name: str, *, tools: bool) -> dict[str, object]:
     """LLaMA-Factory's dataset_info.json entry for a sharegpt export (data/README.md; parser.py
     DatasetAttr). The system prompt is the leading system turn, read through `system_tag`;
@@ -244,6 +296,12 @@ class Convert(Protocol):
     def __call__(self, rec: ResultRecord, /, *, per_turn: bool = False) -> Line: ...
 
 
+class ConvertRows(Protocol):
+    """A success record's lines in a format of one line per generated answer."""
+
+    def __call__(self, rec: ResultRecord, /, *, per_turn: bool = False) -> list[Line]: ...
+
+
 class ConvertError(Protocol):
     """An error record's line in a format's errors file."""
 
@@ -252,6 +310,7 @@ class ConvertError(Protocol):
 
 #: A format's converter with its ids chosen (see converter, error_converter).
 Converter = Callable[[ResultRecord], Line]
+RowsConverter = Callable[[ResultRecord], list[Line]]
 ErrorConverter = Callable[[ErrorRecord | JobFailedRecord], Line]
 
 
@@ -273,7 +332,9 @@ class FormatSpec:
     record's errors-file line (None: the record as read). LINES: the format whose lines these
     are, when another's (parquet: openai's). PARQUET: the lines may be written as Parquet
     (the format then has an Arrow schema in parquet.py); NOT_PARQUET says what it writes
-    instead. ONLY_PARQUET: always Parquet. SIDE_FILE: a file written beside the dataset."""
+    instead. ONLY_PARQUET: always Parquet. SIDE_FILE: a file written beside the dataset.
+    ROWS: a format of one line per generated answer makes them with ROWS (CONVERT then names
+    none of them: it is its first line); TOKEN_IDS: only runs made with --token-ids have them."""
 
     help: str  # its part of --format's help
     convert: Convert
@@ -283,6 +344,8 @@ class FormatSpec:
     not_parquet: str = ""
     only_parquet: bool = False
     side_file: SideFile | None = None
+    rows: ConvertRows | None = None
+    token_ids: bool = False
 
 
 #: LLaMA-Factory's dataset_info.json entry; it loads these types only (extras/constants.py
@@ -306,6 +369,11 @@ FORMATS: dict[ExportFormat, FormatSpec] = {
     ExportFormat.PARQUET: FormatSpec(
         "the openai shape in Parquet (any shape is Parquet when the output is named .parquet)", to_openai,
         lines=ExportFormat.OPENAI, only_parquet=True),
+    ExportFormat.TOKENS: FormatSpec(
+        "one row per generated answer: input_ids (the prompt ids the engine rendered, then the ids it generated) "
+        "and a loss_mask of 1 on exactly the generated ids, as speculators trains on them (runs made with "
+        "--token-ids)", lambda rec, *, per_turn=False: to_tokens(rec, per_turn=per_turn)[0],
+        rows=to_tokens, token_ids=True),
 }
 
 
@@ -318,6 +386,15 @@ def converter(fmt: ExportFormat, *, per_turn: bool = False) -> Converter:
     """FMT's converter of success records; PER_TURN: ids unique per turn (mode each, see line_id)."""
     fn = FORMATS[fmt].convert
     return functools.partial(fn, per_turn=True) if per_turn else fn
+
+
+def rows_converter(fmt: ExportFormat, *, per_turn: bool = False) -> RowsConverter:
+    """FMT's converter of a success record to its lines: one, or one per generated answer."""
+    spec = FORMATS[fmt]
+    rows, convert = spec.rows, spec.convert
+    if rows is not None:
+        return functools.partial(rows, per_turn=per_turn)
+    return lambda rec: [convert(rec, per_turn=per_turn)]
 
 
 def error_converter(fmt: ExportFormat, *, per_turn: bool = False) -> ErrorConverter | None:

@@ -55,6 +55,9 @@ SCHEMAS: dict[ExportFormat, pa.Schema] = {
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
             ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
         ("tools", pa.string()), ("status", pa.string()), *_META]),
+    ExportFormat.TOKENS: pa.schema([
+        ("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+        ("step", pa.int64()), *_META]),
 }
 
 
