@@ -20,13 +20,10 @@ regenerate every generated turn; the input's own history answers are not.
 
 from __future__ import annotations
 
-import hashlib
 import re
+from array import array
 from collections.abc import Iterator
 from enum import StrEnum
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from genqueue.common.contracts import ResultRecord
 
@@ -52,6 +49,7 @@ _MARKER = re.compile(r"</?(?:think|thinking|reasoning|seed:think)>|<\|channel\|>
 #: 2048. Each unit is seen at least MIN_REPEATS times.
 MIN_REPEATS = 4
 REPETITION_SCALES = ((256, 256 // MIN_REPEATS), (2048, 2048 // MIN_REPEATS))
+_CUE = 16
 
 
 def reasons(flags: int) -> list[str]:
@@ -69,9 +67,14 @@ def is_empty(content: str, tool_calls: object) -> bool:
 
 def loop_period(text: str) -> int:
     """The length of the unit TEXT's tail repeats (REPETITION_SCALES), 0 when it ends in no loop."""
+    n = len(text)
     for span, longest in REPETITION_SCALES:
-        if len(text) < span:
+        if n < span:
             return 0
+        # A cheap necessary condition first: with a period p <= LONGEST, the last _CUE
+        # characters occur again p characters earlier. Ordinary text mostly fails it here.
+        if text.find(text[-_CUE:], n - _CUE - longest, n - 1) < 0:
+            continue
         tail = text[-span:]
         probe = tail[:span - longest]
         # t has period p <= LONGEST iff t[p:] == t[:-p]; then PROBE (t's head) occurs at p.
@@ -95,9 +98,9 @@ def _answers(rec: ResultRecord) -> Iterator[tuple[str, str | None, object]]:
 
 def record_flags(rec: ResultRecord) -> tuple[int, int]:
     """(the flags bitmask of REC's own gates, the 8-byte digest of its generated text as an
-    int, 0 when it has none to compare: an empty answer is not a duplicate of another)."""
+    int, 0 when it has none to compare: an answer with no text is not a duplicate of another)."""
     flags = 0
-    h = hashlib.blake2b(digest_size=8)
+    parts: list[str | None] = []
     text = False
     for content, thinking, calls in _answers(rec):
         if is_empty(content, calls):
@@ -106,48 +109,57 @@ def record_flags(rec: ResultRecord) -> tuple[int, int]:
             flags |= BIT[FlagReason.THINKING_MARKER]
         if loop_period(content) or (thinking and loop_period(thinking)):
             flags |= BIT[FlagReason.REPETITION_LOOP]
-        for part in (thinking or "", content):
-            h.update(part.encode("utf-8", "surrogatepass"))
-            h.update(b"\x00")
+        parts += (thinking, content)
         text = text or bool(content.strip() or (thinking or "").strip())
     if not text:
         return flags, 0
-    # 0 marks "none": a digest that happens to be 0 is moved to 1 (one value in 2**64).
-    return flags, int.from_bytes(h.digest(), "little") or 1
+    # Python's own 64-bit hash of the strings (SipHash, computed in C, no copy): the digests
+    # are compared within one export process only. 0 marks "none": a digest that happens to
+    # be 0 is moved to 1 (one value in 2**64).
+    return flags, hash(tuple(parts)) & 0xFFFF_FFFF_FFFF_FFFF or 1
 
 
 class Duplicates:
     """Exact duplicates among the answers of the dataset, in its order: the first of a text is
-    kept, every later one is a duplicate. Partition by partition (core.py's pass 2): within one
-    partition a Python set, across partitions one Arrow array of the 8-byte
-    digests seen so far, checked with a hash lookup in C++. Memory: 8 bytes per distinct
-    answer, plus the lookup's table while one partition is checked (about 1M answers in
-    ~30 MB). Two different texts share a digest with odds about n**2 / 2**65 (1 in 30 million
-    at 1M answers)."""
+    kept, every later one is a duplicate. The digests seen are held in one open-addressing
+    table of 8-byte slots (an array, half full at most): 16 to 32 bytes per distinct answer,
+    16-32 MB per million, whatever the partitions. Two different texts share a digest with
+    odds about n**2 / 2**65 (1 in 30 million at 1M answers)."""
 
-    def __init__(self) -> None:
-        self._seen: pa.Array = pa.array([], type=pa.uint64())
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self._table = array("Q", bytes(8 * capacity))
+        self._mask = capacity - 1
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, digest: int) -> bool:
+        """Add DIGEST (not 0); False when it was there already."""
+        table, mask = self._table, self._mask
+        i = digest & mask  # the digest is a hash: its low bits are as good as any
+        while True:
+            v = table[i]
+            if v == digest:
+                return False
+            if not v:
+                table[i] = digest
+                self._n += 1
+                if 2 * self._n > mask:
+                    self._grow()
+                return True
+            i = (i + 1) & mask
+
+    def _grow(self) -> None:
+        old = self._table
+        self._table = array("Q", bytes(16 * len(old)))
+        self._mask = 2 * len(old) - 1
+        self._n = 0
+        for v in old:
+            if v:
+                self.add(v)
 
     def check(self, digests: list[int]) -> list[bool]:
         """For each of DIGESTS (0: none), in order: whether an earlier one had it."""
-        present = [d for d in digests if d]
-        if not present:
-            return [False] * len(digests)
-        arr = pa.array(present, type=pa.uint64())
-        before = pc.is_in(arr, value_set=self._seen).to_pylist() if len(self._seen) else [False] * len(present)
-        local: set[int] = set()
-        fresh: list[int] = []
-        out: list[bool] = []
-        it = iter(before)
-        for d in digests:
-            if not d:
-                out.append(False)
-                continue
-            dup = bool(next(it)) or d in local
-            if not dup:
-                local.add(d)
-                fresh.append(d)
-            out.append(dup)
-        if fresh:
-            self._seen = pa.concat_arrays([self._seen, pa.array(fresh, type=pa.uint64())])
-        return out
+        add = self.add
+        return [bool(d) and not add(d) for d in digests]

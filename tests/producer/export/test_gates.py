@@ -146,6 +146,9 @@ def test_duplicates_first_kept_later_flagged_within_and_across_partitions() -> N
     assert d.check([]) == []
     assert d.check([0]) == [False]
     assert d.check([5, 2**64 - 1, 2**64 - 1]) == [False, False, True]
+    grown = Duplicates(capacity=4)  # grows past its first table, keeping what it held
+    assert grown.check(list(range(1, 1000))) == [False] * 999 and len(grown) == 999
+    assert grown.check([1, 500, 999, 1000]) == [True, True, True, False]
 
 
 def test_reasons_read_back_in_order() -> None:
