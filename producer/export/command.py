@@ -323,6 +323,10 @@ def format_export(r: ExportResult) -> str:
             "keeps them out)")),
     ]
     rows += [(f"  {reason}", f"{n:,}") for reason, n in sorted(r.flagged_by_reason.items())]
+    if r.original_turns:
+        note = ("(rows holding the input's own assistant turns, marked per turn: LLaMA-Factory mask_history: true; "
+                "SpecForge, speculators: --only-target-turns)")
+        rows.append(("original turns", f"{r.original_turns:,}  {note}"))
     if r.unexpected:
         rows.append(("not in the run", f"{r.unexpected:,}  (exported anyway)"))
     if r.bad_lines or r.bad_shards:

@@ -165,6 +165,9 @@ class ExportResult:
     flagged_by_reason: dict[str, int] = field(default_factory=dict)
     flagged_dropped: int = 0
     flagged_path: str = ""
+    #: Dataset rows holding assistant turns the target did not write (modes each and last:
+    #: the input's history answers), whichever file they went to.
+    original_turns: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -327,7 +330,7 @@ class Exporter:
         if outcome not in self.include:
             return _EXCLUDED | code, orjson.dumps(row) + b"\n", 0, 0
         flags, digest = record_flags(rec)
-        if self.only_target_turns and has_original_turns(rec):
+        if has_original_turns(rec):  # counted always; a reason to keep it out with --only-target-turns
             flags |= BIT[FlagReason.ORIGINAL_TURNS]
         if "tools" in row:
             self.result.with_tools = True
@@ -404,7 +407,7 @@ class Exporter:
         kept = sorted(best.items(), key=lambda kv: (kv[1][1], kv[0]))
         # Duplicates across items, in the dataset's order: the first of a text stays clean.
         dups = iter(self.duplicates.check([v[6] for _, v in kept if v[0][0] == _INCLUDED]))
-        duplicate = BIT[FlagReason.DUPLICATE_ANSWER]
+        duplicate, original = BIT[FlagReason.DUPLICATE_ANSWER], BIT[FlagReason.ORIGINAL_TURNS]
         for key, (rank, order, start, stop, code, flags, _digest) in kept:
             line = view[start:stop]
             if rank[0] != _ERROR:
@@ -413,6 +416,10 @@ class Exporter:
             if rank[0] == _INCLUDED:
                 if next(dups):
                     flags |= duplicate
+                if flags & original:
+                    r.original_turns += 1
+                    if not self.only_target_turns:
+                        flags &= ~original
                 if not (flags and self._flag(flags, line, flagged)):
                     out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
             elif rank[0] == _EXCLUDED:

@@ -60,11 +60,11 @@ def test_gates_count_per_reason_and_keep_the_rows_by_default(gated: Path, redis_
     s = summary(res)
     assert s["flagged"] == 5 and s["flagged_by_reason"] == EXPECTED
     assert s["flagged_dropped"] == 0 and s["flagged_path"] == ""
-    assert s["exported"] == 8 and s["truncated"] == 1 and s["duplicates_removed"] == 1
+    assert s["exported"] == 8 and s["truncated"] == 1 and s["duplicates_removed"] == 1 and s["original_turns"] == 0
     assert [r["index"] for r in read_jsonl(gated / "ds.jsonl")] == list(range(8))
     assert not (gated / "ds.flagged.jsonl").exists()
     text = run_export(gated, redis_url, "-o", str(gated / "ds2.jsonl")).output
-    assert "flagged             5  (dataset rows the quality gates flag; kept: --drop-flagged" in text
+    assert any(line.split()[:2] == ["flagged", "5"] and line.endswith("keeps them out)") for line in text.splitlines())
     for reason, n in EXPECTED.items():
         assert f"  {reason}" in text and any(line.split() == [reason, str(n)] for line in text.splitlines())
 
@@ -127,12 +127,14 @@ def test_each_rows_say_which_turn_is_the_targets_and_only_target_turns_keeps_the
     rows = read_jsonl(each_run / "sf.jsonl")
     assert [[t.get("generated_by_target") for t in r["conversations"]] for r in rows] == [
         [None, True], [None, False, None, True]]
-    assert summary(res)["flagged"] == 0
+    assert summary(res)["flagged"] == 0 and summary(res)["original_turns"] == 1
+    text = run_export(each_run, redis_url, "-o", str(each_run / "t.jsonl")).output
+    assert any(line.split()[:4] == ["original", "turns", "1", "(rows"] for line in text.splitlines())
     res = run_export(each_run, redis_url, "-o", str(each_run / "only.jsonl"), "--format", "specforge",
                      "--only-target-turns", "--json")
     assert res.exit_code == 0, res.output
     s = summary(res)
-    assert s["flagged_by_reason"] == {"original_turns": 1} and s["exported"] == 1
+    assert s["flagged_by_reason"] == {"original_turns": 1} and s["exported"] == 1 and s["original_turns"] == 1
     assert [r["turn"] for r in read_jsonl(each_run / "only.jsonl")] == [0]
     assert [(r["turn"], r["flags"]) for r in read_jsonl(each_run / "only.flagged.jsonl")] == [(1, ["original_turns"])]
     res = run_export(each_run, redis_url, "-o", str(each_run / "sg.jsonl"), "--format", "sharegpt", "--json")
