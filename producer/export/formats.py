@@ -144,7 +144,11 @@ def target_turns(rec: ResultRecord) -> list[bool]:
 
 def has_original_turns(rec: ResultRecord) -> bool:
     """REC's conversation holds assistant turns the target did not write (its input's own)."""
-    return not all(target_turns(rec))
+    messages = rec.get("messages") or []
+    turns = rec.get("turns")
+    if turns is None:
+        return any(m.get("role") == "assistant" for m in messages)
+    return sum(1 for m in messages if m.get("role") == "assistant") > len(turns)
 
 
 def _meta(rec: Mapping[str, object], out: Line, fields: tuple[str, ...] = _META + _MADE_BY) -> Line:
