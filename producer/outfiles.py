@@ -36,6 +36,7 @@ class Target:
 OUTPUT = Target("output file", "write it elsewhere with --output")
 ERRORS = Target("errors file", "write it elsewhere with --errors")
 TRUNCATED = Target("truncated file", "write it elsewhere with --truncated")
+FLAGGED = Target("flagged file", "write it elsewhere with --flagged")
 MISSING = Target("missing file", "write it elsewhere with --missing")
 PARTITIONS = Target("temporary partition files", "put them elsewhere with --tmp-dir")
 REJECTS = Target("rejects file", "write it elsewhere with --rejects")

@@ -45,7 +45,7 @@ from genqueue.producer.export.core import (
 )
 from genqueue.producer.export.formats import FORMATS, ExportFormat, SideFile, format_help
 from genqueue.producer.export.sources import source_for
-from genqueue.producer.outfiles import ERRORS, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
+from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 from genqueue.producer.rungone import run_gone
 
 if TYPE_CHECKING:
@@ -117,6 +117,18 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--missing", "missing_path", type=click.Path(dir_okay=False), default=None,
               help="Enqueued items with no record: key, id, source, position, tab-separated "
                    "(default: <output stem>.missing.txt).")
+@click.option("--drop-flagged", is_flag=True,
+              help="Keep the rows the quality gates flag (thinking markers in the content, empty answers, "
+                   "repetition loops, exact duplicates of an earlier item's answer) out of the dataset, in the "
+                   "flagged file. Without it they are counted and kept.")
+@click.option("--only-target-turns", is_flag=True,
+              help="Keep out of the dataset (in the flagged file, reason original_turns) every row whose "
+                   "conversation holds assistant turns the target did not write (modes each and last: the "
+                   "input's history answers), for trainers that train on every assistant turn (SpecForge, "
+                   "speculators).")
+@click.option("--flagged", "flagged_path", type=click.Path(dir_okay=False), default=None,
+              help="Rows kept out by --drop-flagged or --only-target-turns, each with its `flags` "
+                   "(default: <output stem>.flagged.jsonl).")
 @click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
 @click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
               help="Exit 1 when more items than this failed for good or are partial: a count (100) or a "
@@ -132,6 +144,7 @@ def _outcomes(text: str | None) -> frozenset[str]:
 def export_command(run_name: str, output: str, fmt: str, include: str | None, variant: str | None,
                    group_samples: bool,
                    errors_path: str | None, truncated_path: str | None, missing_path: str | None,
+                   drop_flagged: bool, only_target_turns: bool, flagged_path: str | None,
                    allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
                    redis_url: str) -> None:
     """Write a run's results as one deduplicated dataset, ordered as the input was, with its
@@ -144,8 +157,10 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
     errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), ERRORS)
     cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), TRUNCATED)
     miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), MISSING)
-    if len({out, errs, cut, miss}) < 4:
-        raise UserError("--output, --errors, --truncated and --missing must be four different files")
+    flagged = (_writable(Path(flagged_path) if flagged_path else beside(out, ".flagged.jsonl"), FLAGGED)
+               if drop_flagged or only_target_turns else None)
+    if len({out, errs, cut, miss, *([flagged] if flagged else [])}) < 4 + bool(flagged):
+        raise UserError("--output, --errors, --truncated, --missing and --flagged must be different files")
     workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
     probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
     conn = connect(redis_url)
@@ -171,7 +186,8 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
                           truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
                           workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
                           per_turn_ids=info.settings.multi_turn == Mode.EACH, variants=info.settings.variants,
-                          variant=variant).export()
+                          variant=variant, drop_flagged=drop_flagged, only_target_turns=only_target_turns,
+                          flagged_path=flagged).export()
     side_file = FORMATS[shape].side_file
     if side_file is not None:
         _write_side_file(side_file, result, out)
@@ -321,7 +337,15 @@ def format_export(r: ExportResult) -> str:
           if r.variant else []),
         ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file)"),
         ("duplicates removed", f"{r.duplicates_removed:,}"),
+        ("flagged", f"{r.flagged:,}  (dataset rows the quality gates flag"
+         + (f"; {r.flagged_dropped:,} kept out, to the flagged file)" if r.flagged_path else "; kept: --drop-flagged "
+            "keeps them out)")),
     ]
+    rows += [(f"  {reason}", f"{n:,}") for reason, n in sorted(r.flagged_by_reason.items())]
+    if r.original_turns:
+        note = ("(rows holding the input's own assistant turns, marked per turn: LLaMA-Factory mask_history: true; "
+                "SpecForge, speculators: --only-target-turns)")
+        rows.append(("original turns", f"{r.original_turns:,}  {note}"))
     if r.unexpected:
         rows.append(("not in the run", f"{r.unexpected:,}  (exported anyway)"))
     if r.bad_lines or r.bad_shards:
@@ -335,6 +359,7 @@ def format_export(r: ExportResult) -> str:
         ("truncated file", r.truncated_path),
         ("errors file", r.errors_path),
         ("missing file", r.missing_path),
+        *([("flagged file", r.flagged_path)] if r.flagged_path else []),
         *([(_side_label(r), r.dataset_info_path)] if r.dataset_info_path else []),
         ("time", f"{r.seconds:.1f} s ({rate})"),
     ]

@@ -39,6 +39,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TypedDict
@@ -67,9 +68,11 @@ from genqueue.producer.export.formats import (
     ExportFormat,
     converter,
     error_converter,
+    has_original_turns,
     record_outcome,
     rows_converter,
 )
+from genqueue.producer.export.gates import BIT, REASONS, Duplicates, FlagReason, reasons, record_flags
 from genqueue.producer.export.layout import Layout, layout_for
 from genqueue.producer.export.records import BAD_LINE, read_line
 from genqueue.producer.export.sinks import (
@@ -84,7 +87,7 @@ from genqueue.producer.export.sinks import (
     stem,
 )
 from genqueue.producer.export.sources import OpenShard, ShardSource
-from genqueue.producer.outfiles import ERRORS, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
+from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
 
 __all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
            "stem"]
@@ -115,9 +118,10 @@ if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill i
 # record of another variant than the one exported (written nowhere).
 _INCLUDED, _EXCLUDED, _ERROR, _OTHER = 0, 1, 2, 3
 # key digest, source place, position, turn (-1: none), sample (-1: none), kind, attempt,
-# finished_at, shard ordinal, line, and the length of the blob that follows: the line in the
-# output shape (or, for an error record, its errors-file line).
-_HEADER = struct.Struct("<16sIqiiBIdIII")
+# finished_at, shard ordinal, line, the quality gates' flags (gates.BIT) and the digest of the
+# generated text (gates.record_flags; 0: none), and the length of the blob that follows: the
+# line in the output shape (or, for an error record, its errors-file line).
+_HEADER = struct.Struct("<16sIqiiBIdIIBQI")
 
 
 @dataclass
@@ -167,6 +171,15 @@ class ExportResult:
     by_variant: dict[str, int] = field(default_factory=dict)  # exported rows by request variant
     other_variants: int = 0  # items of the other variants, left out by --variant
     dataset_info_path: str = ""
+    #: Quality gates (gates.py): dataset rows flagged, per reason (a row may have several);
+    #: with --drop-flagged (and --only-target-turns) they went to the flagged file instead.
+    flagged: int = 0
+    flagged_by_reason: dict[str, int] = field(default_factory=dict)
+    flagged_dropped: int = 0
+    flagged_path: str = ""
+    #: Dataset rows holding assistant turns the target did not write (modes each and last:
+    #: the input's history answers), whichever file they went to.
+    original_turns: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -181,7 +194,8 @@ class Exporter:
                  partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
                  include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
                  progress: Progress | None = None, per_turn_ids: bool = False,
-                 variants: Sequence[Variant] = (), variant: str | None = None) -> None:
+                 variants: Sequence[Variant] = (), variant: str | None = None, drop_flagged: bool = False,
+                 only_target_turns: bool = False, flagged_path: Path | None = None) -> None:
         self.conn = conn
         self.run = run
         self.source = source
@@ -196,13 +210,22 @@ class Exporter:
         self.progress: Progress = progress or NoProgress()
         truncated = truncated_path or beside(output, ".truncated.jsonl")
         self.paths = {"output": output, "errors": errors_path, "missing": missing_path, "truncated": truncated}
+        # Flagged rows kept out of the dataset go to a side file, never nowhere.
+        self.drop_flagged = drop_flagged
+        self.only_target_turns = only_target_turns
+        self.drop_mask = (sum(BIT.values()) if drop_flagged else 0) | (
+            BIT[FlagReason.ORIGINAL_TURNS] if only_target_turns else 0)
+        self.duplicates = Duplicates()
+        if self.drop_mask:
+            self.paths["flagged"] = flagged_path or beside(output, ".flagged.jsonl")
         self.workdir = workdir
         self.partition_bytes = partition_bytes
         self.variants, self.variant = tuple(variants), variant
         self.scan = JobScan()
         self.result = ExportResult(run, fmt.value, str(output), str(errors_path), str(missing_path), source.where,
                                    truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
-                                   include_outcomes=sorted(include), variant=variant)
+                                   include_outcomes=sorted(include), variant=variant,
+                                   flagged_path=str(self.paths.get("flagged", "")))
 
     def export(self) -> ExportResult:
         """Run both passes and the coverage check; the files appear only on success."""
@@ -223,10 +246,13 @@ class Exporter:
             self.progress.writing(len(parts))
             out = self._sink(finals["output"])
             try:
+                flagged_file: AbstractContextManager[IO[bytes] | None] = (
+                    open_writer(finals["flagged"], FLAGGED) if "flagged" in finals else nullcontext(None))
                 with (open_writer(finals["errors"], ERRORS) as errs,
-                      open_writer(finals["truncated"], TRUNCATED) as cut):
+                      open_writer(finals["truncated"], TRUNCATED) as cut,
+                      flagged_file as flagged):
                     for i, part in enumerate(parts):
-                        self._reduce(part, out, errs, cut, seen_key)
+                        self._reduce(part, out, errs, cut, seen_key, flagged)
                         part.unlink()
                         self.progress.wrote()
                         log.info("partition %d/%d done", i + 1, len(parts))
@@ -307,26 +333,30 @@ class Exporter:
                     pass  # the failure being handled is the one reported
         return paths
 
-    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes]:
-        """What one record becomes: its kind and its line in the file it would go to."""
+    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes, int, int]:
+        """What one record becomes: its kind, its line(s) in the file it would go to, and for a
+        dataset row its quality gates' flags and the digest of its generated text (gates.py)."""
         if self.variant is not None and rec.get("variant") != self.variant:
-            return _OTHER, b""
+            return _OTHER, b"", 0, 0
         if "error" in rec:
             if self.error_line is not None:
-                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n"
-            return _ERROR, line if line.endswith(b"\n") else line + b"\n"
+                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n", 0, 0
+            return _ERROR, line if line.endswith(b"\n") else line + b"\n", 0, 0
         outcome = rec["outcome"] = record_outcome(rec)
         rows = self.convert_rows(rec)
         code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5
         if outcome not in self.include:
-            return _EXCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows)
+            return _EXCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows), 0, 0
+        flags, digest = record_flags(rec)
+        if has_original_turns(rec):  # counted always; a reason to keep it out with --only-target-turns
+            flags |= BIT[FlagReason.ORIGINAL_TURNS]
         if any("tools" in row for row in rows):
             self.result.with_tools = True
         if self.parquet:
             from genqueue.producer.export.parquet import arrow_row
 
             rows = [arrow_row(row) for row in rows]
-        return _INCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows)
+        return _INCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows), flags, digest
 
     def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
         last = len(files) - 1
@@ -342,8 +372,9 @@ class Exporter:
                 tick(4096)
             try:
                 rec, key, place, index, turn, sample, attempt, finished = read_line(line)
-                kind, blob = self._blob(rec, line)
-                header = pack(key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, len(blob))
+                kind, blob, flags, text_digest = self._blob(rec, line)
+                header = pack(key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, flags,
+                              text_digest, len(blob))
             except (*BAD_LINE, struct.error):
                 if line.strip():
                     bad += 1
@@ -368,35 +399,49 @@ class Exporter:
             log.warning("%s does not match its manifest (sha256, size or record count): read anyway", name)
 
     # --- pass 2 --------------------------------------------------------------------
-    def _reduce(self, part: Path, out: Sink, errs: IO[bytes], cut: IO[bytes], seen_key: str) -> None:
+    def _reduce(self, part: Path, out: Sink, errs: IO[bytes], cut: IO[bytes], seen_key: str,
+                flagged: IO[bytes] | None = None) -> None:
         data = part.read_bytes()
         view = memoryview(data)
         unpack = _HEADER.unpack_from
         hsize = _HEADER.size
-        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int, int]] = {}
+        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int, int, int,
+                                int]] = {}
         pos = n = 0
         end_all = len(data)
         while pos < end_all:
-            key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, blen = unpack(data, pos)
+            (key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, flags, digest,
+             blen) = unpack(data, pos)
             start = pos + hsize
             pos = start + blen
             n += 1
             rank = (kind & 3, attempt, finished, ordinal, lineno)
             cur = best.get(key)
             if cur is None or rank < cur[0]:
-                best[key] = (rank, (place, index, turn, sample), start, pos, kind >> 2)
+                best[key] = (rank, (place, index, turn, sample), start, pos, kind >> 2, flags, digest)
         self.result.duplicates_removed += n - len(best)
         batch: list[bytes] = []
         r = self.result
-        for key, (rank, order, start, stop, code) in sorted(best.items(), key=lambda kv: (kv[1][1], kv[0])):
+        kept = sorted(best.items(), key=lambda kv: (kv[1][1], kv[0]))
+        # Duplicates across items, in the dataset's order: the first of a text stays clean.
+        dups = iter(self.duplicates.check([v[6] for _, v in kept if v[0][0] == _INCLUDED]))
+        duplicate, original = BIT[FlagReason.DUPLICATE_ANSWER], BIT[FlagReason.ORIGINAL_TURNS]
+        for key, (rank, order, start, stop, code, flags, _digest) in kept:
             line = view[start:stop]
             if rank[0] < _ERROR:
                 self._count_outcome(_OUTCOME_NAMES[code & 7], included=rank[0] == _INCLUDED)
                 self._count_tool_turns(code >> 3)
             if rank[0] == _INCLUDED:
-                if self.variants:
-                    self._count_variant(key)
-                out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
+                if next(dups):
+                    flags |= duplicate
+                if flags & original:
+                    r.original_turns += 1
+                    if not self.only_target_turns:
+                        flags &= ~original
+                if not (flags and self._flag(flags, line, flagged)):
+                    if self.variants:
+                        self._count_variant(key)
+                    out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
             elif rank[0] == _EXCLUDED:
                 cut.write(line)
             elif rank[0] == _OTHER:
@@ -413,6 +458,22 @@ class Exporter:
         if batch:
             self._sadd(seen_key, batch)
         view.release()
+
+    def _flag(self, flags: int, line: memoryview, flagged: IO[bytes] | None) -> bool:
+        """Count a flagged dataset row; True when it goes to the flagged file (with its
+        reasons as `flags`) rather than the dataset."""
+        r = self.result
+        r.flagged += 1
+        by = r.flagged_by_reason
+        for reason in REASONS:
+            if flags & BIT[reason]:
+                by[reason.value] = by.get(reason.value, 0) + 1
+        if flagged is None or not flags & self.drop_mask:
+            return False
+        r.exported -= 1
+        r.flagged_dropped += 1
+        flagged.write(b'{"flags":' + orjson.dumps(reasons(flags)) + b"," + line[1:])
+        return True
 
     def _count_outcome(self, outcome: str, *, included: bool) -> None:
         """Coverage counts complete, partial and cut apart, whichever file each went to."""

@@ -43,17 +43,19 @@ SCHEMAS: dict[ExportFormat, pa.Schema] = {
         ("id", pa.string()),
         ("messages", pa.list_(pa.struct([
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
-            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
+            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string()),
+            ("generated_by_target", pa.bool_())]))),
         ("tools", pa.string()), *_META]),
     ExportFormat.SHAREGPT: pa.schema([
         ("id", pa.string()),
         ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
-        ("system", pa.string()), ("tools", pa.string()), *_META]),
+        ("system", pa.string()), ("tools", pa.string()), ("target_turns", pa.list_(pa.int64())), *_META]),
     ExportFormat.SPECFORGE: pa.schema([
         ("id", pa.string()),
         ("conversations", pa.list_(pa.struct([
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
-            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())]))),
+            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string()),
+            ("generated_by_target", pa.bool_())]))),
         ("tools", pa.string()), ("status", pa.string()), *_META]),
     ExportFormat.TOKENS: pa.schema([
         ("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),

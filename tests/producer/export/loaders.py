@@ -83,6 +83,19 @@ def llamafactory_thought(value: str) -> tuple[str | None, str]:
     return m.group(1), value.replace(m.group(0), "", 1)
 
 
+def llamafactory_trained_turns(row: dict[str, Any], *, mask_history: bool) -> list[int]:
+    """The indexes in ROW's `conversations` of the assistant turns LLaMA-Factory computes a loss
+    on. processor/supervised.py SupervisedDatasetProcessor._encode_data_example (lines 68-92):
+    every (prompt, response) pair's response is a target, unless `mask_history` (a data
+    argument of the training config, hparams/data_args.py line 54: "mask the history and train
+    on the last turn only"), which labels every pair but the last IGNORE_INDEX. The pairs are
+    the even (gpt/function_call) turns after an optional leading system turn."""
+    conv = row["conversations"]
+    lead = 1 if conv and conv[0].get("from") == "system" else 0
+    answers = [i for i in range(lead, len(conv)) if (i - lead) % 2 == 1]
+    return answers[-1:] if mask_history else answers
+
+
 # --- EAGLE-3 (SafeAILab/EAGLE @ cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b) -----------------
 def eagle3(rows: list[dict[str, Any]]) -> list[str]:
     """The problems eagle/traineagle3/main.py build_dataset_rank.preprocess_function would hit
@@ -170,3 +183,14 @@ def speculators_read(row: dict[str, Any]) -> tuple[list[str], list[Any]]:
     if isinstance(tools, str):
         tools = json.loads(tools)
     return roles, tools if isinstance(tools, list) else []
+
+
+def every_assistant_turn(row: dict[str, Any]) -> list[int]:
+    """The turns SpecForge and speculators compute a loss on: every assistant turn, found by
+    role: SpecForge's specforge/data/preprocessing.py preprocess_conversations and speculators'
+    src/speculators/data_generation/preprocessing.py (_detect_assistant_pattern,
+    _create_loss_mask_from_offsets) set the loss mask to 1 on every assistant span of the
+    rendered template. Neither reads a per-turn field, so a row holding the input's own
+    history answers trains on them too."""
+    roles = [t.get("role", t.get("from")) for t in row["conversations"]]
+    return [i for i, r in enumerate(roles) if r in ("assistant", "gpt", "function_call")]

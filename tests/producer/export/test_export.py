@@ -116,11 +116,14 @@ def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_u
     assert by[3]["messages"][-1]["content"] == "answer 3.None"  # the earlier shard's copy
     assert by[5]["messages"][-1]["content"] == "answer 5.None-first"  # success beats error; attempt 1 beats 2
     assert by[0]["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q0.None"},
-                                 {"role": "assistant", "content": "answer 0.None", "reasoning_content": "thinking 0"}]
+                                 {"role": "assistant", "content": "answer 0.None", "reasoning_content": "thinking 0",
+                                  "generated_by_target": True}]
     assert {"key", "index", "model", "fingerprint", "usage"} <= by[0].keys() and "turn" not in by[0]
     assert by[4]["messages"] == [{"role": "user", "content": "u0"},
-                                 {"role": "assistant", "content": "a0", "reasoning_content": "r0"},
-                                 {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
+                                 {"role": "assistant", "content": "a0", "reasoning_content": "r0",
+                                  "generated_by_target": True},
+                                 {"role": "user", "content": "u1"},
+                                 {"role": "assistant", "content": "a1", "generated_by_target": True}]
     errors = read_jsonl(run_dir / "ds.errors.jsonl")
     assert [(e["index"], e["error"]["message"]) for e in errors] == [(8, "first")]
     assert (run_dir / "ds.missing.txt").read_text().split() == [key(9)]
@@ -203,7 +206,8 @@ def test_stem_and_converters() -> None:
     rec = success(1)
     rec["tool_calls"] = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
     rec["content"], rec["reasoning"] = "", None
-    assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "", "tool_calls": rec["tool_calls"]}
+    assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "", "tool_calls": rec["tool_calls"],
+                                              "generated_by_target": True}
     assert to_sharegpt(rec)["conversations"][-1] == {"from": "function_call", "value": '{"name":"f","arguments":{"a":1}}'}
 
 

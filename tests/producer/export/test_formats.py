@@ -25,8 +25,10 @@ from genqueue.producer.export.formats import (
     ExportFormat,
     batch_error,
     converter,
+    has_original_turns,
     line_id,
     llamafactory_dataset_info,
+    target_turns,
     to_batch,
     to_openai,
     to_sharegpt,
@@ -152,9 +154,11 @@ def test_openai_messages_keep_the_thinking_as_reasoning_content() -> None:
     line = to_openai(single())
     assert line["id"] == "q-3" and line["messages"][:2] == single()["messages"]
     answer = line["messages"][-1]
-    assert answer == {"role": "assistant", "content": "It is 4.", "reasoning_content": "2+2 is 4"}
+    assert answer == {"role": "assistant", "content": "It is 4.", "reasoning_content": "2+2 is 4",
+                      "generated_by_target": True}
     parsed = ChatCompletionMessage.model_validate(answer)  # the OpenAI SDK's own message type
-    assert parsed.content == "It is 4." and parsed.model_extra == {"reasoning_content": "2+2 is 4"}
+    assert parsed.content == "It is 4." and parsed.model_extra == {"reasoning_content": "2+2 is 4",
+                                                                   "generated_by_target": True}
     regen = to_openai(regenerated())
     assert [m.get("reasoning_content") for m in regen["messages"]] == [None, None, "r0", None, "r1 never clos"]
     assert not any("reasoning" in m for m in regen["messages"])
@@ -251,7 +255,7 @@ def test_specforge_rows_pass_specforges_own_validator() -> None:
     line = to_specforge(single())
     assert line["conversations"] == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-        {"role": "assistant", "content": "It is 4.", "reasoning_content": "2+2 is 4"}]
+        {"role": "assistant", "content": "It is 4.", "generated_by_target": True, "reasoning_content": "2+2 is 4"}]
     assert line["status"] == "success" and line["id"] == "q-3"
     assert validate_row(line, expect_non_reasoning=False, expect_reasoning=True, strict_think_markers=True) == 1
     regen = to_specforge(regenerated())
@@ -304,7 +308,7 @@ def test_an_unclosed_thought_never_gets_a_closing_tag(outcome: str) -> None:
     assert value == THINK_OPEN + "still thinking about" and "</think>" not in value
     assert loaders.llamafactory_thought(value) == (None, value)
     assert to_openai(rec)["messages"][-1] == {"role": "assistant", "content": "",
-                                              "reasoning_content": "still thinking about"}
+                                              "reasoning_content": "still thinking about", "generated_by_target": True}
     regen = to_sharegpt(regenerated("cut_in_thinking"))["conversations"][1:]  # after the system turn
     assert regen[1]["value"] == THINK_OPEN + "r0" + THINK_CLOSE + "a0"  # the finished turn closes
     assert regen[3]["value"] == THINK_OPEN + "r1 never clos"
@@ -313,3 +317,82 @@ def test_an_unclosed_thought_never_gets_a_closing_tag(outcome: str) -> None:
 def test_cut_in_answer_keeps_the_close_the_model_wrote() -> None:
     value = to_sharegpt(single(content="It is", outcome="cut_in_answer"))["conversations"][-1]["value"]
     assert value == "<think>\n2+2 is 4\n</think>\n\nIt is"
+
+
+# --- which assistant turns the target generated ----------------------------------------------
+def each_turn() -> dict[str, Any]:
+    """Mode each, the second user turn: the history's answer is the input's, the final the target's."""
+    rec = single(content="It is 6.", reasoning="3+3")
+    rec["messages"] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                       {"role": "assistant", "content": "4 (the input's own answer)"},
+                       {"role": "user", "content": "3+3?"}]
+    rec["turn"] = 1
+    return rec
+
+
+def test_every_format_states_which_assistant_turns_the_target_wrote() -> None:
+    rec = each_turn()
+    assert target_turns(rec) == [False, True] and has_original_turns(rec)
+    assert target_turns(single()) == [True] and not has_original_turns(single())
+    assert target_turns(regenerated()) == [True, True] and not has_original_turns(regenerated())
+    tools = with_tools()  # mode last through tool turns: three original answers, then the target's
+    assert target_turns(tools) == [False, False, False, False, True]
+
+    openai = to_openai(rec)["messages"]
+    assert [(m["role"], m.get("generated_by_target")) for m in openai] == [
+        ("system", None), ("user", None), ("assistant", False), ("user", None), ("assistant", True)]
+    assert [m.get("generated_by_target") for m in to_openai(regenerated())["messages"]] == [
+        None, None, True, None, True]
+
+    specforge = to_specforge(rec)
+    assert [t.get("generated_by_target") for t in specforge["conversations"]] == [None, None, False, None, True]
+    # SpecForge's own validator takes the extra field
+    assert validate_row(specforge, expect_non_reasoning=False, expect_reasoning=False, strict_think_markers=True) == 2
+
+    sharegpt = to_sharegpt(rec)
+    assert sharegpt["target_turns"] == [4]  # system, human, gpt (input's), human, gpt (target's)
+    assert sharegpt["conversations"][4]["value"].endswith("It is 6.")
+    assert loaders.llamafactory_sharegpt(sharegpt) == []  # turns stay exactly {from, value}
+    assert to_sharegpt(regenerated())["target_turns"] == [2, 4]
+    shared_tools = to_sharegpt(tools)
+    assert [shared_tools["conversations"][i]["from"] for i in shared_tools["target_turns"]] == ["function_call"]
+
+    batch = to_batch(rec)  # the body holds the final answer alone: the target's
+    assert batch["response"]["body"]["choices"][0]["message"]["content"] == "It is 6."
+
+
+def test_the_trainers_train_on_the_target_turns_only_when_configured_or_filtered() -> None:
+    """LLaMA-Factory's mask_history trains on the last turn only: in modes each and last exactly
+    the target's turn. SpecForge and speculators train on every assistant turn: only a row the
+    target wrote entirely (what --only-target-turns keeps) trains on the target's turns alone."""
+    for rec in (each_turn(), with_tools()):
+        row = to_sharegpt(rec)
+        assert loaders.llamafactory_trained_turns(row, mask_history=True) == row["target_turns"]
+        assert loaders.llamafactory_trained_turns(row, mask_history=False) != row["target_turns"]
+        spec = to_specforge(rec)
+        trained = loaders.every_assistant_turn(spec)
+        assert [spec["conversations"][i]["generated_by_target"] for i in trained] != [True] * len(trained)
+        assert has_original_turns(rec)  # --only-target-turns keeps it out
+    regen = to_sharegpt(regenerated())  # regenerate: every answer is the target's, no mask needed
+    assert loaders.llamafactory_trained_turns(regen, mask_history=False) == regen["target_turns"]
+    spec = to_specforge(regenerated())
+    assert all(spec["conversations"][i]["generated_by_target"] for i in loaders.every_assistant_turn(spec))
+
+
+def test_target_turns_survive_parquet(tmp_path: Any) -> None:
+    import pyarrow.parquet as pq
+
+    for convert, shape in ((to_openai, ExportFormat.OPENAI), (to_sharegpt, ExportFormat.SHAREGPT),
+                           (to_specforge, ExportFormat.SPECFORGE)):
+        path = tmp_path / f"{shape}.parquet"
+        sink = export_parquet.ParquetSink(path, export_parquet.schema_for(shape))
+        for rec in (each_turn(), regenerated()):
+            sink.write(orjson.dumps(export_parquet.arrow_row(convert(copy.deepcopy(rec)))) + b"\n")
+        sink.close()
+        rows = pq.read_table(path).to_pylist()
+        if shape == ExportFormat.SHAREGPT:
+            assert [r["target_turns"] for r in rows] == [[4], [2, 4]]
+        else:
+            msgs = [r["messages" if shape == ExportFormat.OPENAI else "conversations"] for r in rows]
+            assert [[m["generated_by_target"] for m in ms if m["role"] == "assistant"] for ms in msgs] == [
+                [False, True], [True, True]]
