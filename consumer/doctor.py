@@ -126,7 +126,8 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
         if top > 0 and top - low <= max(1.0, s.plateau * top) and max(kv) < s.kv_room:
             n = int(top)
             m = suggested_max_num_seqs(top, max(kv), s.safety)
-            nums |= {"max_num_seqs": n, "suggested_max_num_seqs": m}
+            # the suggestion is made from the window's highest KV usage: kv_cache_usage is the last
+            nums |= {"max_num_seqs": n, "suggested_max_num_seqs": m, "kv_cache_usage_max": round(max(kv), 4)}
             return Verdict(EngineBound.BATCH_CAP, (
                 f"the batch cap binds: {n} running on a plateau, {int(waiting[-1])} waiting, KV cache "
                 f"{max(kv):.0%} used: raise --max-num-seqs from {n} to about {m}"), nums, notes)
