@@ -91,6 +91,22 @@ def suggested_max_num_seqs(running: float, kv_usage: float, safety: float) -> in
     return int(running * safety / max(kv_usage, 1e-3))
 
 
+def _recent(samples: list[Sample], now: float, s: DoctorSettings) -> list[Sample]:
+    """The samples with metrics of the last `window` seconds; while they span less than half of
+    it, also the ones just before (back to 3 windows ago). A consumer on a busy node publishes
+    irregularly (its snapshot waits behind its Redis calls): seen on real vLLM on 2 cores, a gap
+    of 6 s between two samples left a window too short to judge and the verdict flapped to
+    "too few samples" between two batch-cap looks."""
+    with_metrics = [x for x in samples if x.engine.get("metrics")]
+    start = len(with_metrics)
+    while start > 0 and with_metrics[start - 1].t >= now - s.window:
+        start -= 1
+    while (start > 0 and with_metrics[start - 1].t >= now - 3 * s.window
+           and (start >= len(with_metrics) - 1 or with_metrics[-1].t - with_metrics[start].t < s.window / 2)):
+        start -= 1
+    return with_metrics[start:]
+
+
 def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     """What binds the engine over SAMPLES (oldest first; the last is now)."""
     s = s or DoctorSettings()
@@ -99,7 +115,7 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     now = samples[-1]
     if "endpoint_down" in now.consumer.paused:  # its last /metrics are stale: judge nothing by them
         return Verdict(EngineBound.UNKNOWN, "the endpoint is down: admission is paused until it answers")
-    recent = [x for x in samples if x.t >= now.t - s.window and x.engine.get("metrics")]
+    recent = _recent(samples, now.t, s)
     notes, extra = _notes(recent, now.consumer, s)
     if len(recent) < 2 or recent[-1].t - recent[0].t < s.window / 2:
         return Verdict(EngineBound.UNKNOWN, "too few samples yet", extra, notes)
