@@ -11,6 +11,7 @@ whose cache is full of other requests' context.
 from __future__ import annotations
 
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -86,22 +87,24 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
     engine: dict[str, Any] = {}
     text = ""
     try:
-        deadline = time.monotonic() + 75
+        # --json and the text screen, in turn, until each has said it (a status takes seconds on a
+        # busy node, so the two need not show the same snapshot)
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            if not engine:  # the --json view first, then the text screen says the same
+            if not engine:
                 js = orjson.loads(_status(redis_url, "cap", "--json"))
                 for x in js.get("consumers") or []:
                     seen.append((round(time.monotonic() - t0 - x["age_s"], 1), x["engine"].get("verdict", "-")))
                     if x["engine"].get("verdict") == "batch_cap":
                         engine = x["engine"]
                         took = time.monotonic() - t0
-            else:
+            if "engine:thebatchcapbinds" not in "".join(text.split()):
                 text = _status(redis_url, "cap")
-                if "engine:thebatchcapbinds" in "".join(text.split()):
-                    break
-            time.sleep(1)
+            if engine and "engine:thebatchcapbinds" in "".join(text.split()):
+                break
+            time.sleep(0.5)
         else:
-            raise AssertionError(f"no batch_cap verdict in --json and the text in 75 s; saw {seen}; last engine view "
+            raise AssertionError(f"no batch_cap verdict in --json and the text in 90 s; saw {seen}; last engine view "
                                  f"{engine}\n{text}\n" + c.output()[-3000:])
     finally:
         c.kill()
@@ -118,8 +121,10 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
     assert n["kv_cache_usage"] <= n["kv_cache_usage_max"] < 0.5
     assert m == suggested_max_num_seqs(MAX_NUM_SEQS, n["kv_cache_usage_max"], SAFETY) > MAX_NUM_SEQS, n
     assert f"raise --max-num-seqs from {MAX_NUM_SEQS} to about {m}" in engine["advice"]
-    # the advice wraps on the text screen, at a hyphen too ("--max-" / "num-seqs")
-    assert f"raise--max-num-seqsfrom{MAX_NUM_SEQS}toabout{m}" in "".join(text.split()), text
+    # the advice wraps on the text screen, at a hyphen too ("--max-" / "num-seqs"); it may show a
+    # later snapshot, whose window's highest KV usage can differ
+    said = re.search(rf"raise--max-num-seqsfrom{MAX_NUM_SEQS}toabout(\d+)", "".join(text.split()))
+    assert said and int(said[1]) > MAX_NUM_SEQS, text
     _drained(vllm_capped)
 
 
