@@ -10,7 +10,8 @@ read by the code of the tools it is for, imported from the releases tests/traine
 | openai | transformers | `apply_chat_template` with Qwen3's chat template, a tokenizer built here |
 | openai | LLaMA-Factory | data/parser.py `get_dataset_list` + data/converter.py `align_dataset` (openai) |
 | parquet | datasets + transformers | `load_dataset("parquet")`, then the template as for openai |
-| sharegpt | LLaMA-Factory | `get_dataset_list` with the `<stem>.dataset_info.json` export writes + `align_dataset` |
+| sharegpt | LLaMA-Factory | `get_dataset_list` with the `<stem>.dataset_info.json` export writes + `align_dataset`, |
+|  |  | then data/formatter.py's qwen FunctionFormatter on each call turn and ToolFormatter on `tools` |
 | sharegpt, specforge | SpecForge | specforge/data/preprocessing.py `build_eagle3_dataset` (qwen3-thinking) |
 | specforge | SpecForge | scripts/validate_regenerated_data.py `validate_row` (specforge_validation.py) |
 | sharegpt, specforge | speculators | data_generation/preprocessing.py `load_raw_dataset` + |
@@ -255,21 +256,39 @@ def _llamafactory(ex: Exports, fmt: str, data: Path, entry: dict[str, Any]) -> C
                                cache_dir=str(ex.folder / "hf"))
     data_args = _Args(streaming=False, preprocessing_num_workers=None, overwrite_cache=True, media_dir=str(folder))
     aligned = lf.converter.align_dataset(ds, attr, data_args, _Args(local_process_index=0))
+    # Qwen3's template in LLaMA-Factory (data/template.py register_template "qwen3"): its function
+    # and tool formatters, with ReasoningTemplate's thought and tool-call words.
+    function = lf.formatter.FunctionFormatter(slots=["{{content}}<|im_end|>\n"], tool_format="qwen")
+    tools_format = lf.formatter.ToolFormatter(tool_format="qwen")
+    words = {"thought_words": ("<think>\n", "\n</think>\n\n"), "tool_call_words": ("<tool_call>", "</tool_call>")}
     cell = Cell(fmt, f"LLaMA-Factory align_dataset ({attr.formatting})")
     for row, out in zip(lines(data), aligned, strict=True):
         truth = ex.truth[row["id"]]
-        said = [m["content"] for m in out["_prompt"] + out["_response"] if m["role"] in ("assistant", "function")]
+        turns = [m for m in out["_prompt"] + out["_response"] if m["role"] in ("assistant", "function")]
         thought = [m.get("reasoning_content") for m in answers(truth)]
+        calls = [[c["function"]["name"] for c in m.get("tool_calls") or []] for m in answers(truth)]
         check(cell, row["id"], {
             "dropped": len(out["_prompt"]) % 2 == 1 and len(out["_response"]) == 1,
-            "thinking not rendered": len(said) == len(thought) and all(
-                t is None or THINK.format(t) in s for s, t in zip(said, thought, strict=True)),
+            "thinking not rendered": len(turns) == len(thought) and all(
+                t is None or THINK.format(t) in m["content"] for m, t in zip(turns, thought, strict=True)),
+            "a tool call not read": len(turns) == len(calls) and all(
+                _lf_calls(function, m, words) == names for m, names in zip(turns, calls, strict=True)),
             "system lost": out["_system"].startswith(system_of(truth)),
-            "tools lost": bool(out["_tools"]) == bool(truth.get("tools")),
+            "tools lost": bool(out["_tools"]) == bool(truth.get("tools")) and all(
+                f'"name": "{n}"' in "".join(tools_format.apply(content=out["_tools"])) for n in tool_names(truth)),
         })
         if LF_THINKING_OFF in out["_system"]:
             cell.note(f"`{LF_THINKING_OFF}` added to its system prompt", row["id"])
     return cell
+
+
+def _lf_calls(function: Any, message: dict[str, Any], words: dict[str, Any]) -> list[str]:
+    """The names of the calls LLaMA-Factory's FunctionFormatter reads in a `function` turn (it
+    raises on one it cannot read); none for an assistant turn."""
+    if message["role"] != "function":
+        return []
+    rendered = "".join(function.apply(content=message["content"], **words))
+    return re.findall(r'<tool_call>\n\{"name": "([^"]+)"', rendered)
 
 
 class _Args:

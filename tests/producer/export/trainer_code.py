@@ -145,8 +145,8 @@ _loaded: dict[str, SimpleNamespace] = {}
 
 
 def llamafactory() -> SimpleNamespace:
-    """LLaMA-Factory's data.converter (align_dataset, the converters) and data.parser
-    (DatasetAttr, get_dataset_list)."""
+    """LLaMA-Factory's data.converter (align_dataset, the converters), data.parser (DatasetAttr,
+    get_dataset_list) and data.formatter (FunctionFormatter, ToolFormatter)."""
     if "llamafactory" not in _loaded:
         require_pinned()
         _prime_real_imports()
@@ -168,7 +168,8 @@ def llamafactory() -> SimpleNamespace:
         with _standing_in({"peft": peft, "peft.utils": peft_utils, "llamafactory.extras.misc": misc}):
             converter = importlib.import_module("llamafactory.data.converter")
             parser = importlib.import_module("llamafactory.data.parser")
-        _loaded["llamafactory"] = SimpleNamespace(converter=converter, parser=parser)
+            formatter = importlib.import_module("llamafactory.data.formatter")
+        _loaded["llamafactory"] = SimpleNamespace(converter=converter, parser=parser, formatter=formatter)
     return _loaded["llamafactory"]
 
 
