@@ -73,6 +73,26 @@ RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each re
 QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq queue", ["run"])
 REFUSED_JOBS = Gauge("genqueue_refused_jobs", "Jobs of a served run that consumers refused (genqueue:refused:<queue>; "
                      "`producer status` names them)", ["run"])
+# Each run's share of this consumer's load and shipping (its snapshot's `runs`, what `producer
+# status` shows under the run); a run's items done, errors and tokens are the counters above.
+RUN_IN_FLIGHT = Gauge("genqueue_run_in_flight", "A run's requests in flight to the endpoint", ["run"])
+RUN_PENDING = Gauge("genqueue_run_pending_items", "A run's items dequeued and waiting for a slot", ["run"])
+RUN_HELD = Gauge("genqueue_run_held_jobs", "A run's jobs this consumer holds", ["run"])
+RUN_UNSHIPPED = Gauge("genqueue_run_unshipped_records", "A run's records written to the spool, not shipped yet",
+                      ["run"])
+RUN_WAITING = Gauge("genqueue_run_shards_waiting", "A run's sealed shards waiting on local disk to ship", ["run"])
+RUN_SHIPPED = Gauge("genqueue_run_shards_shipped", "A run's shards shipped since start", ["run"])
+RUN_SHIPPED_BYTES = Gauge("genqueue_run_shipped_bytes", "A run's bytes shipped since start", ["run"])
+#: The per-run gauges, each with its figure of a run's counters in the snapshot.
+RUN_GAUGES: tuple[tuple[Gauge, Callable[[RunCounters], int]], ...] = (
+    (RUN_IN_FLIGHT, lambda r: r.get("in_flight", 0)),
+    (RUN_PENDING, lambda r: r.get("pending_items", 0)),
+    (RUN_HELD, lambda r: r.get("held_jobs", 0)),
+    (RUN_UNSHIPPED, lambda r: r["shipping"]["unshipped_records"] if "shipping" in r else 0),
+    (RUN_WAITING, lambda r: r["shipping"]["waiting_shards"] if "shipping" in r else 0),
+    (RUN_SHIPPED, lambda r: r["shipping"]["shards"] if "shipping" in r else 0),
+    (RUN_SHIPPED_BYTES, lambda r: r["shipping"]["bytes"] if "shipping" in r else 0),
+)
 
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
@@ -127,6 +147,7 @@ class Telemetry:
         self.started_at = time.time()
         self._retries_seen: dict[RetryKind, int] = {}
         self._refused: set[str] = set()  # runs whose genqueue_run_refused series is 1
+        self._run_series: set[str] = set()  # runs with series of the RUN_GAUGES
         # labels() looks a child up by its label values on every call: cached, off the hot path
         self._children: dict[tuple[str, str], tuple[PCounter, PCounter, PCounter]] = {}
         for reason in PAUSE_REASONS:
@@ -221,6 +242,7 @@ class Telemetry:
         LIMIT.set(snap["concurrency"])
         for ending, n in snap["jobs"].items():
             JOBS.labels(ending).set(n)
+        self._set_run_gauges(snap["runs"])
         engine = snap["engine"]
         ENGINE_RUNNING.set(engine.get("running") or 0)
         ENGINE_WAITING.set(engine.get("waiting") or 0)
@@ -234,6 +256,17 @@ class Telemetry:
             QUEUE_DEPTH.labels(run).set(q.waiting)
             REFUSED_JOBS.labels(run).set(q.refused)
         return snap
+
+    def _set_run_gauges(self, runs: dict[str, RunCounters]) -> None:
+        """Each run's load and shipping, as its snapshot says; a run no longer reported loses
+        its series (a run deleted, or no longer served and nothing of it left here)."""
+        for run, r in runs.items():
+            for gauge, figure in RUN_GAUGES:
+                gauge.labels(run).set(figure(r))
+        for run in self._run_series - runs.keys():
+            for gauge, _ in RUN_GAUGES:
+                gauge.remove(run)
+        self._run_series = set(runs)
 
     def snapshot(self, now: float | None = None, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time() if now is None else now

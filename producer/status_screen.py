@@ -113,10 +113,14 @@ def _multi_turn(r: StatusReport) -> list[tuple[str, str]]:
     converted = inp["records"] - inp["rejected"]
     met = f"{inp['multi_turn_records']:,} of {converted:,} records have more than one user turn"
     if mode == Mode.REGENERATE:
+        # export's words and counts: complete, partial and cut by the last answer's outcome (a
+        # conversation stopped at a divergence ends on an answer of its own: complete), then
+        # what became of the recorded tool turns, each conversation that had some counted once
         return [("multi-turn", f"{mode}, truncation {s.get('truncation')}: {met}"),
                 ("  turns", (f"{r['turns_generated']:,} generated; conversations complete {r['complete']:,}, "
-                             f"partial {r['partial']:,}, cut {r['cut']:,}; "
-                             f"{inp['stopped_at_tool_turn']:,} stop at a tool turn"))]
+                             f"partial {r['partial']:,}, cut {r['cut']:,}")),
+                ("  tools", (f"{r['tool_turns_to_end']:,} regenerated to the end, {r['tool_call_diverged']:,} "
+                             f"stopped at a divergence, {r['stopped_at_tool_turn']:,} stopped at a tool turn"))]
     if mode == Mode.EACH:
         return [("multi-turn", f"{mode}: {met}"),
                 ("  turns", f"{inp['user_turns']:,} user turns, each an item: {r['items']:,} items")]
