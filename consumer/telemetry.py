@@ -115,6 +115,18 @@ def progress_line(snap: ConsumerSnapshot) -> str:
             f"{snap['shipping']['waiting_shards']} shards waiting to ship" + (f"; PAUSED ({paused})" if paused else ""))
 
 
+def set_run_gauges(runs: dict[str, RunCounters], before: set[str]) -> set[str]:
+    """Set the RUN_GAUGES of each of RUNS (a snapshot's `runs`); the runs of BEFORE (the runs
+    set last time) no longer in RUNS lose their series. Returns the runs with series now."""
+    for run, r in runs.items():
+        for gauge, figure in RUN_GAUGES:
+            gauge.labels(run).set(figure(r))
+    for run in before - runs.keys():
+        for gauge, _ in RUN_GAUGES:
+            gauge.remove(run)
+    return set(runs)
+
+
 @dataclass(frozen=True, slots=True)
 class Parts:
     """The snapshot of each part of the consumer, as callables (read at publish time)."""
@@ -242,7 +254,7 @@ class Telemetry:
         LIMIT.set(snap["concurrency"])
         for ending, n in snap["jobs"].items():
             JOBS.labels(ending).set(n)
-        self._set_run_gauges(snap["runs"])
+        self._run_series = set_run_gauges(snap["runs"], self._run_series)
         engine = snap["engine"]
         ENGINE_RUNNING.set(engine.get("running") or 0)
         ENGINE_WAITING.set(engine.get("waiting") or 0)
@@ -256,17 +268,6 @@ class Telemetry:
             QUEUE_DEPTH.labels(run).set(q.waiting)
             REFUSED_JOBS.labels(run).set(q.refused)
         return snap
-
-    def _set_run_gauges(self, runs: dict[str, RunCounters]) -> None:
-        """Each run's load and shipping, as its snapshot says; a run no longer reported loses
-        its series (a run deleted, or no longer served and nothing of it left here)."""
-        for run, r in runs.items():
-            for gauge, figure in RUN_GAUGES:
-                gauge.labels(run).set(figure(r))
-        for run in self._run_series - runs.keys():
-            for gauge, _ in RUN_GAUGES:
-                gauge.remove(run)
-        self._run_series = set(runs)
 
     def snapshot(self, now: float | None = None, *, exited: bool = False) -> ConsumerSnapshot:
         now = time.time() if now is None else now
