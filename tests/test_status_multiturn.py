@@ -88,8 +88,10 @@ def test_status_says_what_export_says_of_tool_turns_and_holds_its_identities_mea
     assert all(len(line) <= 100 for line in screen.splitlines()), screen
     tools = (to_end, diverged, stopped)
     assert "{} regenerated to the end, {} stopped at a divergence, {} stopped at a tool turn".format(*tools) in screen
-    assert ("{} regenerated to the end, {} stopped at a divergence (tool_call_diverged), {} stopped at a tool "
-            "turn").format(*tools) in human, human
+    whole = ("{} regenerated to the end, {} stopped at a divergence (tool_call_diverged), {} stopped at a tool "
+             "turn for another reason").format(*tools)
+    assert whole in human, human
+    assert whole in cli("producer", "status", "--run", run, "--wide", env=env).stdout  # export's phrase, whole
     for word in ("complete", "partial", "cut"):
         assert f"{word} {status[word]}" in screen, (word, screen)
         assert re.search(rf"^ +{word} +{status[word]} ", human, re.MULTILINE), (word, human)
