@@ -99,6 +99,16 @@ class Note(StrEnum):
     TOOL_CALL_DIVERGED = "tool_call_diverged"  # consumer: the target's tool call is not the recorded one
 
 
+class ToolTurns(StrEnum):
+    """What became of a `regenerate` conversation's recorded tool turns, in the words (and the
+    --json keys) both `producer status` and `producer export` count them by
+    (common/marks.record_tool_turns tells which)."""
+
+    TO_END = "tool_turns_to_end"  # regenerated to the end through the recorded tool results
+    DIVERGED = "tool_call_diverged"  # stopped at a divergence: the target's call is not the recorded one
+    STOPPED = "stopped_at_tool_turn"  # stopped at a tool turn for another reason (producer's cut, a failed step)
+
+
 class ExitCode(IntEnum):
     """How `consumer run` ended, as its exit status: what a scheduler (Slurm, Kubernetes,
     `consumer launch`) may do next. A --burst end names what kept it from finishing; when

@@ -18,8 +18,10 @@ Keys (16-byte digests of the item keys, as in genqueue:run:<run>:keys):
   genqueue:run:<run>:failed   set   items with an error record in a shipped shard
 
 With the marks, in the same script, each item newly marked adds one to its outcome's counter
-(`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats): so the outcomes
-`producer status` shows always sum to the items it calls done, at every moment.
+(`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats), and a regenerate
+conversation with recorded tool turns one to what became of them (`shipped_tools_<ToolTurns>`):
+so the outcomes `producer status` shows always sum to the items it calls done, at every moment,
+and its tool-turn counts are export's (`record_tool_turns` is the one rule for both).
 
 The producer's reads (`item_states`, `all_done`) and its re-claim (`Reclaim`, for
 producer/jobwriter.py) read the marks beside the run's keys set and claim sets (common/runs.py)
@@ -38,6 +40,7 @@ from pathlib import Path
 import orjson
 import redis
 
+from genqueue.common.contracts import Note, ToolTurns
 from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -56,25 +59,30 @@ def failed_key(run: str) -> str:
 
 
 #: The run's counters (in genqueue:run:<run>:stats) the marking script bumps: one per outcome of
-#: a newly done item, one per class of a newly failed one, and the turns regenerated.
+#: a newly done item, one per class of a newly failed one, the turns regenerated, and one per
+#: ToolTurns of a newly done conversation with recorded tool turns.
 SHIPPED_OUTCOME = "shipped_outcome_"
 SHIPPED_FAILED = "shipped_failed_"
 SHIPPED_TURNS = "shipped_turns"
+SHIPPED_TOOLS = "shipped_tools_"
 
 
-#: Marks the digests in ARGV (digest, counter name, turns, ...) in KEYS[1] (done) or, with
-#: KEYS[3] (done) given, KEYS[1] (failed); each newly marked one adds 1 to its counter in KEYS[2]
-#: and its regenerated turns to `shipped_turns` (an error record of an item that has a result
-#: already counts nowhere).
+#: Marks the digests in ARGV (digest, counter name, turns, tool-turns counter name, ...) in
+#: KEYS[1] (done) or, with KEYS[3] (done) given, KEYS[1] (failed); each newly marked one adds 1
+#: to its counter in KEYS[2], its regenerated turns to `shipped_turns` and 1 to its tool-turns
+#: counter, if any (an error record of an item that has a result already counts nowhere).
 _MARK = """
 local added = 0
-for i = 1, #ARGV, 3 do
+for i = 1, #ARGV, 4 do
   if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then
     added = added + 1
     if ARGV[i + 1] ~= '' and (KEYS[3] == nil or redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 0) then
       redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
       if ARGV[i + 2] ~= '0' then
         redis.call('HINCRBY', KEYS[2], '""" + SHIPPED_TURNS + """', ARGV[i + 2])
+      end
+      if ARGV[i + 3] ~= '' then
+        redis.call('HINCRBY', KEYS[2], ARGV[i + 3], 1)
       end
     end
   end
@@ -86,27 +94,33 @@ return added
 @dataclass(slots=True)
 class ShardMarks:
     """The item digests one shard holds, split by record kind, with each one's counter name
-    (its outcome or error class; empty when unknown)."""
+    (its outcome or error class; empty when unknown), a result's turns and its tool turns'
+    counter name (empty when it had none)."""
 
     done: list[bytes] = field(default_factory=list)
     failed: list[bytes] = field(default_factory=list)
     done_kind: list[str] = field(default_factory=list)
     failed_kind: list[str] = field(default_factory=list)
     done_turns: list[int] = field(default_factory=list)
+    done_tools: list[str] = field(default_factory=list)
 
-    def add(self, item_key: str, *, error: bool, kind: str = "", turns: int = 0) -> None:
+    def add(self, item_key: str, *, error: bool, kind: str = "", turns: int = 0,
+            tools: ToolTurns | None = None) -> None:
         (self.failed if error else self.done).append(key_digest(item_key))
         (self.failed_kind if error else self.done_kind).append(
             (f"{SHIPPED_FAILED}{kind}" if error else f"{SHIPPED_OUTCOME}{kind}") if kind else "")
         if not error:
             self.done_turns.append(turns)
+            self.done_tools.append(f"{SHIPPED_TOOLS}{tools.value}" if tools is not None else "")
 
     def add_record(self, rec: Mapping[str, object]) -> None:
         """Add the item of record REC (a result or an error record, by its `error` field)."""
         key = rec["key"]
         if not isinstance(key, str):
             raise TypeError(f"a record's key is a string, not {type(key).__name__}")
-        self.add(key, error="error" in rec, kind=record_kind(rec), turns=record_turns(rec))
+        error = "error" in rec
+        self.add(key, error=error, kind=record_kind(rec), turns=record_turns(rec),
+                 tools=None if error else record_tool_turns(rec))
 
 
 def record_kind(rec: Mapping[str, object]) -> str:
@@ -125,6 +139,24 @@ def record_turns(rec: Mapping[str, object]) -> int:
     return sum(1 for t in turns if not (isinstance(t, dict) and "step" in t)) if isinstance(turns, list) else 0
 
 
+def record_tool_turns(rec: Mapping[str, object]) -> ToolTurns | None:
+    """What became of a regenerate record's recorded tool turns (None: it had none, it stopped
+    elsewhere, or it is no regenerate record): the one rule status and export count by.
+    Regenerated to the end: tool results were spliced in and nothing stopped it."""
+    turns = rec.get("turns")
+    if not isinstance(turns, list):
+        return None
+    note, stopped = rec.get("note"), rec.get("stopped")
+    stopped = stopped if isinstance(stopped, dict) else None
+    if note == Note.TOOL_CALL_DIVERGED or (stopped is not None and stopped.get("reason") == Note.TOOL_CALL_DIVERGED):
+        return ToolTurns.DIVERGED
+    if note == Note.STOPPED_AT_TOOL_TURN or (stopped is not None and stopped.get("step")):
+        return ToolTurns.STOPPED  # cut by the producer, or an answer after tool results failed or was cut
+    if stopped is None and any(isinstance(t, dict) and t.get("tool_results_spliced") for t in turns):
+        return ToolTurns.TO_END
+    return None
+
+
 def marks_of_file(path: Path) -> ShardMarks:
     """The marks of a shard on disk (a leftover of an earlier consumer): its records' keys."""
     marks = ShardMarks()
@@ -137,12 +169,16 @@ def marks_of_file(path: Path) -> ShardMarks:
     return marks
 
 
-def _triples(digests: list[bytes], kinds: list[str], turns: list[int] | None = None) -> list[bytes | str | int]:
+def _quads(digests: list[bytes], kinds: list[str], turns: list[int] | None = None,
+           tools: list[str] | None = None) -> list[bytes | str | int]:
+    """The marking script's ARGV: (digest, counter, turns, tool-turns counter) per item."""
     if len(kinds) != len(digests):  # marks built without kinds: nothing to count
         kinds = [""] * len(digests)
     if turns is None or len(turns) != len(digests):
         turns = [0] * len(digests)
-    return [x for t in zip(digests, kinds, turns, strict=True) for x in t]
+    if tools is None or len(tools) != len(digests):
+        tools = [""] * len(digests)
+    return [x for t in zip(digests, kinds, turns, tools, strict=True) for x in t]
 
 
 def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
@@ -156,9 +192,10 @@ def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
     stats = run_key(run, "stats")
     with conn.pipeline(transaction=False) as p:
         if marks.done:
-            p.eval(_MARK, 2, done_key(run), stats, *_triples(marks.done, marks.done_kind, marks.done_turns))
+            p.eval(_MARK, 2, done_key(run), stats,
+                   *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools))
         if marks.failed:
-            p.eval(_MARK, 3, failed_key(run), stats, done_key(run), *_triples(marks.failed, marks.failed_kind))
+            p.eval(_MARK, 3, failed_key(run), stats, done_key(run), *_quads(marks.failed, marks.failed_kind))
         if stamp is not None:
             p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
         out = p.execute()

@@ -73,6 +73,26 @@ RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each re
 QUEUE_DEPTH = Gauge("genqueue_queue_depth", "Jobs waiting in a served run's rq queue", ["run"])
 REFUSED_JOBS = Gauge("genqueue_refused_jobs", "Jobs of a served run that consumers refused (genqueue:refused:<queue>; "
                      "`producer status` names them)", ["run"])
+# Each run's share of this consumer's load and shipping (its snapshot's `runs`, what `producer
+# status` shows under the run); a run's items done, errors and tokens are the counters above.
+RUN_IN_FLIGHT = Gauge("genqueue_run_in_flight", "A run's requests in flight to the endpoint", ["run"])
+RUN_PENDING = Gauge("genqueue_run_pending_items", "A run's items dequeued and waiting for a slot", ["run"])
+RUN_HELD = Gauge("genqueue_run_held_jobs", "A run's jobs this consumer holds", ["run"])
+RUN_UNSHIPPED = Gauge("genqueue_run_unshipped_records", "A run's records written to the spool, not shipped yet",
+                      ["run"])
+RUN_WAITING = Gauge("genqueue_run_shards_waiting", "A run's sealed shards waiting on local disk to ship", ["run"])
+RUN_SHIPPED = Gauge("genqueue_run_shards_shipped", "A run's shards shipped since start", ["run"])
+RUN_SHIPPED_BYTES = Gauge("genqueue_run_shipped_bytes", "A run's bytes shipped since start", ["run"])
+#: The per-run gauges, each with its figure of a run's counters in the snapshot.
+RUN_GAUGES: tuple[tuple[Gauge, Callable[[RunCounters], int]], ...] = (
+    (RUN_IN_FLIGHT, lambda r: r.get("in_flight", 0)),
+    (RUN_PENDING, lambda r: r.get("pending_items", 0)),
+    (RUN_HELD, lambda r: r.get("held_jobs", 0)),
+    (RUN_UNSHIPPED, lambda r: r["shipping"]["unshipped_records"] if "shipping" in r else 0),
+    (RUN_WAITING, lambda r: r["shipping"]["waiting_shards"] if "shipping" in r else 0),
+    (RUN_SHIPPED, lambda r: r["shipping"]["shards"] if "shipping" in r else 0),
+    (RUN_SHIPPED_BYTES, lambda r: r["shipping"]["bytes"] if "shipping" in r else 0),
+)
 
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
@@ -93,6 +113,18 @@ def progress_line(snap: ConsumerSnapshot) -> str:
     return (f"progress: {done} items ({errors} errors), {per_s:.1f}/s, {tok_s:,.0f} completion tok/s, "
             f"in flight {snap['in_flight']} of {snap['concurrency']}, {snap['held_jobs']} jobs held, "
             f"{snap['shipping']['waiting_shards']} shards waiting to ship" + (f"; PAUSED ({paused})" if paused else ""))
+
+
+def set_run_gauges(runs: dict[str, RunCounters], before: set[str]) -> set[str]:
+    """Set the RUN_GAUGES of each of RUNS (a snapshot's `runs`); the runs of BEFORE (the runs
+    set last time) no longer in RUNS lose their series. Returns the runs with series now."""
+    for run, r in runs.items():
+        for gauge, figure in RUN_GAUGES:
+            gauge.labels(run).set(figure(r))
+    for run in before - runs.keys():
+        for gauge, _ in RUN_GAUGES:
+            gauge.remove(run)
+    return set(runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +159,7 @@ class Telemetry:
         self.started_at = time.time()
         self._retries_seen: dict[RetryKind, int] = {}
         self._refused: set[str] = set()  # runs whose genqueue_run_refused series is 1
+        self._run_series: set[str] = set()  # runs with series of the RUN_GAUGES
         # labels() looks a child up by its label values on every call: cached, off the hot path
         self._children: dict[tuple[str, str], tuple[PCounter, PCounter, PCounter]] = {}
         for reason in PAUSE_REASONS:
@@ -221,6 +254,7 @@ class Telemetry:
         LIMIT.set(snap["concurrency"])
         for ending, n in snap["jobs"].items():
             JOBS.labels(ending).set(n)
+        self._run_series = set_run_gauges(snap["runs"], self._run_series)
         engine = snap["engine"]
         ENGINE_RUNNING.set(engine.get("running") or 0)
         ENGINE_WAITING.set(engine.get("waiting") or 0)

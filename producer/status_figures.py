@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
-from genqueue.common.contracts import ErrorClass, Outcome
-from genqueue.common.marks import SHIPPED_FAILED, SHIPPED_OUTCOME
+from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
+from genqueue.common.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
 from genqueue.common.snapshots import ConsumerReport
 from genqueue.producer.status_report import FileView, InputView, OutcomeView, RunShare, ShareShipping
 
@@ -66,7 +66,8 @@ def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int
 def outcome_view(stats: dict[str, int], done: int, failed: int) -> OutcomeView:
     """DONE and FAILED items in export's words. `outcomes` sums to DONE whenever the marks were
     written by consumers (`counted` says how many items the counters cover otherwise: marks
-    rebuilt from the shards after a Redis loss are not counted by outcome)."""
+    rebuilt from the shards after a Redis loss are not counted by outcome). The tool-turn counts
+    are export's: regenerate conversations with recorded tool turns, by what became of them."""
     outcomes = _by_name(stats, SHIPPED_OUTCOME, [o.value for o in Outcome])
     by_class = _by_name(stats, SHIPPED_FAILED, [c.value for c in ErrorClass])
     cut = {k: v for k, v in outcomes.items() if k in CUT}
@@ -81,6 +82,9 @@ def outcome_view(stats: dict[str, int], done: int, failed: int) -> OutcomeView:
         "outcomes_counted": counted,
         "failed": failed,
         "failed_by_class": by_class,
+        "tool_turns_to_end": stats.get(SHIPPED_TOOLS + ToolTurns.TO_END, 0),
+        "tool_call_diverged": stats.get(SHIPPED_TOOLS + ToolTurns.DIVERGED, 0),
+        "stopped_at_tool_turn": stats.get(SHIPPED_TOOLS + ToolTurns.STOPPED, 0),
     }
 
 

@@ -51,6 +51,11 @@ class OutcomeView(TypedDict):
     outcomes_counted: int
     failed: int
     failed_by_class: dict[str, int]
+    # regenerate conversations with recorded tool turns (export's keys, contracts.ToolTurns):
+    # regenerated to the end, stopped at a divergence, stopped at a tool turn for another reason
+    tool_turns_to_end: int
+    tool_call_diverged: int
+    stopped_at_tool_turn: int
 
 
 class ShareShipping(TypedDict, total=False):

@@ -35,7 +35,7 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
         rows.append(("fingerprints", f"{len(fps)} (settings updated): " + " -> ".join(
             f"{e['fingerprint']} ({time.strftime('%m-%d %H:%M', time.localtime(e['since']))})" for e in fps)))
     rows += _input_rows(r["input"], wide, r["now"])
-    rows += _multi_turn(r)
+    rows += _multi_turn(r, wide)
     rows.append(("sampling", _sampling(s["sampling"] or {})))
     if s.get("variants"):
         rows.append(("variants", _variants(s["variants"])))
@@ -111,16 +111,23 @@ def _input_rows(inp: InputView, wide: bool, now: float) -> list[tuple[str, str]]
     return rows
 
 
-def _multi_turn(r: StatusReport) -> list[tuple[str, str]]:
+def _multi_turn(r: StatusReport, wide: bool) -> list[tuple[str, str]]:
     s, inp = r["settings"], r["input"]
     mode = str(s.get("multi_turn"))
     converted = inp["records"] - inp["rejected"]
     met = f"{inp['multi_turn_records']:,} of {converted:,} records have more than one user turn"
     if mode == Mode.REGENERATE:
+        # export's words and counts: complete, partial and cut by the last answer's outcome (a
+        # conversation stopped at a divergence ends on an answer of its own: complete), then
+        # what became of the recorded tool turns, each conversation that had some counted once
+        # (--wide: export's whole phrase, with the records' note)
+        note, other = (" (tool_call_diverged)", " for another reason") if wide else ("", "")
         return [("multi-turn", f"{mode}, truncation {s.get('truncation')}: {met}"),
                 ("  turns", (f"{r['turns_generated']:,} generated; conversations complete {r['complete']:,}, "
-                             f"partial {r['partial']:,}, cut {r['cut']:,}; "
-                             f"{inp['stopped_at_tool_turn']:,} stop at a tool turn"))]
+                             f"partial {r['partial']:,}, cut {r['cut']:,}")),
+                ("  tools", (f"{r['tool_turns_to_end']:,} regenerated to the end, {r['tool_call_diverged']:,} "
+                             f"stopped at a divergence{note}, {r['stopped_at_tool_turn']:,} stopped at a tool "
+                             f"turn{other}"))]
     if mode == Mode.EACH:
         return [("multi-turn", f"{mode}: {met}"),
                 ("  turns", f"{inp['user_turns']:,} user turns, each an item: {r['items']:,} items")]

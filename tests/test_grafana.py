@@ -129,6 +129,26 @@ def test_every_metric_and_label_the_dashboard_queries_is_on_a_live_consumer(live
             assert label in have[name] | TARGET_LABELS, f"{title}: {name} has no label {label}"
 
 
+def test_the_per_run_gauges_are_the_runs_share(live):
+    """A consumer serving one run: each run gauge is the consumer-wide figure (published from the
+    same snapshot), under the run's label."""
+    port, page = live
+    pairs = {"genqueue_run_in_flight": "genqueue_in_flight", "genqueue_run_pending_items": "genqueue_pending_items",
+             "genqueue_run_shards_shipped": "genqueue_shards_shipped"}
+    for _ in range(5):  # a scrape may fall between two gauges' updates of one publish: then the next one
+        values = {(s.name, s.labels.get("run")): s.value for f in text_string_to_metric_families(page)
+                  for s in f.samples}
+        if all(values[(per_run, "graf")] == values[(whole, None)] for per_run, whole in pairs.items()):
+            break
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            page = r.read().decode()
+    for per_run, whole in pairs.items():
+        assert values[(per_run, "graf")] == values[(whole, None)], (per_run, values[(per_run, "graf")])
+    assert values[("genqueue_run_shards_shipped", "graf")] > 0 and values[("genqueue_run_shipped_bytes", "graf")] > 0
+    for name in ("genqueue_run_held_jobs", "genqueue_run_unshipped_records", "genqueue_run_shards_waiting"):
+        assert values[(name, "graf")] >= 0
+
+
 def prometheus_query(base: str, expr: str) -> dict:
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:

@@ -1,6 +1,7 @@
 """`producer status` of a live scene: two runs (a big one and a tiny one), two consumers (one
 serving every open run, one serving the big run only), real Redis, the stand-in over HTTP,
-every process a subprocess.
+every process a subprocess but the samples of `producer status --json` (`sample`: the same
+report, taken in this process, so that a loaded machine still takes many while the run goes).
 
 What it proves: each run shows only its own figures (the consumer serving both appears under
 the tiny run with the tiny run's share, never the big run's in flight or shipping); the
@@ -18,6 +19,7 @@ import orjson
 import pytest
 import redis
 
+from genqueue.producer.status import run_status
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
@@ -39,20 +41,40 @@ def _consumer(tmp: Path, redis_url: str, sim: Sim, name: str, *extra: str) -> Pr
                 env={"REDIS_URL": redis_url})
 
 
+def sample(conn: redis.Redis, runs: tuple[str, ...]) -> list[dict[str, Any]]:
+    """`producer status --json` of RUNS, as the command makes it (run_status, through JSON), in
+    this process: a sample takes milliseconds, not a Python start, so a loaded machine still
+    takes many while the consumers work."""
+    return [orjson.loads(orjson.dumps(run_status(conn, run))) for run in runs]
+
+
 def check_identities(r: dict[str, Any]) -> None:
-    """What must hold of one run's status at any moment."""
+    """What must hold of one run's status (its --json) at any moment: every item in one place,
+    done the sum of the outcomes, the tool-turn counts within done, rates blank until there is
+    a rate, each consumer's share within the run's."""
     where = [r[f"items_{k}"] for k in ("queued", "in_flight", "shipping", "done", "failed", "elsewhere")]
     assert sum(where) == r["items"] and min(where) >= 0, r
+    remaining = r["items"] - r["items_done"] - r["items_failed"]
+    assert remaining >= 0 and r["items_in_flight"] + r["items_shipping"] <= remaining, r
     assert r["done"] == r["items_done"] == r["outcomes_counted"] == r["complete"] + r["partial"] + r["cut"], r
     assert sum(r["outcomes"].values()) == r["done"] and sum(r["cut_by_outcome"].values()) == r["cut"]
     assert r["failed"] == r["items_failed"] and sum(r["failed_by_class"].values()) >= r["failed"]
     assert (r["jobs"]["queued"] == 0) == (r["items_queued"] == 0), r
+    tools = r["tool_turns_to_end"] + r["tool_call_diverged"] + r["stopped_at_tool_turn"]
     if r["settings"]["multi_turn"] == "regenerate":  # counted with the marks: a turn at least each
-        assert r["turns_generated"] >= r["done"], r
+        assert r["turns_generated"] >= r["done"] and tools <= r["done"], r
+    else:
+        assert tools == 0, r
     assert all(c["in_flight"] + c["pending_items"] <= r["items_in_flight"] for c in r["consumers"]), r
     last, avg = r["speed"]["last_minute"], r["speed"]["run_average"]
+    # the last minute's rates are all blank, with the reason why, or all rates
+    assert all((v is None) == bool(r["speed"]["note"]) for v in last.values()), r["speed"]
+    assert r["eta_assumes_completion_tokens_per_s"] == last["completion_tokens_per_s"], r
+    if remaining and last["completion_tokens_per_s"] is None:  # no rate: no ETA either
+        assert r["eta_s"] is None, r
     if r["done"] + r["failed"] == 0:  # nothing shipped: no rate, beside `done 0`
         assert last["completions_per_s"] is None and avg["completions_per_s"] is None and r["speed"]["note"]
+        assert all(v is None for v in avg.values()), avg
     if r["items"] and r["done"] + r["failed"] == r["items"]:  # over: a word, not a `0.0`
         assert last["completions_per_s"] is None and r["speed"]["note"] == "run complete"
         assert r["eta_s"] == 0.0
@@ -70,10 +92,10 @@ def test_two_runs_two_consumers_each_run_its_own_figures(tmp_path: Path, redis_u
         samples, screen, tiny_screen, both_busy = 0, "", "", False
         deadline = time.monotonic() + 90
         while any(p.p.poll() is None for p in procs) and time.monotonic() < deadline:
-            runs = {r["run"]: r for r in orjson.loads(cli("producer", "status", "--json", env=env).stdout)["runs"]}
+            runs = {r["run"]: r for r in sample(conn, ("big", "tiny"))}
             for r in runs.values():
                 check_identities(r)
-            samples += 1
+            samples += runs["big"]["items_done"] + runs["big"]["items_failed"] < BIG  # one taken mid-run
             tiny, big = runs["tiny"], runs["big"]
             assert tiny["items_in_flight"] + tiny["items_shipping"] <= TINY
             for c in tiny["consumers"]:

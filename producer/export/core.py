@@ -53,12 +53,13 @@ from genqueue.common.contracts import (
     ErrorInfo,
     Item,
     JobFailedRecord,
-    Note,
     Outcome,
     Record,
     ResultRecord,
+    ToolTurns,
     error_info,
 )
+from genqueue.common.marks import record_tool_turns
 from genqueue.common.rqaccess import JobPlace, refused_jobs
 from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.storage import ShardInfo
@@ -111,6 +112,7 @@ _OUTCOME_CODE = {name: code for code, name in enumerate(_OUTCOME_NAMES)}
 #: has bits 2-4): 0 none, then regenerated to the end, stopped at a divergence, stopped at a
 #: tool turn for another reason.
 _TOOLS_TO_END, _TOOLS_DIVERGED, _TOOLS_STOPPED = 1, 2, 3
+_TOOLS_CODE = {ToolTurns.TO_END: _TOOLS_TO_END, ToolTurns.DIVERGED: _TOOLS_DIVERGED, ToolTurns.STOPPED: _TOOLS_STOPPED}
 if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
     raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
 
@@ -583,20 +585,10 @@ def _job_failed(it: Item, run: str, error: ErrorInfo) -> JobFailedRecord:
 
 
 def _tool_turns(rec: ResultRecord) -> int:
-    """What became of a regenerate conversation's tool turns (the _TOOLS_ codes; 0: it had
-    none, or it stopped elsewhere). To the end: results were spliced and nothing stopped it."""
-    turns = rec.get("turns")
-    if not isinstance(turns, list):
-        return 0
-    note, stopped = rec.get("note"), rec.get("stopped")
-    stopped = stopped if isinstance(stopped, dict) else None
-    if note == Note.TOOL_CALL_DIVERGED or (stopped is not None and stopped.get("reason") == Note.TOOL_CALL_DIVERGED):
-        return _TOOLS_DIVERGED
-    if note == Note.STOPPED_AT_TOOL_TURN or (stopped is not None and stopped.get("step")):
-        return _TOOLS_STOPPED  # cut by the producer, or an answer after tool results failed or was cut
-    if stopped is None and any(isinstance(t, dict) and t.get("tool_results_spliced") for t in turns):
-        return _TOOLS_TO_END
-    return 0
+    """What became of a regenerate conversation's tool turns, as a _TOOLS_ code (0: it had none,
+    or it stopped elsewhere): marks.record_tool_turns, the rule status counts by too."""
+    tools = record_tool_turns(rec)
+    return 0 if tools is None else _TOOLS_CODE[tools]
 
 
 def _drawn_name(key: str, variants: Sequence[Variant]) -> str | None:

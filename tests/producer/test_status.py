@@ -17,6 +17,7 @@ from genqueue.common.marks import ShardMarks, mark_shipped
 from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine import engine_view, parse_prometheus
+from genqueue.producer.export.core import _tool_turns
 from genqueue.producer.ingest.sources import end_reading, start_reading
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status_figures import outcome_view, placement
@@ -200,6 +201,35 @@ def test_outcomes_are_counted_with_the_marks_once(conn: redis.Redis) -> None:
     view = outcome_view(stats, 4, 1)
     assert (view["complete"], view["partial"], view["cut"], view["outcomes_counted"]) == (2, 1, 1, 4)
     assert view["failed_by_class"] == {"transient_exhausted": 1} and view["cut_by_outcome"] == {"cut_in_answer": 1}
+
+
+def _conversation(i: int, **fields: Any) -> dict[str, Any]:
+    """A regenerate result record of item I (the fields the marks read), with FIELDS."""
+    return {"key": f"{i:032x}", "outcome": "finished", "turns": [{"turn": 0, "tool_results_spliced": True},
+                                                                 {"turn": 0, "step": 1}], **fields}
+
+
+@pytest.mark.integration
+def test_tool_turns_are_counted_with_the_marks_once_in_exports_words(conn: redis.Redis) -> None:
+    """What became of each conversation's recorded tool turns is counted as its shard ships, by
+    the rule export counts by (marks.record_tool_turns), once however often the shard ships."""
+    diverged = {"note": "tool_call_diverged", "stopped": {"turn": 0, "reason": "tool_call_diverged"}}
+    recs = [_conversation(0), _conversation(1), _conversation(2, **diverged),
+            _conversation(3, note="stopped_at_tool_turn"),
+            _conversation(4, outcome="partial", stopped={"turn": 0, "step": 1, "reason": "error"}),
+            {"key": f"{5:032x}", "outcome": "finished", "turns": [{"turn": 0}]},  # no tool turns
+            {"key": f"{6:032x}", "outcome": "finished", "content": "x"}]  # not regenerate
+    marks = ShardMarks()
+    for rec in recs:
+        marks.add_record(rec)
+    mark_shipped(conn, "tools", marks)
+    mark_shipped(conn, "tools", marks)  # a leftover shipped again counts nothing more
+    view = outcome_view(RunStore(conn).stats("tools"), len(recs), 0)
+    counted = (view["tool_turns_to_end"], view["tool_call_diverged"], view["stopped_at_tool_turn"])
+    assert counted == (2, 1, 2)
+    # export's codes from the same rule: to the end 1, diverged 2, stopped 3
+    assert [_tool_turns(r) for r in recs] == [1, 1, 2, 3, 3, 0, 0]  # type: ignore[arg-type]
+    assert view["complete"] == 6 and view["partial"] == 1  # a diverged conversation ends complete
 
 
 @pytest.mark.integration

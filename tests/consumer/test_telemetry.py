@@ -1,0 +1,34 @@
+"""The consumer's per-run Prometheus gauges, from a snapshot's `runs` (no I/O)."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from genqueue.common.contracts import RunCounters
+from genqueue.consumer.telemetry import RUN_GAUGES, set_run_gauges
+
+
+def value(name: str, run: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"run": run})
+
+
+def counters(in_flight: int, shards: int) -> RunCounters:
+    return {"in_flight": in_flight, "pending_items": 2, "held_jobs": 1,
+            "shipping": {"shards": shards, "bytes": 10 * shards, "waiting_shards": 1, "unshipped_records": 7,
+                         "last_upload_at": None, "oldest_waiting_at": None}}
+
+
+def test_each_run_has_its_own_figures_and_a_run_no_longer_reported_loses_its_series() -> None:
+    seen = set_run_gauges({"tg-a": counters(5, 3), "tg-b": counters(1, 0)}, set())
+    assert seen == {"tg-a", "tg-b"}
+    assert (value("genqueue_run_in_flight", "tg-a"), value("genqueue_run_in_flight", "tg-b")) == (5, 1)
+    assert value("genqueue_run_shards_shipped", "tg-a") == 3 and value("genqueue_run_shipped_bytes", "tg-a") == 30
+    assert value("genqueue_run_unshipped_records", "tg-a") == 7 and value("genqueue_run_held_jobs", "tg-b") == 1
+    assert set_run_gauges({"tg-a": counters(0, 4)}, seen) == {"tg-a"}
+    assert value("genqueue_run_in_flight", "tg-a") == 0 and value("genqueue_run_shards_shipped", "tg-a") == 4
+    assert all(value(g._name, "tg-b") is None for g, _ in RUN_GAUGES)  # gone, not stuck at its last value
+
+
+def test_a_run_with_no_figures_yet_is_at_zero() -> None:
+    set_run_gauges({"tg-new": {"fingerprint": None}}, set())
+    assert all(value(g._name, "tg-new") == 0 for g, _ in RUN_GAUGES)
