@@ -462,11 +462,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     batch_size, priority, retry_failed = opts.batch_size, opts.priority, opts.retry_failed
     store = RunStore(conn) if conn is not None else None
     if setup is not None and store is not None:
-        info = setup.apply(note or _log_note)
-        # before the first job: a consumer must never serve a high run's items at the default
-        if priority is not None:
-            store.set_priority(run, priority)
-        summary.priority = store.priorities([run])[run]
+        info = setup.apply(note or _log_note, priority)  # the priority is set before the first job
+        summary.priority = int(setup.outcome["priority"])
         summary.fingerprint = info.fingerprint
         summary.created_run = bool(setup.outcome.get("created_run"))
         summary.recreated_run = bool(setup.outcome.get("recreated_run"))
