@@ -29,7 +29,7 @@ FULL = {
     "export": ["bench.bench_export", "--records", "1000000", "--records", "250000"],
     "longest_first": ["bench.bench_longest_first", "--items", "2000"],
     "fleet": ["bench.bench_fleet", "--items", "8000", "--slots", "16", "--mean-tokens", "100", "--max-tokens", "1000",
-              "--rounds", "3"],
+              "--rounds", "2"],
     "locality": ["bench.bench_locality", "--conversations", "300"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
