@@ -74,15 +74,15 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
                    env=env, check=True, stdout=subprocess.DEVNULL)
     for e in engines:
         stats(e, reset=True)
-    # time, requests, completed and running per engine
-    samples: list[tuple[float, list[int], list[int], list[int]]] = []
+    # time, requests, completed per engine, and busy slot-seconds of them all (the engines' own integral)
+    samples: list[tuple[float, list[int], list[int], float]] = []
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             s = [stats(e) for e in engines]
             samples.append((time.monotonic(), [int(x["requests"]) for x in s], [int(x["completed"]) for x in s],
-                            [int(x["running"]) for x in s]))
+                            sum(x["busy_slot_seconds"] for x in s)))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -108,7 +108,9 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
     lasts = [min(t for t, _, comp, _ in samples if comp[i] == samples[-1][2][i]) for i in range(len(engines))]
     # the pre-flight probe is one request: an engine has work from its second on
     fed = [min((t for t, req, _, _ in samples if req[i] > 1), default=end) for i in range(len(engines))]
-    steady = [sum(run_) / (len(engines) * args.slots) for t, _, _, run_ in samples if max(fed) <= t <= min(lasts)]
+    window = [(t, b) for t, _, _, b in samples if max(fed) <= t <= min(lasts)]
+    steady = ((window[-1][1] - window[0][1]) / (len(engines) * args.slots * (window[-1][0] - window[0][0]))
+              if len(window) > 1 and window[-1][0] > window[0][0] else 0.0)
     steps = [args.step_time] * 3 + [2 * args.step_time]
     capacity = sum(args.slots / s for s in steps)
     bound_work = tokens / capacity
@@ -116,7 +118,7 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
     bound = max(bound_work, bound_item)
     return {"makespan": end - start, "work": bound_work, "item": bound_item, "ratio": (end - start) / bound,
             "skew": max(firsts) - start, "idle": sum(end - t for t in lasts),
-            "steady": sum(steady) / len(steady) if steady else 0.0,
+            "steady": steady,
             "busy": sum(x["busy_slot_seconds"] for x in final) / (len(engines) * args.slots * (end - start))}
 
 
