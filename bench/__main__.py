@@ -28,7 +28,9 @@ FULL = {
     "producer": ["bench.bench_producer", "--records", "1000000"],
     "export": ["bench.bench_export", "--records", "1000000", "--records", "250000"],
     "longest_first": ["bench.bench_longest_first", "--items", "2000"],
-    "fleet": ["bench.bench_fleet", "--items", "8000", "--slots", "16", "--mean-tokens", "100", "--max-tokens", "1000"],
+    "fleet": ["bench.bench_fleet", "--items", "8000", "--slots", "16", "--mean-tokens", "100", "--max-tokens", "1000",
+              "--rounds", "2"],
+    "locality": ["bench.bench_locality", "--conversations", "300"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
@@ -42,6 +44,7 @@ QUICK = {
     "longest_first": ["bench.bench_longest_first", "--items", "150", "--slots", "16", "--step-time", "0.0005"],
     "fleet": ["bench.bench_fleet", "--items", "400", "--slots", "8", "--step-time", "0.0005", "--mean-tokens", "50",
               "--max-tokens", "500"],
+    "locality": ["bench.bench_locality", "--conversations", "24", "--step-time", "0.0005", "--mean-tokens", "10"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm"}
@@ -54,6 +57,7 @@ TITLES = {
     "export": "3b. Export at a million records",
     "longest_first": "Longest first: makespan with and without",
     "fleet": "Fleet end of run: 4 engines (one half as fast), makespan against its lower bound",
+    "locality": "Prefix-cache locality: each-mode turns, prefill tokens computed against requested",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
 

@@ -1,13 +1,21 @@
 """A fleet's makespan against its lower bound: 4 stand-in engines, one twice as slow per token,
 heavy-tailed output lengths (the stand-in's lognormal), one consumer each, one run.
 
-    python -m bench.bench_fleet --items 3000 --slots 64
+    python -m bench.bench_fleet --items 8000 --slots 16 --mean-tokens 100 --max-tokens 1000 --rounds 3
 
 Lower bound = max(total output tokens / fleet capacity, the longest item alone on a fast
 engine), capacity = sum of slots / step time. Makespan = from the first request any engine
 receives to the last one answered (the engines' own counters, sampled every 20 ms). The same
-data runs twice in one invocation: with the end-of-run give-back and with it off
-(GENQUEUE_TAIL_BALANCE=0, the behaviour before it).
+data runs once per variant in each round, the variants alternating (the machine is shared and
+noisy): the end-of-run give-back off (GENQUEUE_TAIL_BALANCE=0) and on, each at `-c` = the
+engine's slots and at `-c auto` (a few requests waiting in each engine). "steady busy" is the
+slots' use while every engine has work (from the last engine's first request to the first
+engine's last answer): what the refill between a finished request and the next costs.
+
+With --hints each record's original answer has a length drawn from a heavy-tailed
+distribution, its prompt carries "[len=N]" (the stand-ins run with --length-hints: the answer
+they generate is drawn around N, with their usual lognormal noise) and the run is enqueued
+with --longest-first: what a run whose lengths can be estimated gets.
 """
 
 from __future__ import annotations
@@ -15,8 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import random
 import shutil
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -44,22 +55,34 @@ def longest(out: Path, run: str) -> int:
     return n
 
 
-def one_run(label: str, balance: bool, args: argparse.Namespace, work: Path, env: dict[str, str],
+VARIANTS: dict[str, tuple[bool, str]] = {  # label -> (give-back on, -c: "slots" or "auto")
+    "give back off": (False, "slots"),
+    "give back on": (True, "slots"),
+    "give back off, -c auto": (False, "auto"),
+    "give back on, -c auto": (True, "auto"),
+}
+
+
+def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[str, str],
             engines: list[str], data: Path) -> dict[str, float]:
-    run = label.replace(" ", "-")
+    balance, conc = VARIANTS[label]
+    run = f"{label.replace(' ', '-').replace(',', '')}-{n}"
+    order = ["--longest-first"] if args.hints else []
     subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", run, "--multi-turn", "last",
                     "--output", str(work / "out"), "--max-tokens", str(args.max_tokens),
-                    "--rejects", str(work / "rej"), "--batch-size", str(args.batch_size)],
+                    "--rejects", str(work / "rej"), "--batch-size", str(args.batch_size), *order],
                    env=env, check=True, stdout=subprocess.DEVNULL)
     for e in engines:
         stats(e, reset=True)
-    samples: list[tuple[float, list[int], list[int]]] = []  # time, requests and completed per engine
+    # time, requests, completed per engine, and busy slot-seconds of them all (the engines' own integral)
+    samples: list[tuple[float, list[int], list[int], float]] = []
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             s = [stats(e) for e in engines]
-            samples.append((time.monotonic(), [int(x["requests"]) for x in s], [int(x["completed"]) for x in s]))
+            samples.append((time.monotonic(), [int(x["requests"]) for x in s], [int(x["completed"]) for x in s],
+                            sum(x["busy_slot_seconds"] for x in s)))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -67,7 +90,7 @@ def one_run(label: str, balance: bool, args: argparse.Namespace, work: Path, env
     cenv = {**env, "GENQUEUE_TAIL_BALANCE": "1" if balance else "0"}
     with contextlib.ExitStack() as logs:
         procs = [subprocess.Popen([str(BIN / "consumer"), "run", "--run", run, "--endpoint", e, "--burst",
-                                   "-c", str(args.slots), "--spool", str(work / "spool" / f"{run}-{i}"),
+                                   "-c", str(args.slots) if conc == "slots" else "auto", "--spool", str(work / "spool" / f"{run}-{i}"),
                                    "--shard-max-age", "1"], env=cenv, stdout=subprocess.DEVNULL,
                                   stderr=logs.enter_context(open(work / f"{run}-{i}.log", "wb")))
                  for i, e in enumerate(engines)]
@@ -78,11 +101,16 @@ def one_run(label: str, balance: bool, args: argparse.Namespace, work: Path, env
         raise SystemExit(f"{label}: consumer exit codes {codes}")
     final = [stats(e) for e in engines]
     tokens = sum(x["tokens"] for x in final)
-    start = min(t for t, req, _ in samples if sum(req))
+    start = min(t for t, req, _, _ in samples if sum(req))
     # the last answer anywhere (the pre-flight probes are answers too: count to the final total)
-    end = min(t for t, _, comp in samples if sum(comp) == sum(samples[-1][2]))
-    firsts = [min(t for t, req, _ in samples if req[i]) for i in range(len(engines))]
-    lasts = [min(t for t, _, comp in samples if comp[i] == samples[-1][2][i]) for i in range(len(engines))]
+    end = min(t for t, _, comp, _ in samples if sum(comp) == sum(samples[-1][2]))
+    firsts = [min(t for t, req, _, _ in samples if req[i]) for i in range(len(engines))]
+    lasts = [min(t for t, _, comp, _ in samples if comp[i] == samples[-1][2][i]) for i in range(len(engines))]
+    # the pre-flight probe is one request: an engine has work from its second on
+    fed = [min((t for t, req, _, _ in samples if req[i] > 1), default=end) for i in range(len(engines))]
+    window = [(t, b) for t, _, _, b in samples if max(fed) <= t <= min(lasts)]
+    steady = ((window[-1][1] - window[0][1]) / (len(engines) * args.slots * (window[-1][0] - window[0][0]))
+              if len(window) > 1 and window[-1][0] > window[0][0] else 0.0)
     steps = [args.step_time] * 3 + [2 * args.step_time]
     capacity = sum(args.slots / s for s in steps)
     bound_work = tokens / capacity
@@ -90,39 +118,62 @@ def one_run(label: str, balance: bool, args: argparse.Namespace, work: Path, env
     bound = max(bound_work, bound_item)
     return {"makespan": end - start, "work": bound_work, "item": bound_item, "ratio": (end - start) / bound,
             "skew": max(firsts) - start, "idle": sum(end - t for t in lasts),
+            "steady": steady,
             "busy": sum(x["busy_slot_seconds"] for x in final) / (len(engines) * args.slots * (end - start))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=3000)
-    ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--step-time", type=float, default=0.002, help="the fast engines'; the slow one's is twice it")
-    ap.add_argument("--mean-tokens", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=4000)
+    ap.add_argument("--mean-tokens", type=int, default=100)
+    ap.add_argument("--max-tokens", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=1, help="each variant once per round, alternating")
+    ap.add_argument("--variants", default="give back off;give back on;give back on, -c auto",
+                    help=f"separated by ';', of: {'; '.join(VARIANTS)}")
+    ap.add_argument("--hints", action="store_true",
+                    help="answer lengths known roughly in advance: [len=N] hints and --longest-first")
     args = ap.parse_args()
+    chosen = [v.strip() for v in args.variants.split(";") if v.strip()]
+    for v in chosen:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}; known: {'; '.join(VARIANTS)}")
     work = Path(tempfile.mkdtemp(prefix="gq-bench-fleet-"))
     redis_proc, url = start_redis(work)
     sims, engines = [], []
     for i, step in enumerate([args.step_time] * 3 + [2 * args.step_time]):
+        hints = ["--length-hints"] if args.hints else []
         proc, endpoint = start_sim(["--slots", str(args.slots), "--step-time", str(step), "--mean-tokens",
-                                    str(args.mean_tokens), "--max-model-len", "100000", "--seed", str(i)], None)
+                                    str(args.mean_tokens), "--max-model-len", "100000", "--seed", str(i), *hints],
+                                   None)
         sims.append(proc)
         engines.append(endpoint)
     env = {**os.environ, "REDIS_URL": url}
     data = work / "data.jsonl"
+    rng = random.Random(7)
     with open(data, "w") as fh:
         for i in range(args.items):
-            fh.write(json.dumps({"conversations": [{"from": "human", "value": f"question {i}"},
-                                                   {"from": "gpt", "value": "answer"}]}) + "\n")
-    rows = [("end of run", "makespan s", "bound s", "work/capacity s", "longest item s", "makespan/bound",
-             "slots busy", "start skew s", "idle at end engine-s")]
+            if args.hints:  # the original answer's length: heavy-tailed around the mean, capped
+                mu = math.log(args.mean_tokens) - 0.5
+                n = min(args.max_tokens, max(1, int(rng.lognormvariate(mu, 1.0))))
+                q, a = f"question {i} [len={n}]", "w " * n
+            else:
+                q, a = f"question {i}", "answer"
+            fh.write(json.dumps({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}) + "\n")
+    rows = [("round", "end of run", "makespan s", "bound s", "work/capacity s", "longest item s", "makespan/bound",
+             "slots busy", "steady busy", "start skew s", "idle at end engine-s")]
+    ratios: dict[str, list[float]] = {v: [] for v in chosen}
     try:
-        for label, balance in (("give back off", False), ("give back on", True)):
-            r = one_run(label, balance, args, work, env, engines, data)
-            rows.append((label, f"{r['makespan']:.2f}", f"{max(r['work'], r['item']):.2f}", f"{r['work']:.2f}",
-                         f"{r['item']:.2f}", f"{r['ratio']:.3f}", f"{r['busy']:.1%}", f"{r['skew']:.2f}", f"{r['idle']:.2f}"))
+        for n in range(args.rounds):
+            # alternate which variant goes first, so drift on the machine does not favour one
+            for label in (chosen if n % 2 == 0 else chosen[::-1]):
+                r = one_run(label, n, args, work, env, engines, data)
+                ratios[label].append(r["ratio"])
+                rows.append((str(n + 1), label, f"{r['makespan']:.2f}", f"{max(r['work'], r['item']):.2f}",
+                             f"{r['work']:.2f}", f"{r['item']:.2f}", f"{r['ratio']:.3f}", f"{r['busy']:.1%}",
+                             f"{r['steady']:.1%}", f"{r['skew']:.2f}", f"{r['idle']:.2f}"))
     finally:
         for p in sims:
             p.terminate()
@@ -130,8 +181,12 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"4 engines x {args.slots} slots (steps {args.step_time * 1000:g} ms x3, {2 * args.step_time * 1000:g} ms "
           f"x1), {args.items} items, mean {args.mean_tokens} tokens (lognormal, sigma 1, cap {args.max_tokens}), "
-          f"jobs of {args.batch_size}, -c {args.slots} each\n")
+          f"jobs of {args.batch_size}{', length hints, --longest-first' if args.hints else ''}\n")
     print(table(rows))
+    print()
+    for label, rs in ratios.items():
+        print(f"{label}: makespan/bound median {statistics.median(rs):.3f} (rounds: "
+              f"{', '.join(f'{x:.3f}' for x in rs)})")
 
 
 if __name__ == "__main__":

@@ -574,6 +574,7 @@ class ConsumerSnapshot(TypedDict):
     worker: str
     host: str
     gpu: int | None
+    gpus: int  # GPUs its engine runs on (`consumer run --engine-gpus`): GPU-hours count by it
     pid: int
     endpoint: str
     version: str

@@ -43,6 +43,10 @@ def _talk(verbose: int, quiet: bool) -> None:
 @click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", show_envvar=True, help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
 @click.option("--gpu", type=click.IntRange(0, 1023), default=None,
               help=f"Short for --endpoint http://127.0.0.1:<{defaults.ENGINE_PORT}+N>/v1; also recorded in results.")
+@click.option("--engine-gpus", "gpus", type=click.IntRange(1, 1024), default=defaults.GPUS_PER_ENGINE,
+              show_default=True, envvar="GENQUEUE_ENGINE_GPUS", show_envvar=True,
+              help="GPUs the engine behind --endpoint runs on (tensor x data parallel): `producer status` "
+                   "counts GPU-hours by it. `consumer launch` sets it.")
 @click.option("--concurrency", "-c", default=defaults.CONCURRENCY_OPTION, show_default=True,
               help="Requests kept in flight: a number, or auto (steered by vLLM's /metrics: running and waiting).")
 @click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=defaults.MAX_CONCURRENCY,

@@ -21,6 +21,7 @@ class RunOptions(TypedDict):
     run_name: str | None
     endpoint: str | None
     gpu: int | None
+    gpus: int
     concurrency: str
     max_concurrency: int
     burst: bool
@@ -52,6 +53,7 @@ class ConsumerConfig:
     spool: str = defaults.SPOOL_ROOT
     lease: int = defaults.LEASE_SECONDS
     gpu: int | None = None
+    gpus: int = defaults.GPUS_PER_ENGINE  # --engine-gpus: GPU-hours count by it (producer/cost.py)
     drain_timeout: float = defaults.DRAIN_TIMEOUT
     request_timeout: float = defaults.REQUEST_TIMEOUT
     max_attempts: int = defaults.MAX_ATTEMPTS
@@ -87,7 +89,7 @@ class ConsumerConfig:
         return cls(endpoint=endpoint, redis_url=options["redis_url"], run=run,
                    concurrency=defaults.CONCURRENCY if fixed is None else fixed, auto_concurrency=fixed is None,
                    max_concurrency=options["max_concurrency"], burst=options["burst"], spool=spool,
-                   lease=options["lease"], gpu=gpu, drain_timeout=options["drain_timeout"],
+                   lease=options["lease"], gpu=gpu, gpus=options["gpus"], drain_timeout=options["drain_timeout"],
                    request_timeout=options["request_timeout"], max_attempts=options["max_attempts"],
                    shard_max_bytes=options["shard_max_bytes"], shard_max_age=options["shard_max_age"],
                    spool_limit=options["spool_limit"], metrics_port=options["metrics_port"],

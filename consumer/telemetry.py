@@ -147,8 +147,10 @@ class Telemetry:
     """Counts what the consumer does and publishes it."""
 
     def __init__(self, identity: ConsumerInfo, conn: redis.Redis, rq: RqThread, parts: Parts, *,
-                 interval: float = defaults.TELEMETRY_INTERVAL, metrics_port: int | None = None) -> None:
+                 interval: float = defaults.TELEMETRY_INTERVAL, metrics_port: int | None = None,
+                 gpus: int = defaults.GPUS_PER_ENGINE) -> None:
         self.identity = identity
+        self.gpus = gpus
         self.conn = conn
         self.rq = rq
         self.parts = parts
@@ -296,6 +298,7 @@ class Telemetry:
             "worker": self.identity["worker"],
             "host": self.identity["host"],
             "gpu": self.identity["gpu"],
+            "gpus": self.gpus,
             "pid": os.getpid(),
             "endpoint": self.identity["endpoint"],
             "version": __version__,

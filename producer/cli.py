@@ -206,16 +206,21 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
     between runs of equal priority; a change takes effect within seconds, for the slots that
     free up from then on (requests in flight finish). The run's settings and fingerprint stay."""
     from genqueue.common.runs import RunStore
+    from genqueue.producer.runsetup import keep_priority
 
     store = RunStore(connect(redis_url))
     run = check_run_name(run_name)
-    store.require(run)
+    info = store.require(run)
     old = store.priorities([run])[run]
     if level is None:
         click.echo(f"run {run}: priority {old}")
         return
     store.set_priority(run, level)
     click.echo(f"run {run}: priority {old} -> {level}")
+    why = keep_priority(run, info.settings.output, level)
+    if why is not None:
+        click.echo(f"note: its run.json is not updated ({why}); the next `producer enqueue` of the run writes "
+                   "it", err=True)
 
 
 @main.command()

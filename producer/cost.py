@@ -11,8 +11,9 @@ one: a dataset of bare prompts has no estimate (None).
 GPU-hours spent are each consumer's GPUs times its wall time while it served the run (from the
 later of its start and the run's first job to its last report, or, once the run is complete, to
 its last upload of the run's results), split between the runs it counted tokens for by their
-completion tokens. A consumer's snapshot does not say how many GPUs
-its engine has (`consumer launch --gpus-per-engine`): one is assumed unless it says `gpus`.
+completion tokens. A consumer's GPUs are its snapshot's `gpus` (`consumer run --engine-gpus N`, which
+`consumer launch` sets to --gpus-per-engine x --data-parallel); a consumer of an earlier
+version that does not say counts one.
 Projected: spent, plus the live consumers' GPUs for as long as the remaining tokens take at the
 fleet's completion-token rate of the last minute.
 """

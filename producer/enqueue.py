@@ -63,7 +63,7 @@ from genqueue.producer.ingest.items import STOPPED_AT_TOOL_TURN, Origin, answer_
 from genqueue.producer.ingest.reader import RawRecord, iter_records
 from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
 from genqueue.producer.ingest.sources import bind
-from genqueue.producer.jobwriter import JobWriter, Requeue
+from genqueue.producer.jobwriter import JobWriter, Requeue, record_batches, same_record
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe
 from genqueue.producer.reconcile import (
@@ -175,6 +175,7 @@ class Enqueuer:
         self._seen: set[int] = set()
         self._pending: list[Item] = []
         self._estimates: dict[str, int] = {}
+        self._group: list[Item] = []  # longest first: the items taken of the record at hand
         # Items already in the run that this invocation puts in jobs again -> _NEW (lost) or
         # _RETRIED (failed, --retry-failed); written through JobWriter.requeue.
         self._requeue: dict[int, int] = {}
@@ -251,15 +252,16 @@ class Enqueuer:
             return
         flat = [(index, it) for index, items in chunk for it in items]
         if self.writer is None:
-            for index, it in flat:
+            for pos, (index, it) in enumerate(flat):
                 self._take(index, it, None)
+                self._close_group(flat, pos)
         else:
             conn = self.writer.conn
             states = item_states(conn, self.run, [key_digest(it["key"]) for _, it in flat])
             if self.view is None and any(st & (IN_RUN | DONE) == IN_RUN for st in states):
                 self._take_view()
             orphans: list[bytes] = []
-            for (index, it), st in zip(flat, states, strict=True):
+            for pos, ((index, it), st) in enumerate(zip(flat, states, strict=True)):
                 if st & DONE:
                     self.flags[index] |= _DONE
                     if not st & IN_RUN:
@@ -278,9 +280,21 @@ class Enqueuer:
                             self.flags[index] |= _FAILED
                     else:  # in the run, no result, no job: lost from rq, or an abandoned claim
                         self._take(index, it, _NEW)
+                self._close_group(flat, pos)
             add_to_run(conn, self.run, orphans)
         self._estimates.clear()
         self._write(final=False)
+
+    def _close_group(self, flat: list[tuple[int, Item]], pos: int) -> None:
+        """Longest first: after a record's last item (FLAT[POS]), hand what was taken of it to
+        the order as one group, at the sum of its items' costs (producer/order.py)."""
+        if self.order is None or not self._group:
+            return
+        if pos + 1 < len(flat) and flat[pos + 1][0] == flat[pos][0]:
+            return
+        est = self._estimates
+        self.order.add_group(self._group, sum(est.get(it["key"], 0) for it in self._group))
+        self._group = []
 
     def _take(self, index: int, it: Item, requeue: int | None) -> None:
         """Put IT on the way to a job (new to the run: REQUEUE None), once per invocation."""
@@ -291,7 +305,7 @@ class Enqueuer:
         if requeue is not None:
             self._requeue[as_int(it["key"])] = requeue
         if self.order is not None:
-            self.order.add(it, self._estimates.get(it["key"], 0))
+            self._group.append(it)  # a record's items go to the order together (_settle)
         else:
             self._pending.append(it)
 
@@ -317,9 +331,12 @@ class Enqueuer:
     def _write(self, *, final: bool) -> None:
         """Write whole slices of the pending items (and, at the end, the rest)."""
         while self._pending and (final or len(self._pending) >= self.slice):
-            ready, self._pending = self._pending[: self.slice], self._pending[self.slice :]
+            end, pend = self.slice, self._pending
+            while end < len(pend) and same_record(pend[end], pend[end - 1]):
+                end += 1  # a record's items stay in one slice, so in one job (jobwriter.py)
+            ready, self._pending = pend[:end], pend[end:]
             if self.writer is None:
-                self.counts["jobs"] += -(-len(ready) // self.batch_size)
+                self.counts["jobs"] += len(record_batches(ready, self.batch_size))
                 for it in ready:
                     self._queued(it, _NEW)
                 continue
@@ -462,11 +479,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     batch_size, priority, retry_failed = opts.batch_size, opts.priority, opts.retry_failed
     store = RunStore(conn) if conn is not None else None
     if setup is not None and store is not None:
-        info = setup.apply(note or _log_note)
-        # before the first job: a consumer must never serve a high run's items at the default
-        if priority is not None:
-            store.set_priority(run, priority)
-        summary.priority = store.priorities([run])[run]
+        info = setup.apply(note or _log_note, priority)  # the priority is set before the first job
+        summary.priority = int(setup.outcome["priority"])
         summary.fingerprint = info.fingerprint
         summary.created_run = bool(setup.outcome.get("created_run"))
         summary.recreated_run = bool(setup.outcome.get("recreated_run"))

@@ -3,7 +3,10 @@
 For each slice of new items: claim them (`RunStore.claim`, one atomic script), cut the items
 this producer won into jobs, and enqueue those jobs in one MULTI/EXEC that also deletes the
 claim set. Racing producers split the items between them; each item lands in exactly one
-job. Under a race a slice's last job may be short, so a run fed by N racing producers can
+job. A job ends where a record's items end when the next record's would not fit (the turns of
+a conversation in `each` mode, the samples of a prompt: they share a prompt prefix, and in one
+job one engine's prefix cache serves them, sent in order); a record with more items than a job
+holds fills jobs of its own. Under a race a slice's last job may be short, so a run fed by N racing producers can
 have up to N-1 short jobs per slice more than one fed once.
 
 The one window: a producer killed (SIGKILL, power loss) after its claim and before its
@@ -51,6 +54,35 @@ __all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 COMMIT_ATTEMPTS = 3
 
 
+def same_record(a: Item, b: Item) -> bool:
+    """A and B come from one input record (a conversation's turns, a prompt's samples)."""
+    return a["index"] == b["index"] and a.get("source_seq", 0) == b.get("source_seq", 0)
+
+
+def record_batches(items: Sequence[Item], size: int) -> list[list[Item]]:
+    """ITEMS in jobs of at most SIZE, a record's items kept in one job where they fit (see the
+    module docstring); order kept."""
+    batches: list[list[Item]] = []
+    cur: list[Item] = []
+    i, n = 0, len(items)
+    while i < n:
+        j = i + 1
+        while j < n and same_record(items[j], items[i]):
+            j += 1
+        group = items[i:j]
+        if cur and len(cur) + len(group) > size:
+            batches.append(cur)
+            cur = []
+        while len(group) > size:  # longer than a job: jobs of its own
+            batches.append(list(group[:size]))
+            group = group[size:]
+        cur.extend(group)
+        i = j
+    if cur:
+        batches.append(cur)
+    return batches
+
+
 class JobWriter:
     """Claims and enqueues the items of one producer invocation."""
 
@@ -90,7 +122,7 @@ class JobWriter:
                 except RunLockedError:
                     self.lock.wait_free()
             mine = [it for it, ok in zip(items, won, strict=True) if ok]
-            batches = [mine[i : i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
+            batches = record_batches(mine, self.batch_size)
             if batches:
                 self._commit(claim_id, batches)
         except BaseException:
@@ -116,7 +148,7 @@ class JobWriter:
                 self.lock.check()
                 raise
             mine = [it for it, c in zip(items, codes, strict=True) if c is Requeue.QUEUED]
-            batches = [mine[i : i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
+            batches = record_batches(mine, self.batch_size)
             if batches:
                 self._commit(claim_id, batches, fenced=True)
         except BaseException:

@@ -3,7 +3,12 @@
 A run's makespan ends with its slowest items; started last, a few long reasoning traces keep
 one GPU busy while the others idle. Started first, they overlap with the bulk. Items are
 spilled to temporary files by cost class (about 20% apart), so memory stays flat whatever the
-input size; within a class they keep input order. The files go to TMP_DIR (enqueue's --tmp-dir,
+input size; within a class they keep input order.
+
+The unit ordered is a record's items together (the turns of one conversation in `each` mode,
+the samples of one prompt), at the sum of their costs: they share a prompt prefix, so they stay
+side by side, in their own order, and land in one job (producer/jobwriter.py), where one engine's
+prefix cache serves them. Ordering turns apart would scatter a conversation over the run. The files go to TMP_DIR (enqueue's --tmp-dir,
 else TMPDIR); a place that cannot take one block is refused before anything is enqueued, and a
 write that fails later (a full disk) raises WriteFailedError naming the directory.
 """
@@ -50,18 +55,24 @@ class LongestFirst:
         self.count = 0
 
     def add(self, item: Item, cost: int) -> None:
+        self.add_group([item], cost)
+
+    def add_group(self, items: list[Item], cost: int) -> None:
+        """ITEMS (one record's, in their order) go out together, at COST (their sum)."""
+        if not items:
+            return
         cls = cost_class(cost)
         try:
             fh = self._files.get(cls)
             if fh is None:
                 fh = self._files[cls] = open(self.dir / f"{cls:04d}.jsonl", "w+b")  # noqa: SIM115
-            fh.write(orjson.dumps(item) + b"\n")
+            fh.write(orjson.dumps(items) + b"\n")
         except OSError as e:
             raise write_failed(e, self.dir, HOLD) from None
-        self.count += 1
+        self.count += len(items)
 
     def longest_first(self, chunk: int = 4096) -> Iterator[list[Item]]:
-        """Lists of items, costliest class first."""
+        """Lists of items, costliest class first (a group is never cut between two lists)."""
         # Every file is flushed before the first list is handed out: a full disk that shows
         # only now (with the buffers' last items) fails the enqueue before anything is queued.
         try:
@@ -74,7 +85,7 @@ class LongestFirst:
             fh.seek(0)
             buf: list[Item] = []
             for line in fh:
-                buf.append(orjson.loads(line))
+                buf.extend(orjson.loads(line))
                 if len(buf) >= chunk:
                     yield buf
                     buf = []

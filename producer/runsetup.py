@@ -14,6 +14,10 @@ record is read, makes the run what the command asks:
 - other settings: refused as a conflict, unless --update-settings: then the run takes the new
   settings (a new fingerprint, added to its history) for its items not done yet.
 
+The run's priority (`--priority`, else what run.json kept for a re-created run, else what Redis
+has) is set before any job is queued, and kept in run.json (so is a later `producer priority`,
+through keep_priority).
+
 A run whose output is a local path records the host that made it (common/placement.py); an
 enqueue on another host is refused before anything is read, unless `--shared-fs` declares the
 path one filesystem every node mounts (then the run records that, and any host may ship).
@@ -66,9 +70,10 @@ class RunSetup:
     shared_fs: bool = False  # --shared-fs: the local output is one filesystem every node mounts
     outcome: dict[str, Any] = field(default_factory=dict)
 
-    def apply(self, note: Note) -> RunInfo:
-        """Make the run (see the module docstring); NOTE gets each line worth telling the user.
-        Returns the run as it is now."""
+    def apply(self, note: Note, priority: int | None = None) -> RunInfo:
+        """Make the run (see the module docstring); NOTE gets each line worth telling the user;
+        PRIORITY: give the run this priority (None: keep the one it has, or run.json's for a run
+        re-created from it). Returns the run as it is now."""
         store = RunStore(self.conn)
         if self.unreachable is not None:
             note(f"warning: {self.unreachable}; the run's settings are not kept at its output, and it cannot be "
@@ -79,6 +84,9 @@ class RunSetup:
             placement = Placement.new(self.settings.output, shared_fs=self.shared_fs or rf.placement.shared_fs)
             if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints, placement):
                 self.outcome["recreated_run"] = True
+                if priority is None and rf.priority:
+                    priority = rf.priority
+                    note(f"note: run {self.run}: priority {rf.priority}, as its run.json kept it")
                 self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
                                                  "done": rebuilt.done, "failed": rebuilt.failed}
                 note(f"note: run {self.run} was not in Redis: re-created from {where(self.output, self.run)} "
@@ -97,6 +105,11 @@ class RunSetup:
             else:
                 self.outcome["created_run"] = store.create_or_check(self.run, self.settings, self._placement())
         info = store.require(self.run)
+        # before the first job: a consumer must never serve a high run's items at the default
+        if priority is not None:
+            store.set_priority(self.run, priority)
+        level = store.priorities([self.run])[self.run]
+        self.outcome["priority"] = level
         if self.shared_fs and info.placement.host is not None:
             store.declare_shared(self.run)
             info = store.require(self.run)
@@ -114,10 +127,10 @@ class RunSetup:
         try:
             current = self.run_file if self.run_file_read else _read(self.output, self.run, note)
             if current is None or current.settings != info.settings or current.fingerprints != info.fingerprints \
-                    or current.placement != info.placement:
+                    or current.placement != info.placement or current.priority != level:
                 sources = current.sources if current is not None else {}
                 self.run_file = RunFile(self.run, info.settings, info.created_at, info.version, info.fingerprints,
-                                        sources, info.placement)
+                                        sources, info.placement, level)
                 write_run_file(self.output, self.run_file)
             else:
                 self.run_file = current
@@ -153,6 +166,24 @@ class RunSetup:
             write_run_file(self.output, rf)
         except StoreError as e:
             log.warning("could not add source %s to run.json of run %s: %s", source, self.run, e)
+
+
+def keep_priority(run: str, output: str, priority: int) -> str | None:
+    """Write PRIORITY into RUN's run.json at OUTPUT (`producer priority`), so a run re-created
+    from it keeps it. Returns why it could not (no run.json there, the output unreachable), or None."""
+    store = store_for(output)
+    try:
+        if not _output_exists(store):
+            return f"{output} does not exist yet"
+        rf = read_run_file(store, run)
+        if rf is None:
+            return f"{where(store, run)} does not exist yet"
+        if rf.priority != priority:
+            rf.priority = priority
+            write_run_file(store, rf)
+        return None
+    except StoreError as e:
+        return str(e)
 
 
 def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool,

@@ -6,11 +6,13 @@ input source is added; read by the producer when the run is not in Redis. One JS
     {"run": "data", "settings": {...}, "fingerprint": "...", "created_at": 1718000000.0,
      "version": "0.3.0", "fingerprints": [{"fingerprint": ..., "since": ..., "settings": {...}}],
      "sources": {"/data/x.jsonl": {<the summary of its last enqueue>}}, "written_at": ...,
-     "output_host": "node-a", "shared_fs": ""}
+     "output_host": "node-a", "shared_fs": "", "priority": 0}
 
 `settings` and `fingerprint` are the run's current recipe; `fingerprints` every recipe it has
 had, oldest first; `output_host` and `shared_fs` where a local output lives
-(common/placement.py). The shards beside it hold every record's key, so the done and failed marks
+(common/placement.py); `priority` the run's share of the fleet (`producer enqueue --priority`,
+`producer priority`: not part of the recipe, so a run re-created from run.json keeps it; a
+run.json written before it had one reads 0). The shards beside it hold every record's key, so the done and failed marks
 can be rebuilt from them (producer/reconcile.py).
 """
 
@@ -41,6 +43,7 @@ class RunFile:
     fingerprints: list[FingerprintEntry]
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     placement: Placement = field(default_factory=Placement)
+    priority: int = 0
 
     @property
     def fingerprint(self) -> str:
@@ -51,6 +54,7 @@ class RunFile:
             "run": self.run, "settings": self.settings.to_dict(), "fingerprint": self.fingerprint,
             "created_at": self.created_at, "version": self.version, "fingerprints": self.fingerprints,
             "sources": self.sources, "written_at": time.time(), **self.placement.fields(),
+            "priority": self.priority,
         }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
     @classmethod
@@ -64,9 +68,15 @@ class RunFile:
             return cls(run=str(data["run"]), settings=settings, created_at=float(data["created_at"]),
                        version=str(data.get("version", "?")),
                        fingerprints=fingerprints or [fingerprint_entry(settings, float(data["created_at"]))],
-                       sources=dict(data.get("sources") or {}), placement=Placement.from_fields(data))
+                       sources=dict(data.get("sources") or {}), placement=Placement.from_fields(data),
+                       priority=_priority(data.get("priority")))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise RunFileError(f"{where} is not a genqueue run file ({type(e).__name__}: {e})") from None
+
+
+def _priority(raw: object) -> int:
+    """run.json's priority: an integer, else 0 (absent: written before runs had one)."""
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
 
 
 def where(store: OutputStore, run: str) -> str:

@@ -324,7 +324,7 @@ def consumer_argv(cfg: LaunchConfig, group: Group) -> list[str]:
     """The consumer's command line; Redis comes through the environment, so no password shows in ps.
     In front of a data-parallel engine the --concurrency auto ceiling grows with its replicas."""
     argv = [sys.executable, "-m", "genqueue.consumer", "-v", "run", "--gpu", str(group.first),
-            "--endpoint", cfg.endpoint(group), "--spool", str(cfg.spool_root / group.name),
+            "--engine-gpus", str(cfg.gpus_per_group), "--endpoint", cfg.endpoint(group), "--spool", str(cfg.spool_root / group.name),
             "--drain-timeout", str(cfg.drain_timeout)]
     if cfg.run:
         argv += ["--run", cfg.run]

@@ -215,13 +215,13 @@ def test_consumer_run_builds_its_config_from_every_option(monkeypatch: pytest.Mo
     args = ["--endpoint", "http://h:9000/v1", "--run", "data", "-c", "64", "--max-concurrency", "99", "--burst",
             "--spool", "sp", "--shared-fs", "--lease", "7", "--drain-timeout", "3", "--request-timeout", "40",
             "--max-attempts", "2", "--shard-max-bytes", "1000", "--shard-max-age", "4", "--spool-limit", "5000",
-            "--endpoint-wait", "9", "--metrics-port", "9100", "-u", "redis://r:1/2"]
+            "--endpoint-wait", "9", "--metrics-port", "9100", "--engine-gpus", "4", "-u", "redis://r:1/2"]
     opts: RunOptions = parse(command(consumer_main, "run"), args, monkeypatch)
     assert ConsumerConfig.from_options(opts) == ConsumerConfig(
         endpoint="http://h:9000/v1", redis_url="redis://r:1/2", run="data", concurrency=64, auto_concurrency=False,
         max_concurrency=99, burst=True, spool="sp", lease=7, drain_timeout=3.0, request_timeout=40.0,
         max_attempts=2, shard_max_bytes=1000, shard_max_age=4.0, spool_limit=5000, metrics_port=9100,
-        endpoint_wait=9.0, shared_fs=True)
+        endpoint_wait=9.0, shared_fs=True, gpus=4)
     endpoint_only: RunOptions = parse(command(consumer_main, "run"), ["--endpoint", "http://h:9000/v1"],
                                       monkeypatch)
     assert ConsumerConfig.from_options(endpoint_only).spool == f"{defaults.SPOOL_ROOT}/9000"

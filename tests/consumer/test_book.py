@@ -40,3 +40,17 @@ def test_book_lost_shard_abandons_its_jobs_and_their_waiting_items() -> None:
     # a's two waiting items are gone; b's three remain
     left = [book.take() for _ in range(4)]
     assert [x[0].id for x in left if x] == ["b", "b", "b"]
+
+
+def test_a_jobs_items_go_out_in_their_order_jobs_in_the_order_taken() -> None:
+    """Prefix-cache locality: a job holds a conversation's turns in order (producer/jobwriter.py);
+    the book sends them in that order, one job's after the other's, so turn k reaches the engine
+    before turn k+1, whose prompt begins with turn k's."""
+    book: Book[Any] = Book()
+    a, b = job("a", 4), job("b", 3, start=10)
+    book.hold(a)
+    book.hold(b)
+    order = []
+    while (t := book.take()) is not None:
+        order.append((t[0].id, t[1]["index"]))
+    assert order == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 10), ("b", 11), ("b", 12)]

@@ -115,7 +115,7 @@ def test_enqueue_estimates_and_status_costs_a_running_run(tmp_path: Path, redis_
     assert before["estimated_output_tokens"] == 20_000 and before["gpu_hours_spent"] == 0.0
     sim = Sim(tmp_path, "--slots", "4", "--step-time", "0.01", "--mean-tokens", "20")
     c = Proc("consumer", ["run", "--run", "cost", "--endpoint", sim.url, "--shard-max-age", "1", "--concurrency", "4",
-                          "--spool", str(tmp_path / "spool")], tmp_path / "c.log", env=env)
+                          "--spool", str(tmp_path / "spool")], tmp_path / "c.log", env={**env, "GENQUEUE_ENGINE_GPUS": "2"})
     try:
         first: dict[str, Any] = {}
 
@@ -129,8 +129,9 @@ def test_enqueue_estimates_and_status_costs_a_running_run(tmp_path: Path, redis_
         second = status()
         a, b = first["cost"], second["cost"]
         assert b["gpu_hours_spent"] > a["gpu_hours_spent"] > 0
-        for k in (a, b):
-            assert k["live_gpus"] == 1 and k["price"] == 2.5 and k["estimated_output_tokens"] == 20_000
+        for k in (a, b):  # the consumer says its engine has 2 GPUs (GENQUEUE_ENGINE_GPUS = --engine-gpus 2)
+            assert k["live_gpus"] == 2 and "assumed" not in k["basis"]["gpu_hours_spent"]
+            assert k["price"] == 2.5 and k["estimated_output_tokens"] == 20_000
             assert k["spent_money"] == pytest.approx(k["gpu_hours_spent"] * 2.5)
             if k["gpu_hours_projected"] is not None:
                 assert k["gpu_hours_projected"] >= k["gpu_hours_spent"]

@@ -173,3 +173,40 @@ def test_status_says_a_paused_run_first_in_red(tmp_path: Path, redis_url: str, c
     conn.delete(run_key("pz", "paused"))
     assert run_status(conn, "pz")["paused"] is None
     assert not format_status(run_status(conn, "pz"), color=True).startswith("\x1b")
+
+
+def test_a_run_recreated_from_run_json_keeps_its_priority(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    data = write_jsonl(tmp_path / "prio.jsonl", [sharegpt(i) for i in range(10)])
+    env = {"REDIS_URL": redis_url}
+
+    def kept() -> object:
+        return orjson.loads((out / "pr" / "run.json").read_bytes())["priority"]
+
+    s, _ = enqueue(redis_url, data, "pr", str(out), "--priority", "4")
+    assert s["priority"] == 4 and kept() == 4
+    # changed later: run.json follows
+    cli("producer", "priority", "--run", "pr", "7", env=env)
+    assert kept() == 7
+    conn.flushall()  # Redis lost the run: the enqueue that re-creates it gives it its priority back
+    s, err = enqueue(redis_url, data, "pr", str(out))
+    assert s["recreated_run"] and s["priority"] == 7 and "priority 7, as its run.json kept it" in err, err
+    assert RunStore(conn).priorities(["pr"]) == {"pr": 7}
+    # the command's own --priority wins over run.json's, and is kept in turn
+    conn.flushall()
+    s, _ = enqueue(redis_url, data, "pr", str(out), "--priority", "-1")
+    assert s["recreated_run"] and s["priority"] == -1 and kept() == -1
+    # a run.json from before priorities reads 0
+    rf = orjson.loads((out / "pr" / "run.json").read_bytes())
+    del rf["priority"]
+    (out / "pr" / "run.json").write_bytes(orjson.dumps(rf))
+    conn.flushall()
+    s, _ = enqueue(redis_url, data, "pr", str(out))
+    assert s["recreated_run"] and s["priority"] == 0 and kept() == 0
+    # an output with no run.json yet: the change is said, not lost silently
+    p = cli("producer", "enqueue", str(data), "--run", "fresh", "--output", str(tmp_path / "none-yet"), "--rejects",
+            os.devnull, env=env)
+    assert p.returncode == 0
+    p = cli("producer", "priority", "--run", "fresh", "2", env=env)
+    assert "run.json is not updated" in p.stderr and RunStore(conn).priorities(["fresh"]) == {"fresh": 2}

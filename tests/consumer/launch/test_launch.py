@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from genqueue.common import defaults
 from genqueue.common.rqaccess import queue_for
+from genqueue.common.snapshots import reports
 from genqueue.consumer.launch.command import launch_command
 from genqueue.consumer.launch.plan import (
     Group,
@@ -98,6 +99,7 @@ def test_tensor_and_data_parallel_engines():
     assert engine_env(tp, groups[1], {"CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == "2,3"
     con = consumer_argv(tp, groups[1])
     assert con[con.index("--gpu") + 1] == "2" and con[con.index("--spool") + 1] == "genqueue-spool/gpu2-3"
+    assert con[con.index("--engine-gpus") + 1] == "2"  # GPU-hours count the engine's GPUs (producer/cost.py)
     assert con[con.index("--endpoint") + 1] == "http://127.0.0.1:8002/v1" and "--max-concurrency" not in con
 
     dp = LaunchConfig(gpus=list(range(8)), model="/m", data_parallel=4, gpus_per_engine=2)
@@ -106,6 +108,7 @@ def test_tensor_and_data_parallel_engines():
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and argv[argv.index("--data-parallel-size") + 1] == "4"
     assert engine_env(dp, one, {})["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
     con = consumer_argv(dp, one)
+    assert con[con.index("--engine-gpus") + 1] == "8"
     assert con[con.index("--max-concurrency") + 1] == str(4 * defaults.MAX_CONCURRENCY)
     dp.consumer_args = "--max-concurrency 300"
     assert consumer_argv(dp, one).count("--max-concurrency") == 1 and consumer_argv(dp, one)[-1] == "300"
@@ -153,7 +156,7 @@ def test_consumer_command_line():
                        metrics_base_port=9400)
     argv = consumer_argv(cfg, g(2))
     assert argv[:3] == [sys.executable, "-m", "genqueue.consumer"]
-    assert argv[3:] == ["-v", "run", "--gpu", "2", "--endpoint", "http://127.0.0.1:8102/v1", "--spool", "/s/gpu2",
+    assert argv[3:] == ["-v", "run", "--gpu", "2", "--engine-gpus", "1", "--endpoint", "http://127.0.0.1:8102/v1", "--spool", "/s/gpu2",
                         "--drain-timeout", "20", "--run", "data", "--concurrency", "64", "--metrics-port", "9402",
                         "--lease", "10", "--burst", "--shard-max-age", "5"]
     assert "pw" not in " ".join(argv)
@@ -509,9 +512,13 @@ def test_tensor_parallel_groups_get_their_gpus_and_one_consumer_each(tmp_path, r
         assert argv[:2] == ["serve", "tiny"] and argv[argv.index("--tensor-parallel-size") + 1] == "2"
         assert "--data-parallel-size" not in argv and argv[-6:] == ["--slots", "16", "--step-time", "0.003",
                                                                      "--mean-tokens", "60"]
-    assert f"--gpu 2 --endpoint http://127.0.0.1:{launch.base + 2}/v1" in launch.log("consumer-gpu2-3")
+    assert f"--gpu 2 --engine-gpus 2 --endpoint http://127.0.0.1:{launch.base + 2}/v1" in launch.log("consumer-gpu2-3")
     gpus = {r["consumer"]["gpu"] for r in read_results(tmp_path / "out", "tp")}
     assert gpus <= {0, 2} and gpus, gpus
+    # each consumer publishes its engine's 2 GPUs: `producer status` counts GPU-hours by them
+    ours = {f"http://127.0.0.1:{launch.base + n}/v1" for n in (0, 2)}
+    assert sorted((c.get("gpu"), c.get("gpus")) for c in reports(conn, time.time())
+                  if c.get("endpoint") in ours) == [(0, 2), (2, 2)]
 
 
 @pytest.mark.slow
