@@ -246,7 +246,7 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
         if e.get("advice"):  # the engine doctor's verdict (consumer/doctor.py), with its notes: wrapped,
             # never clipped, since its suggested change is what the reader came for
             advice = "engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or [])
-            lines += (textwrap.wrap(advice, width, initial_indent=" " * 6, subsequent_indent=" " * 8)
+            lines += (textwrap.wrap(advice, width, initial_indent=" " * 6, subsequent_indent=" " * 8, break_on_hyphens=False)
                       if width is not None else ["      " + advice])
     tail = [f"DRIFT    {d}" for d in r["drift"]]
     if r.get("malformed_jobs"):
