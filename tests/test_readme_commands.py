@@ -23,7 +23,9 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
+import redis
 
+from genqueue.common.snapshots import reports
 from tests.conftest import BIN, free_gpu, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Sim
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
@@ -216,7 +218,8 @@ def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
 def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:
     lines = block("## `consumer run`", page="docs/consumer.md")
     assert lines == ["consumer run --endpoint http://127.0.0.1:8000/v1 [--run NAME] [--concurrency 256] [--burst]",
-                     "consumer run --gpu 3"], "the consumer run block changed: make this test run what it says now"
+                     "consumer run --gpu 3", "consumer run --gpu 0 --engine-gpus 2"], \
+        "the consumer run block changed: make this test run what it says now"
     write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(12)])
     sh = Shell(tmp_path, {"REDIS_URL": redis_url})
     sh.run("producer enqueue data.jsonl --batch-size 4")
@@ -235,10 +238,16 @@ def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:
                  30, "the stand-in")
         done = sh.run(f"consumer run --gpu {gpu} --burst")
         assert f"http://127.0.0.1:{8000 + gpu}/v1" in done.stderr, done.stderr
+        # --engine-gpus 2: the same engine, counted as 2 GPUs in the snapshot cost reads
+        write_jsonl(tmp_path / "last.jsonl", [sharegpt(i) for i in range(200, 204)])
+        sh.run("producer enqueue last.jsonl --run data --output genqueue-out")
+        sh.run(f"consumer run --gpu {gpu} --engine-gpus 2 --burst")
     finally:
         sh.stop()
+    conn = redis.Redis.from_url(redis_url)
+    assert 2 in [r.get("gpus") for r in reports(conn, time.time())], "--engine-gpus 2 is not in the snapshot"
     export = sh.run("producer export --run data --output d.jsonl --json")
-    assert orjson.loads(export.stdout)["exported"] == 16
+    assert orjson.loads(export.stdout)["exported"] == 20
 
 
 def test_runs_block_as_written(tmp_path: Path, redis_url: str) -> None:
