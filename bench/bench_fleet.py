@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import json
 import math
 import os
@@ -46,26 +47,63 @@ def stats(endpoint: str, reset: bool = False) -> dict[str, float]:
         return out
 
 
-def longest(out: Path, run: str) -> int:
-    n = 0
+def output_tokens(out: Path, run: str) -> tuple[dict[int, int], int]:
+    """(each item's output tokens by its input index, records written): each item counted once,
+    whatever copies of it shipped too (export keeps one)."""
+    per_item: dict[str, tuple[int, int]] = {}
+    records = 0
     for shard in (out / run / "shards").glob("*.jsonl"):
         for line in shard.read_bytes().splitlines():
             if line.strip():
-                n = max(n, json.loads(line).get("usage", {}).get("completion_tokens", 0))
-    return n
+                rec = json.loads(line)
+                records += 1
+                if "error" not in rec:
+                    per_item[rec["key"]] = (rec["index"], rec.get("usage", {}).get("completion_tokens", 0))
+    return dict(per_item.values()), records
 
 
-VARIANTS: dict[str, tuple[bool, str]] = {  # label -> (give-back on, -c: "slots" or "auto")
-    "give back off": (False, "slots"),
-    "give back on": (True, "slots"),
-    "give back off, -c auto": (False, "auto"),
-    "give back on, -c auto": (True, "auto"),
+def floor(lengths: list[int], steps: list[float], slots: int, *, copies: bool) -> float:
+    """The makespan of an ideal dispatcher with no overhead at all (pure): every free slot of the
+    fleet takes the next item in input order the moment it frees; with COPIES, once none is left,
+    a free slot copies the youngest item running on a slower engine (the consumer's own rule),
+    whichever copy ends first ends the item. What no dispatcher that does not know the lengths can
+    beat (without copies), against which genqueue's own overhead is what is left."""
+    free = [(0.0, e) for e, _ in enumerate(steps) for _ in range(slots)]
+    heapq.heapify(free)
+    running: list[tuple[float, float, int, int]] = []  # start, end, tokens, engine
+    for n in lengths:
+        t, e = heapq.heappop(free)
+        running.append((t, t + n * steps[e], n, e))
+        heapq.heappush(free, (t + n * steps[e], e))
+    ends = [r[1] for r in running]
+    if copies:
+        copied: set[int] = set()
+        while free:
+            t, e = heapq.heappop(free)
+            cands = [i for i, (s, _, _, on) in enumerate(running)
+                     if ends[i] > t and i not in copied and steps[on] > steps[e]]
+            if not cands:
+                continue
+            i = max(cands, key=lambda i: running[i][0])
+            copied.add(i)
+            ends[i] = min(ends[i], t + running[i][2] * steps[e])
+            heapq.heappush(free, (ends[i], e))
+    return max(ends)
+
+
+VARIANTS: dict[str, tuple[bool, str, bool]] = {  # label -> (give-back on, -c: "slots" or "auto", copies on)
+    "give back off": (False, "slots", False),
+    "give back on": (True, "slots", False),
+    "give back off, -c auto": (False, "auto", False),
+    "give back on, -c auto": (True, "auto", False),
+    "copies": (True, "slots", True),
+    "copies, -c auto": (True, "auto", True),
 }
 
 
 def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[str, str],
             engines: list[str], data: Path) -> dict[str, float]:
-    balance, conc = VARIANTS[label]
+    balance, conc, copies = VARIANTS[label]
     run = f"{label.replace(' ', '-').replace(',', '')}-{n}"
     order = ["--longest-first"] if args.hints else []
     subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", run, "--multi-turn", "last",
@@ -87,7 +125,7 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    cenv = {**env, "GENQUEUE_TAIL_BALANCE": "1" if balance else "0"}
+    cenv = {**env, "GENQUEUE_TAIL_BALANCE": "1" if balance else "0", "GENQUEUE_TAIL_COPIES": "1" if copies else "0"}
     with contextlib.ExitStack() as logs:
         procs = [subprocess.Popen([str(BIN / "consumer"), "run", "--run", run, "--endpoint", e, "--burst",
                                    "-c", str(args.slots) if conc == "slots" else "auto", "--spool", str(work / "spool" / f"{run}-{i}"),
@@ -100,7 +138,13 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
     if any(codes):
         raise SystemExit(f"{label}: consumer exit codes {codes}")
     final = [stats(e) for e in engines]
-    tokens = sum(x["tokens"] for x in final)
+    by_index, records = output_tokens(work / "out", run)
+    # in the order the run was enqueued: input order, or with --hints longest hint first
+    lengths = [by_index[i] for i in (args.order or sorted(by_index)) if i in by_index]
+    longest, tokens, items = max(lengths, default=0), sum(lengths), len(lengths)
+    if items != args.items:
+        raise SystemExit(f"{label}: {items} of {args.items} items have a result")
+    engine_tokens = sum(x["tokens"] for x in final)
     start = min(t for t, req, _, _ in samples if sum(req))
     # the last answer anywhere (the pre-flight probes are answers too: count to the final total)
     end = min(t for t, _, comp, _ in samples if sum(comp) == sum(samples[-1][2]))
@@ -114,11 +158,13 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
     steps = [args.step_time] * 3 + [2 * args.step_time]
     capacity = sum(args.slots / s for s in steps)
     bound_work = tokens / capacity
-    bound_item = longest(work / "out", run) * args.step_time
+    bound_item = longest * args.step_time
     bound = max(bound_work, bound_item)
-    return {"makespan": end - start, "work": bound_work, "item": bound_item, "ratio": (end - start) / bound,
+    ideal = floor(lengths, steps, args.slots, copies=False) / bound
+    ideal_copies = floor(lengths, steps, args.slots, copies=True) / bound
+    return {"ideal": ideal, "ideal_copies": ideal_copies, "makespan": end - start, "work": bound_work, "item": bound_item, "ratio": (end - start) / bound,
             "skew": max(firsts) - start, "idle": sum(end - t for t in lasts),
-            "steady": steady,
+            "steady": steady, "extra": engine_tokens / tokens - 1, "dups": records - items,
             "busy": sum(x["busy_slot_seconds"] for x in final) / (len(engines) * args.slots * (end - start))}
 
 
@@ -146,24 +192,28 @@ def main() -> None:
     for i, step in enumerate([args.step_time] * 3 + [2 * args.step_time]):
         hints = ["--length-hints"] if args.hints else []
         proc, endpoint = start_sim(["--slots", str(args.slots), "--step-time", str(step), "--mean-tokens",
-                                    str(args.mean_tokens), "--max-model-len", "100000", "--seed", str(i), *hints],
+                                    str(args.mean_tokens), "--max-model-len", "100000", "--seed", "0", *hints],
                                    None)
         sims.append(proc)
         engines.append(endpoint)
     env = {**os.environ, "REDIS_URL": url}
     data = work / "data.jsonl"
     rng = random.Random(7)
+    hint_lens: list[int] = []
     with open(data, "w") as fh:
         for i in range(args.items):
             if args.hints:  # the original answer's length: heavy-tailed around the mean, capped
                 mu = math.log(args.mean_tokens) - 0.5
                 n = min(args.max_tokens, max(1, int(rng.lognormvariate(mu, 1.0))))
+                hint_lens.append(n)
                 q, a = f"question {i} [len={n}]", "w " * n
             else:
                 q, a = f"question {i}", "answer"
             fh.write(json.dumps({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}) + "\n")
+    # --longest-first orders by the estimate (the original answer's length), stably
+    args.order = sorted(range(args.items), key=lambda i: -hint_lens[i]) if args.hints else None
     rows = [("round", "end of run", "makespan s", "bound s", "work/capacity s", "longest item s", "makespan/bound",
-             "slots busy", "steady busy", "start skew s", "idle at end engine-s")]
+             "ideal/bound", "ideal with copies/bound", "slots busy", "steady busy", "start skew s", "idle at end engine-s", "tokens redone", "records twice")]
     ratios: dict[str, list[float]] = {v: [] for v in chosen}
     try:
         for n in range(args.rounds):
@@ -172,8 +222,10 @@ def main() -> None:
                 r = one_run(label, n, args, work, env, engines, data)
                 ratios[label].append(r["ratio"])
                 rows.append((str(n + 1), label, f"{r['makespan']:.2f}", f"{max(r['work'], r['item']):.2f}",
-                             f"{r['work']:.2f}", f"{r['item']:.2f}", f"{r['ratio']:.3f}", f"{r['busy']:.1%}",
-                             f"{r['steady']:.1%}", f"{r['skew']:.2f}", f"{r['idle']:.2f}"))
+                             f"{r['work']:.2f}", f"{r['item']:.2f}", f"{r['ratio']:.3f}", f"{r['ideal']:.3f}",
+                             f"{r['ideal_copies']:.3f}", f"{r['busy']:.1%}",
+                             f"{r['steady']:.1%}", f"{r['skew']:.2f}", f"{r['idle']:.2f}", f"{r['extra']:.2%}",
+                             str(int(r["dups"]))))
     finally:
         for p in sims:
             p.terminate()

@@ -256,6 +256,19 @@ def job_status(conn: redis.Redis, job_id: str) -> str:
     return _text(raw) if raw else "gone"
 
 
+def job_payload(conn: redis.Redis, job_id: str) -> tuple[object, object] | None:
+    """A job's positional and keyword arguments as rq loads them, or None when the job is gone or
+    cannot be loaded (the end of a run's copies read the items of a job another consumer holds)."""
+    try:
+        job = Job.fetch(job_id, connection=conn, serializer=SERIALIZER)
+        return job.args, job.kwargs
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a job rq cannot load is simply not copied
+        log.debug("job %s not loaded (%s: %s)", job_id, type(e).__name__, e)
+        return None
+
+
 def job_started_at(conn: redis.Redis, job_id: str) -> float | None:
     """When a job last started (epoch seconds), or None."""
     raw = conn.hget(Job.key_for(job_id), "started_at")

@@ -180,6 +180,40 @@ class Book(Generic[H]):
         c["prompt_tokens"] += usage.get("prompt_tokens", 0)
         c["completion_tokens"] += usage.get("completion_tokens", 0)
 
+    def won_elsewhere(self, js: JobState[H]) -> None:
+        """An item of JS needs no record here: a result of it is in a shard shipped by another
+        consumer (a copy at the end of the run, consumer/hedge.py), so the item is done."""
+        js.remaining -= 1
+        js.counts["items_done"] += 1
+        js.counts["items_won_elsewhere"] += 1
+
+    def pending_items(self, run: str) -> list[tuple[JobState[H], Item]]:
+        """RUN's items waiting here for a slot, in the order they go."""
+        q = self._queues.get(run)
+        return [(js, it) for js, it in q if not js.abandoned] if q is not None else []
+
+    def drop_done(self, run: str, keys: set[str]) -> list[JobState[H]]:
+        """Drop RUN's waiting items whose KEYS are marked done elsewhere (won_elsewhere each);
+        returns their jobs, once per item."""
+        q = self._queues.get(run)
+        if q is None or not keys:
+            return []
+        kept: collections.deque[tuple[JobState[H], Item]] = collections.deque()
+        ended: list[JobState[H]] = []
+        for js, it in q:
+            if it["key"] in keys and not js.abandoned:
+                self.won_elsewhere(js)
+                ended.append(js)
+            else:
+                kept.append((js, it))
+        if ended:
+            self._waiting -= len(q) - len(kept)
+            if kept:
+                self._queues[run] = kept
+            else:
+                del self._queues[run]
+        return ended
+
     def ackable(self, run: str, shipped_seq: int) -> list[JobState[H]]:
         """Complete jobs of RUN whose last record is in a shard shipped by now (seq <= shipped_seq)."""
         return [js for js in self.jobs.values()

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
-from genqueue.common.contracts import Item, Record
+from genqueue.common.contracts import Item, Record, is_error
+from genqueue.common.flights import Flight
 from genqueue.consumer.admission import Limiter
 from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.generate import Gate, Generator
+from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.outbox import Outbox
 from genqueue.consumer.records import internal_error
 from genqueue.consumer.rqcompat import Held
@@ -29,7 +31,8 @@ class Dispatcher:
 
     def __init__(self, book: Book[Held], limiter: Limiter, gate: Gate, outbox: Outbox, gen: Generator, *,
                  on_record: Callable[[str, Record], None], wake: asyncio.Event, stopping: asyncio.Event,
-                 low_water: Callable[[], int]) -> None:
+                 low_water: Callable[[], int],
+                 on_won: Callable[[str], Awaitable[object]] | None = None) -> None:
         self.book = book
         self.limiter = limiter
         self.gate = gate
@@ -42,6 +45,13 @@ class Dispatcher:
         self.tasks: set[asyncio.Task[None]] = set()
         self.internal_errors = 0
         self.spool_pauses = 0
+        self._on_won = on_won
+        # The end of a run (consumer/hedge.py): what is in flight here, by (run, item key), so a
+        # copy that shipped first elsewhere cancels ours; and the copies this consumer runs.
+        self._flying: dict[tuple[str, str], tuple[asyncio.Task[None], JobState[Held], float]] = {}
+        self._won: set[tuple[str, str]] = set()
+        self.copies: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.copies_shipped = self.copies_lost = self.cancelled_won = 0
 
     async def run(self) -> None:
         while True:
@@ -61,14 +71,20 @@ class Dispatcher:
             task = asyncio.create_task(self._item(js, item))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+            self._flying[(js.run, item["key"])] = (task, js, time.monotonic())
             if self.book.below_share or self.book.pending < self._low_water():
                 self.wake.set()  # the intake fetches for the run that fell under its share
 
     async def _item(self, js: JobState[Held], item: Item) -> None:
+        where = (js.run, item["key"])
+        rec: Record | None
         try:
-            rec: Record = await self.gen.answer(js.ctx, item, attempt=js.attempt, enqueued_at=js.enqueued_at)
+            rec = await self.gen.answer(js.ctx, item, attempt=js.attempt, enqueued_at=js.enqueued_at)
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if where not in self._won or task is None or task.uncancel() > 0:
+                raise  # a stop: the job goes back
+            rec = None
         except Exception as e:
             self.internal_errors += 1
             log.exception("item %s of job %s: unexpected error; recorded as an internal error", item["key"], js.id)
@@ -76,12 +92,103 @@ class Dispatcher:
         finally:
             self.limiter.release()
             self.book.answered(js)
-        if js.abandoned:
+            self._flying.pop(where, None)
+        if where in self._won:
+            # A result of this item shipped first elsewhere (it is marked done): ours is not needed.
+            # (No cancel reaches this task any more: it left _flying above.)
+            self._won.discard(where)
+            if not js.abandoned:
+                self.book.won_elsewhere(js)
+                self.cancelled_won += 1
+                if js.complete and self._on_won is not None:
+                    await self._on_won(js.run)
+                self.wake.set()
+            return
+        if js.abandoned or rec is None:
             return  # its job went back to the queue meanwhile: its new run writes this again
         seq = self.outbox.append(js.run, rec)
         self.book.recorded(js, rec, seq)
         self._on_record(js.run, rec)
         self.wake.set()
+
+    # --- the end of a run: copies (consumer/hedge.py) ----------------------------------
+    def flights(self, run: str) -> list[Flight]:
+        """What this consumer holds of RUN: its items in flight (with how long) and those waiting."""
+        now = time.monotonic()
+        out = [Flight(js.id, key, now - t) for (r, key), (_, js, t) in self._flying.items()
+               if r == run and (r, key) not in self._won]
+        out += [Flight(js.id, item["key"], None) for js, item in self.book.pending_items(run)]
+        return out
+
+    def held_keys(self, run: str) -> list[str]:
+        """The item keys of RUN in flight or waiting here, and of the copies running here."""
+        keys = [key for (r, key) in self._flying if r == run]
+        keys += [item["key"] for _, item in self.book.pending_items(run)]
+        keys += [key for (r, key) in self.copies if r == run]
+        return keys
+
+    async def done_elsewhere(self, run: str, keys: set[str]) -> int:
+        """KEYS of RUN are marked done (a result shipped, here or by another consumer): cancel
+        what still runs of them here and drop what waits. Returns how many were ended."""
+        n = 0
+        for key in keys:
+            copy = self.copies.get((run, key))
+            if copy is not None:
+                copy.cancel()
+                n += 1
+            flying = self._flying.get((run, key))
+            if flying is not None and (run, key) not in self._won:
+                self._won.add((run, key))
+                flying[0].cancel()
+                n += 1
+        completed = self.book.drop_done(run, keys)
+        n += len(completed)
+        self.cancelled_won += len(completed)
+        if any(js.complete for js in completed) and self._on_won is not None:
+            await self._on_won(run)
+        if completed:
+            self.wake.set()
+        return n
+
+    def free_slots(self) -> int:
+        return max(0, self.limiter.limit - self.limiter.used)
+
+    def start_copy(self, ctx: RunContext, item: Item) -> bool:
+        """Send a copy of ITEM (held by another consumer) in a free slot: its result is written
+        and shipped like any; an error or a cancelled copy writes nothing (the original goes
+        on). False when no slot is free."""
+        where = (ctx.run, item["key"])
+        if where in self.copies or self.free_slots() <= 0 or self.stopping.is_set():
+            return False
+        self.limiter.used += 1  # a free slot, taken without waiting
+        task = asyncio.create_task(self._copy(ctx, item))
+        self.copies[where] = task
+        task.add_done_callback(lambda _t: self.copies.pop(where, None))
+        return True
+
+    async def _copy(self, ctx: RunContext, item: Item) -> None:
+        try:
+            rec = await self.gen.answer(ctx, item, attempt=1)
+        except asyncio.CancelledError:
+            return  # its original (or another copy) shipped first, or a stop
+        except Exception:
+            log.exception("copy of item %s of run %s: unexpected error; dropped (the original goes on)",
+                          item["key"], ctx.run)
+            return
+        finally:
+            self.limiter.release()
+        if is_error(rec):
+            self.copies_lost += 1
+            log.debug("copy of item %s of run %s ended in an error; dropped (the original goes on)", item["key"],
+                      ctx.run)
+            return
+        self.outbox.append(ctx.run, rec)
+        self.copies_shipped += 1
+        self._on_record(ctx.run, rec)
+
+    def cancel_copies(self) -> None:
+        for task in list(self.copies.values()):
+            task.cancel()
 
     async def _wait_for_spool(self) -> None:
         if self.outbox.disk_error is None:

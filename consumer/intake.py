@@ -180,6 +180,11 @@ class Intake:
         self.book.set_shares(shares)
         return fetch_order(demand, shares)
 
+    def tail_runs(self) -> list[str]:
+        """The runs at their end here: a dequeue found their queue empty within TAIL_WINDOW."""
+        now = time.monotonic()
+        return [run for run, at in self._empty_at.items() if now - at < TAIL_WINDOW and run in self.served.contexts]
+
     def _retry(self, run: str, now: float) -> float:
         """Seconds before an empty queue is asked again: at each poll while the run's last jobs
         are being given back and taken (one was taken lately), else DRY_RETRY."""

@@ -50,6 +50,7 @@ from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.generate import Gate, Generator, RunContext
+from genqueue.consumer.hedge import Hedger
 from genqueue.consumer.intake import Intake
 from genqueue.consumer.leases import Leases
 from genqueue.consumer.outbox import Outbox
@@ -101,6 +102,8 @@ class Consumer:
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
         self._trips: set[asyncio.Task[None]] = set()
         self._registered = False  # an rq worker in Redis: its stop is reported
+        self._shipped_seq: dict[str, int] = {}  # run -> the last of our shards shipped (in order)
+        self._hedger: Hedger | None = None
 
     # --- wiring callbacks ----------------------------------------------------------
     async def _output_of(self, run: str) -> str | None:
@@ -114,7 +117,15 @@ class Consumer:
         """A shard of RUN is stored: mark its items done, then ack the jobs it completes (in
         that order: a crash in between leaves jobs that, run again, skip those items)."""
         await self.rq.call(self._rewind.mark_shipped, run, marks)
+        if seq is not None:
+            self._shipped_seq[run] = max(seq, self._shipped_seq.get(run, 0))
         if seq is not None and await self.acker.shipped(run, seq):
+            self.wake.set()
+
+    async def _ended_elsewhere(self, run: str) -> None:
+        """A job of RUN completed by an item whose result another consumer shipped: ack it once
+        its own records are shipped (shards ship in order: all up to the last one shipped are)."""
+        if await self.acker.shipped(run, self._shipped_seq.get(run, 0)):
             self.wake.set()
 
     async def _complete_on_arrival(self, run: str) -> None:
@@ -133,6 +144,8 @@ class Consumer:
     def _on_record(self, run: str, rec: Record) -> None:
         """A record is written: count it, and let the run's breaker look at it."""
         self._telemetry.record(run, rec)
+        if self._hedger is not None:
+            self._hedger.observe(rec)
         ctx = self._served.contexts.get(run)
         if ctx is None:
             return
@@ -222,12 +235,16 @@ class Consumer:
             interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port, gpus=cfg.gpus)
         self._telemetry, self._served = telemetry, served
         dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
-                                wake=self.wake, stopping=self.stopping, low_water=self._low_water)
+                                wake=self.wake, stopping=self.stopping, low_water=self._low_water,
+                                on_won=self._ended_elsewhere)
         intake = Intake(self.rq, self.worker, self.book, self.acker, served, low_water=self._low_water,
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
                         wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
                         on_runs=self.outbox.unpark,
-                        has_room=lambda: self.book.in_flight < self.limiter.limit)
+                        has_room=lambda: self.limiter.used < self.limiter.limit)
+        hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
+                              contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
+                              pending_of=self.book.pending_of)
 
         t0 = time.monotonic()
         code: int = ExitCode.DONE
@@ -241,7 +258,7 @@ class Consumer:
                 log.info("consumer %s stopping before start-up finished (nothing held)", self.worker.name)
             if started:
                 t0 = time.monotonic()
-                code = await self._work(dispatcher, intake, leases, telemetry, steering)
+                code = await self._work(dispatcher, intake, leases, telemetry, steering, hedger)
         finally:
             await gate.aclose()
             if self._registered:
@@ -280,12 +297,12 @@ class Consumer:
         await self._ship_leftovers()
 
     async def _work(self, dispatcher: Dispatcher, intake: Intake, leases: Leases, telemetry: Telemetry,
-                    steering: Steering) -> int:
+                    steering: Steering, hedger: Hedger) -> int:
         """Run every loop until the intake ends (a stop, or a --burst end) and the drain is done."""
         background: dict[str, Callable[[], Awaitable[None]]] = {
             "dispatcher": dispatcher.run, "renewer": leases.renew_forever, "sweeper": leases.sweep_forever,
             "sealer": self._sealer, "shipper": self.outbox.shipper, "telemetry": telemetry.loop,
-            "steering": steering.run, "rewind": self._rewind.watch,
+            "steering": steering.run, "rewind": self._rewind.watch, "hedger": hedger.run,
         }
         code = ExitCode.DONE
         try:
@@ -354,6 +371,7 @@ class Consumer:
         stop = self.stop
         stop.begin()
         self.wake.set()
+        dispatcher.cancel_copies()  # copies of what others hold: their originals go on there
         await dispatcher.finish(max(stop.drain_deadline - time.monotonic(), 0.0), lambda: stop.hard)
         self.book.drop_pending()
         if not self.outbox.seal_due(set(), force=True):

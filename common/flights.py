@@ -1,0 +1,106 @@
+"""The end of a run's offers: what each consumer still holds of it, for an idle one to duplicate.
+
+When a run's queue is empty, an idle consumer can do nothing for the items another consumer
+has in flight or waiting, except run them too. Each consumer that holds items of a run at its
+end publishes them here (an offer: its rate per request and, per item, its job and how long it
+has been in flight, or that it waits unsent); an idle consumer whose engine would finish one
+sooner claims it and sends a copy (consumer/hedge.py). Whichever answer ships first marks the
+item done (common/marks.py); the other consumer sees the mark and cancels its copy.
+
+Keys:
+  genqueue:run:<run>:flights  hash   consumer -> its offer (JSON), refreshed every look while it
+                                     holds items at the run's end; the key expires soon after
+                                     the last offer, so a dead consumer's offer goes away
+  genqueue:run:<run>:hedges   hash   item key -> the consumer that claimed its copy (one copy
+                                     per item across the fleet); expires after the run's end
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import orjson
+import redis
+
+from genqueue.common.runs import run_key
+
+#: Seconds an offer counts after it was written (its consumer refreshes it twice a second).
+OFFER_TTL = 3.0
+#: Seconds the claims of a run's copies are kept after the last claim.
+CLAIMS_TTL = 600
+
+
+def flights_key(run: str) -> str:
+    return run_key(run, "flights")
+
+
+def hedges_key(run: str) -> str:
+    return run_key(run, "hedges")
+
+
+@dataclass(frozen=True, slots=True)
+class Flight:
+    """One item a consumer holds of a run: in flight for AGE seconds, or unsent (AGE None)."""
+
+    job_id: str
+    key: str
+    age: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What consumer WORKER holds of a run, and how fast it answers (output tokens per second
+    per request, 0 when it has not measured it yet); AT is when it wrote it (its clock)."""
+
+    worker: str
+    rate: float
+    at: float
+    flights: tuple[Flight, ...]
+
+
+def publish(conn: redis.Redis, run: str, worker: str, rate: float, flights: list[Flight]) -> None:
+    """WORKER's offer for RUN now (an empty FLIGHTS withdraws it)."""
+    key = flights_key(run)
+    if not flights:
+        conn.hdel(key, worker)
+        return
+    body = orjson.dumps({"rate": rate, "at": time.time(),
+                         "items": [[f.job_id, f.key, f.age] for f in flights]})
+    p = conn.pipeline(transaction=False)
+    p.hset(key, worker, body)
+    p.pexpire(key, int(OFFER_TTL * 1000))
+    p.execute()
+
+
+def offers(conn: redis.Redis, run: str, *, now: float | None = None) -> list[Offer]:
+    """The current offers for RUN (stale and unreadable ones left out)."""
+    now = time.time() if now is None else now
+    out: list[Offer] = []
+    raw: dict[bytes, bytes] = conn.hgetall(flights_key(run))  # type: ignore[assignment]
+    for worker, body in raw.items():
+        try:
+            d = orjson.loads(body)
+            at, rate = float(d["at"]), float(d["rate"])
+            flights = tuple(Flight(str(j), str(k), None if a is None else float(a)) for j, k, a in d["items"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+        if now - at > OFFER_TTL:
+            continue
+        out.append(Offer(worker.decode(errors="replace"), rate, at, flights))
+    return out
+
+
+def claim(conn: redis.Redis, run: str, item_key: str, worker: str) -> bool:
+    """Whether WORKER now holds the one copy of RUN's ITEM_KEY (False: another consumer has it)."""
+    key = hedges_key(run)
+    p = conn.pipeline(transaction=False)
+    p.hsetnx(key, item_key, worker)
+    p.expire(key, CLAIMS_TTL)
+    won, _ = p.execute()
+    return bool(won)
+
+
+def claimed(conn: redis.Redis, run: str) -> set[str]:
+    """The item keys of RUN whose copy some consumer has claimed."""
+    return {k.decode(errors="replace") for k in conn.hkeys(hedges_key(run))}  # type: ignore[union-attr]

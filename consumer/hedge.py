@@ -1,0 +1,228 @@
+"""The end of a run: copies of what other consumers still hold, sent by one that sits idle.
+
+When a run's queue is empty, what keeps a fleet busy is only what its consumers already hold:
+items in flight, and items of a job taken whole that wait for a slot. An engine that finished
+its own cannot take those (they are in another consumer's job), and the run ends when the last
+of them does. So at the end of a run (its queue seen empty here lately, intake.tail_runs):
+
+- every consumer that holds items of the run offers them (common/flights.py): each item's job,
+  and how long it has been in flight or that it waits unsent, with the consumer's own rate
+  (output tokens per second per request, measured on its recent results);
+- a consumer with a slot free and nothing of the run waiting sends a copy of an offered item
+  when it would likely finish it sooner: an item that waits unsent, from a consumer not over
+  twice as fast (UNSENT_FASTER); an item in flight, from a consumer at least FASTER times
+  slower per request (on equal engines a copy started later never catches up), the youngest
+  first (the most left to gain). One copy per item across the fleet (a claim in Redis);
+- a copy's result is written and shipped like any other; an error or a cancel writes nothing
+  (the original goes on, so nothing rests on a copy);
+- every consumer looks at the marks of what it holds of the run: an item marked done (a
+  result shipped, whichever consumer's) is cancelled here if in flight (vLLM stops computing
+  it), dropped if waiting, and counts as done in its job, which is acked as usual once its
+  own records are shipped.
+
+A result shipped is the only thing that ends an item elsewhere, so a copy that dies or a
+consumer that crashes costs nothing but the copy's tokens. Both answers may ship when they end
+together; export keeps one per item (producer/export/core.py), and the marks count it once.
+Conversations regenerated turn by turn are not copied: their turns checkpoint in Redis under
+the item's key, and two writers would interleave them.
+
+GENQUEUE_TAIL_COPIES=0 turns copies off (bench/bench_fleet.py measures what they buy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from genqueue.common import flights as fl
+from genqueue.common.contracts import Item, Mode, Record, is_error
+from genqueue.common.flights import Flight, Offer
+from genqueue.common.marks import Mark, marks_of
+from genqueue.common.rqaccess import job_payload
+from genqueue.consumer.dispatch import Dispatcher
+from genqueue.consumer.generate import RunContext
+from genqueue.consumer.intake import InvalidJob, parse_items
+from genqueue.consumer.rqthread import RqThread
+
+log = logging.getLogger(__name__)
+
+#: Seconds between looks at the end of a run: marks of what is held, offers, copies.
+LOOK_EVERY = 0.25
+#: A copy of an item in flight elsewhere is sent only by a consumer this many times faster per request.
+FASTER = 1.5
+#: A copy of an item waiting unsent elsewhere is sent by an idle consumer at least this fast
+#: relative to its holder (a holder over twice as fast will likely send and finish it first).
+UNSENT_FASTER = 0.5
+#: Items an offer lists at most (the youngest in flight and the unsent first).
+MAX_OFFER = 512
+#: Results the rate per request is measured over.
+RATE_WINDOW = 64
+COPIES = os.environ.get("GENQUEUE_TAIL_COPIES", "1") != "0"
+
+
+class Rate:
+    """Output tokens per second per request, over the last RATE_WINDOW results (0: none yet)."""
+
+    def __init__(self) -> None:
+        self._window: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_WINDOW)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self._window.append((tokens, seconds))
+
+    @property
+    def value(self) -> float:
+        seconds = sum(s for _, s in self._window)
+        return sum(t for t, _ in self._window) / seconds if seconds > 0 else 0.0
+
+
+def choose(offers: list[Offer], me: str, my_rate: float, slots: int, exclude: set[str]) -> list[tuple[Offer, Flight]]:
+    """Which offered items to copy here now (pure): unsent ones first, then those in flight on
+    an engine FASTER times slower than this one, the youngest first; at most SLOTS."""
+    if slots <= 0 or my_rate <= 0:
+        return []
+    unsent: list[tuple[Offer, Flight]] = []
+    flying: list[tuple[float, Offer, Flight]] = []
+    for o in offers:
+        if o.worker == me or o.rate <= 0:
+            continue
+        for f in o.flights:
+            if f.key in exclude:
+                continue
+            if f.age is None:
+                if my_rate >= UNSENT_FASTER * o.rate:
+                    unsent.append((o, f))
+            elif my_rate >= FASTER * o.rate:
+                flying.append((f.age, o, f))
+    flying.sort(key=lambda c: c[0])
+    return (unsent + [(o, f) for _, o, f in flying])[:slots]
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeSnapshot:
+    copies_sent: int  # copies of items other consumers held, sent here
+    copies_shipped: int  # of them, results written here
+    copies_dropped: int  # of them, ended in an error (nothing written)
+    ended_elsewhere: int  # items held here that a result shipped elsewhere ended (cancelled or dropped)
+
+
+class Hedger:
+    """The end-of-run loop (module docstring)."""
+
+    def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
+                 contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
+                 pending_of: Callable[[str], int]) -> None:
+        self.rq = rq
+        self.conn = conn
+        self.worker = worker
+        self.dispatcher = dispatcher
+        self._contexts = contexts
+        self._tail_runs = tail_runs
+        self._pending_of = pending_of
+        self.rate = Rate()
+        self._offered: set[str] = set()
+        self.copies_sent = 0
+
+    def observe(self, rec: Record) -> None:
+        """A record written here: its tokens and latency feed the rate per request."""
+        if is_error(rec):
+            return
+        usage, timings = rec.get("usage"), rec.get("timings")
+        if isinstance(usage, dict) and isinstance(timings, dict):
+            self.rate.observe(int(usage.get("completion_tokens", 0) or 0), float(timings.get("latency_s", 0) or 0))
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(LOOK_EVERY)
+            await self.look()
+
+    async def look(self) -> None:
+        tail = set(self._tail_runs())
+        for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
+            await self.rq.call(fl.publish, self.conn, run, self.worker, 0.0, [])
+            self._offered.discard(run)
+        contexts = self._contexts()
+        for run in sorted(tail):
+            ctx = contexts.get(run)
+            if ctx is None:
+                continue
+            await self._ended_elsewhere(run)
+            await self._offer(run)
+            if COPIES and not self._pending_of(run) and self.dispatcher.free_slots() > 0:
+                await self._copy(ctx)
+
+    async def _ended_elsewhere(self, run: str) -> None:
+        keys = self.dispatcher.held_keys(run)
+        if not keys:
+            return
+        marks = await self.rq.call(marks_of, self.conn, run, keys)
+        done = {k for k, m in zip(keys, marks, strict=True) if m is Mark.DONE}
+        if done:
+            n = await self.dispatcher.done_elsewhere(run, done)
+            if n:
+                log.info("run %s: %d item(s) held here already have a result shipped; ended here", run, n)
+
+    async def _offer(self, run: str) -> None:
+        flights = self.dispatcher.flights(run)
+        if not flights and run not in self._offered:
+            return
+        unsent = [f for f in flights if f.age is None]
+        flying = sorted((f for f in flights if f.age is not None), key=lambda f: f.age or 0.0)
+        await self.rq.call(fl.publish, self.conn, run, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER])
+        if flights:
+            self._offered.add(run)
+        else:
+            self._offered.discard(run)
+
+    async def _copy(self, ctx: RunContext) -> None:
+        run = ctx.run
+        offers = await self.rq.call(fl.offers, self.conn, run)
+        picks = choose(offers, self.worker, self.rate.value, self.dispatcher.free_slots(),
+                       set(self.dispatcher.held_keys(run)))
+        payloads: dict[str, list[Item] | None] = {}
+        sent = 0
+        for offer, f in picks:
+            if f.job_id not in payloads:
+                payloads[f.job_id] = await self._items_of(f.job_id)
+            item = next((it for it in payloads[f.job_id] or [] if it["key"] == f.key), None)
+            if item is None or not copyable(ctx, item):
+                continue
+            if not await self.rq.call(fl.claim, self.conn, run, f.key, self.worker):
+                continue
+            if not self.dispatcher.start_copy(ctx, item):
+                break
+            sent += 1
+            log.debug("run %s: copy of item %s sent (held by %s, %s)", run, f.key, offer.worker,
+                      "unsent" if f.age is None else f"in flight {f.age:.1f} s at {offer.rate:.0f} tokens/s")
+        if sent:
+            self.copies_sent += sent
+            log.info("run %s: its queue is empty and this engine has slots free: %d copies of items other "
+                     "consumers hold sent (first result shipped wins)", run, sent)
+
+    async def _items_of(self, job_id: str) -> list[Item] | None:
+        payload = await self.rq.call(job_payload, self.conn, job_id)
+        if payload is None:
+            return None
+        try:
+            return parse_items(*payload)
+        except InvalidJob:
+            return None
+
+    def snapshot(self) -> HedgeSnapshot:
+        d = self.dispatcher
+        return HedgeSnapshot(self.copies_sent, d.copies_shipped, d.copies_lost, d.cancelled_won)
+
+
+def copyable(ctx: RunContext, item: Item) -> bool:
+    """Whether a copy of ITEM may run beside its original (module docstring: not a conversation
+    regenerated turn by turn)."""
+    if ctx.settings.multi_turn != Mode.REGENERATE:
+        return True
+    users: int = sum(m["role"] == "user" for m in item["messages"])
+    return users <= 1

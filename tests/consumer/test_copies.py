@@ -1,0 +1,296 @@
+"""Copies at the end of a run (consumer/hedge.py, common/flights.py): an idle consumer sends a
+copy of what another still holds; the first result shipped ends the item everywhere; nothing
+rests on a copy.
+
+Unit tests of the rule, the book and the dispatcher in-process; the offers and claims on a real
+redis-server; end to end, real consumers on two stand-ins over HTTP, one of them four times
+slower per token, and (slow tier) the copying consumer killed while its copies run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+import redis
+
+from genqueue.common import flights as fl
+from genqueue.common.contracts import Item, Mode
+from genqueue.common.flights import Flight, Offer
+from genqueue.common.settings import RunSettings
+from genqueue.consumer.admission import Limiter
+from genqueue.consumer.book import Book
+from genqueue.consumer.dispatch import Dispatcher
+from genqueue.consumer.generate import RunContext
+from genqueue.consumer.hedge import FASTER, Rate, choose, copyable
+from tests.conftest import cli, sharegpt, write_jsonl
+from tests.consumer.e2e import Proc, Sim, read_results
+from tests.doubles import FakeGate, FakeOutbox, item, job, result, run_context
+
+# --- the rule --------------------------------------------------------------------------
+
+
+def offer(worker: str, rate: float, *flights: tuple[str, float | None]) -> Offer:
+    return Offer(worker, rate, time.time(), tuple(Flight("j", k, a) for k, a in flights))
+
+
+def test_unsent_items_go_first_then_the_youngest_in_flight_on_a_slower_engine() -> None:
+    slow = offer("slow", 100.0, ("old", 3.0), ("young", 0.5), ("unsent", None), ("mid", 1.0))
+    picks = choose([slow], "me", 100.0 * FASTER, 3, set())
+    assert [f.key for _, f in picks] == ["unsent", "young", "mid"]
+
+
+def test_no_copy_of_an_item_in_flight_on_an_engine_as_fast() -> None:
+    # a copy started later on an engine as fast never ends first: only the unsent item is copied
+    peer = offer("peer", 100.0, ("running", 0.1), ("unsent", None))
+    assert [f.key for _, f in choose([peer], "me", 100.0 * FASTER * 0.99, 8, set())] == ["unsent"]
+
+
+def test_no_copy_from_a_holder_over_twice_as_fast_nor_of_own_or_held_items() -> None:
+    fast = offer("fast", 1000.0, ("unsent", None))
+    mine = offer("me", 1.0, ("mine", None))
+    slow = offer("slow", 10.0, ("held-here", None), ("other", None))
+    picks = choose([fast, mine, slow], "me", 400.0, 8, {"held-here"})
+    assert [f.key for _, f in picks] == ["other"]
+    assert choose([slow], "me", 0.0, 8, set()) == []  # no rate measured here yet: no copy
+    assert choose([slow], "me", 400.0, 0, set()) == []  # no slot free
+    assert choose([offer("new", 0.0, ("x", None))], "me", 400.0, 8, set()) == []  # its rate unknown
+
+
+def test_the_rate_is_tokens_over_seconds_of_the_recent_results() -> None:
+    r = Rate()
+    assert r.value == 0.0
+    r.observe(100, 1.0)
+    r.observe(300, 1.0)
+    r.observe(0, 5.0)  # an empty answer says nothing of the speed
+    assert r.value == 200.0
+
+
+def test_conversations_regenerated_turn_by_turn_are_not_copied() -> None:
+    one = item(1)
+    two: Item = {**item(2), "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                         {"role": "user", "content": "c"}]}
+    regen = run_context(settings=RunSettings(multi_turn=Mode.REGENERATE))
+    assert copyable(regen, one) and not copyable(regen, two)
+    assert copyable(run_context(settings=RunSettings(multi_turn=Mode.LAST)), two)
+
+
+# --- the book and the dispatcher ----------------------------------------------------------
+
+
+def test_items_waiting_here_that_were_shipped_elsewhere_are_dropped_and_count_done() -> None:
+    book: Book[object] = Book()
+    a, b = job("a", 3), job("b", 2, start=3)
+    book.hold(a)
+    book.hold(b)
+    taken = book.take()
+    assert taken is not None and taken[0] is a
+    ended = book.drop_done("r", {item(1)["key"], item(2)["key"], item(4)["key"], "not-here"})
+    assert ended == [a, a, b]
+    assert book.pending == 1 and [it["key"] for _, it in book.pending_items("r")] == [item(3)["key"]]
+    assert a.remaining == 1 and a.counts["items_won_elsewhere"] == 2 and a.counts["items_done"] == 2
+    assert b.remaining == 1
+
+
+class HangingGenerator:
+    """Answers item 0 at once; every other item only when released (an engine still decoding it)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.cancelled: list[str] = []
+
+    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None) -> Any:
+        if it["index"] != 0:
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(it["key"])
+                raise
+        return result(it)
+
+
+async def _until(cond: Any, what: str) -> None:
+    for _ in range(300):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(what)
+
+
+def test_an_item_in_flight_shipped_elsewhere_is_cancelled_and_its_job_completes_without_a_record() -> None:
+    async def scenario() -> None:
+        book: Book[Any] = Book()
+        js = job("a", 2)
+        book.hold(js)
+        outbox, gen = FakeOutbox(), HangingGenerator()
+        acked: list[str] = []
+
+        async def on_won(run: str) -> None:
+            acked.append(run)
+
+        d = Dispatcher(book, Limiter(8), FakeGate(), outbox, gen,  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 8, on_won=on_won)
+        task = asyncio.create_task(d.run())
+        await _until(lambda: len(outbox.records) == 1 and book.in_flight == 1, "item 0 answered, item 1 in flight")
+        assert [f.key for f in d.flights("r")] == [item(1)["key"]] and d.flights("r")[0].age is not None
+        assert await d.done_elsewhere("r", {item(1)["key"]}) == 1
+        await _until(lambda: js.complete, "the job completes once item 1 is ended here")
+        task.cancel()
+        assert gen.cancelled == [item(1)["key"]]  # the request was cut: the engine stops decoding it
+        assert len(outbox.records) == 1 and js.counts["items_won_elsewhere"] == 1
+        assert acked == ["r"] and book.in_flight == 0 and d.limiter.used == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_still_cancels_an_item_and_a_copy_writes_only_a_result() -> None:
+    async def scenario() -> None:
+        book: Book[Any] = Book()
+        js = job("a", 2)
+        book.hold(js)
+        outbox, gen = FakeOutbox(), HangingGenerator()
+        stopping = asyncio.Event()
+        d = Dispatcher(book, Limiter(8), FakeGate(), outbox, gen,  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=stopping,
+                       low_water=lambda: 8)
+        task = asyncio.create_task(d.run())
+        await _until(lambda: book.in_flight == 1, "item 1 in flight")
+        # a copy of another consumer's item runs in a free slot, beside this consumer's own
+        assert d.start_copy(run_context("r"), item(7))
+        assert d.limiter.used == 2 and item(7)["key"] in d.held_keys("r")
+        gen.release.set()
+        await _until(lambda: len(outbox.records) == 3, "item 1 and the copy answered")
+        assert {r["key"] for r in outbox.records} == {item(0)["key"], item(1)["key"], item(7)["key"]}
+        assert d.copies_shipped == 1 and js.complete and d.limiter.used == 0
+        # a stop cancels what is in flight for good (its job goes back): not taken for a win
+        js2 = job("b", 2, start=10)
+        gen.release.clear()
+        book.hold(js2)
+        d.wake.set()
+        await _until(lambda: book.in_flight == 2, "items 10 and 11 in flight")
+        assert await d.finish(0.05, lambda: False) == 2
+        assert not js2.complete and js2.counts["items_won_elsewhere"] == 0
+        stopping.set()
+        task.cancel()
+
+    asyncio.run(scenario())
+
+
+# --- offers and claims on a real Redis ------------------------------------------------------
+
+
+def test_offers_expire_withdraw_and_one_claim_per_item(redis_url: str) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    fl.publish(conn, "r", "a", 250.0, [Flight("j1", "k1", 0.5), Flight("j1", "k2", None)])
+    fl.publish(conn, "r", "b", 500.0, [Flight("j2", "k3", 1.0)])
+    got = {o.worker: o for o in fl.offers(conn, "r")}
+    assert set(got) == {"a", "b"} and got["a"].rate == 250.0
+    assert got["a"].flights == (Flight("j1", "k1", 0.5), Flight("j1", "k2", None))
+    assert 0 < conn.pttl(fl.flights_key("r")) <= fl.OFFER_TTL * 1000  # a dead consumer's offer goes away
+    assert [o.worker for o in fl.offers(conn, "r", now=time.time() + fl.OFFER_TTL + 1)] == []  # stale
+    fl.publish(conn, "r", "a", 250.0, [])  # withdrawn
+    assert [o.worker for o in fl.offers(conn, "r")] == ["b"]
+    conn.hset(fl.flights_key("r"), "garbage", b"{not json")
+    conn.hset(fl.flights_key("r"), "wrong", b'{"rate": 1, "at": 1, "items": [[1]]}')
+    assert [o.worker for o in fl.offers(conn, "r")] == ["b"]  # odd content is skipped, never a crash
+    assert fl.claim(conn, "r", "k1", "a") and not fl.claim(conn, "r", "k1", "b")
+    assert fl.claimed(conn, "r") == {"k1"} and conn.ttl(fl.hedges_key("r")) > 0
+
+
+# --- end to end: real consumers on a fast and a slow stand-in ----------------------------------
+
+ITEMS = 240
+SLOTS = 16
+
+
+def _stats(sim: Sim) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sim.port}/sim/stats", timeout=2) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+def _fleet(tmp_path: Any, redis_url: str, copies: str = "1") -> tuple[Sim, Sim, dict[str, str]]:
+    # one seed: both engines answer a request alike, so a copy is as long as its original
+    fast = Sim(tmp_path, "--slots", str(SLOTS), "--step-time", "0.01", "--mean-tokens", "60", "--seed", "3")
+    (tmp_path / "slow").mkdir()
+    slow = Sim(tmp_path / "slow", "--slots", str(SLOTS), "--step-time", "0.04", "--mean-tokens", "60",
+               "--seed", "3")
+    env = {"REDIS_URL": redis_url, "GENQUEUE_TAIL_COPIES": copies}
+    data = write_jsonl(tmp_path / "d.jsonl", [sharegpt(i) for i in range(ITEMS)])
+    cli("producer", "enqueue", str(data), "--run", "t", "--output", str(tmp_path / "out"), "--batch-size", "16",
+        "--max-tokens", "400", "--rejects", str(tmp_path / "rej.jsonl"), env=env)
+    return fast, slow, env
+
+
+def _consumer(tmp_path: Any, name: str, sim: Sim, env: dict[str, str]) -> Proc:
+    return Proc("consumer", ["-v", "run", "--run", "t", "--endpoint", sim.url, "--burst", "--spool",
+                             str(tmp_path / f"spool-{name}"), "--shard-max-age", "1", "-c", str(SLOTS)],
+                tmp_path / f"{name}.log", env=env)
+
+
+@pytest.mark.integration
+def test_an_idle_fast_engine_copies_what_the_slow_one_holds_and_every_item_ends_once(tmp_path, redis_url):
+    fast, slow, env = _fleet(tmp_path, redis_url)
+    procs = []
+    try:
+        procs = [_consumer(tmp_path, "fast", fast, env), _consumer(tmp_path, "slow", slow, env)]
+        for p in procs:
+            assert p.wait(120) == 0, p.output()[-3000:]
+        s_fast, s_slow = _stats(fast), _stats(slow)
+    finally:
+        for p in procs:
+            p.signal(15)
+        fast.stop()
+        slow.stop()
+    results = read_results(tmp_path / "out", "t")
+    keys = [r["key"] for r in results]
+    assert len(set(keys)) == ITEMS and all("error" not in r for r in results)
+    fast_log, slow_log = procs[0].output(), procs[1].output()
+    assert "copies of items other consumers hold sent" in fast_log, fast_log[-2000:]
+    # the slow consumer saw results shipped by the fast one and cut its own requests (the engine aborts them)
+    assert "already have a result shipped; ended here" in slow_log, slow_log[-2000:]
+    assert s_slow["cancelled"] >= 1
+    # what a copy costs: at most the copies' tokens; every record of an item counted once in export
+    twice = len(keys) - len(set(keys))
+    print(f"records written twice: {twice}; slow engine requests cut: {s_slow['cancelled']}; "
+          f"fast engine requests {s_fast['requests']}, slow {s_slow['requests']}")
+    rows = cli("producer", "export", "--run", "t", "--format", "openai", "-o", str(tmp_path / "x.jsonl"), env=env)
+    assert rows.returncode == 0, rows.stderr
+    exported = sum(1 for _ in open(tmp_path / "x.jsonl"))
+    cut = sum(1 for _ in open(tmp_path / "x.truncated.jsonl")) if (tmp_path / "x.truncated.jsonl").exists() else 0
+    assert exported + cut == ITEMS, rows.stdout + rows.stderr  # every item once: finished, or cut by max_tokens
+    assert f"duplicates removed   {twice}\n" in rows.stdout, rows.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_copying_consumer_killed_costs_nothing_but_its_copies(tmp_path, redis_url):
+    """Nothing rests on a copy: the fast consumer is killed (SIGKILL) while its copies run; the
+    slow consumer still ends every item it holds, and a new fast consumer ends the rest."""
+    fast, slow, env = _fleet(tmp_path, redis_url)
+    procs = []
+    try:
+        procs = [_consumer(tmp_path, "fast", fast, env), _consumer(tmp_path, "slow", slow, env)]
+        deadline = time.monotonic() + 90
+        while "copies of items other consumers hold sent" not in procs[0].output():
+            assert time.monotonic() < deadline, procs[0].output()[-2000:]
+            assert procs[0].p.poll() is None, "the fast consumer ended before it copied anything"
+            time.sleep(0.05)
+        procs[0].kill()
+        procs.append(_consumer(tmp_path, "fast2", fast, env))
+        assert procs[1].wait(120) == 0, procs[1].output()[-3000:]
+        assert procs[2].wait(120) == 0, procs[2].output()[-3000:]
+    finally:
+        for p in procs:
+            p.signal(15)
+        fast.stop()
+        slow.stop()
+    keys = {r["key"] for r in read_results(tmp_path / "out", "t") if "error" not in r}
+    assert len(keys) == ITEMS
+    status = cli("producer", "status", "--run", "t", "--json", env=env)
+    assert status.returncode == 0, status.stderr
