@@ -4,13 +4,23 @@ heavy-tailed output lengths (the stand-in's lognormal), one consumer each, one r
     python -m bench.bench_fleet --items 8000 --slots 16 --mean-tokens 100 --max-tokens 1000 --rounds 3
 
 Lower bound = max(total output tokens / fleet capacity, the longest item alone on a fast
-engine), capacity = sum of slots / step time. Makespan = from the first request any engine
-receives to the last one answered (the engines' own counters, sampled every 20 ms). The same
-data runs once per variant in each round, the variants alternating (the machine is shared and
-noisy): the end-of-run give-back off (GENQUEUE_TAIL_BALANCE=0) and on, each at `-c` = the
-engine's slots and at `-c auto` (a few requests waiting in each engine). "steady busy" is the
-slots' use while every engine has work (from the last engine's first request to the first
-engine's last answer): what the refill between a finished request and the next costs.
+engine), capacity = sum of slots / step time; the tokens are the records' (each item once,
+so copies cannot inflate the bound). Makespan = from the first request any engine receives to
+the last one answered (the engines' own counters, sampled every 20 ms). Beside it, "ideal":
+the makespan of a dispatcher with no overhead at all, on the same lengths in the order the run
+was enqueued (every free slot takes the next item the moment it frees; "with copies": then
+copies the youngest item running on a slower engine): what is left between it and the
+makespan is genqueue's own cost, what is left between it and the bound is the heavy tail's.
+
+The same data runs once per variant in each round, the variants alternating (the machine is
+shared and noisy): the end-of-run give-back off (GENQUEUE_TAIL_BALANCE=0) and on, copies off
+(GENQUEUE_TAIL_COPIES=0) and on ("copies"), each at `-c` = the engine's slots, `-c auto`, or
+`-c +4` (4 requests waiting in each engine). "steady busy" is the slots' use while every
+engine has work (from the last engine's first request to the first engine's last answer):
+what the refill between a finished request and the next costs. All stand-ins answer a request
+alike (one seed), so a copy is as long as its original: what copies buy is never a lucky
+shorter draw. "tokens redone": what the engines generated beyond the records' tokens (copies
+and pre-flight probes); "records twice": items with two results shipped (export keeps one).
 
 With --hints each record's original answer has a length drawn from a heavy-tailed
 distribution, its prompt carries "[len=N]" (the stand-ins run with --length-hints: the answer
@@ -91,20 +101,27 @@ def floor(lengths: list[int], steps: list[float], slots: int, *, copies: bool) -
     return max(ends)
 
 
-VARIANTS: dict[str, tuple[bool, str, bool]] = {  # label -> (give-back on, -c: "slots" or "auto", copies on)
+VARIANTS: dict[str, tuple[bool, str, bool]] = {  # label -> (give-back on, -c, copies on)
     "give back off": (False, "slots", False),
     "give back on": (True, "slots", False),
     "give back off, -c auto": (False, "auto", False),
     "give back on, -c auto": (True, "auto", False),
+    "give back on, -c +4": (True, "+4", False),
     "copies": (True, "slots", True),
     "copies, -c auto": (True, "auto", True),
+    "copies, -c +4": (True, "+4", True),
 }
+
+
+def concurrency(conc: str, slots: int) -> str:
+    """-c for a variant: the engine's slots, auto, or +N: N requests waiting in each engine."""
+    return str(slots) if conc == "slots" else conc if conc == "auto" else str(slots + int(conc))
 
 
 def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[str, str],
             engines: list[str], data: Path) -> dict[str, float]:
     balance, conc, copies = VARIANTS[label]
-    run = f"{label.replace(' ', '-').replace(',', '')}-{n}"
+    run = f"{label.replace(' ', '-').replace(',', '').replace('+', 'plus')}-{n}"
     order = ["--longest-first"] if args.hints else []
     subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", run, "--multi-turn", "last",
                     "--output", str(work / "out"), "--max-tokens", str(args.max_tokens),
@@ -128,7 +145,7 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
     cenv = {**env, "GENQUEUE_TAIL_BALANCE": "1" if balance else "0", "GENQUEUE_TAIL_COPIES": "1" if copies else "0"}
     with contextlib.ExitStack() as logs:
         procs = [subprocess.Popen([str(BIN / "consumer"), "run", "--run", run, "--endpoint", e, "--burst",
-                                   "-c", str(args.slots) if conc == "slots" else "auto", "--spool", str(work / "spool" / f"{run}-{i}"),
+                                   "-c", concurrency(conc, args.slots), "--spool", str(work / "spool" / f"{run}-{i}"),
                                    "--shard-max-age", "1"], env=cenv, stdout=subprocess.DEVNULL,
                                   stderr=logs.enter_context(open(work / f"{run}-{i}.log", "wb")))
                  for i, e in enumerate(engines)]

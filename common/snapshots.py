@@ -59,6 +59,7 @@ class ConsumerReport(TypedDict, total=False):
     engine: EngineView
     shipping: ShippingView
     jobs: dict[str, int]
+    copies: dict[str, int]
     redis_unreachable_since: float | None
     clock_offset: float | None
 

@@ -192,6 +192,10 @@ class Book(Generic[H]):
         q = self._queues.get(run)
         return [(js, it) for js, it in q if not js.abandoned] if q is not None else []
 
+    def waiting_runs(self) -> set[str]:
+        """The runs with items waiting here."""
+        return set(self._queues)
+
     def drop_done(self, run: str, keys: set[str]) -> list[JobState[H]]:
         """Drop RUN's waiting items whose KEYS are marked done elsewhere (won_elsewhere each);
         returns their jobs, once per item."""

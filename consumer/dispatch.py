@@ -120,6 +120,10 @@ class Dispatcher:
         out += [Flight(js.id, item["key"], None) for js, item in self.book.pending_items(run)]
         return out
 
+    def held_runs(self) -> set[str]:
+        """The runs with items in flight or waiting here."""
+        return {r for r, _ in self._flying} | self.book.waiting_runs()
+
     def held_keys(self, run: str) -> list[str]:
         """The item keys of RUN in flight or waiting here, and of the copies running here."""
         keys = [key for (r, key) in self._flying if r == run]

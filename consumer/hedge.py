@@ -5,7 +5,8 @@ items in flight, and items of a job taken whole that wait for a slot. An engine 
 its own cannot take those (they are in another consumer's job), and the run ends when the last
 of them does. So at the end of a run (its queue seen empty here lately, intake.tail_runs):
 
-- every consumer that holds items of the run offers them (common/flights.py): each item's job,
+- every consumer that holds items of the run (at its end here, or called for work of it by an
+  idle one) offers them (common/flights.py): each item's job,
   and how long it has been in flight or that it waits unsent, with the consumer's own rate
   (output tokens per second per request, measured on its recent results);
 - a consumer with a slot free and nothing of the run waiting sends a copy of an offered item
@@ -36,13 +37,13 @@ import collections
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
 
 from genqueue.common import flights as fl
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.flights import Flight, Offer
+from genqueue.common.hungry import caller_for_work
 from genqueue.common.marks import Mark, marks_of
 from genqueue.common.rqaccess import job_payload
 from genqueue.consumer.dispatch import Dispatcher
@@ -104,14 +105,6 @@ def choose(offers: list[Offer], me: str, my_rate: float, slots: int, exclude: se
     return (unsent + [(o, f) for _, o, f in flying])[:slots]
 
 
-@dataclass(frozen=True, slots=True)
-class HedgeSnapshot:
-    copies_sent: int  # copies of items other consumers held, sent here
-    copies_shipped: int  # of them, results written here
-    copies_dropped: int  # of them, ended in an error (nothing written)
-    ended_elsewhere: int  # items held here that a result shipped elsewhere ended (cancelled or dropped)
-
-
 class Hedger:
     """The end-of-run loop (module docstring)."""
 
@@ -144,6 +137,12 @@ class Hedger:
 
     async def look(self) -> None:
         tail = set(self._tail_runs())
+        # A run whose queue this consumer has not seen empty (it holds enough to not ask) is at its
+        # end all the same when another consumer calls for work of it (common/hungry.py).
+        for run in sorted(set(self.dispatcher.held_runs()) - tail):
+            caller = await self.rq.call(caller_for_work, self.conn, run)
+            if caller is not None and caller != self.worker:
+                tail.add(run)
         for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
             await self.rq.call(fl.publish, self.conn, run, self.worker, 0.0, [])
             self._offered.discard(run)
@@ -214,9 +213,13 @@ class Hedger:
         except InvalidJob:
             return None
 
-    def snapshot(self) -> HedgeSnapshot:
+    def counts(self) -> dict[str, int]:
+        """Since start: copies sent here of items other consumers held; of them, results written
+        (shipped) and errors (dropped, nothing written); items held here that a result shipped
+        elsewhere ended (cut in flight, or dropped while waiting)."""
         d = self.dispatcher
-        return HedgeSnapshot(self.copies_sent, d.copies_shipped, d.copies_lost, d.cancelled_won)
+        return {"sent": self.copies_sent, "shipped": d.copies_shipped, "dropped": d.copies_lost,
+                "ended_elsewhere": d.cancelled_won}
 
 
 def copyable(ctx: RunContext, item: Item) -> bool:

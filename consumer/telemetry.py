@@ -63,6 +63,7 @@ SHIPPED = Gauge("genqueue_shards_shipped", "Shards shipped to the output since s
 SHIP_FAILURES = Gauge("genqueue_ship_failures", "Failed shard uploads since start (each is retried)")
 LIMIT = Gauge("genqueue_concurrency_limit", "In-flight limit now (with --concurrency auto: the steered target)")
 JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
+COPIES = Gauge("genqueue_copies", "End-of-run copies since start (consumer/hedge.py)", ["kind"])
 ENGINE_RUNNING = Gauge("genqueue_engine_running", "Requests the engine runs (its own /metrics)")
 ENGINE_WAITING = Gauge("genqueue_engine_waiting", "Requests waiting in the engine (its own /metrics)")
 ENGINE_KV = Gauge("genqueue_engine_kv_cache_usage", "Engine KV cache usage, 0..1 (its own /metrics)")
@@ -141,6 +142,7 @@ class Parts:
     paused: Callable[[], dict[str, str]]
     stopping: Callable[[], bool]
     retries: Callable[[], dict[RetryKind, int]]
+    copies: Callable[[], dict[str, int]] = dict  # the end of a run's copies (consumer/hedge.py)
 
 
 class Telemetry:
@@ -256,6 +258,8 @@ class Telemetry:
         LIMIT.set(snap["concurrency"])
         for ending, n in snap["jobs"].items():
             JOBS.labels(ending).set(n)
+        for kind, n in snap["copies"].items():
+            COPIES.labels(kind).set(n)
         self._run_series = set_run_gauges(snap["runs"], self._run_series)
         engine = snap["engine"]
         ENGINE_RUNNING.set(engine.get("running") or 0)
@@ -326,6 +330,7 @@ class Telemetry:
             "jobs": {"acked": acks.acked, "lease_lost": acks.lease_lost, "redone": acks.redone,
                      "refused": acks.refused, "given_back": acks.given_back, "swept": leases.swept,
                      "leases_lost": leases.lost},
+            "copies": p.copies(),
             "redis_unreachable_since": p.rq().unreachable_since,
             "clock_offset": leases.clock_offset,
         }

@@ -231,7 +231,8 @@ class Consumer:
         telemetry = Telemetry(self.identity, self.conn, self.rq, Parts(
             book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
             outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
-            stopping=self.stopping.is_set, retries=lambda: dict(gen.failures)),
+            stopping=self.stopping.is_set, retries=lambda: dict(gen.failures),
+            copies=lambda: self._hedger.counts() if self._hedger is not None else {}),
             interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port, gpus=cfg.gpus)
         self._telemetry, self._served = telemetry, served
         dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
@@ -280,8 +281,11 @@ class Consumer:
         items = sum(t["completions"] for t in telemetry.totals.values())
         errors = sum(t["errors"] for t in telemetry.totals.values())
         a = self.acker.snapshot()
-        log.info("consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back, "
-                 "%.1f items/s (exit %d)", self.worker.name, elapsed, items, errors, a.acked, a.given_back,
+        c = self._hedger.counts() if self._hedger is not None else {}
+        copies = (f", copies: {c['sent']} sent for others ({c['shipped']} written), {c['ended_elsewhere']} of ours "
+                  "ended by others'" if c.get("sent") or c.get("ended_elsewhere") else "")
+        log.info("consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back%s, "
+                 "%.1f items/s (exit %d)", self.worker.name, elapsed, items, errors, a.acked, a.given_back, copies,
                  items / elapsed if elapsed > 0 else 0.0, code)
         return code
 
