@@ -194,7 +194,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1, help="each variant once per round, alternating")
-    ap.add_argument("--variants", default="give back off;give back on;give back on, -c auto",
+    ap.add_argument("--variants", default="give back on;copies;copies, -c +4",
                     help=f"separated by ';', of: {'; '.join(VARIANTS)}")
     ap.add_argument("--hints", action="store_true",
                     help="answer lengths known roughly in advance: [len=N] hints and --longest-first")
