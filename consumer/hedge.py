@@ -131,9 +131,19 @@ class Hedger:
             self.rate.observe(int(usage.get("completion_tokens", 0) or 0), float(timings.get("latency_s", 0) or 0))
 
     async def run(self) -> None:
+        failing: str | None = None
         while True:
             await asyncio.sleep(LOOK_EVERY)
-            await self.look()
+            try:
+                await self.look()
+                failing = None
+            except redis.exceptions.ResponseError as e:
+                # Odd content under a run's keys (a key of another type, written by hand): copies
+                # stop until it is gone, while every original goes on; said once, and when it clears.
+                if failing != str(e):
+                    log.warning("end-of-run copies paused: Redis answered %s (%s); the items held go on as usual",
+                                type(e).__name__, e)
+                failing = str(e)
 
     async def look(self) -> None:
         tail = set(self._tail_runs())

@@ -294,3 +294,46 @@ def test_the_copying_consumer_killed_costs_nothing_but_its_copies(tmp_path, redi
     assert len(keys) == ITEMS
     status = cli("producer", "status", "--run", "t", "--json", env=env)
     assert status.returncode == 0, status.stderr
+
+
+def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_path, redis_url, caplog):
+    """A flights or hedges key of another type (written by hand): the look says so once and the
+    loop goes on; every held item is untouched."""
+    import logging
+
+    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.rqthread import RqThread
+
+    conn = redis.Redis.from_url(redis_url)
+    conn.set(fl.flights_key("r"), "not a hash")
+
+    class Idle:
+        """A dispatcher holding one item of run r, with slots free."""
+
+        def held_runs(self) -> set[str]:
+            return {"r"}
+
+        def held_keys(self, run: str) -> list[str]:
+            return [item(0)["key"]]
+
+        def flights(self, run: str) -> list[Flight]:
+            return [Flight("j", item(0)["key"], 0.1)]
+
+        def free_slots(self) -> int:
+            return 4
+
+    async def scenario() -> None:
+        rq = RqThread()
+        h = Hedger(rq, conn, "me", Idle(), contexts=lambda: {"r": run_context("r")},  # type: ignore[arg-type]
+                   tail_runs=lambda: ["r"], pending_of=lambda run: 0)
+        h.rate.observe(100, 1.0)
+        loop = asyncio.create_task(h.run())
+        await asyncio.sleep(0.8)
+        assert not loop.done(), "the loop must survive odd content"
+        loop.cancel()
+        rq.close()
+
+    with caplog.at_level(logging.WARNING, logger="genqueue.consumer.hedge"):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "copies paused" in r.getMessage()]
+    assert len(said) == 1 and "WRONGTYPE" in said[0], said
