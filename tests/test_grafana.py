@@ -193,6 +193,7 @@ def prometheus(live, tmp_path_factory) -> Iterator[str]:
         prom.wait(10)
 
 
+@pytest.mark.slow
 def test_a_real_prometheus_answers_every_panel_with_data(prometheus):
     empty = []
     for title, expr in queries(dashboard()):

@@ -84,6 +84,7 @@ def test_run_completes_and_rq_sees_the_worker(tmp_path, redis_url, conn):
     assert st["consumers"][0]["shipping"]["shards"] >= 1 and not st["drift"]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_loses_nothing(tmp_path, redis_url, conn):
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.004", "--mean-tokens", "80")
     try:
@@ -114,6 +115,7 @@ def test_sigkill_mid_run_loses_nothing(tmp_path, redis_url, conn):
     assert "abandoned" in b.output()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_and_gives_back_without_spending_retries(tmp_path, redis_url, conn):
     sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.01", "--mean-tokens", "50")
     try:
@@ -136,6 +138,7 @@ def test_sigterm_drains_and_gives_back_without_spending_retries(tmp_path, redis_
     assert {r["key"] for r in read_results(tmp_path / "out", "term")} == run_keys(conn, "term")
 
 
+@pytest.mark.slow
 def test_endpoint_down_ten_seconds_nothing_fails(tmp_path, redis_url, conn):
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.003", "--mean-tokens", "60")
     try:
@@ -208,6 +211,7 @@ def test_a_thinking_run_on_a_server_without_thinking_is_reported(tmp_path, redis
     assert "outcomes" in st and "complete 5 (finished)" in st
 
 
+@pytest.mark.slow
 def test_an_unwritable_output_pauses_admission_and_loses_nothing(tmp_path, redis_url, conn):
     """The store is unreachable (here: the output path is blocked by a file): shards wait on
     disk, nothing is acked, admission pauses at --spool-limit, and all ships once it is back."""

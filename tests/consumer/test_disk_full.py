@@ -22,6 +22,7 @@ def small_fs(tmp_path):
         yield mnt
 
 
+@pytest.mark.slow
 def test_a_full_spool_disk_pauses_and_resumes_by_itself(tmp_path, redis_url, conn, small_fs):
     data = write_jsonl(tmp_path / "full.jsonl", [sharegpt(i) for i in range(300)])
     cli("producer", "enqueue", str(data), "--run", "full", "--output", str(tmp_path / "out"), "--batch-size", "8",

@@ -52,6 +52,7 @@ def test_gpu_n_burst_as_in_the_quick_start_serves_the_run(tmp_path, redis_url, c
     assert (tmp_path / "genqueue-spool" / f"gpu{n}").is_dir(), "the default spool is named by the GPU"
 
 
+@pytest.mark.slow
 def test_a_loop_failing_past_its_restarts_exits_1(tmp_path, redis_url, conn):
     enqueue(tmp_path, redis_url, "broken", 40)
     conn.set("rq:wip:genqueue.broken", "not a sorted set")  # every dequeue and sweep fails: WRONGTYPE

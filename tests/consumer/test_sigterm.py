@@ -86,6 +86,7 @@ def busy(tmp_path: Path, redis_url: str, conn: redis.Redis, run: str, *extra: st
     return sim, c
 
 
+@pytest.mark.slow
 def test_endpoint_killed_just_before_the_signal(tmp_path, redis_url, conn):
     sim, c = busy(tmp_path, redis_url, conn, "dead")
     sim.stop()
@@ -97,6 +98,7 @@ def test_endpoint_killed_just_before_the_signal(tmp_path, redis_url, conn):
     assert "a second Ctrl-C or SIGTERM stops at once" in log and "draining for up to 3 s" in log
 
 
+@pytest.mark.slow
 def test_endpoint_down_pause(tmp_path, redis_url, conn):
     sim, c = busy(tmp_path, redis_url, conn, "down")
     sim.stop()
@@ -106,6 +108,7 @@ def test_endpoint_down_pause(tmp_path, redis_url, conn):
     assert_given_back(conn, "down", 10)
 
 
+@pytest.mark.slow
 def test_spool_full_pause_with_an_unreachable_output(tmp_path, redis_url, conn):
     enqueue(tmp_path, redis_url, "full", 80)
     shards = tmp_path / "out" / "full" / "shards"  # a file where the shards go: every ship fails
@@ -145,6 +148,7 @@ def test_redis_unreachable_pause(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_spool_disk_pause(tmp_path, redis_url, conn, small_fs):  # noqa: F811 - the fixture
     import os
 
@@ -223,6 +227,7 @@ def test_waiting_for_redis_at_start(tmp_path):
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_a_second_signal_ends_it_at_once(tmp_path, redis_url, conn):
     sim, c = busy(tmp_path, redis_url, conn, "twice", "--drain-timeout", "60")
     try:

@@ -53,6 +53,7 @@ def test_max_tokens_over_the_context_is_stopped_by_the_preflight(tmp_path, redis
     assert conn.llen("rq:queue:genqueue.big") == 7, "every job still waits for the fix"
 
 
+@pytest.mark.slow
 def test_every_item_refused_trips_the_breaker_and_pauses_the_run(tmp_path, redis_url, conn):
     # the probe's short prompt fits a 400-token context; every item of this run does not
     long = [{"conversations": [{"from": "human", "value": f"item {i}: " + "word " * 600}]} for i in range(64)]
@@ -79,6 +80,7 @@ def test_every_item_refused_trips_the_breaker_and_pauses_the_run(tmp_path, redis
         assert int(conn.hget(b"rq:job:" + jid, "retries_left") or 3) == 3, "no retry spent"
 
 
+@pytest.mark.slow
 def test_a_few_percent_of_genuine_permanent_errors_do_not_trip_it(tmp_path, redis_url, conn):
     records = [sharegpt(i) for i in range(200)]
     for i in range(0, 200, 33):  # 7 prompts (3.5%) too long for the context, spread over the run

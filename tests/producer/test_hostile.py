@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.conftest import BIN
 
@@ -60,6 +61,7 @@ def test_a_one_gigabyte_record_is_rejected_in_bounded_memory(tmp_path: Path) -> 
     assert rss < 400, f"peak RSS {rss} MB for a 1 GB record"
 
 
+@pytest.mark.slow
 def test_a_billion_blank_lines_stream_through(tmp_path: Path) -> None:
     feed = f"head -c 1000000000 /dev/zero | tr '\\0' '\\n'; printf '%s' '{GOOD.decode().strip()}'"
     s, rss, _ = producer_dry(["-", "--run", "blank", "--rejects", str(tmp_path / "r")], stdin_cmd=feed)

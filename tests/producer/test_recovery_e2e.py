@@ -56,6 +56,7 @@ def export(redis_url: str, run: str, out: Path, env: dict[str, str] | None = Non
     return result
 
 
+@pytest.mark.slow
 def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     out = tmp_path / "out"
     out.mkdir()

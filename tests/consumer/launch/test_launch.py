@@ -380,6 +380,7 @@ def test_killed_engine_and_consumer_are_restarted_and_nothing_is_lost(tmp_path, 
     assert "is down" in con and "is back" in con
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_sigterm_mid_run_drains_consumers_before_engines(tmp_path, redis_url, conn):
     enqueue(tmp_path, redis_url, "drain", 400)
