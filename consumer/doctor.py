@@ -153,8 +153,13 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     if share >= s.waits:
         top, low = max(waited), min(waited)
         if top > 0 and top - low <= max(1.0, s.plateau * top) and max(kv) < s.kv_room:
-            n = int(top)
-            m = suggested_max_num_seqs(top, max(kv), s.safety)
+            # The cap is the most the engine ran while requests waited, over the history: a window
+            # of looks can all fall between one request ending and the next starting (real vLLM on
+            # 2 cores, a cap of 2, requests of 1 s: five looks in a row saw 1 running).
+            n = int(max([top, *(_num(x.engine.get("running")) for x in samples if x.engine.get("metrics")
+                                and max(_num(x.engine.get("waiting")),
+                                        x.consumer.in_flight - _num(x.engine.get("running"))) > 0)]))
+            m = max(suggested_max_num_seqs(top, max(kv), s.safety), n + 1)
             # the suggestion is made from the window's highest KV usage: kv_cache_usage is the last
             nums |= {"max_num_seqs": n, "suggested_max_num_seqs": m, "kv_cache_usage_max": round(max(kv), 4)}
             return Verdict(EngineBound.BATCH_CAP, (
@@ -286,10 +291,14 @@ class Doctor:
         return v
 
     def check(self, now: float, snap: ConsumerSnapshot, served: ServedSnapshot, *, queue_depth: int | None,
-              cpu: float) -> EngineView:
-        """Observe the consumer's snapshot SNAP taken at NOW; its engine view with the verdict."""
+              cpu: float, backing_off: int = 0) -> EngineView:
+        """Observe the consumer's snapshot SNAP taken at NOW; its engine view with the verdict.
+        BACKING_OFF: requests of those in flight that sleep before a retry: at the engine they
+        neither run nor wait (seen on real vLLM: 3 of 4 in flight in backoff after dropped
+        connections read as 3 waiting on a plateau of 1, "raise --max-num-seqs from 1")."""
         view = ConsumerView(
-            limit=snap["concurrency"], auto=snap["concurrency_mode"] == "auto", in_flight=snap["in_flight"],
+            limit=snap["concurrency"], auto=snap["concurrency_mode"] == "auto",
+            in_flight=max(0, snap["in_flight"] - backing_off),
             pending=snap["pending_items"], queue_depth=queue_depth, paused=tuple(sorted(snap["paused"])), cpu=cpu,
             related_prompts=any(ctx.settings.multi_turn == Mode.EACH for ctx in served.runs.values()))
         self.observe(Sample(now, snap["engine"], view))

@@ -101,6 +101,7 @@ class Generator:
         self.client = client
         self.gate = gate
         self.policy = RetryPolicy(max(1, max_attempts), backoff_base, backoff_cap)
+        self.backing_off = 0  # requests sleeping before a retry now
         self.checkpoints = checkpoints
         self.failures: collections.Counter[RetryKind] = collections.Counter()  # failed attempts by kind
         self._log = RepeatedLog(log)
@@ -142,7 +143,11 @@ class Generator:
                                   self.client.base_url, attempt, self.policy.max_attempts, e)
                 if step.ask_gate:
                     await self.gate.check(str(e))
-                await asyncio.sleep(step.delay)
+                self.backing_off += 1  # in flight, but nowhere near the engine (the doctor, telemetry)
+                try:
+                    await asyncio.sleep(step.delay)
+                finally:
+                    self.backing_off -= 1
 
     async def answer(self, ctx: RunContext, item: Item, *, attempt: int = 1,
                      enqueued_at: float | None = None) -> ResultRecord | ErrorRecord:

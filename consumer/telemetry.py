@@ -143,6 +143,7 @@ class Parts:
     stopping: Callable[[], bool]
     retries: Callable[[], dict[RetryKind, int]]
     copies: Callable[[], dict[str, int]] = dict  # the end of a run's copies (consumer/hedge.py)
+    backing_off: Callable[[], int] = int  # requests in flight sleeping before a retry (0 by default)
 
 
 class Telemetry:
@@ -241,7 +242,8 @@ class Telemetry:
         wall, cpu = time.monotonic(), time.process_time()
         cores = (cpu - self._cpu_at[1]) / max(wall - self._cpu_at[0], 1e-3)
         self._cpu_at = (wall, cpu)
-        snap["engine"] = self.doctor.check(now, snap, self.parts.served(), queue_depth=self._depth, cpu=cores)
+        snap["engine"] = self.doctor.check(now, snap, self.parts.served(), queue_depth=self._depth, cpu=cores,
+                                           backing_off=self.parts.backing_off())
         for bound in EngineBound:
             ENGINE_BOUND.labels(bound.value).set(1 if snap["engine"].get("verdict") == bound else 0)
         IN_FLIGHT.set(snap["in_flight"])

@@ -232,7 +232,8 @@ class Consumer:
             book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
             outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
             stopping=self.stopping.is_set, retries=lambda: dict(gen.failures),
-            copies=lambda: self._hedger.counts() if self._hedger is not None else {}),
+            copies=lambda: self._hedger.counts() if self._hedger is not None else {},
+            backing_off=lambda: gen.backing_off),
             interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port, gpus=cfg.gpus)
         self._telemetry, self._served = telemetry, served
         dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,

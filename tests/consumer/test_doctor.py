@@ -130,3 +130,32 @@ def test_engine_view_reads_the_counters_and_cache_config():
     assert v["preemptions"] == 7 and v["prefix_hits"] == 600 and v["spec_drafts"] == 100
     assert v["spec_acceptance"] == 0.8 and v["block_size"] == 16 and v["num_gpu_blocks"] == 573
     assert v["prefix_caching"] is True
+
+
+def test_requests_sleeping_before_a_retry_neither_run_nor_wait():
+    """Real vLLM on 2 cores dropped connections: 3 of the 4 requests in flight slept before their
+    retry while 1 ran at a cap of 2. Counted as waiting they made a plateau of 1 and "raise
+    --max-num-seqs from 1"; left out, nothing waits."""
+    from types import SimpleNamespace
+
+    def verdict(backing_off: int) -> str | None:
+        d = Doctor("http://x/v1", S)
+        view: EngineView = {}
+        for i in range(6):
+            snap = {"concurrency": 16, "concurrency_mode": "auto", "in_flight": 4, "pending_items": 8, "paused": {},
+                    "engine": engine(running=1, waiting=0, kv_cache_usage=0.05)}
+            view = d.check(i * 2.0, snap, SimpleNamespace(runs={}), queue_depth=5, cpu=0.1,  # type: ignore[arg-type]
+                           backing_off=backing_off)
+        return view.get("verdict")
+
+    assert verdict(0) == "batch_cap"  # what it said before
+    assert verdict(3) != "batch_cap"
+
+
+def test_the_cap_is_the_most_that_ran_while_requests_waited_not_the_last_window_alone():
+    """A cap of 2 with 1 s requests: the last five looks all fell between one request ending and
+    the next starting (1 running); earlier looks saw the 2."""
+    es = [engine(running=2, waiting=6, kv_cache_usage=0.05)] * 3 + [engine(running=1, waiting=6, kv_cache_usage=0.03)] * 6
+    v = diagnose(window(es, consumer(in_flight=8)), S)
+    assert v.bound == EngineBound.BATCH_CAP and v.numbers["max_num_seqs"] == 2, v.advice
+    assert "raise --max-num-seqs from 2 to about" in v.advice
