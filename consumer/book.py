@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
@@ -199,24 +199,33 @@ class Book(Generic[H]):
     def drop_done(self, run: str, keys: set[str]) -> list[JobState[H]]:
         """Drop RUN's waiting items whose KEYS are marked done elsewhere (won_elsewhere each);
         returns their jobs, once per item."""
+        if not keys:
+            return []
+        ended = self._drop_waiting(run, lambda js, it: it["key"] in keys and not js.abandoned)
+        for js in ended:
+            self.won_elsewhere(js)
+        return ended
+
+    def _drop_waiting(self, run: str, drop: Callable[[JobState[H], Item], bool]) -> list[JobState[H]]:
+        """Take RUN's waiting items for which DROP holds out of its queue (in order, the count kept
+        right); returns their jobs, once per item."""
         q = self._queues.get(run)
-        if q is None or not keys:
+        if q is None:
             return []
         kept: collections.deque[tuple[JobState[H], Item]] = collections.deque()
-        ended: list[JobState[H]] = []
+        dropped: list[JobState[H]] = []
         for js, it in q:
-            if it["key"] in keys and not js.abandoned:
-                self.won_elsewhere(js)
-                ended.append(js)
+            if drop(js, it):
+                dropped.append(js)
             else:
                 kept.append((js, it))
-        if ended:
-            self._waiting -= len(q) - len(kept)
+        if dropped:
+            self._waiting -= len(dropped)
             if kept:
                 self._queues[run] = kept
             else:
                 del self._queues[run]
-        return ended
+        return dropped
 
     def ackable(self, run: str, shipped_seq: int) -> list[JobState[H]]:
         """Complete jobs of RUN whose last record is in a shard shipped by now (seq <= shipped_seq)."""
@@ -235,14 +244,7 @@ class Book(Generic[H]):
         """Stop working on JS: its waiting items are dropped, late records are not written."""
         js.abandoned = True
         self.jobs.pop(js.id, None)
-        q = self._queues.get(js.run)
-        if q is not None and any(p[0] is js for p in q):
-            kept = collections.deque(p for p in q if p[0] is not js)
-            self._waiting -= len(q) - len(kept)
-            if kept:
-                self._queues[js.run] = kept
-            else:
-                del self._queues[js.run]
+        self._drop_waiting(js.run, lambda owner, _it: owner is js)
 
     def unsent(self, run: str) -> list[JobState[H]]:
         """Jobs of RUN of which nothing was sent yet (whole jobs: only those can go back to the
