@@ -162,8 +162,8 @@ class Dispatcher:
         and shipped like any; an error or a cancelled copy writes nothing (the original goes
         on). False when no slot is free."""
         where = (ctx.run, item["key"])
-        if where in self.copies or self.free_slots() <= 0 or self.stopping.is_set():
-            return False
+        if where in self.copies or self.free_slots() <= 0 or self.stopping.is_set() or self.outbox.full():
+            return False  # a spool past its limit or refusing writes pauses copies as it pauses admission
         self.limiter.used += 1  # a free slot, taken without waiting
         task = asyncio.create_task(self._copy(ctx, item))
         self.copies[where] = task

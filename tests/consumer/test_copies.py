@@ -160,7 +160,11 @@ def test_a_stop_still_cancels_an_item_and_a_copy_writes_only_a_result() -> None:
                        low_water=lambda: 8)
         task = asyncio.create_task(d.run())
         await _until(lambda: book.in_flight == 1, "item 1 in flight")
-        # a copy of another consumer's item runs in a free slot, beside this consumer's own
+        # a copy of another consumer's item runs in a free slot, beside this consumer's own;
+        # never while the spool is full (admission is paused then, and so are copies)
+        outbox.full = lambda: True  # type: ignore[method-assign]
+        assert not d.start_copy(run_context("r"), item(7))
+        del outbox.full
         assert d.start_copy(run_context("r"), item(7))
         assert d.limiter.used == 2 and item(7)["key"] in d.held_keys("r")
         gen.release.set()
