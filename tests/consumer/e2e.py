@@ -74,6 +74,16 @@ class Sim:
                 time.sleep(0.05)
         raise RuntimeError("stand-in did not start:\n" + self.proc.output())
 
+    def running(self) -> int:
+        """Requests on the stand-in's batch now, from its own /metrics (0 if it cannot be read)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0
+        return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running"))
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.kill()

@@ -78,11 +78,12 @@ def assert_given_back(conn: redis.Redis, run: str, jobs: int) -> None:
 def busy(tmp_path: Path, redis_url: str, conn: redis.Redis, run: str, *extra: str,
          sim_args: tuple[str, ...] = ("--slots", "8", "--step-time", "0.05", "--mean-tokens", "200")
          ) -> tuple[Sim, Proc]:
-    """A consumer holding jobs of RUN (80 items, 10 jobs) against a slow stand-in."""
+    """A consumer holding jobs of RUN (80 items, 10 jobs) with requests on a slow stand-in (held
+    jobs alone are not enough: a drain before the first request is sent ends at once)."""
     enqueue(tmp_path, redis_url, run, 80)
     sim = Sim(tmp_path, *sim_args)
     c = start(tmp_path, redis_url, sim.url, "--run", run, "-c", "8", *extra)
-    wait_for(lambda: held(conn, run) > 0, 30, "jobs held")
+    wait_for(lambda: held(conn, run) > 0 and sim.running() > 0, 30, "jobs held and requests running")
     return sim, c
 
 
