@@ -215,6 +215,7 @@ def _consumer_row(c: ConsumerReport, run: str, share: RunShare, run_in_flight: i
         "paused_detail": {k: redact(str(v)) for k, v in c.get("paused", {}).items() if v},
         "engine": engine,
         "shipping": ship, "reasoning_probe": r.get("reasoning_probe"), "clock_offset": c.get("clock_offset"),
+        "copies": dict(c.get("copies") or {}),
     }
 
 
@@ -242,6 +243,8 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
         lines.append("  none has reported for this run")
     for c in r["consumers"]:
         lines += [fit(_consumer_line(c), width), fit("      " + engine_text(c["engine"]), width)]
+        if copies := copies_text(c["copies"]):
+            lines.append(fit("      " + copies, width))
         e = c["engine"]
         if e.get("advice"):  # the engine doctor's verdict (consumer/doctor.py), with its notes: wrapped,
             # never clipped, since its suggested change is what the reader came for
@@ -282,6 +285,15 @@ def _consumer_line(c: ConsumerRow) -> str:
     return (f"  {c['worker']}  gpu {c['gpu'] if c['gpu'] is not None else '-'}  {state}{served}  "
             f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
             f"in flight {c['in_flight'] + c.get('pending_items', 0)}  held {c.get('held_jobs', 0)} jobs")
+
+
+def copies_text(copies: dict[str, int]) -> str:
+    """A consumer's end-of-run copies (consumer/hedge.py), or "" when it has made none."""
+    sent, ended = copies.get("sent", 0), copies.get("ended_elsewhere", 0)
+    if not sent and not ended:
+        return ""
+    return (f"end-of-run copies: sent {sent:,} ({copies.get('shipped', 0):,} written, {copies.get('dropped', 0):,} "
+            f"failed); {ended:,} of its items ended by a copy elsewhere")
 
 
 def engine_text(e: EngineRow) -> str:

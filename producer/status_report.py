@@ -148,6 +148,7 @@ class ConsumerRow(TypedDict):
     shipping: ShareShipping  # its last_error redacted
     reasoning_probe: str | None
     clock_offset: float | None
+    copies: dict[str, int]  # the end of a run's copies, consumer-wide (ConsumerSnapshot.copies)
 
 
 class HostView(TypedDict):

@@ -270,6 +270,8 @@ def test_an_idle_fast_engine_copies_what_the_slow_one_holds_and_every_item_ends_
     cut = len(trunc.read_bytes().splitlines()) if trunc.exists() else 0
     assert exported + cut == ITEMS, rows.stdout + rows.stderr  # every item once: finished, or cut by max_tokens
     assert f"duplicates removed   {twice}\n" in rows.stdout, rows.stdout
+    screen = cli("producer", "status", "--run", "t", "--wide", env=env).stdout
+    assert "end-of-run copies: sent " in screen and "ended by a copy elsewhere" in screen, screen
 
 
 @pytest.mark.slow

@@ -75,19 +75,20 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     conn.hset(run_key("known"), "started_at", repr(now - 100))
 
     def snap(worker: str, gpu: int, age: float, rate: float, version: str = __version__,
-             fp: str = settings.fingerprint) -> None:
+             fp: str = settings.fingerprint, copies: dict[str, int] | None = None) -> None:
         s = {"worker": worker, "host": "node1", "gpu": gpu, "last_seen": now - age, "version": version,
              "in_flight": 50, "pending_items": 14, "stopping": False,
              "paused": {"endpoint_down": False, "spool_full": False},
              "runs": {"known": {"fingerprint": fp, "completions_per_s": rate / 500,
                                 "completion_tokens_per_s": rate, "prompt_tokens_per_s": rate / 5}},
              "engine": {"metrics": True, "running": 48, "waiting": 3, "kv_cache_usage": 0.8, "spec_decode": False},
-             "shipping": {"shards": 4, "bytes": 2_000_000, "waiting_shards": 1, "last_upload_at": now - 5}}
+             "shipping": {"shards": 4, "bytes": 2_000_000, "waiting_shards": 1, "last_upload_at": now - 5},
+             **({"copies": copies} if copies is not None else {})}
         conn.set(f"genqueue:consumer:{worker}", orjson.dumps(s))
         conn.zadd("genqueue:consumers", {worker: now - age})
 
-    snap("w0", 0, 1, 1500.0)
-    snap("w1", 1, 2, 1500.0, version="9.9.9")
+    snap("w0", 0, 1, 1500.0, copies={"sent": 9, "shipped": 7, "dropped": 1, "ended_elsewhere": 2})
+    snap("w1", 1, 2, 1500.0, version="9.9.9", copies={"sent": 0, "shipped": 0, "dropped": 0, "ended_elsewhere": 0})
     snap("w2", 2, 300, 9999.0)  # stopped reporting five minutes ago: not in the rate
     r = run_status(conn, "known", now=now)
     assert r["items"] == 1000 and r["records"] == 1010 and r["rejected"] == 10
@@ -102,6 +103,11 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     text = format_status(r)
     assert "STOPPED REPORTING" in text and "w2" in text and "DRIFT" in text and "1m 40s" in text
     assert "12 shards, 6.0 MB shipped, 3 waiting on disk" in text and "KV 80%" in text
+    # end-of-run copies: a line under the consumer that made some, none under those that did not
+    copies = [line.strip() for line in text.splitlines() if line.strip().startswith("end-of-run copies")]
+    assert copies == ["end-of-run copies: sent 9 (7 written, 1 failed); 2 of its items ended by a copy elsewhere"], text
+    assert [c["copies"] for c in r["consumers"] if c["worker"] == "w0"] == [
+        {"sent": 9, "shipped": 7, "dropped": 1, "ended_elsewhere": 2}]
 
 
 SECRET = "hunter2-s3cr3t"
