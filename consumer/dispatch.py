@@ -51,7 +51,7 @@ class Dispatcher:
         self._flying: dict[tuple[str, str], tuple[asyncio.Task[None], JobState[Held], float]] = {}
         self._won: set[tuple[str, str]] = set()
         self.copies: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self.copies_shipped = self.copies_lost = self.cancelled_won = 0
+        self.copies_shipped = self.copies_lost = self.cancelled_won = self.copies_yielded = 0
 
     async def run(self) -> None:
         while True:
@@ -59,6 +59,8 @@ class Dispatcher:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
+            if self.limiter.used >= self.limiter.limit and self.copies:
+                self._yield_copies()
             await self.limiter.acquire()
             await self.gate.up.wait()
             if self.outbox.full():
@@ -157,6 +159,25 @@ class Dispatcher:
     def free_slots(self) -> int:
         return max(0, self.limiter.limit - self.limiter.used)
 
+    def room_for_work(self) -> bool:
+        """Whether a slot is free for this consumer's own work: the slots copies take count as
+        free, since a copy gives its slot up the moment an item of a held job waits for one."""
+        return self.limiter.used - len(self.copies) < self.limiter.limit
+
+    def _yield_copies(self) -> None:
+        """An item of a held job waits and every slot is taken: the youngest copies (the least
+        spent on them) are cut to free one. Their originals go on where they are held."""
+        cut = sum(1 for t in self.copies.values() if t.cancelling())
+        for where in reversed(self.copies):
+            if self.limiter.used - cut < self.limiter.limit:
+                return
+            task = self.copies[where]
+            if not task.cancelling():
+                task.cancel()
+                cut += 1
+                self.copies_yielded += 1
+                log.debug("copy of item %s of run %s cut: its slot goes to an item held here", where[1], where[0])
+
     def start_copy(self, ctx: RunContext, item: Item) -> bool:
         """Send a copy of ITEM (held by another consumer) in a free slot: its result is written
         and shipped like any; an error or a cancelled copy writes nothing (the original goes
@@ -167,8 +188,13 @@ class Dispatcher:
         self.limiter.used += 1  # a free slot, taken without waiting
         task = asyncio.create_task(self._copy(ctx, item))
         self.copies[where] = task
-        task.add_done_callback(lambda _t: self.copies.pop(where, None))
+        task.add_done_callback(lambda _t: self._copy_ended(where))
         return True
+
+    def _copy_ended(self, where: tuple[str, str]) -> None:
+        # Here, not in the copy's own finally: a copy cancelled before it first ran never enters it.
+        self.copies.pop(where, None)
+        self.limiter.release()
 
     async def _copy(self, ctx: RunContext, item: Item) -> None:
         try:
@@ -179,8 +205,6 @@ class Dispatcher:
             log.exception("copy of item %s of run %s: unexpected error; dropped (the original goes on)",
                           item["key"], ctx.run)
             return
-        finally:
-            self.limiter.release()
         if is_error(rec):
             self.copies_lost += 1
             log.debug("copy of item %s of run %s ended in an error; dropped (the original goes on)", item["key"],

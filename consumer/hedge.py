@@ -110,14 +110,14 @@ class Hedger:
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
-                 pending_of: Callable[[str], int]) -> None:
+                 pending: Callable[[], int]) -> None:
         self.rq = rq
         self.conn = conn
         self.worker = worker
         self.dispatcher = dispatcher
         self._contexts = contexts
         self._tail_runs = tail_runs
-        self._pending_of = pending_of
+        self._pending = pending
         self.rate = Rate()
         self._offered: set[str] = set()
         self.copies_sent = 0
@@ -163,7 +163,8 @@ class Hedger:
                 continue
             await self._ended_elsewhere(run)
             await self._offer(run)
-            if COPIES and not self._pending_of(run) and self.dispatcher.free_slots() > 0:
+            # none while an item of any held job waits here: a copy would give its slot up at once
+            if COPIES and not self._pending() and self.dispatcher.free_slots() > 0:
                 await self._copy(ctx)
 
     async def _ended_elsewhere(self, run: str) -> None:
@@ -225,11 +226,12 @@ class Hedger:
 
     def counts(self) -> dict[str, int]:
         """Since start: copies sent here of items other consumers held; of them, results written
-        (shipped) and errors (dropped, nothing written); items held here that a result shipped
-        elsewhere ended (cut in flight, or dropped while waiting)."""
+        (shipped), errors (dropped, nothing written) and those cut to free a slot for an item
+        held here (yielded); items held here that a result shipped elsewhere ended (cut in
+        flight, or dropped while waiting)."""
         d = self.dispatcher
         return {"sent": self.copies_sent, "shipped": d.copies_shipped, "dropped": d.copies_lost,
-                "ended_elsewhere": d.cancelled_won}
+                "yielded": d.copies_yielded, "ended_elsewhere": d.cancelled_won}
 
 
 def copyable(ctx: RunContext, item: Item) -> bool:

@@ -243,10 +243,10 @@ class Consumer:
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
                         wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
                         on_runs=self.outbox.unpark,
-                        has_room=lambda: self.limiter.used < self.limiter.limit)
+                        has_room=dispatcher.room_for_work)
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
-                              pending_of=self.book.pending_of)
+                              pending=lambda: self.book.pending)
 
         t0 = time.monotonic()
         code: int = ExitCode.DONE

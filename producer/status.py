@@ -292,8 +292,8 @@ def copies_text(copies: dict[str, int]) -> str:
     sent, ended = copies.get("sent", 0), copies.get("ended_elsewhere", 0)
     if not sent and not ended:
         return ""
-    return (f"end-of-run copies: sent {sent:,} ({copies.get('shipped', 0):,} written, {copies.get('dropped', 0):,} "
-            f"failed); {ended:,} of its items ended by a copy elsewhere")
+    return (f"copies: {sent:,} sent ({copies.get('shipped', 0):,} written, {copies.get('dropped', 0):,} failed, "
+            f"{copies.get('yielded', 0):,} gave way), {ended:,} of its own items ended by others")
 
 
 def engine_text(e: EngineRow) -> str:

@@ -185,6 +185,44 @@ def test_a_stop_still_cancels_an_item_and_a_copy_writes_only_a_result() -> None:
     asyncio.run(scenario())
 
 
+def test_a_copy_gives_its_slot_to_an_item_held_here_and_a_copy_cut_before_it_ran_frees_its_slot() -> None:
+    async def scenario() -> None:
+        book: Book[Any] = Book()
+        outbox, gen = FakeOutbox(), HangingGenerator()
+        d = Dispatcher(book, Limiter(2), FakeGate(), outbox, gen,  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 2)
+        task = asyncio.create_task(d.run())
+        assert d.start_copy(run_context("r"), item(7)) and d.start_copy(run_context("r"), item(8))
+        assert d.free_slots() == 0 and d.room_for_work()  # the intake still takes a job: copies give way
+        await asyncio.sleep(0.05)
+        js = job("a", 1, start=11)  # item 11, held until released
+        book.hold(js)
+        d.wake.set()
+        await _until(lambda: book.in_flight == 1 and len(d.copies) == 1, "the held job's item in flight")
+        # the youngest copy (item 8) was cut for it; the older one runs on; no slot is lost
+        assert gen.cancelled == [item(8)["key"]] and list(d.copies) == [("r", item(7)["key"])]
+        assert d.limiter.used == 2 and d.copies_yielded == 1 and book.pending == 0
+        js2 = job("b", 1, start=12)
+        book.hold(js2)
+        d.wake.set()
+        await _until(lambda: book.in_flight == 2 and not d.copies, "the next item takes the last copy's slot")
+        assert gen.cancelled == [item(8)["key"], item(7)["key"]] and d.copies_yielded == 2
+        gen.release.set()
+        await _until(lambda: js.complete and js2.complete, "the jobs' items answered")
+        assert {r["key"] for r in outbox.records} == {item(11)["key"], item(12)["key"]}  # no copy wrote anything
+        assert d.limiter.used == 0 and d.copies_shipped == 0
+        # a copy cut before its task first ran (in the same tick) still gives its slot back
+        gen.release.clear()
+        assert d.start_copy(run_context("r"), item(9))
+        d.cancel_copies()
+        await _until(lambda: not d.copies, "the copy ended")
+        assert d.limiter.used == 0
+        task.cancel()
+
+    asyncio.run(scenario())
+
+
 # --- offers and claims on a real Redis ------------------------------------------------------
 
 
@@ -271,7 +309,7 @@ def test_an_idle_fast_engine_copies_what_the_slow_one_holds_and_every_item_ends_
     assert exported + cut == ITEMS, rows.stdout + rows.stderr  # every item once: finished, or cut by max_tokens
     assert f"duplicates removed   {twice}\n" in rows.stdout, rows.stdout
     screen = cli("producer", "status", "--run", "t", "--wide", env=env).stdout
-    assert "end-of-run copies: sent " in screen and "ended by a copy elsewhere" in screen, screen
+    assert "copies: " in screen and "of its own items ended by others" in screen, screen
 
 
 @pytest.mark.slow
@@ -332,7 +370,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
     async def scenario() -> None:
         rq = RqThread()
         h = Hedger(rq, conn, "me", Idle(), contexts=lambda: {"r": run_context("r")},  # type: ignore[arg-type]
-                   tail_runs=lambda: ["r"], pending_of=lambda run: 0)
+                   tail_runs=lambda: ["r"], pending=lambda: 0)
         h.rate.observe(100, 1.0)
         loop = asyncio.create_task(h.run())
         await asyncio.sleep(0.8)

@@ -87,7 +87,8 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
         conn.set(f"genqueue:consumer:{worker}", orjson.dumps(s))
         conn.zadd("genqueue:consumers", {worker: now - age})
 
-    snap("w0", 0, 1, 1500.0, copies={"sent": 9, "shipped": 7, "dropped": 1, "ended_elsewhere": 2})
+    snap("w0", 0, 1, 1500.0, copies={"sent": 9, "shipped": 7, "dropped": 1, "yielded": 1,
+                                                "ended_elsewhere": 2})
     snap("w1", 1, 2, 1500.0, version="9.9.9", copies={"sent": 0, "shipped": 0, "dropped": 0, "ended_elsewhere": 0})
     snap("w2", 2, 300, 9999.0)  # stopped reporting five minutes ago: not in the rate
     r = run_status(conn, "known", now=now)
@@ -104,10 +105,10 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     assert "STOPPED REPORTING" in text and "w2" in text and "DRIFT" in text and "1m 40s" in text
     assert "12 shards, 6.0 MB shipped, 3 waiting on disk" in text and "KV 80%" in text
     # end-of-run copies: a line under the consumer that made some, none under those that did not
-    copies = [line.strip() for line in text.splitlines() if line.strip().startswith("end-of-run copies")]
-    assert copies == ["end-of-run copies: sent 9 (7 written, 1 failed); 2 of its items ended by a copy elsewhere"], text
+    copies = [line.strip() for line in text.splitlines() if line.strip().startswith("copies:")]
+    assert copies == ["copies: 9 sent (7 written, 1 failed, 1 gave way), 2 of its own items ended by others"], text
     assert [c["copies"] for c in r["consumers"] if c["worker"] == "w0"] == [
-        {"sent": 9, "shipped": 7, "dropped": 1, "ended_elsewhere": 2}]
+        {"sent": 9, "shipped": 7, "dropped": 1, "yielded": 1, "ended_elsewhere": 2}]
 
 
 SECRET = "hunter2-s3cr3t"
