@@ -214,6 +214,13 @@ class Dispatcher:
         self.copies_shipped += 1
         self._on_record(ctx.run, rec)
 
+    def cut_copies(self, runs: set[str]) -> int:
+        """Cancel the copies running here of RUNS (paused or gone); how many were cut."""
+        cut = [t for (run, _), t in self.copies.items() if run in runs and not t.cancelling()]
+        for task in cut:
+            task.cancel()
+        return len(cut)
+
     def cancel_copies(self) -> None:
         for task in list(self.copies.values()):
             task.cancel()

@@ -110,7 +110,7 @@ class Hedger:
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
-                 pending: Callable[[], int]) -> None:
+                 pending: Callable[[], int], stopped: Callable[[], set[str]]) -> None:
         self.rq = rq
         self.conn = conn
         self.worker = worker
@@ -118,6 +118,7 @@ class Hedger:
         self._contexts = contexts
         self._tail_runs = tail_runs
         self._pending = pending
+        self._stopped = stopped  # the runs paused or gone from Redis
         self.rate = Rate()
         self._offered: set[str] = set()
         self.copies_sent = 0
@@ -146,10 +147,15 @@ class Hedger:
                 failing = str(e)
 
     async def look(self) -> None:
-        tail = set(self._tail_runs())
+        # A run paused (the breaker, `producer pause`) or gone from Redis gets no copies, and those
+        # running here are cut: its own items went back to the queue, or have nowhere to go.
+        stopped = self._stopped()
+        if stopped and (n := self.dispatcher.cut_copies(stopped)):
+            log.info("%d copies cut: their run is paused or gone (%s)", n, ", ".join(sorted(stopped)))
+        tail = set(self._tail_runs()) - stopped
         # A run whose queue this consumer has not seen empty (it holds enough to not ask) is at its
         # end all the same when another consumer calls for work of it (common/hungry.py).
-        for run in sorted(set(self.dispatcher.held_runs()) - tail):
+        for run in sorted(set(self.dispatcher.held_runs()) - tail - stopped):
             caller = await self.rq.call(caller_for_work, self.conn, run)
             if caller is not None and caller != self.worker:
                 tail.add(run)

@@ -370,7 +370,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
     async def scenario() -> None:
         rq = RqThread()
         h = Hedger(rq, conn, "me", Idle(), contexts=lambda: {"r": run_context("r")},  # type: ignore[arg-type]
-                   tail_runs=lambda: ["r"], pending=lambda: 0)
+                   tail_runs=lambda: ["r"], pending=lambda: 0, stopped=set)
         h.rate.observe(100, 1.0)
         loop = asyncio.create_task(h.run())
         await asyncio.sleep(0.8)
@@ -382,3 +382,35 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
         asyncio.run(scenario())
     said = [r.getMessage() for r in caplog.records if "copies paused" in r.getMessage()]
     assert len(said) == 1 and "WRONGTYPE" in said[0], said
+
+
+def test_copies_of_a_run_paused_or_gone_are_cut_and_others_run_on(redis_url):
+    """`producer pause` (or the breaker, or the run deleted) while copies of it run here: the
+    next look cuts them and leaves the copies of other runs alone."""
+    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.rqthread import RqThread
+
+    conn = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> None:
+        rq = RqThread()
+        book: Book[Any] = Book()
+        d = Dispatcher(book, Limiter(4), FakeGate(), FakeOutbox(), HangingGenerator(),  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 4)
+        stopped: set[str] = set()
+        h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r"), "s": run_context("s")},
+                   tail_runs=lambda: ["r", "s"], pending=lambda: 0, stopped=lambda: stopped)
+        h.rate.observe(100, 1.0)
+        assert d.start_copy(run_context("r"), item(7)) and d.start_copy(run_context("s"), item(8))
+        await h.look()
+        assert len(d.copies) == 2  # neither run is stopped: both run on
+        stopped.add("r")
+        await h.look()
+        await _until(lambda: list(d.copies) == [("s", item(8)["key"])], "the paused run's copy cut")
+        assert d.limiter.used == 1
+        d.cancel_copies()
+        await _until(lambda: not d.copies, "the copies ended")
+        rq.close()
+
+    asyncio.run(scenario())
