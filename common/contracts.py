@@ -408,6 +408,7 @@ class RecordBase(TypedDict, total=False):
     sample: int
     seed: int
     variant: str  # the request variant the item was sent with, when its run declares a mix
+    copy: bool  # True on a result of an end-of-run copy (consumer/hedge.py): another consumer held the item
 
 
 @final  # a shard line is one or the other: `"error" in rec` tells them apart

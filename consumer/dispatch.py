@@ -210,6 +210,7 @@ class Dispatcher:
             log.debug("copy of item %s of run %s ended in an error; dropped (the original goes on)", item["key"],
                       ctx.run)
             return
+        rec["copy"] = True  # said on the record: which of two racing answers ships is a race (docs/records.md)
         self.outbox.append(ctx.run, rec)
         self.copies_shipped += 1
         self._on_record(ctx.run, rec)

@@ -171,6 +171,7 @@ def test_a_stop_still_cancels_an_item_and_a_copy_writes_only_a_result() -> None:
         await _until(lambda: len(outbox.records) == 3, "item 1 and the copy answered")
         assert {r["key"] for r in outbox.records} == {item(0)["key"], item(1)["key"], item(7)["key"]}
         assert d.copies_shipped == 1 and js.complete and d.limiter.used == 0
+        assert {r["key"] for r in outbox.records if r.get("copy")} == {item(7)["key"]}  # the record says it
         # a stop cancels what is in flight for good (its job goes back): not taken for a win
         js2 = job("b", 2, start=10)
         gen.release.clear()
@@ -293,6 +294,8 @@ def test_an_idle_fast_engine_copies_what_the_slow_one_holds_and_every_item_ends_
     keys = [r["key"] for r in results]
     assert len(set(keys)) == ITEMS and all("error" not in r for r in results)
     fast_log, slow_log = procs[0].output(), procs[1].output()
+    copied = [r for r in results if r.get("copy")]
+    assert copied and all(r["consumer"]["endpoint"] == fast.url for r in copied), copied[:2]
     assert "copies of items other consumers hold sent" in fast_log, fast_log[-2000:]
     # the slow consumer saw results shipped by the fast one and cut its own requests (the engine aborts them)
     assert "already have a result shipped; ended here" in slow_log, slow_log[-2000:]
