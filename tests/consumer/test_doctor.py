@@ -54,6 +54,20 @@ def test_requests_sent_but_not_running_wait_although_the_engine_says_none_wait()
     assert diagnose(window(es, consumer(limit=4, auto=False, in_flight=4)), S).bound == EngineBound.GENQUEUE
 
 
+def test_a_cap_with_looks_between_requests_still_binds():
+    """Real vLLM on 2 cores at --max-num-seqs 2 (CI, 2026-12-01): while 14 were in flight some
+    looks caught 0 or 1 running between one request ending and the next starting; judged by
+    the lowest look that read "the engine computes at its batch" for the whole run."""
+    es = [engine(running=r, waiting=w, kv_cache_usage=0.03) for r, w in ((2, 11), (0, 12), (2, 10), (1, 11),
+                                                                        (2, 9), (2, 8))]
+    v = diagnose(window(es, consumer(limit=16, in_flight=14, pending=4)), S)
+    assert v.bound == EngineBound.BATCH_CAP, v.advice
+    assert v.numbers["max_num_seqs"] == 2 and "raise --max-num-seqs from 2" in v.advice
+    # but a batch off its top in most looks is not on a plateau
+    es = [engine(running=r, waiting=5, kv_cache_usage=0.3) for r in (40, 12, 80, 20, 30, 10)]
+    assert diagnose(window(es, consumer()), S).bound == EngineBound.ENGINE
+
+
 def test_a_batch_that_moves_while_requests_wait_is_the_engine_computing():
     es = [engine(running=r, waiting=5, kv_cache_usage=0.5) for r in (20, 40, 60, 80)]
     assert diagnose(window(es, consumer()), S).bound == EngineBound.ENGINE

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from genqueue.common import defaults
 from genqueue.consumer.doctor import suggested_max_num_seqs
@@ -76,8 +77,9 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
         assert name in m, f"{name} not in vLLM's /metrics: {sorted(m)}"
     # ignore_eos: every request decodes 128 tokens (~1 s at a batch of 2 here), so `-c auto`
     # (it keeps ~4-8 waiting, up to 16 in flight) keeps requests waiting for as long as the
-    # doctor needs to see a plateau (its window is 10 s)
-    records = [{"conversations": [{"from": "human", "value": f"Say something about item {i}."}]} for i in range(300)]
+    # doctor needs to see a plateau (its window is 10 s); 600 of them (about 150 s here) outlast
+    # the statuses' looks: 300 ended in 75 s once, before a look caught the verdict
+    records = [{"conversations": [{"from": "human", "value": f"Say something about item {i}."}]} for i in range(600)]
     enqueue(tmp_path, redis_url, "cap", records, "--batch-size", "16", "--sampling-json", '{"ignore_eos": true}')
     t0 = time.monotonic()
     c = Proc("consumer", ["-v", "run", "--run", "cap", "--endpoint", vllm_capped.url, "-c", "auto",
@@ -86,25 +88,30 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
     seen: list[tuple[float, str]] = []  # (when the snapshot was published, its verdict)
     engine: dict[str, Any] = {}
     text = ""
+    conn = redis.Redis.from_url(redis_url)
     try:
-        # --json and the text screen, in turn, until each has said it (a status takes seconds on a
-        # busy node, so the two need not show the same snapshot). With vLLM on one of two cores a
-        # status has taken 30 s, and the verdict flips between the batch cap and "the engine
-        # computes at its batch" as the waiting count dips: 3 looks in 90 s once missed it.
+        # The consumer's own snapshot (one Redis read) is watched until it says the batch cap binds;
+        # only then are `producer status --json` and the text screen asked, until each has said it.
+        # (Asking the two CLIs all along, each a Python start-up, took most of a core from vLLM and
+        # the consumer on 2 cores: vLLM's API server then dropped connections, the batch emptied
+        # between bursts, and the verdict wandered: CI, 2026-12-01.)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            if not engine:
-                js = orjson.loads(_status(redis_url, "cap", "--json"))
-                for x in js.get("consumers") or []:
-                    seen.append((round(time.monotonic() - t0 - x["age_s"], 1), x["engine"].get("verdict", "-")))
-                    if x["engine"].get("verdict") == "batch_cap":
-                        engine = x["engine"]
-                        took = time.monotonic() - t0
-            if "engine:thebatchcapbinds" not in "".join(text.split()):
-                text = _status(redis_url, "cap")
-            if engine and "engine:thebatchcapbinds" in "".join(text.split()):
-                break
-            time.sleep(0.5)
+            snaps = [orjson.loads(raw) for raw in (conn.get(k) for k in conn.keys("genqueue:consumer:*")) if raw]
+            verdicts = [(round(sn["last_seen"] - time.time() + time.monotonic() - t0, 1),
+                         (sn.get("engine") or {}).get("verdict", "-")) for sn in snaps]
+            seen += [v for v in verdicts if v not in seen]
+            if any(v == "batch_cap" for _, v in verdicts):
+                if not engine:
+                    js = orjson.loads(_status(redis_url, "cap", "--json"))
+                    engine = next((x["engine"] for x in js.get("consumers") or []
+                                   if x["engine"].get("verdict") == "batch_cap"), {})
+                    took = time.monotonic() - t0
+                if engine and "engine:thebatchcapbinds" not in "".join(text.split()):
+                    text = _status(redis_url, "cap")
+                if engine and "engine:thebatchcapbinds" in "".join(text.split()):
+                    break
+            time.sleep(1.0)
         else:
             raise AssertionError(f"no batch_cap verdict in --json and the text in 180 s; saw {seen}; last engine view "
                                  f"{engine}\n{text}\n" + c.output()[-3000:])
@@ -113,9 +120,11 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
     n = engine["numbers"]
     print(f"\nreal vLLM, --max-num-seqs {MAX_NUM_SEQS}, -c auto --max-concurrency 16, verdict after {took:.0f} s: "
           f"{engine['advice']}\n  numbers {n}\n  (published at s, verdict) {seen}")
-    # the plateau's top is the cap (a look between one request ending and the next starting sees 1)
-    assert n["max_num_seqs"] == MAX_NUM_SEQS and 1 <= n["running"] <= MAX_NUM_SEQS and n["waiting"] > 0
-    assert 0 < n["kv_cache_usage"] < 0.5, n  # two requests of <= 512 tokens in 4,096 tokens of cache
+    # the plateau's top is the cap (a look between one request ending and the next starting sees 0
+    # or 1, the last look among them); requests waited in most looks
+    assert n["max_num_seqs"] == MAX_NUM_SEQS and 0 <= n["running"] <= MAX_NUM_SEQS and n["waiting_share"] >= 0.75
+    # two requests of <= 512 tokens in 4,096 tokens of cache (the last look may read an empty batch)
+    assert 0 < n["kv_cache_usage_max"] < 0.5, n
     # cache_config_info as the consumer read it
     assert (engine["block_size"], engine["num_gpu_blocks"], engine["prefix_caching"]) == (BLOCK, CACHE_BLOCKS, True)
     m = n["suggested_max_num_seqs"]
