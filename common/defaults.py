@@ -222,6 +222,14 @@ DOCTOR_KV_ROOM = 0.8
 DOCTOR_SAFETY = 0.8
 #: Running counts within this fraction of their peak (or 1 request) are a plateau.
 DOCTOR_PLATEAU = 0.05
+#: Requests wait when they wait in this share of the window's looks: on real vLLM under
+#: `-c auto` (which keeps a few waiting) one look in five can catch the queue empty while the
+#: batch sits at its cap, and the minimum flapped the verdict to "genqueue binds".
+DOCTOR_WAITS = 0.75
+#: A plateau holds in this share of the looks where requests waited: on real vLLM on 2 cores at
+#: a cap of 2 some looks fall between one request ending and the next starting (0 or 1
+#: running), and a plateau judged by the window's lowest look flapped to "the engine computes".
+DOCTOR_AT_TOP = 0.5
 #: A tail: the queue is empty and at most this fraction of the peak batch still runs.
 DOCTOR_TAIL_FRACTION = 0.25
 #: A consumer using this much of one core is CPU-bound (its event loop is one thread).

@@ -43,14 +43,8 @@ class DoctorSettings:
     tail_fraction: float = defaults.DOCTOR_TAIL_FRACTION
     cpu_bound: float = defaults.DOCTOR_CPU_BOUND
     prefix_warn: float = defaults.DOCTOR_PREFIX_WARN
-    # requests wait when they wait in this share of the window's looks: on real vLLM under
-    # `-c auto` (which keeps a few waiting) one look in five can catch the queue empty while
-    # the batch sits at its cap, and the minimum flapped the verdict to "genqueue binds"
-    waits: float = 0.75
-    # a plateau holds in this share of the looks where requests waited: on real vLLM on 2 cores at
-    # a cap of 2 some looks fall between one request ending and the next starting (0 or 1
-    # running), and a plateau judged by the window's lowest look flapped to "the engine computes"
-    at_top: float = 0.5
+    waits: float = defaults.DOCTOR_WAITS
+    at_top: float = defaults.DOCTOR_AT_TOP
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,13 @@ import pytest
 import redis
 
 BIN = Path(sys.executable).parent
+
+# A suite started in the background by a non-interactive shell (`.ci/run &`) inherits SIGINT
+# ignored, and so would every process it starts: Python then installs no KeyboardInterrupt, and
+# the tests that press Ctrl-C (`producer status --watch`, `consumer dashboard`) wait in vain.
+# A handler here is reset to the default in each child at exec, where Python installs its own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager
