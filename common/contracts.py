@@ -494,6 +494,7 @@ class EngineBound(StrEnum):
     MEMORY = "memory"  # KV cache near full and requests preempted: more concurrency will not help
     GENQUEUE = "genqueue"  # free slots, nothing waiting: the consumer holds back (limit, work, pause, CPU)
     TAIL = "tail"  # the run's tail: the queue is empty and a few long requests run alone
+    RETRYING = "retrying"  # requests fail (dropped, refused) and sleep before a retry: the engine idles meanwhile
 
 
 class EngineView(TypedDict, total=False):

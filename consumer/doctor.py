@@ -59,6 +59,7 @@ class ConsumerView:
     paused: tuple[str, ...] = ()  # reasons admission is paused
     cpu: float = 0.0  # the consumer's CPU, in cores
     related_prompts: bool = False  # items share prefixes (turns of one conversation in `each` mode)
+    backing_off: int = 0  # requests in flight that sleep before a retry (not counted in in_flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,16 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
     if c.paused:
         return Verdict(EngineBound.GENQUEUE, f"genqueue binds: admission is paused ({', '.join(c.paused)})",
                        nums, notes)
+    retrying = [x.consumer.backing_off for x in recent]
+    if sum(1 for b in retrying if b > 0) * 2 >= len(retrying):
+        # Requests failed and sleep before their next attempt (the endpoint drops connections,
+        # answers 5xx or 429): they hold the consumer's permits while the engine has none of them.
+        nums["backing_off"] = c.backing_off
+        return Verdict(EngineBound.RETRYING, (
+            f"requests fail and are retried: {c.backing_off} of {c.in_flight + c.backing_off} in flight wait "
+            f"before their next attempt ({max(retrying)} at most in {len(retrying)} looks) while the engine has "
+            "free slots; the consumer's log names the errors (genqueue_request_retries_total counts them)"),
+            nums, notes)
     if all(x.consumer.in_flight >= x.consumer.limit for x in recent):
         if c.auto:
             change = f"--concurrency auto holds {c.limit}: raise --max-concurrency if that is its ceiling"
@@ -297,7 +308,7 @@ class Doctor:
         connections read as 3 waiting on a plateau of 1, "raise --max-num-seqs from 1")."""
         view = ConsumerView(
             limit=snap["concurrency"], auto=snap["concurrency_mode"] == "auto",
-            in_flight=max(0, snap["in_flight"] - backing_off),
+            in_flight=max(0, snap["in_flight"] - backing_off), backing_off=backing_off,
             pending=snap["pending_items"], queue_depth=queue_depth, paused=tuple(sorted(snap["paused"])), cpu=cpu,
             related_prompts=any(ctx.settings.multi_turn == Mode.EACH for ctx in served.runs.values()))
         self.observe(Sample(now, snap["engine"], view))
