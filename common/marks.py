@@ -220,6 +220,14 @@ def marks_of(conn: redis.Redis, run: str, item_keys: list[str]) -> list[Mark | N
     return [Mark.DONE if d else Mark.FAILED if f else None for d, f in zip(done, failed, strict=True)]
 
 
+def done_of(conn: redis.Redis, run: str, item_keys: list[str]) -> set[str]:
+    """The item keys whose result a shipped shard already holds (marked DONE). One round trip."""
+    if not item_keys:
+        return set()
+    found = conn.smismember(done_key(run), [key_digest(k) for k in item_keys])
+    return {k for k, d in zip(item_keys, found, strict=True) if d}
+
+
 # --- the producer's reads: item states, all done, counts -----------------------------------
 #: Bits of an item's state (item_states): in the run's keys set, DONE, FAILED.
 IN_RUN, DONE, FAILED = 1, 2, 4

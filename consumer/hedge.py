@@ -44,7 +44,7 @@ from genqueue.common import flights as fl
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.flights import Flight, Offer
 from genqueue.common.hungry import caller_for_work
-from genqueue.common.marks import Mark, marks_of
+from genqueue.common.marks import done_of
 from genqueue.common.rqaccess import job_payload
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.generate import RunContext
@@ -177,8 +177,7 @@ class Hedger:
         keys = self.dispatcher.held_keys(run)
         if not keys:
             return
-        marks = await self.rq.call(marks_of, self.conn, run, keys)
-        done = {k for k, m in zip(keys, marks, strict=True) if m is Mark.DONE}
+        done = await self.rq.call(done_of, self.conn, run, keys)
         if done:
             n = await self.dispatcher.done_elsewhere(run, done)
             if n:

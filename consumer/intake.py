@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.hungry import call_for_work, caller_for_work
-from genqueue.common.marks import Mark, marks_of
+from genqueue.common.marks import done_of
 from genqueue.common.rqaccess import job_counts, queue_for
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.book import Book, JobState
@@ -269,10 +269,10 @@ class Intake:
         results a shipped shard already holds: only the rest is generated. Items with only an
         error record are tried again: the run may have been paused by a storm and fixed since
         (export keeps a result over an error record of the same item)."""
-        marks = await self.rq.call(marks_of, self.worker.connection, js.run, [it["key"] for it in js.items])
-        if Mark.DONE not in marks:
+        done = await self.rq.call(done_of, self.worker.connection, js.run, [it["key"] for it in js.items])
+        if not done:
             return
-        keep = [it for it, m in zip(js.items, marks, strict=True) if m is not Mark.DONE]
+        keep = [it for it in js.items if it["key"] not in done]
         js.counts["items_done"] += len(js.items) - len(keep)
         js.counts["items_skipped_shipped"] += len(js.items) - len(keep)
         self.skipped += len(js.items) - len(keep)
