@@ -596,6 +596,6 @@ class ConsumerSnapshot(TypedDict):
     engine: EngineView
     shipping: ShippingView
     jobs: dict[str, int]  # acked, lease_lost, redone, refused, given_back, swept
-    copies: dict[str, int]  # the end of a run's copies (consumer/hedge.py): sent, shipped, dropped, ended_elsewhere
+    copies: dict[str, int]  # the end of a run's copies (consumer/hedge.py): sent, shipped, dropped, yielded, ended_elsewhere
     redis_unreachable_since: float | None
     clock_offset: float | None  # Redis's clock - this node's, seconds; leases use Redis's
