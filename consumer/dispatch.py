@@ -156,7 +156,12 @@ class Dispatcher:
             self.wake.set()
         return n
 
-    def free_slots(self) -> int:
+    def copy_slots(self) -> int:
+        """Slots a copy may take now: none while an item of a held job waits for one (a copy would
+        give its slot up at once), the spool is past its limit or refuses writes (admission is
+        paused then, and so are copies), or a stop is under way."""
+        if self.book.pending or self.stopping.is_set() or self.outbox.full():
+            return 0
         return max(0, self.limiter.limit - self.limiter.used)
 
     def room_for_work(self) -> bool:
@@ -181,10 +186,10 @@ class Dispatcher:
     def start_copy(self, ctx: RunContext, item: Item) -> bool:
         """Send a copy of ITEM (held by another consumer) in a free slot: its result is written
         and shipped like any; an error or a cancelled copy writes nothing (the original goes
-        on). False when no slot is free."""
+        on). False when no slot may take a copy (copy_slots)."""
         where = (ctx.run, item["key"])
-        if where in self.copies or self.free_slots() <= 0 or self.stopping.is_set() or self.outbox.full():
-            return False  # a spool past its limit or refusing writes pauses copies as it pauses admission
+        if where in self.copies or self.copy_slots() <= 0:
+            return False
         self.limiter.used += 1  # a free slot, taken without waiting
         task = asyncio.create_task(self._copy(ctx, item))
         self.copies[where] = task

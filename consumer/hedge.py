@@ -110,14 +110,13 @@ class Hedger:
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
-                 pending: Callable[[], int], stopped: Callable[[], set[str]]) -> None:
+                 stopped: Callable[[], set[str]]) -> None:
         self.rq = rq
         self.conn = conn
         self.worker = worker
         self.dispatcher = dispatcher
         self._contexts = contexts
         self._tail_runs = tail_runs
-        self._pending = pending
         self._stopped = stopped  # the runs paused or gone from Redis
         self.rate = Rate()
         self._offered: set[str] = set()
@@ -169,8 +168,7 @@ class Hedger:
                 continue
             await self._ended_elsewhere(run)
             await self._offer(run)
-            # none while an item of any held job waits here: a copy would give its slot up at once
-            if COPIES and not self._pending() and self.dispatcher.free_slots() > 0:
+            if COPIES and self.dispatcher.copy_slots() > 0:
                 await self._copy(ctx)
 
     async def _ended_elsewhere(self, run: str) -> None:
@@ -198,7 +196,7 @@ class Hedger:
     async def _copy(self, ctx: RunContext) -> None:
         run = ctx.run
         offers = await self.rq.call(fl.offers, self.conn, run)
-        picks = choose(offers, self.worker, self.rate.value, self.dispatcher.free_slots(),
+        picks = choose(offers, self.worker, self.rate.value, self.dispatcher.copy_slots(),
                        set(self.dispatcher.held_keys(run)))
         payloads: dict[str, list[Item] | None] = {}
         sent = 0

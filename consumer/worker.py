@@ -246,7 +246,6 @@ class Consumer:
                         has_room=dispatcher.room_for_work)
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
-                              pending=lambda: self.book.pending,
                               stopped=lambda: set(served.paused) | set(served.vanished))
 
         t0 = time.monotonic()

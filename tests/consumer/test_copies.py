@@ -195,7 +195,7 @@ def test_a_copy_gives_its_slot_to_an_item_held_here_and_a_copy_cut_before_it_ran
                        low_water=lambda: 2)
         task = asyncio.create_task(d.run())
         assert d.start_copy(run_context("r"), item(7)) and d.start_copy(run_context("r"), item(8))
-        assert d.free_slots() == 0 and d.room_for_work()  # the intake still takes a job: copies give way
+        assert d.copy_slots() == 0 and d.room_for_work()  # the intake still takes a job: copies give way
         await asyncio.sleep(0.05)
         js = job("a", 1, start=11)  # item 11, held until released
         book.hold(js)
@@ -220,6 +220,22 @@ def test_a_copy_gives_its_slot_to_an_item_held_here_and_a_copy_cut_before_it_ran
         await _until(lambda: not d.copies, "the copy ended")
         assert d.limiter.used == 0
         task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_no_copy_takes_a_slot_while_an_item_of_a_held_job_waits_for_one() -> None:
+    """The hedger's look awaits Redis between its check and each copy it sends: an item that
+    arrived meanwhile, waiting for the slot a cut copy freed, must not lose it to a new copy."""
+    async def scenario() -> None:
+        book: Book[Any] = Book()
+        d = Dispatcher(book, Limiter(4), FakeGate(), FakeOutbox(), HangingGenerator(),  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 4)
+        assert d.copy_slots() == 4
+        book.hold(job("a", 1, start=11))  # no dispatcher runs: the item waits
+        assert d.copy_slots() == 0 and not d.start_copy(run_context("r"), item(7))
+        assert d.limiter.used == 0 and not d.copies
 
     asyncio.run(scenario())
 
@@ -367,13 +383,13 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
         def flights(self, run: str) -> list[Flight]:
             return [Flight("j", item(0)["key"], 0.1)]
 
-        def free_slots(self) -> int:
+        def copy_slots(self) -> int:
             return 4
 
     async def scenario() -> None:
         rq = RqThread()
         h = Hedger(rq, conn, "me", Idle(), contexts=lambda: {"r": run_context("r")},  # type: ignore[arg-type]
-                   tail_runs=lambda: ["r"], pending=lambda: 0, stopped=set)
+                   tail_runs=lambda: ["r"], stopped=set)
         h.rate.observe(100, 1.0)
         loop = asyncio.create_task(h.run())
         await asyncio.sleep(0.8)
@@ -403,7 +419,7 @@ def test_copies_of_a_run_paused_or_gone_are_cut_and_others_run_on(redis_url):
                        low_water=lambda: 4)
         stopped: set[str] = set()
         h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r"), "s": run_context("s")},
-                   tail_runs=lambda: ["r", "s"], pending=lambda: 0, stopped=lambda: stopped)
+                   tail_runs=lambda: ["r", "s"], stopped=lambda: stopped)
         h.rate.observe(100, 1.0)
         assert d.start_copy(run_context("r"), item(7)) and d.start_copy(run_context("s"), item(8))
         await h.look()
