@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import random
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -139,6 +141,16 @@ def cli(name: str, *args: str, env: dict[str, str] | None = None, check: bool = 
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def http_text(url: str, timeout: float) -> str | None:
+    """The body at URL, or None when it cannot be read whole: refused, timed out, or cut off
+    (a process that ends while it answers leaves headers without their body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read().decode()
+    except (OSError, http.client.HTTPException):
+        return None
 
 
 def wait_for(pred: Callable[[], object], timeout: float, what: str, *, every: float = 0.1) -> None:

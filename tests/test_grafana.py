@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import cli, free_port, sharegpt, write_jsonl
+from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
 pytestmark = pytest.mark.integration
@@ -96,12 +96,11 @@ def live(tmp_path_factory, redis_server) -> Iterator[tuple[int, str]]:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             assert consumer.p.poll() is None, consumer.output()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    page = r.read().decode()
-            except OSError:
+            got = http_text(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            if got is None:
                 time.sleep(0.2)
                 continue
+            page = got
             if wanted <= set(exposed(page)) and 'genqueue_shards_shipped ' in page and \
                     not re.search(r"^genqueue_shards_shipped 0\.0$", page, re.MULTILINE):
                 break

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.conftest import BIN, free_port
+from tests.conftest import BIN, free_port, http_text
 
 
 def _cmd(name: str) -> list[str]:
@@ -76,10 +76,8 @@ class Sim:
 
     def running(self) -> int:
         """Requests on the stand-in's batch now, from its own /metrics (0 if it cannot be read)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
-                text = r.read().decode()
-        except OSError:
+        text = http_text(f"http://127.0.0.1:{self.port}/metrics", timeout=1)
+        if text is None:
             return 0
         return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
                    if line.startswith("vllm:num_requests_running"))

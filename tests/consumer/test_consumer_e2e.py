@@ -5,14 +5,13 @@ from __future__ import annotations
 import collections
 import signal
 import time
-import urllib.request
 
 import pytest
 from rq import Queue
 from rq.job import Job
 
 from genqueue.common.rqaccess import SERIALIZER, job_failure, queue_for
-from tests.conftest import cli, free_port, sharegpt, write_jsonl
+from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
 pytestmark = pytest.mark.integration
@@ -43,13 +42,9 @@ def test_run_completes_and_rq_sees_the_worker(tmp_path, redis_url, conn):
             info = cli("rq", "info", "-u", redis_url, "genqueue.e2e", check=False)
             if "gq-" in info.stdout and "busy" in info.stdout:
                 seen_worker = True
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=2) as resp:
-                    page = resp.read().decode()
-                if "genqueue_completions_total{" in page:
-                    metrics = page
-            except OSError:
-                pass
+            page = http_text(f"http://127.0.0.1:{mport}/metrics", timeout=2)
+            if page is not None and "genqueue_completions_total{" in page:
+                metrics = page
             time.sleep(0.2)
         assert c.wait(60) == 0, c.output()
         assert seen_worker, "rq info never listed the consumer as busy"
