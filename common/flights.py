@@ -12,7 +12,9 @@ Keys:
                                      holds items at the run's end; the key expires soon after
                                      the last offer, so a dead consumer's offer goes away
   genqueue:run:<run>:hedges   hash   item key -> the consumer that claimed its copy (one copy
-                                     per item across the fleet); expires after the run's end
+                                     per item across the fleet at a time: a copy that ends
+                                     without a result gives its claim back); expires after the
+                                     run's end
 """
 
 from __future__ import annotations
@@ -104,3 +106,14 @@ def claim(conn: redis.Redis, run: str, item_key: str, worker: str) -> bool:
 def claimed(conn: redis.Redis, run: str) -> set[str]:
     """The item keys of RUN whose copy some consumer has claimed."""
     return {k.decode(errors="replace") for k in conn.hkeys(hedges_key(run))}  # type: ignore[union-attr]
+
+
+# Compare and delete: a claim is given back only by the consumer that holds it.
+_RELEASE = "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) end return 0"
+
+
+def release(conn: redis.Redis, run: str, item_key: str, worker: str) -> bool:
+    """WORKER gives back its claim on the copy of RUN's ITEM_KEY (its copy ended without a
+    result, or was never sent), so another consumer may copy the item; a claim another
+    consumer holds is left alone. Whether a claim was given back."""
+    return bool(conn.eval(_RELEASE, 1, hedges_key(run), item_key, worker))

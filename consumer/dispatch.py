@@ -10,6 +10,7 @@ consumer always finishes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -50,8 +51,12 @@ class Dispatcher:
         # copy that shipped first elsewhere cancels ours; and the copies this consumer runs.
         self._flying: dict[tuple[str, str], tuple[asyncio.Task[None], JobState[Held], float]] = {}
         self._won: set[tuple[str, str]] = set()
-        self.copies: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.copies: dict[tuple[str, str], asyncio.Task[bool]] = {}
         self.copies_shipped = self.copies_lost = self.cancelled_won = self.copies_yielded = 0
+        # Copies that ended here without a result, whose claims the hedger gives back (oldest
+        # first); and those that ended in an error, which this consumer does not copy again.
+        self.unclaimed: collections.deque[tuple[str, str]] = collections.deque()
+        self.copies_failed: set[tuple[str, str]] = set()
 
     async def run(self) -> None:
         while True:
@@ -193,32 +198,38 @@ class Dispatcher:
         self.limiter.used += 1  # a free slot, taken without waiting
         task = asyncio.create_task(self._copy(ctx, item))
         self.copies[where] = task
-        task.add_done_callback(lambda _t: self._copy_ended(where))
+        task.add_done_callback(lambda t: self._copy_ended(where, t))
         return True
 
-    def _copy_ended(self, where: tuple[str, str]) -> None:
+    def _copy_ended(self, where: tuple[str, str], task: asyncio.Task[bool]) -> None:
         # Here, not in the copy's own finally: a copy cancelled before it first ran never enters it.
         self.copies.pop(where, None)
         self.limiter.release()
+        if task.cancelled() or task.exception() is not None or not task.result():
+            self.unclaimed.append(where)
 
-    async def _copy(self, ctx: RunContext, item: Item) -> None:
+    async def _copy(self, ctx: RunContext, item: Item) -> bool:
+        """Whether the copy's result was written."""
         try:
             rec = await self.gen.answer(ctx, item, attempt=1)
         except asyncio.CancelledError:
-            return  # its original (or another copy) shipped first, or a stop
+            return False  # its original (or another copy) shipped first, a stop, or it gave way
         except Exception:
             log.exception("copy of item %s of run %s: unexpected error; dropped (the original goes on)",
                           item["key"], ctx.run)
-            return
+            self.copies_failed.add((ctx.run, item["key"]))
+            return False
         if is_error(rec):
             self.copies_lost += 1
+            self.copies_failed.add((ctx.run, item["key"]))
             log.debug("copy of item %s of run %s ended in an error; dropped (the original goes on)", item["key"],
                       ctx.run)
-            return
+            return False
         rec["copy"] = True  # said on the record: which of two racing answers ships is a race (docs/records.md)
         self.outbox.append(ctx.run, rec)
         self.copies_shipped += 1
         self._on_record(ctx.run, rec)
+        return True
 
     def cut_copies(self, runs: set[str]) -> int:
         """Cancel the copies running here of RUNS (paused or gone); how many were cut."""

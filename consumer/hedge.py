@@ -13,7 +13,9 @@ of them does. So at the end of a run (its queue seen empty here lately, intake.t
   when it would likely finish it sooner: an item that waits unsent, from a consumer not over
   twice as fast (UNSENT_FASTER); an item in flight, from a consumer at least FASTER times
   slower per request (on equal engines a copy started later never catches up), the youngest
-  first (the most left to gain). One copy per item across the fleet (a claim in Redis);
+  first (the most left to gain). One copy per item across the fleet at a time (a claim in
+  Redis, given back when the copy ends without a result; a consumer whose copy of an item
+  ended in an error does not copy it again);
 - a copy's result is written and shipped like any other; an error or a cancel writes nothing
   (the original goes on, so nothing rests on a copy);
 - every consumer looks at the marks of what it holds of the run: an item marked done (a
@@ -170,6 +172,20 @@ class Hedger:
             await self._offer(run)
             if COPIES and self.dispatcher.copy_slots() > 0:
                 await self._copy(ctx)
+        await self._give_back()
+
+    async def _give_back(self) -> None:
+        """Give back the claims of the copies that ended here without a result (an error, cut
+        to make room, a pause), so another consumer may copy those items."""
+        q = self.dispatcher.unclaimed
+        while q:
+            run, key = q[0]
+            try:
+                await self.rq.call(fl.release, self.conn, run, key, self.worker)
+            except redis.exceptions.ResponseError:
+                q.popleft()  # odd content under the claims' key: not tried again (claims expire)
+                raise
+            q.popleft()  # only once given back: a lost connection leaves it for the next look
 
     async def _ended_elsewhere(self, run: str) -> None:
         keys = self.dispatcher.held_keys(run)
@@ -196,8 +212,9 @@ class Hedger:
     async def _copy(self, ctx: RunContext) -> None:
         run = ctx.run
         offers = await self.rq.call(fl.offers, self.conn, run)
+        failed_here = {key for (r, key) in self.dispatcher.copies_failed if r == run}
         picks = choose(offers, self.worker, self.rate.value, self.dispatcher.copy_slots(),
-                       set(self.dispatcher.held_keys(run)))
+                       set(self.dispatcher.held_keys(run)) | failed_here)
         payloads: dict[str, list[Item] | None] = {}
         sent = 0
         for offer, f in picks:
@@ -209,6 +226,7 @@ class Hedger:
             if not await self.rq.call(fl.claim, self.conn, run, f.key, self.worker):
                 continue
             if not self.dispatcher.start_copy(ctx, item):
+                await self.rq.call(fl.release, self.conn, run, f.key, self.worker)
                 break
             sent += 1
             log.debug("run %s: copy of item %s sent (held by %s, %s)", run, f.key, offer.worker,

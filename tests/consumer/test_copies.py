@@ -433,3 +433,53 @@ def test_copies_of_a_run_paused_or_gone_are_cut_and_others_run_on(redis_url):
         rq.close()
 
     asyncio.run(scenario())
+
+
+class ErrsOnEight(HangingGenerator):
+    """Item 8's copy ends in an error at once; the others hang until released."""
+
+    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None) -> Any:
+        if it["index"] == 8:
+            return {**result(it), "error": {"class": "server", "type": "HTTP 500", "message": "boom"}}
+        return await super().answer(ctx, it, attempt=attempt, enqueued_at=enqueued_at)
+
+
+def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_is_not_sent_again(redis_url):
+    """Claims are one copy per item across the fleet: a copy that gave way, was cut, or failed
+    must give its claim back, or no other idle consumer may copy that item until it expires."""
+    from rq import Queue
+
+    from genqueue.common.rqaccess import SERIALIZER
+    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.rqthread import RqThread
+
+    conn = redis.Redis.from_url(redis_url)
+    k7, k8, k9 = item(7)["key"], item(8)["key"], item(9)["key"]
+    held = Queue("elsewhere", connection=conn, serializer=SERIALIZER).enqueue("os.getcwd", [item(7), item(8)])
+    fl.publish(conn, "r", "other", 10.0, [Flight(held.id, k7, None), Flight(held.id, k8, None)])
+    assert fl.claim(conn, "r", k9, "third")
+
+    async def scenario() -> None:
+        rq = RqThread()
+        d = Dispatcher(Book(), Limiter(4), FakeGate(), FakeOutbox(), ErrsOnEight(),  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 4)
+        h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
+                   stopped=set)
+        h.rate.observe(100, 1.0)
+        await h.look()
+        assert h.copies_sent == 2
+        await _until(lambda: list(d.copies) == [("r", k7)], "item 8's copy ended in an error")
+        assert d.copies_lost == 1 and fl.claimed(conn, "r") == {k7, k8, k9}
+        fl.publish(conn, "r", "other", 10.0, [Flight(held.id, k7, None), Flight(held.id, k8, None)])
+        await h.look()  # item 8's claim given back; its copy failed here, so it is not sent again from here
+        assert fl.claimed(conn, "r") == {k7, k9} and h.copies_sent == 2 and list(d.copies) == [("r", k7)]
+        assert not d.unclaimed
+        d.cancel_copies()  # item 7's copy cut (as when it gives way to an item held here)
+        await _until(lambda: not d.copies, "item 7's copy ended")
+        await h._give_back()
+        assert fl.claimed(conn, "r") == {k9}  # another consumer's claim is left alone
+        assert not fl.release(conn, "r", k9, "me") and fl.release(conn, "r", k9, "third")
+        rq.close()
+
+    asyncio.run(scenario())
