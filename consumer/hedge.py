@@ -25,7 +25,7 @@ of them does. So at the end of a run (its queue seen empty here lately, intake.t
 
 A result shipped is the only thing that ends an item elsewhere, so a copy that dies or a
 consumer that crashes costs nothing but the copy's tokens. Both answers may ship when they end
-together; export keeps one per item (producer/export/core.py), and the marks count it once.
+together; export keeps the original (producer/export/core.py), and the marks count it once.
 Conversations regenerated turn by turn are not copied: their turns checkpoint in Redis under
 the item's key, and two writers would interleave them.
 

@@ -13,8 +13,10 @@ error records). K is sized so a partition holds about `partition_bytes` of shard
 memory stays flat as the run grows.
 
 Which copy of a duplicated item is kept (deterministic, whatever order shards are read in):
-an included answer beats an excluded one, which beats an error record; then the lowest
-`attempt`; then the earliest `timings.finished_at`; then the first in shard-name order, then
+an included answer beats an excluded one, which beats an error record; then the original
+beats an end-of-run copy (`copy: true`: of two answers racing to one prompt the shorter tends
+to end first, so keeping the original where both shipped keeps lengths unbiased); then the
+lowest `attempt`; then the earliest `timings.finished_at`; then the first in shard-name order, then
 line order.
 
 A run with request variants (common/variants.py): the summary counts the exported rows by the
@@ -113,6 +115,8 @@ _OUTCOME_CODE = {name: code for code, name in enumerate(_OUTCOME_NAMES)}
 #: tool turn for another reason.
 _TOOLS_TO_END, _TOOLS_DIVERGED, _TOOLS_STOPPED = 1, 2, 3
 _TOOLS_CODE = {ToolTurns.TO_END: _TOOLS_TO_END, ToolTurns.DIVERGED: _TOOLS_DIVERGED, ToolTurns.STOPPED: _TOOLS_STOPPED}
+#: Bit 7: the record is an end-of-run copy's (it ranks after the original among one key's).
+_COPY = 1 << 7
 if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
     raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
 
@@ -346,7 +350,7 @@ class Exporter:
             return _ERROR, line if line.endswith(b"\n") else line + b"\n", 0, 0
         outcome = rec["outcome"] = record_outcome(rec)
         rows = self.convert_rows(rec)
-        code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5
+        code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5 | (_COPY if rec.get("copy") else 0)
         if outcome not in self.include:
             return _EXCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows), 0, 0
         flags, digest = record_flags(rec)
@@ -407,8 +411,8 @@ class Exporter:
         view = memoryview(data)
         unpack = _HEADER.unpack_from
         hsize = _HEADER.size
-        best: dict[bytes, tuple[tuple[int, int, float, int, int], tuple[int, int, int, int], int, int, int, int,
-                                int]] = {}
+        best: dict[bytes, tuple[tuple[int, int, int, float, int, int], tuple[int, int, int, int], int, int, int,
+                                int, int]] = {}
         pos = n = 0
         end_all = len(data)
         while pos < end_all:
@@ -417,10 +421,10 @@ class Exporter:
             start = pos + hsize
             pos = start + blen
             n += 1
-            rank = (kind & 3, attempt, finished, ordinal, lineno)
+            rank = (kind & 3, kind >> 7, attempt, finished, ordinal, lineno)
             cur = best.get(key)
             if cur is None or rank < cur[0]:
-                best[key] = (rank, (place, index, turn, sample), start, pos, kind >> 2, flags, digest)
+                best[key] = (rank, (place, index, turn, sample), start, pos, (kind >> 2) & 31, flags, digest)
         self.result.duplicates_removed += n - len(best)
         batch: list[bytes] = []
         r = self.result

@@ -246,3 +246,24 @@ def test_export_from_s3_matches_local(run_dir: Path, redis_url: str, conn: redis
                              env={"REDIS_URL": redis_url})
     assert res.exit_code == 1 and res.output.startswith("error: cannot list s3://no-such-bucket/x/exp/shards/")
     assert "Traceback" not in res.output and not (run_dir / "n.jsonl").exists()
+
+
+def test_the_original_beats_an_end_of_run_copy_that_ended_first(tmp_path: Path, redis_url: str,
+                                                                 conn: redis.Redis) -> None:
+    """Both answers to a copied item shipped: the copy ended first (of two answers racing to one
+    prompt the shorter tends to), so a rule by finish time alone would lean the dataset short.
+    The original is kept; a copy still beats an original that is not a dataset row, and stands
+    alone where it is the only answer."""
+    out = tmp_path / "out"
+    RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
+    RunStore(conn).record_source(RUN, "data.jsonl", {"records": 3})
+    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(3)])
+    cut = {**success(1, finished=100.0, tag="-cut"), "finish_reason": "length", "outcome": "cut_in_answer"}
+    write_shard(out, "slow-000001.jsonl", [success(0, finished=100.0, tag="-original"), cut])
+    write_shard(out, "fast-000001.jsonl", [{**success(i, finished=10.0, tag="-copy"), "copy": True} for i in range(3)])
+    res = run_export(tmp_path, redis_url, "--output", str(tmp_path / "ds.jsonl"), "--json")
+    assert res.exit_code == 0, res.output
+    summary = orjson.loads(res.stdout.strip().splitlines()[-1])
+    assert (summary["exported"], summary["duplicates_removed"]) == (3, 2)
+    got = [r["messages"][-1]["content"] for r in read_jsonl(tmp_path / "ds.jsonl")]
+    assert got == ["answer 0.None-original", "answer 1.None-copy", "answer 2.None-copy"]
