@@ -25,3 +25,10 @@ def caller_for_work(conn: redis.Redis, run: str) -> str | None:
     """The consumer calling for work of RUN now, if any."""
     raw = conn.get(hungry_key(run))
     return raw.decode(errors="replace") if isinstance(raw, bytes) else None if raw is None else str(raw)
+
+
+def other_caller(conn: redis.Redis, run: str, me: str) -> str | None:
+    """The consumer other than ME calling for work of RUN now, if any: what it holds of the run,
+    ME gives back (intake) or offers for copies (hedge), since that one would start it sooner."""
+    caller = caller_for_work(conn, run)
+    return None if caller == me else caller

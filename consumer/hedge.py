@@ -45,7 +45,7 @@ import redis
 from genqueue.common import flights as fl
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.flights import Flight, Offer
-from genqueue.common.hungry import caller_for_work
+from genqueue.common.hungry import other_caller
 from genqueue.common.marks import done_of
 from genqueue.common.rqaccess import job_payload
 from genqueue.consumer.dispatch import Dispatcher
@@ -157,8 +157,7 @@ class Hedger:
         # A run whose queue this consumer has not seen empty (it holds enough to not ask) is at its
         # end all the same when another consumer calls for work of it (common/hungry.py).
         for run in sorted(set(self.dispatcher.held_runs()) - tail - stopped):
-            caller = await self.rq.call(caller_for_work, self.conn, run)
-            if caller is not None and caller != self.worker:
+            if await self.rq.call(other_caller, self.conn, run, self.worker) is not None:
                 tail.add(run)
         for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
             await self.rq.call(fl.publish, self.conn, run, self.worker, 0.0, [])

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
-from genqueue.common.hungry import call_for_work, caller_for_work
+from genqueue.common.hungry import call_for_work, other_caller
 from genqueue.common.marks import done_of
 from genqueue.common.rqaccess import job_counts, queue_for
 from genqueue.consumer.acker import Acker
@@ -214,8 +214,8 @@ class Intake:
             if not jobs:
                 continue
             self._looked[run] = now
-            caller = await self.rq.call(caller_for_work, self.worker.connection, run)
-            if caller is None or caller == self.worker.name:
+            caller = await self.rq.call(other_caller, self.worker.connection, run, self.worker.name)
+            if caller is None:
                 continue
             self._empty_at[run] = now  # its queue is empty: taking them back here would hoard them
             n = await self.acker.give_back_jobs(jobs)
