@@ -42,6 +42,7 @@ class DoctorSettings:
     plateau: float = defaults.DOCTOR_PLATEAU
     tail_fraction: float = defaults.DOCTOR_TAIL_FRACTION
     cpu_bound: float = defaults.DOCTOR_CPU_BOUND
+    loop_lag: float = defaults.DOCTOR_LOOP_LAG
     prefix_warn: float = defaults.DOCTOR_PREFIX_WARN
     waits: float = defaults.DOCTOR_WAITS
     at_top: float = defaults.DOCTOR_AT_TOP
@@ -60,6 +61,7 @@ class ConsumerView:
     cpu: float = 0.0  # the consumer's CPU, in cores
     related_prompts: bool = False  # items share prefixes (turns of one conversation in `each` mode)
     backing_off: int = 0  # requests in flight that sleep before a retry (not counted in in_flight)
+    loop_lag: float = 0.0  # seconds its event loop woke late at most since the last look
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,8 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     nums: Numbers = {"running": running[-1], "waiting": waiting[-1], "kv_cache_usage": round(kv[-1], 4),
                      "preemptions_per_min": round(preempted * 60 / span, 1), "in_flight": c.in_flight,
                      "limit": c.limit, "pending": c.pending, "queue_depth": c.queue_depth,
-                     "cpu": round(c.cpu, 2), **extra}
+                     "cpu": round(c.cpu, 2), "loop_lag_max": round(max(x.consumer.loop_lag for x in recent), 3),
+                     **extra}
     waited = [r for r, w in zip(running, waiting, strict=True) if w > 0]  # running, where requests waited
     share = len(waited) / len(waiting)
     nums["waiting_share"] = round(share, 2)
@@ -226,6 +229,16 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
         return Verdict(EngineBound.GENQUEUE, (
             f"genqueue binds: the consumer is out of work ({left}; {c.in_flight} in flight of {c.limit})"),
             nums, notes)
+    lags = [x.consumer.loop_lag for x in recent]
+    late = sum(1 for lag in lags if lag >= s.loop_lag)
+    if late * 2 >= len(lags):
+        # Items wait here with permits free because the loop that sends them is not scheduled
+        # (its own CPU reads low then): not a limit to raise.
+        return Verdict(EngineBound.GENQUEUE, (
+            f"genqueue binds: the consumer is starved of CPU: {c.pending} items wait in it while the engine has "
+            f"free slots, and its event loop woke up to {max(lags):.1f} s late in {late} of {len(lags)} looks "
+            f"using {c.cpu:.0%} of a core itself: other processes hold this host's cores (vLLM's API server, "
+            "other consumers): give it a core of its own (taskset), or run fewer processes here"), nums, notes)
     return Verdict(EngineBound.GENQUEUE, (
         f"genqueue binds: {c.pending} items wait in the consumer while the engine has free slots "
         f"({c.in_flight} in flight of {c.limit})"), nums, notes)
@@ -304,7 +317,7 @@ class Doctor:
         return v
 
     def check(self, now: float, snap: ConsumerSnapshot, served: ServedSnapshot, *, queue_depth: int | None,
-              cpu: float, backing_off: int = 0) -> EngineView:
+              cpu: float, backing_off: int = 0, loop_lag: float = 0.0) -> EngineView:
         """Observe the consumer's snapshot SNAP taken at NOW; its engine view with the verdict.
         BACKING_OFF: requests of those in flight that sleep before a retry: at the engine they
         neither run nor wait (seen on real vLLM: 3 of 4 in flight in backoff after dropped
@@ -313,6 +326,7 @@ class Doctor:
             limit=snap["concurrency"], auto=snap["concurrency_mode"] == "auto",
             in_flight=max(0, snap["in_flight"] - backing_off), backing_off=backing_off,
             pending=snap["pending_items"], queue_depth=queue_depth, paused=tuple(sorted(snap["paused"])), cpu=cpu,
+            loop_lag=loop_lag,
             related_prompts=any(ctx.settings.multi_turn == Mode.EACH for ctx in served.runs.values()))
         self.observe(Sample(now, snap["engine"], view))
         return self.view(snap["engine"])

@@ -49,6 +49,8 @@ from genqueue.consumer.served import ServedSnapshot
 log = logging.getLogger(__name__)
 
 IN_FLIGHT = Gauge("genqueue_in_flight", "Requests in flight to the endpoint")
+LOOP_LAG = Gauge("genqueue_event_loop_lag_seconds",
+                 "How late the consumer's event loop woke at most since the last publish (CPU starvation)")
 PENDING = Gauge("genqueue_pending_items", "Items dequeued and waiting for a slot")
 PAUSED = Gauge("genqueue_paused", "1 while admission is paused", ["reason"])
 REFUSED = Gauge("genqueue_run_refused", "1 while this consumer does not serve a run: paused, failed pre-flight, "
@@ -101,6 +103,27 @@ PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable
 
 #: Seconds between two progress lines in the consumer's log.
 PROGRESS_EVERY = 60.0
+
+
+class LoopLag:
+    """How late this process's event loop runs: a task asks to wake every LOOP_LAG_EVERY seconds
+    and keeps the most it overslept. A loop that wakes late is not scheduled (the host's cores
+    are taken) or is blocked by a long step; either way what the consumer holds waits."""
+
+    def __init__(self, every: float = defaults.LOOP_LAG_EVERY) -> None:
+        self.every = every
+        self._max = 0.0
+
+    async def run(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(self.every)
+            self._max = max(self._max, time.monotonic() - t - self.every)
+
+    def take(self) -> float:
+        """Seconds late at most since the last take."""
+        most, self._max = self._max, 0.0
+        return most
 
 
 def progress_line(snap: ConsumerSnapshot) -> str:
@@ -174,6 +197,7 @@ class Telemetry:
         self.doctor = Doctor(identity["endpoint"])
         self._depth: int | None = None  # jobs left in the served runs' queues, as last published
         self._cpu_at = (time.monotonic(), time.process_time())
+        self.lag = LoopLag()
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -242,8 +266,10 @@ class Telemetry:
         wall, cpu = time.monotonic(), time.process_time()
         cores = (cpu - self._cpu_at[1]) / max(wall - self._cpu_at[0], 1e-3)
         self._cpu_at = (wall, cpu)
+        lag = self.lag.take()
+        LOOP_LAG.set(lag)
         snap["engine"] = self.doctor.check(now, snap, self.parts.served(), queue_depth=self._depth, cpu=cores,
-                                           backing_off=self.parts.backing_off())
+                                           backing_off=self.parts.backing_off(), loop_lag=lag)
         for bound in EngineBound:
             ENGINE_BOUND.labels(bound.value).set(1 if snap["engine"].get("verdict") == bound else 0)
         IN_FLIGHT.set(snap["in_flight"])

@@ -308,6 +308,7 @@ class Consumer:
             "dispatcher": dispatcher.run, "renewer": leases.renew_forever, "sweeper": leases.sweep_forever,
             "sealer": self._sealer, "shipper": self.outbox.shipper, "telemetry": telemetry.loop,
             "steering": steering.run, "rewind": self._rewind.watch, "hedger": hedger.run,
+            "loop-lag": telemetry.lag.run,
         }
         code = ExitCode.DONE
         try:

@@ -115,6 +115,50 @@ def test_genqueue_binds_at_its_own_limit_paused_cpu_or_out_of_work():
     assert v.bound == EngineBound.GENQUEUE and "out of work" in v.advice
 
 
+def test_a_consumer_whose_loop_wakes_late_is_said_starved_not_holding_back():
+    """Real vLLM on 2 cores: its API server and the consumer shared one core, single steps of the
+    consumer's loop took 1-3 s, and in-flight dipped to 0 while 13 items waited. That read as
+    "genqueue binds: 13 items wait in the consumer", which names no cause and no change."""
+    es = [engine(running=r, waiting=0, kv_cache_usage=0.02) for r in (1, 0, 2, 0)]
+    cs = [consumer(limit=16, in_flight=i, pending=13, cpu=0.3, loop_lag=lag)
+          for i, lag in ((2, 1.4), (0, 0.02), (3, 2.9), (0, 0.6))]
+    v = diagnose(window(es, cs), S)
+    assert v.bound == EngineBound.GENQUEUE and "starved of CPU" in v.advice, v.advice
+    assert "13 items wait" in v.advice and "up to 2.9 s late in 3 of 4 looks" in v.advice and "30% of a core" in v.advice
+    assert v.numbers["loop_lag_max"] == 2.9
+    # a late wake in one look of four is noise: the usual words stand
+    cs = [consumer(limit=16, in_flight=i, pending=13, loop_lag=lag) for i, lag in ((2, 1.4), (0, 0.0), (3, 0.1), (0, 0.0))]
+    v = diagnose(window(es, cs), S)
+    assert v.bound == EngineBound.GENQUEUE and "starved" not in v.advice and "13 items wait in the consumer" in v.advice
+    # a consumer at its own limit, or out of work, is that, late or not
+    es = [engine(running=4, kv_cache_usage=0.02)] * 4
+    cs = [consumer(limit=4, auto=False, in_flight=4, pending=13, loop_lag=1.0)] * 4
+    assert "at its own limit" in diagnose(window(es, cs), S).advice
+    cs = [consumer(in_flight=4, pending=0, queue_depth=12, loop_lag=1.0)] * 4
+    assert "out of work" in diagnose(window(es, cs), S).advice
+
+
+def test_loop_lag_is_how_late_the_loop_woke_at_most_since_the_last_take():
+    import asyncio
+    import time
+
+    from genqueue.consumer.telemetry import LoopLag
+
+    async def scenario() -> tuple[float, float]:
+        lag = LoopLag(every=0.01)
+        task = asyncio.create_task(lag.run())
+        await asyncio.sleep(0.05)
+        quiet = lag.take()
+        time.sleep(0.3)  # a step that holds the loop, as a process not scheduled does
+        await asyncio.sleep(0.05)
+        late = lag.take()
+        task.cancel()
+        return quiet, late
+
+    quiet, late = asyncio.run(scenario())
+    assert quiet < 0.2 and late >= 0.25, (quiet, late)
+
+
 def test_the_tail_says_how_many_run_alone_and_for_how_long():
     busy = [engine(running=64, waiting=3, kv_cache_usage=0.4)] * 3
     tail = [engine(running=2, kv_cache_usage=0.01)] * 6
