@@ -235,9 +235,10 @@ DOCTOR_TAIL_FRACTION = 0.25
 #: A consumer using this much of one core is CPU-bound (its event loop is one thread).
 DOCTOR_CPU_BOUND = 0.9
 #: A consumer whose event loop wakes this many seconds late, in half the looks or more, is
-#: starved of CPU: other processes hold the cores (real vLLM on 2 cores: its API server and the
-#: consumer shared one, single steps of the loop took 1-3 s, and in-flight dipped to 0 while
-#: items waited, which read as "genqueue binds: items wait in the consumer").
+#: starved of CPU: other processes hold the cores (real vLLM on 2 cores: any process beside it
+#: waited 0.8-1.8 s for the CPU now and then, single steps of the consumer's loop took 1-3 s at
+#: 1% of a core, and in-flight dipped to 0 while items waited, which read as "genqueue binds:
+#: items wait in the consumer").
 DOCTOR_LOOP_LAG = 0.25
 #: Seconds between the wake-ups that measure the consumer's event-loop lag.
 LOOP_LAG_EVERY = 0.05

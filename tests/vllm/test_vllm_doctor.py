@@ -80,10 +80,10 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
     # doctor needs to see a plateau (its window is 10 s). The test ends as soon as both statuses
     # said it (about 15 s on a quiet machine), so the run's length costs nothing then; it is long
     # for a loaded one: with another suite on the 2 cores the verdict held for single looks only,
-    # and 600 items (107 s there) ended before a status caught one (2026-12-01). vLLM's engine is
-    # bound to core 0; its API server, the consumer and the statuses share core 1, where single
-    # steps of the consumer's event loop then took 1-3 s (PYTHONASYNCIODEBUG): the consumer is
-    # not scheduled, its in-flight count dips, and the verdict wanders.
+    # and 600 items (107 s there) ended before a status caught one (2026-12-01). While vLLM runs
+    # here, any process waits 0.8-1.8 s for the CPU now and then (a bare sleep loop beside it,
+    # vLLM at nice 10 or not): the consumer's loop wakes late (loop_lag_max 2-4 s, 1% of a core
+    # used), its in-flight count dips, and the verdict wanders.
     records = [{"conversations": [{"from": "human", "value": f"Say something about item {i}."}]} for i in range(1500)]
     enqueue(tmp_path, redis_url, "cap", records, "--batch-size", "16", "--sampling-json", '{"ignore_eos": true}')
     t0 = time.monotonic()
@@ -135,7 +135,10 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
     m = n["suggested_max_num_seqs"]
     # running / usage * safety, from the window's highest usage: room for ~10x the batch here
     assert n["kv_cache_usage"] <= n["kv_cache_usage_max"] < 0.5
-    assert m == suggested_max_num_seqs(MAX_NUM_SEQS, n["kv_cache_usage_max"], SAFETY) > MAX_NUM_SEQS, n
+    # (from the window's own top, which a window of looks between requests sees as 1)
+    kv = n["kv_cache_usage_max"]
+    assert suggested_max_num_seqs(1, kv, SAFETY) <= m <= suggested_max_num_seqs(MAX_NUM_SEQS, kv, SAFETY), n
+    assert m > MAX_NUM_SEQS, n
     assert f"raise --max-num-seqs from {MAX_NUM_SEQS} to about {m}" in engine["advice"]
     # the advice wraps on the text screen, at a hyphen too ("--max-" / "num-seqs"); it may show a
     # later snapshot, whose window's highest KV usage can differ
