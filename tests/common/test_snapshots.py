@@ -58,3 +58,21 @@ def test_what_is_not_a_snapshot_is_left_out(conn: redis.Redis, raw: bytes) -> No
     conn.zadd(CONSUMERS, {"bad": NOW, "gone": NOW})  # "gone": listed, its key expired
     publish(conn, snapshot("good"), NOW)
     assert [r["worker"] for r in reports(conn, NOW)] == ["good"]
+
+
+def test_a_report_reads_every_field_a_snapshot_writes_with_its_type() -> None:
+    """ConsumerReport repeats ConsumerSnapshot's fields (total=False: a consumer of an earlier
+    shape wrote fewer): a field added to one and not the other would be written and never read
+    typed, or read and never written. They differ only where the docstring says: `paused`
+    (the first shape wrote every reason, False when not in force) and the reader's own two."""
+    import typing
+
+    from genqueue.common.contracts import ConsumerSnapshot
+    from genqueue.common.snapshots import ConsumerReport
+
+    wrote, read = typing.get_type_hints(ConsumerSnapshot), typing.get_type_hints(ConsumerReport)
+    assert set(read) - set(wrote) == {"age_s", "live"}
+    assert set(wrote) <= set(read)
+    differ = {k for k in wrote if wrote[k] != read[k]}
+    assert differ == {"paused"}, differ
+    assert read["paused"] == dict[str, str | bool] and wrote["paused"] == dict[str, str]
