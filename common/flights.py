@@ -13,8 +13,8 @@ Keys:
                                      the last offer, so a dead consumer's offer goes away
   genqueue:run:<run>:hedges   hash   item key -> the consumer that claimed its copy (one copy
                                      per item across the fleet at a time: a copy that ends
-                                     without a result gives its claim back); expires after the
-                                     run's end
+                                     without a result gives its claim back, and a consumer no
+                                     longer live loses its claims); expires after the run's end
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import orjson
 import redis
 
-from genqueue.common.runs import run_key
+from genqueue.common.runs import CONSUMERS, run_key
+from genqueue.common.snapshots import STALE_AFTER
 
 #: Seconds an offer counts after it was written (its consumer refreshes it twice a second).
 OFFER_TTL = 3.0
@@ -93,14 +94,27 @@ def offers(conn: redis.Redis, run: str, *, now: float | None = None) -> list[Off
     return out
 
 
+# Take the claim when it is free, or held by a consumer no longer live (not seen for
+# STALE_AFTER seconds of Redis time, or never): a consumer killed while its copies ran would
+# otherwise keep their items from every other idle one until the claims expire.
+_CLAIM = """
+local holder = redis.call('hget', KEYS[1], ARGV[1])
+if holder then
+  if holder == ARGV[2] then return 0 end
+  local seen = redis.call('zscore', KEYS[2], holder)
+  local now = redis.call('time')
+  if seen and tonumber(seen) >= tonumber(now[1]) - tonumber(ARGV[3]) then return 0 end
+end
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+redis.call('expire', KEYS[1], ARGV[4])
+return 1
+"""
+
+
 def claim(conn: redis.Redis, run: str, item_key: str, worker: str) -> bool:
-    """Whether WORKER now holds the one copy of RUN's ITEM_KEY (False: another consumer has it)."""
-    key = hedges_key(run)
-    p = conn.pipeline(transaction=False)
-    p.hsetnx(key, item_key, worker)
-    p.expire(key, CLAIMS_TTL)
-    won, _ = p.execute()
-    return bool(won)
+    """Whether WORKER now holds the one copy of RUN's ITEM_KEY (False: another live consumer
+    has it, or WORKER already does)."""
+    return bool(conn.eval(_CLAIM, 2, hedges_key(run), CONSUMERS, item_key, worker, STALE_AFTER, CLAIMS_TTL))
 
 
 def claimed(conn: redis.Redis, run: str) -> set[str]:

@@ -14,8 +14,8 @@ of them does. So at the end of a run (its queue seen empty here lately, intake.t
   twice as fast (UNSENT_FASTER); an item in flight, from a consumer at least FASTER times
   slower per request (on equal engines a copy started later never catches up), the youngest
   first (the most left to gain). One copy per item across the fleet at a time (a claim in
-  Redis, given back when the copy ends without a result; a consumer whose copy of an item
-  ended in an error does not copy it again);
+  Redis, given back when the copy ends without a result, and taken over from a consumer no
+  longer live; a consumer whose copy of an item ended in an error does not copy it again);
 - a copy's result is written and shipped like any other; an error or a cancel writes nothing
   (the original goes on, so nothing rests on a copy);
 - every consumer looks at the marks of what it holds of the run: an item marked done (a

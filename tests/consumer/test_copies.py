@@ -21,6 +21,7 @@ import redis
 from genqueue.common import flights as fl
 from genqueue.common.contracts import Item, Mode
 from genqueue.common.flights import Flight, Offer
+from genqueue.common.runs import CONSUMERS
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.admission import Limiter
 from genqueue.consumer.book import Book
@@ -257,8 +258,27 @@ def test_offers_expire_withdraw_and_one_claim_per_item(redis_url: str) -> None:
     conn.hset(fl.flights_key("r"), "garbage", b"{not json")
     conn.hset(fl.flights_key("r"), "wrong", b'{"rate": 1, "at": 1, "items": [[1]]}')
     assert [o.worker for o in fl.offers(conn, "r")] == ["b"]  # odd content is skipped, never a crash
+    conn.zadd(CONSUMERS, {"a": float(conn.time()[0])})  # a live consumer (it reported just now)
     assert fl.claim(conn, "r", "k1", "a") and not fl.claim(conn, "r", "k1", "b")
     assert fl.claimed(conn, "r") == {"k1"} and conn.ttl(fl.hedges_key("r")) > 0
+    assert not fl.claim(conn, "r", "k1", "a")  # already its own: not a second copy
+
+
+def test_a_claim_of_a_consumer_no_longer_live_is_taken_over(redis_url: str) -> None:
+    """A consumer killed while its copies ran would keep their items from every other idle
+    consumer until the claims expire (10 min): a claim counts only while its holder is live
+    (seen within STALE_AFTER, in Redis time, as `producer status` judges it)."""
+    from genqueue.common.snapshots import STALE_AFTER
+
+    conn = redis.Redis.from_url(redis_url)
+    now = float(conn.time()[0])
+    conn.zadd(CONSUMERS, {"alive": now - 1, "dead": now - STALE_AFTER - 5})
+    for holder, item_key in (("alive", "k1"), ("dead", "k2"), ("never-seen", "k3")):
+        assert fl.claim(conn, "s", item_key, holder)
+    assert not fl.claim(conn, "s", "k1", "me")  # its holder reported a second ago
+    assert fl.claim(conn, "s", "k2", "me") and fl.claim(conn, "s", "k3", "me")
+    assert conn.hgetall(fl.hedges_key("s")) == {b"k1": b"alive", b"k2": b"me", b"k3": b"me"}
+    assert not fl.release(conn, "s", "k2", "dead")  # the old holder, back, cannot free what it lost
 
 
 # --- end to end: real consumers on a fast and a slow stand-in ----------------------------------
