@@ -62,13 +62,16 @@ class Offer:
     flights: tuple[Flight, ...]
 
 
-def publish(conn: redis.Redis, run: str, worker: str, rate: float, flights: list[Flight]) -> None:
-    """WORKER's offer for RUN now (an empty FLIGHTS withdraws it)."""
+def publish(conn: redis.Redis, run: str, worker: str, rate: float, flights: list[Flight], *,
+            now: float | None = None) -> None:
+    """WORKER's offer for RUN at NOW (Redis's clock as the consumer reads it, common/clock.py:
+    every reader judges its age by its own; default the local clock). An empty FLIGHTS
+    withdraws it."""
     key = flights_key(run)
     if not flights:
         conn.hdel(key, worker)
         return
-    body = orjson.dumps({"rate": rate, "at": time.time(),
+    body = orjson.dumps({"rate": rate, "at": time.time() if now is None else now,
                          "items": [[f.job_id, f.key, f.age] for f in flights]})
     p = conn.pipeline(transaction=False)
     p.hset(key, worker, body)
@@ -77,7 +80,8 @@ def publish(conn: redis.Redis, run: str, worker: str, rate: float, flights: list
 
 
 def offers(conn: redis.Redis, run: str, *, now: float | None = None) -> list[Offer]:
-    """The current offers for RUN (stale and unreadable ones left out)."""
+    """The current offers for RUN at NOW (the clock publish was given; stale and unreadable
+    ones left out)."""
     now = time.time() if now is None else now
     out: list[Offer] = []
     raw: dict[bytes, bytes] = conn.hgetall(flights_key(run))  # type: ignore[assignment]

@@ -6,19 +6,19 @@ Key: genqueue:run:<run>:paused  (JSON: reason, by, at), absent while the run is 
 
 from __future__ import annotations
 
-import time
 from typing import TypedDict
 
 import orjson
 import redis
 
+from genqueue.common.clock import redis_time
 from genqueue.common.runs import run_key
 
 
 class PauseInfo(TypedDict):
     reason: str  # one line, what tripped and why ("breaker: 8 of the first 8 items failed: ...")
     by: str  # the consumer (rq worker name) that paused it
-    at: float  # epoch seconds
+    at: float  # epoch seconds, Redis's clock (common/clock.py): status on any node says how long ago
 
 
 def pause_key(run: str) -> str:
@@ -27,7 +27,7 @@ def pause_key(run: str) -> str:
 
 def pause_run(conn: redis.Redis, run: str, reason: str, by: str) -> bool:
     """Pause RUN with REASON; True if this call paused it (False: it was paused already)."""
-    info: PauseInfo = {"reason": reason, "by": by, "at": time.time()}
+    info: PauseInfo = {"reason": reason, "by": by, "at": redis_time(conn)}
     return bool(conn.set(pause_key(run), orjson.dumps(info), nx=True))
 
 

@@ -38,6 +38,7 @@ import asyncio
 import collections
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import redis
@@ -112,7 +113,7 @@ class Hedger:
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
-                 stopped: Callable[[], set[str]]) -> None:
+                 stopped: Callable[[], set[str]], clock: Callable[[], float] = time.time) -> None:
         self.rq = rq
         self.conn = conn
         self.worker = worker
@@ -120,6 +121,9 @@ class Hedger:
         self._contexts = contexts
         self._tail_runs = tail_runs
         self._stopped = stopped  # the runs paused or gone from Redis
+        # Redis's clock as this node reads it (rqcompat's RedisClock): offers are stamped and
+        # judged by it, so nodes whose clocks differ by more than OFFER_TTL still see each other's
+        self._clock = clock
         self.rate = Rate()
         self._offered: set[str] = set()
         self.copies_sent = 0
@@ -202,7 +206,8 @@ class Hedger:
             return
         unsent = [f for f in flights if f.age is None]
         flying = sorted((f for f in flights if f.age is not None), key=lambda f: f.age or 0.0)
-        await self.rq.call(fl.publish, self.conn, run, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER])
+        await self.rq.call(fl.publish, self.conn, run, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER],
+                           now=self._clock())
         if flights:
             self._offered.add(run)
         else:
@@ -210,7 +215,7 @@ class Hedger:
 
     async def _copy(self, ctx: RunContext) -> None:
         run = ctx.run
-        offers = await self.rq.call(fl.offers, self.conn, run)
+        offers = await self.rq.call(fl.offers, self.conn, run, now=self._clock())
         failed_here = {key for (r, key) in self.dispatcher.copies_failed if r == run}
         picks = choose(offers, self.worker, self.rate.value, self.dispatcher.copy_slots(),
                        set(self.dispatcher.held_keys(run)) | failed_here)

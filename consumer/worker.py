@@ -246,7 +246,8 @@ class Consumer:
                         has_room=dispatcher.room_for_work)
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
-                              stopped=lambda: set(served.paused) | set(served.vanished))
+                              stopped=lambda: set(served.paused) | set(served.vanished),
+                              clock=self.worker.clock.now)
 
         t0 = time.monotonic()
         code: int = ExitCode.DONE

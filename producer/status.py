@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-import time
 from typing import Any
 
 import click
 import redis
 
 from genqueue.common import defaults, marks
+from genqueue.common.clock import redis_time
 from genqueue.common.eta import eta_seconds, format_duration
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
@@ -55,7 +55,9 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
                gpu_hour_price: float | None = None) -> StatusReport:
     """Everything `producer status` shows about RUN, as plain data; every figure RUN's own.
     GPU_HOUR_PRICE: money a GPU-hour, for the cost in money (None: GPU-hours only)."""
-    now = time.time() if now is None else now
+    # Redis's clock: consumers report last_seen in it, and rq's started_at is in it too, so a
+    # status host whose clock is off neither calls live consumers dead nor misreads elapsed time
+    now = redis_time(conn) if now is None else now
     store = RunStore(conn)
     info = store.require(run)
     sources = store.sources(run)

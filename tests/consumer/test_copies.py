@@ -503,3 +503,36 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
         rq.close()
 
     asyncio.run(scenario())
+
+
+def test_offers_are_stamped_and_judged_by_redis_clock_so_skewed_nodes_see_each_other(redis_url, monkeypatch):
+    """Offers last OFFER_TTL (3 s): stamped with each node's own clock, a node 100 s behind
+    wrote offers every other node took for stale, and its items were never copied."""
+    from genqueue.common.clock import redis_time
+    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.rqthread import RqThread
+
+    conn = redis.Redis.from_url(redis_url)
+    offset = redis_time(conn) - time.time()
+
+    async def scenario() -> None:
+        rq = RqThread()
+        book: Book[Any] = Book()
+        book.hold(job("a", 2))  # two items waiting unsent here
+        d = Dispatcher(book, Limiter(4), FakeGate(), FakeOutbox(), HangingGenerator(),  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 4)
+        # this node's clock is 100 s behind; rqcompat's RedisClock corrects it by the measured offset
+        real = time.time
+        h = Hedger(rq, conn, "behind", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
+                   stopped=set, clock=lambda: time.time() + (100.0 + offset))
+        with monkeypatch.context() as m:
+            m.setattr(time, "time", lambda: real() - 100.0)
+            await h.look()
+        rq.close()
+
+    asyncio.run(scenario())
+    seen = fl.offers(conn, "r", now=redis_time(conn))  # another node, reading by Redis's clock
+    assert [o.worker for o in seen] == ["behind"] and len(seen[0].flights) == 2
+    stamped = time.time() - 100.0  # what the node's own clock would have stamped
+    assert fl.OFFER_TTL < redis_time(conn) - stamped  # which that reader would have taken for stale
