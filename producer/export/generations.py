@@ -1,0 +1,80 @@
+"""A result record as the generations that made it (pure, no I/O): one per request the target
+answered, each with the history exactly as the run sent it to the server.
+
+A record of a single-turn mode (first, last, each) is one generation: its `messages` are the
+prompt, its `content`/`reasoning`/`tool_calls` the answer. A `regenerate` record is one
+generation per entry of `turns`: the k-th turn answered the k-th assistant message of
+`messages`, and the messages before that one are what the server was sent for it (earlier
+answers with or without their thinking as `--history-reasoning` said, tool results as spliced:
+the consumer appends to one history and records it, consumer/generate.py). A tool-calling turn
+is one generation per request: the call, then each answer after its results.
+
+The answer carries its thinking as `reasoning_content` (the field reasoning models' chat
+templates read), whatever went back into the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import cast
+
+from genqueue.common.contracts import ChatMessage, Outcome, ResultRecord, TokenIds, Usage, full_prompts
+
+#: Outcomes whose answer never ended on its own.
+UNCLOSED = frozenset({Outcome.CUT_IN_THINKING, Outcome.NO_ANSWER})
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One answer the target generated, with the request it answered."""
+
+    index: int  # the record's k-th generation, from 0
+    turn: int | None  # the user turn it answers (None: a record that names none)
+    step: int  # its place after tool results within the user turn (0: the turn's first answer)
+    history: list[ChatMessage]  # the messages the server was sent, as sent
+    answer: ChatMessage  # the answer, its thinking as reasoning_content
+    outcome: str | None
+    usage: Usage
+    token_ids: TokenIds | None  # as recorded (a regenerate turn's prompt may be shared)
+    prompt_ids: list[int] | None  # the whole prompt the engine rendered, when recorded
+
+    @property
+    def unclosed(self) -> bool:
+        """The answer never ended on its own: no closing think tag may be written for it."""
+        return self.outcome in UNCLOSED
+
+
+def generations(rec: ResultRecord) -> list[Generation]:
+    """REC's generations, in the order they were made. Raises ValueError when a regenerate
+    record's token ids do not chain (an answer sharing more prompt ids than the one before had)."""
+    return list(_generations(rec))
+
+
+def _generations(rec: ResultRecord) -> Iterator[Generation]:
+    # The contract types a record's messages as the consumer builds them: OpenAI chat messages.
+    messages = cast(list[ChatMessage], rec.get("messages") or [])
+    turns = rec.get("turns")
+    if turns is None:
+        answer: ChatMessage = {"role": "assistant", "content": rec.get("content") or ""}
+        if rec.get("reasoning") is not None:
+            answer["reasoning_content"] = rec["reasoning"]
+        if rec.get("tool_calls"):
+            answer["tool_calls"] = rec["tool_calls"]
+        ids = rec.get("token_ids")
+        yield Generation(0, rec.get("turn"), 0, list(messages), answer, rec.get("outcome"), rec.get("usage") or {},
+                         ids, ids["prompt"] if ids is not None else None)
+        return
+    has_ids = any(t.get("token_ids") is not None for t in turns)
+    prompts = full_prompts(turns) if has_ids else [None] * len(turns)
+    k = 0
+    for i, msg in enumerate(messages):
+        if msg.get("role") != "assistant" or k >= len(turns):
+            continue
+        entry = turns[k]
+        answer = cast(ChatMessage, {n: v for n, v in msg.items() if n != "reasoning_content"})
+        if entry.get("reasoning") is not None:
+            answer["reasoning_content"] = entry["reasoning"]
+        yield Generation(k, entry.get("turn"), entry.get("step", 0), messages[:i], answer, entry.get("outcome"),
+                         entry.get("usage") or {}, entry.get("token_ids"), prompts[k])
+        k += 1
