@@ -343,9 +343,11 @@ def format_summary(s: Summary) -> str:
 
 def _register() -> None:
     from genqueue.producer.export.command import export_command
+    from genqueue.producer.export.parity_command import parity_command
     from genqueue.producer.lifecycle import delete_command, resume_command, runs_command
 
     main.add_command(export_command, "export")
+    main.add_command(parity_command, "parity")
     main.add_command(runs_command, "runs")
     main.add_command(resume_command, "resume")
     main.add_command(delete_command, "delete")
