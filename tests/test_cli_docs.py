@@ -37,6 +37,7 @@ PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT /
 SECTIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("producer", "enqueue"): ("docs/enqueue.md", "## `producer enqueue PATH`"),
     ("producer", "export"): ("docs/export.md", "## `producer export`"),
+    ("producer", "parity"): ("docs/export.md", "## `producer parity`"),
     ("producer", "status"): ("docs/operations.md", "## `producer status`"),
     ("producer", "runs"): ("README.md", "## 7. Recover"),
     ("producer", "resume"): ("README.md", "## 7. Recover"),

@@ -27,7 +27,7 @@ The rendering itself is a Renderer (hf_render.py holds transformers'); this modu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -38,6 +38,8 @@ from genqueue.producer.export.generations import generations
 CONTEXT_TOKENS = 8
 #: Mismatches kept with their detail (the rest are counted): a report stays readable.
 MAX_SHOWN = 50
+
+Decode = Callable[[Sequence[int]], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else n
 
 
-def hint(rendered: Sequence[int], recorded: Sequence[int], position: int, decode: Any) -> str:
+def hint(rendered: Sequence[int], recorded: Sequence[int], position: int, decode: Decode) -> str:
     """A guess at the cause, from the shape of the difference (empty when none fits)."""
     if position == 0 and len(recorded) == len(rendered) + 1 and list(recorded[1:]) == list(rendered):
         return f"the engine's prompt has one token more at the start ({decode(recorded[:1])!r}): a BOS added twice?"
@@ -153,7 +155,7 @@ def hint(rendered: Sequence[int], recorded: Sequence[int], position: int, decode
     return "the chat template differs (another revision, or the server's --chat-template?)"
 
 
-def around(ids: Sequence[int], position: int, decode: Any, context: int = CONTEXT_TOKENS) -> str:
+def around(ids: Sequence[int], position: int, decode: Decode, context: int = CONTEXT_TOKENS) -> str:
     """The text of IDS around POSITION: CONTEXT tokens before it, a `|` at it, CONTEXT after."""
     lo = max(0, position - context)
     return decode(ids[lo:position]) + "|" + decode(ids[position:position + context])

@@ -157,8 +157,8 @@ def format_parity(r: ParityReport) -> str:
         ("tokenizer", r.tokenizer),
         ("checked", f"{r.records:,} records, {r.generations:,} generations with prompt ids"),
         ("  matched", f"{r.matched:,}  ({rate})"),
-        ("  MISMATCHED" if r.mismatched else "  mismatched", f"{r.mismatched:,} generations in "
-                                                            f"{r.mismatched_records:,} records"),
+        ("  MISMATCHED" if r.mismatched else "  mismatched",
+         f"{r.mismatched:,} generations in {r.mismatched_records:,} records"),
     ]
     if r.without_ids:
         rows.append(("  without ids", f"{r.without_ids:,}  (generations that kept none: not checked)"))

@@ -182,8 +182,8 @@ def test_the_command_exits_by_what_it_found(tiny: tuple[Path, Any], tmp_path: Pa
     assert proc.returncode == 1, proc.stderr
     assert "row-2 generation 0: differs at token 0" in proc.stdout and "row-1" not in proc.stdout  # clean: silent
     assert proc.stderr.strip().splitlines() == [
-        "error: 1 of 2 generations (1 records) differ from the prompt ids the engine recorded; pass "
-        "--allow-mismatch to exit 0 anyway"]
+        ("error: 1 of 2 generations (1 records) differ from the prompt ids the engine recorded; pass "
+         "--allow-mismatch to exit 0 anyway")]
     proc = cli("producer", "parity", "--run", "par", "--tokenizer", str(where), "--allow-mismatch", "--json",
                env=env, check=False)
     report = orjson.loads(proc.stdout)
