@@ -9,6 +9,7 @@ for a user mistake, each in one line."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -203,3 +204,31 @@ def test_the_command_exits_by_what_it_found(tiny: tuple[Path, Any], tmp_path: Pa
                         "no such file")):
         proc = cli("producer", "parity", *args, env=env, check=False)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and said in proc.stderr, proc
+    # without transformers (the parity extra): one line naming the extra
+    fake = tmp_path / "no-transformers" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no transformers here')\n")
+    path = os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])
+    proc = cli("producer", "parity", "--run", "par", "--tokenizer", str(where), env={**env, "PYTHONPATH": path},
+               check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: producer parity needs transformers to render the chat template: pip install 'genqueue[parity]'"], proc
+
+
+def test_history_thinking_reaches_the_template_under_both_names(tiny: tuple[Path, Any], tmp_path: Path) -> None:
+    """vLLM renames `reasoning_content` to `reasoning` and hands the template both: a template
+    that reads only `reasoning_content` (Qwen3's) renders a history answer sent as `reasoning`
+    (a history message's other fields are dropped, its thinking is not)."""
+    where, tok = tiny
+    strict = _tiny().CHAT_TEMPLATE.replace(
+        "{%- elif message.reasoning is string %}{%- set reasoning = message.reasoning %}", "")
+    (tmp_path / "strict.jinja").write_text(strict)
+    text = (f"<|im_start|>user\n{Q1}<|im_end|>\n<|im_start|>assistant\n<think>\n{T1}\n</think>\n\n{A1}<|im_end|>\n"
+            f"<|im_start|>user\n{Q2}<|im_end|>\n<|im_start|>assistant\n<think>")
+    rec = cast(ResultRecord, {**single(tok, sampling={"chat_template_kwargs": {"preserve_thinking": True}},
+                                       prompt=ids(tok, text)),
+                              "messages": [{"role": "user", "content": Q1},
+                                           {"role": "assistant", "content": A1, "reasoning": T1},
+                                           {"role": "user", "content": Q2}]})
+    found = check(rec, where, str(tmp_path / "strict.jinja"))
+    assert found.checked == 1 and found.mismatches == [], found
