@@ -8,7 +8,9 @@ reads, and accounts for every item of the run (done, partial, failed, refused, m
 - records.py: one shard line read once into the contract's record and its placing fields;
 - parquet.py / sinks.py / layout.py: where rows go (JSONL, Parquet partitions, side files);
 - coverage.py: the run's items against what the shards hold;
-- sources.py: reading shards from a local folder or S3.
+- sources.py: reading shards from a local folder or S3;
+- parity.py / hf_render.py / parity_command.py: `producer parity`, the recorded prompt ids
+  against the model's tokenizer and chat template.
 
 May import: genqueue.common, genqueue.producer.outfiles, genqueue.producer.rungone, genqueue.producer.ingest.sources
 """
