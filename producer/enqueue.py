@@ -55,6 +55,7 @@ from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.runsources import end_reading, start_reading
 from genqueue.common.settings import RunSettings
+from genqueue.common.storage import probe_output
 from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.convert import normalize
@@ -429,6 +430,8 @@ class EnqueueOptions:
     shared_fs: bool = False
     #: give the run this priority before any job is queued (None: keep it)
     priority: int | None = None
+    #: prove the output can be written and read back before anything is queued (probe_output)
+    output_check: bool = True
 
 
 def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
@@ -448,6 +451,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
                                      shared_fs=opts.shared_fs) if conn is not None else None
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
+    if conn is not None and opts.output_check:
+        probe_output(settings.output, run)  # one probe per enqueue, before Redis holds anything of it
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
     if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):
