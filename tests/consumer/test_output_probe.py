@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -17,19 +16,22 @@ import pytest
 import redis
 
 from genqueue.common.contracts import ExitCode
-from tests.conftest import BIN, http_text, sharegpt, small_tmpfs, write_jsonl
+from tests.conftest import cli, http_text, sharegpt, small_tmpfs, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(autouse=True)
+def _no_aws_settings_of_our_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command gets the AWS settings its test gives it, none from this process."""
+    for k in [k for k in os.environ if k.startswith("AWS_") or k == "GENQUEUE_S3_ENDPOINT"]:
+        monkeypatch.delenv(k)
+
+
 def run(name: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """A genqueue command with ENV as the whole of its AWS settings (none from this process)."""
-    exe = BIN / name
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", name]
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "GENQUEUE_S3_ENDPOINT"}
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, env={**base, **env})
+    return cli(name, *args, env=env, check=False)
 
 
 def enqueue(tmp_path: Path, redis_url: str, run_name: str, output: str, env: dict[str, str]) \
@@ -47,20 +49,10 @@ def requests(sim: Sim) -> int:
 
 
 def burst(tmp_path: Path, redis_url: str, sim: Sim, run_name: str, env: dict[str, str]) -> tuple[int, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "GENQUEUE_S3_ENDPOINT"}
-    os.environ.clear()  # Proc takes this process's environment: without AWS settings, only ENV's
-    os.environ.update(base)
-    try:
-        p = Proc("consumer", ["run", "--run", run_name, "--endpoint", sim.url, "--burst",
-                              "--spool", str(tmp_path / "spool" / run_name)],
-                 tmp_path / f"{run_name}.log", env={"REDIS_URL": redis_url, **env})
-        return p.wait(120), p.output()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-saved = dict(os.environ)
+    p = Proc("consumer", ["run", "--run", run_name, "--endpoint", sim.url, "--burst",
+                          "--spool", str(tmp_path / "spool" / run_name)],
+             tmp_path / f"{run_name}.log", env={"REDIS_URL": redis_url, **env})
+    return p.wait(120), p.output()
 
 
 def no_creds(s3: S3Server) -> dict[str, str]:
