@@ -451,14 +451,14 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
                                      shared_fs=opts.shared_fs) if conn is not None else None
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
-    if conn is not None and opts.output_check:
-        probe_output(settings.output, run)  # one probe per enqueue, before Redis holds anything of it
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
     if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):
         # run.json goes there (runsetup), and this host's consumers' shards: a full one is refused
         probe(Path(settings.output) / f".gq-probe-{os.getpid()}", OUTPUT_DIR, shown=Path(settings.output),
               only_full=True)
+    if conn is not None and opts.output_check:
+        probe_output(settings.output, run)  # one probe per enqueue, before Redis holds anything of it
     rejects = RejectsWriter(opts.rejects_path).open() if opts.rejects_path else None
     order: LongestFirst | None = None
     try:
