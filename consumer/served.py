@@ -17,6 +17,7 @@ from genqueue.common.eta import format_duration
 from genqueue.common.pause import paused_reasons
 from genqueue.common.rqaccess import job_counts
 from genqueue.common.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
+from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.faults import classify_status
 from genqueue.consumer.generate import Generator, RunContext
@@ -243,6 +244,10 @@ class ServedRuns:
         """What the engine cannot answer for this run, checked before any of its jobs is taken;
         None when it passes. A run that fails is not served by this consumer (its items are
         not failed one by one), and is checked again when its settings change."""
+        try:  # first: no engine time for results this consumer cannot ship
+            await asyncio.to_thread(probe_output, ctx.settings.output, ctx.run)
+        except OutputProbeError as e:
+            return str(e)
         max_tokens = ctx.settings.sampling.max_tokens
         if ctx.max_model_len is not None and max_tokens >= ctx.max_model_len:
             return (f"max_tokens {max_tokens} does not fit the model's context of {ctx.max_model_len} tokens "

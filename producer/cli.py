@@ -55,6 +55,7 @@ class EnqueueArgs(TypedDict):
     token_ids: bool
     output: str
     shared_fs: bool
+    no_output_check: bool
     rejects_path: str | None
     id_field: str | None
     samples: int
@@ -105,6 +106,7 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
         update_settings=options["update_settings"],
         shared_fs=options["shared_fs"],
         priority=options["priority"],
+        output_check=not options["no_output_check"],
     )
 
 
@@ -148,6 +150,10 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               help="The --output directory is one filesystem every node mounts (NFS, Lustre...): consumers on "
                    "any host may ship to it. Without it, a local output belongs to this host alone (named by "
                    "GENQUEUE_HOST, else its hostname).")
+@click.option("--no-output-check", is_flag=True,
+              help="Queue without first proving the --output can be written and read back (a probe put, read "
+                   "and removed): for a host without the output's credentials; each consumer's pre-flight still "
+                   "checks it.")
 @click.option("--rejects", "rejects_path", default=None,
               help="Rejects file (default: <run>.rejects.jsonl in the current directory; none with --dry-run).")
 @click.option("--id-field", default=None, metavar="FIELD",

@@ -55,6 +55,7 @@ from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.runsources import end_reading, start_reading
 from genqueue.common.settings import RunSettings
+from genqueue.common.storage import probe_output
 from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.convert import normalize
@@ -429,6 +430,8 @@ class EnqueueOptions:
     shared_fs: bool = False
     #: give the run this priority before any job is queued (None: keep it)
     priority: int | None = None
+    #: prove the output can be written and read back before anything is queued (probe_output)
+    output_check: bool = True
 
 
 def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
@@ -454,6 +457,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
         # run.json goes there (runsetup), and this host's consumers' shards: a full one is refused
         probe(Path(settings.output) / f".gq-probe-{os.getpid()}", OUTPUT_DIR, shown=Path(settings.output),
               only_full=True)
+    if conn is not None and opts.output_check:
+        probe_output(settings.output, run)  # one probe per enqueue, before Redis holds anything of it
     rejects = RejectsWriter(opts.rejects_path).open() if opts.rejects_path else None
     order: LongestFirst | None = None
     try:

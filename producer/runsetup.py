@@ -25,9 +25,10 @@ path one filesystem every node mounts (then the run records that, and any host m
 run.json is written through the output's store (a directory, or S3). A local output directory
 that does not exist yet is not created for it (consumers create it when they ship the first
 shard; a directory is not made as a side effect of a command that may be a mistake): the next
-`producer enqueue` of the run writes it then. A producer that cannot reach the output (no S3
-credentials on its machine: the consumers' nodes have them) enqueues all the same, with a
-warning: it can neither keep run.json nor re-create the run from it.
+`producer enqueue` of the run writes it then. An output that fails its probe is refused before
+this runs (enqueue.py, storage.probe_output); a producer that cannot reach the output and skips
+the probe (`--no-output-check`: no S3 credentials on its machine, the consumers' nodes have them)
+enqueues all the same, with a warning: it can neither keep run.json nor re-create the run from it.
 """
 
 from __future__ import annotations

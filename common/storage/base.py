@@ -9,20 +9,49 @@ through the same `ShardStore`, so what one writes the other reads by the same ru
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Protocol, cast
 
 import orjson
 
 from genqueue.common.contracts import ShardManifest
-from genqueue.common.errors import GenqueueError
+from genqueue.common.errors import GenqueueError, UserError
 
 log = logging.getLogger(__name__)
 
 
 class StoreError(GenqueueError):
     """The output location cannot be listed or read (the export ends with this message)."""
+
+
+class ProbeCause(StrEnum):
+    """Why a run's output failed its probe (`ShardStore.probe`): what the one line names."""
+
+    NO_CREDENTIALS = "no credentials"
+    ACCESS_DENIED = "access denied"
+    SIGNATURE_REFUSED = "signature refused"
+    NO_SUCH_BUCKET = "no such bucket"
+    READ_ONLY = "read-only"
+    MISSING_DIRECTORY = "missing directory"
+    FULL = "no space left"
+    UNREACHABLE = "endpoint unreachable"
+    READ_BACK = "read back wrong"
+    OTHER = "refused"
+
+
+class OutputProbeError(UserError):
+    """A run's output cannot be written and read back (the probe `producer enqueue` and every
+    consumer's pre-flight run before anything is queued or generated): one line naming the
+    output, the cause and the fix; exit 2 at enqueue, 4 at a --burst consumer's pre-flight."""
+
+    def __init__(self, output: str, cause: ProbeCause, detail: str, fix: str) -> None:
+        super().__init__(f"output {output} cannot be written: {cause.value} ({detail}); {fix}")
+        self.output = output
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +103,12 @@ class ShardStore(Protocol):
         """A binary stream of the object NAME (a shard or a manifest) of RUN. Raises StoreError."""
         ...
 
+    def probe(self, run: str) -> None:
+        """Prove RUN's output can be written and read back: one small probe object or file
+        (names.probe_name) written, read, compared and removed, leaving nothing behind. Raises
+        OutputProbeError naming the cause and the fix."""
+        ...
+
 
 class OutputStore(ShardStore, Protocol):
     """A run's output location as the producer uses it: its shards, and `<run>/run.json`, what
@@ -87,6 +122,16 @@ class OutputStore(ShardStore, Protocol):
         """Replace RUN's run.json with DATA, whole or not at all; returns where it went. Raises
         StoreError."""
         ...
+
+
+def probe_token() -> str:
+    """A name part no other probe uses at the same time (names.probe_name)."""
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def probe_body(token: str) -> bytes:
+    """What a probe writes: its own token, so reading back another probe's bytes is caught."""
+    return f"genqueue output probe {token}\n".encode()
 
 
 def parse_manifest(raw: bytes) -> ShardManifest | None:

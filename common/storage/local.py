@@ -7,6 +7,7 @@ complete shard, and a manifest that exists vouches for a shard already in place.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -16,10 +17,19 @@ from typing import IO
 import orjson
 
 from genqueue.common.errors import UserError
-from genqueue.common.storage.base import SealedShard, ShardInfo, StoreError
+from genqueue.common.storage.base import (
+    OutputProbeError,
+    ProbeCause,
+    SealedShard,
+    ShardInfo,
+    StoreError,
+    probe_body,
+    probe_token,
+)
 from genqueue.common.storage.names import (
     manifest_name,
     parse_shard_name,
+    probe_name,
     run_settings_name,
     shard_of_manifest,
     shards_prefix,
@@ -115,6 +125,60 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write {path}: {e.strerror}") from None
         return str(path)
+
+
+    def probe(self, run: str) -> None:
+        """Write a probe file where RUN's output goes, read it back, remove it. Directories it
+        had to make are removed again: a command that may be a mistake leaves no directory
+        behind (the consumer makes them when it ships its first shard)."""
+        token = probe_token()
+        path = self.root / probe_name(run, token)
+        body = probe_body(token)
+        made: list[Path] = []
+        try:
+            for d in reversed([path.parent, *path.parent.parents]):
+                if not d.is_dir():
+                    d.mkdir()
+                    made.append(d)
+            with open(path, "xb") as fh:
+                fh.write(body)
+                fh.flush()
+                os.fsync(fh.fileno())
+            back = path.read_bytes()
+            path.unlink()
+        except OSError as e:
+            raise self._probe_failed(e) from None
+        finally:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # never written: the first error is the one reported
+            for d in reversed(made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass  # a consumer shipped into it meanwhile: it stays
+        if back != body:
+            raise OutputProbeError(str(self.root), ProbeCause.READ_BACK,
+                                   f"{path} read back {len(back)} bytes, not the {len(body)} written",
+                                   "check the filesystem (a cache or mount that does not keep what is written), or "
+                                   "enqueue the run with another --output")
+
+    def _probe_failed(self, e: OSError) -> OutputProbeError:
+        detail = f"{e.filename or self.root}: {e.strerror or e}"
+        other = "or enqueue the run with another --output"
+        if e.errno == errno.EROFS:
+            return OutputProbeError(str(self.root), ProbeCause.READ_ONLY, detail,
+                                    f"mount it read-write, {other}")
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return OutputProbeError(str(self.root), ProbeCause.ACCESS_DENIED, detail,
+                                    f"give the user this runs as write access there, {other}")
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
+            return OutputProbeError(str(self.root), ProbeCause.MISSING_DIRECTORY, detail,
+                                    f"create the directory (or mount the share it is on), {other}")
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OutputProbeError(str(self.root), ProbeCause.FULL, detail, f"free space there, {other}")
+        return OutputProbeError(str(self.root), ProbeCause.OTHER, detail, f"fix the path, {other}")
 
 
 def fsync_file(path: Path) -> None:

@@ -4,7 +4,10 @@ A run's shards live under `<output>/<run>/shards/`: each is `<worker>-<seq:06d>.
 `<worker>-<seq:06d>.manifest.json` beside it once it is stored and verified. Worker names are
 unique per process start, so two consumers never write the same name. `<output>/<run>/run.json`
 holds what is needed to re-create the run should Redis lose it (its settings, every fingerprint
-it has had, its input sources: common/storage/runfile.py); the producer writes it. The consumer's spool, the local store,
+it has had, its input sources: common/storage/runfile.py); the producer writes it.
+`<output>/<run>/.genqueue-probe-<token>` is the probe `producer enqueue` and each consumer's
+pre-flight write, read back and remove (ShardStore.probe): beside run.json, where the run writes,
+outside `shards/` (a probe left behind is never listed as a shard). The consumer's spool, the local store,
 the S3 store and the export all take names from here, so a change of layout is one edit.
 """
 
@@ -17,6 +20,7 @@ SHARD_SUFFIX = ".jsonl"
 MANIFEST_SUFFIX = ".manifest.json"
 SHARDS_DIR = "shards"
 RUN_SETTINGS = "run.json"
+PROBE_PREFIX = ".genqueue-probe-"
 
 # A worker name: anything a file or object name can hold, without a path separator.
 _SHARD = re.compile(r"(?P<worker>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(SHARD_SUFFIX))
@@ -73,3 +77,11 @@ def shards_prefix(run: str) -> str:
 def run_settings_name(run: str) -> str:
     """Where RUN's settings are kept beside its shards, `<run>/run.json` (runfile.py)."""
     return f"{run}/{RUN_SETTINGS}"
+
+
+def probe_name(run: str, token: str) -> str:
+    """Where a probe of RUN's output goes, relative to the output: `<run>/.genqueue-probe-<token>`
+    (TOKEN: unique per probe, so two probes at once never meet)."""
+    if not token or "/" in token or "\\" in token:
+        raise ValueError(f"not a usable probe token: {token!r}")
+    return f"{run}/{PROBE_PREFIX}{token}"

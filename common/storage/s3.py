@@ -40,14 +40,31 @@ import boto3
 import orjson
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+)
 from s3transfer.utils import ChunksizeAdjuster
 
 from genqueue.common.errors import GenqueueError, UserError
-from genqueue.common.storage.base import SealedShard, ShardInfo, StoreError
+from genqueue.common.storage.base import (
+    OutputProbeError,
+    ProbeCause,
+    SealedShard,
+    ShardInfo,
+    StoreError,
+    probe_body,
+    probe_token,
+)
 from genqueue.common.storage.names import (
     manifest_name,
     parse_shard_name,
+    probe_name,
     run_settings_name,
     shard_of_manifest,
     shards_prefix,
@@ -241,6 +258,63 @@ class S3Store:
             except Exception as e:  # noqa: BLE001 - server unreachable: the upload will say so; sweep next time
                 log.warning("could not list stale multipart uploads under %s (%s: %s)",
                             self.loc.url(self.loc.key()), type(e).__name__, e)
+
+    def probe(self, run: str) -> None:
+        """PUT a probe object beside RUN's run.json, GET it back, DELETE it: credentials,
+        bucket, endpoint and write permission, proven by the calls a consumer makes. A DELETE
+        the credentials may not make is only warned about: shipping never deletes."""
+        token = probe_token()
+        key, body = self.loc.key(probe_name(run, token)), probe_body(token)
+        client = self.client
+        try:
+            client.put_object(Bucket=self.loc.bucket, Key=key, Body=body, ChecksumAlgorithm="SHA256")
+            back = client.get_object(Bucket=self.loc.bucket, Key=key)["Body"].read()
+        except (BotoCoreError, ClientError) as e:
+            raise self._probe_failed(e) from None
+        try:
+            client.delete_object(Bucket=self.loc.bucket, Key=key)
+        except (BotoCoreError, ClientError) as e:
+            log.warning("could not delete the probe object %s (%s): delete it by hand", self.loc.url(key), e)
+        if back != body:
+            raise OutputProbeError(self.url, ProbeCause.READ_BACK,
+                                   f"{self.loc.url(key)} read back {len(back)} bytes, not the {len(body)} written",
+                                   "check the endpoint (a proxy or gateway that does not keep what is written)")
+
+    @property
+    def url(self) -> str:
+        """The output as the run names it, for messages."""
+        return self.loc.url(self.loc.key())
+
+    def _probe_failed(self, e: Exception) -> OutputProbeError:
+        where = f" at {endpoint_url()}" if endpoint_url() else ""
+        if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+            return OutputProbeError(self.url, ProbeCause.NO_CREDENTIALS, str(e),
+                                    "give this host credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                                    "AWS_PROFILE, or an instance role")
+        if isinstance(e, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError)):
+            return OutputProbeError(self.url, ProbeCause.UNREACHABLE, str(e),
+                                    f"check the endpoint{where} is up and reachable from this host "
+                                    f"({ENDPOINT_ENV} or AWS_ENDPOINT_URL names it)")
+        if not isinstance(e, ClientError):
+            return OutputProbeError(self.url, ProbeCause.OTHER, f"{type(e).__name__}: {e}",
+                                    "check the endpoint and the credentials of this host")
+        err = e.response.get("Error", {})
+        code, msg = str(err.get("Code", "")), str(err.get("Message", "") or e)
+        detail = f"{code}: {msg}" if code else msg
+        if code == "NoSuchBucket":
+            return OutputProbeError(self.url, ProbeCause.NO_SUCH_BUCKET, detail,
+                                    f"create bucket {self.loc.bucket}{where} (aws s3 mb s3://{self.loc.bucket}), "
+                                    "or enqueue the run with another --output")
+        if code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken",
+                    "AuthorizationHeaderMalformed"):
+            return OutputProbeError(self.url, ProbeCause.SIGNATURE_REFUSED, detail,
+                                    f"give this host credentials the server{where} accepts (AWS_ACCESS_KEY_ID, "
+                                    "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN)")
+        if code in ("AccessDenied", "AllAccessDisabled", "403", "Forbidden"):
+            return OutputProbeError(self.url, ProbeCause.ACCESS_DENIED, detail,
+                                    f"let these credentials PutObject, GetObject and DeleteObject under "
+                                    f"{self.url}/, or use credentials that may")
+        return OutputProbeError(self.url, ProbeCause.OTHER, detail, "check the endpoint and the credentials of this host")
 
     # --- reading ---------------------------------------------------------------------
     def list_shards(self, run: str) -> list[ShardInfo]:

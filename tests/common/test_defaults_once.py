@@ -314,7 +314,7 @@ def test_producer_enqueue_builds_from_every_option(monkeypatch: pytest.MonkeyPat
             "--max-prompt-chars", "10", "--max-record-bytes", "11", "--history-reasoning", "keep",
             "--truncation", "error", "--expect-reasoning", "--output", "s3://b/p", "--shared-fs",
             "--rejects", "r.jsonl", "--id-field", "key", "--samples", "2", "--longest-first", "--tmp-dir", "t",
-            "--retry-failed", "--update-settings", "--priority", "-4"]
+            "--retry-failed", "--update-settings", "--priority", "-4", "--no-output-check"]
     opts: EnqueueArgs = parse(command(producer_main, "enqueue"), args, monkeypatch)
     settings, warnings = run_settings(opts)
     assert settings == RunSettings(model="m", multi_turn="last", output="s3://b/p", max_prompt_chars=10,
@@ -325,4 +325,4 @@ def test_producer_enqueue_builds_from_every_option(monkeypatch: pytest.MonkeyPat
     assert enqueue_options(opts, "data") == EnqueueOptions(
         batch_size=5, rejects_path="r.jsonl", max_record_bytes=11, longest_first=True, tmp_dir="t",
         origin=Origin(id_field="key", samples=2), retry_failed=True, update_settings=True, shared_fs=True,
-        priority=-4)
+        priority=-4, output_check=False)

@@ -209,9 +209,11 @@ def test_a_thinking_run_on_a_server_without_thinking_is_reported(tmp_path, redis
 @pytest.mark.slow
 def test_an_unwritable_output_pauses_admission_and_loses_nothing(tmp_path, redis_url, conn):
     """The store is unreachable (here: the output path is blocked by a file): shards wait on
-    disk, nothing is acked, admission pauses at --spool-limit, and all ships once it is back."""
+    disk, nothing is acked, admission pauses at --spool-limit, and all ships once it is back.
+    (The blocker is the run's shards/ directory: the pre-flight's probe, beside it, passes; an
+    output blocked above it is refused at pre-flight, tests/consumer/test_output_probe.py.)"""
     sim = Sim(tmp_path, "--mean-tokens", "200")
-    blocker = tmp_path / "out" / "spoolfull"
+    blocker = tmp_path / "out" / "spoolfull" / "shards"
     try:
         enqueue(tmp_path, redis_url, "spoolfull", [sharegpt(i) for i in range(120)])
         blocker.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ PREFIX = "runs/e2e"
 def enqueue(tmp_path: Path, redis_url: str, s3: S3Server, run: str, n: int) -> None:
     data = write_jsonl(tmp_path / f"{run}.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(n)])
     cli("producer", "enqueue", str(data), "--run", run, "--output", s3.url(PREFIX), "--batch-size", "8",
-        "--max-tokens", "256", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url})
+        "--max-tokens", "256", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url, **s3.env})
 
 
 def consumer(tmp_path: Path, redis_url: str, s3: S3Server, sim: Sim, run: str, *extra: str, name: str,

@@ -138,9 +138,10 @@ def test_run_json_on_s3_and_a_missing_local_output_is_not_created(tmp_path: Path
     conn.flushall()
     s, err = enqueue(redis_url, data, "s3rj", url, env=s3_server.env)
     assert s["recreated_run"] and s["enqueued"] == 10 and "re-created from s3://" in err
-    # A producer without the output's credentials (consumers' nodes have them) enqueues anyway.
+    # A producer without the output's credentials (consumers' nodes have them) enqueues with
+    # --no-output-check (without it, the output's probe refuses: tests/consumer/test_output_probe.py).
     no_creds = {**s3_server.env, "AWS_ACCESS_KEY_ID": "nobody", "AWS_SECRET_ACCESS_KEY": "wrong"}
-    s, err = enqueue(redis_url, data, "nocreds", url, env=no_creds)
+    s, err = enqueue(redis_url, data, "nocreds", url, "--no-output-check", env=no_creds)
     assert s["created_run"] and s["enqueued"] == 10
     assert err.startswith("warning: cannot read s3://genqueue-test/runs/rf/nocreds/run.json") and err.count("\n") == 1
     # A run.json that is not one is said and written again.

@@ -1,0 +1,126 @@
+"""The output probe (ShardStore.probe): a real SeaweedFS and real filesystems, each cause named,
+nothing left behind."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from genqueue.common.storage import LocalStore, OutputProbeError, ProbeCause, probe_output
+from genqueue.common.storage.names import PROBE_PREFIX, probe_name
+from genqueue.common.storage.s3 import S3Store
+from tests import s3server
+from tests.conftest import free_port, small_tmpfs
+from tests.s3server import S3Server
+
+s3_server, s3_env = s3server.s3_server, s3server.s3_env  # fixtures
+
+
+def refused(output: str, run: str = "r") -> OutputProbeError:
+    with pytest.raises(OutputProbeError) as info:
+        probe_output(output, run)
+    return info.value
+
+
+def keys(s3: S3Server) -> list[str]:
+    return sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket).get("Contents", []))
+
+
+def test_probe_name_is_beside_run_json_outside_the_shards() -> None:
+    assert probe_name("r", "1-ab") == f"r/{PROBE_PREFIX}1-ab" and "/shards/" not in probe_name("r", "x")
+    with pytest.raises(ValueError):
+        probe_name("r", "a/b")
+
+
+def test_a_good_s3_output_passes_and_keeps_no_probe(s3_server: S3Server, s3_env: dict[str, str]) -> None:
+    before = keys(s3_server)
+    probe_output(s3_server.url("runs/p"), "good")
+    assert keys(s3_server) == before
+
+
+@pytest.mark.parametrize(("secret", "key_id", "code"), [
+    ("wrong-secret", s3server.ACCESS_KEY, "SignatureDoesNotMatch"),
+    (s3server.SECRET_KEY, "nobody", "InvalidAccessKeyId"),
+])
+def test_credentials_the_server_refuses(s3_server: S3Server, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                        secret: str, key_id: str, code: str) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    e = refused(s3_server.url("runs/p"))
+    assert e.cause == ProbeCause.SIGNATURE_REFUSED and code in str(e)
+    assert str(e).startswith(f"output {s3_server.url('runs/p')} cannot be written: signature refused")
+    assert "AWS_SECRET_ACCESS_KEY" in str(e) and "\n" not in str(e)
+
+
+def test_no_credentials_at_all(s3_server: S3Server, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    e = refused(s3_server.url("runs/p"))
+    assert e.cause == ProbeCause.NO_CREDENTIALS and "AWS_ACCESS_KEY_ID" in str(e)
+
+
+def test_a_bucket_that_does_not_exist(s3_server: S3Server, s3_env: dict[str, str]) -> None:
+    e = refused("s3://no-such-bucket/p")
+    assert e.cause == ProbeCause.NO_SUCH_BUCKET and "create bucket no-such-bucket" in str(e)
+
+
+def test_credentials_that_may_only_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = S3Server(tmp_path / "s3")
+    ids = server.config.read_text().replace('"identities": [', '"identities": [{"name": "reader", "credentials": '
+                                            '[{"accessKey": "reader", "secretKey": "reader-secret"}], '
+                                            '"actions": ["Read", "List"]}, ')
+    server.config.write_text(ids)
+    server.start()
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "reader")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "reader-secret")
+        e = refused(server.url("runs/p"))
+        assert e.cause == ProbeCause.ACCESS_DENIED and "PutObject" in str(e)
+    finally:
+        server.stop(kill=True)
+
+
+def test_an_endpoint_nobody_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}.items():
+        monkeypatch.setenv(k, v)
+    store = S3Store.from_url("s3://b/p")
+    with pytest.raises(OutputProbeError) as info:
+        store.probe("r")
+    assert info.value.cause == ProbeCause.UNREACHABLE and "127.0.0.1" in str(info.value)
+
+
+def test_a_local_output_passes_and_leaves_no_directory(tmp_path: Path) -> None:
+    out = tmp_path / "not" / "yet"
+    probe_output(str(out), "r")
+    assert not (tmp_path / "not").exists(), "a missing output is not made by the probe"
+    (out / "r").mkdir(parents=True)
+    LocalStore(str(out)).probe("r")
+    assert list((out / "r").iterdir()) == []
+
+
+def test_a_local_output_under_a_file_is_a_missing_directory(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    e = refused(str(tmp_path / "f" / "out"))
+    assert e.cause == ProbeCause.MISSING_DIRECTORY and str(tmp_path / "f" / "out") in str(e)
+
+
+def test_a_read_only_local_output(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "ro", "1m") as mnt:
+        (mnt / "out").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        e = refused(str(mnt / "out"))
+        assert e.cause == ProbeCause.READ_ONLY and "mount it read-write" in str(e)
+        e = refused(str(mnt / "new" / "out"))  # a missing directory it cannot make: read-only too
+        assert e.cause == ProbeCause.READ_ONLY
+
+
+def test_a_full_local_output(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "full", "64k") as mnt:
+        (mnt / "fill").write_bytes(bytes(64 * 1024))
+        e = refused(str(mnt))
+        assert e.cause == ProbeCause.FULL
