@@ -260,10 +260,10 @@ class CardResult:
                 "conversations": self.conversations, "generations": self.generations}
 
 
-def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None,
-               now: datetime.datetime | None = None) -> CardResult:
+def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None) -> CardResult:
     """Write the card of the export RESULT describes (its dataset already in place): one pass
-    over the dataset's rows, the pictures (when matplotlib is installed), the card."""
+    over the dataset's rows, the pictures (when matplotlib is installed), the card. The same
+    export writes the same bytes: no clock is read."""
     output = Path(result.output)
     path, note = card_path(output)
     done = CardResult(note=note)
@@ -286,7 +286,7 @@ def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path |
     done.images = [str(p) for p in pictures.values()]
     links = {name: _link(p, path.parent) for name, p in pictures.items()}
     section = _section(result, info, stats, links, plots=cardplots is not None and cardplots.available(),
-                       folder=path.parent, now=now or datetime.datetime.now(datetime.UTC))
+                       folder=path.parent)
     kind = "parquet" if result.container == "parquet" else "json"
     meta = {"config": config, "file": _link(output, path.parent), "kind": kind, "rows": stats.rows,
             "thinking": bool(stats.thinking) or _has_thinking(info)}
@@ -414,11 +414,12 @@ def _counter(c: Counter[str], what: str) -> str:
 
 
 def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[str, str], *, plots: bool,
-             folder: Path, now: datetime.datetime) -> str:
+             folder: Path) -> str:
     out = Path(r.output)
     parts = [f"## {out.name}\n\n",
-             f"Run `{r.run}`, `{r.format}` format{' in Parquet' if r.container == 'parquet' else ''}, exported "
-             f"{now.strftime('%Y-%m-%d %H:%M UTC')} by genqueue {__version__}. Outcomes held: "
+             f"Run `{r.run}`" + (f" (made {_when(info.created_at)})" if info is not None else "")
+             + f", `{r.format}` format{' in Parquet' if r.container == 'parquet' else ''}, exported by genqueue "
+             f"{__version__}. Outcomes held: "
              f"{', '.join(r.include_outcomes)}"
              + (f"; request variant `{r.variant}` only" if r.variant else "") + ".\n\n"]
     # rows
@@ -481,6 +482,10 @@ _LAYOUT_FIELDS = (
 )
 
 
+def _when(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _inline(d: Mapping[str, object]) -> str:
     return ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in d.items())
 
@@ -496,8 +501,7 @@ def _recipe(info: RunInfo | None, s: RowStats) -> str:
                  ("run fingerprint (current)", f"`{info.fingerprint}`"),
                  ("code version (genqueue that made the run)", info.version)]
         for entry in info.fingerprints:
-            since = datetime.datetime.fromtimestamp(entry["since"], datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-            rows.append((f"recipe since {since}", f"`{entry['fingerprint']}`"))
+            rows.append((f"recipe since {_when(entry['since'])}", f"`{entry['fingerprint']}`"))
     rows += [(f"rows by model: {m}", n) for m, n in sorted(s.models.items())]
     rows += [(f"rows by fingerprint: `{f}`", n) for f, n in sorted(s.fingerprints.items())]
     return _table(rows, ("", "")) if rows else "not known (the run's record is gone)\n\n"

@@ -131,6 +131,10 @@ def test_load_dataset_on_the_folder_reads_exactly_the_dataset(run: Path, redis_u
     gens = sum(1 + i % 3 for i in range(N) if i not in (7, 8))
     assert card_value(card, "generations (answers the target generated, in the rows)") == str(gens)
     assert s["card"]["path"] == str(folder / "README.md")
+    pictures = {p: Path(p).read_bytes() for p in s["card"]["images"]}
+    export(redis_url, folder / name)  # the same export, the same bytes (no clock in the card)
+    assert (folder / "README.md").read_text() == card
+    assert {p: Path(p).read_bytes() for p in s["card"]["images"]} == pictures
     for png in s["card"]["images"]:
         assert_png(Path(png))
         assert f"]({Path(png).name})" in card  # linked, relative: the Hub renders it
