@@ -62,11 +62,14 @@ def draw(stats: RowStats, folder: Path, name: str) -> dict[str, Path]:
     if len(stats.thinking) < len(stats.completion):  # thinking unknown for some: their generated total too
         panels.append(("thinking + answer", stats.completion))
     if panels:
-        fig = Figure(figsize=(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1]), dpi=DPI, layout="constrained")
+        cols = 2 if len(panels) == 4 else len(panels)  # four panels read best as a square
+        grid = (-(-len(panels) // cols), cols)
+        fig = Figure(figsize=(PANEL_INCHES[0] * grid[1], PANEL_INCHES[1] * grid[0] + 0.4), dpi=DPI,
+                     layout="constrained")
         for i, (label, values) in enumerate(panels):
-            _histogram(fig.add_subplot(1, len(panels), i + 1), label, values)
+            _histogram(fig.add_subplot(grid[0], grid[1], i + 1), label, values)
         shown = stats.generations - stats.summed_generations
-        apart = (f"; {stats.summed_generations:,} more in rows of several answers, whose usage is their sum, "
+        apart = (f";\n{stats.summed_generations:,} more in rows of several answers, whose usage is their sum, "
                  "are not shown") if stats.summed_generations else ""
         fig.suptitle(f"Token lengths per generation ({shown:,} generations{apart})")
         out["lengths"] = _save(fig, folder / f"{name}.lengths.png")
@@ -101,7 +104,8 @@ def _histogram(ax: Axes, label: str, values: array.array[int]) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("tokens")
     ax.set_ylabel("generations")
-    ax.legend(fontsize=8, frameon=False)
+    ax.margins(y=0.2)  # room for the legend above the tallest bar
+    ax.legend(fontsize=8, frameon=False, loc="upper right")
 
 
 def _save(fig: Figure, path: Path) -> Path:
