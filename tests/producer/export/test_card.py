@@ -78,9 +78,17 @@ def run(tmp_path: Path, conn: redis.Redis) -> Path:
     return tmp_path
 
 
-def export(redis_url: str, output: Path, *args: str) -> dict[str, Any]:
+#: These tests count conversation rows (one line per item); where export writes rows per
+#: generation by default (--rows), they ask for conversation rows, and one test reads both.
+ROWS_OPTION = any(p.name == "rows" for p in export_command.params)
+CONVERSATION_ROWS = ["--rows", "conversation"] if ROWS_OPTION else []
+
+
+def export(redis_url: str, output: Path, *args: str, layout: list[str] | None = None) -> dict[str, Any]:
     output.parent.mkdir(exist_ok=True)
-    res = CliRunner().invoke(export_command, ["--run", RUN, "-o", str(output), "--json", "--allow-partial", *args],
+    rows = CONVERSATION_ROWS if layout is None else layout
+    res = CliRunner().invoke(export_command, ["--run", RUN, "-o", str(output), "--json", "--allow-partial", *rows,
+                                              *args],
                              env={"REDIS_URL": redis_url}, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return orjson.loads(res.stdout)  # type: ignore[no-any-return]
@@ -156,8 +164,20 @@ def test_lengths_are_per_generation_and_sums_are_never_split(run: Path, redis_ur
     assert thinking.split("|")[2].strip() == str(sum(1 for i in single if i % 2 == 0))
     assert "reported no `reasoning_tokens`" in card
     # --format tokens is not possible here (no ids); --format batch: one generation per row
-    b = export(redis_url, run / "b" / "d.jsonl", "--format", "batch")
+    b = export(redis_url, run / "b" / "d.jsonl", "--format", "batch", layout=[])
     assert b["card"]["generations"] == b["exported"] == s["exported"]
+
+
+@pytest.mark.skipif(not ROWS_OPTION, reason="export writes conversation rows only (no --rows)")
+def test_rows_per_generation_are_one_generation_each(run: Path, redis_url: str) -> None:
+    folder = run / "g"
+    s = export(redis_url, folder / "g.jsonl", layout=["--rows", "generation"])
+    card = (folder / "README.md").read_text()
+    assert load(folder).num_rows == s["rows"] == s["card"]["rows"] == s["card"]["generations"]
+    assert "rows hold several answers" not in card  # every row's usage is its one answer's
+    prompt_row = next(line for line in card.splitlines() if line.startswith("| prompt |"))
+    assert prompt_row.split("|")[2].strip() == f"{s['rows']:,}"
+    assert card_value(card, "rows (the export's count)") == f"{s['rows']:,}"
 
 
 def test_a_readme_that_is_not_a_card_is_never_overwritten(run: Path, redis_url: str) -> None:
@@ -176,7 +196,8 @@ def test_a_readme_that_is_not_a_card_is_never_overwritten(run: Path, redis_url: 
     assert third["card"]["path"] == "" and (folder / "sample.regen.card.md").read_bytes() == theirs
     assert (folder / "README.md").read_bytes() == mine
     # the table says where the card went
-    res = CliRunner().invoke(export_command, ["--run", RUN, "-o", str(folder / "x.jsonl"), "--allow-partial"],
+    res = CliRunner().invoke(export_command, ["--run", RUN, "-o", str(folder / "x.jsonl"), "--allow-partial",
+                                              *CONVERSATION_ROWS],
                              env={"REDIS_URL": redis_url}, catch_exceptions=False)
     assert re.search(r"^card +.*x\.card\.md$", res.output, re.MULTILINE), res.output
     assert "not a genqueue card" in res.output and (folder / "README.md").read_bytes() == mine
