@@ -124,6 +124,7 @@ def test_first_run_on_the_sample_as_written(tmp_path: Path, redis_url: str) -> N
     assert lines == list(as_run), "the first run changed: make this test run what it says now"
     (tmp_path / "samples").mkdir()
     shutil.copy(ROOT / "samples" / "sample.jsonl", tmp_path / "samples" / "sample.jsonl")
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")  # run in the checkout, as a user would
     sh = Shell(tmp_path, {"REDIS_URL": redis_url})
     seen: dict[str, str] = {}
     try:
@@ -164,6 +165,13 @@ def test_first_run_on_the_sample_as_written(tmp_path: Path, redis_url: str) -> N
     assert len((tmp_path / "sample.regen.jsonl").read_text().splitlines()) == 240
     for side in ("sample.regen.truncated.jsonl", "sample.regen.errors.jsonl", "sample.regen.missing.txt"):
         assert (tmp_path / side).exists(), side
+    # the project's README.md is no dataset card: the card goes beside it, and says so
+    assert (tmp_path / "README.md").read_text() == README
+    assert re.search(r"^card +.*sample\.regen\.card\.md$", export, re.MULTILINE), export
+    card = (tmp_path / "sample.regen.card.md").read_text()
+    assert "| conversations (items exported) | 240 |" in card
+    for png in ("sample.regen.lengths.png", "sample.regen.generations.png"):
+        assert (tmp_path / png).read_bytes().startswith(b"\x89PNG") and f"]({png})" in card
 
 
 def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:

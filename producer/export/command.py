@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from genqueue.common.redisconn import connect
 from genqueue.common.rqjobs import malformed_line, refused_line
 from genqueue.common.runs import RunStore
 from genqueue.common.settings import check_run_name
+from genqueue.producer.export.card import card_rows, write_card
 from genqueue.producer.export.core import (
     DEFAULT_OUTCOMES,
     PARTITION_BYTES,
@@ -139,6 +140,12 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--partition-mb", type=click.IntRange(1), default=PARTITION_BYTES // 2**20, show_default=True,
               help="Shard data per in-memory partition: roughly the export's peak memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--card/--no-card", "card", default=True, show_default=True,
+              help="Write a dataset card beside the dataset: README.md in the Hugging Face Hub's convention "
+                   "(load_dataset(<folder>) reads the dataset, not its side files), or <stem>.card.md beside a "
+                   "README.md genqueue did not write.")
+@click.option("--card-images", "card_images", type=click.Path(file_okay=False), default=None,
+              help="Where the card's pictures (PNG histograms; needs genqueue[card]) go (default: beside the card).")
 @redis_option
 @friendly_errors
 def export_command(run_name: str, output: str, fmt: str, include: str | None, variant: str | None,
@@ -146,7 +153,7 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
                    errors_path: str | None, truncated_path: str | None, missing_path: str | None,
                    drop_flagged: bool, only_target_turns: bool, flagged_path: str | None,
                    allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
-                   redis_url: str) -> None:
+                   card: bool, card_images: str | None, redis_url: str) -> None:
     """Write a run's results as one deduplicated dataset, ordered as the input was, with its
     truncated, error and missing files; prove coverage."""
     run = check_run_name(run_name)
@@ -191,10 +198,11 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
     side_file = FORMATS[shape].side_file
     if side_file is not None:
         _write_side_file(side_file, result, out)
+    made = write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None) if card else None
     if as_json:
-        click.echo(orjson.dumps(result.to_dict()).decode())
+        click.echo(orjson.dumps({**result.to_dict(), **({"card": made.to_dict()} if made else {})}).decode())
     else:
-        click.echo(format_export(result))
+        click.echo(format_export(result, card_rows(made)))
     if allow_partial:
         return
     if result.missing:
@@ -304,8 +312,8 @@ def _side_label(r: ExportResult) -> str:
     return side.label if side is not None else "side file"
 
 
-def format_export(r: ExportResult) -> str:
-    """The human summary printed after an export."""
+def format_export(r: ExportResult, extra: Sequence[tuple[str, str]] = ()) -> str:
+    """The human summary printed after an export (EXTRA: rows before its time, the card's)."""
     rate = f"{r.records_read / r.seconds:,.0f} records/s" if r.seconds > 0 else "-"
     rows: list[tuple[str, str]] = []
     if r.failed:  # failures first: they are what a reader must see
@@ -361,6 +369,7 @@ def format_export(r: ExportResult) -> str:
         ("missing file", r.missing_path),
         *([("flagged file", r.flagged_path)] if r.flagged_path else []),
         *([(_side_label(r), r.dataset_info_path)] if r.dataset_info_path else []),
+        *extra,
         ("time", f"{r.seconds:.1f} s ({rate})"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -1,0 +1,572 @@
+"""The dataset card beside an export: a README.md in the Hugging Face Hub's convention, holding
+what a person checks before training on the file.
+
+The card is built from the export's summary (core.ExportResult: every coverage count is the
+summary's own, never recounted) and the run's record (model, sampling, fingerprints, version),
+plus one pass over the exported rows for what the summary does not hold: rows, generations per
+conversation, the rows' outcomes, sources, models and fingerprints, and the token lengths.
+
+Its YAML header's `configs:` names the dataset file as the `train` split, so
+`datasets.load_dataset(<folder>)` reads the dataset and none of its side files (errors,
+truncated, missing, flagged, dataset_info.json, the pictures), and the Hub renders it.
+
+Token lengths are per generation (one answer the target generated), from the answer's own
+`usage` as the server reported it: prompt = `prompt_tokens`, thinking = `reasoning_tokens`
+where the server reported it, answer = `completion_tokens` - thinking. A row that holds several
+answers (a `regenerate` conversation row) carries their summed usage: its answers' lengths are
+not in the export, and the card says so and counts them apart, never splitting a sum. Nothing is
+estimated: a figure no row holds is "not known".
+
+Whose README.md: the card's first body line marks it as genqueue's (MARK). An export writes
+README.md when the folder has none or has a genqueue card; beside a README.md of anyone else
+(a project's root, a user's folder) it writes `<stem>.card.md` and says so. Several exports into
+one folder share one card: each export is one section (between `genqueue:export` markers), one
+`configs:` entry named after its stem, the latest the default; an export replaces the section of
+an earlier one of the same stem (they share their side files too), and sections whose dataset
+file is gone are dropped.
+"""
+
+from __future__ import annotations
+
+import array
+import datetime
+import gzip
+import io
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, cast
+
+import orjson
+
+from genqueue.common import __version__
+from genqueue.common.runs import RunInfo
+from genqueue.producer.export.core import ExportResult
+from genqueue.producer.export.sinks import stem
+from genqueue.producer.outfiles import Target, write_failed
+
+__all__ = ["CARD", "MARK", "CardResult", "RowStats", "card_path", "card_rows", "read_rows", "row_stats",
+           "write_card"]
+
+log = logging.getLogger(__name__)
+
+#: The line that makes a README.md genqueue's card (and so one an export may rewrite).
+MARK = ("<!-- genqueue dataset card: written by `producer export`, which rewrites it at the next export into this "
+        "folder. Delete this line to keep the file as yours: exports then write <stem>.card.md beside it. -->")
+_MARK_PREFIX = "<!-- genqueue dataset card"
+_SECTION = re.compile(r"<!-- genqueue:export (\{.*?\}) -->\n(.*?)<!-- genqueue:end -->\n", re.DOTALL)
+CARD = Target("dataset card", "write it elsewhere with --card-images for its pictures, or pass --no-card")
+#: The percentiles of each length table.
+PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
+#: Rows per Parquet batch in the card's pass (bounded memory).
+PARQUET_BATCH = 4096
+PLOTS_HINT = "pip install 'genqueue[card]'"
+#: The Hub's size_categories buckets (upper bounds, name).
+_SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+          (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"))
+
+
+def _ints() -> array.array[int]:
+    return array.array("q")
+
+
+@dataclass
+class RowStats:
+    """What one pass over the exported rows found."""
+
+    rows: int = 0
+    conversations: int = 0  # distinct item keys (consecutive rows of one key are one item)
+    generations: int = 0
+    gens_per_conversation: Counter[int] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    sources: Counter[str] = field(default_factory=Counter)
+    models: Counter[str] = field(default_factory=Counter)
+    fingerprints: Counter[str] = field(default_factory=Counter)
+    prompt: array.array[int] = field(default_factory=_ints)  # per generation
+    completion: array.array[int] = field(default_factory=_ints)  # thinking + answer, per generation
+    thinking: array.array[int] = field(default_factory=_ints)  # where reasoning_tokens was reported
+    answer: array.array[int] = field(default_factory=_ints)  # completion - thinking, where both known
+    no_usage: int = 0  # generations whose row carries no usage counts
+    summed_rows: int = 0  # rows holding several answers: their usage is the answers' sum
+    summed_generations: int = 0
+    summed_completion: array.array[int] = field(default_factory=_ints)  # per such row
+    _key: object = None
+    _key_gens: int = 0
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """Count one exported row (a --group-samples line: each of its samples)."""
+        self.rows += 1
+        samples = row.get("samples")
+        for one in samples if isinstance(samples, list) else [row]:
+            if isinstance(one, Mapping):
+                self._add(one)
+
+    def _add(self, row: Mapping[str, Any]) -> None:
+        key = row.get("key")
+        if key != self._key or key is None:
+            self._close_key()
+            self._key = key
+            self.conversations += 1
+        usage, n, one_row_per_generation = _usage(row), *_answers(row)
+        if one_row_per_generation:
+            self._key_gens += 1
+        else:
+            self._key_gens = max(self._key_gens, n)
+        for name, counter in (("source", self.sources), ("model", self.models), ("fingerprint", self.fingerprints),
+                              ("outcome", self.outcomes)):
+            value = row.get(name)
+            if isinstance(value, str):
+                counter[value] += 1
+        prompt, completion, thinking = (_count(usage, k) for k in ("prompt_tokens", "completion_tokens",
+                                                                    "reasoning_tokens"))
+        if n > 1:
+            self.summed_rows += 1
+            self.summed_generations += n
+            self.generations += n
+            if completion is not None:
+                self.summed_completion.append(completion)
+            return
+        if n == 0:
+            return
+        self.generations += 1
+        if prompt is None and completion is None:
+            self.no_usage += 1
+        if prompt is not None:
+            self.prompt.append(prompt)
+        if completion is not None:
+            self.completion.append(completion)
+        if thinking is not None:
+            self.thinking.append(thinking)
+            if completion is not None:
+                self.answer.append(completion - thinking)
+
+    def _close_key(self) -> None:
+        if self._key is not None or self._key_gens:
+            self.gens_per_conversation[self._key_gens] += 1
+        self._key_gens = 0
+
+    def done(self) -> RowStats:
+        self._close_key()
+        self._key = None
+        return self
+
+
+def _count(usage: Mapping[str, Any], name: str) -> int | None:
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _usage(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    usage = row.get("usage")
+    if usage is None:  # a Batch line: the body's
+        response = row.get("response")
+        body = response.get("body") if isinstance(response, dict) else None
+        usage = body.get("usage") if isinstance(body, dict) else None
+    return usage if isinstance(usage, dict) else {}
+
+
+def _answers(row: Mapping[str, Any]) -> tuple[int, bool]:
+    """(how many generated answers ROW's usage covers, whether the row is one generation of
+    several rows per conversation). A row of one generation (--format tokens, a Batch line, a
+    row that names its `generation`) is one; a conversation row: its turns the target wrote."""
+    if "loss_mask" in row or "response" in row or isinstance(row.get("generation"), int):
+        return 1, "loss_mask" in row or isinstance(row.get("generation"), int)
+    targets = row.get("target_turns")  # sharegpt
+    if isinstance(targets, list):
+        return len(targets), False
+    turns = row.get("messages")
+    if not isinstance(turns, list):
+        turns = row.get("conversations")
+    if isinstance(turns, list):
+        return sum(1 for t in turns if isinstance(t, dict) and t.get("role") == "assistant"
+                   and t.get("generated_by_target") is not False), False
+    return 0, False
+
+
+# --- reading the exported file ----------------------------------------------------------------
+def read_rows(path: Path, *, parquet: bool) -> Iterator[dict[str, Any]]:
+    """The rows of an exported dataset file, one at a time (JSONL, .gz, .zst, or Parquet)."""
+    if parquet:
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
+            yield from batch.to_pylist()
+        return
+    with _open(path) as fh:
+        for line in fh:
+            if line.strip():
+                yield orjson.loads(line)
+
+
+def _open(path: Path) -> IO[bytes]:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    if name.endswith((".zst", ".zstd")):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
+
+
+def row_stats(rows: Iterable[Mapping[str, Any]]) -> RowStats:
+    stats = RowStats()
+    for row in rows:
+        stats.add(row)
+    return stats.done()
+
+
+# --- where the card goes ----------------------------------------------------------------------
+def is_card(path: Path) -> bool:
+    """PATH is a card genqueue wrote (its MARK line is there)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return any(line.startswith(_MARK_PREFIX) for line, _ in zip(fh, range(64), strict=False))
+    except OSError:
+        return False
+
+
+def card_path(output: Path) -> tuple[Path | None, str]:
+    """Where OUTPUT's card goes, and why there: README.md beside it when the folder has none or
+    genqueue's; else <stem>.card.md (when that is free or genqueue's); else nowhere."""
+    readme = output.parent / "README.md"
+    if not readme.exists() or is_card(readme):
+        return readme, ""
+    other = output.parent / (stem(output).name + ".card.md")
+    if not other.exists() or is_card(other):
+        return other, (f"{readme} is not a genqueue card, so it is left as it is: the card is {other.name} "
+                       "(name it README.md in a folder of its own to publish the dataset)")
+    return None, f"{readme} and {other} are not genqueue cards: no card written"
+
+
+# --- the card ---------------------------------------------------------------------------------
+@dataclass
+class CardResult:
+    """What write_card wrote (the summary's `card`)."""
+
+    path: str = ""
+    images: list[str] = field(default_factory=list)
+    note: str = ""
+    rows: int = 0
+    conversations: int = 0
+    generations: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "images": self.images, "note": self.note, "rows": self.rows,
+                "conversations": self.conversations, "generations": self.generations}
+
+
+def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None) -> CardResult:
+    """Write the card of the export RESULT describes (its dataset already in place): one pass
+    over the dataset's rows, the pictures (when matplotlib is installed), the card. The same
+    export writes the same bytes: no clock is read."""
+    output = Path(result.output)
+    path, note = card_path(output)
+    done = CardResult(note=note)
+    if path is None:
+        return done
+    stats = row_stats(read_rows(output, parquet=result.container == "parquet"))
+    done.rows, done.conversations, done.generations = stats.rows, stats.conversations, stats.generations
+    config = _config_name(stem(output).name)
+    pictures_dir = images_dir or path.parent
+    pictures: dict[str, Path] = {}
+    try:
+        from genqueue.producer.export import cardplots
+    except ImportError:
+        cardplots = None  # type: ignore[assignment]
+    if cardplots is not None and cardplots.available():
+        try:
+            pictures = cardplots.draw(stats, pictures_dir, stem(output).name)
+        except OSError as e:
+            raise write_failed(e, pictures_dir, CARD) from None
+    done.images = [str(p) for p in pictures.values()]
+    links = {name: _link(p, path.parent) for name, p in pictures.items()}
+    section = _section(result, info, stats, links, plots=cardplots is not None and cardplots.available(),
+                       folder=path.parent)
+    kind = "parquet" if result.container == "parquet" else "json"
+    meta = {"config": config, "file": _link(output, path.parent), "kind": kind, "rows": stats.rows,
+            "thinking": bool(stats.thinking) or _has_thinking(info)}
+    sections = [(m, body) for m, body in _sections(path) if m.get("config") != config
+                and (path.parent / str(m.get("file", ""))).exists()]
+    # datasets builds every config of a folder with the one builder its first config's files
+    # name (json or parquet): the card lists the exports of this export's kind only
+    other = [str(m.get("file")) for m, _ in sections if m.get("kind", "json") != kind]
+    if other:
+        sections = [(m, body) for m, body in sections if m.get("kind", "json") == kind]
+        done.note = "; ".join(filter(None, [done.note, (
+            f"the card no longer lists {', '.join(other)}: load_dataset reads one folder's configs with one "
+            f"builder, and this export is {'Parquet' if kind == 'parquet' else 'JSON lines'}")]))
+    sections.append((meta, section))
+    text = _header(sections) + "\n" + MARK + "\n\n" + _intro(sections) + "".join(
+        f"<!-- genqueue:export {_comment_json(m)} -->\n{body}<!-- genqueue:end -->\n" for m, body in sections)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(e, path, CARD) from None
+    done.path = str(path)
+    return done
+
+
+def card_rows(card: CardResult | None) -> list[tuple[str, str]]:
+    """The export summary's rows for the card (none with --no-card)."""
+    if card is None:
+        return []
+    rows = [("card", card.path or "not written")]
+    if card.images:
+        rows.append(("  pictures", ", ".join(Path(p).name for p in card.images)))
+    elif card.path:
+        rows.append(("  pictures", f"none: matplotlib is not installed ({PLOTS_HINT})"))
+    if card.note:
+        rows.append(("  note", card.note))
+    return rows
+
+
+def _has_thinking(info: RunInfo | None) -> bool:
+    return bool(info and info.settings.expect_reasoning)
+
+
+def _config_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "default"
+
+
+def _link(p: Path, folder: Path) -> str:
+    try:
+        return Path(os.path.relpath(p, folder)).as_posix()
+    except ValueError:  # another drive
+        return p.as_posix()
+
+
+def _comment_json(meta: Mapping[str, object]) -> str:
+    # ">" only occurs inside JSON strings: escaped, no "-->" can close the comment early
+    return orjson.dumps(meta).decode().replace(">", "\\u003e")
+
+
+def _sections(path: Path) -> list[tuple[dict[str, Any], str]]:
+    """The export sections of the card at PATH (none when it is not there)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    out = []
+    for m in _SECTION.finditer(text):
+        try:
+            meta = orjson.loads(m.group(1))
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(meta, dict):
+            out.append((meta, m.group(2)))
+    return out
+
+
+def _header(sections: list[tuple[dict[str, Any], str]]) -> str:
+    """The YAML header: one config per export (the latest the default), the Hub's tags."""
+    lines = ["---", "configs:"]
+    for i, (meta, _) in enumerate(sections):
+        lines += [f"- config_name: {_q(str(meta['config']))}", "  data_files:", "  - split: train",
+                  f"    path: {_q(str(meta['file']))}"]
+        if i == len(sections) - 1 and len(sections) > 1:
+            lines.append("  default: true")
+    total = sum(int(m.get("rows") or 0) for m, _ in sections)
+    size = next((name for bound, name in _SIZES if total < bound), "n>100M")
+    tags = ["synthetic", "genqueue", *(["reasoning"] if any(m.get("thinking") for m, _ in sections) else [])]
+    lines += ["task_categories:", "- text-generation", "tags:", *(f"- {t}" for t in tags),
+              "size_categories:", f"- {size}", "---"]
+    return "\n".join(lines) + "\n"
+
+
+def _q(text: str) -> str:
+    return orjson.dumps(text).decode()  # a JSON string is a YAML double-quoted scalar
+
+
+def _intro(sections: list[tuple[dict[str, Any], str]]) -> str:
+    names = ", ".join(f"`{m['config']}` ({m['file']})" for m, _ in sections)
+    latest = sections[-1][0]
+    more = (f" Each export is a config: {names}; the latest, `{latest['config']}`, is the default "
+            f"(`load_dataset(folder, \"{sections[0][0]['config']}\")` for another).") if len(sections) > 1 else ""
+    return ("# Dataset card\n\nGenerated with genqueue: what each export below holds, "
+            "counted by `producer export` (its summary) and by one pass over the exported rows. "
+            "`datasets.load_dataset(\"<this folder>\")` reads the dataset file only, as the `train` split; "
+            f"the side files beside it are not loaded.{more}\n\n")
+
+
+def _table(rows: Iterable[tuple[str, object]], head: tuple[str, str] = ("", "")) -> str:
+    lines = [f"| {head[0]} | {head[1]} |", "| --- | --- |"]
+    lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
+    return "\n".join(lines) + "\n\n"
+
+
+def _cell(v: object) -> str:
+    text = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _counter(c: Counter[str], what: str) -> str:
+    if not c:
+        return f"none named in the rows ({what})\n\n"
+    return _table(c.most_common(), (what, "rows"))
+
+
+def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[str, str], *, plots: bool,
+             folder: Path) -> str:
+    out = Path(r.output)
+    parts = [f"## {out.name}\n\n",
+             f"Run `{r.run}`" + (f" (made {_when(info.created_at)})" if info is not None else "")
+             + f", `{r.format}` format{' in Parquet' if r.container == 'parquet' else ''}, exported by genqueue "
+             f"{__version__}. Outcomes held: "
+             f"{', '.join(r.include_outcomes)}"
+             + (f"; request variant `{r.variant}` only" if r.variant else "") + ".\n\n"]
+    # rows
+    per_conv = ", ".join(f"{k}: {v:,}" for k, v in sorted(s.gens_per_conversation.items()))
+    rows: list[tuple[str, object]] = [
+        ("rows (lines of the dataset file)", s.rows),
+        ("conversations (items exported)", r.exported),
+        ("generations (answers the target generated, in the rows)", s.generations),
+        ("generations per conversation", per_conv or "-"),
+    ]
+    if r.groups:
+        rows.append(("prompts (--group-samples lines)", r.groups))
+    summary = r.to_dict()
+    known = [(label, summary[name]) for name, label in _LAYOUT_FIELDS if summary.get(name) not in (None, "")]
+    rest = {k: v for k, v in summary.items() if ("generation" in k or "trace" in k) and v not in (None, "", {})
+            and k not in dict(_LAYOUT_FIELDS)}
+    rows += known + [(k.replace("_", " "), v if not isinstance(v, dict) else _inline(v)) for k, v in sorted(rest.items())]
+    parts += ["### Rows\n\n", _table(rows, ("", "count"))]
+    if "generations" in links:
+        parts.append(f"![generations per conversation]({links['generations']})\n\n")
+    # coverage: the summary's own counts
+    cov: list[tuple[str, object]] = [("enqueued items", r.enqueued), ("complete (every answer finished)", r.complete),
+                                     ("partial (a later turn failed)", r.partial), ("cut", r.cut)]
+    cov += [(f"cut: {k}", v) for k, v in sorted(r.cut_by_outcome.items())]
+    cov += [("failed for good", r.failed)] + [(f"failed: {k}", v) for k, v in sorted(r.failed_by_class.items())]
+    cov += [("missing", r.missing), ("exported", r.exported), ("truncated (to the truncated file)", r.truncated),
+            ("duplicates removed", r.duplicates_removed), ("flagged by the quality gates", r.flagged)]
+    cov += [(f"flagged: {k}", v) for k, v in sorted(r.flagged_by_reason.items())]
+    if r.flagged_dropped:
+        cov.append(("flagged rows kept out (to the flagged file)", r.flagged_dropped))
+    if r.original_turns:
+        cov.append(("rows holding the input's own assistant turns", r.original_turns))
+    if r.tool_turns_to_end or r.tool_call_diverged or r.stopped_at_tool_turn:
+        cov += [("tool turns regenerated to the end", r.tool_turns_to_end),
+                ("stopped at a tool-call divergence", r.tool_call_diverged),
+                ("stopped at a tool turn (other reason)", r.stopped_at_tool_turn)]
+    parts += ["### Coverage (the export's summary)\n\n", _table(cov, ("", "items"))]
+    parts += ["### Outcomes of the dataset's rows\n\n", _counter(s.outcomes, "outcome")]
+    if r.by_variant or r.variant:
+        by = dict(r.by_variant)
+        parts += ["### Request variants\n\n", _table(sorted(by.items()), ("variant", "rows")) if by else "",
+                  (f"Only variant `{r.variant}`: {r.other_variants:,} items of the others left out.\n\n"
+                   if r.variant else "")]
+    parts += ["### Sources\n\n", _counter(s.sources, "source")]
+    parts += ["### Model and sampling\n\n", _recipe(info, s)]
+    parts += ["### Token lengths per generation\n\n", _lengths(s, links, plots=plots)]
+    parts += ["### Files\n\n", _files(r, folder)]
+    return "".join(parts)
+
+
+#: The summary's fields on rows per generation (--rows), where the export has them: shown as they are.
+_LAYOUT_FIELDS = (
+    ("rows_layout", "rows layout (--rows)"),
+    ("rows", "rows (the export's count)"),
+    ("generation_rows", "rows one per generation would make"),
+    ("conversation_rows", "rows one per conversation would make"),
+    ("traces", "thinking traces generated"),
+    ("traces_kept_generation", "traces kept by rows per generation"),
+    ("traces_kept_conversation", "traces kept by rows per conversation (as Qwen3-style templates render)"),
+)
+
+
+def _when(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _inline(d: Mapping[str, object]) -> str:
+    return ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in d.items())
+
+
+def _recipe(info: RunInfo | None, s: RowStats) -> str:
+    rows: list[tuple[str, object]] = []
+    if info is not None:
+        st = info.settings
+        rows += [("model (run settings)", st.model or "as served"), ("multi-turn mode", st.multi_turn.value),
+                 ("history reasoning", st.history_reasoning.value),
+                 ("sampling", ", ".join(f"{k} {v}" for k, v in st.sampling.request_params().items())),
+                 ("token ids kept", "yes" if st.token_ids else "no"),
+                 ("run fingerprint (current)", f"`{info.fingerprint}`"),
+                 ("code version (genqueue that made the run)", info.version)]
+        for entry in info.fingerprints:
+            rows.append((f"recipe since {_when(entry['since'])}", f"`{entry['fingerprint']}`"))
+    rows += [(f"rows by model: {m}", n) for m, n in sorted(s.models.items())]
+    rows += [(f"rows by fingerprint: `{f}`", n) for f, n in sorted(s.fingerprints.items())]
+    return _table(rows, ("", "")) if rows else "not known (the run's record is gone)\n\n"
+
+
+def percentiles(values: array.array[int]) -> list[int]:
+    """The PERCENTILES of VALUES (nearest rank), empty for none."""
+    if not values:
+        return []
+    ordered = sorted(values)
+    n = len(ordered)
+    return [ordered[min(n - 1, max(0, -(-p * n // 100) - 1))] for p in PERCENTILES]
+
+
+def _lengths(s: RowStats, links: Mapping[str, str], *, plots: bool) -> str:
+    out = []
+    if "lengths" in links:
+        out.append(f"![token lengths per generation]({links['lengths']})\n\n")
+    elif not plots:
+        out.append(f"Pictures of these distributions need matplotlib: `{PLOTS_HINT}`, then export again.\n\n")
+    head = "| tokens | generations | mean | " + " | ".join(f"p{p}" for p in PERCENTILES) + " | from |"
+    lines = [head, "|" + " --- |" * (len(PERCENTILES) + 4)]
+    gens = s.generations - s.summed_generations
+    for name, values, source in (
+            ("prompt", s.prompt, "each answer's `usage.prompt_tokens` (the whole history the server was sent)"),
+            ("thinking", s.thinking, "`usage.reasoning_tokens`, where the server reported it"),
+            ("answer", s.answer, "`usage.completion_tokens` - `usage.reasoning_tokens`"),
+            ("thinking + answer", s.completion, "`usage.completion_tokens`")):
+        if values:
+            p = percentiles(values)
+            mean = sum(values) / len(values)
+            lines.append(f"| {name} | {len(values):,} | {mean:,.0f} | " + " | ".join(f"{v:,}" for v in p)
+                         + f" | {source} |")
+        else:
+            lines.append(f"| {name} | 0 | not known |" + " |" * len(PERCENTILES) + f" {source} |")
+    out.append("\n".join(lines) + "\n\n")
+    notes = []
+    unknown = gens - len(s.thinking)
+    if unknown > 0:
+        notes.append(f"Thinking and answer lengths are not known for {unknown:,} of {gens:,} generations: the server "
+                     "reported no `reasoning_tokens` for them (vLLM reports none by default), and the exported rows "
+                     "hold no token ids split between thinking and answer; their thinking + answer is known.")
+    if s.no_usage:
+        notes.append(f"{s.no_usage:,} generations carry no usage counts at all.")
+    if s.summed_rows:
+        notes.append(f"{s.summed_rows:,} rows hold several answers each ({s.summed_generations:,} generations): their "
+                     "`usage` is the sum over their answers, so these answers' own lengths are not in the export and "
+                     "are not in the table. Export one row per generation (or `--format tokens`, for a run made with `--token-ids`) for them. Their "
+                     "generated tokens per row:" + _row_sums(s.summed_completion))
+    out += [f"{n}\n\n" for n in notes]
+    return "".join(out)
+
+
+def _row_sums(values: array.array[int]) -> str:
+    p = percentiles(values)
+    if not p:
+        return " not known."
+    return " " + ", ".join(f"p{q} {v:,}" for q, v in zip(PERCENTILES, p, strict=True)) + "."
+
+
+def _files(r: ExportResult, folder: Path) -> str:
+    rows: list[tuple[str, object]] = [("dataset (loaded as the train split)", _link(Path(r.output), folder))]
+    for what, p in (("truncated answers", r.truncated_path), ("errors", r.errors_path),
+                    ("missing keys", r.missing_path), ("flagged rows", r.flagged_path),
+                    ("LLaMA-Factory entry", r.dataset_info_path)):
+        if p:
+            rows.append((f"{what} (not loaded)", _link(Path(p), folder)))
+    return _table(rows, ("file", "path"))

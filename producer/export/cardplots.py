@@ -1,0 +1,116 @@
+"""The dataset card's pictures (card.py): histograms of the token lengths per generation and a
+bar chart of generations per conversation, drawn with matplotlib's Agg backend (no display).
+
+matplotlib is the optional extra `genqueue[card]`: without it `available()` is False and the
+card holds the tables alone, with one line saying how to get the pictures.
+"""
+
+from __future__ import annotations
+
+import array
+import importlib.util
+import os
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+class RowStats(Protocol):
+    """What the pictures read of card.RowStats."""
+
+    generations: int
+    summed_generations: int
+    conversations: int
+    prompt: array.array[int]
+    thinking: array.array[int]
+    answer: array.array[int]
+    completion: array.array[int]
+    gens_per_conversation: Counter[int]
+
+__all__ = ["available", "draw"]
+
+#: Histogram bins per panel; the pictures' size (inches) and resolution.
+BINS = 40
+PANEL_INCHES = (4.2, 3.2)
+DPI = 110
+#: One colour per quantity, the same in every card (prompt, thinking, answer, thinking + answer).
+COLOURS = {"prompt": "#4C72B0", "thinking": "#DD8452", "answer": "#55A868", "thinking + answer": "#8172B3"}
+
+
+def available() -> bool:
+    """matplotlib is installed (`pip install 'genqueue[card]'`)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def draw(stats: RowStats, folder: Path, name: str) -> dict[str, Path]:
+    """The PNGs of STATS in FOLDER, named <NAME>.lengths.png and <NAME>.generations.png (only
+    those with something to show): {"lengths": path, "generations": path}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # no pyplot: no global state, nothing left open
+    from matplotlib.ticker import MaxNLocator
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    panels = [(label, values) for label, values in (("prompt", stats.prompt), ("thinking", stats.thinking),
+                                                    ("answer", stats.answer)) if values]
+    if len(stats.thinking) < len(stats.completion):  # thinking unknown for some: their generated total too
+        panels.append(("thinking + answer", stats.completion))
+    if panels:
+        cols = 2 if len(panels) == 4 else len(panels)  # four panels read best as a square
+        grid = (-(-len(panels) // cols), cols)
+        fig = Figure(figsize=(PANEL_INCHES[0] * grid[1], PANEL_INCHES[1] * grid[0] + 0.4), dpi=DPI,
+                     layout="constrained")
+        for i, (label, values) in enumerate(panels):
+            _histogram(fig.add_subplot(grid[0], grid[1], i + 1), label, values)
+        shown = stats.generations - stats.summed_generations
+        apart = (f";\n{stats.summed_generations:,} more in rows of several answers, whose usage is their sum, "
+                 "are not shown") if stats.summed_generations else ""
+        fig.suptitle(f"Token lengths per generation ({shown:,} generations{apart})")
+        out["lengths"] = _save(fig, folder / f"{name}.lengths.png")
+    if stats.gens_per_conversation:
+        counts = sorted(stats.gens_per_conversation.items())
+        fig = Figure(figsize=(max(PANEL_INCHES[0], 0.5 * len(counts) + 2), PANEL_INCHES[1]), dpi=DPI,
+                     layout="constrained")
+        ax = fig.add_subplot(1, 1, 1)
+        bars = ax.bar([str(k) for k, _ in counts], [v for _, v in counts], color="#4C72B0")
+        ax.bar_label(bars, labels=[f"{v:,}" for _, v in counts], fontsize=8)
+        ax.set_xlabel("generations in the conversation")
+        ax.set_ylabel("conversations")
+        ax.set_title(f"Generations per conversation\n({stats.conversations:,} conversations)", fontsize=10)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.margins(y=0.15)
+        out["generations"] = _save(fig, folder / f"{name}.generations.png")
+    return out
+
+
+def _histogram(ax: Axes, label: str, values: array.array[int]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ordered = sorted(values)
+    n = len(ordered)
+    median, p90 = ordered[(n - 1) // 2], ordered[min(n - 1, -(-90 * n // 100) - 1)]
+    ax.hist(ordered, bins=min(BINS, max(1, len(set(ordered)))), color=COLOURS[label], edgecolor="white",
+            linewidth=0.5)
+    ax.axvline(median, color="black", linestyle="--", linewidth=1, label=f"median {median:,}")
+    ax.axvline(p90, color="black", linestyle=":", linewidth=1, label=f"p90 {p90:,}")
+    ax.set_title(f"{label} ({n:,})")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("generations")
+    ax.margins(y=0.2)  # room for the legend above the tallest bar
+    ax.legend(fontsize=8, frameon=False, loc="upper right")
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fig.savefig(fh, format="png")
+    os.replace(tmp, path)
+    return path
