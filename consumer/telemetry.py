@@ -134,8 +134,10 @@ def progress_line(snap: ConsumerSnapshot) -> str:
     per_s = sum(r.get("completions_per_s", 0.0) for r in runs)
     tok_s = sum(r.get("completion_tokens_per_s", 0.0) for r in runs)
     paused = ", ".join(f"{k}: {v}" for k, v in snap["paused"].items())
+    flying, limit = snap["in_flight"], snap["concurrency"]
+    of = f"of {limit}" if flying <= limit else f"(over its limit, lowered to {limit}: none sent until under it)"
     return (f"progress: {done} items ({errors} errors), {per_s:.1f}/s, {tok_s:,.0f} completion tok/s, "
-            f"in flight {snap['in_flight']} of {snap['concurrency']}, {snap['held_jobs']} jobs held, "
+            f"in flight {flying} {of}, {snap['held_jobs']} jobs held, "
             f"{snap['shipping']['waiting_shards']} shards waiting to ship" + (f"; PAUSED ({paused})" if paused else ""))
 
 
@@ -149,6 +151,30 @@ def set_run_gauges(runs: dict[str, RunCounters], before: set[str]) -> set[str]:
         for gauge, _ in RUN_GAUGES:
             gauge.remove(run)
     return set(runs)
+
+
+def spent_since(totals: dict[str, Counter[str]], added: dict[str, Counter[str]], snap: ConsumerSnapshot,
+                dt: float, gpus: int) -> tuple[dict[str, dict[str, float]], dict[str, Counter[str]]]:
+    """(what to add to each run's spent hash, the totals it then holds of ours): the records and
+    tokens counted since ADDED, and GPUS x DT GPU-seconds for the runs whose work this consumer
+    held (in flight, waiting, jobs held, or records written in DT), split by the completion
+    tokens each generated in DT (evenly when none did). Time with no run's work held is no
+    run's: an idle consumer spends no run's GPU-hours."""
+    out: dict[str, dict[str, float]] = {}
+    for run, t in totals.items():
+        before = added.get(run, Counter())
+        d = {k: float(t[k] - before[k]) for k in ("completions", "errors", "prompt_tokens", "completion_tokens")}
+        if any(d.values()):
+            out[run] = d
+    busy = [run for run, r in snap["runs"].items()
+            if r.get("in_flight") or r.get("pending_items") or r.get("held_jobs") or run in out]
+    if busy and dt > 0:
+        tokens = {run: out.get(run, {}).get("completion_tokens", 0.0) for run in busy}
+        total = sum(tokens.values())
+        for run in busy:
+            share = tokens[run] / total if total else 1.0 / len(busy)
+            out.setdefault(run, {})["gpu_seconds"] = gpus * dt * share
+    return out, {run: Counter(t) for run, t in totals.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +224,9 @@ class Telemetry:
         self._depth: int | None = None  # jobs left in the served runs' queues, as last published
         self._cpu_at = (time.monotonic(), time.process_time())
         self.lag = LoopLag()
+        # what the run's spent hash has of ours (common/snapshots.py), and when GPU time was last charged
+        self._added: dict[str, Counter[str]] = {}
+        self._charged_at: float | None = None
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -296,7 +325,10 @@ class Telemetry:
         for kind, n in self.parts.retries().items():
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n
-        lengths = await self.rq.call(publish, self.conn, snap, now)  # and the served runs' queue lengths
+        spent, totals = spent_since(self.totals, self._added, snap, now - (self._charged_at or now), self.gpus)
+        # and the served runs' queue lengths; what was spent is ours to add again only if this fails
+        lengths = await self.rq.call(publish, self.conn, snap, now, spent)
+        self._added, self._charged_at = totals, now
         self._depth = sum(q.waiting for q in lengths.values())
         for run, q in lengths.items():
             QUEUE_DEPTH.labels(run).set(q.waiting)

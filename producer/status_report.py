@@ -225,6 +225,9 @@ class StatusReport(OutcomeView, total=False):
     speed: Required[SpeedView]
     eta_s: Required[float | None]
     eta_assumes_completion_tokens_per_s: Required[float | None]
+    eta_basis: str | None  # what eta_s assumes: "completion_tokens" or "items" a second (None: no ETA)
+    acked_tokens: dict[str, int]  # prompt and completion tokens of the acked jobs (the run's stats)
+    tokens_per_item: float | None  # completion tokens per item generated so far (the ETA's)
     shipping: Required[ShippingSummary]
     consumers: Required[list[ConsumerRow]]
     versions: Required[list[str]]
