@@ -76,6 +76,9 @@ class ConsumerReport(TypedDict, total=False):
     copies: dict[str, int]
     redis_unreachable_since: float | None
     clock_offset: float | None
+    phase: str | None
+    phase_s: float
+    only_run: str | None
 
 
 #: The counters of a run's spent hash: records written (errors among them), tokens, GPU-seconds.
@@ -129,7 +132,11 @@ def read_spent(conn: redis.Redis, run: str) -> Spent:
             got[name] = float(v)
         except ValueError:
             continue
-    return Spent(*(int(got.get(f, 0)) for f in SPENT_FIELDS[:4]), gpu_seconds=max(got.get("gpu_seconds", 0.0), 0.0))
+    def n(field: str) -> int:
+        return max(int(got.get(field, 0)), 0)
+
+    return Spent(n("completions"), n("errors"), n("prompt_tokens"), n("completion_tokens"),
+                 max(got.get("gpu_seconds", 0.0), 0.0))
 
 
 def reports(conn: redis.Redis, now: float) -> list[ConsumerReport]:

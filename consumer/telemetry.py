@@ -34,7 +34,7 @@ from genqueue.common.contracts import (
     RunCounters,
     is_error,
 )
-from genqueue.common.eta import RateWindow, Sample
+from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.snapshots import publish
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
@@ -96,6 +96,23 @@ RUN_GAUGES: tuple[tuple[Gauge, Callable[[RunCounters], int]], ...] = (
     (RUN_SHIPPED, lambda r: r["shipping"]["shards"] if "shipping" in r else 0),
     (RUN_SHIPPED_BYTES, lambda r: r["shipping"]["bytes"] if "shipping" in r else 0),
 )
+
+STARTING = Gauge("genqueue_starting", "1 while the consumer starts (waiting on Redis or the engine, its pre-flight, "
+                 "leftover shards): it takes no job yet")
+#: The ports metrics are served on in this process (start_http_server once per port).
+_SERVING: set[int] = set()
+
+
+def serve_metrics(port: int | None) -> None:
+    """Serve the Prometheus metrics on PORT (None: not at all), once per process: from the
+    consumer's first line on, so a consumer stuck in its start-up is seen there too."""
+    if port is None or port in _SERVING:
+        return
+    start_http_server(port, addr="0.0.0.0")
+    _SERVING.add(port)
+    STARTING.set(1)
+    log.info("Prometheus metrics on :%d/metrics", port)
+
 
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
@@ -227,6 +244,9 @@ class Telemetry:
         # what the run's spent hash has of ours (common/snapshots.py), and when GPU time was last charged
         self._added: dict[str, Counter[str]] = {}
         self._charged_at: float | None = None
+        self._phase: str | None = None
+        self._phase_at = time.monotonic()
+        self.only_run: str | None = None
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -269,9 +289,28 @@ class Telemetry:
             LATENCY.observe(timings["latency_s"])
 
     def start_metrics_server(self) -> None:
-        if self.metrics_port is not None:
-            start_http_server(self.metrics_port, addr="0.0.0.0")
-            log.info("Prometheus metrics on :%d/metrics", self.metrics_port)
+        serve_metrics(self.metrics_port)
+
+    def set_phase(self, phase: str | None) -> None:
+        """What the starting consumer waits on now (None: it serves); said in its snapshot and
+        in the log, with how long it has waited there."""
+        if phase != self._phase:
+            self._phase, self._phase_at = phase, time.monotonic()
+        STARTING.set(0 if phase is None else 1)
+
+    async def starting(self) -> None:
+        """Publish the snapshot every interval while the consumer starts (its work loop publishes
+        from then on); a failed publish (Redis not there yet) is tried again at the next."""
+        said = time.monotonic()
+        while True:
+            try:
+                await self.publish()
+            except Exception as e:  # noqa: BLE001 - start-up goes on; the next publish may pass
+                log.debug("start-up snapshot not published (%s: %s)", type(e).__name__, e)
+            if self._phase is not None and time.monotonic() - said >= PROGRESS_EVERY:
+                said = time.monotonic()
+                log.info("still starting: %s for %s", self._phase, format_duration(said - self._phase_at))
+            await asyncio.sleep(self.interval)
 
     async def loop(self) -> None:
         last_line = time.monotonic()
@@ -393,4 +432,7 @@ class Telemetry:
             "copies": p.copies(),
             "redis_unreachable_since": p.rq().unreachable_since,
             "clock_offset": leases.clock_offset,
+            "phase": self._phase,
+            "phase_s": round(time.monotonic() - self._phase_at, 1),
+            "only_run": self.only_run,
         }

@@ -46,6 +46,7 @@ from genqueue.producer.status_report import (
     ShareShipping,
     ShippingError,
     ShippingSummary,
+    StartingRow,
     StatusReport,
 )
 from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
@@ -163,6 +164,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "shipping": shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now,
                                   live={c["worker"] for c in live}),
         "consumers": [_consumer_row(c, run, shares[c["worker"]], where["in_flight"]) for c in mine],
+        "starting": starting_rows(everyone, run),
         "output_placement": {"host": info.placement.host, "shared_fs": info.placement.shared_fs,
                              "where": info.placement.describe(info.settings.output)},
         "hosts": hosts_view(everyone, run),
@@ -174,6 +176,19 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
     }
+
+
+def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:
+    """The live consumers still starting (no run of theirs yet) that may serve RUN: each with
+    what it waits on and for how long (its time in the phase when it reported, plus its age)."""
+    out: list[StartingRow] = []
+    for c in snaps:
+        phase = c.get("phase")
+        if not c["live"] or not phase or run in c["runs"] or c.get("only_run") not in (None, run):
+            continue
+        out.append({"worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "phase": redact(str(phase)),
+                    "phase_s": round(float(c.get("phase_s") or 0.0) + c["age_s"], 1)})
+    return out
 
 
 def _estimate(sources: dict[str, dict[str, Any]]) -> int | None:
@@ -229,6 +244,8 @@ def _consumer_row(c: ConsumerReport, run: str, share: RunShare, run_in_flight: i
         "engine": engine,
         "shipping": ship, "reasoning_probe": r.get("reasoning_probe"), "clock_offset": c.get("clock_offset"),
         "copies": dict(c.get("copies") or {}),
+        "phase": c.get("phase"),
+        "phase_s": round(float(c.get("phase_s") or 0.0) + c["age_s"], 1) if c.get("phase") else None,
     }
 
 
@@ -252,8 +269,12 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
     lines.append("")
     lines.append(fit("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)",
                      width))
-    if not r["consumers"]:
+    if not r["consumers"] and not r.get("starting"):
         lines.append("  none has reported for this run")
+    for st in r.get("starting", []):
+        gpu = st["gpu"] if st["gpu"] is not None else "-"
+        lines.append(fit(f"  {st['worker']}  gpu {gpu}  starting: {st['phase']} for {format_duration(st['phase_s'])}",
+                         width))
     for c in r["consumers"]:
         lines += [fit(_consumer_line(c), width), fit("      " + engine_text(c["engine"]), width)]
         if copies := copies_text(c["copies"]):
@@ -283,7 +304,9 @@ def _fit_keeping_command(line: str, width: int | None) -> list[str]:
 
 
 def _consumer_line(c: ConsumerRow) -> str:
-    if c["live"]:
+    if c["live"] and c.get("phase"):
+        state = f"starting: {c['phase']} for {format_duration(c.get('phase_s'))}"
+    elif c["live"]:
         state = "live"
     elif c["exited"]:
         state = f"exited {format_duration(c['age_s'])} ago"
