@@ -602,3 +602,4 @@ class ConsumerSnapshot(TypedDict):
     phase: str | None  # what a starting consumer waits on ("pre-flight: waiting on the engine"); None once serving
     phase_s: float  # seconds in that phase at last_seen
     only_run: str | None  # the one run it serves (`consumer run --run`); None: every open run
+    spool: str | None  # its spool directory: a later consumer on the same host and spool holds its lock, so this one is dead

@@ -79,6 +79,7 @@ class ConsumerReport(TypedDict, total=False):
     phase: str | None
     phase_s: float
     only_run: str | None
+    spool: str | None
 
 
 #: The counters of a run's spent hash: records written (errors among them), tokens, GPU-seconds.
@@ -152,7 +153,23 @@ def reports(conn: redis.Redis, now: float) -> list[ConsumerReport]:
         report = read_report(raw, now)
         if report is not None:
             out.append(report)
-    return out
+    return superseded(out)
+
+
+def superseded(found: list[ConsumerReport]) -> list[ConsumerReport]:
+    """FOUND with every consumer that a later one on its host and spool replaced marked not
+    live: the later one took the spool's lock, which only a dead consumer lets go (it ships
+    what the earlier one left, and reports what is left of it)."""
+    latest: dict[tuple[str, str], float] = {}
+    for c in found:
+        where = (str(c.get("host")), c.get("spool"))
+        if isinstance(where[1], str):
+            latest[(where[0], where[1])] = max(latest.get((where[0], where[1]), 0.0), float(c.get("started_at") or 0.0))
+    for c in found:
+        spool = c.get("spool")
+        if isinstance(spool, str) and float(c.get("started_at") or 0.0) < latest[(str(c.get("host")), spool)]:
+            c["live"] = False
+    return found
 
 
 def read_report(raw: bytes | str, now: float) -> ConsumerReport | None:

@@ -247,6 +247,7 @@ class Telemetry:
         self._phase: str | None = None
         self._phase_at = time.monotonic()
         self.only_run: str | None = None
+        self.spool: str | None = None  # its spool directory (the snapshot's `spool`)
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -435,4 +436,5 @@ class Telemetry:
             "phase": self._phase,
             "phase_s": round(time.monotonic() - self._phase_at, 1),
             "only_run": self.only_run,
+            "spool": self.spool,
         }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import IO
@@ -236,7 +237,7 @@ class Consumer:
             backing_off=lambda: gen.backing_off),
             interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port, gpus=cfg.gpus)
         self._telemetry, self._served = telemetry, served
-        telemetry.only_run = cfg.run
+        telemetry.only_run, telemetry.spool = cfg.run, os.path.abspath(cfg.spool)
         telemetry.start_metrics_server()  # from the start: a consumer stuck in its pre-flight is seen
         dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
                                 wake=self.wake, stopping=self.stopping, low_water=self._low_water,
