@@ -599,3 +599,7 @@ class ConsumerSnapshot(TypedDict):
     copies: dict[str, int]  # the end of a run's copies (consumer/hedge.py): sent, shipped, dropped, yielded, ended_elsewhere
     redis_unreachable_since: float | None
     clock_offset: float | None  # Redis's clock - this node's, seconds; leases use Redis's
+    phase: str | None  # what a starting consumer waits on ("pre-flight: waiting on the engine"); None once serving
+    phase_s: float  # seconds in that phase at last_seen
+    only_run: str | None  # the one run it serves (`consumer run --run`); None: every open run
+    spool: str | None  # its spool directory: a later consumer on the same host and spool holds its lock, so this one is dead

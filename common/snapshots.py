@@ -3,6 +3,18 @@ read back by `producer status`. Its keys, its lifetime and its shape are spelled
 
 Keys: genqueue:consumer:<worker>  str   the snapshot (JSON, a contracts.ConsumerSnapshot), for a day
       genqueue:consumers          zset  worker -> last seen (Redis time, as the leases keep it)
+      genqueue:run:<run>:spent    hash  what the run's consumers generated and the GPU time they
+                                        spent on it (SPENT_FIELDS), added by each publish
+
+A snapshot is live figures: it is gone with its consumer. What was spent is not: each publish
+adds what its consumer generated (records written, tokens) and the GPU-seconds it held the run's
+work for since its last publish to the run's spent hash, in the snapshot's own transaction, so
+`producer status` shows tokens generated before they ship and GPU-hours that never go down when
+consumers drain, crash or give their jobs back.
+
+Times a consumer stamps with its own clock (when it started, its shipping times) are moved to
+Redis time on reading, by the snapshot's `clock_offset` (Redis - node): last_seen is Redis time
+already, and status judges every age against Redis's clock.
 
 A snapshot is read back as a ConsumerReport: what the consumer wrote, which may be less than a
 ConsumerSnapshot (consumers of an earlier shape wrote fewer fields; tools and hand edits may
@@ -12,14 +24,16 @@ reads it without a default (garbage under its key) is left out: there is nothing
 
 from __future__ import annotations
 
-from typing import Required, TypedDict, cast
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Required, TypedDict, cast
 
 import orjson
 import redis
 
 from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView
 from genqueue.common.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
-from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.common.runs import CONSUMERS, consumer_key, run_key
 
 #: A snapshot lives this long after its consumer's last report; status reads the last day's.
 SNAPSHOT_TTL = 24 * 3600
@@ -62,20 +76,68 @@ class ConsumerReport(TypedDict, total=False):
     copies: dict[str, int]
     redis_unreachable_since: float | None
     clock_offset: float | None
+    phase: str | None
+    phase_s: float
+    only_run: str | None
+    spool: str | None
 
 
-def publish(conn: redis.Redis, snap: ConsumerSnapshot, now: float) -> dict[str, QueueLength]:
-    """Write SNAP as its consumer's last report at NOW (Redis time), drop the reports of
-    consumers silent for a day, and read the queue lengths of the runs SNAP serves: one round
-    trip for all of it."""
+#: The counters of a run's spent hash: records written (errors among them), tokens, GPU-seconds.
+SPENT_FIELDS = ("completions", "errors", "prompt_tokens", "completion_tokens", "gpu_seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a run's consumers generated for it and the GPU time they spent on it, so far."""
+
+    completions: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    gpu_seconds: float = 0.0
+
+
+def spent_key(run: str) -> str:
+    return run_key(run, "spent")
+
+
+def publish(conn: redis.Redis, snap: ConsumerSnapshot, now: float,
+            spent: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, QueueLength]:
+    """Write SNAP as its consumer's last report at NOW (Redis time), add SPENT (run -> field of
+    SPENT_FIELDS -> what this consumer spent since its last publish) to each run's spent hash,
+    drop the reports of consumers silent for a day, and read the queue lengths of the runs SNAP
+    serves: one round trip, one transaction, for all of it."""
     runs = list(snap["runs"])
     with conn.pipeline() as p:
         p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
         p.zadd(CONSUMERS, {snap["worker"]: now})
         p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
         stage_queue_lengths(p, runs)
+        for run, added in (spent or {}).items():
+            for field, v in added.items():
+                if field == "gpu_seconds" and v > 0:
+                    p.hincrbyfloat(spent_key(run), field, float(v))
+                elif field in SPENT_FIELDS and v > 0:
+                    p.hincrby(spent_key(run), field, int(v))
         out = p.execute(raise_on_error=False)
-    return queue_lengths_of(out[3:], runs)
+    return queue_lengths_of(out[3:3 + 2 * len(runs)], runs)
+
+
+def read_spent(conn: redis.Redis, run: str) -> Spent:
+    """RUN's spent hash (garbage fields count 0)."""
+    raw = cast(dict[Any, Any], conn.hgetall(spent_key(run)))
+    got: dict[str, float] = {}
+    for k, v in raw.items():
+        name = _text(k)
+        try:
+            got[name] = float(v)
+        except ValueError:
+            continue
+    def n(field: str) -> int:
+        return max(int(got.get(field, 0)), 0)
+
+    return Spent(n("completions"), n("errors"), n("prompt_tokens"), n("completion_tokens"),
+                 max(got.get("gpu_seconds", 0.0), 0.0))
 
 
 def reports(conn: redis.Redis, now: float) -> list[ConsumerReport]:
@@ -91,7 +153,23 @@ def reports(conn: redis.Redis, now: float) -> list[ConsumerReport]:
         report = read_report(raw, now)
         if report is not None:
             out.append(report)
-    return out
+    return superseded(out)
+
+
+def superseded(found: list[ConsumerReport]) -> list[ConsumerReport]:
+    """FOUND with every consumer that a later one on its host and spool replaced marked not
+    live: the later one took the spool's lock, which only a dead consumer lets go (it ships
+    what the earlier one left, and reports what is left of it)."""
+    latest: dict[tuple[str, str], float] = {}
+    for c in found:
+        where = (str(c.get("host")), c.get("spool"))
+        if isinstance(where[1], str):
+            latest[(where[0], where[1])] = max(latest.get((where[0], where[1]), 0.0), float(c.get("started_at") or 0.0))
+    for c in found:
+        spool = c.get("spool")
+        if isinstance(spool, str) and float(c.get("started_at") or 0.0) < latest[(str(c.get("host")), spool)]:
+            c["live"] = False
+    return found
 
 
 def read_report(raw: bytes | str, now: float) -> ConsumerReport | None:
@@ -104,9 +182,33 @@ def read_report(raw: bytes | str, now: float) -> ConsumerReport | None:
     if seen is None:
         return None
     snap.setdefault("runs", {})
+    _to_redis_time(snap)
     snap["age_s"] = max(0.0, now - seen)
     snap["live"] = snap["age_s"] <= STALE_AFTER and not snap.get("exited")
     return cast(ConsumerReport, snap)  # the fields read without a default were checked
+
+
+#: The times a consumer stamps with its own clock: its start, and its shipping's.
+_NODE_TIMES = ("last_upload_at", "oldest_waiting_at", "last_error_at")
+
+
+def _to_redis_time(snap: dict[str, Any]) -> None:
+    """Move SNAP's node-clock times to Redis time by its clock_offset (Redis - node)."""
+    offset = snap.get("clock_offset")
+    if not isinstance(offset, int | float) or isinstance(offset, bool) or not offset:
+        return
+
+    def shift(d: object, keys: tuple[str, ...]) -> None:
+        if isinstance(d, dict):
+            for k in keys:
+                v = d.get(k)
+                if isinstance(v, int | float) and not isinstance(v, bool) and v:
+                    d[k] = v + offset
+
+    shift(snap, ("started_at",))
+    shift(snap.get("shipping"), _NODE_TIMES)
+    for r in snap["runs"].values():
+        shift(r.get("shipping"), _NODE_TIMES)
 
 
 def _last_seen(snap: object) -> float | None:

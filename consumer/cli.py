@@ -87,6 +87,7 @@ def run_cmd(ctx: click.Context, verbose: int, quiet: bool, **options: Unpack[Run
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
     from genqueue.common.contracts import ExitCode
     from genqueue.consumer.stop import Stop, Stopped
+    from genqueue.consumer.telemetry import serve_metrics
     from genqueue.consumer.worker import Consumer
 
     outer = ctx.obj or {}
@@ -94,6 +95,10 @@ def run_cmd(ctx: click.Context, verbose: int, quiet: bool, **options: Unpack[Run
     cfg = ConsumerConfig.from_options(options)
     stop = Stop(cfg.drain_timeout)
     stop.install_early()  # the loop's handlers do not exist yet: a signal here must still end it
+    # the first line and the metrics come before any wait (on Redis, then on the engine)
+    logging.getLogger("genqueue.consumer").info("consumer starting: endpoint %s, gpu %s, runs %s", cfg.endpoint,
+                                                "-" if cfg.gpu is None else cfg.gpu, cfg.run or "(all open)")
+    serve_metrics(cfg.metrics_port)
     try:
         conn = wait_for(cfg.redis_url, cfg.endpoint_wait,
                         say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))

@@ -203,7 +203,7 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
         else:
             change = f"raise -c from {c.limit} (or use --concurrency auto)"
         return Verdict(EngineBound.GENQUEUE, (
-            f"genqueue binds: the consumer is at its own limit ({c.in_flight} in flight of {c.limit}) "
+            f"genqueue binds: the consumer is at its own limit ({in_flight_of(c)}) "
             f"and the engine has free slots: {change}"), nums, notes)
     if c.cpu >= s.cpu_bound:
         return Verdict(EngineBound.GENQUEUE, (
@@ -216,7 +216,10 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
         if running <= max(1.0, s.tail_fraction * peak):
             since = now.t
             for x in reversed(samples):
-                if x.consumer.pending or x.consumer.queue_depth != 0:
+                # the tail began after the last look with work waiting, or with nothing at all
+                # running: an idle spell between two runs ends the last run's tail, not this one's
+                idle = not _num(x.engine.get("running")) and not x.consumer.in_flight
+                if x.consumer.pending or x.consumer.queue_depth != 0 or idle:
                     break
                 since = x.t
             nums |= {"tail_requests": int(running), "tail_seconds": round(now.t - since, 1),
@@ -227,7 +230,7 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
     if c.pending == 0:
         left = "the queue is empty" if c.queue_depth == 0 else "jobs are not fetched fast enough"
         return Verdict(EngineBound.GENQUEUE, (
-            f"genqueue binds: the consumer is out of work ({left}; {c.in_flight} in flight of {c.limit})"),
+            f"genqueue binds: the consumer is out of work ({left}; {in_flight_of(c)})"),
             nums, notes)
     lags = [x.consumer.loop_lag for x in recent]
     late = sum(1 for lag in lags if lag >= s.loop_lag)
@@ -241,7 +244,15 @@ def _free_slots(recent: list[Sample], samples: list[Sample], nums: Numbers, note
             "other consumers): give it a core of its own (taskset), or run fewer processes here"), nums, notes)
     return Verdict(EngineBound.GENQUEUE, (
         f"genqueue binds: {c.pending} items wait in the consumer while the engine has free slots "
-        f"({c.in_flight} in flight of {c.limit})"), nums, notes)
+        f"({in_flight_of(c)})"), nums, notes)
+
+
+def in_flight_of(c: ConsumerView) -> str:
+    """C's requests in flight against its limit; over it once --concurrency auto lowered the limit
+    under what was already sent (those finish; no new one goes until under it)."""
+    if c.in_flight <= c.limit:
+        return f"{c.in_flight} in flight of {c.limit}"
+    return f"{c.in_flight} in flight, over its limit lowered to {c.limit}: none sent until under it"
 
 
 def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tuple[str, ...], Numbers]:

@@ -34,7 +34,7 @@ from genqueue.common.contracts import (
     RunCounters,
     is_error,
 )
-from genqueue.common.eta import RateWindow, Sample
+from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.snapshots import publish
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
@@ -97,6 +97,23 @@ RUN_GAUGES: tuple[tuple[Gauge, Callable[[RunCounters], int]], ...] = (
     (RUN_SHIPPED_BYTES, lambda r: r["shipping"]["bytes"] if "shipping" in r else 0),
 )
 
+STARTING = Gauge("genqueue_starting", "1 while the consumer starts (waiting on Redis or the engine, its pre-flight, "
+                 "leftover shards): it takes no job yet")
+#: The ports metrics are served on in this process (start_http_server once per port).
+_SERVING: set[int] = set()
+
+
+def serve_metrics(port: int | None) -> None:
+    """Serve the Prometheus metrics on PORT (None: not at all), once per process: from the
+    consumer's first line on, so a consumer stuck in its start-up is seen there too."""
+    if port is None or port in _SERVING:
+        return
+    start_http_server(port, addr="0.0.0.0")
+    _SERVING.add(port)
+    STARTING.set(1)
+    log.info("Prometheus metrics on :%d/metrics", port)
+
+
 #: Every pause reason a consumer knows, so each has a series from the start.
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
 
@@ -134,8 +151,10 @@ def progress_line(snap: ConsumerSnapshot) -> str:
     per_s = sum(r.get("completions_per_s", 0.0) for r in runs)
     tok_s = sum(r.get("completion_tokens_per_s", 0.0) for r in runs)
     paused = ", ".join(f"{k}: {v}" for k, v in snap["paused"].items())
+    flying, limit = snap["in_flight"], snap["concurrency"]
+    of = f"of {limit}" if flying <= limit else f"(over its limit, lowered to {limit}: none sent until under it)"
     return (f"progress: {done} items ({errors} errors), {per_s:.1f}/s, {tok_s:,.0f} completion tok/s, "
-            f"in flight {snap['in_flight']} of {snap['concurrency']}, {snap['held_jobs']} jobs held, "
+            f"in flight {flying} {of}, {snap['held_jobs']} jobs held, "
             f"{snap['shipping']['waiting_shards']} shards waiting to ship" + (f"; PAUSED ({paused})" if paused else ""))
 
 
@@ -149,6 +168,30 @@ def set_run_gauges(runs: dict[str, RunCounters], before: set[str]) -> set[str]:
         for gauge, _ in RUN_GAUGES:
             gauge.remove(run)
     return set(runs)
+
+
+def spent_since(totals: dict[str, Counter[str]], added: dict[str, Counter[str]], snap: ConsumerSnapshot,
+                dt: float, gpus: int) -> tuple[dict[str, dict[str, float]], dict[str, Counter[str]]]:
+    """(what to add to each run's spent hash, the totals it then holds of ours): the records and
+    tokens counted since ADDED, and GPUS x DT GPU-seconds for the runs whose work this consumer
+    held (in flight, waiting, jobs held, or records written in DT), split by the completion
+    tokens each generated in DT (evenly when none did). Time with no run's work held is no
+    run's: an idle consumer spends no run's GPU-hours."""
+    out: dict[str, dict[str, float]] = {}
+    for run, t in totals.items():
+        before = added.get(run, Counter())
+        d = {k: float(t[k] - before[k]) for k in ("completions", "errors", "prompt_tokens", "completion_tokens")}
+        if any(d.values()):
+            out[run] = d
+    busy = [run for run, r in snap["runs"].items()
+            if r.get("in_flight") or r.get("pending_items") or r.get("held_jobs") or run in out]
+    if busy and dt > 0:
+        tokens = {run: out.get(run, {}).get("completion_tokens", 0.0) for run in busy}
+        total = sum(tokens.values())
+        for run in busy:
+            share = tokens[run] / total if total else 1.0 / len(busy)
+            out.setdefault(run, {})["gpu_seconds"] = gpus * dt * share
+    return out, {run: Counter(t) for run, t in totals.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +241,13 @@ class Telemetry:
         self._depth: int | None = None  # jobs left in the served runs' queues, as last published
         self._cpu_at = (time.monotonic(), time.process_time())
         self.lag = LoopLag()
+        # what the run's spent hash has of ours (common/snapshots.py), and when GPU time was last charged
+        self._added: dict[str, Counter[str]] = {}
+        self._charged_at: float | None = None
+        self._phase: str | None = None
+        self._phase_at = time.monotonic()
+        self.only_run: str | None = None
+        self.spool: str | None = None  # its spool directory (the snapshot's `spool`)
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -240,9 +290,28 @@ class Telemetry:
             LATENCY.observe(timings["latency_s"])
 
     def start_metrics_server(self) -> None:
-        if self.metrics_port is not None:
-            start_http_server(self.metrics_port, addr="0.0.0.0")
-            log.info("Prometheus metrics on :%d/metrics", self.metrics_port)
+        serve_metrics(self.metrics_port)
+
+    def set_phase(self, phase: str | None) -> None:
+        """What the starting consumer waits on now (None: it serves); said in its snapshot and
+        in the log, with how long it has waited there."""
+        if phase != self._phase:
+            self._phase, self._phase_at = phase, time.monotonic()
+        STARTING.set(0 if phase is None else 1)
+
+    async def starting(self) -> None:
+        """Publish the snapshot every interval while the consumer starts (its work loop publishes
+        from then on); a failed publish (Redis not there yet) is tried again at the next."""
+        said = time.monotonic()
+        while True:
+            try:
+                await self.publish()
+            except Exception as e:  # noqa: BLE001 - start-up goes on; the next publish may pass
+                log.debug("start-up snapshot not published (%s: %s)", type(e).__name__, e)
+            if self._phase is not None and time.monotonic() - said >= PROGRESS_EVERY:
+                said = time.monotonic()
+                log.info("still starting: %s for %s", self._phase, format_duration(said - self._phase_at))
+            await asyncio.sleep(self.interval)
 
     async def loop(self) -> None:
         last_line = time.monotonic()
@@ -296,7 +365,10 @@ class Telemetry:
         for kind, n in self.parts.retries().items():
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n
-        lengths = await self.rq.call(publish, self.conn, snap, now)  # and the served runs' queue lengths
+        spent, totals = spent_since(self.totals, self._added, snap, now - (self._charged_at or now), self.gpus)
+        # and the served runs' queue lengths; what was spent is ours to add again only if this fails
+        lengths = await self.rq.call(publish, self.conn, snap, now, spent)
+        self._added, self._charged_at = totals, now
         self._depth = sum(q.waiting for q in lengths.values())
         for run, q in lengths.items():
             QUEUE_DEPTH.labels(run).set(q.waiting)
@@ -361,4 +433,8 @@ class Telemetry:
             "copies": p.copies(),
             "redis_unreachable_since": p.rq().unreachable_since,
             "clock_offset": leases.clock_offset,
+            "phase": self._phase,
+            "phase_s": round(time.monotonic() - self._phase_at, 1),
+            "only_run": self.only_run,
+            "spool": self.spool,
         }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import IO
@@ -236,6 +237,8 @@ class Consumer:
             backing_off=lambda: gen.backing_off),
             interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port, gpus=cfg.gpus)
         self._telemetry, self._served = telemetry, served
+        telemetry.only_run, telemetry.spool = cfg.run, os.path.abspath(cfg.spool)
+        telemetry.start_metrics_server()  # from the start: a consumer stuck in its pre-flight is seen
         dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
                                 wake=self.wake, stopping=self.stopping, low_water=self._low_water,
                                 on_won=self._ended_elsewhere)
@@ -252,6 +255,9 @@ class Consumer:
         t0 = time.monotonic()
         code: int = ExitCode.DONE
         started = False
+        log.info("consumer %s starting: pre-flight on endpoint %s for runs %s (`producer status` shows what it "
+                 "waits on)", self.worker.name, cfg.endpoint, cfg.run or "(all open)")
+        publisher = asyncio.create_task(telemetry.starting(), name="start-up snapshot")
         try:
             try:
                 # Start-up waits on the endpoint and on Redis, which may never answer: a stop ends it.
@@ -259,6 +265,9 @@ class Consumer:
                 started = True
             except Stopped:
                 log.info("consumer %s stopping before start-up finished (nothing held)", self.worker.name)
+            finally:
+                publisher.cancel()
+                await asyncio.gather(publisher, return_exceptions=True)
             if started:
                 t0 = time.monotonic()
                 code = await self._work(dispatcher, intake, leases, telemetry, steering, hedger)
@@ -266,6 +275,9 @@ class Consumer:
             await gate.aclose()
             if self._registered:
                 await self._report_stop(telemetry)
+            else:  # seen starting: say it is gone, not that it stopped reporting
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(telemetry.publish(exited=True), timeout=min(self.stop.left(floor=0.5), 2.0))
         left = self.outbox.unshipped()
         gone = sorted({shard.run for shard in left} & set(self.outbox.parked_runs()))
         if left:
@@ -292,15 +304,21 @@ class Consumer:
         return code
 
     async def _start(self, served: ServedRuns, telemetry: Telemetry) -> None:
+        """Pre-flight, register, ship what an earlier consumer left; each step is the phase its
+        snapshot shows (`producer status`: "pre-flight: waiting on the engine ... for 2m 39s")."""
+        telemetry.set_phase("pre-flight: waiting on the engine (/v1/models)")
         await served.wait_for_models()
+        telemetry.set_phase("pre-flight: waiting on the engine (the runs' probe requests)")
         for run in await served.resolve():
             telemetry.start_run(run)
+        telemetry.set_phase("registering its rq worker")
         await self.rq.call(self.worker.start)
         self._registered = True
-        telemetry.start_metrics_server()
         log.info("consumer %s started: endpoint %s, concurrency %s, runs %s", self.worker.name, self.cfg.endpoint,
                  "auto" if self.cfg.auto_concurrency else self.cfg.concurrency, self.cfg.run or "(all open)")
+        telemetry.set_phase("shipping an earlier consumer's leftover shards")
         await self._ship_leftovers()
+        telemetry.set_phase(None)
 
     async def _work(self, dispatcher: Dispatcher, intake: Intake, leases: Leases, telemetry: Telemetry,
                     steering: Steering, hedger: Hedger) -> int:

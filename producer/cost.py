@@ -8,10 +8,13 @@ BPE tokenizer; code and other languages run denser, so it is a rough guide, show
 tokens actually generated). An item with no original answer counts as the mean of those with
 one: a dataset of bare prompts has no estimate (None).
 
-GPU-hours spent are each consumer's GPUs times its wall time while it served the run (from the
-later of its start and the run's first job to its last report, or, once the run is complete, to
-its last upload of the run's results), split between the runs it counted tokens for by their
-completion tokens. A consumer's GPUs are its snapshot's `gpus` (`consumer run --engine-gpus N`, which
+GPU-hours spent are each consumer's GPUs times its wall time while it held the run's work (jobs,
+items waiting or in flight, records written), split between the runs it held work of by the
+completion tokens each generated meanwhile: each consumer adds its part at every report to the
+run's spent hash (common/snapshots.py), so what was spent stays spent when consumers drain, crash
+or give their jobs back (consumer_hours, which works it out from live snapshots instead: each
+consumer's time from the later of its start and the run's first job to its last report, is
+what status showed before, and went down as consumers went). A consumer's GPUs are its snapshot's `gpus` (`consumer run --engine-gpus N`, which
 `consumer launch` sets to --gpus-per-engine x --data-parallel); a consumer of an earlier
 version that does not say counts one.
 Projected: spent, plus the live consumers' GPUs for as long as the remaining tokens take at the
@@ -72,14 +75,16 @@ def consumer_hours(c: ConsumerReport, run: str, run_started_at: float | None, *,
 
 
 def remaining_tokens(items: int, done: int, failed: int, generated: int,
-                     estimate: int | None) -> tuple[float | None, str]:
+                     estimate: int | None, *, answered: int | None = None) -> tuple[float | None, str]:
     """(output tokens still to generate, how it was found): the tokens per item measured on what
-    shipped once something has, else the input's estimate per item."""
+    was answered (GENERATED tokens over ANSWERED items; default: DONE) once something has been,
+    else the input's estimate per item."""
     left = max(items - done - failed, 0)
     if not left:
         return 0.0, "nothing left"
-    if done and generated:
-        return generated / done * left, f"{generated / done:,.0f} tok per item done so far x {left:,} items left"
+    per = done if answered is None else answered
+    if per and generated:
+        return generated / per * left, f"{generated / per:,.0f} tok per item done so far x {left:,} items left"
     if estimate is not None and items:
         return estimate / items * left, f"the input's estimate ({estimate / items:,.0f} tok per item) x {left:,} left"
     return None, "no estimate and nothing shipped yet"
@@ -87,12 +92,16 @@ def remaining_tokens(items: int, done: int, failed: int, generated: int,
 
 def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float | None, remaining: float | None,
              rate: float | None, price: float | None, estimate: int | None, remaining_basis: str,
-             complete: bool = False) -> CostView:
+             complete: bool = False, spent_hours: float | None = None) -> CostView:
     """The `cost` figures of `producer status` for RUN. CONSUMERS: the snapshots of those that
     served it (`live` set); REMAINING: its output tokens still to generate; RATE: the fleet's
     completion tokens a second for it now; PRICE: money a GPU-hour (None: not given); COMPLETE:
-    RUN is over (consumer_hours)."""
-    spent = sum(consumer_hours(c, run, run_started_at, complete=complete) for c in consumers)
+    RUN is over (consumer_hours); SPENT_HOURS: the GPU-hours the consumers added up as they
+    went (the run's spent hash, common/snapshots.py), which never go down; None: worked out
+    from the snapshots of CONSUMERS (consumer_hours), as consumers before that did."""
+    durable = spent_hours is not None
+    spent = spent_hours if spent_hours is not None else \
+        sum(consumer_hours(c, run, run_started_at, complete=complete) for c in consumers)
     live_gpus = sum(gpus_of(c) for c in consumers if c.get("live"))
     assumed = any(gpus_of(c) == 1 and "gpus" not in c for c in consumers)
     projected: float | None
@@ -112,10 +121,12 @@ def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float
         "projected_money": None if price is None or projected is None else projected * price,
         "estimated_output_tokens": estimate,
         "basis": {
-            "gpu_hours_spent": ("GPUs x wall time of each consumer since the run's first job (or its start) "
-                                + ("to its last upload of the run" if complete else "to its last report")
-                                + ", split between its runs by completion tokens"
-                                + ("; 1 GPU per consumer assumed (its report does not say)" if assumed else "")),
+            "gpu_hours_spent": (("GPUs x wall time of each consumer while it held the run's work, added up at "
+                                 "each of its reports, split between its runs by completion tokens") if durable else
+                                ("GPUs x wall time of each consumer since the run's first job (or its start) "
+                                 + ("to its last upload of the run" if complete else "to its last report")
+                                 + ", split between its runs by completion tokens"
+                                 + ("; 1 GPU per consumer assumed (its report does not say)" if assumed else ""))),
             "gpu_hours_projected": how,
             "price": "--gpu-hour-price / GENQUEUE_GPU_HOUR_PRICE" if price is not None else "not given",
             "estimated_output_tokens": (f"the original answers' characters / {CHARS_PER_TOKEN:g}, recorded by "

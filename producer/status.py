@@ -27,16 +27,16 @@ import redis
 
 from genqueue.common import defaults, marks
 from genqueue.common.clock import redis_time
-from genqueue.common.eta import eta_seconds, format_duration
+from genqueue.common.eta import format_duration
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
 from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import RunStore
 from genqueue.common.runsources import reading
-from genqueue.common.snapshots import ConsumerReport, reports
+from genqueue.common.snapshots import ConsumerReport, read_spent, reports
 from genqueue.producer.cost import remaining_tokens, run_cost
-from genqueue.producer.status_figures import input_view, outcome_view, placement, run_share, speed_note
+from genqueue.producer.status_figures import eta_view, input_view, outcome_view, placement, run_share, speed_note
 from genqueue.producer.status_report import (
     ConsumerRow,
     EngineRow,
@@ -46,6 +46,7 @@ from genqueue.producer.status_report import (
     ShareShipping,
     ShippingError,
     ShippingSummary,
+    StartingRow,
     StatusReport,
 )
 from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
@@ -69,6 +70,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     started_at = store.started_at(run)
     jobs = job_counts(conn, run)
+    spent = read_spent(conn, run)  # what the consumers generated and spent: it never goes down
 
     everyone = reports(conn, now)
     mine = [c for c in everyone if run in c.get("runs", {})]
@@ -77,7 +79,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     in_flight = sum(shares[c["worker"]]["in_flight"] + shares[c["worker"]]["pending_items"] for c in live)
     unshipped = sum(int(shares[c["worker"]]["shipping"].get("unshipped_records", 0) or 0) for c in live)
     where = placement(items, done, failed, in_flight, unshipped, jobs["queued"])
-    note = speed_note(items, done, failed, len(live))
+    note = speed_note(items, done, failed, len(live),
+                      answering=sum(c["runs"][run].get("completions_per_s", 0.0) for c in live))
     recent: Rates = {
         "completions_per_s": None if note else sum(c["runs"][run].get("completions_per_s", 0.0) for c in live),
         "prompt_tokens_per_s": None if note else sum(c["runs"][run].get("prompt_tokens_per_s", 0.0) for c in live),
@@ -86,9 +89,14 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     }
     elapsed = now - started_at if started_at else None
     remaining = max(items - done - failed, 0)
-    # tokens per item from the counters that go with the tokens (marks may be rebuilt, counters not)
-    eta = 0.0 if not remaining else eta_seconds(remaining, stats.get("items_done", 0), stats.get("completion_tokens", 0),
-                                                recent["completion_tokens_per_s"] or 0.0)
+    # Tokens: what was generated (the spent counters, added as records are written), never less
+    # than what the acked jobs counted. Tokens per item from the counters that go with the tokens
+    # (marks may be rebuilt, counters not): what was generated, else what was acked.
+    prompt_tokens = max(spent.prompt_tokens, stats.get("prompt_tokens", 0))
+    completion_tokens = max(spent.completion_tokens, stats.get("completion_tokens", 0))
+    answered, answered_tokens = ((spent.completions, spent.completion_tokens) if spent.completions
+                                 else (stats.get("items_done", 0), stats.get("completion_tokens", 0)))
+    eta, eta_basis = eta_view(remaining, answered, answered_tokens, recent, note)
     versions = sorted({c.get("version", "?") for c in live})
     drift = []
     for c in live:
@@ -99,10 +107,10 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
             drift.append(f"{c['worker']} runs genqueue {c.get('version')}, the run was created by {info.version}")
     outcomes = outcome_view(stats, done, failed)
     estimate = _estimate(sources)
-    left, left_how = remaining_tokens(items, done, failed, stats.get("completion_tokens", 0), estimate)
+    left, left_how = remaining_tokens(items, done, failed, answered_tokens, estimate, answered=answered)
     cost = run_cost(mine, run, run_started_at=started_at, remaining=left, rate=recent["completion_tokens_per_s"],
                     price=gpu_hour_price, estimate=estimate, remaining_basis=left_how,
-                    complete=bool(items) and done + failed >= items)
+                    complete=bool(items) and done + failed >= items, spent_hours=spent.gpu_seconds / 3600.0)
 
     def per_s(total: int) -> float | None:
         return total / elapsed if elapsed and done + failed else None
@@ -129,8 +137,10 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "items_shipping": where["shipping"],
         "items_queued": where["queued"],
         "items_elsewhere": where["elsewhere"],
-        "completion_tokens": stats.get("completion_tokens", 0),
-        "prompt_tokens": stats.get("prompt_tokens", 0),
+        "completion_tokens": completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "acked_tokens": {"prompt": stats.get("prompt_tokens", 0), "completion": stats.get("completion_tokens", 0)},
+        "tokens_per_item": answered_tokens / answered if answered else None,
         **outcomes,
         "warnings": {k: redact(v) for k, v in store.warnings(run).items()},
         "jobs": jobs,
@@ -143,15 +153,18 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
             "note": note,
             "run_average": {
                 "completions_per_s": per_s(done + failed),
-                "completion_tokens_per_s": per_s(stats.get("completion_tokens", 0)),
-                "prompt_tokens_per_s": per_s(stats.get("prompt_tokens", 0)),
+                "completion_tokens_per_s": per_s(completion_tokens),
+                "prompt_tokens_per_s": per_s(prompt_tokens),
             },
         },
         "eta_s": eta,
+        "eta_basis": eta_basis,
         "eta_assumes_completion_tokens_per_s": recent["completion_tokens_per_s"],
         "cost": cost,
-        "shipping": shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now),
+        "shipping": shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now,
+                                  live={c["worker"] for c in live}),
         "consumers": [_consumer_row(c, run, shares[c["worker"]], where["in_flight"]) for c in mine],
+        "starting": starting_rows(everyone, run),
         "output_placement": {"host": info.placement.host, "shared_fs": info.placement.shared_fs,
                              "where": info.placement.describe(info.settings.output)},
         "hosts": hosts_view(everyone, run),
@@ -163,6 +176,19 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
     }
+
+
+def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:
+    """The live consumers still starting (no run of theirs yet) that may serve RUN: each with
+    what it waits on and for how long (its time in the phase when it reported, plus its age)."""
+    out: list[StartingRow] = []
+    for c in snaps:
+        phase = c.get("phase")
+        if not c["live"] or not phase or run in c["runs"] or c.get("only_run") not in (None, run):
+            continue
+        out.append({"worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "phase": redact(str(phase)),
+                    "phase_s": round(float(c.get("phase_s") or 0.0) + c["age_s"], 1)})
+    return out
 
 
 def _estimate(sources: dict[str, dict[str, Any]]) -> int | None:
@@ -218,6 +244,8 @@ def _consumer_row(c: ConsumerReport, run: str, share: RunShare, run_in_flight: i
         "engine": engine,
         "shipping": ship, "reasoning_probe": r.get("reasoning_probe"), "clock_offset": c.get("clock_offset"),
         "copies": dict(c.get("copies") or {}),
+        "phase": c.get("phase"),
+        "phase_s": round(float(c.get("phase_s") or 0.0) + c["age_s"], 1) if c.get("phase") else None,
     }
 
 
@@ -241,8 +269,12 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
     lines.append("")
     lines.append(fit("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)",
                      width))
-    if not r["consumers"]:
+    if not r["consumers"] and not r.get("starting"):
         lines.append("  none has reported for this run")
+    for st in r.get("starting", []):
+        gpu = st["gpu"] if st["gpu"] is not None else "-"
+        lines.append(fit(f"  {st['worker']}  gpu {gpu}  starting: {st['phase']} for {format_duration(st['phase_s'])}",
+                         width))
     for c in r["consumers"]:
         lines += [fit(_consumer_line(c), width), fit("      " + engine_text(c["engine"]), width)]
         if copies := copies_text(c["copies"]):
@@ -272,7 +304,9 @@ def _fit_keeping_command(line: str, width: int | None) -> list[str]:
 
 
 def _consumer_line(c: ConsumerRow) -> str:
-    if c["live"]:
+    if c["live"] and c.get("phase"):
+        state = f"starting: {c['phase']} for {format_duration(c.get('phase_s'))}"
+    elif c["live"]:
         state = "live"
     elif c["exited"]:
         state = f"exited {format_duration(c['age_s'])} ago"
@@ -310,13 +344,17 @@ def engine_text(e: EngineRow) -> str:
 
 
 # --- shipping ----------------------------------------------------------------------------
-def shipping_view(shares: list[tuple[ConsumerReport, ShareShipping]], now: float) -> ShippingSummary:
+def shipping_view(shares: list[tuple[ConsumerReport, ShareShipping]], now: float, *,
+                  live: set[str] | None = None) -> ShippingSummary:
     """What the consumers of a run say about shipping its shards, summed over each one's share
     of the run (consumer, its run's shipping): shards and bytes shipped, shards waiting on local
-    disk and for how long, and each consumer's last error (redacted)."""
+    disk and for how long, and each consumer's last error (redacted). LIVE: the workers whose
+    spools count (None: all); a consumer that stopped took its spool's figures with it (one
+    restarted on the same spool reports what is left of them), while what it shipped stays."""
     ships = [(c.get("worker", "?"), s) for c, s in shares]
     uploads = [t for _, s in ships if (t := s.get("last_upload_at"))]
-    oldest = [t for _, s in ships if (t := s.get("oldest_waiting_at")) and s.get("waiting_shards")]
+    spools = [(w, s) for w, s in ships if live is None or w in live]
+    oldest = [t for _, s in spools if (t := s.get("oldest_waiting_at")) and s.get("waiting_shards")]
     waited = max(0.0, now - min(oldest)) if oldest else None
     errors: list[ShippingError] = []
     for c, _ in shares:
@@ -330,8 +368,8 @@ def shipping_view(shares: list[tuple[ConsumerReport, ShareShipping]], now: float
     return {
         "shards": sum(int(s.get("shards", 0)) for _, s in ships),
         "bytes": sum(int(s.get("bytes", 0)) for _, s in ships),
-        "waiting_shards": sum(int(s.get("waiting_shards", 0)) for _, s in ships),
-        "unshipped_records": sum(int(s.get("unshipped_records", 0) or 0) for _, s in ships),
+        "waiting_shards": sum(int(s.get("waiting_shards", 0)) for _, s in spools),
+        "unshipped_records": sum(int(s.get("unshipped_records", 0) or 0) for _, s in spools),
         "last_upload_at": max(uploads) if uploads else None,
         "oldest_waiting_s": waited,
         "warn_after_s": defaults.SHIP_WAIT_WARN,

@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
 from genqueue.common.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
 from genqueue.common.snapshots import ConsumerReport
-from genqueue.producer.status_report import FileView, InputView, OutcomeView, RunShare, ShareShipping
+from genqueue.producer.status_report import FileView, InputView, OutcomeView, Rates, RunShare, ShareShipping
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.
 CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
@@ -116,16 +116,38 @@ def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | N
     }
 
 
-def speed_note(items: int, done: int, failed: int, live: int) -> str | None:
+def speed_note(items: int, done: int, failed: int, live: int, answering: float | None = None) -> str | None:
     """Why the last minute's rate is blank, or None when it is a rate: nothing shipped yet (a
-    rate beside `done 0` would be the spool's, not the run's), the run is over, no consumer."""
+    rate beside `done 0` would be the spool's, not the run's), the run is over, no consumer,
+    or (ANSWERING: the live consumers' items a second) none answered anything for a minute: a
+    rate of 0 gives no ETA, and a rate is shown only with its ETA."""
     if items and done + failed >= items:
         return "run complete"
     if not live:
         return "no live consumer"
     if done + failed == 0:
         return "nothing shipped yet"
+    if answering is not None and answering <= 0:
+        return "nothing answered in the last minute"
     return None
+
+
+def eta_view(remaining: int, answered: int, answered_tokens: int, recent: Rates,
+             note: str | None) -> tuple[float | None, str | None]:
+    """(seconds left, what they assume): REMAINING items at the last minute's rates RECENT.
+    Tokens: the items left times the tokens per item (ANSWERED_TOKENS / ANSWERED), at the
+    completion-token rate; else, with no token to go by (every item an error), at the items
+    rate. None exactly when the rates are blank (NOTE says why); 0 with nothing left."""
+    if not remaining:
+        return 0.0, None
+    if note:
+        return None, None
+    tok_s, items_s = recent["completion_tokens_per_s"] or 0.0, recent["completions_per_s"] or 0.0
+    if answered and answered_tokens and tok_s > 0:
+        return remaining * answered_tokens / answered / tok_s, "completion_tokens"
+    if items_s > 0:
+        return remaining / items_s, "items"
+    return None, None
 
 
 def _by_name(stats: dict[str, int], prefix: str, known: list[str]) -> dict[str, int]:

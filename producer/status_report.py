@@ -149,6 +149,18 @@ class ConsumerRow(TypedDict):
     reasoning_probe: str | None
     clock_offset: float | None
     copies: dict[str, int]  # the end of a run's copies, consumer-wide (ConsumerSnapshot.copies)
+    phase: str | None  # what it waits on while it starts (None: it serves)
+    phase_s: float | None  # for how long, at status's now
+
+
+class StartingRow(TypedDict):
+    """A live consumer that may serve the run and is still starting (its pre-flight, ...)."""
+
+    worker: str
+    host: str | None
+    gpu: int | None
+    phase: str
+    phase_s: float  # in that phase for this long, at status's now
 
 
 class HostView(TypedDict):
@@ -225,6 +237,10 @@ class StatusReport(OutcomeView, total=False):
     speed: Required[SpeedView]
     eta_s: Required[float | None]
     eta_assumes_completion_tokens_per_s: Required[float | None]
+    eta_basis: str | None  # what eta_s assumes: "completion_tokens" or "items" a second (None: no ETA)
+    starting: list[StartingRow]  # consumers that may serve the run, still starting
+    acked_tokens: dict[str, int]  # prompt and completion tokens of the acked jobs (the run's stats)
+    tokens_per_item: float | None  # completion tokens per item generated so far (the ETA's)
     shipping: Required[ShippingSummary]
     consumers: Required[list[ConsumerRow]]
     versions: Required[list[str]]

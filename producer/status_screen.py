@@ -77,7 +77,7 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
         rows.append(("priority", (f"{r.get('priority', 0)}; share: {share['in_flight']:,} of the {share['of']:,} "
                                   f"requests in flight on its {share['consumers']} live consumer(s){pct}")))
     rows.append(("speed", _speed(r)))
-    rows.append(("tokens", f"prompt {r['prompt_tokens']:,}, completion {r['completion_tokens']:,}"))
+    rows.append(("tokens", tokens_line(r)))
     if "hosts" in r:
         if any(h["refusing"] for h in r["hosts"].values()):
             alarm.add(len(rows))
@@ -154,10 +154,14 @@ def _progress(r: StatusReport) -> str:
     finished = r["items_done"] + r["items_failed"]
     frac = finished / items if items else 0.0
     rate = r["eta_assumes_completion_tokens_per_s"]
+    items_s = r["speed"]["last_minute"]["completions_per_s"]
     if items and finished >= items:
-        eta = "run complete"
-    elif r["eta_s"] is None or rate is None:
+        # complete only when every item has a result: error records end a run, they do not finish it
+        eta = "run complete" if not r["items_failed"] else f"run ended with {r['items_failed']:,} items failed"
+    elif r["eta_s"] is None:
         eta = f"ETA - ({r['speed']['note'] or 'no rate yet'})"
+    elif r.get("eta_basis") == "items" or rate is None:
+        eta = f"ETA {format_duration(r['eta_s'])} at {items_s or 0:,.1f} items/s (the last minute's)"
     else:
         eta = f"ETA {format_duration(r['eta_s'])} at {rate:,.0f} completion tok/s (the last minute's)"
     return f"{bar(frac)} {100 * frac:.1f}%: {finished:,} of {items:,} items; {eta}"
@@ -170,8 +174,10 @@ def _estimate(r: StatusReport) -> str:
     if est is None:
         return "- (the input has no original answers to estimate output tokens from)"
     text = f"{est:,} tokens" + (f" ({est / items:,.0f}/item)" if items else "")
-    if done and r["completion_tokens"] and est:
+    per = r.get("tokens_per_item")
+    if per is None and done and r["completion_tokens"]:
         per = r["completion_tokens"] / done
+    if per and est:
         text += f"; so far {per:,.0f}/item ({per * items / est:.2f}x)"
     left = max(items - done - r["items_failed"], 0)
     rate = r["eta_assumes_completion_tokens_per_s"]
@@ -224,6 +230,16 @@ def _speed(r: StatusReport) -> str:
     if avg["completions_per_s"] is None:
         return head + "; run -"
     return head + f"; run {avg['completions_per_s']:,.1f} items/s, {avg['completion_tokens_per_s']:,.0f} completion tok/s"
+
+
+def tokens_line(r: StatusReport) -> str:
+    """Tokens generated (as records are written, not when their jobs are acked), and of them
+    those in acked jobs when fewer."""
+    text = f"prompt {r['prompt_tokens']:,}, completion {r['completion_tokens']:,} generated"
+    acked = r.get("acked_tokens")
+    if acked is not None and acked["completion"] < r["completion_tokens"]:
+        text += f" ({acked['completion']:,} completion in acked jobs)"
+    return text
 
 
 def shipping_line(ship: ShippingSummary, now: float) -> str:
