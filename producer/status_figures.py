@@ -120,7 +120,7 @@ def speed_note(items: int, done: int, failed: int, live: int) -> str | None:
     """Why the last minute's rate is blank, or None when it is a rate: nothing shipped yet (a
     rate beside `done 0` would be the spool's, not the run's), the run is over, no consumer."""
     if items and done + failed >= items:
-        return "run complete"
+        return "run over, NOT complete: items ended as errors" if failed else "run complete"
     if not live:
         return "no live consumer"
     if done + failed == 0:

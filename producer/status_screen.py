@@ -155,7 +155,9 @@ def _progress(r: StatusReport) -> str:
     frac = finished / items if items else 0.0
     rate = r["eta_assumes_completion_tokens_per_s"]
     if items and finished >= items:
-        eta = "run complete"
+        eta = "run over, NOT complete: items ended as errors" if r["items_failed"] else "run complete"
+    elif r["paused"]:
+        eta = "ETA - (paused)"
     elif r["eta_s"] is None or rate is None:
         eta = f"ETA - ({r['speed']['note'] or 'no rate yet'})"
     else:

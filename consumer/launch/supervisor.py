@@ -62,6 +62,7 @@ NOT_RESTARTED = {
     ExitCode.PREFLIGHT: "a run failed the consumer's pre-flight (fix it with `producer enqueue ... --update-settings`)",
     ExitCode.PAUSED: "a run is paused (fix the cause, then `producer resume --run NAME`)",
     ExitCode.VANISHED: "a run is gone from Redis (its results stay in the spool until the run is re-created)",
+    ExitCode.FAILED_ITEMS: "items of a run ended as errors (fix the cause, then `producer enqueue ... --retry-failed`)",
 }
 
 
