@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Record, is_error
+from genqueue.common.contracts import ErrorRecord, Record, is_error
 from genqueue.consumer.faults import STORM_CLASSES
 
 _DIGITS = re.compile(r"\d+")
@@ -48,7 +48,7 @@ def signature(rec: Record) -> str | None:
     return f"{err['class']}: {_DIGITS.sub('N', first[0] if first else '')[:200]}"
 
 
-def said(rec: Record) -> str:
+def said(rec: ErrorRecord) -> str:
     """What the failure REC says, numbers kept: the HTTP status and the server's message."""
     err = rec["error"]
     first = (err.get("message") or "").splitlines()[0:1]
@@ -90,7 +90,7 @@ class Breaker:
         self.streak += 1
         reason = self._storm(sig)
         if reason is not None:
-            self.tripped = reason = f"{reason} (the last: {said(rec)})"
+            self.tripped = reason = f"{reason} (the last: {said(rec) if is_error(rec) else '?'})"
         return reason
 
     def _storm(self, sig: str) -> str | None:

@@ -65,15 +65,15 @@ def test_an_engine_answering_5xx_to_every_request_trips_it_within_the_first_item
 
 
 def test_an_engine_that_breaks_mid_run_trips_it_on_failures_in_a_row() -> None:
-    b = Breaker()  # the defaults: 20 in a row
+    b = Breaker()  # the defaults: 24 in a row
     for i in range(500):
         assert b.record(result(item(i))) is None
     msgs = ["HTTP 502: bad gateway", "HTTP 503: overloaded", "ClientOSError: reset"]  # whatever they say
     trips = [b.record(error_rec(500 + i, "transient_exhausted", msgs[i % 3])) for i in range(40)]
-    assert trips[:19] == [None] * 19, "a healthy window would not see it for 50 more items"
-    reason = trips[19]
-    assert reason is not None and reason.startswith("20 items in a row failed, 7 with transient_exhausted"), reason
-    assert trips[20:] == [None] * 20
+    assert trips[:23] == [None] * 23, "a healthy window would not see it for 26 more items"
+    reason = trips[23]
+    assert reason is not None and reason.startswith("24 items in a row failed, 8 with transient_exhausted"), reason
+    assert trips[24:] == [None] * 16
 
 
 def test_a_success_between_failures_restarts_the_count() -> None:
