@@ -112,7 +112,7 @@ class ToolTurns(StrEnum):
 class ExitCode(IntEnum):
     """How `consumer run` ended, as its exit status: what a scheduler (Slurm, Kubernetes,
     `consumer launch`) may do next. A --burst end names what kept it from finishing; when
-    several apply, the highest of 3-6 is given."""
+    several apply, the highest of 3-6 is given (7 only when none of them does)."""
 
     DONE = 0  # --burst: every served run drained; or a signal's drain completed
     FATAL = 1  # a loop failed past its restart budget, or an unexpected error: restart it
@@ -121,6 +121,7 @@ class ExitCode(IntEnum):
     PREFLIGHT = 4  # --burst: a run failed this consumer's pre-flight
     PAUSED = 5  # --burst: a run is paused (its breaker tripped; `producer resume` clears it)
     VANISHED = 6  # --burst: a run is gone from Redis (deleted, flushed, Redis restarted empty)
+    FAILED_ITEMS = 7  # --burst: every served run drained, but items of one ended as errors
     INTERRUPTED = 130  # stopped at once: a second signal, or the stop overran its deadline
 
 

@@ -166,13 +166,17 @@ MAX_ITEM_CHARS = 16 * 1024 * 1024
 SHIP_WAIT_WARN = 300.0
 
 #: The failure-storm breaker (consumer/breaker.py) pauses a run when its first BREAKER_FIRST_N
-#: items all fail permanently with the same message, or when BREAKER_RATE of the last
-#: BREAKER_WINDOW items fail, BREAKER_SAME of those with the same message. A healthy run's
-#: permanent failures (prompts too long for the context) run at a few percent and carry many
-#: messages: at 5% the first rule trips by chance with probability 0.05**8 = 4e-11, the second
-#: needs 50 failures in 100 items (binomial tail below 1e-40). A storm (a wrong max_tokens,
-#: a 400 for every request) trips the first rule within BREAKER_FIRST_N items.
+#: items all fail with the same message (any class: a 400, a 5xx past its attempts, a bad
+#: response), when BREAKER_IN_A_ROW items in a row fail (whatever they say: an engine that
+#: broke mid-run), or when BREAKER_RATE of the last BREAKER_WINDOW items fail, BREAKER_SAME of
+#: those with the same message. A healthy run's failures (prompts too long for the context, a
+#: 5xx now and then) run at a few percent and carry many messages: at 5% the first rule trips
+#: by chance with probability 0.05**8 = 4e-11, the second 0.05**24 = 6e-32 per item (even at
+#: 30% failing, 3e-13), the third needs 50 failures in 100 items (binomial tail below 1e-40).
+#: A storm (a wrong max_tokens, a 500 for every request) trips the first rule within
+#: BREAKER_FIRST_N items, or, after a healthy start, the second within BREAKER_IN_A_ROW.
 BREAKER_FIRST_N = 8
+BREAKER_IN_A_ROW = 24
 BREAKER_WINDOW = 100
 BREAKER_RATE = 0.5
 BREAKER_SAME = 0.8

@@ -1,14 +1,16 @@
-"""The failure-storm breaker: a run whose items fail permanently at a rate no healthy run
-shows is stopped before it burns the dataset (pure policy, no I/O).
+"""The failure-storm breaker: a run whose items fail at a rate no healthy run shows is
+stopped before it burns the dataset (pure policy, no I/O).
 
-It counts only failures that retrying cannot fix and that say the same thing for every item:
-error records of the classes faults.STORM_CLASSES names (permanent, bad_response, truncated),
-grouped by class and the first line of their message. A storm is (a) the first `first_n` items of the run on this consumer
-all failing with one such signature, or (b) at least `rate` of the last `window` items failing,
-with one signature making up at least `same` of those failures. Genuine per-item failures (a
-few prompts too long for the context) are spread over many items and signatures: they do not
-trip it. Transient trouble (5xx, timeouts, an endpoint that is down) is retried or pauses the
-consumer elsewhere and never counts here.
+It counts every error record of the classes faults.STORM_CLASSES names (permanent,
+bad_response, truncated, internal, and transient_exhausted: a 5xx, a reset or a deadline past
+the item's attempts), grouped by class and the first line of their message. A storm is (a) the
+first `first_n` items of the run on this consumer all failing with one such signature, (b)
+`in_a_row` items in a row failing, whatever they say (an engine that broke mid-run), or (c) at
+least `rate` of the last `window` items failing, with one signature making up at least `same`
+of those failures. Genuine per-item failures (a few prompts too long for the context, a 5xx
+now and then) are spread over many items and signatures: they do not trip it. An endpoint
+that is down is not counted here: its requests wait without spending attempts (the Gate).
+The trip's reason ends with what the last failure said, its status and numbers kept.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Record, is_error
+from genqueue.common.contracts import ErrorRecord, Record, is_error
 from genqueue.consumer.faults import STORM_CLASSES
 
 _DIGITS = re.compile(r"\d+")
@@ -27,6 +29,7 @@ _DIGITS = re.compile(r"\d+")
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
     first_n: int = defaults.BREAKER_FIRST_N
+    in_a_row: int = defaults.BREAKER_IN_A_ROW
     window: int = defaults.BREAKER_WINDOW
     rate: float = defaults.BREAKER_RATE
     same: float = defaults.BREAKER_SAME
@@ -45,6 +48,15 @@ def signature(rec: Record) -> str | None:
     return f"{err['class']}: {_DIGITS.sub('N', first[0] if first else '')[:200]}"
 
 
+def said(rec: ErrorRecord) -> str:
+    """What the failure REC says, numbers kept: the HTTP status and the server's message."""
+    err = rec["error"]
+    first = (err.get("message") or "").splitlines()[0:1]
+    text = (first[0] if first else "")[:200] or err["type"]
+    status = err.get("status")
+    return text if status is None or str(status) in text else f"status {status}: {text}"
+
+
 class Breaker:
     """One per run on a consumer. `record` returns the trip reason once, then None."""
 
@@ -54,6 +66,7 @@ class Breaker:
         self.recent: collections.deque[str | None] = collections.deque()
         self.failures: collections.Counter[str] = collections.Counter()  # signatures in `recent`
         self.failed = 0  # failures in `recent`
+        self.streak = 0  # failures since the last success
         self.tripped: str | None = None
 
     def record(self, rec: Record) -> str | None:
@@ -72,10 +85,12 @@ class Breaker:
                 self.failures[old] -= 1
                 self.failed -= 1
         if sig is None:
+            self.streak = 0
             return None  # a success never trips it
+        self.streak += 1
         reason = self._storm(sig)
         if reason is not None:
-            self.tripped = reason
+            self.tripped = reason = f"{reason} (the last: {said(rec) if is_error(rec) else '?'})"
         return reason
 
     def _storm(self, sig: str) -> str | None:
@@ -83,6 +98,9 @@ class Breaker:
         n = self.failures[sig]
         if self.seen == s.first_n and n == s.first_n:
             return f"the first {s.first_n} items all failed with {sig}"
+        if self.streak == s.in_a_row:
+            top, n = collections.Counter(list(self.recent)[-s.in_a_row:]).most_common(1)[0]
+            return f"{s.in_a_row} items in a row failed, {n} with {top}"
         if len(self.recent) == s.window and self.failed >= s.rate * s.window:
             top, n = self.failures.most_common(1)[0]
             if n >= s.same * self.failed:

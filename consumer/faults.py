@@ -78,9 +78,11 @@ def error_class(e: EndpointError) -> ErrorClass:
     return ErrorClass.TRANSIENT_EXHAUSTED
 
 
-#: The error classes the failure-storm breaker counts: failures retrying cannot fix and that
-#: say the same thing for every item. Transient trouble is retried or pauses the consumer.
-STORM_CLASSES = frozenset({ErrorClass.PERMANENT, ErrorClass.BAD_RESPONSE, ErrorClass.TRUNCATED})
+#: The error classes the failure-storm breaker counts: every way an item's request can end in
+#: an error record, transient trouble past its attempts included (an engine answering 500 to
+#: every request burns the dataset as surely as one answering 400). Left out: invalid_item (what
+#: a job carried, not what the engine said) and job_failed (export's, never a record's).
+STORM_CLASSES = frozenset(ErrorClass) - {ErrorClass.INVALID_ITEM, ErrorClass.JOB_FAILED}
 
 
 @dataclass(frozen=True, slots=True)

@@ -278,9 +278,8 @@ class ServedRuns:
                 timeout=min(self.request_timeout, PROBE_TIMEOUT))
         except PermanentError as e:
             return f"the engine refuses a request of this run's shape: {e}"
-        except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
-            log.warning("run %s: probe request failed (%s); thinking form unknown", ctx.run, e)
-            return None
+        except Exception as e:  # noqa: BLE001 - past its attempts: every item would fail the same way
+            return probe_failed(e, self.gen.policy.max_attempts, min(self.request_timeout, PROBE_TIMEOUT))
         if ctx.settings.token_ids and turn.token_ids is None:
             return (f"the run keeps token ids (--token-ids), but {self.endpoint} returned none to "
                     "return_token_ids (no prompt_token_ids, no choices[0].token_ids): serve it with a vLLM "
@@ -310,6 +309,15 @@ class ServedRuns:
         refused.update({run: f"paused: {why}" for run, why in self.paused.items()})
         refused.update(self.vanished)
         return ServedSnapshot(list(self.models), dict(self.model_lens), dict(self.contexts), refused)
+
+
+def probe_failed(e: BaseException, attempts: int, timeout: float) -> str:
+    """Why a run is not served when the probe request failed past its attempts (a 5xx, resets,
+    no answer in time): its items would all end as errors, so none is sent."""
+    what = f"no answer within {format_duration(timeout)}" if isinstance(e, TimeoutError) else \
+        f"{str(e) or type(e).__name__}; {attempts} attempts"
+    return (f"the engine failed the probe request ({what}): every item would end as an error, so none is "
+            "sent; fix the engine (its log says why)")
 
 
 async def accepts(client: EndpointClient, body: dict[str, Any]) -> None:

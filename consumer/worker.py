@@ -50,6 +50,7 @@ from genqueue.consumer.checkpoints import Checkpoints
 from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
+from genqueue.consumer.ended import failed_runs
 from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.hedge import Hedger
 from genqueue.consumer.intake import Intake
@@ -261,8 +262,7 @@ class Consumer:
         try:
             try:
                 # Start-up waits on the endpoint and on Redis, which may never answer: a stop ends it.
-                await until(self.stopping, self._start(served, telemetry))
-                started = True
+                started = await until(self.stopping, self._start(served, telemetry))
             except Stopped:
                 log.info("consumer %s stopping before start-up finished (nothing held)", self.worker.name)
             finally:
@@ -289,8 +289,17 @@ class Consumer:
             for run, (_, why) in ends.items():
                 log.error("run %s was not served to the end: %s", run, why)
             code = max((c for c, _ in ends.values()), default=ExitCode.DONE)
+        if code == ExitCode.DONE and cfg.burst and started and not self.stop.signalled:
+            runs = sorted(set(served.names()) | set(telemetry.totals))
+            for run, why in (await failed_runs(self.rq, self.conn, runs, self.stop.left(floor=1.0))).items():
+                log.error("run %s was not served to the end: %s", run, why)
+                code = ExitCode.FAILED_ITEMS
         if code == ExitCode.DONE and self.stop.hard:
             code = ExitCode.INTERRUPTED
+        if not started and not self.stop.signalled and code != ExitCode.DONE:
+            log.error("consumer %s did not start: nothing here it may serve; 0 items sent (exit %d)",
+                      self.worker.name, code)
+            return code
         elapsed = time.monotonic() - t0
         items = sum(t["completions"] for t in telemetry.totals.values())
         errors = sum(t["errors"] for t in telemetry.totals.values())
@@ -298,18 +307,25 @@ class Consumer:
         c = self._hedger.counts() if self._hedger is not None else {}
         copies = (f", copies: {c['sent']} sent for others ({c['shipped']} written), {c['ended_elsewhere']} of ours "
                   "ended by others'" if c.get("sent") or c.get("ended_elsewhere") else "")
-        log.info("consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back%s, "
-                 "%.1f items/s (exit %d)", self.worker.name, elapsed, items, errors, a.acked, a.given_back, copies,
-                 items / elapsed if elapsed > 0 else 0.0, code)
+        log.log(logging.INFO if code == ExitCode.DONE else logging.ERROR,
+                "consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back%s, "
+                "%.1f items/s (exit %d%s)", self.worker.name, elapsed, items, errors, a.acked, a.given_back, copies,
+                items / elapsed if elapsed > 0 else 0.0, code,
+                "" if code == ExitCode.DONE else f": {ExitCode(code).name.lower().replace('_', ' ')}, not done")
         return code
 
-    async def _start(self, served: ServedRuns, telemetry: Telemetry) -> None:
+    async def _start(self, served: ServedRuns, telemetry: Telemetry) -> bool:
         """Pre-flight, register, ship what an earlier consumer left; each step is the phase its
-        snapshot shows (`producer status`: "pre-flight: waiting on the engine ... for 2m 39s")."""
+        snapshot shows (`producer status`: "pre-flight: waiting on the engine ... for 2m 39s").
+        False when a --burst consumer has nothing it may serve (every run it would serve refused
+        here: a failed pre-flight, another host's output, paused, gone)."""
         telemetry.set_phase("pre-flight: waiting on the engine (/v1/models)")
         await served.wait_for_models()
         telemetry.set_phase("pre-flight: waiting on the engine (the runs' probe requests)")
-        for run in await served.resolve():
+        runs = await served.resolve()
+        if self.cfg.burst and not runs and served.unfinished():
+            return False
+        for run in runs:
             telemetry.start_run(run)
         telemetry.set_phase("registering its rq worker")
         await self.rq.call(self.worker.start)
@@ -319,6 +335,7 @@ class Consumer:
         telemetry.set_phase("shipping an earlier consumer's leftover shards")
         await self._ship_leftovers()
         telemetry.set_phase(None)
+        return True
 
     async def _work(self, dispatcher: Dispatcher, intake: Intake, leases: Leases, telemetry: Telemetry,
                     steering: Steering, hedger: Hedger) -> int:

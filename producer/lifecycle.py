@@ -5,15 +5,19 @@ A run's state, from what Redis holds:
   paused   the failure-storm breaker (or an operator) paused it: no consumer takes its jobs;
   running  a consumer holds some of its jobs now;
   queued   jobs wait and none is held;
-  done     no job waits or is held (every item has a record, a permanent error, or its job
-           failed in rq: `producer export` tells which).
+  failed   no job waits or is held, and items ended as errors (their only record is one):
+           not a success; `producer enqueue INPUT --run NAME --retry-failed` queues them again;
+  done     no job waits or is held and no item ended as an error (an item whose job failed
+           in rq is told by `producer export`).
+A paused or failed run's row says its errors and the command that goes on once the cause is
+fixed (common/retryhint.py).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -23,11 +27,12 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.marks import totals
+from genqueue.common.marks import SHIPPED_FAILED, progress
 from genqueue.common.pause import resume_run, run_pause
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
 from genqueue.common.redisconn import connect
+from genqueue.common.retryhint import failed_summary, next_steps
 from genqueue.common.rqaccess import clear_refused, job_counts
 from genqueue.common.rqjobs import scan_jobs
 from genqueue.common.rundelete import delete_run
@@ -39,6 +44,7 @@ class RunState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     PAUSED = "paused"
+    FAILED = "failed"  # drained, with items whose only record is an error
     DONE = "done"
     UNREADABLE = "unreadable"  # its record in Redis is not genqueue's (CorruptStateError): delete it
 
@@ -54,6 +60,8 @@ class RunRow:
     output: str
     paused: str | None
     priority: int = 0
+    failed_by_class: dict[str, int] = field(default_factory=dict)
+    next_steps: str = ""  # what to run once the cause of a pause or of failed items is fixed
 
 
 def run_rows(conn: redis.Redis) -> list[RunRow]:
@@ -72,7 +80,8 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             continue
         counts = job_counts(conn, name)
         pause = run_pause(conn, name)
-        items, done, failed = totals(conn, name)
+        counted = progress(conn, name)
+        items, done, failed = counted.items, counted.done, counted.failed_only
         if pause is not None:
             state = RunState.PAUSED
         elif counts["started"] or counts["dequeuing"]:
@@ -80,10 +89,13 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
         elif counts["queued"]:
             state = RunState.QUEUED
         else:
-            state = RunState.DONE
+            state = RunState.FAILED if failed else RunState.DONE
+        by_class = {k[len(SHIPPED_FAILED):]: v for k, v in counted.stats.items() if k.startswith(SHIPPED_FAILED)}
+        steps = next_steps(name, paused=pause is not None, failed=failed, sources=store.sources(name),
+                           output=redact(info.settings.output))
         rows.append(RunRow(name, info.created_at, state, items, done, failed,
                            redact(info.settings.output), pause["reason"] if pause else None,
-                           priorities.get(name, 0)))
+                           priorities.get(name, 0), by_class if failed else {}, steps))
     return rows
 
 
@@ -98,7 +110,8 @@ def runs_command(as_json: bool, redis_url: str) -> None:
         for r in rows:
             click.echo(orjson.dumps({"run": r.name, "created_at": r.created_at, "state": r.state.value,
                                      "items": r.items, "done": r.done, "failed": r.failed,
-                                     "output": r.output, "paused": r.paused, "priority": r.priority}).decode())
+                                     "output": r.output, "paused": r.paused, "priority": r.priority,
+                                     "failed_by_class": r.failed_by_class, "next_steps": r.next_steps}).decode())
         return
     if not rows:
         click.echo("no runs in Redis")
@@ -111,6 +124,10 @@ def runs_command(as_json: bool, redis_url: str) -> None:
         click.echo(f"{r.name:<{width}}  {created:<16}  {r.state.value:<7}  {r.priority:>8}  {done:>17}  {r.output}")
         if r.paused:
             click.secho(f"{'':<{width}}  paused: {r.paused}", fg="red")
+        if r.failed:
+            click.secho(f"{'':<{width}}  {failed_summary(r.failed, r.failed_by_class)}", fg="red")
+        if r.next_steps:
+            click.echo(f"{'':<{width}}  {r.next_steps}")
 
 
 @click.command("resume")

@@ -30,6 +30,7 @@ from genqueue.common.clock import redis_time
 from genqueue.common.eta import format_duration
 from genqueue.common.pause import run_pause
 from genqueue.common.redact import redact
+from genqueue.common.retryhint import failed_summary, next_steps
 from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.runs import RunStore
@@ -148,6 +149,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "refused": len(refused),
         "refused_jobs": refused,
         "queue": queue_name(run),
+        "next_steps": next_steps(run, paused=pause is not None, failed=failed, sources=sources,
+                                 output=redact(info.settings.output)),
         "speed": {
             "last_minute": recent,
             "note": note,
@@ -266,6 +269,10 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
         if width is not None:
             reason = fit(reason, max(width - 9 - len(who), 20))
         lines.insert(0, _red(f"PAUSED   {reason}{who}", paint))
+    if r["items_failed"] and (p or r["items_done"] + r["items_failed"] >= r["items"]):
+        # a run that cannot go on by itself: what failed, and the command that retries it
+        lines.insert(1 if p else 0, _red(f"FAILED   {failed_summary(r['items_failed'], r['failed_by_class'])}; "
+                                         f"{r.get('next_steps', '')}", paint))
     lines.append("")
     lines.append(fit("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)",
                      width))

@@ -122,7 +122,7 @@ def speed_note(items: int, done: int, failed: int, live: int, answering: float |
     or (ANSWERING: the live consumers' items a second) none answered anything for a minute: a
     rate of 0 gives no ETA, and a rate is shown only with its ETA."""
     if items and done + failed >= items:
-        return "run complete"
+        return "run over, NOT complete: items ended as errors" if failed else "run complete"
     if not live:
         return "no live consumer"
     if done + failed == 0:

@@ -234,6 +234,7 @@ class StatusReport(OutcomeView, total=False):
     refused: Required[int]
     refused_jobs: Required[dict[str, str]]
     queue: Required[str]
+    next_steps: str  # once the cause of a pause or of failed items is fixed: the commands ("": none needed)
     speed: Required[SpeedView]
     eta_s: Required[float | None]
     eta_assumes_completion_tokens_per_s: Required[float | None]

@@ -157,7 +157,10 @@ def _progress(r: StatusReport) -> str:
     items_s = r["speed"]["last_minute"]["completions_per_s"]
     if items and finished >= items:
         # complete only when every item has a result: error records end a run, they do not finish it
-        eta = "run complete" if not r["items_failed"] else f"run ended with {r['items_failed']:,} items failed"
+        eta = ("run complete" if not r["items_failed"]
+               else f"run over, NOT complete: run ended with {r['items_failed']:,} items failed")
+    elif r["paused"]:
+        eta = "ETA - (paused)"
     elif r["eta_s"] is None:
         eta = f"ETA - ({r['speed']['note'] or 'no rate yet'})"
     elif r.get("eta_basis") == "items" or rate is None:

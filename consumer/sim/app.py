@@ -8,6 +8,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -37,7 +38,9 @@ class SimConfig:
     seed: int = 0
     reasoning: str = "field"  # field | inline | none | reasoning_content (older vLLM's name)
     think_fraction: float = 0.3  # fraction of output tokens that are thinking
-    error_rate: float = 0.0  # fraction of requests answered 500
+    error_rate: float = 0.0  # fraction of requests answered error_status
+    error_status: int = 500  # the HTTP status of an injected failure (500, 502, 503, ...)
+    error_after: int = 0  # the first this many chat requests are answered normally (breaks mid-run)
     hang_rate: float = 0.0  # fraction of requests never answered (until the client gives up)
     down: bool = False  # /health, /v1/models and chat answer 503
     length_hints: bool = False  # a "[len=N]" in the last user message sets the mean length (benchmarks)
@@ -82,6 +85,7 @@ class SimEngine:
                                on_running=self._set_running)
                    if config.kv_cache_tokens else None)
         self.spec_steps = 0.0  # request-steps decoded without the KV model (spec-decode drafts)
+        self.chats = 0  # chat requests to generate, since start (error_after counts these)
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -218,9 +222,10 @@ async def _chat(request: web.Request) -> web.Response:
                                                   "finish_reason": None}]}
         return web.Response(body=b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n",
                             content_type="text/event-stream")
-    if cfg.error_rate and eng.rng.random() < cfg.error_rate:
+    eng.chats += 1
+    if cfg.error_rate and eng.chats > cfg.error_after and eng.rng.random() < cfg.error_rate:
         eng.counts["errors"] += 1
-        return _error(500, "injected failure", "InternalServerError")
+        return _error(cfg.error_status, "injected failure", HTTPStatus(cfg.error_status).phrase.replace(" ", ""))
     if cfg.hang_rate and eng.rng.random() < cfg.hang_rate:
         eng.counts["hung"] += 1
         await asyncio.get_running_loop().create_future()  # until the client disconnects

@@ -176,7 +176,11 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
 @click.option("--think-fraction", default=SimConfig.think_fraction, show_default=True,
               type=click.FloatRange(0, 1), help="Fraction of output tokens that are thinking.")
 @click.option("--error-rate", default=0.0, show_default=True, type=click.FloatRange(0, 1),
-              help="Fraction of requests answered 500.")
+              help="Fraction of requests answered with --error-status.")
+@click.option("--error-status", default=SimConfig.error_status, show_default=True, type=click.IntRange(400, 599),
+              help="The HTTP status of an injected failure (500, 502, 503, ...).")
+@click.option("--error-after", default=SimConfig.error_after, show_default=True, type=click.IntRange(0),
+              help="Answer the first N chat requests normally, then inject failures (an engine that breaks mid-run).")
 @click.option("--hang-rate", default=0.0, show_default=True, type=click.FloatRange(0, 1),
               help="Fraction of requests never answered.")
 @click.option("--length-hints", is_flag=True,

@@ -38,7 +38,7 @@ def test_healthy_runs_with_genuine_failures_and_transient_faults_never_trip() ->
         r = rng.random()
         if r < 0.04:  # genuine permanent failures, each its own prompt (messages differ in words)
             rec = error_rec(i, "permanent", f"prompt {rng.choice(['too long', 'has bad tool', 'rejected'])} x{i}")
-        elif r < 0.10:  # transient faults that exhausted their attempts: never counted
+        elif r < 0.10:  # transient faults that exhausted their attempts: counted, scattered
             rec = error_rec(i, "transient_exhausted", "HTTP 503")
         else:
             rec = result(item(i))
@@ -47,3 +47,40 @@ def test_healthy_runs_with_genuine_failures_and_transient_faults_never_trip() ->
     b2 = Breaker()
     assert all(b2.record(error_rec(i, "permanent", m)) is None
                for i, m in enumerate(["a", "b", "c", "d", "e", "f", "g", "h"]))
+
+
+def status_rec(i: int, status: int, message: str = "injected failure") -> Any:
+    return {"key": item(i)["key"], "error": {"class": "transient_exhausted", "type": "TransientError",
+                                             "status": status, "message": f"HTTP {status}: {message}"}}
+
+
+def test_an_engine_answering_5xx_to_every_request_trips_it_within_the_first_items() -> None:
+    for status in (500, 502, 503):
+        b = Breaker()
+        trips = [b.record(status_rec(i, status)) for i in range(8)]
+        assert trips[:7] == [None] * 7
+        reason = trips[7]
+        assert reason is not None and "the first 8 items all failed with transient_exhausted" in reason
+        assert f"(the last: HTTP {status}: injected failure)" in reason, reason
+
+
+def test_an_engine_that_breaks_mid_run_trips_it_on_failures_in_a_row() -> None:
+    b = Breaker()  # the defaults: 24 in a row
+    for i in range(500):
+        assert b.record(result(item(i))) is None
+    msgs = ["HTTP 502: bad gateway", "HTTP 503: overloaded", "ClientOSError: reset"]  # whatever they say
+    trips = [b.record(error_rec(500 + i, "transient_exhausted", msgs[i % 3])) for i in range(40)]
+    assert trips[:23] == [None] * 23, "a healthy window would not see it for 26 more items"
+    reason = trips[23]
+    assert reason is not None and reason.startswith("24 items in a row failed, 8 with transient_exhausted"), reason
+    assert trips[24:] == [None] * 16
+
+
+def test_a_success_between_failures_restarts_the_count() -> None:
+    b = Breaker(BreakerSettings(first_n=8, in_a_row=5, window=1000, rate=0.9, same=0.9))
+    for i in range(8):
+        b.record(result(item(i)))
+    for i in range(40):  # four failures, then a success, over and over: 80% failing, never 5 in a row
+        rec = result(item(i)) if i % 5 == 4 else status_rec(i, 500)
+        assert b.record(rec) is None, i
+    assert [b.record(status_rec(100 + i, 500)) for i in range(5)][-1] is not None

@@ -72,7 +72,9 @@ def test_one_attempt_gives_up_at_once() -> None:
 
 
 def test_the_breaker_counts_only_the_storm_classes() -> None:
-    assert ErrorClass.TRANSIENT_EXHAUSTED not in STORM_CLASSES and ErrorClass.INTERNAL not in STORM_CLASSES
+    # transient trouble past its attempts counts too: a 500 for every request is a storm
+    assert ErrorClass.TRANSIENT_EXHAUSTED in STORM_CLASSES and ErrorClass.INTERNAL in STORM_CLASSES
+    assert ErrorClass.INVALID_ITEM not in STORM_CLASSES and ErrorClass.JOB_FAILED not in STORM_CLASSES
     for cls in ErrorClass:
         rec = {"key": "k", "error": {"class": cls.value, "type": "T", "status": None, "message": "m 1"}}
         assert (signature(rec) is not None) == (cls in STORM_CLASSES), cls  # type: ignore[arg-type]

@@ -136,7 +136,7 @@ def test_retry_failed_brings_back_items_failed_for_good(tmp_path: Path, redis_ur
     enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32")
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "10", "--max-model-len", "200")
     try:
-        assert consumer(tmp_path, redis_url, sim, "rf", "c1", "--burst").wait(180) == 0
+        assert consumer(tmp_path, redis_url, sim, "rf", "c1", "--burst").wait(180) == 7  # ExitCode.FAILED_ITEMS
     finally:
         sim.stop()
     s = enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32")
