@@ -158,7 +158,7 @@ def _progress(r: StatusReport) -> str:
     if items and finished >= items:
         # complete only when every item has a result: error records end a run, they do not finish it
         eta = ("run complete" if not r["items_failed"]
-               else f"run over, NOT complete: run ended with {r['items_failed']:,} items failed")
+               else f"run over, NOT complete: {r['items_failed']:,} items failed")
     elif r["paused"]:
         eta = "ETA - (paused)"
     elif r["eta_s"] is None:

@@ -177,7 +177,7 @@ def test_complete_only_when_no_item_failed(conn: redis.Redis) -> None:
     mark_shipped(conn, RUN, marks)
     progress = next(x for x in format_status(run_status(conn, RUN), color=False).splitlines()
                     if x.startswith("progress"))
-    assert "run complete" not in progress and "run ended with 4 items failed" in progress, progress
+    assert "run complete" not in progress and "NOT complete: 4 items failed" in progress, progress
     _run(conn)
     conn.srem(run_key(RUN, "failed"), *[key_digest(k) for k in KEYS[8:]])
     _ship(conn, KEYS[8:])
