@@ -98,7 +98,7 @@ RUN_GAUGES: tuple[tuple[Gauge, Callable[[RunCounters], int]], ...] = (
 )
 
 #: Every pause reason a consumer knows, so each has a series from the start.
-PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
+PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable", "redis_full")
 
 
 #: Seconds between two progress lines in the consumer's log.
