@@ -36,8 +36,8 @@ from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.marks import ShardMarks
 from genqueue.common.pause import pause_run
-from genqueue.common.redismem import RedisEvictsError, check_policy
 from genqueue.common.placement import this_host
+from genqueue.common.redismem import RedisEvictsError, check_policy
 from genqueue.common.rqaccess import queue_for
 from genqueue.common.runs import RunStore
 from genqueue.common.storage import ShardStore

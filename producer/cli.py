@@ -252,8 +252,8 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wi
     def render() -> str:
         reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
         full = full_now(conn)  # a full Redis still answers reads: status says so, above the runs
-        head = [f"{full_line(full)}: consumers hold their jobs and wait; free memory or raise maxmemory "
-                "(`redis-cli CONFIG SET maxmemory ...`) and the run goes on by itself"] if full is not None else []
+        head = [(f"{full_line(full)}: consumers hold their jobs and wait; free memory or raise maxmemory "
+                 "(`redis-cli CONFIG SET maxmemory ...`) and the run goes on by itself")] if full is not None else []
         return "\n\n".join(head + [format_status(r, width=None if wide else WIDTH) for r in reports]) if reports \
             else "\n\n".join(head + ["no runs in Redis"])
 

@@ -86,7 +86,8 @@ def _input_scale(path: str, head: list[RawRecord], complete: bool) -> float | No
         if magic == _PARQUET:
             import pyarrow.parquet as pq
 
-            return max(pq.ParquetFile(path).metadata.num_rows / len(head), 1.0)
+            rows: int = pq.ParquetFile(path).metadata.num_rows
+            return max(rows / len(head), 1.0)
         if magic.startswith(_COMPRESSED):
             return None
         # a record's bytes, and the newline or comma between records
