@@ -45,7 +45,8 @@ class MemoryPlan:
     items: int  # items this enqueue is expected to add to the run
     bytes: int  # Redis bytes they take, once done
     whole: bool  # the estimate covers the whole input (False: only the records looked at)
-    memory: Memory | None  # INFO memory (None: Redis does not answer INFO)
+    memory: Memory | None  # INFO memory (None: Redis does not answer INFO, or was not asked)
+    asked: bool = True  # False: a dry run, Redis not asked
 
     @property
     def room(self) -> int | None:
@@ -55,7 +56,7 @@ class MemoryPlan:
         est = f"about {size(self.bytes)} for {self.items:,} items" + ("" if self.whole else
                                                                        " (of the records looked at; compressed input)")
         if self.memory is None:
-            return f"{est}; Redis's memory unknown (INFO refused)"
+            return f"{est}; Redis's memory " + ("unknown (INFO refused)" if self.asked else "not asked (dry run)")
         if not self.memory.limited:
             return f"{est}; no maxmemory limit (Redis may take all of its host's memory), {size(self.memory.used)} used"
         return f"{est}; {size(self.memory.free or 0)} free of maxmemory {size(self.memory.maxmemory)}"
@@ -118,7 +119,7 @@ def plan(path: str, head: list[RawRecord], run: str, settings: RunSettings, orig
     new = max(total - have, 0)
     per_prompt = prompt / items if items else 0.0
     memory = read_memory(conn) if conn is not None else None
-    return MemoryPlan(new, run_bytes(new, round(new * per_prompt)), whole, memory)
+    return MemoryPlan(new, run_bytes(new, round(new * per_prompt)), whole, memory, asked=conn is not None)
 
 
 def refuse_unfit(p: MemoryPlan, run: str) -> None:
