@@ -33,6 +33,24 @@ REDIS_KEEPALIVE_COUNT = 3
 #: claim), and the failure is seen instead of hidden for (retries x timeout) seconds.
 REDIS_RETRIES = 0
 
+# Redis memory (common/redismem.py): what a run takes, measured with `INFO memory` (used_memory
+# before and after `producer enqueue` of 20,000 items, jobs compressed as rq stores them).
+#: Bytes of Redis per queued item besides its prompt text: 179 measured for 7-character prompts
+#: (the job hash, its place in the queue, the item's key in the run's sets).
+REDIS_BYTES_PER_ITEM = 180
+#: Bytes of Redis per byte of prompt text: 0.42 measured on 1,748-character prompts of varied
+#: words, 0.51 on 628-byte items (issue 34); the upper end, since prose compresses less in a job.
+REDIS_BYTES_PER_PROMPT_BYTE = 0.5
+#: Bytes an item adds once done (its done mark and shipped key; issue 34, on a 1M-item run).
+REDIS_BYTES_PER_DONE_ITEM = 136
+#: Share of maxmemory a new run may not take: kept for the consumers' leases, snapshots, rq's
+#: registries and the results' manifests, which grow with the run and cannot be estimated up front.
+REDIS_MEMORY_HEADROOM = 0.1
+#: Seconds a consumer's sweeper holds off after Redis had memory again, as a share of the lease:
+#: every lease expired while writes were refused, and the live holders must renew theirs before
+#: anyone takes them for a dead consumer's (renewals run every lease/3).
+REDIS_FULL_SWEEP_HOLD = 1.0
+
 #: Items per rq job. Small enough that a killed consumer re-does little, large enough that
 #: Redis round trips per completion stay far below one.
 BATCH_SIZE = 32

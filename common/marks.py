@@ -36,11 +36,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from pathlib import Path
+from typing import Any
 
 import orjson
 import redis
 
 from genqueue.common.contracts import Note, ToolTurns
+from genqueue.common.redismem import pipeline_read
 from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -283,13 +285,14 @@ class Progress:
 def progress(conn: redis.Redis, run: str) -> Progress:
     """RUN's Progress, in one transaction: the marks and the outcome counters the same script
     bumps are read at one moment, so they agree."""
-    with conn.pipeline(transaction=True) as p:
+    def build(p: Any) -> None:
         p.scard(run_key(run, "keys"))
         p.scard(done_key(run))
         p.scard(failed_key(run))
         p.sintercard(2, [failed_key(run), done_key(run)])
         p.hgetall(run_key(run, "stats"))
-        items, done, failed, both, raw = p.execute(raise_on_error=False)
+
+    items, done, failed, both, raw = pipeline_read(conn, build, raise_on_error=False)  # a full Redis refuses MULTI
     if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
         both = 0
     stats: dict[str, int] = {}

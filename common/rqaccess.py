@@ -41,6 +41,7 @@ from rq.utils import utcparse
 
 from genqueue.common.contracts import Item
 from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.redismem import pipeline_read
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +164,15 @@ def place_members(conn: redis.Redis, run: str, places: list[JobPlace]) -> list[t
     """The raw members of RUN's PLACES, read in one transaction (a job moving between them
     meanwhile is seen in exactly one). Members are as stored: the started registry's are
     `<job id>:<execution id>`. A key of another type (garbage) reads as empty."""
-    with conn.pipeline(transaction=True) as p:
+    def build(p: Any) -> None:
         for place in places:
             key = place_key(run, place)
             if place in _LISTS:
                 p.lrange(key, 0, -1)
             else:
                 p.zrange(key, 0, -1)
-        out = p.execute(raise_on_error=False)
+
+    out = pipeline_read(conn, build, raise_on_error=False)  # a full Redis refuses the MULTI
     return [(place, list(m) if isinstance(m, list) else []) for place, m in zip(places, out, strict=True)]
 
 

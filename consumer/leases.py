@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from genqueue.common import defaults
 from genqueue.common.rqaccess import queue_for
 from genqueue.consumer.book import Book
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -68,6 +70,12 @@ class Leases:
             await self.renew_once()
 
     async def sweep_once(self) -> int:
+        rq = self.rq.snapshot()
+        if rq.full_since is not None or (rq.full_ended is not None and time.monotonic() - rq.full_ended
+                                         < self.lease * defaults.REDIS_FULL_SWEEP_HOLD):
+            # Every lease ran out while Redis refused writes (renewals too): their live holders
+            # renew first, or a live consumer's jobs would be taken for a dead one's and done twice.
+            return 0
         n = 0
         for run in self._runs():
             n += await self.rq.call(self.worker.sweep, queue_for(run, self.worker.connection))

@@ -3,7 +3,9 @@
 rq is synchronous; the consumer is one asyncio loop. Every rq/Redis call goes through
 `RqThread.call`, which runs it in a single dedicated thread (so calls never block the
 loop and never run concurrently with each other) and rides out Redis being unreachable:
-it retries with jittered backoff until Redis answers, or until a hard stop. The call is
+it retries with jittered backoff until Redis answers, or until a hard stop. A Redis at its
+maxmemory (common/redismem.py: a refused write is not applied) is ridden out the same way:
+every write waits, held jobs stay held and results stay in the spool, until memory is freed. The call is
 typed with ParamSpec, so a call with the wrong arguments fails type-checking (the
 positional `retry` that made a poison pill of a malformed job could not be written today).
 """
@@ -21,6 +23,7 @@ from typing import ParamSpec, TypeVar
 import redis
 
 from genqueue.common.backoff import compute_backoff
+from genqueue.common.redismem import is_oom
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ class RqSnapshot:
 
     unreachable_since: float | None  # epoch seconds; None while Redis answers
     retries: int  # calls retried because Redis was unreachable, since start
+    full_since: float | None = None  # epoch seconds; None while Redis takes writes
+    full_ended: float | None = None  # monotonic time the last full spell ended
 
 
 class RqThread:
@@ -47,6 +52,8 @@ class RqThread:
         self.hard_stop = False
         self._unreachable_since: float | None = None
         self._retries = 0
+        self._full_since: float | None = None
+        self._full_ended: float | None = None
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """FN(*args, **kwargs) in the rq thread; retried while Redis is unreachable."""
@@ -72,9 +79,24 @@ class RqThread:
                 self._retries += 1
                 await asyncio.sleep(delay)
                 continue
+            except redis.exceptions.ResponseError as e:
+                if not is_oom(e) or self.hard_stop or (deadline is not None and loop.time() >= deadline):
+                    raise
+                if self._full_since is None:
+                    self._full_since = time.time()
+                    log.warning("Redis is full (it refused a write: used memory > maxmemory): paused; writes wait, "
+                                "held jobs stay held and results stay in the spool; going on by itself once memory "
+                                "is freed or maxmemory raised (`redis-cli CONFIG SET maxmemory ...`)")
+                attempt += 1
+                await asyncio.sleep(compute_backoff(min(attempt, 5), base=0.5, cap=5.0))
+                continue
             if self._unreachable_since is not None:
                 log.warning("Redis answers again after %.1f s", time.time() - self._unreachable_since)
                 self._unreachable_since = None
+            if self._full_since is not None and attempt:  # a write went through: there is room again
+                log.warning("Redis takes writes again after %.1f s full; going on", time.time() - self._full_since)
+                self._full_since = None
+                self._full_ended = time.monotonic()
             return result
 
     async def once(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -83,7 +105,7 @@ class RqThread:
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
     def snapshot(self) -> RqSnapshot:
-        return RqSnapshot(self._unreachable_since, self._retries)
+        return RqSnapshot(self._unreachable_since, self._retries, self._full_since, self._full_ended)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -115,7 +115,7 @@ def serve_metrics(port: int | None) -> None:
 
 
 #: Every pause reason a consumer knows, so each has a series from the start.
-PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable")
+PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable", "redis_full")
 
 
 #: Seconds between two progress lines in the consumer's log.

@@ -38,6 +38,7 @@ from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.marks import ShardMarks
 from genqueue.common.pause import pause_run
 from genqueue.common.placement import this_host
+from genqueue.common.redismem import RedisEvictsError, check_policy
 from genqueue.common.rqaccess import queue_for
 from genqueue.common.runs import RunStore
 from genqueue.common.storage import ShardStore
@@ -224,8 +225,12 @@ class Consumer:
                 reasons["spool_disk"] = self.outbox.disk_error
             elif self.outbox.full():
                 reasons["spool_full"] = f"{self.outbox.spool_bytes} unshipped bytes in the spool"
-            if self.rq.snapshot().unreachable_since is not None:
+            rq = self.rq.snapshot()
+            if rq.unreachable_since is not None:
                 reasons["redis_unreachable"] = "Redis is unreachable"
+            if rq.full_since is not None:
+                reasons["redis_full"] = ("Redis is full (at its maxmemory): writes wait, jobs held, results in the "
+                                         "spool; goes on once memory is freed")
             for run, why in served.snapshot().refused.items():
                 reasons[f"run {run}"] = why
             return reasons
@@ -319,6 +324,11 @@ class Consumer:
         snapshot shows (`producer status`: "pre-flight: waiting on the engine ... for 2m 39s").
         False when a --burst consumer has nothing it may serve (every run it would serve refused
         here: a failed pre-flight, another host's output, paused, gone)."""
+        try:  # a Redis that evicts keys would drop the runs served here in silence
+            await self.rq.call(check_policy, self.conn, warn=lambda line: log.warning("pre-flight: %s", line))
+        except RedisEvictsError as e:
+            e.exit_code = ExitCode.PREFLIGHT
+            raise
         telemetry.set_phase("pre-flight: waiting on the engine (/v1/models)")
         await served.wait_for_models()
         telemetry.set_phase("pre-flight: waiting on the engine (the runs' probe requests)")

@@ -244,6 +244,7 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
 def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wide: bool, output: str,
            gpu_hour_price: float | None, redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
+    from genqueue.common.redismem import full_line, full_now
     from genqueue.common.runs import RunStore
     from genqueue.producer.rungone import run_gone
     from genqueue.producer.status import format_status, run_status
@@ -256,12 +257,18 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wi
 
     def render() -> str:
         reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
-        return "\n\n".join(format_status(r, width=None if wide else WIDTH) for r in reports) if reports \
-            else "no runs in Redis"
+        full = full_now(conn)  # a full Redis still answers reads: status says so, above the runs
+        head = [(f"{full_line(full)}: consumers hold their jobs and wait; free memory or raise maxmemory "
+                 "(`redis-cli CONFIG SET maxmemory ...`) and the run goes on by itself")] if full is not None else []
+        return "\n\n".join(head + [format_status(r, width=None if wide else WIDTH) for r in reports]) if reports \
+            else "\n\n".join(head + ["no runs in Redis"])
 
     if as_json:
         reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
-        click.echo(orjson.dumps(reports[0] if run_name else {"runs": reports}).decode())
+        full = full_now(conn)
+        memory = {"full": full is not None, **({"used": full.used, "maxmemory": full.maxmemory} if full else {})}
+        click.echo(orjson.dumps({**reports[0], "redis_memory": memory} if run_name
+                                else {"runs": reports, "redis_memory": memory}).decode())
     elif watch:
         import time
 
@@ -337,6 +344,8 @@ def format_summary(s: Summary) -> str:
          if s.estimated_output_tokens is not None else "- (the input has no original answers)"),
         ("time", f"{s.seconds:.1f} s"),
     ]
+    if s.redis_memory:
+        rows.append(("Redis memory", s.redis_memory))
     if s.rejects_path:
         rows.append(("rejects file", s.rejects_path))
     if s.queue_view and s.queue_view.get("malformed_jobs"):

@@ -51,11 +51,13 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
+from genqueue.common.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
 from genqueue.common.runlock import RunLock
 from genqueue.common.runs import RunStore, key_digest
 from genqueue.common.runsources import end_reading, start_reading
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import probe_output
+from genqueue.producer import memplan
 from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.convert import normalize
@@ -136,6 +138,10 @@ class Summary:
     # the run's output tokens as the input's original answers say (producer/cost.py): of every
     # item converted from this input, not only those queued now; None when it has no answers
     estimated_output_tokens: int | None = None
+    # Redis memory, estimated before anything was written (producer/memplan.py)
+    redis_memory: str | None = None  # the estimate against what Redis has, for people
+    redis_estimate_bytes: int | None = None
+    redis_free_bytes: int | None = None  # under maxmemory; None: no limit, or not known
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -445,12 +451,21 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     WriteFailedError (outfiles)."""
     opts = options if options is not None else EnqueueOptions()
     started = time.perf_counter()
+    if conn is not None:  # a Redis that evicts keys would drop the run in silence
+        check_policy(conn, warn=(lambda line: note(f"warning: {line}")) if note is not None else log.warning)
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     # a conflicting run is refused before the input is read; nothing is written yet
     setup: RunSetup | None = prepare(conn, run, settings, update=opts.update_settings,
                                      shared_fs=opts.shared_fs) if conn is not None else None
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
+    head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write
+    mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete)
+    summary.redis_memory, summary.redis_estimate_bytes = mem.line(), mem.bytes
+    summary.redis_free_bytes = mem.memory.free if mem.memory is not None else None
+    if conn is not None:
+        log.info("run %s: Redis memory %s", run, mem.line())
+        memplan.refuse_unfit(mem, run)
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
     if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):
@@ -469,6 +484,10 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
         done = "nothing was queued" if not summary.items else \
             f"{summary.items:,} items were queued before it and stay queued"
         raise WriteFailedError(f"{e} ({done}; the same command again queues the rest)") from None
+    except redis.exceptions.ResponseError as e:
+        if not is_oom(e) or conn is None:
+            raise
+        raise RedisFilledError(_filled_line(conn, summary)) from None
     finally:
         if rejects is not None:
             rejects.discard()  # a no-op once closed
@@ -550,6 +569,19 @@ def _unchanged(conn: redis.Redis, run: str, summary: Summary) -> bool:
     summary.already_done = summary.already_enqueued = summary.records - summary.rejected
     summary.input_unchanged = summary.complete = True
     return True
+
+
+def _filled_line(conn: redis.Redis, summary: Summary) -> str:
+    """What to say when Redis filled up part way: how far the enqueue got, and how to finish."""
+    try:
+        mem = read_memory(conn)
+    except redis.exceptions.RedisError:
+        mem = None
+    what = full_line(mem) if mem is not None and mem.limited else "Redis is full (it refuses writes: used memory > maxmemory)"
+    done = f"{summary.items:,} items were queued in {summary.jobs:,} jobs before it and stay queued" \
+        if summary.items else "nothing was queued"
+    return (f"{what}; {done}; free memory or raise maxmemory (`redis-cli CONFIG SET maxmemory ...`), then the "
+            "same command queues the rest (it queues only what is not queued yet)")
 
 
 def _log_note(line: str) -> None:
