@@ -103,7 +103,7 @@ def run_export(tmp_path: Path, redis_url: str, *args: str) -> Result:
 
 
 def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_url: str, conn: redis.Redis) -> None:
-    res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl"), "--json")
+    res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl"), "--json", "--rows", "conversation")
     assert res.exit_code == 1, res.output  # item 9 is missing
     summary = orjson.loads(res.stdout.strip().splitlines()[-1])
     assert {k: summary[k] for k in ("enqueued", "exported", "failed", "missing", "duplicates_removed",
@@ -133,7 +133,7 @@ def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_u
 
 def test_allow_partial_table_and_paths(run_dir: Path, redis_url: str) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl.gz"), "--allow-partial",
-                     "--errors", str(run_dir / "e.jsonl"), "--missing", str(run_dir / "m.txt"))
+                     "--errors", str(run_dir / "e.jsonl"), "--missing", str(run_dir / "m.txt"), "--rows", "conversation")
     assert res.exit_code == 0, res.output
     assert "exported" in res.output and "missing" in res.output and "duplicates removed" in res.output
     assert [r["index"] for r in read_jsonl(run_dir / "ds.jsonl.gz")] == list(range(8))
@@ -142,7 +142,7 @@ def test_allow_partial_table_and_paths(run_dir: Path, redis_url: str) -> None:
 
 def test_sharegpt_and_zstd(run_dir: Path, redis_url: str) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "sg.jsonl.zst"), "--format", "sharegpt",
-                     "--allow-partial")
+                     "--allow-partial", "--rows", "conversation")
     assert res.exit_code == 0, res.output
     rows = read_jsonl(run_dir / "sg.jsonl.zst")
     shape = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q0.None"},
