@@ -496,10 +496,9 @@ class Exporter:
                         self._count_variant(key)
                     out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
                     r.rows += rows_in
-                    r.generation_rows += gen_rows
-                    r.conversation_rows += conv_row
-                    r.traces_kept_generation += kept_gen
-                    r.traces_kept_conversation += kept_conv
+                    self._count_layouts(gen_rows, conv_row, kept_gen, kept_conv)
+            elif rank[0] == _EXCLUDED:  # no row in this layout; the other may have some
+                self._count_layouts(gen_rows, conv_row, kept_gen, kept_conv)
             elif rank[0] == _OTHER:
                 r.other_variants += 1
             elif rank[0] == _ERROR:
@@ -534,6 +533,14 @@ class Exporter:
         for one in bytes(line).splitlines():
             flagged.write(prefix + one[1:] + b"\n")
         return True
+
+    def _count_layouts(self, gen_rows: int, conv_row: int, kept_gen: int, kept_conv: int) -> None:
+        """The dataset rows and kept traces each --rows layout makes of one item."""
+        r = self.result
+        r.generation_rows += gen_rows
+        r.conversation_rows += conv_row
+        r.traces_kept_generation += kept_gen
+        r.traces_kept_conversation += kept_conv
 
     def _count_outcome(self, outcome: str, *, included: bool) -> None:
         """Coverage counts complete, partial and cut apart, whichever file each went to."""

@@ -267,3 +267,18 @@ def test_the_original_beats_an_end_of_run_copy_that_ended_first(tmp_path: Path, 
     assert (summary["exported"], summary["duplicates_removed"]) == (3, 2)
     got = [r["messages"][-1]["content"] for r in read_jsonl(tmp_path / "ds.jsonl")]
     assert got == ["answer 0.None-original", "answer 1.None-copy", "answer 2.None-copy"]
+
+
+def test_generation_rows_are_the_default_and_the_summary_counts_both_layouts(run_dir: Path, redis_url: str) -> None:
+    res = run_export(run_dir, redis_url, "--output", str(run_dir / "g.jsonl"), "--json", "--allow-partial")
+    summary = orjson.loads(res.stdout.strip().splitlines()[-1])
+    rows = read_jsonl(run_dir / "g.jsonl")
+    # item 4 is a regenerated conversation of two answers: two rows, the rest one each
+    assert [r["id"] for r in rows if r["index"] == 4] == [f"{key(4)}-a0", f"{key(4)}-a1"]
+    assert (summary["rows_layout"], summary["rows"], summary["exported"]) == ("generation", len(rows), 8)
+    assert (summary["generation_rows"], summary["conversation_rows"]) == (len(rows), 8) and len(rows) == 9
+    table = run_export(run_dir, redis_url, "--output", str(run_dir / "t.jsonl"), "--allow-partial").output
+    assert "9 generation rows from 8 items (--rows conversation: 8)" in table
+    bad = run_export(run_dir, redis_url, "--output", str(run_dir / "b.jsonl"), "--format", "batch", "--rows",
+                     "conversation")
+    assert bad.exit_code == 2 and "--format batch has rows of its own" in bad.output
