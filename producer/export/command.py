@@ -44,7 +44,7 @@ from genqueue.producer.export.core import (
     beside,
     stem,
 )
-from genqueue.producer.export.formats import FORMATS, ExportFormat, SideFile, format_help
+from genqueue.producer.export.formats import FORMATS, ExportFormat, RowLayout, SideFile, format_help
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 from genqueue.producer.rungone import run_gone
@@ -83,6 +83,16 @@ def _shape_and_container(fmt: ExportFormat, output: Path) -> tuple[ExportFormat,
     return spec.lines or fmt, named_parquet
 
 
+def _layout(conversation_rows: bool, fmt: ExportFormat, rows: str | None) -> RowLayout:
+    """--rows: generation by default; conversation only for a format whose lines are conversations."""
+    if rows is None:
+        return RowLayout.GENERATION
+    if rows == RowLayout.CONVERSATION and not conversation_rows:
+        raise UserError(f"--rows conversation: --format {fmt} has rows of its own (one per answer, or the last "
+                        "answer); it applies to openai, parquet, sharegpt and specforge")
+    return RowLayout(rows)
+
+
 def _outcomes(text: str | None) -> frozenset[str]:
     if text is None:
         return DEFAULT_OUTCOMES
@@ -108,6 +118,12 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @click.option("--variant", "variant", default=None, metavar="NAME",
               help="Runs enqueued with --variant: keep only the records of this request variant (the others "
                    "are written nowhere, counted apart, and still covered).")
+@click.option("--rows", "rows", type=click.Choice([r.value for r in RowLayout]), default=None,
+              help="openai, parquet, sharegpt, specforge: one row per answer the target generated, after the "
+                   "history exactly as the server was sent it, the answer its one training target (generation, "
+                   "the default: no thinking is lost to a chat template that renders it only after the last user "
+                   "message), or one row per conversation with every answer's thinking (conversation). batch "
+                   "and tokens have rows of their own.")
 @click.option("--group-samples", is_flag=True,
               help="Runs enqueued with --samples N: one line per prompt holding its N samples, not N lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
@@ -149,7 +165,7 @@ def _outcomes(text: str | None) -> frozenset[str]:
 @redis_option
 @friendly_errors
 def export_command(run_name: str, output: str, fmt: str, include: str | None, variant: str | None,
-                   group_samples: bool,
+                   rows: str | None, group_samples: bool,
                    errors_path: str | None, truncated_path: str | None, missing_path: str | None,
                    drop_flagged: bool, only_target_turns: bool, flagged_path: str | None,
                    allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
@@ -187,6 +203,10 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
                         "enqueue it with --token-ids (a new run, or --update-settings for the items not done yet)")
     if spec.rows is not None and group_samples:
         raise UserError(f"--format {shape} writes one row per generated answer; --group-samples does not apply")
+    layout = _layout(spec.conversation_rows, ExportFormat(fmt), rows)
+    if group_samples and layout is RowLayout.GENERATION and info.settings.multi_turn == Mode.REGENERATE:
+        raise UserError("--group-samples puts a prompt's samples in one line, and with --rows generation a "
+                        "regenerated conversation is one row per answer: pass --rows conversation to group them")
     source = source_for(info.settings.output, run, tmpdir=str(workdir))
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
         result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
@@ -194,7 +214,7 @@ def export_command(run_name: str, output: str, fmt: str, include: str | None, va
                           workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
                           per_turn_ids=info.settings.multi_turn == Mode.EACH, variants=info.settings.variants,
                           variant=variant, drop_flagged=drop_flagged, only_target_turns=only_target_turns,
-                          flagged_path=flagged).export()
+                          flagged_path=flagged, rows=layout).export()
     side_file = FORMATS[shape].side_file
     if side_file is not None:
         _write_side_file(side_file, result, out)
@@ -312,6 +332,16 @@ def _side_label(r: ExportResult) -> str:
     return side.label if side is not None else "side file"
 
 
+def rows_line(r: ExportResult) -> str:
+    """What the conversations became in rows, and the thinking each layout keeps (--rows)."""
+    other = RowLayout.CONVERSATION if r.rows_layout == RowLayout.GENERATION else RowLayout.GENERATION
+    other_rows = r.conversation_rows if other is RowLayout.CONVERSATION else r.generation_rows
+    return (f"{r.rows:,} {r.rows_layout} rows from {r.exported:,} items (--rows {other}: {other_rows:,}); "
+            f"generated thinking traces kept: {r.traces_kept_generation:,} of {r.traces:,} in generation rows, "
+            f"{r.traces_kept_conversation:,} in conversation rows (a chat template renders thinking only after "
+            "the last user message)")
+
+
 def format_export(r: ExportResult, extra: Sequence[tuple[str, str]] = ()) -> str:
     """The human summary printed after an export (EXTRA: rows before its time, the card's)."""
     rate = f"{r.records_read / r.seconds:,.0f} records/s" if r.seconds > 0 else "-"
@@ -343,7 +373,9 @@ def format_export(r: ExportResult, extra: Sequence[tuple[str, str]] = ()) -> str
           if r.by_variant else []),
         *([("variant", f"{r.variant} only  ({r.other_variants:,} items of the other variants left out)")]
           if r.variant else []),
-        ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file)"),
+        *([("rows", rows_line(r))] if r.rows_layout else []),
+        ("truncated", f"{r.truncated:,}  (the other outcomes, to the truncated file"
+         + (f": {r.truncated_rows:,} rows)" if r.rows_layout else ")")),
         ("duplicates removed", f"{r.duplicates_removed:,}"),
         ("flagged", f"{r.flagged:,}  (dataset rows the quality gates flag"
          + (f"; {r.flagged_dropped:,} kept out, to the flagged file)" if r.flagged_path else "; kept: --drop-flagged "

@@ -68,7 +68,9 @@ from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
 from genqueue.producer.export.formats import (
+    FORMATS,
     ExportFormat,
+    RowLayout,
     converter,
     error_converter,
     has_original_turns,
@@ -76,6 +78,7 @@ from genqueue.producer.export.formats import (
     rows_converter,
 )
 from genqueue.producer.export.gates import BIT, REASONS, Duplicates, FlagReason, reasons, record_flags
+from genqueue.producer.export.genrows import RecordRows, record_rows
 from genqueue.producer.export.layout import Layout, layout_for
 from genqueue.producer.export.records import BAD_LINE, read_line
 from genqueue.producer.export.sinks import (
@@ -125,9 +128,14 @@ if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill i
 _INCLUDED, _EXCLUDED, _ERROR, _OTHER = 0, 1, 2, 3
 # key digest, source place, position, turn (-1: none), sample (-1: none), kind, attempt,
 # finished_at, shard ordinal, line, the quality gates' flags (gates.BIT) and the digest of the
-# generated text (gates.record_flags; 0: none), and the length of the blob that follows: the
-# line in the output shape (or, for an error record, its errors-file line).
-_HEADER = struct.Struct("<16sIqiiBIdIIBQI")
+# generated text (gates.record_flags; 0: none); the rows (genrows.RecordRows): the bytes of
+# the blob bound for the dataset (the rest goes to the truncated file), the rows in each part,
+# the dataset rows under --rows generation and (0/1) conversation, the thinking traces and
+# those each layout keeps; and the length of the blob that follows: the lines in the output
+# shape (or, for an error record, its errors-file line).
+_HEADER = struct.Struct("<16sIqiiBIdIIBQIIIIBIIII")
+#: The header fields after the flags and digest, zero for a record that is no success record.
+_NO_ROWS = (0, 0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass
@@ -186,6 +194,18 @@ class ExportResult:
     #: Dataset rows holding assistant turns the target did not write (modes each and last:
     #: the input's history answers), whichever file they went to.
     original_turns: int = 0
+    #: --rows (genrows.py): the layout written; the dataset's rows (exported counts items) and the
+    #: truncated file's; the dataset rows each layout makes of the same items; the generated
+    #: thinking traces of the answered items and those each layout's dataset rows keep (a
+    #: conversation row keeps those after its last user message, as Qwen3-style templates render).
+    rows_layout: str = ""
+    rows: int = 0
+    truncated_rows: int = 0
+    generation_rows: int = 0
+    conversation_rows: int = 0
+    traces: int = 0
+    traces_kept_generation: int = 0
+    traces_kept_conversation: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -201,7 +221,8 @@ class Exporter:
                  include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
                  progress: Progress | None = None, per_turn_ids: bool = False,
                  variants: Sequence[Variant] = (), variant: str | None = None, drop_flagged: bool = False,
-                 only_target_turns: bool = False, flagged_path: Path | None = None) -> None:
+                 only_target_turns: bool = False, flagged_path: Path | None = None,
+                 rows: RowLayout = RowLayout.GENERATION) -> None:
         self.conn = conn
         self.run = run
         self.source = source
@@ -210,6 +231,8 @@ class Exporter:
         self.convert = converter(fmt, per_turn=per_turn_ids)
         self.convert_rows = rows_converter(fmt, per_turn=per_turn_ids)  # its lines: one, or one per answer
         self.error_line = error_converter(fmt, per_turn=per_turn_ids)  # None: error records as read
+        # --rows: a conversation-level format's lines per generation or per conversation (genrows.py)
+        self.layout = RowLayout(rows) if FORMATS[fmt].conversation_rows else None
         self.include = include
         self.parquet = parquet
         self.group_samples = group_samples
@@ -231,7 +254,8 @@ class Exporter:
         self.result = ExportResult(run, fmt.value, str(output), str(errors_path), str(missing_path), source.where,
                                    truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
                                    include_outcomes=sorted(include), variant=variant,
-                                   flagged_path=str(self.paths.get("flagged", "")))
+                                   flagged_path=str(self.paths.get("flagged", "")),
+                                   rows_layout=self.layout.value if self.layout is not None else "")
 
     def export(self) -> ExportResult:
         """Run both passes and the coverage check; the files appear only on success."""
@@ -339,30 +363,47 @@ class Exporter:
                     pass  # the failure being handled is the one reported
         return paths
 
-    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes, int, int]:
-        """What one record becomes: its kind, its line(s) in the file it would go to, and for a
-        dataset row its quality gates' flags and the digest of its generated text (gates.py)."""
+    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes, int, int, tuple[int, ...]]:
+        """What one record becomes: its kind, its lines (those bound for the dataset first),
+        for a dataset row its quality gates' flags and the digest of its generated text
+        (gates.py), and its rows' header fields (_NO_ROWS for a record that is no success)."""
         if self.variant is not None and rec.get("variant") != self.variant:
-            return _OTHER, b"", 0, 0
+            return _OTHER, b"", 0, 0, _NO_ROWS
         if "error" in rec:
             if self.error_line is not None:
-                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n", 0, 0
-            return _ERROR, line if line.endswith(b"\n") else line + b"\n", 0, 0
+                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n", 0, 0, _NO_ROWS
+            return _ERROR, line if line.endswith(b"\n") else line + b"\n", 0, 0, _NO_ROWS
         outcome = rec["outcome"] = record_outcome(rec)
-        rows = self.convert_rows(rec)
+        split = self._rows(rec, outcome)
         code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5 | (_COPY if rec.get("copy") else 0)
-        if outcome not in self.include:
-            return _EXCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows), 0, 0
+        excluded = b"".join(orjson.dumps(row) + b"\n" for row in split.excluded)
+        counts = (len(split.included), len(split.excluded), split.generation_rows, int(split.conversation_row),
+                  split.traces, split.kept_generation, split.kept_conversation)
+        if not split.included:
+            return _EXCLUDED | code, excluded, 0, 0, (0, *counts)
         flags, digest = record_flags(rec)
         if has_original_turns(rec):  # counted always; a reason to keep it out with --only-target-turns
             flags |= BIT[FlagReason.ORIGINAL_TURNS]
+        rows = split.included
         if any("tools" in row for row in rows):
             self.result.with_tools = True
         if self.parquet:
             from genqueue.producer.export.parquet import arrow_row
 
             rows = [arrow_row(row) for row in rows]
-        return _INCLUDED | code, b"".join(orjson.dumps(row) + b"\n" for row in rows), flags, digest
+        included = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+        return _INCLUDED | code, included + excluded, flags, digest, (len(included), *counts)
+
+    def _rows(self, rec: ResultRecord, outcome: str) -> RecordRows:
+        """REC's lines split between the dataset and the truncated file, under --rows."""
+        if self.layout is None:  # a format of its own rows (tokens: per answer; batch: the last answer)
+            rows = self.convert_rows(rec)
+            inside = outcome in self.include
+            return RecordRows(included=rows if inside else [], excluded=[] if inside else rows,
+                              generation_rows=len(rows) if inside else 0, conversation_row=inside)
+        conversation = self.convert(rec) if self.layout is RowLayout.CONVERSATION else {}
+        return record_rows(self.shape, rec, layout=self.layout, include=self.include,
+                           conversation_line=conversation, per_turn=self.per_turn_ids)
 
     def _split(self, shard: OpenShard, ordinal: int, files: Sequence[IO[bytes]], span: int, layout: Layout) -> None:
         last = len(files) - 1
@@ -378,9 +419,9 @@ class Exporter:
                 tick(4096)
             try:
                 rec, key, place, index, turn, sample, attempt, finished = read_line(line)
-                kind, blob, flags, text_digest = self._blob(rec, line)
+                kind, blob, flags, text_digest, rows = self._blob(rec, line)
                 header = pack(key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, flags,
-                              text_digest, len(blob))
+                              text_digest, *rows, len(blob))
             except (*BAD_LINE, struct.error):
                 if line.strip():
                     bad += 1
@@ -412,19 +453,20 @@ class Exporter:
         unpack = _HEADER.unpack_from
         hsize = _HEADER.size
         best: dict[bytes, tuple[tuple[int, int, int, float, int, int], tuple[int, int, int, int], int, int, int,
-                                int, int]] = {}
+                                int, int, tuple[int, ...]]] = {}
         pos = n = 0
         end_all = len(data)
         while pos < end_all:
             (key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, flags, digest,
-             blen) = unpack(data, pos)
+             *rows, blen) = unpack(data, pos)
             start = pos + hsize
             pos = start + blen
             n += 1
             rank = (kind & 3, kind >> 7, attempt, finished, ordinal, lineno)
             cur = best.get(key)
             if cur is None or rank < cur[0]:
-                best[key] = (rank, (place, index, turn, sample), start, pos, (kind >> 2) & 31, flags, digest)
+                best[key] = (rank, (place, index, turn, sample), start, pos, (kind >> 2) & 31, flags, digest,
+                             tuple(rows))
         self.result.duplicates_removed += n - len(best)
         batch: list[bytes] = []
         r = self.result
@@ -432,27 +474,35 @@ class Exporter:
         # Duplicates across items, in the dataset's order: the first of a text stays clean.
         dups = iter(self.duplicates.check([v[6] for _, v in kept if v[0][0] == _INCLUDED]))
         duplicate, original = BIT[FlagReason.DUPLICATE_ANSWER], BIT[FlagReason.ORIGINAL_TURNS]
-        for key, (rank, order, start, stop, code, flags, _digest) in kept:
-            line = view[start:stop]
+        for key, (rank, order, start, stop, code, flags, _digest, counts) in kept:
+            split, rows_in, rows_out, gen_rows, conv_row, traces, kept_gen, kept_conv = counts
             if rank[0] < _ERROR:
                 self._count_outcome(_OUTCOME_NAMES[code & 7], included=rank[0] == _INCLUDED)
                 self._count_tool_turns(code >> 3)
+                r.traces += traces
+                if rows_out:
+                    cut.write(view[start + split:stop])
+                    r.truncated_rows += rows_out
             if rank[0] == _INCLUDED:
+                line = view[start:start + split]
                 if next(dups):
                     flags |= duplicate
                 if flags & original:
                     r.original_turns += 1
                     if not self.only_target_turns:
                         flags &= ~original
-                if not (flags and self._flag(flags, line, flagged)):
+                if not (flags and self._flag(flags, line, flagged, rows_in)):
                     if self.variants:
                         self._count_variant(key)
                     out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
-            elif rank[0] == _EXCLUDED:
-                cut.write(line)
+                    r.rows += rows_in
+                    self._count_layouts(gen_rows, conv_row, kept_gen, kept_conv)
+            elif rank[0] == _EXCLUDED:  # no row in this layout; the other may have some
+                self._count_layouts(gen_rows, conv_row, kept_gen, kept_conv)
             elif rank[0] == _OTHER:
                 r.other_variants += 1
-            else:
+            elif rank[0] == _ERROR:
+                line = view[start:stop]
                 errs.write(line)
                 r.failed += 1
                 cls = _error_class(bytes(line))
@@ -465,21 +515,32 @@ class Exporter:
             self._sadd(seen_key, batch)
         view.release()
 
-    def _flag(self, flags: int, line: memoryview, flagged: IO[bytes] | None) -> bool:
-        """Count a flagged dataset row; True when it goes to the flagged file (with its
-        reasons as `flags`) rather than the dataset."""
+    def _flag(self, flags: int, line: memoryview, flagged: IO[bytes] | None, rows: int = 1) -> bool:
+        """Count a flagged record's dataset ROWS (its LINE: gates judge a conversation, so its
+        flags go on every row it becomes); True when they go to the flagged file (each with
+        the reasons as `flags`) rather than the dataset."""
         r = self.result
-        r.flagged += 1
+        r.flagged += rows
         by = r.flagged_by_reason
         for reason in REASONS:
             if flags & BIT[reason]:
-                by[reason.value] = by.get(reason.value, 0) + 1
+                by[reason.value] = by.get(reason.value, 0) + rows
         if flagged is None or not flags & self.drop_mask:
             return False
         r.exported -= 1
-        r.flagged_dropped += 1
-        flagged.write(b'{"flags":' + orjson.dumps(reasons(flags)) + b"," + line[1:])
+        r.flagged_dropped += rows
+        prefix = b'{"flags":' + orjson.dumps(reasons(flags)) + b","
+        for one in bytes(line).splitlines():
+            flagged.write(prefix + one[1:] + b"\n")
         return True
+
+    def _count_layouts(self, gen_rows: int, conv_row: int, kept_gen: int, kept_conv: int) -> None:
+        """The dataset rows and kept traces each --rows layout makes of one item."""
+        r = self.result
+        r.generation_rows += gen_rows
+        r.conversation_rows += conv_row
+        r.traces_kept_generation += kept_gen
+        r.traces_kept_conversation += kept_conv
 
     def _count_outcome(self, outcome: str, *, included: bool) -> None:
         """Coverage counts complete, partial and cut apart, whichever file each went to."""

@@ -103,6 +103,15 @@ class ExportFormat(StrEnum):
     TOKENS = "tokens"
 
 
+class RowLayout(StrEnum):
+    """`--rows`: what one line of a conversation-level format holds (FormatSpec.conversation_rows).
+    GENERATION: one answer the target generated, after the history exactly as the server was sent
+    it (genrows.py); CONVERSATION: the whole conversation, every answer with its thinking."""
+
+    GENERATION = "generation"
+    CONVERSATION = "conversation"
+
+
 #: Outcomes whose answer never ended on its own: no closing think tag is written for them.
 UNCLOSED = frozenset({Outcome.CUT_IN_THINKING, Outcome.NO_ANSWER})
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
@@ -173,21 +182,22 @@ def _meta(rec: Mapping[str, object], out: Line, fields: tuple[str, ...] = _META 
     return out
 
 
-def to_openai(rec: ResultRecord, *, per_turn: bool = False) -> Line:
-    """The openai-format export line of a success record."""
-    marks = iter(target_turns(rec))
-    messages = [{**m, GENERATED: next(marks)} if m.get("role") == "assistant" else m for m in conversation(rec)]
+def to_openai(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | None = None) -> Line:
+    """The openai-format export line of a success record (MARKS: who wrote each assistant
+    message, when not target_turns(rec): a generation row's, genrows.py)."""
+    authors = iter(target_turns(rec) if marks is None else marks)
+    messages = [{**m, GENERATED: next(authors)} if m.get("role") == "assistant" else m for m in conversation(rec)]
     out: Line = {"id": line_id(rec, per_turn=per_turn), "messages": messages}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     return _meta(rec, out)
 
 
-def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False) -> Line:
-    """The sharegpt-format (LLaMA-Factory) export line of a success record."""
+def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | None = None) -> Line:
+    """The sharegpt-format (LLaMA-Factory) export line of a success record (MARKS: as to_openai)."""
     conv: list[dict[str, str]] = []
     system: list[str] = []
-    marks = iter(target_turns(rec))
+    authors = iter(target_turns(rec) if marks is None else marks)
     generated: list[int] = []
     for msg, unclosed in _conversation(rec):
         role = msg.get("role")
@@ -196,7 +206,7 @@ def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False) -> Line:
         elif role == "user":
             conv.append({"from": "human", "value": _text(msg.get("content"))})
         elif role == "assistant":
-            if next(marks):
+            if next(authors):
                 generated.append(len(conv))
             conv.append(_sharegpt_assistant(msg, unclosed))
         elif role == "tool":
@@ -213,15 +223,15 @@ def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     return _meta(rec, out)
 
 
-def to_specforge(rec: ResultRecord, *, per_turn: bool = False) -> Line:
-    """The SpecForge-format export line of a success record."""
+def to_specforge(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | None = None) -> Line:
+    """The SpecForge-format export line of a success record (MARKS: as to_openai)."""
     conv: list[Line] = []
-    marks = iter(target_turns(rec))
+    authors = iter(target_turns(rec) if marks is None else marks)
     for msg in conversation(rec):
         role = "system" if msg.get("role") == "developer" else msg.get("role")
         turn: Line = {"role": role, "content": _text(msg.get("content"))}
         if role == "assistant":
-            turn[GENERATED] = next(marks)
+            turn[GENERATED] = next(authors)
             if msg.get("reasoning_content") is not None:
                 turn["reasoning_content"] = msg["reasoning_content"]
             if msg.get("tool_calls"):
@@ -377,7 +387,9 @@ class FormatSpec:
     (the format then has an Arrow schema in parquet.py); NOT_PARQUET says what it writes
     instead. ONLY_PARQUET: always Parquet. SIDE_FILE: a file written beside the dataset.
     ROWS: a format of one line per generated answer makes them with ROWS (CONVERT then names
-    none of them: it is its first line); TOKEN_IDS: only runs made with --token-ids have them."""
+    none of them: it is its first line); TOKEN_IDS: only runs made with --token-ids have them.
+    CONVERSATION_ROWS: a line is a conversation, written one row per generation (`--rows
+    generation`, the default: genrows.py) or one per conversation (`--rows conversation`)."""
 
     help: str  # its part of --format's help
     convert: Convert
@@ -389,6 +401,7 @@ class FormatSpec:
     side_file: SideFile | None = None
     rows: ConvertRows | None = None
     token_ids: bool = False
+    conversation_rows: bool = False
 
 
 #: LLaMA-Factory's dataset_info.json entry; it loads these types only (extras/constants.py
@@ -400,18 +413,20 @@ LLAMAFACTORY_ENTRY = SideFile(
 
 FORMATS: dict[ExportFormat, FormatSpec] = {
     ExportFormat.OPENAI: FormatSpec(
-        "chat `messages`, each answer's thinking as `reasoning_content` beside it", to_openai),
+        "chat `messages`, each answer's thinking as `reasoning_content` beside it", to_openai,
+        conversation_rows=True),
     ExportFormat.SHAREGPT: FormatSpec(
         "LLaMA-Factory's conversations of from/value, thinking as <think>...</think> in gpt turns (EAGLE reads "
-        "it too)", to_sharegpt, side_file=LLAMAFACTORY_ENTRY),
+        "it too)", to_sharegpt, side_file=LLAMAFACTORY_ENTRY, conversation_rows=True),
     ExportFormat.SPECFORGE: FormatSpec(
-        "SpecForge's conversations of role/content with reasoning_content", to_specforge),
+        "SpecForge's conversations of role/content with reasoning_content", to_specforge,
+        conversation_rows=True),
     ExportFormat.BATCH: FormatSpec(
         "OpenAI Batch API output lines", to_batch, error_line=batch_error, parquet=False,
         not_parquet="the Batch API's JSONL output file"),
     ExportFormat.PARQUET: FormatSpec(
         "the openai shape in Parquet (any shape is Parquet when the output is named .parquet)", to_openai,
-        lines=ExportFormat.OPENAI, only_parquet=True),
+        lines=ExportFormat.OPENAI, only_parquet=True, conversation_rows=True),
     ExportFormat.TOKENS: FormatSpec(
         "one row per generated answer: input_ids (the prompt ids the engine rendered, then the ids it generated) "
         "and a loss_mask of 1 on exactly the generated ids, as speculators trains on them (runs made with "

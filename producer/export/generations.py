@@ -45,13 +45,15 @@ class Generation:
         return self.outcome in UNCLOSED
 
 
-def generations(rec: ResultRecord) -> list[Generation]:
+def generations(rec: ResultRecord, *, prompt_ids: bool = True) -> list[Generation]:
     """REC's generations, in the order they were made. Raises ValueError when a regenerate
-    record's token ids do not chain (an answer sharing more prompt ids than the one before had)."""
-    return list(_generations(rec))
+    record's token ids do not chain (an answer sharing more prompt ids than the one before had).
+    Without PROMPT_IDS no whole prompt is rebuilt (each prompt_ids None, nothing raised): the
+    text rows need none (genrows.py)."""
+    return list(_generations(rec, prompt_ids))
 
 
-def _generations(rec: ResultRecord) -> Iterator[Generation]:
+def _generations(rec: ResultRecord, with_ids: bool) -> Iterator[Generation]:
     # The contract types a record's messages as the consumer builds them: OpenAI chat messages.
     messages = cast(list[ChatMessage], rec.get("messages") or [])
     turns = rec.get("turns")
@@ -63,9 +65,9 @@ def _generations(rec: ResultRecord) -> Iterator[Generation]:
             answer["tool_calls"] = rec["tool_calls"]
         ids = rec.get("token_ids")
         yield Generation(0, rec.get("turn"), 0, list(messages), answer, rec.get("outcome"), rec.get("usage") or {},
-                         ids, ids["prompt"] if ids is not None else None)
+                         ids, ids["prompt"] if ids is not None and with_ids else None)
         return
-    has_ids = any(t.get("token_ids") is not None for t in turns)
+    has_ids = with_ids and any(t.get("token_ids") is not None for t in turns)
     prompts = full_prompts(turns) if has_ids else [None] * len(turns)
     k = 0
     for i, msg in enumerate(messages):

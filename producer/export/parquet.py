@@ -36,6 +36,8 @@ _META: list[tuple[str, pa.DataType]] = [
     ("outcome", pa.string()), ("usage", _USAGE), ("stopped", pa.string()), ("note", pa.string()),
     ("variant", pa.string()),
 ]
+#: A generation row's place in its record (genrows.py; null in conversation rows).
+_GENERATION: list[tuple[str, pa.DataType]] = [("generation", pa.int64()), ("step", pa.int64())]
 
 #: The formats that may be written as Parquet (formats.FormatSpec.parquet), each with its schema.
 SCHEMAS: dict[ExportFormat, pa.Schema] = {
@@ -44,19 +46,19 @@ SCHEMAS: dict[ExportFormat, pa.Schema] = {
         ("messages", pa.list_(pa.struct([
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
             ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string()),
-            ("generated_by_target", pa.bool_())]))),
-        ("tools", pa.string()), *_META]),
+            ("generated_by_target", pa.bool_()), ("weight", pa.int64())]))),
+        ("tools", pa.string()), *_META, *_GENERATION]),
     ExportFormat.SHAREGPT: pa.schema([
         ("id", pa.string()),
         ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
-        ("system", pa.string()), ("tools", pa.string()), ("target_turns", pa.list_(pa.int64())), *_META]),
+        ("tools", pa.string()), ("target_turns", pa.list_(pa.int64())), *_META, *_GENERATION]),
     ExportFormat.SPECFORGE: pa.schema([
         ("id", pa.string()),
         ("conversations", pa.list_(pa.struct([
             ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
             ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string()),
-            ("generated_by_target", pa.bool_())]))),
-        ("tools", pa.string()), ("status", pa.string()), *_META]),
+            ("generated_by_target", pa.bool_()), ("weight", pa.int64())]))),
+        ("tools", pa.string()), ("status", pa.string()), *_META, *_GENERATION]),
     ExportFormat.TOKENS: pa.schema([
         ("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
         ("step", pa.int64()), *_META]),

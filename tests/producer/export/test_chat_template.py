@@ -160,8 +160,8 @@ def test_a_regenerated_run_renders_every_thinking_trace(tmp_path: Path, redis_ur
     data = write_jsonl(tmp_path / "t.jsonl", recs)
     assert enqueue(env, data, "tmpl", "--output", str(tmp_path / "out"))["enqueued"] == 24
     generate(tmp_path, env, "tmpl", "--slots", "8", "--mean-tokens", "24", "--reasoning", "field")
-    export(env, "--run", "tmpl", "-o", str(tmp_path / "d.jsonl"), "--include-outcomes", "all")
-    export(env, "--run", "tmpl", "-o", str(tmp_path / "d.parquet"), "--include-outcomes", "all")
+    export(env, "--rows", "conversation", "--run", "tmpl", "-o", str(tmp_path / "d.jsonl"), "--include-outcomes", "all")
+    export(env, "--rows", "conversation", "--run", "tmpl", "-o", str(tmp_path / "d.parquet"), "--include-outcomes", "all")
     rows = lines(tmp_path / "d.jsonl")
     assert len(rows) == 24
     with_thinking = [r for r in rows if meant_to_render(r)]

@@ -103,7 +103,7 @@ def run_export(tmp_path: Path, redis_url: str, *args: str) -> Result:
 
 
 def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_url: str, conn: redis.Redis) -> None:
-    res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl"), "--json")
+    res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl"), "--json", "--rows", "conversation")
     assert res.exit_code == 1, res.output  # item 9 is missing
     summary = orjson.loads(res.stdout.strip().splitlines()[-1])
     assert {k: summary[k] for k in ("enqueued", "exported", "failed", "missing", "duplicates_removed",
@@ -133,7 +133,7 @@ def test_openai_export_dedupes_orders_and_proves_coverage(run_dir: Path, redis_u
 
 def test_allow_partial_table_and_paths(run_dir: Path, redis_url: str) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "ds.jsonl.gz"), "--allow-partial",
-                     "--errors", str(run_dir / "e.jsonl"), "--missing", str(run_dir / "m.txt"))
+                     "--errors", str(run_dir / "e.jsonl"), "--missing", str(run_dir / "m.txt"), "--rows", "conversation")
     assert res.exit_code == 0, res.output
     assert "exported" in res.output and "missing" in res.output and "duplicates removed" in res.output
     assert [r["index"] for r in read_jsonl(run_dir / "ds.jsonl.gz")] == list(range(8))
@@ -142,7 +142,7 @@ def test_allow_partial_table_and_paths(run_dir: Path, redis_url: str) -> None:
 
 def test_sharegpt_and_zstd(run_dir: Path, redis_url: str) -> None:
     res = run_export(run_dir, redis_url, "--output", str(run_dir / "sg.jsonl.zst"), "--format", "sharegpt",
-                     "--allow-partial")
+                     "--allow-partial", "--rows", "conversation")
     assert res.exit_code == 0, res.output
     rows = read_jsonl(run_dir / "sg.jsonl.zst")
     shape = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q0.None"},
@@ -267,3 +267,18 @@ def test_the_original_beats_an_end_of_run_copy_that_ended_first(tmp_path: Path, 
     assert (summary["exported"], summary["duplicates_removed"]) == (3, 2)
     got = [r["messages"][-1]["content"] for r in read_jsonl(tmp_path / "ds.jsonl")]
     assert got == ["answer 0.None-original", "answer 1.None-copy", "answer 2.None-copy"]
+
+
+def test_generation_rows_are_the_default_and_the_summary_counts_both_layouts(run_dir: Path, redis_url: str) -> None:
+    res = run_export(run_dir, redis_url, "--output", str(run_dir / "g.jsonl"), "--json", "--allow-partial")
+    summary = orjson.loads(res.stdout.strip().splitlines()[-1])
+    rows = read_jsonl(run_dir / "g.jsonl")
+    # item 4 is a regenerated conversation of two answers: two rows, the rest one each
+    assert [r["id"] for r in rows if r["index"] == 4] == [f"{key(4)}-a0", f"{key(4)}-a1"]
+    assert (summary["rows_layout"], summary["rows"], summary["exported"]) == ("generation", len(rows), 8)
+    assert (summary["generation_rows"], summary["conversation_rows"]) == (len(rows), 8) and len(rows) == 9
+    table = run_export(run_dir, redis_url, "--output", str(run_dir / "t.jsonl"), "--allow-partial").output
+    assert "9 generation rows from 8 items (--rows conversation: 8)" in table
+    bad = run_export(run_dir, redis_url, "--output", str(run_dir / "b.jsonl"), "--format", "batch", "--rows",
+                     "conversation")
+    assert bad.exit_code == 2 and "--format batch has rows of its own" in bad.output

@@ -27,6 +27,7 @@ from genqueue.common.settings import RunSettings
 from genqueue.producer.export import parquet as export_parquet
 from genqueue.producer.export.command import export_command
 from genqueue.producer.export.core import Exporter
+from genqueue.producer.export.formats import RowLayout
 from genqueue.producer.export.sources import source_for
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
@@ -79,7 +80,7 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     assert {(r["source"], r["source_seq"]) for r in records} == {(str(a), 0), (str(b), 1)}
     assert all(r["id"] == (f"r{r['index']}" if r["source"] == str(a) else f"b-{r['index']}") for r in records)
 
-    export(env, "--run", "two", "-o", str(tmp_path / "two.jsonl"), "--include-outcomes", "all")
+    export(env, "--rows", "conversation", "--run", "two", "-o", str(tmp_path / "two.jsonl"), "--include-outcomes", "all")
     rows = lines(tmp_path / "two.jsonl")
     # indexes restart at 0 in each file; the dataset is file a in order, then file b in order
     assert [(r["source"], r["index"], r["id"]) for r in rows] == (
@@ -88,7 +89,8 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     ex = Exporter(conn, "two", source_for(str(tmp_path / "out"), "two"), fmt="openai",
                   output=tmp_path / "small.jsonl", errors_path=tmp_path / "small.e", missing_path=tmp_path / "small.m",
                   workdir=tmp_path, partition_bytes=2_000, include=frozenset({"finished", "cut_in_answer",
-                                                                               "cut_in_thinking", "no_answer"}))
+                                                                               "cut_in_thinking", "no_answer"}),
+                  rows=RowLayout.CONVERSATION)
     assert ex.export().exported == 55
     assert (tmp_path / "small.jsonl").read_bytes() == (tmp_path / "two.jsonl").read_bytes()
 
@@ -96,7 +98,7 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     c = write_jsonl(tmp_path / "c.jsonl", [{"id": f"c{i}", "messages": [{"role": "user", "content": f"c {i}"}]}
                                            for i in range(3)])
     enqueue(env, c, "two", *out)
-    proc = export(env, "--run", "two", "-o", str(tmp_path / "three.jsonl"), "--include-outcomes", "all", check=False)
+    proc = export(env, "--rows", "conversation", "--run", "two", "-o", str(tmp_path / "three.jsonl"), "--include-outcomes", "all", check=False)
     assert proc.returncode == 1 and "3 enqueued items have no record" in proc.stderr
     missing = sorted(x.split("\t") for x in (tmp_path / "three.missing.txt").read_text().splitlines())
     assert [(m[1], m[2], m[3]) for m in missing] == [(f"c{i}", str(c), str(i)) for i in range(3)]
@@ -122,7 +124,7 @@ def test_a_conversation_whose_later_turn_failed_is_partial_and_stays_out(tmp_pat
         assert r["stopped"]["turn"] == 1 and r["stopped"]["error"]["class"] == "permanent"
     assert all(by_id[f"r{i}"]["outcome"] == "finished" for i in range(10) if i not in (2, 5, 8))
 
-    proc = export(env, "--run", "part", "-o", str(tmp_path / "d.jsonl"), "--json", check=False)
+    proc = export(env, "--rows", "conversation", "--run", "part", "-o", str(tmp_path / "d.jsonl"), "--json", check=False)
     s = orjson.loads(proc.stdout)
     assert (s["complete"], s["partial"], s["cut"], s["failed"], s["missing"]) == (7, 3, 0, 0, 0)
     assert (s["exported"], s["truncated"], s["truncated_by_outcome"]) == (7, 3, {"partial": 3})
@@ -130,7 +132,7 @@ def test_a_conversation_whose_later_turn_failed_is_partial_and_stays_out(tmp_pat
     assert [r["id"] for r in lines(tmp_path / "d.jsonl")] == [f"r{i}" for i in range(10) if i not in (2, 5, 8)]
     cut = lines(tmp_path / "d.truncated.jsonl")
     assert [(r["id"], r["outcome"]) for r in cut] == [("r2", "partial"), ("r5", "partial"), ("r8", "partial")]
-    table = export(env, "--run", "part", "-o", str(tmp_path / "t.jsonl"), "--max-failed", "3").stdout
+    table = export(env, "--rows", "conversation", "--run", "part", "-o", str(tmp_path / "t.jsonl"), "--max-failed", "3").stdout
     assert "complete" in table and "partial" in table
     # opted in, they are in the dataset, and still count against --max-failed
     opt = export(env, "--run", "part", "-o", str(tmp_path / "o.jsonl"), "--include-outcomes", "finished,partial",
@@ -199,7 +201,7 @@ def cut_run(tmp_path: Path, conn: redis.Redis) -> Path:
 
 def test_cut_in_thinking_stays_out_of_the_dataset_by_default(cut_run: Path, redis_url: str) -> None:
     env = {"REDIS_URL": redis_url}
-    proc = export(env, "--run", RUN, "-o", str(cut_run / "d.jsonl"), "--format", "sharegpt", "--json")
+    proc = export(env, "--rows", "conversation", "--run", RUN, "-o", str(cut_run / "d.jsonl"), "--format", "sharegpt", "--json")
     s = orjson.loads(proc.stdout)
     assert (s["enqueued"], s["exported"], s["truncated"], s["failed"], s["missing"]) == (5, 2, 3, 0, 0)
     assert s["truncated_by_outcome"] == {"cut_in_answer": 1, "cut_in_thinking": 1, "no_answer": 1}
@@ -212,21 +214,21 @@ def test_cut_in_thinking_stays_out_of_the_dataset_by_default(cut_run: Path, redi
     assert [(r["id"], r["outcome"]) for r in cut] == [("q1", "cut_in_thinking"), ("q2", "no_answer"),
                                                       ("q3", "cut_in_answer")]
     assert all("</think>" not in r["conversations"][-1]["value"] for r in cut[:2])  # never a close it did not write
-    table = export(env, "--run", RUN, "-o", str(cut_run / "t.jsonl")).stdout
+    table = export(env, "--rows", "conversation", "--run", RUN, "-o", str(cut_run / "t.jsonl")).stdout
     assert "truncated" in table and "cut_in_thinking" in table and "t.truncated.jsonl" in table
 
 
 def test_include_outcomes_puts_them_in_flagged(cut_run: Path, redis_url: str) -> None:
     env = {"REDIS_URL": redis_url}
-    export(env, "--run", RUN, "-o", str(cut_run / "all.jsonl"), "--format", "sharegpt",
+    export(env, "--rows", "conversation", "--run", RUN, "-o", str(cut_run / "all.jsonl"), "--format", "sharegpt",
            "--include-outcomes", "finished,cut_in_answer,cut_in_thinking")
     rows = {r["id"]: r for r in lines(cut_run / "all.jsonl")}
     assert sorted(rows) == ["q0", "q1", "q3", "q4"] and rows["q1"]["outcome"] == "cut_in_thinking"
     assert rows["q1"]["conversations"][-1]["value"] == "<think>\nthinking 1"
     assert [r["id"] for r in lines(cut_run / "all.truncated.jsonl")] == ["q2"]
-    only = export(env, "--run", RUN, "-o", str(cut_run / "f.jsonl"), "--include-outcomes", "finished", "--json")
+    only = export(env, "--rows", "conversation", "--run", RUN, "-o", str(cut_run / "f.jsonl"), "--include-outcomes", "finished", "--json")
     assert orjson.loads(only.stdout)["truncated"] == 3  # q1, q2 and q3; q4's finished copy wins
-    bad = export(env, "--run", RUN, "-o", str(cut_run / "x.jsonl"), "--include-outcomes", "finished,done", check=False)
+    bad = export(env, "--rows", "conversation", "--run", RUN, "-o", str(cut_run / "x.jsonl"), "--include-outcomes", "finished,done", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --include-outcomes") \
         and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
@@ -256,7 +258,7 @@ def test_parquet_streams_row_groups_and_reads_back_everywhere(tmp_path: Path, co
     for fmt in ("openai", "sharegpt", "specforge"):
         for suffix in (".parquet", ".jsonl"):
             res = runner.invoke(export_command, ["--run", run, "-o", str(tmp_path / f"{fmt}{suffix}"), "--format", fmt,
-                                                 "--json"], env={"REDIS_URL": redis_url}, catch_exceptions=False)
+                                                 "--json", "--rows", "conversation"], env={"REDIS_URL": redis_url}, catch_exceptions=False)
             assert res.exit_code == 0, res.output
         table = pq.read_table(tmp_path / f"{fmt}.parquet")
         assert pq.ParquetFile(tmp_path / f"{fmt}.parquet").num_row_groups > 3
@@ -270,7 +272,8 @@ def test_parquet_streams_row_groups_and_reads_back_everywhere(tmp_path: Path, co
                 else:
                     assert _prune(p_row[name]) == value, (fmt, name)
     # --format parquet: the openai shape
-    res = runner.invoke(export_command, ["--run", run, "-o", str(tmp_path / "p.parquet"), "--format", "parquet"],
+    res = runner.invoke(export_command, ["--run", run, "-o", str(tmp_path / "p.parquet"), "--format", "parquet",
+                                         "--rows", "conversation"],
                         env={"REDIS_URL": redis_url})
     assert res.exit_code == 0 and pq.read_table(tmp_path / "p.parquet").equals(pq.read_table(tmp_path / "openai.parquet"))
     import pandas as pd
@@ -347,7 +350,8 @@ def test_each_mode_ids_are_unique_per_turn_in_every_format(tmp_path: Path, redis
     want = [f"r{i}-t{t}" for i in range(12) for t in range(turns[i])]
     for fmt, name in (("batch", "custom_id"), ("openai", "id"), ("sharegpt", "id"), ("specforge", "id")):
         out = tmp_path / f"each-{fmt}.jsonl"
-        export(env, "--run", "each", "-o", str(out), "--format", fmt, "--include-outcomes", "all")
+        rows = ("--rows", "conversation") if fmt != "batch" else ()
+        export(env, *rows, "--run", "each", "-o", str(out), "--format", fmt, "--include-outcomes", "all")
         ids = [r[name] for r in lines(out)]
         assert ids == want and len(set(ids)) == len(ids) == sum(turns), fmt
     batch = lines(tmp_path / "each-batch.jsonl")
@@ -369,7 +373,7 @@ def test_system_prompts_and_tools_survive_every_sharegpt_loader(tmp_path: Path, 
     data = write_jsonl(tmp_path / "st.jsonl", recs)
     enqueue(env, data, "st", "--output", str(tmp_path / "out"))
     generate(tmp_path, env, "st", "--slots", "8", "--mean-tokens", "20")
-    s = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "st.sg.jsonl"), "--format", "sharegpt",
+    s = orjson.loads(export(env, "--rows", "conversation", "--run", "st", "-o", str(tmp_path / "st.sg.jsonl"), "--format", "sharegpt",
                             "--include-outcomes", "all", "--json").stdout)
     info_path = tmp_path / "st.sg.dataset_info.json"
     assert s["dataset_info_path"] == str(info_path)
@@ -396,7 +400,7 @@ def test_system_prompts_and_tools_survive_every_sharegpt_loader(tmp_path: Path, 
     assert all(roles.count("user") == roles.count("assistant") for roles, _ in sp)
     assert loaders.eagle3(rows) == []
     # a compressed export gets no entry: LLaMA-Factory cannot load it
-    gz = orjson.loads(export(env, "--run", "st", "-o", str(tmp_path / "z.jsonl.gz"), "--format", "sharegpt",
+    gz = orjson.loads(export(env, "--rows", "conversation", "--run", "st", "-o", str(tmp_path / "z.jsonl.gz"), "--format", "sharegpt",
                              "--include-outcomes", "all", "--json").stdout)
     assert gz["dataset_info_path"] == "" and not (tmp_path / "z.dataset_info.json").exists()
 
@@ -419,11 +423,11 @@ def test_samples_have_their_own_seeds_and_export_as_lines_or_groups(tmp_path: Pa
         assert seeds == [41, 42] and by_sample[(i, 1)]["seed"] == 41
         answers = {by_sample[(i, k)]["content"] for k in (None, 1, 2)}
         assert len(answers) == 3  # three draws, not one answer three times
-    export(env, "--run", "smp", "-o", str(tmp_path / "n.jsonl"), "--include-outcomes", "all")
+    export(env, "--rows", "conversation", "--run", "smp", "-o", str(tmp_path / "n.jsonl"), "--include-outcomes", "all")
     rows = lines(tmp_path / "n.jsonl")
     assert [(r["index"], r.get("sample")) for r in rows] == [(i, k) for i in range(6) for k in (None, 1, 2)]
     assert [r["id"] for r in rows] == [f"r{i}{s}" for i in range(6) for s in ("", "-s1", "-s2")]  # unique
-    export(env, "--run", "smp", "-o", str(tmp_path / "g.jsonl"), "--include-outcomes", "all", "--group-samples")
+    export(env, "--rows", "conversation", "--run", "smp", "-o", str(tmp_path / "g.jsonl"), "--include-outcomes", "all", "--group-samples")
     groups = lines(tmp_path / "g.jsonl")
     assert [g["id"] for g in groups] == [f"r{i}" for i in range(6)]
     # sample 0 was enqueued before --samples: it has the plain key and no per-item seed

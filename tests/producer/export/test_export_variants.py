@@ -24,7 +24,7 @@ MIX = normalised([parse_variant(THINK), parse_variant(NOTHINK)])
 
 def export(tmp_path: Path, redis_url: str, name: str, *args: str, check: bool = True) -> tuple[int, dict, list]:
     out = tmp_path / f"{name}.jsonl"
-    proc = cli("producer", "export", "--run", "mix", "-o", str(out), "--json", *args,
+    proc = cli("producer", "export", "--run", "mix", "-o", str(out), "--json", "--rows", "conversation", *args,
                env={"REDIS_URL": redis_url}, check=check)
     if proc.returncode:
         return proc.returncode, {"stderr": proc.stderr}, []
@@ -87,7 +87,7 @@ def test_each_item_is_sent_and_recorded_with_its_variant_and_exports_split(tmp_p
     assert collections.Counter(row["variant"] for row in rows) == counts
 
     pq = tmp_path / "all.parquet"  # Parquet has a column for it
-    cli("producer", "export", "--run", "mix", "-o", str(pq), env=env)
+    cli("producer", "export", "--run", "mix", "-o", str(pq), "--rows", "conversation", env=env)
     import pyarrow.parquet as pa_pq
 
     assert collections.Counter(pa_pq.read_table(pq, columns=["variant"]).column("variant").to_pylist()) == counts

@@ -67,6 +67,11 @@ class Exports:
     files: dict[str, Path]  # format -> the training file
     info: Path  # the sharegpt export's <stem>.dataset_info.json
     truth: dict[str, dict[str, Any]]  # line id -> the openai line (messages with reasoning_content)
+    #: The same run in the default layout, one row per generation (--rows generation):
+    #: format -> the training file, and each export's --json summary.
+    gen: dict[str, Path] = field(default_factory=dict)
+    gen_summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conversation_summary: dict[str, Any] = field(default_factory=dict)  # the openai conversation rows' summary
 
 
 def records() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -84,6 +89,8 @@ def records() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Exports:
+    """The run, exported in every format as conversation rows (the table below) and as
+    generation rows (test_trainer_generation_rows.py)."""
     tmp = tmp_path_factory.mktemp("trainers")
     redis.Redis.from_url(redis_server.url).flushall()
     env = {"REDIS_URL": redis_server.url}
@@ -95,10 +102,21 @@ def exports(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer)
     files = {"openai": tmp / "d.openai.jsonl", "parquet": tmp / "d.openai.parquet", "sharegpt": tmp / "d.sg.jsonl",
              "specforge": tmp / "d.sf.jsonl", "batch": tmp / "d.batch.jsonl"}
     for fmt, path in files.items():
-        export(env, "--run", RUN, "-o", str(path), "--format", "openai" if fmt == "parquet" else fmt, check=False)
+        rows = ("--rows", "conversation") if fmt != "batch" else ()
+        proc = export(env, "--run", RUN, "-o", str(path), "--format", "openai" if fmt == "parquet" else fmt, *rows,
+                      "--json", check=False)
+        if fmt == "openai":
+            conversation_summary = orjson.loads(proc.stdout.splitlines()[-1])
     truth = {r["id"]: r for r in lines(files["openai"])}
     assert len(truth) >= 25  # nearly every conversation finished whole
-    return Exports(tmp, files, tmp / "d.sg.dataset_info.json", truth)
+    gen = {"openai": tmp / "g.openai.jsonl", "parquet": tmp / "g.openai.parquet", "sharegpt": tmp / "g.sg.jsonl",
+           "specforge": tmp / "g.sf.jsonl"}
+    summaries = {}
+    for fmt, path in gen.items():  # the default layout: no --rows
+        proc = export(env, "--run", RUN, "-o", str(path), "--format", "openai" if fmt == "parquet" else fmt,
+                      "--json", check=False)
+        summaries[fmt] = orjson.loads(proc.stdout.splitlines()[-1])
+    return Exports(tmp, files, tmp / "d.sg.dataset_info.json", truth, gen, summaries, conversation_summary)
 
 
 # --- what a row holds, from the openai line --------------------------------------------------

@@ -1,0 +1,148 @@
+"""One row per generation (pure, no I/O): what a record becomes under `--rows`, and what each
+layout keeps of its thinking.
+
+`--rows generation` (the default for the conversation-level formats, formats.FormatSpec
+.conversation_rows) writes one row per answer the target generated (generations.py): the
+history exactly as the server was sent it (earlier answers with or without their thinking as
+--history-reasoning said, tool results as spliced), then that answer with its thinking, the
+row's last assistant turn and its one training target. A tool-calling turn is one row per
+request. Each row is the format's own line (formats.py) of that one generation, plus:
+
+- `id`: the record's line id with `-a<n>` (its n-th answer, from 0): the id the `tokens` format
+  gives the same answer, so a text row and its token row join;
+- `generation` (n), `turn` (the user turn it answers), `step` (its place after tool results
+  within that turn, 0 for the turn's first answer);
+- `outcome`, `usage`: the answer's own (see row_outcomes), beside the record's provenance;
+- which turn trains: `openai`/`parquet`/`specforge` put `weight` 1 on the answer and 0 on every
+  history answer (OpenAI fine-tuning's per-message field); `generated_by_target` (and sharegpt's
+  `target_turns`) still say who wrote each turn. SpecForge trains the last turn alone with
+  `data.train_only_last_turn: true`, LLaMA-Factory with `mask_history: true`.
+
+Why it is the default: reasoning models' chat templates (Qwen3's and most others) render an
+assistant turn's thinking only after the last user message, so a conversation row renders the
+thinking of its last user turn's answers only, and trains its earlier answers on a history
+(their own thinking in it) the server never saw. In a generation row every trace is the row's
+answer, rendered after the last user message, on the context the server had.
+
+A row is complete (outcome `finished`) when its own answer finished and every answer of its
+history did; else its outcome is the first one that did not (row_outcomes). So a `partial`
+conversation (a later turn failed) gives its finished answers as complete rows, and a cut one
+its answers before the cut; the rest go to the truncated file, and nothing half-generated is
+passed off as complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import cast
+
+from genqueue.common.contracts import Outcome, ResultRecord
+from genqueue.producer.export.formats import (
+    ExportFormat,
+    Line,
+    RowLayout,
+    line_id,
+    target_turns,
+    to_openai,
+    to_sharegpt,
+    to_specforge,
+)
+from genqueue.producer.export.generations import Generation, generations
+
+_CONVERT = {ExportFormat.OPENAI: to_openai, ExportFormat.SHAREGPT: to_sharegpt, ExportFormat.SPECFORGE: to_specforge}
+#: The formats whose turns carry a per-message `weight` (sharegpt's stay exactly {from, value}).
+_WEIGHTED = {ExportFormat.OPENAI: "messages", ExportFormat.SPECFORGE: "conversations"}
+#: The per-message field that says which answer a generation row trains: 1 on it, 0 on the history's.
+WEIGHT = "weight"
+_FINISHED = Outcome.FINISHED.value
+
+
+@dataclass(slots=True)
+class RecordRows:
+    """A success record's lines under the chosen layout, and what each layout keeps of it."""
+
+    included: list[Line] = field(default_factory=list)  # to the dataset
+    excluded: list[Line] = field(default_factory=list)  # to the truncated file
+    generation_rows: int = 0  # dataset rows it makes under --rows generation
+    conversation_row: bool = False  # it makes a dataset row under --rows conversation
+    traces: int = 0  # the thinking traces its generations hold
+    kept_generation: int = 0  # of them, in its dataset rows under --rows generation
+    kept_conversation: int = 0  # rendered by a Qwen3-style template in its conversation row, when in the dataset
+
+
+def row_outcomes(gens: list[Generation], fallback: str) -> list[str]:
+    """Each generation row's outcome: `finished` when its answer and every answer before it
+    finished, else the first outcome that was not (FALLBACK: a generation that names none)."""
+    out: list[str] = []
+    first_bad: str | None = None
+    for g in gens:
+        own = g.outcome or fallback
+        out.append(first_bad or own)
+        if first_bad is None and own != _FINISHED:
+            first_bad = own
+    return out
+
+
+def has_trace(g: Generation) -> bool:
+    """The answer holds a thinking trace (text a chat template would render)."""
+    reasoning = g.answer.get("reasoning_content")
+    return isinstance(reasoning, str) and bool(reasoning.strip())
+
+
+def generation_row(fmt: ExportFormat, rec: ResultRecord, g: Generation, outcome: str, *,
+                   per_turn: bool = False) -> Line:
+    """FMT's line of generation G of REC (see the module docstring)."""
+    authored = target_turns(rec)
+    before = sum(1 for m in g.history if m.get("role") == "assistant")
+    one = _one_generation(rec, g, outcome)
+    line = _CONVERT[fmt](one, per_turn=per_turn, marks=[*authored[:before], True])
+    line["id"] = f"{line_id(rec, per_turn=per_turn)}-a{g.index}"
+    container = _WEIGHTED.get(fmt)
+    if container is not None:
+        turns = cast(list[Line], line[container])
+        last = max(i for i, t in enumerate(turns) if t.get("role") == "assistant")
+        line[container] = [{**t, WEIGHT: int(i == last)} if t.get("role") == "assistant" else t
+                           for i, t in enumerate(turns)]
+    line["generation"], line["step"] = g.index, g.step
+    return line
+
+
+def record_rows(fmt: ExportFormat, rec: ResultRecord, *, layout: RowLayout, include: frozenset[str],
+                conversation_line: Line, per_turn: bool = False) -> RecordRows:
+    """REC's rows under LAYOUT, split by INCLUDE (the outcomes the dataset holds), with what
+    each layout keeps of its thinking. CONVERSATION_LINE: REC's line under --rows conversation
+    (rec's outcome is record_outcome's, set by the caller)."""
+    outcome = str(rec.get("outcome") or "unknown")
+    gens = generations(rec, prompt_ids=False)
+    outcomes = row_outcomes(gens, outcome if outcome != Outcome.PARTIAL.value else "unknown")
+    rows = RecordRows(conversation_row=outcome in include)
+    messages = rec.get("messages") or []
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for g, row_outcome in zip(gens, outcomes, strict=True):
+        traced = has_trace(g)
+        rows.traces += traced
+        if rows.conversation_row and traced and len(g.history) > last_user:
+            rows.kept_conversation += 1
+        if row_outcome in include:
+            rows.generation_rows += 1
+            rows.kept_generation += traced
+        if layout is RowLayout.GENERATION:
+            line = generation_row(fmt, rec, g, row_outcome, per_turn=per_turn)
+            (rows.included if row_outcome in include else rows.excluded).append(line)
+    if layout is RowLayout.CONVERSATION:
+        (rows.included if rows.conversation_row else rows.excluded).append(conversation_line)
+    return rows
+
+
+def _one_generation(rec: ResultRecord, g: Generation, outcome: str) -> ResultRecord:
+    """REC as a record of its one generation G: G's history as its messages, G's answer,
+    outcome and usage; the record's provenance as it is."""
+    one = cast(dict[str, object], {k: v for k, v in rec.items()
+                                   if k not in ("turns", "content", "reasoning", "tool_calls", "token_ids")})
+    one.update(messages=g.history, content=g.answer.get("content") or "", outcome=outcome, usage=g.usage,
+               turn=g.turn)
+    if g.answer.get("reasoning_content") is not None:
+        one["reasoning"] = g.answer["reasoning_content"]
+    if g.answer.get("tool_calls"):
+        one["tool_calls"] = g.answer["tool_calls"]
+    return cast(ResultRecord, one)
