@@ -22,6 +22,7 @@ import redis
 from click.testing import CliRunner
 from openai.types.chat import ChatCompletion
 
+from genqueue.common.contracts import ExitCode
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import parquet as export_parquet
@@ -42,17 +43,18 @@ def enqueue(env: dict[str, str], path: Path, run: str, *extra: str) -> dict[str,
     return orjson.loads(proc.stdout)  # type: ignore[no-any-return]
 
 
-def consume(tmp: Path, env: dict[str, str], sim: Sim, run: str) -> None:
+def consume(tmp: Path, env: dict[str, str], sim: Sim, run: str, code: int = ExitCode.DONE) -> None:
     c = Proc("consumer", ["run", "--run", run, "--endpoint", sim.url, "--spool", str(tmp / "spool" / run),
                           "--shard-max-age", "0.5", "--burst", "-c", "16"], tmp / f"consumer-{run}.log", env=env)
-    assert c.wait(120) == 0, c.output()
+    assert c.wait(120) == code, c.output()
 
 
-def generate(tmp: Path, env: dict[str, str], run: str, *sim_args: str) -> None:
-    """RUN generated to the end by one --burst consumer on a stand-in started with SIM_ARGS."""
+def generate(tmp: Path, env: dict[str, str], run: str, *sim_args: str, code: int = ExitCode.DONE) -> None:
+    """RUN generated to the end by one --burst consumer on a stand-in started with SIM_ARGS (CODE:
+    its exit, FAILED_ITEMS where an item is meant to fail)."""
     sim = Sim(tmp, "--step-time", "0.001", *sim_args)
     try:
-        consume(tmp, env, sim, run)
+        consume(tmp, env, sim, run, code)
     finally:
         sim.stop()
 
@@ -317,7 +319,7 @@ def test_batch_input_to_batch_output_keeps_custom_ids(tmp_path: Path, redis_url:
                                                                                "unsupported_request": 1})
     rejects = lines(tmp_path / "batch.rejects.jsonl")
     assert "temperature=1.3, the run's is 0.6" in rejects[0]["detail"]
-    generate(tmp_path, env, "bt", "--slots", "8", "--mean-tokens", "20")
+    generate(tmp_path, env, "bt", "--slots", "8", "--mean-tokens", "20", code=ExitCode.FAILED_ITEMS)
     proc = export(env, "--run", "bt", "-o", str(tmp_path / "bt.jsonl"), "--format", "batch", "--json",
                   "--max-failed", "1", "--include-outcomes", "all")
     s = orjson.loads(proc.stdout)
