@@ -162,7 +162,9 @@ def test_first_run_on_the_sample_as_written(tmp_path: Path, redis_url: str) -> N
     export = seen["export"]
     assert re.search(r"complete +240", export) and re.search(r"missing +0", export), export
     assert re.search(r"exported +240", export), export
-    assert len((tmp_path / "sample.regen.jsonl").read_text().splitlines()) == 240
+    # one row per generated answer: the 355 turns status counted
+    assert re.search(r"^rows +355 generation rows from 240 items", export, re.MULTILINE), export
+    assert len((tmp_path / "sample.regen.jsonl").read_text().splitlines()) == 355
     for side in ("sample.regen.truncated.jsonl", "sample.regen.errors.jsonl", "sample.regen.missing.txt"):
         assert (tmp_path / side).exists(), side
     # the project's README.md is no dataset card: the card goes beside it, and says so
@@ -218,7 +220,7 @@ def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
     finally:
         sh.stop()
     rows = [orjson.loads(x) for x in (tmp_path / "data.regen.jsonl").read_bytes().splitlines()]
-    assert len(rows) == 30
+    assert len(rows) == 45  # a row per generated answer: 15 conversations of one user turn, 15 of two
     spool = tmp_path / "genqueue-spool" / f"gpu{gpu}"
     assert spool.is_dir(), "the README says a consumer's spool is ./genqueue-spool/<gpu>"
 
@@ -343,7 +345,7 @@ def test_export_and_recover_as_written(tmp_path: Path, redis_url: str) -> None:
         sim.stop()
     for line in lines:
         sh.run(line)
-    assert len((tmp_path / "data.regen.jsonl").read_text().splitlines()) == 12
+    assert len((tmp_path / "data.regen.jsonl").read_text().splitlines()) == 18  # 6 items of 1 answer, 6 of 2
     first = orjson.loads((tmp_path / "data.regen.jsonl").read_text().splitlines()[0])
     assert "messages" in first
     sg = orjson.loads((tmp_path / "data.sg.jsonl").read_text().splitlines()[0])
@@ -352,7 +354,7 @@ def test_export_and_recover_as_written(tmp_path: Path, redis_url: str) -> None:
     assert info["data.sg"]["formatting"] == "sharegpt", info
     sf = orjson.loads((tmp_path / "data.sf.jsonl").read_text().splitlines()[0])
     assert {t["role"] for t in sf["conversations"]} >= {"user", "assistant"}, sf
-    assert pq.read_table(tmp_path / "data.parquet").num_rows == 12
+    assert pq.read_table(tmp_path / "data.parquet").num_rows == 18
     # the recover line on a finished run queues nothing again
     again = sh.run(recover)
     assert re.search(r"^  enqueued +0$", again.stdout, re.MULTILINE), again.stdout

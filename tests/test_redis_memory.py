@@ -48,6 +48,7 @@ def test_every_evicting_policy_is_refused_at_enqueue_and_at_preflight(tmp_path, 
     dead = f"http://127.0.0.1:{free_port()}/v1"  # the policy is checked before the engine is waited for
     for policy in EVICTING:
         conn.config_set("maxmemory-policy", policy)
+        keys = conn.dbsize()  # a refused consumer before this one is seen starting (its snapshot)
         enq = cli("producer", "enqueue", str(data), "--run", f"ev-{policy}", "--output", str(tmp_path / "out"),
                   env=env, check=False)
         assert enq.returncode == 2, (policy, enq.stdout, enq.stderr)

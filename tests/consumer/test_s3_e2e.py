@@ -66,8 +66,9 @@ def export(tmp_path: Path, redis_url: str, s3: S3Server, run: str) -> tuple[dict
 
     out = tmp_path / f"{run}.export.jsonl"
     # every outcome: these runs prove delivery, not which answers make good samples (by default a
-    # cut answer goes to the truncated file)
-    args = ["--run", run, "--output", str(out), "--json", "--include-outcomes", "all"]
+    # cut answer goes to the truncated file), one row per item (--rows conversation: a line per
+    # conversation, not per answer)
+    args = ["--run", run, "--output", str(out), "--json", "--include-outcomes", "all", "--rows", "conversation"]
     env = {"REDIS_URL": redis_url, **s3.env}
     assert "export" in main.commands
     proc = cli("producer", "export", *args, env=env, check=False)
