@@ -36,6 +36,7 @@ Numbers = dict[str, float | int | str | None]
 @dataclass(frozen=True, slots=True)
 class DoctorSettings:
     window: float = defaults.DOCTOR_WINDOW
+    hold: int = defaults.DOCTOR_HOLD
     history: float = defaults.DOCTOR_HISTORY
     kv_full: float = defaults.DOCTOR_KV_FULL
     kv_room: float = defaults.DOCTOR_KV_ROOM
@@ -315,27 +316,40 @@ def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tu
 
 
 class Doctor:
-    """Keeps the window of samples for one engine and says when its verdict changes."""
+    """Keeps the window of samples for one engine and holds its verdict: a new one is published
+    only once it held `hold` looks in a row, and each change is logged as old -> new."""
 
     def __init__(self, name: str, settings: DoctorSettings | None = None) -> None:
         self.name = name
         self.s = settings or DoctorSettings()
         self.samples: collections.deque[Sample] = collections.deque()
         self.verdict: Verdict | None = None
-        self._logged: EngineBound | None = None
+        self._candidate: EngineBound | None = None  # a verdict other than the published one...
+        self._held = 0  # ...and the looks in a row it has held
 
     def observe(self, sample: Sample) -> Verdict:
+        """The published verdict after SAMPLE."""
         self.samples.append(sample)
         while self.samples and self.samples[0].t < sample.t - self.s.history:
             self.samples.popleft()
         v = diagnose(list(self.samples), self.s)
-        # Logged once it holds for two looks: a verdict on a border would flap the log every 2 s.
-        held = self.verdict is not None and self.verdict.bound == v.bound
-        if held and v.bound != self._logged:
-            log.info("engine %s: %s", self.name, v.advice)
-            self._logged = v.bound
-        self.verdict = v
-        return v
+        old = self.verdict
+        if old is not None and v.bound == old.bound:
+            self.verdict, self._candidate, self._held = v, None, 0  # the same verdict, fresh numbers
+            return v
+        self._held = self._held + 1 if v.bound == self._candidate else 1
+        self._candidate = v.bound
+        # A verdict on a border would flap every 2 s: it changes once the new one holds. The
+        # first verdict, and an endpoint gone down (its old metrics are stale), are said at once.
+        down = v.bound == EngineBound.UNKNOWN and "endpoint_down" in sample.consumer.paused
+        if old is None or down or self._held >= self.s.hold:
+            if old is None:
+                log.info("engine %s: %s", self.name, v.advice)
+            else:
+                log.info("engine %s: %s -> %s: %s", self.name, old.bound.value, v.bound.value, v.advice)
+            self.verdict, self._candidate, self._held = v, None, 0
+        assert self.verdict is not None
+        return self.verdict
 
     def check(self, now: float, snap: ConsumerSnapshot, served: ServedSnapshot, *, queue_depth: int | None,
               cpu: float, backing_off: int = 0, loop_lag: float = 0.0) -> EngineView:

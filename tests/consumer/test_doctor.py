@@ -292,3 +292,35 @@ def test_stand_in_with_four_slots_and_no_kv_model_is_batch_cap_not_memory():
     assert seen[-1].bound == EngineBound.BATCH_CAP, seen[-1].advice
     assert "from 4" in seen[-1].advice
 
+
+def _scripted(monkeypatch, bounds: list[EngineBound]) -> None:
+    """diagnose() answers BOUNDS in turn: the hold is the Doctor's, whatever the window says."""
+    from genqueue.consumer import doctor as module
+
+    answers = iter(bounds)
+    monkeypatch.setattr(module, "diagnose", lambda samples, s: Verdict(b := next(answers), f"{b.value} advice"))
+
+
+def test_a_verdict_changes_only_after_the_new_one_held_several_looks(monkeypatch, caplog):
+    B, G, M = EngineBound.BATCH_CAP, EngineBound.GENQUEUE, EngineBound.MEMORY
+    looks = [B, G, B, M, G, B, G, G, G, G, B]
+    _scripted(monkeypatch, looks)
+    caplog.set_level("INFO", logger="genqueue.consumer.doctor")
+    d = Doctor("e", DoctorSettings(hold=3))
+    said = [d.observe(Sample(i * 2.0, engine(), consumer())).bound for i in range(len(looks))]
+    # the first is said at once; single looks of another verdict (or of two others) change nothing
+    assert said == [B, B, B, B, B, B, B, B, G, G, G], said
+    assert [r.getMessage() for r in caplog.records] == ["engine e: batch_cap advice",
+                                                         "engine e: batch_cap -> genqueue: genqueue advice"]
+    assert d.view(engine())["verdict"] == "genqueue"
+
+
+def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monkeypatch):
+    from genqueue.common import defaults
+
+    assert DoctorSettings().hold == defaults.DOCTOR_HOLD >= 2
+    B, U = EngineBound.BATCH_CAP, EngineBound.UNKNOWN
+    _scripted(monkeypatch, [B, U])
+    d = Doctor("e")
+    d.observe(Sample(0.0, engine(), consumer()))
+    assert d.observe(Sample(2.0, engine(), consumer(paused=("endpoint_down",)))).bound == U
