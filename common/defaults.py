@@ -235,6 +235,11 @@ HARD_STOP_GRACE = 2.0
 #: length and the batch's peak.
 DOCTOR_WINDOW = 10.0
 DOCTOR_HISTORY = 600.0
+#: A new verdict is published (and logged, old -> new) only once it held this many looks in a
+#: row (the consumer's 2 s snapshots): on the stand-in at --slots 4 the verdict went from
+#: "genqueue binds" to "memory binds" and back within 8 s; 3 looks (6 s) still follow a run's
+#: phases. An endpoint that goes down is said at once.
+DOCTOR_HOLD = 3
 #: KV usage at which preemptions mean memory binds (vLLM preempts only when no block is free;
 #: usage is sampled, so "near" full), and below which a capped batch has room to grow.
 DOCTOR_KV_FULL = 0.9

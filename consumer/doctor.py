@@ -3,7 +3,8 @@ what binds the engine now and what to change (pure policy, no I/O).
 
 Verdicts (common.contracts.EngineBound), judged in this order over the last `window` seconds:
   memory     the KV cache is near full and requests are preempted (or wait on a full cache):
-             more concurrency will not help; the options are memory options.
+             more concurrency will not help; the options are memory options. Judged only on the
+             KV-cache usage the engine reports: no reading, no memory claim.
   batch_cap  running is pinned at a plateau while requests wait and the KV cache has room:
              --max-num-seqs caps the batch; raise it to about running / kv_usage * safety.
   engine     requests wait and the batch moves: the engine computes as fast as it can.
@@ -35,6 +36,7 @@ Numbers = dict[str, float | int | str | None]
 @dataclass(frozen=True, slots=True)
 class DoctorSettings:
     window: float = defaults.DOCTOR_WINDOW
+    hold: int = defaults.DOCTOR_HOLD
     history: float = defaults.DOCTOR_HISTORY
     kv_full: float = defaults.DOCTOR_KV_FULL
     kv_room: float = defaults.DOCTOR_KV_ROOM
@@ -135,10 +137,12 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     e, c = now.engine, now.consumer
     running = [_num(x.engine.get("running")) for x in recent]
     waiting = [_waiting(x) for x in recent]
-    kv = [_num(x.engine.get("kv_cache_usage")) for x in recent]
+    # Only the readings the engine gave: an engine (or the stand-in without its KV model) that
+    # publishes no KV-cache usage gets no claim on its memory, neither full nor with room.
+    kv = [float(v) for x in recent if isinstance(v := x.engine.get("kv_cache_usage"), (int, float))]
     preempted = _delta(recent[0].engine, e, "preemptions") or 0.0
     span = recent[-1].t - recent[0].t
-    nums: Numbers = {"running": running[-1], "waiting": waiting[-1], "kv_cache_usage": round(kv[-1], 4),
+    nums: Numbers = {"running": running[-1], "waiting": waiting[-1], "kv_cache_usage": round(kv[-1], 4) if kv else None,
                      "preemptions_per_min": round(preempted * 60 / span, 1), "in_flight": c.in_flight,
                      "limit": c.limit, "pending": c.pending, "queue_depth": c.queue_depth,
                      "cpu": round(c.cpu, 2), "loop_lag_max": round(max(x.consumer.loop_lag for x in recent), 3),
@@ -148,7 +152,7 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     nums["waiting_share"] = round(share, 2)
     wait_text = (f"{int(waiting[-1])} waiting" if waiting[-1] > 0
                  else f"requests waiting in {len(waited)} of {len(waiting)} looks")
-    if max(kv) >= s.kv_full and (preempted > 0 or share >= s.waits and min(kv) >= s.kv_full):
+    if kv and max(kv) >= s.kv_full and (preempted > 0 or share >= s.waits and min(kv) >= s.kv_full):
         why = (f"{int(preempted)} preemptions in {span:.0f} s" if preempted > 0
                else f"{wait_text} on a full cache")
         return Verdict(EngineBound.MEMORY, (
@@ -159,21 +163,28 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     if share >= s.waits:
         top = max(waited)
         on_top = sum(1 for r in waited if top - r <= max(1.0, s.plateau * top))
-        if top > 0 and on_top >= s.at_top * len(waited) and max(kv) < s.kv_room:
+        if top > 0 and on_top >= s.at_top * len(waited) and (not kv or max(kv) < s.kv_room):
             # The cap is the most the engine ran while requests waited, over the history: a window
             # of looks can all fall between one request ending and the next starting (real vLLM on
             # 2 cores, a cap of 2, requests of 1 s: five looks in a row saw 1 running).
             n = int(max([top, *(_num(x.engine.get("running")) for x in samples
                                 if x.engine.get("metrics") and _waiting(x) > 0)]))
+            if not kv:  # no reading to size the batch by: no number is made up
+                nums |= {"max_num_seqs": n, "suggested_max_num_seqs": None, "kv_cache_usage_max": None}
+                return Verdict(EngineBound.BATCH_CAP, (
+                    f"the batch cap binds: {n} running on a plateau, {wait_text}, KV cache usage not reported: "
+                    f"raise --max-num-seqs from {n} (no KV-cache reading to size it by: "
+                    "watch preemptions as you raise it)"), nums, notes)
             m = max(suggested_max_num_seqs(top, max(kv), s.safety), n + 1)
             # the suggestion is made from the window's highest KV usage: kv_cache_usage is the last
             nums |= {"max_num_seqs": n, "suggested_max_num_seqs": m, "kv_cache_usage_max": round(max(kv), 4)}
             return Verdict(EngineBound.BATCH_CAP, (
                 f"the batch cap binds: {n} running on a plateau, {wait_text}, KV cache "
                 f"{max(kv):.0%} used: raise --max-num-seqs from {n} to about {m}"), nums, notes)
+        kv_text = f"KV cache {kv[-1]:.0%}" if kv else "KV cache usage not reported"
         return Verdict(EngineBound.ENGINE, (
             f"the engine computes at its batch: {int(running[-1])} running, {wait_text}, "
-            f"KV cache {kv[-1]:.0%}: nothing to change from here"), nums, notes)
+            f"{kv_text}: nothing to change from here"), nums, notes)
     return _free_slots(recent, samples, nums, notes, s)
 
 
@@ -305,27 +316,40 @@ def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tu
 
 
 class Doctor:
-    """Keeps the window of samples for one engine and says when its verdict changes."""
+    """Keeps the window of samples for one engine and holds its verdict: a new one is published
+    only once it held `hold` looks in a row, and each change is logged as old -> new."""
 
     def __init__(self, name: str, settings: DoctorSettings | None = None) -> None:
         self.name = name
         self.s = settings or DoctorSettings()
         self.samples: collections.deque[Sample] = collections.deque()
         self.verdict: Verdict | None = None
-        self._logged: EngineBound | None = None
+        self._candidate: EngineBound | None = None  # a verdict other than the published one...
+        self._held = 0  # ...and the looks in a row it has held
 
     def observe(self, sample: Sample) -> Verdict:
+        """The published verdict after SAMPLE."""
         self.samples.append(sample)
         while self.samples and self.samples[0].t < sample.t - self.s.history:
             self.samples.popleft()
         v = diagnose(list(self.samples), self.s)
-        # Logged once it holds for two looks: a verdict on a border would flap the log every 2 s.
-        held = self.verdict is not None and self.verdict.bound == v.bound
-        if held and v.bound != self._logged:
-            log.info("engine %s: %s", self.name, v.advice)
-            self._logged = v.bound
-        self.verdict = v
-        return v
+        old = self.verdict
+        if old is not None and v.bound == old.bound:
+            self.verdict, self._candidate, self._held = v, None, 0  # the same verdict, fresh numbers
+            return v
+        self._held = self._held + 1 if v.bound == self._candidate else 1
+        self._candidate = v.bound
+        # A verdict on a border would flap every 2 s: it changes once the new one holds. The
+        # first verdict, and an endpoint gone down (its old metrics are stale), are said at once.
+        down = v.bound == EngineBound.UNKNOWN and "endpoint_down" in sample.consumer.paused
+        if old is None or down or self._held >= self.s.hold:
+            if old is None:
+                log.info("engine %s: %s", self.name, v.advice)
+            else:
+                log.info("engine %s: %s -> %s: %s", self.name, old.bound.value, v.bound.value, v.advice)
+            self.verdict, self._candidate, self._held = v, None, 0
+        assert self.verdict is not None
+        return self.verdict
 
     def check(self, now: float, snap: ConsumerSnapshot, served: ServedSnapshot, *, queue_depth: int | None,
               cpu: float, backing_off: int = 0, loop_lag: float = 0.0) -> EngineView:

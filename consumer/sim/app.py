@@ -47,7 +47,7 @@ class SimConfig:
     tool_calls: str = "none"  # none | recorded | diverge: answer a request with tools by the hinted calls
     record_requests: str = ""  # a file each chat request's body is appended to, one JSON line each (tests)
     # Engine models for the doctor's regimes (kv.py); the defaults keep plain slots.
-    kv_cache_tokens: int = 0  # 0: no KV model (usage = running / slots); else its size in tokens
+    kv_cache_tokens: int = 0  # 0: no KV model (no KV usage reported); else its size in tokens
     block_size: int = 16  # tokens per KV block (vLLM's --block-size)
     prefix_cache_blocks: int = 0  # 0: no prefix cache; else an LRU of this many prompt blocks
     prefill_time: float = 0.0  # seconds per uncached prompt token before the first output token
@@ -117,11 +117,6 @@ class SimEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.kv.waiting) if self.kv is not None else len(self.waiting)
-
-    def kv_usage(self) -> float:
-        if self.kv is not None:
-            return self.kv.usage()
-        return min(1.0, self.running / self.config.slots) if self.config.slots else 0.0
 
     def snapshot(self) -> dict[str, Any]:
         self._tick()
@@ -362,8 +357,6 @@ async def _metrics(request: web.Request) -> web.Response:
          eng.running),
         ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", label,
          eng.num_waiting),
-        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", label,
-         float(eng.kv_usage())),
         ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
          label, kv.preemptions if kv is not None else 0),
         ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", label,
@@ -371,6 +364,9 @@ async def _metrics(request: web.Request) -> web.Response:
         ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", label,
          eng.counts["tokens"]),
     ]
+    if kv is not None:  # without the KV model there is no cache to report on (issue 31)
+        rows.append(("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", label,
+                     float(kv.usage())))
     if eng.prefix is not None:
         rows += [
             ("vllm:prefix_cache_queries_total", "counter",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from genqueue.common.contracts import EngineBound, EngineView
-from genqueue.consumer.doctor import ConsumerView, Doctor, DoctorSettings, Sample, diagnose, suggested_max_num_seqs
+from genqueue.consumer.doctor import (ConsumerView, Doctor, DoctorSettings, Sample, Verdict, diagnose,
+                                      suggested_max_num_seqs)
 from genqueue.consumer.engine import engine_view
 
 S = DoctorSettings(window=10.0)
@@ -236,3 +237,90 @@ def test_the_cap_is_the_most_that_ran_while_requests_waited_not_the_last_window_
     v = diagnose(window(es, consumer(in_flight=8)), S)
     assert v.bound == EngineBound.BATCH_CAP and v.numbers["max_num_seqs"] == 2, v.advice
     assert "raise --max-num-seqs from 2 to about" in v.advice
+
+
+def test_no_kv_reading_no_kv_claim():
+    """An engine that publishes no KV-cache usage (the stand-in without --kv-cache-tokens) gets
+    no claim on its memory: a plateau with requests waiting is the batch cap, with no size made
+    up from a usage of 0 (it suggested 3200), and no "KV cache 0%"."""
+    es = [engine(running=4, waiting=8, kv_cache_usage=None)] * 6
+    v = diagnose(window(es, consumer(in_flight=12, limit=32, auto=False)), S)
+    assert v.bound == EngineBound.BATCH_CAP, v.advice
+    assert "KV cache usage not reported" in v.advice and "%" not in v.advice, v.advice
+    assert v.numbers["suggested_max_num_seqs"] is None and v.numbers["kv_cache_usage"] is None
+    assert "raise --max-num-seqs from 4" in v.advice
+    es = [engine(running=r, waiting=5, kv_cache_usage=None) for r in (20, 40, 60, 80)]
+    v = diagnose(window(es, consumer(in_flight=90)), S)
+    assert v.bound == EngineBound.ENGINE and "KV cache usage not reported" in v.advice, v.advice
+
+
+def test_stand_in_with_four_slots_and_no_kv_model_is_batch_cap_not_memory():
+    """The stand-in at --slots 4 without a KV model, read over HTTP: it reported running / slots
+    as kv_cache_usage_perc (100% at 4 of 4), and the doctor said "memory binds ... FP8 KV cache"."""
+    import asyncio
+
+    import aiohttp
+
+    from genqueue.consumer.sim.server import SimConfig, SimServer
+
+    async def main() -> list[Verdict]:
+        async with SimServer(SimConfig(slots=4, step_time=0.01, mean_tokens=400)) as sim, \
+                aiohttp.ClientSession() as session:
+            base = sim.url[: -len("/v1")]
+            body = {"model": "sim-model", "max_tokens": 400, "messages": [{"role": "user", "content": "q"}]}
+
+            async def post() -> None:
+                async with session.post(f"{sim.url}/chat/completions", json=body) as r:
+                    await r.read()
+
+            sent = [asyncio.ensure_future(post()) for _ in range(16)]
+            d = Doctor("stand-in", DoctorSettings(window=1.0))
+            seen = []
+            for i in range(12):
+                await asyncio.sleep(0.2)
+                async with session.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                seen.append(d.observe(Sample(i * 0.2, engine_view(text), consumer(in_flight=16, limit=16,
+                                                                                   auto=False))))
+            for f in sent:
+                f.cancel()
+            await asyncio.gather(*sent, return_exceptions=True)
+            return seen
+
+    seen = asyncio.run(main())
+    assert not any(v.bound == EngineBound.MEMORY for v in seen), [v.advice for v in seen]
+    assert seen[-1].bound == EngineBound.BATCH_CAP, seen[-1].advice
+    assert "from 4" in seen[-1].advice
+
+
+def _scripted(monkeypatch, bounds: list[EngineBound]) -> None:
+    """diagnose() answers BOUNDS in turn: the hold is the Doctor's, whatever the window says."""
+    from genqueue.consumer import doctor as module
+
+    answers = iter(bounds)
+    monkeypatch.setattr(module, "diagnose", lambda samples, s: Verdict(b := next(answers), f"{b.value} advice"))
+
+
+def test_a_verdict_changes_only_after_the_new_one_held_several_looks(monkeypatch, caplog):
+    B, G, M = EngineBound.BATCH_CAP, EngineBound.GENQUEUE, EngineBound.MEMORY
+    looks = [B, G, B, M, G, B, G, G, G, G, B]
+    _scripted(monkeypatch, looks)
+    caplog.set_level("INFO", logger="genqueue.consumer.doctor")
+    d = Doctor("e", DoctorSettings(hold=3))
+    said = [d.observe(Sample(i * 2.0, engine(), consumer())).bound for i in range(len(looks))]
+    # the first is said at once; single looks of another verdict (or of two others) change nothing
+    assert said == [B, B, B, B, B, B, B, B, G, G, G], said
+    assert [r.getMessage() for r in caplog.records] == ["engine e: batch_cap advice",
+                                                         "engine e: batch_cap -> genqueue: genqueue advice"]
+    assert d.view(engine())["verdict"] == "genqueue"
+
+
+def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monkeypatch):
+    from genqueue.common import defaults
+
+    assert DoctorSettings().hold == defaults.DOCTOR_HOLD >= 2
+    B, U = EngineBound.BATCH_CAP, EngineBound.UNKNOWN
+    _scripted(monkeypatch, [B, U])
+    d = Doctor("e")
+    d.observe(Sample(0.0, engine(), consumer()))
+    assert d.observe(Sample(2.0, engine(), consumer(paused=("endpoint_down",)))).bound == U

@@ -122,8 +122,10 @@ def test_the_batch_cap_binds_and_a_larger_one_is_suggested(regimes: Regimes) -> 
     e = regimes.wait_verdict("cap", "batch_cap")
     n = e["numbers"]
     assert n["max_num_seqs"] == 4 and n["waiting"] > 0
-    # the KV cache has room for about running / usage requests; the doctor keeps a margin
-    assert n["suggested_max_num_seqs"] == pytest.approx(4 * SAFETY / n["kv_cache_usage"], rel=0.3)
+    # the KV cache has room for about running / usage requests; the doctor keeps a margin. The
+    # usage is the window's highest: the last look's can be lower once new requests replaced
+    # finished ones (the verdict, held 3 looks before it is said, is read later in the run).
+    assert n["suggested_max_num_seqs"] == pytest.approx(4 * SAFETY / n["kv_cache_usage_max"], rel=0.3)
     assert n["suggested_max_num_seqs"] >= 16
     assert f"raise --max-num-seqs from 4 to about {n['suggested_max_num_seqs']}" in e["advice"]
     out = cli("producer", "status", "--run", "cap", env={"REDIS_URL": regimes.url}).stdout
