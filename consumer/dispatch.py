@@ -217,6 +217,7 @@ class Dispatcher:
         except Exception:
             log.exception("copy of item %s of run %s: unexpected error; dropped (the original goes on)",
                           item["key"], ctx.run)
+            self.copies_lost += 1  # counted as failed in the status counts, as an error record is
             self.copies_failed.add((ctx.run, item["key"]))
             return False
         if is_error(rec):

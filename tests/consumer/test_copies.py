@@ -536,3 +536,25 @@ def test_offers_are_stamped_and_judged_by_redis_clock_so_skewed_nodes_see_each_o
     assert [o.worker for o in seen] == ["behind"] and len(seen[0].flights) == 2
     stamped = time.time() - 100.0  # what the node's own clock would have stamped
     assert fl.OFFER_TTL < redis_time(conn) - stamped  # which that reader would have taken for stale
+
+
+class RaisesOnEight(HangingGenerator):
+    """Item 8's copy raises an unexpected exception (a bug, not an error record)."""
+
+    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None) -> Any:
+        if it["index"] == 8:
+            raise RuntimeError("a bug")
+        return await super().answer(ctx, it, attempt=attempt, enqueued_at=enqueued_at)
+
+
+def test_a_copy_that_raised_counts_as_lost_like_one_that_ended_in_an_error() -> None:
+    """Issue 31: copies_lost counted only error records; a copy that raised was not counted."""
+    async def scenario() -> None:
+        d = Dispatcher(Book(), Limiter(4), FakeGate(), FakeOutbox(), RaisesOnEight(),  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 4)
+        assert d.start_copy(run_context("r"), item(8))
+        await _until(lambda: not d.copies, "item 8's copy ended")
+        assert d.copies_lost == 1 and ("r", item(8)["key"]) in d.copies_failed
+
+    asyncio.run(scenario())
