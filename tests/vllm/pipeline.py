@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from genqueue.common.contracts import ExitCode
 from genqueue.common.rqaccess import queue_for
 from tests.conftest import cli, write_jsonl
 from tests.consumer.e2e import Proc, read_results, run_keys
@@ -25,14 +26,16 @@ def enqueue(tmp: Path, redis_url: str, run: str, records: list[object], *extra: 
     return orjson.loads(proc.stdout)
 
 
-def consume(tmp: Path, redis_url: str, endpoint: str, run: str, *extra: str, timeout: float = 180) -> Proc:
-    """`consumer run --burst` against ENDPOINT until the run is drained; returns the finished Proc."""
+def consume(tmp: Path, redis_url: str, endpoint: str, run: str, *extra: str, timeout: float = 180,
+            code: int = ExitCode.DONE) -> Proc:
+    """`consumer run --burst` against ENDPOINT until the run is drained; returns the finished Proc
+    (CODE: its exit; FAILED_ITEMS where an item is meant to end as an error)."""
     conc = [] if "-c" in extra else ["-c", "16"]
     c = Proc("consumer", ["-vv", "run", "--run", run, "--endpoint", endpoint, "--burst", *conc,
                           "--spool", str(tmp / "spool" / run), "--shard-max-age", "1", *extra],
              tmp / f"consumer-{run}.log", env={"REDIS_URL": redis_url})
     rc = c.wait(timeout)
-    assert rc == 0, f"consumer exited {rc}:\n{c.output()}"
+    assert rc == code, f"consumer exited {rc}:\n{c.output()}"
     return c
 
 

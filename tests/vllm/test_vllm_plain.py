@@ -7,6 +7,7 @@ only the closing tag comes back. See scripts/build_tiny_model.py.
 
 from __future__ import annotations
 
+from genqueue.common.contracts import ExitCode
 from tests.conftest import sharegpt
 from tests.vllm.conftest import MAX_MODEL_LEN, SERVED_NAME
 from tests.vllm.pipeline import assert_all_done, consume, enqueue, results
@@ -126,7 +127,7 @@ def test_prompt_longer_than_the_model_is_a_permanent_error_without_retries(tmp_p
     records.append({"conversations": [{"from": "human", "value": "word " * 700}]})  # > 512 tokens
     enqueue(tmp_path, redis_url, "toolong", records, "--multi-turn", "first")
     offset = vllm.log_size()
-    c = consume(tmp_path, redis_url, vllm.url, "toolong")
+    c = consume(tmp_path, redis_url, vllm.url, "toolong", code=ExitCode.FAILED_ITEMS)  # its long prompt: a 400
     recs = results(tmp_path, "toolong")
     assert_all_done(conn, "toolong", recs, jobs=1)
     errors = [r for r in recs if "error" in r]
