@@ -111,7 +111,7 @@ def test_first_run_on_the_sample_as_written(tmp_path: Path, redis_url: str) -> N
     port = free_port()
     as_run = {
         # the tests' own Redis (on a free port) is already REDIS_URL in the shell's environment
-        'redis-server --port 6380 --save "" --daemonize yes': None,
+        'redis-server --port 6380 --bind 127.0.0.1 --save "" --daemonize yes': None,
         "export REDIS_URL=redis://127.0.0.1:6380/0": None,
         # the stand-in on a free port in 8000's place (and the consumer's endpoint with it)
         "consumer simulate --port 8000 --mean-tokens 50 &": f"consumer simulate --port {port} --mean-tokens 50 &",

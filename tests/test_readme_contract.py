@@ -88,3 +88,13 @@ def test_every_docs_page_is_in_the_reference_table() -> None:
     reference = README[README.index("## 8. Reference"):]
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"(docs/{page.name})" in reference, f"docs/{page.name} is not in the README's reference table"
+
+
+def test_every_redis_the_docs_start_listens_on_this_host_only() -> None:
+    """A `redis-server` the README or docs/ tell a user to start binds 127.0.0.1: a by-hand Redis with
+    no password on every interface is open to the network (the demo binds 127.0.0.1 too)."""
+    started = [(page.name, line) for page in PAGES for block in bash_blocks(page.read_text())
+               for line in block if line.startswith("redis-server")]
+    assert started, "the README starts a Redis by hand: this test must see it"
+    for name, line in started:
+        assert "--bind 127.0.0.1" in line, f"{name}: {line}"
