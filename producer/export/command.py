@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 
 import click
 import orjson
@@ -31,13 +31,14 @@ from genqueue.common.errors import UserError
 from genqueue.common.placement import this_host
 from genqueue.common.redisconn import connect
 from genqueue.common.rqjobs import malformed_line, refused_line
-from genqueue.common.runs import RunStore
+from genqueue.common.runs import RunInfo, RunStore
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export.card import card_rows, write_card
 from genqueue.producer.export.core import (
     DEFAULT_OUTCOMES,
     PARTITION_BYTES,
     Exporter,
+    ExportPlan,
     ExportResult,
     NoProgress,
     Progress,
@@ -106,6 +107,94 @@ def _outcomes(text: str | None) -> frozenset[str]:
     return frozenset(names)
 
 
+class ExportArgs(TypedDict):
+    """`producer export`'s options as click parses them (one key per option, by its parameter
+    name) but for --json and --redis-url, which are the command's own."""
+
+    run_name: str
+    output: str
+    fmt: str
+    include: str | None
+    variant: str | None
+    rows: str | None
+    group_samples: bool
+    errors_path: str | None
+    truncated_path: str | None
+    missing_path: str | None
+    drop_flagged: bool
+    only_target_turns: bool
+    flagged_path: str | None
+    allow_partial: bool
+    max_failed: str
+    tmp_dir: str | None
+    partition_mb: int
+    card: bool
+    card_images: str | None
+
+
+class _Files(NamedTuple):
+    """The files an export writes, each made absolute and its place probed (`_writable`)."""
+
+    output: Path
+    parquet: bool
+    shape: ExportFormat
+    errors: Path
+    truncated: Path
+    missing: Path
+    flagged: Path | None
+    workdir: Path
+
+
+def _files(options: ExportArgs) -> _Files:
+    """The files OPTIONS name (or their defaults beside the output), refused before anything
+    is read when one cannot be written or two are the same."""
+    out = _writable(Path(options["output"]), OUTPUT)
+    shape, parquet = _shape_and_container(ExportFormat(options["fmt"]), out)
+    errs = _writable(Path(options["errors_path"] or beside(out, ".errors.jsonl")), ERRORS)
+    cut = _writable(Path(options["truncated_path"] or beside(out, ".truncated.jsonl")), TRUNCATED)
+    miss = _writable(Path(options["missing_path"] or beside(out, ".missing.txt")), MISSING)
+    flagged = (_writable(Path(options["flagged_path"] or beside(out, ".flagged.jsonl")), FLAGGED)
+               if options["drop_flagged"] or options["only_target_turns"] else None)
+    if len({out, errs, cut, miss, *([flagged] if flagged else [])}) < 4 + bool(flagged):
+        raise UserError("--output, --errors, --truncated, --missing and --flagged must be different files")
+    tmp_dir = options["tmp_dir"]
+    workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
+    probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
+    return _Files(out, parquet, shape, errs, cut, miss, flagged, workdir)
+
+
+def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: frozenset[str]) -> ExportPlan:
+    """What `producer export` OPTIONS ask to write of the run INFO describes, to FILES, with the
+    OUTCOMES the dataset holds; every option checked against the run (UserError)."""
+    run, shape = info.name, files.shape
+    variant = options["variant"]
+    names = [v.name for v in info.settings.variants]
+    if variant is not None and variant not in names:
+        raise UserError(f"--variant {variant}: run {run} has " + (f"the variants {', '.join(names)}" if names
+                                                                   else "no request variants"))
+    refusal = info.placement.refusal(run, info.settings.output, this_host())
+    if refusal is not None:  # this host's directory of that name holds none of the run's shards
+        raise UserError(refusal)
+    spec = FORMATS[shape]
+    if spec.token_ids and not info.settings.token_ids:
+        raise UserError(f"--format {shape} needs the token ids the engine returned, and run {run} kept none: "
+                        "enqueue it with --token-ids (a new run, or --update-settings for the items not done yet)")
+    group_samples = options["group_samples"]
+    if spec.rows is not None and group_samples:
+        raise UserError(f"--format {shape} writes one row per generated answer; --group-samples does not apply")
+    layout = _layout(spec.conversation_rows, ExportFormat(options["fmt"]), options["rows"])
+    if group_samples and layout is RowLayout.GENERATION and info.settings.multi_turn == Mode.REGENERATE:
+        raise UserError("--group-samples puts a prompt's samples in one line, and with --rows generation a "
+                        "regenerated conversation is one row per answer: pass --rows conversation to group them")
+    return ExportPlan(fmt=shape, output=files.output, errors_path=files.errors, missing_path=files.missing,
+                      truncated_path=files.truncated, include=outcomes, parquet=files.parquet,
+                      group_samples=group_samples, workdir=files.workdir,
+                      partition_bytes=options["partition_mb"] * 2**20,
+                      per_turn_ids=info.settings.multi_turn == Mode.EACH, variants=tuple(info.settings.variants),
+                      variant=variant, drop_flagged=options["drop_flagged"],
+                      only_target_turns=options["only_target_turns"], flagged_path=files.flagged, rows=layout)
+
+
 @click.command("export")
 @click.option("--run", "run_name", required=True, help="The run to export.")
 @click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
@@ -164,66 +253,33 @@ def _outcomes(text: str | None) -> frozenset[str]:
               help="Where the card's pictures (PNG histograms; needs genqueue[card]) go (default: beside the card).")
 @redis_option
 @friendly_errors
-def export_command(run_name: str, output: str, fmt: str, include: str | None, variant: str | None,
-                   rows: str | None, group_samples: bool,
-                   errors_path: str | None, truncated_path: str | None, missing_path: str | None,
-                   drop_flagged: bool, only_target_turns: bool, flagged_path: str | None,
-                   allow_partial: bool, max_failed: str, tmp_dir: str | None, partition_mb: int, as_json: bool,
-                   card: bool, card_images: str | None, redis_url: str) -> None:
+def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs]) -> None:
     """Write a run's results as one deduplicated dataset, ordered as the input was, with its
     truncated, error and missing files; prove coverage."""
-    run = check_run_name(run_name)
+    run = check_run_name(options["run_name"])
+    max_failed = options["max_failed"]
     failed_limit = _failed_limit(max_failed)
-    outcomes = _outcomes(include)
-    out = _writable(Path(output), OUTPUT)
-    shape, parquet = _shape_and_container(ExportFormat(fmt), out)
-    errs = _writable(Path(errors_path) if errors_path else beside(out, ".errors.jsonl"), ERRORS)
-    cut = _writable(Path(truncated_path) if truncated_path else beside(out, ".truncated.jsonl"), TRUNCATED)
-    miss = _writable(Path(missing_path) if missing_path else beside(out, ".missing.txt"), MISSING)
-    flagged = (_writable(Path(flagged_path) if flagged_path else beside(out, ".flagged.jsonl"), FLAGGED)
-               if drop_flagged or only_target_turns else None)
-    if len({out, errs, cut, miss, *([flagged] if flagged else [])}) < 4 + bool(flagged):
-        raise UserError("--output, --errors, --truncated, --missing and --flagged must be different files")
-    workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
-    probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
+    outcomes = _outcomes(options["include"])  # what needs no run is checked before Redis is read
+    files = _files(options)
     conn = connect(redis_url)
     info = RunStore(conn).get(run)
     if info is None:  # Redis lost it? the usual output may hold its run.json
         raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT))
-    names = [v.name for v in info.settings.variants]
-    if variant is not None and variant not in names:
-        raise UserError(f"--variant {variant}: run {run} has " + (f"the variants {', '.join(names)}" if names
-                                                                   else "no request variants"))
-    refusal = info.placement.refusal(run, info.settings.output, this_host())
-    if refusal is not None:  # this host's directory of that name holds none of the run's shards
-        raise UserError(refusal)
-    spec = FORMATS[shape]
-    if spec.token_ids and not info.settings.token_ids:
-        raise UserError(f"--format {shape} needs the token ids the engine returned, and run {run} kept none: "
-                        "enqueue it with --token-ids (a new run, or --update-settings for the items not done yet)")
-    if spec.rows is not None and group_samples:
-        raise UserError(f"--format {shape} writes one row per generated answer; --group-samples does not apply")
-    layout = _layout(spec.conversation_rows, ExportFormat(fmt), rows)
-    if group_samples and layout is RowLayout.GENERATION and info.settings.multi_turn == Mode.REGENERATE:
-        raise UserError("--group-samples puts a prompt's samples in one line, and with --rows generation a "
-                        "regenerated conversation is one row per answer: pass --rows conversation to group them")
-    source = source_for(info.settings.output, run, tmpdir=str(workdir))
+    plan = export_plan(options, info, files, outcomes)
+    source = source_for(info.settings.output, run, tmpdir=str(plan.workdir))
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
-        result = Exporter(conn, run, source, fmt=shape, output=out, errors_path=errs, missing_path=miss,
-                          truncated_path=cut, include=outcomes, parquet=parquet, group_samples=group_samples,
-                          workdir=workdir, partition_bytes=partition_mb * 2**20, progress=progress,
-                          per_turn_ids=info.settings.multi_turn == Mode.EACH, variants=info.settings.variants,
-                          variant=variant, drop_flagged=drop_flagged, only_target_turns=only_target_turns,
-                          flagged_path=flagged, rows=layout).export()
-    side_file = FORMATS[shape].side_file
+        result = Exporter(conn, run, source, plan, progress=progress).export()
+    card_images = options["card_images"]
+    side_file = FORMATS[plan.fmt].side_file
     if side_file is not None:
-        _write_side_file(side_file, result, out)
-    made = write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None) if card else None
+        _write_side_file(side_file, result, files.output)
+    made = (write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None)
+            if options["card"] else None)
     if as_json:
         click.echo(orjson.dumps({**result.to_dict(), **({"card": made.to_dict()} if made else {})}).decode())
     else:
         click.echo(format_export(result, card_rows(made)))
-    if allow_partial:
+    if options["allow_partial"]:
         return
     if result.missing:
         click.echo(f"error: {result.missing:,} enqueued items have no record (see {result.missing_path}); "

@@ -211,49 +211,75 @@ class ExportResult:
         return asdict(self)
 
 
-class Exporter:
-    """Exports one run from SOURCE to OUTPUT in FMT (formats.FORMATS); see the module
-    docstring. PARQUET writes the dataset as Parquet; INCLUDE names the outcomes it holds."""
+@dataclass(frozen=True, slots=True)
+class ExportPlan:
+    """What one export writes, and where: `producer export`'s settings once checked
+    (command.export_plan builds it from the options and the run)."""
 
-    def __init__(self, conn: redis.Redis, run: str, source: ShardSource, *, fmt: ExportFormat, output: Path,
-                 errors_path: Path, missing_path: Path, workdir: Path,
-                 partition_bytes: int = PARTITION_BYTES, truncated_path: Path | None = None,
-                 include: frozenset[str] = DEFAULT_OUTCOMES, parquet: bool = False, group_samples: bool = False,
-                 progress: Progress | None = None, per_turn_ids: bool = False,
-                 variants: Sequence[Variant] = (), variant: str | None = None, drop_flagged: bool = False,
-                 only_target_turns: bool = False, flagged_path: Path | None = None,
-                 rows: RowLayout = RowLayout.GENERATION) -> None:
+    #: the lines' shape (formats.FORMATS); PARQUET: the dataset file is Parquet
+    fmt: ExportFormat
+    output: Path
+    errors_path: Path
+    missing_path: Path
+    #: where the partition files go (about the dataset's size)
+    workdir: Path
+    truncated_path: Path | None = None  # None: beside the output
+    #: the outcomes the dataset holds; answers with another go to the truncated file
+    include: frozenset[str] = DEFAULT_OUTCOMES
+    parquet: bool = False
+    group_samples: bool = False
+    partition_bytes: int = PARTITION_BYTES
+    #: mode each: a line's id names its turn (formats.line_id)
+    per_turn_ids: bool = False
+    #: the run's request variants, and the one whose records are kept (None: all)
+    variants: tuple[Variant, ...] = ()
+    variant: str | None = None
+    drop_flagged: bool = False
+    only_target_turns: bool = False
+    flagged_path: Path | None = None  # None: beside the output, when rows are kept out
+    #: --rows: a conversation-level format's lines per generation or per conversation (genrows.py)
+    rows: RowLayout = RowLayout.GENERATION
+
+
+class Exporter:
+    """Exports one run from SOURCE as PLAN says; see the module docstring."""
+
+    def __init__(self, conn: redis.Redis, run: str, source: ShardSource, plan: ExportPlan, *,
+                 progress: Progress | None = None) -> None:
         self.conn = conn
         self.run = run
         self.source = source
-        self.shape = fmt = ExportFormat(fmt)
-        self.per_turn_ids = per_turn_ids  # mode each: a line's id names its turn (formats.line_id)
-        self.convert = converter(fmt, per_turn=per_turn_ids)
-        self.convert_rows = rows_converter(fmt, per_turn=per_turn_ids)  # its lines: one, or one per answer
-        self.error_line = error_converter(fmt, per_turn=per_turn_ids)  # None: error records as read
-        # --rows: a conversation-level format's lines per generation or per conversation (genrows.py)
-        self.layout = RowLayout(rows) if FORMATS[fmt].conversation_rows else None
-        self.include = include
-        self.parquet = parquet
-        self.group_samples = group_samples
+        self.plan = plan
+        output = plan.output
+        self.shape = fmt = ExportFormat(plan.fmt)
+        self.per_turn_ids = plan.per_turn_ids
+        self.convert = converter(fmt, per_turn=plan.per_turn_ids)
+        self.convert_rows = rows_converter(fmt, per_turn=plan.per_turn_ids)  # its lines: one, or one per answer
+        self.error_line = error_converter(fmt, per_turn=plan.per_turn_ids)  # None: error records as read
+        self.layout = RowLayout(plan.rows) if FORMATS[fmt].conversation_rows else None
+        self.include = plan.include
+        self.parquet = plan.parquet
+        self.group_samples = plan.group_samples
         self.progress: Progress = progress or NoProgress()
-        truncated = truncated_path or beside(output, ".truncated.jsonl")
-        self.paths = {"output": output, "errors": errors_path, "missing": missing_path, "truncated": truncated}
+        truncated = plan.truncated_path or beside(output, ".truncated.jsonl")
+        self.paths = {"output": output, "errors": plan.errors_path, "missing": plan.missing_path,
+                      "truncated": truncated}
         # Flagged rows kept out of the dataset go to a side file, never nowhere.
-        self.drop_flagged = drop_flagged
-        self.only_target_turns = only_target_turns
-        self.drop_mask = (sum(BIT.values()) if drop_flagged else 0) | (
-            BIT[FlagReason.ORIGINAL_TURNS] if only_target_turns else 0)
+        self.drop_flagged = plan.drop_flagged
+        self.only_target_turns = plan.only_target_turns
+        self.drop_mask = (sum(BIT.values()) if plan.drop_flagged else 0) | (
+            BIT[FlagReason.ORIGINAL_TURNS] if plan.only_target_turns else 0)
         self.duplicates = Duplicates()
         if self.drop_mask:
-            self.paths["flagged"] = flagged_path or beside(output, ".flagged.jsonl")
-        self.workdir = workdir
-        self.partition_bytes = partition_bytes
-        self.variants, self.variant = tuple(variants), variant
+            self.paths["flagged"] = plan.flagged_path or beside(output, ".flagged.jsonl")
+        self.workdir = plan.workdir
+        self.partition_bytes = plan.partition_bytes
+        self.variants, self.variant = plan.variants, plan.variant
         self.scan = JobScan()
-        self.result = ExportResult(run, fmt.value, str(output), str(errors_path), str(missing_path), source.where,
-                                   truncated_path=str(truncated), container="parquet" if parquet else "jsonl",
-                                   include_outcomes=sorted(include), variant=variant,
+        self.result = ExportResult(run, fmt.value, str(output), str(plan.errors_path), str(plan.missing_path),
+                                   source.where, truncated_path=str(truncated),
+                                   container="parquet" if plan.parquet else "jsonl",
+                                   include_outcomes=sorted(plan.include), variant=plan.variant,
                                    flagged_path=str(self.paths.get("flagged", "")),
                                    rows_layout=self.layout.value if self.layout is not None else "")
 

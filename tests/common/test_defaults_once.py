@@ -28,6 +28,7 @@ from genqueue.consumer.launch.plan import LaunchConfig, LaunchOptions
 from genqueue.producer.cli import EnqueueArgs, enqueue_options, run_settings
 from genqueue.producer.cli import main as producer_main
 from genqueue.producer.enqueue import EnqueueOptions
+from genqueue.producer.export.command import ExportArgs
 from genqueue.producer.ingest.items import Origin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,7 +194,8 @@ def keys(typed: type) -> set[str]:
     (producer_main, "enqueue", EnqueueArgs, {"path", "as_json", "redis_url"}),
     (consumer_main, "run", RunOptions, {"verbose", "quiet"}),
     (consumer_main, "launch", LaunchOptions, {"verbose"}),
-], ids=["producer enqueue", "consumer run", "consumer launch"])
+    (producer_main, "export", ExportArgs, {"as_json", "redis_url"}),
+], ids=["producer enqueue", "consumer run", "consumer launch", "producer export"])
 def test_every_option_reaches_the_settings_builder(group: click.Group, name: str, typed: type,
                                                    own: set[str]) -> None:
     """The typed options of each command name every option it has, and only those: an option

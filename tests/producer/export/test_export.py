@@ -17,8 +17,8 @@ from genqueue.common.contracts import Mode
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.command import export_command, stem
-from genqueue.producer.export.core import Exporter
-from genqueue.producer.export.formats import to_openai, to_sharegpt
+from genqueue.producer.export.core import Exporter, ExportPlan
+from genqueue.producer.export.formats import ExportFormat, to_openai, to_sharegpt
 from genqueue.producer.export.sources import source_for
 from tests import s3server
 from tests.conftest import cli
@@ -166,9 +166,9 @@ def test_each_mode_turns_order_and_small_partitions(tmp_path: Path, conn: redis.
     recs = [success(i, turn=t) for i in range(300) for t in range(3)]
     write_shard(out, "a-000001.jsonl", recs[::-1][:500])  # reversed, split over two shards
     write_shard(out, "a-000002.jsonl", recs[::-1][400:])  # 100 duplicates
-    ex = Exporter(conn, RUN, source_for(str(out), RUN), fmt="openai", output=tmp_path / "d.jsonl",
-                  errors_path=tmp_path / "e.jsonl", missing_path=tmp_path / "m.txt", workdir=tmp_path,
-                  partition_bytes=20_000)
+    plan = ExportPlan(fmt=ExportFormat.OPENAI, output=tmp_path / "d.jsonl", errors_path=tmp_path / "e.jsonl",
+                      missing_path=tmp_path / "m.txt", workdir=tmp_path, partition_bytes=20_000)
+    ex = Exporter(conn, RUN, source_for(str(out), RUN), plan)
     r = ex.export()
     assert (r.exported, r.missing, r.duplicates_removed, r.failed) == (900, 0, 100, 0)
     rows = read_jsonl(tmp_path / "d.jsonl")

@@ -27,8 +27,8 @@ from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import parquet as export_parquet
 from genqueue.producer.export.command import export_command
-from genqueue.producer.export.core import Exporter
-from genqueue.producer.export.formats import RowLayout
+from genqueue.producer.export.core import Exporter, ExportPlan
+from genqueue.producer.export.formats import ExportFormat, RowLayout
 from genqueue.producer.export.sources import source_for
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
@@ -88,11 +88,11 @@ def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
     assert [(r["source"], r["index"], r["id"]) for r in rows] == (
         [(str(a), i, f"r{i}") for i in range(30)] + [(str(b), i, f"b-{i}") for i in range(25)])
     # the same order from many small partitions (each partition a slice of the run's order)
-    ex = Exporter(conn, "two", source_for(str(tmp_path / "out"), "two"), fmt="openai",
-                  output=tmp_path / "small.jsonl", errors_path=tmp_path / "small.e", missing_path=tmp_path / "small.m",
-                  workdir=tmp_path, partition_bytes=2_000, include=frozenset({"finished", "cut_in_answer",
-                                                                               "cut_in_thinking", "no_answer"}),
-                  rows=RowLayout.CONVERSATION)
+    plan = ExportPlan(fmt=ExportFormat.OPENAI, output=tmp_path / "small.jsonl", errors_path=tmp_path / "small.e",
+                      missing_path=tmp_path / "small.m", workdir=tmp_path, partition_bytes=2_000,
+                      include=frozenset({"finished", "cut_in_answer", "cut_in_thinking", "no_answer"}),
+                      rows=RowLayout.CONVERSATION)
+    ex = Exporter(conn, "two", source_for(str(tmp_path / "out"), "two"), plan)
     assert ex.export().exported == 55
     assert (tmp_path / "small.jsonl").read_bytes() == (tmp_path / "two.jsonl").read_bytes()
 

@@ -12,7 +12,8 @@ import redis
 
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
-from genqueue.producer.export.core import Exporter
+from genqueue.producer.export.core import Exporter, ExportPlan
+from genqueue.producer.export.formats import ExportFormat
 from genqueue.producer.export.sources import source_for
 from tests.producer.export.test_export import RUN, key, read_jsonl, run_export, success, write_shard
 
@@ -97,9 +98,9 @@ def test_drop_flagged_moves_them_to_the_flagged_file_with_their_reasons(gated: P
 
 def test_duplicates_are_found_across_partitions_and_the_first_in_order_is_kept(
         gated: Path, conn: redis.Redis) -> None:
-    ex = Exporter(conn, RUN, source_for(str(gated / "out"), RUN), fmt="openai", output=gated / "small.jsonl",
-                  errors_path=gated / "small.e", missing_path=gated / "small.m", workdir=gated,
-                  partition_bytes=400, drop_flagged=True)
+    plan = ExportPlan(fmt=ExportFormat.OPENAI, output=gated / "small.jsonl", errors_path=gated / "small.e",
+                      missing_path=gated / "small.m", workdir=gated, partition_bytes=400, drop_flagged=True)
+    ex = Exporter(conn, RUN, source_for(str(gated / "out"), RUN), plan)
     r = ex.export()
     assert r.flagged_by_reason == EXPECTED and r.exported == 3
     assert [x["index"] for x in read_jsonl(gated / "small.flagged.jsonl")] == [1, 2, 3, 4, 6]
