@@ -1,4 +1,5 @@
-"""What both command-line programs share: the Redis option, logging, and error handling."""
+"""What the command-line programs share: the Redis option, the options of `consumer run` that
+`consumer launch` passes to its consumers, logging, and error handling."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import click
 import redis
@@ -33,6 +34,45 @@ def redis_option(f: F) -> F:
         show_default=True,
         help="Redis URL (redis://, rediss://, unix://); env REDIS_URL.",
     )(f)
+
+
+#: The options `consumer run` and `consumer launch` both take, declared once (as rq's CLI shares
+#: its own through pass_cli_config): launch passes each to every consumer it starts, so each means
+#: the same in both, with the same type and default.
+_CONSUMER_OPTIONS = (
+    click.option("--run", "run_name",
+                 help="Serve only this run (default: every open run the engine's model fits)."),
+    click.option("--concurrency", "-c", default=defaults.CONCURRENCY_OPTION, show_default=True,
+                 help="Requests kept in flight per consumer: a number, or auto (steered by vLLM's /metrics: "
+                      "running and waiting)."),
+    click.option("--lease", type=click.IntRange(2, 3600), default=defaults.LEASE_SECONDS, show_default=True,
+                 help="Seconds a job's lease lasts without renewal; a dead consumer's jobs return after this."),
+    click.option("--drain-timeout", type=click.FloatRange(0), default=defaults.DRAIN_TIMEOUT, show_default=True,
+                 help="On SIGTERM or Ctrl-C, seconds in-flight requests get before their jobs go back to the queue "
+                      "(a second signal stops at once)."),
+    click.option("--burst", is_flag=True,
+                 help="Exit once the served runs are drained and nothing is in flight (launch: once every "
+                      "consumer has)."),
+)
+
+
+class ConsumerArgs(TypedDict):
+    """The options of _CONSUMER_OPTIONS as click parses them; each command's own typed options
+    (consumer/config.RunOptions, consumer/launch/plan.LaunchOptions) extend it."""
+
+    run_name: str | None
+    concurrency: str
+    lease: int
+    drain_timeout: float
+    burst: bool
+
+
+def consumer_options(f: F) -> F:
+    """--run, --concurrency/-c, --lease, --drain-timeout and --burst, for `consumer run` and
+    `consumer launch` (_CONSUMER_OPTIONS)."""
+    for option in reversed(_CONSUMER_OPTIONS):
+        f = option(f)
+    return f
 
 
 class RedactingFormatter(logging.Formatter):

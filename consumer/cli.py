@@ -12,7 +12,7 @@ from typing import Any, Unpack
 import click
 
 from genqueue.common import __version__, defaults
-from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.cli import consumer_options, friendly_errors, redis_option, setup_logging
 from genqueue.common.redisconn import wait_for
 from genqueue.consumer.config import ConsumerConfig, RunOptions
 from genqueue.consumer.sim.server import simulate_command
@@ -39,7 +39,7 @@ def _talk(verbose: int, quiet: bool) -> None:
 
 
 @main.command("run")
-@click.option("--run", "run_name", help="Serve only this run (default: every open run the endpoint's model fits).")
+@consumer_options
 @click.option("--endpoint", envvar="GENQUEUE_ENDPOINT", show_envvar=True, help="vLLM OpenAI API base URL, e.g. http://127.0.0.1:8000/v1.")
 @click.option("--gpu", type=click.IntRange(0, 1023), default=None,
               help=f"Short for --endpoint http://127.0.0.1:<{defaults.ENGINE_PORT}+N>/v1; also recorded in results.")
@@ -47,21 +47,13 @@ def _talk(verbose: int, quiet: bool) -> None:
               show_default=True, envvar="GENQUEUE_ENGINE_GPUS", show_envvar=True,
               help="GPUs the engine behind --endpoint runs on (tensor x data parallel): `producer status` "
                    "counts GPU-hours by it. `consumer launch` sets it.")
-@click.option("--concurrency", "-c", default=defaults.CONCURRENCY_OPTION, show_default=True,
-              help="Requests kept in flight: a number, or auto (steered by vLLM's /metrics: running and waiting).")
 @click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=defaults.MAX_CONCURRENCY,
               show_default=True, help="Ceiling for --concurrency auto.")
-@click.option("--burst", is_flag=True, help="Exit once the served runs are drained and nothing is in flight.")
 @click.option("--spool", default=None, help=f"Local spool directory (default: {defaults.SPOOL_ROOT}/<gpu or port>).")
 @click.option("--shared-fs", is_flag=True,
               help="Runs whose output is a local path: this host mounts it as the filesystem every node shares, "
                    "so serve them though another host created them (without it they are refused; hosts are named "
                    "by GENQUEUE_HOST, else their hostname).")
-@click.option("--lease", type=click.IntRange(2, 3600), default=defaults.LEASE_SECONDS, show_default=True,
-              help="Seconds a job's lease lasts without renewal; a dead consumer's jobs return after this.")
-@click.option("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT, show_default=True,
-              help="On SIGTERM or Ctrl-C, seconds in-flight requests get before their jobs go back to the queue "
-                   "(a second signal stops at once).")
 @click.option("--request-timeout", type=float, default=defaults.REQUEST_TIMEOUT, show_default=True,
               help="Seconds to wait for one completion (a long reasoning trace can take many minutes).")
 @click.option("--max-attempts", type=click.IntRange(1, 100), default=defaults.MAX_ATTEMPTS, show_default=True,

@@ -7,28 +7,24 @@ not here. Every default is a common/defaults.py constant.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
 from urllib.parse import urlparse
 
 from genqueue.common import defaults
+from genqueue.common.cli import ConsumerArgs
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
 
 
-class RunOptions(TypedDict):
-    """`consumer run`'s options as click parses them (one key per option, by its parameter name)."""
+class RunOptions(ConsumerArgs):
+    """`consumer run`'s options as click parses them (one key per option, by its parameter name):
+    those it shares with `consumer launch` (ConsumerArgs), then its own."""
 
-    run_name: str | None
     endpoint: str | None
     gpu: int | None
     gpus: int
-    concurrency: str
     max_concurrency: int
-    burst: bool
     spool: str | None
     shared_fs: bool
-    lease: int
-    drain_timeout: float
     request_timeout: float
     max_attempts: int
     shard_max_bytes: int

@@ -19,7 +19,7 @@ from typing import Unpack
 import click
 
 from genqueue.common import defaults
-from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.cli import consumer_options, friendly_errors, redis_option, setup_logging
 from genqueue.consumer.launch.plan import DEVICES, ENGINES, LaunchConfig, LaunchOptions, parse_gpus, resolve_engine_cmd
 
 #: Seconds a Python named by --vllm-cmd gets to say whether it has vLLM (it only looks, imports nothing).
@@ -50,7 +50,6 @@ def has_module(python: str, module: str) -> bool:
                    "(--gpus-per-engine, --data-parallel).")
 @click.option("--model", envvar="GENQUEUE_MODEL", show_envvar=True, help="Model path or name vLLM serves.")
 @click.option("--served-model-name", default=None, help="Name vLLM serves the model under (default: --model).")
-@click.option("--run", "run_name", help="Consumers serve only this run (default: every open run the model fits).")
 @click.option("--engine", type=click.Choice(ENGINES), default=defaults.ENGINE, show_default=True,
               help="simulate: genqueue's stand-in vLLM instead (tests, demos; no GPU).")
 @click.option("--vllm-cmd", envvar="GENQUEUE_VLLM_CMD", show_envvar=True, default=None,
@@ -73,15 +72,9 @@ def has_module(python: str, module: str) -> bool:
               show_default=True, help="engine-gpuN.log, consumer-gpuN.log, pids.json.")
 @click.option("--spool-root", type=click.Path(file_okay=False, path_type=Path), default=Path(defaults.SPOOL_ROOT),
               show_default=True, help="Consumer of GPU N spools to ROOT/gpuN (a group: ROOT/gpuA-B).")
-@click.option("--concurrency", "-c", default=None,
-              help="Requests each consumer keeps in flight: a number or auto (default: the consumer's).")
 @click.option("--metrics-base-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_BASE_PORT",
               show_envvar=True, help="Consumer of GPU N serves Prometheus metrics on BASE+N (default: off).")
-@click.option("--lease", type=click.IntRange(2, 3600), default=None,
-              help=f"Consumers' job lease in seconds (consumer default {defaults.LEASE_SECONDS}).")
-@click.option("--drain-timeout", type=click.FloatRange(0), default=defaults.DRAIN_TIMEOUT, show_default=True,
-              help="On SIGTERM, seconds each consumer's in-flight requests get to finish.")
-@click.option("--burst", is_flag=True, help="Consumers exit once the runs are drained; then launch stops.")
+@consumer_options
 @click.option("--consumer-args", default="", help="More `consumer run` options, e.g. '--shard-max-age 5'.")
 @click.option("--engine-start-timeout", type=click.FloatRange(1), default=defaults.ENGINE_START_TIMEOUT,
               show_default=True,

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 from genqueue.common import defaults
+from genqueue.common.cli import ConsumerArgs
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
 
@@ -163,13 +163,13 @@ def restart_delay(failures: int, *, base: float = 1.0, cap: float = RESTART_CAP)
     return float(min(cap, base * 2 ** min(failures - 1, 32)))
 
 
-class LaunchOptions(TypedDict):
-    """`consumer launch`'s options as click parses them (one key per option, by its parameter name)."""
+class LaunchOptions(ConsumerArgs):
+    """`consumer launch`'s options as click parses them (one key per option, by its parameter name):
+    those it passes to its consumers (ConsumerArgs), then its own."""
 
     gpus: list[int]
     model: str | None
     served_model_name: str | None
-    run_name: str | None
     engine: str
     vllm_cmd: str | None
     gpus_per_engine: int
@@ -178,11 +178,7 @@ class LaunchOptions(TypedDict):
     base_port: int
     log_dir: Path
     spool_root: Path
-    concurrency: str | None
     metrics_base_port: int | None
-    lease: int | None
-    drain_timeout: float
-    burst: bool
     consumer_args: str
     engine_start_timeout: float
     engine_hang_timeout: float
@@ -207,10 +203,10 @@ class LaunchConfig:
     base_port: int = defaults.ENGINE_PORT
     log_dir: Path = Path(defaults.LOG_DIR)
     spool_root: Path = Path(defaults.SPOOL_ROOT)
-    #: passed to every consumer as given (checked: parse_concurrency); None: the consumer's default
-    concurrency: str | None = None
+    #: passed to every consumer (checked: parse_concurrency); the consumer's default is not repeated
+    concurrency: str = defaults.CONCURRENCY_OPTION
     metrics_base_port: int | None = None
-    lease: int | None = None
+    lease: int = defaults.LEASE_SECONDS
     drain_timeout: float = defaults.DRAIN_TIMEOUT
     burst: bool = False
     consumer_args: str = ""
@@ -242,8 +238,7 @@ class LaunchConfig:
         if metrics_base_port is not None and metrics_base_port + top > 65535:
             raise UserError(f"--metrics-base-port {metrics_base_port} + GPU {top} is past port 65535")
         concurrency = options["concurrency"]
-        if concurrency is not None:
-            parse_concurrency(concurrency)
+        parse_concurrency(concurrency)
         consumer_args = options["consumer_args"]
         try:
             shlex.split(consumer_args)
@@ -328,11 +323,11 @@ def consumer_argv(cfg: LaunchConfig, group: Group) -> list[str]:
             "--drain-timeout", str(cfg.drain_timeout)]
     if cfg.run:
         argv += ["--run", cfg.run]
-    if cfg.concurrency is not None:
+    if cfg.concurrency != defaults.CONCURRENCY_OPTION:
         argv += ["--concurrency", cfg.concurrency]
     if cfg.metrics_base_port is not None:
         argv += ["--metrics-port", str(cfg.metrics_base_port + group.first)]
-    if cfg.lease is not None:
+    if cfg.lease != defaults.LEASE_SECONDS:
         argv += ["--lease", str(cfg.lease)]
     if cfg.burst:
         argv.append("--burst")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,20 @@ def test_producer_enqueue_builds_from_every_option(monkeypatch: pytest.MonkeyPat
         batch_size=5, rejects_path="r.jsonl", max_record_bytes=11, longest_first=True, tmp_dir="t",
         origin=Origin(id_field="key", samples=2), retry_failed=True, update_settings=True, shared_fs=True,
         priority=-4, output_check=False)
+
+
+def test_an_option_of_both_consumer_run_and_consumer_launch_is_declared_once() -> None:
+    """What launch passes to every consumer it starts is one declaration (common/cli.py's
+    consumer_options), so the two cannot drift apart in type, default or meaning."""
+    def declared(rel: str) -> set[str]:
+        return set(re.findall(r'click\.option\(\s*"(--[a-z-]+)"', (ROOT / rel).read_text()))
+    run, launch = command(consumer_main, "run"), command(consumer_main, "launch")
+    both = {o for p in run.params for o in p.opts} & {o for p in launch.params for o in p.opts}
+    shared = declared("common/cli.py")
+    assert {"--run", "--concurrency", "--lease", "--drain-timeout", "--burst"} <= shared
+    assert both - {"--redis-url", "-u", "-v", "--verbose", "-c"} == shared - {"--redis-url"}
+    assert not declared("consumer/cli.py") & declared("consumer/launch/command.py")
+    for name in shared - {"--redis-url"}:
+        a = next(p for p in run.params if name in p.opts)
+        b = next(p for p in launch.params if name in p.opts)
+        assert (repr(a.type), a.default, a.help) == (repr(b.type), b.default, b.help), name

@@ -163,6 +163,9 @@ def test_consumer_command_line():
     assert consumer_env(cfg, {"A": "1", "GENQUEUE_METRICS_PORT": "9100"}) == {"A": "1", "REDIS_URL": "redis://:pw@h:6379/0"}
     plain = consumer_argv(LaunchConfig(gpus=[0]), g(0))
     assert not {"--run", "--concurrency", "--burst", "--metrics-port", "--lease", "--max-concurrency"} & set(plain)
+    # the consumer's own defaults are not repeated on its command line
+    same = consumer_argv(LaunchConfig(gpus=[0], concurrency=defaults.CONCURRENCY_OPTION, lease=defaults.LEASE_SECONDS), g(0))
+    assert same == plain
 
 
 def test_hang_probes_are_frequent_and_short_enough_to_see_a_hang_in_time():
