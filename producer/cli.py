@@ -320,7 +320,7 @@ def format_summary(s: Summary) -> str:
         ("run", s.run + ("  (dry run: nothing written to Redis)" if s.dry_run else "")),
         ("fingerprint", s.fingerprint),
         *([("priority", str(s.priority))] if s.priority else []),
-        ("records read", f"{s.records:,}"),
+        *_records_rows(s),
         ("  enqueued", f"{s.enqueued:,}"),
     ]
     if s.retried_failed:
@@ -354,6 +354,15 @@ def format_summary(s: Summary) -> str:
         rows.append(("malformed jobs", malformed_line(s.queue_view["malformed_jobs"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _records_rows(s: Summary) -> list[tuple[str, str]]:
+    """The records line; for an input not read (input_unchanged: enqueue.py's "Cost") it says so,
+    and the counts below it are those of the last complete enqueue of the same file."""
+    if not s.input_unchanged:
+        return [("records read", f"{s.records:,}")]
+    why = "the file is unchanged since its last complete enqueue and every item of the run is done"
+    return [("records read", f"0  ({why}: not read again)"), ("records at last read", f"{s.records:,}")]
 
 
 def _register() -> None:
