@@ -308,8 +308,9 @@ def conflict(run: str, existing: RunSettings, asked: RunSettings, where: str = "
     """The refusal of a run name taken by other settings, naming the ones that differ."""
     diff = ", ".join(asked.differences(existing))
     return RunConflictError(
-        f"run {run!r} {where} with other settings ({diff}); use the same options, name a new run "
-        "with --run, or add --update-settings to give the run these settings for its items not done yet"
+        f"run {run!r} {where} with other settings ({diff}); leave those options out to keep the run's, "
+        "name a new run with --run, or add --update-settings to give the run these settings for its items "
+        "not done yet"
     )
 
 

@@ -273,6 +273,24 @@ class RunSettings:
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
 
+    def keeping(self, stored: RunSettings, given: frozenset[str]) -> RunSettings:
+        """These settings where GIVEN names them (SETTING_NAMES: what the command line gave),
+        STORED's (an existing run's) everywhere else: an option left out keeps the run's value."""
+        unknown = given - SETTING_NAMES
+        if unknown:
+            raise ValueError(f"not settings: {sorted(unknown)}")
+        sampling = replace(stored.sampling, **{name: getattr(self.sampling, name) for name in _SAMPLING_NAMES
+                                               if f"sampling.{name}" in given})
+        top = {name: getattr(self, name) for name in _TOP_NAMES if name in given}
+        return replace(stored, sampling=sampling, **top)
+
+
+_SAMPLING_NAMES = tuple(f.name for f in fields(Sampling))
+_TOP_NAMES = tuple(f.name for f in fields(RunSettings) if f.name != "sampling")
+#: Every setting by the name differences() gives it ("sampling.max_tokens"): what
+#: RunSettings.keeping takes from the command line.
+SETTING_NAMES = frozenset(_TOP_NAMES) | {f"sampling.{name}" for name in _SAMPLING_NAMES}
+
 
 #: Fields added to RunSettings after runs were first stored, with the default each is left out
 #: of the stored form at (RunSettings.to_dict): the fingerprint of a run that never set one is

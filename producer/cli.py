@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, TypedDict, Unpack
 
 import click
@@ -91,6 +92,23 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
     return settings, warnings
 
 
+#: The `producer enqueue` options that set a run's setting, by parameter name: the setting's
+#: name (common/settings.py's SETTING_NAMES). For an existing run, one left out keeps the run's.
+SETTING_OPTIONS: dict[str, str] = {
+    "model": "model", "multi_turn": "multi_turn", "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p", "max_tokens": "sampling.max_tokens", "seed": "sampling.seed",
+    "sampling_json": "sampling.extra", "variants": "variants", "output": "output",
+    "max_prompt_chars": "max_prompt_chars", "history_reasoning": "history_reasoning", "truncation": "truncation",
+    "expect_reasoning": "expect_reasoning", "token_ids": "token_ids",
+}
+
+
+def settings_given(ctx: click.Context) -> frozenset[str]:
+    """The settings CTX's command line (or environment) gave, not left at their defaults."""
+    return frozenset(name for param, name in SETTING_OPTIONS.items()
+                     if ctx.get_parameter_source(param) not in (None, click.ParameterSource.DEFAULT))
+
+
 def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
     """How `producer enqueue` OPTIONS ask to queue RUN; the rejects file is <run>.rejects.jsonl
     unless named (none with --dry-run)."""
@@ -138,9 +156,9 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               help="regenerate: whether a turn's thinking goes back into the next turn's history.")
 @click.option("--truncation", type=click.Choice([t.value for t in Truncation]), default=defaults.TRUNCATION.value,
               show_default=True, help="What an item cut by max_tokens becomes.")
-@click.option("--expect-reasoning", is_flag=True,
+@click.option("--expect-reasoning/--no-expect-reasoning", default=False,
               help="The model thinks: consumers warn loudly if their server returns no thinking.")
-@click.option("--token-ids", is_flag=True,
+@click.option("--token-ids/--no-token-ids", default=False,
               help="Keep each answer's prompt and completion token ids as the engine returned them (vLLM's "
                    "return_token_ids), for `producer export --format tokens`; a server that returns none fails "
                    "the consumers' pre-flight.")
@@ -169,8 +187,8 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
 @click.option("--retry-failed", is_flag=True,
               help="Queue again the items that have only an error record (or whose job failed in rq).")
 @click.option("--update-settings", is_flag=True,
-              help="Give an existing run these settings (a new fingerprint) for its items not done yet, "
-                   "instead of refusing them.")
+              help="Give an existing run the settings these options give (a new fingerprint; options left out "
+                   "keep the run's) for its items not done yet, instead of refusing them.")
 @click.option("--priority", type=PRIORITY, default=None,
               help="The run's share of the fleet: consumers serve higher priorities first, equal ones evenly "
                    "(default 0 for a new run; given on an existing run, sets it; not part of the settings). "
@@ -184,14 +202,17 @@ def enqueue(path: str, as_json: bool, redis_url: str, **options: Unpack[EnqueueA
 
     Re-running it on a run is the reconcile: it queues exactly the items with no shipped result
     that are not queued in rq (lost from rq, or the whole run when Redis lost it: the run is then
-    re-created from the run.json its output holds)."""
+    re-created from the run.json its output holds). On an existing run, a setting's option left
+    out keeps the run's value; one given with another value is refused, or with --update-settings
+    changed."""
     run_name = options["run_name"]
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
     settings, warnings = run_settings(options)  # everything is checked before anything is opened or written
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
     conn = None if options["dry_run"] else connect(redis_url)
-    summary = enqueue_file(path, run, settings, conn, enqueue_options(options, run),
+    opts = replace(enqueue_options(options, run), settings_given=settings_given(click.get_current_context()))
+    summary = enqueue_file(path, run, settings, conn, opts,
                            progress=_progress if sys.stderr.isatty() and not as_json else None,
                            note=lambda line: click.echo(line, err=True))
     if as_json:
@@ -320,7 +341,7 @@ def format_summary(s: Summary) -> str:
         ("run", s.run + ("  (dry run: nothing written to Redis)" if s.dry_run else "")),
         ("fingerprint", s.fingerprint),
         *([("priority", str(s.priority))] if s.priority else []),
-        ("records read", f"{s.records:,}"),
+        *_records_rows(s),
         ("  enqueued", f"{s.enqueued:,}"),
     ]
     if s.retried_failed:
@@ -354,6 +375,15 @@ def format_summary(s: Summary) -> str:
         rows.append(("malformed jobs", malformed_line(s.queue_view["malformed_jobs"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _records_rows(s: Summary) -> list[tuple[str, str]]:
+    """The records line; for an input not read (input_unchanged: enqueue.py's "Cost") it says so,
+    and the counts below it are those of the last complete enqueue of the same file."""
+    if not s.input_unchanged:
+        return [("records read", f"{s.records:,}")]
+    why = "the file is unchanged since its last complete enqueue and every item of the run is done"
+    return [("records read", f"0  ({why}: not read again)"), ("records at last read", f"{s.records:,}")]
 
 
 def _register() -> None:

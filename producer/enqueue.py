@@ -438,6 +438,9 @@ class EnqueueOptions:
     priority: int | None = None
     #: prove the output can be written and read back before anything is queued (probe_output)
     output_check: bool = True
+    #: the settings the command line gave (common/settings.py's SETTING_NAMES): an existing
+    #: run keeps its own for the others (runsetup.prepare); None: every one was given
+    settings_given: frozenset[str] | None = None
 
 
 def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
@@ -453,10 +456,12 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     started = time.perf_counter()
     if conn is not None:  # a Redis that evicts keys would drop the run in silence
         check_policy(conn, warn=(lambda line: note(f"warning: {line}")) if note is not None else log.warning)
-    summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     # a conflicting run is refused before the input is read; nothing is written yet
-    setup: RunSetup | None = prepare(conn, run, settings, update=opts.update_settings,
-                                     shared_fs=opts.shared_fs) if conn is not None else None
+    setup: RunSetup | None = prepare(conn, run, settings, update=opts.update_settings, shared_fs=opts.shared_fs,
+                                     given=opts.settings_given) if conn is not None else None
+    if setup is not None:  # an existing run's own settings for those the command line left out
+        settings = setup.settings
+    summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write

@@ -5,6 +5,8 @@ conflicting run before a byte of the input is read. `RunSetup.apply`, once the i
 record is read, makes the run what the command asks:
 
 - in Redis with the same settings: nothing to do (run.json is written if the output lacks it);
+  a setting the command line did not give counts as the run's own (prepare's GIVEN), so only
+  an option given with another value differs;
 - not in Redis, no run.json at the output: a new run, and its run.json;
 - not in Redis, a run.json at the output (Redis lost the run: flushed, restarted empty): the
   done and failed marks are rebuilt from the shipped shards, then the run is re-created with the
@@ -45,7 +47,7 @@ from genqueue.common.errors import UserError
 from genqueue.common.marks import rebuild_marks
 from genqueue.common.placement import Placement, this_host
 from genqueue.common.runs import RunInfo, RunStore, conflict
-from genqueue.common.settings import RunSettings, check_update
+from genqueue.common.settings import RunSettings, check_update, check_variant_params
 from genqueue.common.storage import LocalStore, OutputStore, ShardInfo, StoreError, store_for
 from genqueue.common.storage.runfile import RunFile, RunFileError, read_run_file, where, write_run_file
 
@@ -188,16 +190,22 @@ def keep_priority(run: str, output: str, priority: int) -> str | None:
 
 
 def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool,
-            shared_fs: bool = False) -> RunSetup:
+            shared_fs: bool = False, given: frozenset[str] | None = None) -> RunSetup:
     """Find RUN in Redis, or its run.json at the output SETTINGS names. Writes nothing. Raises
     RunConflictError for other settings without UPDATE, UserError for a setting UPDATE may not
     change, and for a run whose local output is another host's (without SHARED_FS). An output
-    that cannot be read is noted (`unreachable`), not an error."""
+    that cannot be read is noted (`unreachable`), not an error.
+
+    GIVEN names the settings the command line gave (SETTING_NAMES; None: all of them): for an
+    existing run the others are the run's own, so that only an option given with another value
+    is a conflict (or, with UPDATE, a change). The setup's `settings` are the ones that result."""
     existing = RunStore(conn).get(run)
-    output = store_for(settings.output)
     run_file, unreachable = None, None
     if existing is not None:
+        settings = _asked(settings, existing.settings, given)
         _check(run, existing.settings, settings, update, "exists")
+    output = store_for(settings.output)  # the run's, for a run in Redis the command gave no --output
+    if existing is not None:
         refusal = None if shared_fs else existing.placement.refusal(run, existing.settings.output, this_host())
         if refusal is not None:
             raise UserError(refusal)
@@ -206,7 +214,8 @@ def prepare(conn: redis.Redis, run: str, settings: RunSettings, *, update: bool,
             run_file = _read(output, run, _log_note)
         except StoreError as e:
             unreachable = str(e)
-        if run_file is not None:
+        if run_file is not None:  # found at the output asked for: that one is the run's
+            settings = _asked(settings, run_file.settings, None if given is None else given | {"output"})
             _check(run, run_file.settings, settings, update,
                    f"is not in Redis, and {where(output, run)} holds it")
     return RunSetup(conn, run, settings, update, output, existing, run_file, run_file_read=existing is None,
@@ -225,6 +234,19 @@ def _read(output: OutputStore, run: str, note: Note) -> RunFile | None:
 
 def _log_note(line: str) -> None:
     log.warning("%s", line.split(": ", 1)[-1])
+
+
+def _asked(settings: RunSettings, stored: RunSettings, given: frozenset[str] | None) -> RunSettings:
+    """SETTINGS where GIVEN names them, STORED's elsewhere (None: SETTINGS as they are). A
+    sampling field or variant given is checked again over the run's others (a variant's fields
+    merged over the run's sampling, say), as when a run is made."""
+    if given is None:
+        return settings
+    asked = settings.keeping(stored, given)
+    if asked != settings and any(name == "variants" or name.startswith("sampling.") for name in given):
+        asked.sampling.check()
+        check_variant_params(asked.sampling, asked.variants)
+    return asked
 
 
 def _check(run: str, have: RunSettings, asked: RunSettings, update: bool, where_: str) -> None:

@@ -130,13 +130,14 @@ def conn(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
 
 
-def cli(name: str, *args: str, env: dict[str, str] | None = None, check: bool = True,
-        timeout: float = 120, input: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a genqueue command as a user runs it (a subprocess of the installed script)."""
+def cli(name: str, *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 120,
+        input: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a genqueue command as a user runs it (a subprocess of the installed script), in CWD
+    (default: this process's)."""
     exe = BIN / name
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", name]
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([*cmd, *args], capture_output=True, timeout=timeout, env=full_env,
+    proc = subprocess.run([*cmd, *args], capture_output=True, timeout=timeout, env=full_env, cwd=cwd,
                           input=input.decode() if input is not None else None, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")

@@ -358,6 +358,9 @@ def test_export_and_recover_as_written(tmp_path: Path, redis_url: str) -> None:
     # the recover line on a finished run queues nothing again
     again = sh.run(recover)
     assert re.search(r"^  enqueued +0$", again.stdout, re.MULTILINE), again.stdout
+    # "an unchanged file of a finished run is hashed, not read again: its summary says `records read 0`"
+    assert "is hashed, not read again: its summary says `records read 0`" in " ".join(README.split())
+    assert re.search(r"^records read +0  \(.*not read again\)$", again.stdout, re.MULTILINE), again.stdout
     assert re.search(r"^  already done +12$", again.stdout, re.MULTILINE), again.stdout
     # and with a grown input, the same line queues exactly the new items
     write_jsonl(tmp_path / "data.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(15)])

@@ -22,11 +22,11 @@ import pytest
 
 from genqueue.common import defaults
 from genqueue.common.errors import UserError
-from genqueue.common.settings import RunSettings, Sampling, parse_concurrency
+from genqueue.common.settings import SETTING_NAMES, RunSettings, Sampling, parse_concurrency
 from genqueue.consumer.cli import main as consumer_main
 from genqueue.consumer.config import ConsumerConfig, RunOptions
 from genqueue.consumer.launch.plan import LaunchConfig, LaunchOptions
-from genqueue.producer.cli import EnqueueArgs, enqueue_options, run_settings
+from genqueue.producer.cli import SETTING_OPTIONS, EnqueueArgs, enqueue_options, run_settings, settings_given
 from genqueue.producer.cli import main as producer_main
 from genqueue.producer.enqueue import EnqueueOptions
 from genqueue.producer.export.command import ExportArgs
@@ -346,3 +346,26 @@ def test_an_option_of_both_consumer_run_and_consumer_launch_is_declared_once() -
         a = next(p for p in run.params if name in p.opts)
         b = next(p for p in launch.params if name in p.opts)
         assert (repr(a.type), a.default, a.help) == (repr(b.type), b.default, b.help), name
+
+
+def test_producer_enqueue_names_the_settings_its_command_line_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An existing run keeps its own value of each setting the command line leaves out
+    (runsetup.prepare): every setting has its option, and a value given is given even at the
+    option's default."""
+    cmd = command(producer_main, "enqueue")
+    assert set(SETTING_OPTIONS.values()) == SETTING_NAMES
+    assert set(SETTING_OPTIONS) <= {p.name for p in cmd.params}
+    parse(cmd, ["data.jsonl"], monkeypatch)  # clears the options' variables
+
+    def given(*args: str) -> frozenset[str]:
+        parent = click.Context(producer_main, info_name="producer", **producer_main.context_settings)
+        with cmd.make_context("enqueue", ["data.jsonl", *args], parent=parent) as ctx:
+            return settings_given(ctx)
+
+    assert given() == frozenset()
+    assert given("--batch-size", "3", "--retry-failed", "--update-settings") == frozenset()
+    assert given("--max-tokens", str(defaults.MAX_TOKENS), "--no-token-ids", "--variant", "a={}") == {
+        "sampling.max_tokens", "token_ids", "variants"}
+    monkeypatch.setenv("GENQUEUE_OUTPUT", "s3://b/p")
+    with cmd.make_context("enqueue", ["data.jsonl"], parent=click.Context(producer_main)) as ctx:
+        assert settings_given(ctx) == {"output"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -225,3 +226,19 @@ def test_a_finished_run_with_an_unchanged_input_is_not_read_again(tmp_path: Path
     data.write_bytes(data.read_bytes() + orjson.dumps(sharegpt(1000)) + b"\n")
     grown = enqueue(redis_url, data, "unch")
     assert not grown["input_unchanged"] and grown["enqueued"] == 1 and grown["already_done"] == 501
+
+
+def test_the_table_of_an_unchanged_input_says_it_was_not_read(tmp_path: Path, redis_url: str,
+                                                               conn: redis.Redis) -> None:
+    data = write_jsonl(tmp_path / "t.jsonl", [sharegpt(i) for i in range(11)])
+    env = {"REDIS_URL": redis_url}
+    args = ("enqueue", str(data), "--run", "tab", "--rejects", os.devnull)
+    first = cli("producer", *args, env=env).stdout
+    assert re.search(r"^records read +11$", first, re.MULTILINE), first
+    conn.sunionstore(done_key("tab"), [run_key("tab", "keys")])  # every item's result shipped
+    again = cli("producer", *args, env=env).stdout
+    # not "records read 11": the records were not read, and the table says whose counts it shows
+    assert re.search(r"^records read +0  \(the file is unchanged since its last complete enqueue and every item "
+                     r"of the run is done: not read again\)$", again, re.MULTILINE), again
+    assert re.search(r"^records at last read +11$", again, re.MULTILINE), again
+    assert re.search(r"^  already done +11$", again, re.MULTILINE), again

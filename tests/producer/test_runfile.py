@@ -83,6 +83,54 @@ def test_run_json_holds_settings_history_and_sources(tmp_path: Path, redis_url: 
     assert s["returncode"] == 2 and "multi_turn" in one_line_error(err)
 
 
+def test_options_left_out_keep_an_existing_runs_settings(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    data = write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(20)])
+    made, _ = enqueue(redis_url, data, "data", str(out), "--temperature", "0.3", "--seed", "7")
+    # README: `producer enqueue data.jsonl --run data --max-tokens 2048 --update-settings` changes
+    # that one setting (the run's temperature and seed stay, not reset to the options' defaults)
+    s, err = enqueue(redis_url, data, "data", str(out), "--max-tokens", "2048", "--update-settings")
+    assert s["settings_updated"]["changed"] == ["sampling.max_tokens"], err
+    updated = RunStore(conn).require("data")
+    sp = updated.settings.sampling
+    assert (sp.temperature, sp.seed, sp.max_tokens) == (0.3, 7, 2048) and updated.fingerprint != made["fingerprint"]
+    # one item failed for good, the others are done
+    cli("rq", "empty", "-u", redis_url, "genqueue.data")
+    keys = sorted(conn.smembers(run_key("data", "keys")))
+    conn.sadd(done_key("data"), *keys[1:])
+    conn.sadd(failed_key("data"), keys[0])
+    # README's `producer enqueue data.jsonl --retry-failed`, as written (no --output: the run's own)
+    proc = cli("producer", "enqueue", "data.jsonl", "--retry-failed", "--json", "--rejects", os.devnull,
+               env={"REDIS_URL": redis_url}, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    s = orjson.loads(proc.stdout)
+    assert (s["run"], s["retried_failed"], s["already_done"]) == ("data", 1, 19)
+    assert s["settings_updated"] is None and s["fingerprint"] == updated.fingerprint
+    assert RunStore(conn).require("data").settings == updated.settings
+    assert not (tmp_path / "genqueue-out").exists()  # the run's output, not the default one
+    # an option given with another value is still refused, in one line naming it (it alone);
+    # given at its default value is given all the same
+    for option, value, name in (("--max-tokens", "64", "sampling.max_tokens"),
+                                ("--temperature", "0.6", "sampling.temperature")):
+        s, err = enqueue(redis_url, data, "data", str(out), option, value, check=False)
+        line = one_line_error(err)
+        assert s["returncode"] == 2 and f"with other settings ({name}); leave those options out" in line, line
+    assert RunStore(conn).require("data").settings == updated.settings
+    # a flag left out keeps the run's too; its --no- form turns it off
+    s, _ = enqueue(redis_url, data, "data", str(out), "--expect-reasoning", "--update-settings")
+    assert s["settings_updated"]["changed"] == ["expect_reasoning"]
+    assert enqueue(redis_url, data, "data", str(out))[0]["settings_updated"] is None
+    assert RunStore(conn).require("data").settings.expect_reasoning
+    s, _ = enqueue(redis_url, data, "data", str(out), "--no-expect-reasoning", "--update-settings")
+    assert s["settings_updated"]["changed"] == ["expect_reasoning"] and s["fingerprint"] == updated.fingerprint
+    # Redis lost the run: what is left out is its run.json's
+    conn.flushall()
+    s, err = enqueue(redis_url, data, "data", str(out))
+    assert s["recreated_run"] and s["fingerprint"] == updated.fingerprint, err
+    assert RunStore(conn).require("data").settings == updated.settings
+
+
 def ship(store: LocalStore, run: str, seq: int, records: list[dict[str, Any]], tmp: Path) -> None:
     """A shard as a consumer ships it, through the same store."""
     path = tmp / f"spool-{seq}.jsonl"
