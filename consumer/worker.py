@@ -61,7 +61,7 @@ from genqueue.consumer.rewind import Rewind
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
-from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool
+from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool, release_spool
 from genqueue.consumer.stop import Stop, Stopped, until
 from genqueue.consumer.supervise import LoopFailed, supervised
 from genqueue.consumer.telemetry import Parts, Telemetry
@@ -199,8 +199,16 @@ class Consumer:
         finally:
             self.rq.close()
             self.outbox.close()
+            self._release_spool()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(checkpoints.close(), timeout=max(self.stop.left(), 0.5))
+
+    def _release_spool(self) -> None:
+        """At exit, however it came: a spool left with nothing to ship is removed (a failed
+        start would leave an empty genqueue-spool/<port> behind); one with shards stays."""
+        lock, self._spool_lock = self._spool_lock, None
+        if lock is not None and release_spool(self.cfg.spool, lock):
+            log.info("spool %s held nothing to ship: removed", self.cfg.spool)
 
     async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
         cfg = self.cfg
