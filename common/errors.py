@@ -10,6 +10,12 @@ an error record and is not retried.
 from __future__ import annotations
 
 
+def as_clause(err: object) -> str:
+    """ERR's text without its closing full stop, to be joined into a longer line
+    ("...: Connection refused; waited 3s", not "Connection refused.; waited 3s")."""
+    return str(err).rstrip().rstrip(".").rstrip()
+
+
 class GenqueueError(Exception):
     """Root of every error genqueue raises on purpose."""
 

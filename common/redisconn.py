@@ -30,7 +30,7 @@ from redis.retry import Retry
 
 from genqueue.common import defaults
 from genqueue.common.backoff import compute_backoff
-from genqueue.common.errors import RedisUnavailableError
+from genqueue.common.errors import RedisUnavailableError, as_clause
 from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
 
@@ -98,7 +98,7 @@ def wait_for(url: str, seconds: float, *, say: Callable[[str], None]) -> redis.R
             if now >= deadline or "invalid Redis URL" in str(e):
                 raise
             if now - last >= 10.0:
-                say(f"{e}; waited {format_duration(now - t0)}, waiting {format_duration(deadline - now)} more "
+                say(f"{as_clause(e)}; waited {format_duration(now - t0)}, waiting {format_duration(deadline - now)} more "
                     f"(--endpoint-wait {format_duration(seconds)})")
                 last = now
             time.sleep(compute_backoff(min(attempt, 4), base=0.5, cap=5.0))

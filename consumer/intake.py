@@ -249,8 +249,7 @@ class Intake:
             except InvalidJob as e:
                 await self.acker.refuse(held, f"refused: {e}")
                 return True
-            retries_left = held.job.retries_left
-            attempt = 1 + (defaults.JOB_RETRIES - retries_left if retries_left is not None else 0)
+            attempt = held.attempt
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
             js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq)
             await self._skip_shipped(js)

@@ -32,25 +32,39 @@ from rq.worker import BaseWorker, WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from genqueue.common.clock import RedisClock
-from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.defaults import JOB_RETRIES, KEY_PREFIX
 from genqueue.common.rqaccess import SERIALIZER, TASK, TASKS, refused_key
 
 log = logging.getLogger(__name__)
+
+#: A field of the rq job's hash: how many times the job was given back to its queue (a drain,
+#: a pause, the end of a run). A give-back spends no retry, but the next take is another
+#: attempt at the job, and `attempt` says so.
+GIVEN_BACK_FIELD = "genqueue_given_back"
 
 
 class Held:
     """A job this worker has started and not yet finished: its rq objects and lease."""
 
-    __slots__ = ("execution", "job", "queue")
+    __slots__ = ("execution", "given_back", "job", "queue")
 
-    def __init__(self, job: Job, queue: Queue, execution: Execution) -> None:
+    def __init__(self, job: Job, queue: Queue, execution: Execution, *, given_back: int = 0) -> None:
         self.job = job
         self.queue = queue
         self.execution = execution
+        self.given_back = given_back  # times given back before this take
 
     @property
     def id(self) -> str:
         return str(self.job.id)
+
+    @property
+    def attempt(self) -> int:
+        """Which take of the job this is, from 1: the retries rq spent (a failure, a swept
+        lease) and the give-backs before it each count one."""
+        left = self.job.retries_left
+        spent = JOB_RETRIES - left if left is not None else 0
+        return 1 + max(spent, 0) + self.given_back
 
 
 class GenWorker(BaseWorker):
@@ -143,25 +157,26 @@ class GenWorker(BaseWorker):
             reason = f"refused: job names {str(func)[:200]!r}; genqueue runs only {TASK}"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
-        execution = self._prepare_execution(job)
+        execution, given_back = self._prepare_execution(job)
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)
         job.started_at = self._now()
-        return Held(job, queue, execution), None
+        return Held(job, queue, execution, given_back=given_back), None
 
     def _now(self) -> datetime:
         """Now in Redis time: a job's start and end are read beside other consumers' (status)."""
         return datetime.fromtimestamp(self.clock.now(), UTC)
 
-    def _prepare_execution(self, job: Job) -> Execution:
+    def _prepare_execution(self, job: Job) -> tuple[Execution, int]:
         """rq's prepare_execution, with the lease scored in Redis time in the same MULTI: no
-        sweeper ever sees the local clock's score."""
+        sweeper ever sees the local clock's score. Also reads how often the job was given back."""
         with self.connection.pipeline() as p:
             execution = Execution.create(job, self.lease, pipeline=p, worker_name=self.name)
             self._score_lease(p, job, execution)
             self.executions[execution.id] = execution
             self.set_state(WorkerStatus.BUSY, pipeline=p)
-            p.execute()
-        return execution
+            p.hget(job.key, GIVEN_BACK_FIELD)
+            replies = p.execute()
+        return execution, _count(replies[-1])
 
     def _score_lease(self, p: redis.client.Pipeline, job: Job, execution: Execution) -> None:
         """Queue (in P, after rq's own ZADDs) the lease's expiry in Redis time: the started
@@ -250,11 +265,13 @@ class GenWorker(BaseWorker):
         self._idle_if_empty()
 
     def give_back(self, held: Held) -> None:
-        """Put an unfinished job back at the front of its queue without spending a retry."""
+        """Put an unfinished job back at the front of its queue without spending a retry (the
+        give-back is counted in the job's hash: the next take is its next attempt)."""
         job = held.job
         with self.connection.pipeline() as p:
             self.cleanup_execution(job, pipeline=p, execution=held.execution)
             job.set_status(JobStatus.QUEUED, pipeline=p)
+            p.hincrby(job.key, GIVEN_BACK_FIELD, 1)
             held.queue.push_job_id(job.id, pipeline=p, at_front=True)
             p.execute()
         self._idle_if_empty()
@@ -314,6 +331,14 @@ class GenWorker(BaseWorker):
                         job_id)
             back += 1
         return back
+
+
+def _count(raw: object) -> int:
+    """A counter field's value (absent, or not a count someone wrote by hand: 0)."""
+    try:
+        return max(int(raw), 0) if isinstance(raw, bytes | str | int) else 0
+    except ValueError:
+        return 0
 
 
 #: A test hook: seconds to set this process's wall clock behind (tests/consumer/test_lease_clock.py).

@@ -47,8 +47,9 @@ class RqSnapshot:
 class RqThread:
     """Runs synchronous rq/Redis calls one at a time in a thread of their own."""
 
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rq")
+    def __init__(self, *, name: str = "rq", quiet: bool = False) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.quiet = quiet  # a second thread beside the rq one: its Redis trouble is that one's to log
         self.hard_stop = False
         self._unreachable_since: float | None = None
         self._retries = 0
@@ -74,7 +75,7 @@ class RqThread:
                 delay = compute_backoff(min(attempt, 5), base=0.5, cap=5.0)
                 if self._unreachable_since is None:
                     self._unreachable_since = time.time()
-                    log.warning("Redis unreachable (%s: %s); retrying until it answers", type(e).__name__, e)
+                    self._warn("Redis unreachable (%s: %s); retrying until it answers", type(e).__name__, e)
                 attempt += 1
                 self._retries += 1
                 await asyncio.sleep(delay)
@@ -84,17 +85,17 @@ class RqThread:
                     raise
                 if self._full_since is None:
                     self._full_since = time.time()
-                    log.warning("Redis is full (it refused a write: used memory > maxmemory): paused; writes wait, "
+                    self._warn("Redis is full (it refused a write: used memory > maxmemory): paused; writes wait, "
                                 "held jobs stay held and results stay in the spool; going on by itself once memory "
                                 "is freed or maxmemory raised (`redis-cli CONFIG SET maxmemory ...`)")
                 attempt += 1
                 await asyncio.sleep(compute_backoff(min(attempt, 5), base=0.5, cap=5.0))
                 continue
             if self._unreachable_since is not None:
-                log.warning("Redis answers again after %.1f s", time.time() - self._unreachable_since)
+                self._warn("Redis answers again after %.1f s", time.time() - self._unreachable_since)
                 self._unreachable_since = None
             if self._full_since is not None and attempt:  # a write went through: there is room again
-                log.warning("Redis takes writes again after %.1f s full; going on", time.time() - self._full_since)
+                self._warn("Redis takes writes again after %.1f s full; going on", time.time() - self._full_since)
                 self._full_since = None
                 self._full_ended = time.monotonic()
             return result
@@ -103,6 +104,10 @@ class RqThread:
         """FN in the rq thread, not retried: for best-effort calls at shutdown."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _warn(self, msg: str, *args: object) -> None:
+        if not self.quiet:
+            log.warning(msg, *args)
 
     def snapshot(self) -> RqSnapshot:
         return RqSnapshot(self._unreachable_since, self._retries, self._full_since, self._full_ended)

@@ -12,7 +12,14 @@ from typing import Any
 import aiohttp
 
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm
-from genqueue.common.errors import CorruptStateError, ModelNotServedError, PermanentError, TransientError, UserError
+from genqueue.common.errors import (
+    CorruptStateError,
+    ModelNotServedError,
+    PermanentError,
+    TransientError,
+    UserError,
+    as_clause,
+)
 from genqueue.common.eta import format_duration
 from genqueue.common.pause import paused_reasons
 from genqueue.common.rqaccess import job_counts
@@ -111,7 +118,7 @@ class ServedRuns:
                                     f"{format_duration(now - t0)} (--endpoint-wait): {e}") from None
                 if now - last_log >= 10.0:
                     log.warning("waiting for endpoint %s (%s): waited %s, waiting %s more (--endpoint-wait %s)",
-                                self.endpoint, e, format_duration(now - t0), format_duration(deadline - now),
+                                self.endpoint, as_clause(e), format_duration(now - t0), format_duration(deadline - now),
                                 format_duration(self.endpoint_wait))
                     last_log = now
                 await asyncio.sleep(1.0)

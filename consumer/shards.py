@@ -10,6 +10,7 @@ names never collide.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -170,6 +171,10 @@ def leftover_shards(spool: str, is_dead: Callable[[str], bool]) -> list[SealedSh
     return found
 
 
+#: The spool's lock file (lock_spool), the one file an empty spool holds.
+LOCK_NAME = ".lock"
+
+
 class SpoolBusyError(Exception):
     """Another live consumer holds this spool directory."""
 
@@ -179,8 +184,14 @@ def lock_spool(spool: str) -> IO[str]:
     by SIGKILL). Two live consumers on one spool would ship and delete each other's shards."""
     import fcntl
 
-    Path(spool).mkdir(parents=True, exist_ok=True)
-    fh = open(Path(spool) / ".lock", "a+")  # noqa: SIM115 - held for the life of the process
+    for tries in range(3):  # a consumer that just removed its empty spool (release_spool) races the mkdir
+        Path(spool).mkdir(parents=True, exist_ok=True)
+        try:
+            fh = open(Path(spool) / LOCK_NAME, "a+")  # noqa: SIM115 - held for the life of the process
+            break
+        except FileNotFoundError:
+            if tries == 2:
+                raise
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -193,6 +204,44 @@ def lock_spool(spool: str) -> IO[str]:
     fh.write(f"pid {os.getpid()}\n")
     fh.flush()
     return fh
+
+
+def release_spool(spool: str, lock: IO[str]) -> bool:
+    """Let go of SPOOL at exit (LOCK is lock_spool's). A spool that holds nothing to ship (no
+    file but its lock, at any depth: a consumer whose endpoint never came up, or that was refused
+    in its pre-flight, or that shipped everything) is removed, lock file and empty run folders
+    with it, so failed starts leave no empty folders behind. Any other file keeps the spool
+    whole. True when it was removed."""
+    root = Path(spool)
+    try:
+        if _holds_files(root, top=True):
+            return False
+        for dirpath, dirnames, _ in os.walk(root, topdown=False):
+            for d in dirnames:
+                with contextlib.suppress(OSError):
+                    (Path(dirpath) / d).rmdir()  # empty, or left as it is
+        (root / LOCK_NAME).unlink(missing_ok=True)  # still holding its flock: no one else owns it yet
+        lock.close()
+        root.rmdir()  # fails (and keeps it) if anything appeared meanwhile
+    except OSError as e:
+        log.debug("spool %s kept: %s", spool, e)
+        return False
+    finally:
+        if not lock.closed:
+            lock.close()
+    return True
+
+
+def _holds_files(path: Path, *, top: bool = False) -> bool:
+    """Whether PATH holds anything but directories (the top's lock file aside). A symlink counts
+    as a file: it is never followed, never removed."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if top and entry.name == LOCK_NAME and entry.is_file(follow_symlinks=False):
+                continue
+            if not entry.is_dir(follow_symlinks=False) or _holds_files(Path(entry.path)):
+                return True
+    return False
 
 
 def _drop_torn_tail(path: Path) -> None:

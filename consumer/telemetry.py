@@ -15,12 +15,13 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import redis
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, start_http_server
 from prometheus_client import Counter as PCounter
-from prometheus_client import Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from genqueue.common import __version__, defaults
 from genqueue.common.contracts import (
@@ -48,6 +49,29 @@ from genqueue.consumer.served import ServedSnapshot
 
 log = logging.getLogger(__name__)
 
+
+class ReadingGauge:
+    """A gauge with no sample until there is a reading: `set(None)` (the engine gave none)
+    takes its series off the page, so PromQL sees an absent series, not a made-up 0."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry = REGISTRY) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._value: float | None = None
+        registry.register(self)
+
+    def set(self, value: float | None) -> None:
+        self._value = None if value is None else float(value)
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> Iterator[Metric]:
+        value = self._value
+        if value is not None:
+            yield GaugeMetricFamily(self.name, self.documentation, value=value)
+
+
 IN_FLIGHT = Gauge("genqueue_in_flight", "Requests in flight to the endpoint")
 LOOP_LAG = Gauge("genqueue_event_loop_lag_seconds",
                  "How late the consumer's event loop woke at most since the last publish (CPU starvation)")
@@ -68,7 +92,8 @@ JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
 COPIES = Gauge("genqueue_copies", "End-of-run copies since start (consumer/hedge.py)", ["kind"])
 ENGINE_RUNNING = Gauge("genqueue_engine_running", "Requests the engine runs (its own /metrics)")
 ENGINE_WAITING = Gauge("genqueue_engine_waiting", "Requests waiting in the engine (its own /metrics)")
-ENGINE_KV = Gauge("genqueue_engine_kv_cache_usage", "Engine KV cache usage, 0..1 (its own /metrics)")
+ENGINE_KV = ReadingGauge("genqueue_engine_kv_cache_usage",
+                         "Engine KV cache usage, 0..1 (its own /metrics); absent while the engine reports none")
 ENGINE_BOUND = Gauge("genqueue_engine_bound", "1 for what binds the engine now (the engine doctor's verdict), "
                      "0 for the others", ["reason"])
 RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each retried or, last, recorded)",
@@ -168,6 +193,18 @@ def set_run_gauges(runs: dict[str, RunCounters], before: set[str]) -> set[str]:
         for gauge, _ in RUN_GAUGES:
             gauge.remove(run)
     return set(runs)
+
+
+def set_engine_gauges(engine: Mapping[str, object]) -> None:
+    """The engine's own figures (a snapshot's `engine`). KV cache usage has no sample while
+    the engine gave no reading (no /metrics, or no KV gauge on it): 0 would read as an idle cache."""
+    ENGINE_RUNNING.set(_number(engine.get("running")) or 0)
+    ENGINE_WAITING.set(_number(engine.get("waiting")) or 0)
+    ENGINE_KV.set(_number(engine.get("kv_cache_usage")))
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def spent_since(totals: dict[str, Counter[str]], added: dict[str, Counter[str]], snap: ConsumerSnapshot,
@@ -358,10 +395,7 @@ class Telemetry:
         for kind, n in snap["copies"].items():
             COPIES.labels(kind).set(n)
         self._run_series = set_run_gauges(snap["runs"], self._run_series)
-        engine = snap["engine"]
-        ENGINE_RUNNING.set(engine.get("running") or 0)
-        ENGINE_WAITING.set(engine.get("waiting") or 0)
-        ENGINE_KV.set(engine.get("kv_cache_usage") or 0)
+        set_engine_gauges(snap["engine"])
         for kind, n in self.parts.retries().items():
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n

@@ -38,6 +38,7 @@ from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.marks import ShardMarks
 from genqueue.common.pause import pause_run
 from genqueue.common.placement import this_host
+from genqueue.common.redisconn import connect
 from genqueue.common.redismem import RedisEvictsError, check_policy
 from genqueue.common.rqaccess import queue_for
 from genqueue.common.runs import RunStore
@@ -61,7 +62,7 @@ from genqueue.consumer.rewind import Rewind
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
-from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool
+from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool, release_spool
 from genqueue.consumer.stop import Stop, Stopped, until
 from genqueue.consumer.supervise import LoopFailed, supervised
 from genqueue.consumer.telemetry import Parts, Telemetry
@@ -82,6 +83,10 @@ class Consumer:
         self.conn = conn
         self.store = RunStore(conn)
         self.rq = RqThread()
+        # The snapshot writer's own thread and Redis connection: a snapshot never waits behind rq
+        # work (a dequeue, a renewal, a slow pipeline), which held them up to ~8 s apart under load.
+        self._snap_rq = RqThread(name="snapshots", quiet=True)
+        self._snap_conn = connect(cfg.redis_url, check=False)  # the URL and settings `consumer run` connected with
         self.worker = GenWorker([queue_for(cfg.run or "_idle", conn)], conn, lease=cfg.lease, name=cfg.name)
         self.identity: ConsumerInfo = {"host": this_host(), "gpu": cfg.gpu, "worker": self.worker.name,
                                        "endpoint": cfg.endpoint}
@@ -198,9 +203,27 @@ class Consumer:
                 return await self._serve(client, checkpoints)
         finally:
             self.rq.close()
+            self._snap_rq.close()
+            with contextlib.suppress(Exception):
+                self._snap_conn.close()
             self.outbox.close()
+            self._release_spool()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(checkpoints.close(), timeout=max(self.stop.left(), 0.5))
+
+    def _new_telemetry(self, parts: Parts) -> Telemetry:
+        """The consumer's telemetry, writing its snapshots through their own thread and Redis
+        connection (the rq thread's state is still what it reports: parts.rq)."""
+        cfg = self.cfg
+        return Telemetry(self.identity, self._snap_conn, self._snap_rq, parts, interval=cfg.telemetry_interval,
+                         metrics_port=cfg.metrics_port, gpus=cfg.gpus)
+
+    def _release_spool(self) -> None:
+        """At exit, however it came: a spool left with nothing to ship is removed (a failed
+        start would leave an empty genqueue-spool/<port> behind); one with shards stays."""
+        lock, self._spool_lock = self._spool_lock, None
+        if lock is not None and release_spool(self.cfg.spool, lock):
+            log.info("spool %s held nothing to ship: removed", self.cfg.spool)
 
     async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
         cfg = self.cfg
@@ -235,13 +258,12 @@ class Consumer:
                 reasons[f"run {run}"] = why
             return reasons
 
-        telemetry = Telemetry(self.identity, self.conn, self.rq, Parts(
+        telemetry = self._new_telemetry(Parts(
             book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
             outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
             stopping=self.stopping.is_set, retries=lambda: dict(gen.failures),
             copies=lambda: self._hedger.counts() if self._hedger is not None else {},
-            backing_off=lambda: gen.backing_off),
-            interval=cfg.telemetry_interval, metrics_port=cfg.metrics_port, gpus=cfg.gpus)
+            backing_off=lambda: gen.backing_off))
         self._telemetry, self._served = telemetry, served
         telemetry.only_run, telemetry.spool = cfg.run, os.path.abspath(cfg.spool)
         telemetry.start_metrics_server()  # from the start: a consumer stuck in its pre-flight is seen
@@ -388,6 +410,7 @@ class Consumer:
     def _go_hard(self) -> None:
         """A second signal: every wait gives up at once."""
         self.rq.hard_stop = True
+        self._snap_rq.hard_stop = True
         self.outbox.stopping_hard = True
         self.wake.set()
 

@@ -194,6 +194,7 @@ def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
     }
     assert lines == list(as_run), "the quick start changed: make this test run what it says now"
     write_jsonl(tmp_path / "data.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(30)])
+    said: dict[str, str] = {}  # each command's stderr
     sh = Shell(tmp_path, {"REDIS_URL": redis_url})
     try:
         for line in lines:
@@ -217,12 +218,14 @@ def test_quick_start_as_written(tmp_path: Path, redis_url: str) -> None:
             else:
                 done = sh.run(typed)
                 assert "Traceback" not in done.stderr, done.stderr
+                said[typed.split()[0]] = said.get(typed.split()[0], "") + done.stderr
     finally:
         sh.stop()
     rows = [orjson.loads(x) for x in (tmp_path / "data.regen.jsonl").read_bytes().splitlines()]
     assert len(rows) == 45  # a row per generated answer: 15 conversations of one user turn, 15 of two
-    spool = tmp_path / "genqueue-spool" / f"gpu{gpu}"
-    assert spool.is_dir(), "the README says a consumer's spool is ./genqueue-spool/<gpu>"
+    # the README says a consumer's spool is ./genqueue-spool/<gpu>: all shipped, it was removed at exit
+    assert f"spool ./genqueue-spool/gpu{gpu} held nothing to ship: removed" in said["consumer"], said["consumer"]
+    assert not (tmp_path / "genqueue-spool" / f"gpu{gpu}").exists()
 
 
 def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:

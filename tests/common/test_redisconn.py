@@ -148,3 +148,14 @@ def test_waiting_for_redis_says_how_long_it_waited_and_will_wait():
     with pytest.raises(RedisUnavailableError):
         wait_for(f"redis://127.0.0.1:{free_port()}/0", 1.0, say=said.append)
     assert said and "waited 0m 00s, waiting 0m 01s more (--endpoint-wait 0m 01s)" in said[0], said
+
+
+def test_the_wait_line_joins_the_error_without_a_doubled_stop():
+    """redis-py's "Connection refused." ended the clause: the line read "refused.; waited"."""
+    from genqueue.common.redisconn import wait_for
+    from tests.conftest import free_port
+
+    said: list[str] = []
+    with pytest.raises(RedisUnavailableError):
+        wait_for(f"redis://127.0.0.1:{free_port()}/0", 1.0, say=said.append)
+    assert said and "Connection refused; waited 0m 00s" in said[0] and ".;" not in said[0], said

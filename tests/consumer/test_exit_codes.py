@@ -49,7 +49,9 @@ def test_gpu_n_burst_as_in_the_quick_start_serves_the_run(tmp_path, redis_url, c
     assert done.returncode == ExitCode.DONE, done.stderr
     assert "Traceback" not in done.stderr
     assert {r["key"] for r in read_results(tmp_path / "out", "quick")} == run_keys(conn, "quick")
-    assert (tmp_path / "genqueue-spool" / f"gpu{n}").is_dir(), "the default spool is named by the GPU"
+    # the default spool is named by the GPU; all shipped, it held nothing more and went at exit
+    assert f"genqueue-spool/gpu{n} held nothing to ship: removed" in done.stderr, done.stderr
+    assert not (tmp_path / "genqueue-spool" / f"gpu{n}").exists()
 
 
 @pytest.mark.slow
@@ -96,6 +98,19 @@ def test_a_run_failing_pre_flight_exits_4(tmp_path, redis_url, conn):
     assert code == ExitCode.PREFLIGHT, log
     assert "pre-flight failed" in log and "run big was not served to the end: max_tokens 50000" in log
     assert conn.llen("rq:queue:genqueue.big") == 2, "its jobs wait for the fix"
+    assert not (tmp_path / "spool").exists(), "a refused start leaves no empty spool behind"
+
+
+def test_an_endpoint_that_never_came_up_leaves_no_empty_spool(tmp_path, redis_url, conn):
+    from tests.conftest import free_port
+
+    enqueue(tmp_path, redis_url, "nobody", 8)
+    c = Proc("consumer", ["run", "--endpoint", f"http://127.0.0.1:{free_port()}/v1", "--burst",
+                          "--endpoint-wait", "1", "--spool", str(tmp_path / "spool")], tmp_path / "c.log",
+             env={"REDIS_URL": redis_url})
+    code, log = c.wait(60), c.output()
+    assert code == ExitCode.USAGE and "is not reachable after" in log, log
+    assert not (tmp_path / "spool").exists(), log
 
 
 def test_a_paused_run_exits_5(tmp_path, redis_url, conn):

@@ -51,6 +51,30 @@ def test_give_back_goes_to_front_without_spending_a_retry(conn):
     assert q.started_job_registry.count == 0
 
 
+def test_a_job_taken_again_after_a_give_back_is_its_next_attempt(conn):
+    """A give-back spends no retry, yet the next take is another attempt: it logged "attempt 1"."""
+    from genqueue.common.defaults import JOB_RETRIES
+
+    q, _ = enqueue(conn, 1, retries=JOB_RETRIES)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    h, _ = w.dequeue(q)
+    assert h.attempt == 1
+    w.give_back(h)
+    h, _ = w.dequeue(q)
+    assert h.attempt == 2 and h.job.retries_left == JOB_RETRIES  # counted, and no retry spent
+    w.give_back(h)
+    other = GenWorker([q], conn, lease=30)  # another consumer reads the same count from Redis
+    other.start()
+    h, _ = other.dequeue(q)
+    assert h.attempt == 3
+    other.fail(h, "boom", retry=True)  # a failure spends a retry: one more
+    h, _ = other.dequeue(q)
+    assert h.attempt == 4
+    other.stop()
+    w.stop()
+
+
 def test_fail_with_and_without_retry(conn):
     q, _ = enqueue(conn, 2)
     w = GenWorker([q], conn, lease=30)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from genqueue.common.storage import LocalStore
-from genqueue.consumer.shards import ShardWriter, SpoolBusyError, leftover_shards, lock_spool
+from genqueue.consumer.shards import ShardWriter, SpoolBusyError, leftover_shards, lock_spool, release_spool
 
 
 def test_seal_and_ship(tmp_path: Path) -> None:
@@ -131,3 +131,43 @@ def test_the_checksum_is_the_files_whatever_the_flushes(tmp_path: Path) -> None:
         shard = w.seal()
         assert shard is not None and shard.records == 7
         assert shard.sha256 == hashlib.sha256(shard.path.read_bytes()).hexdigest()
+
+
+# --- letting go of the spool at exit -----------------------------------------------------------
+def test_a_spool_with_nothing_to_ship_is_removed_at_exit(tmp_path: Path) -> None:
+    """A start that failed (endpoint never up, pre-flight refused) left genqueue-spool/<port> empty."""
+    spool = tmp_path / "genqueue-spool" / "8000"
+    lock = lock_spool(str(spool))
+    ShardWriter(str(spool), "r", "w", max_bytes=10**9, max_age=3600)  # a run's folders, never written
+    assert release_spool(str(spool), lock) is True
+    assert not spool.exists() and (tmp_path / "genqueue-spool").is_dir()  # only this consumer's folder
+    assert lock.closed
+    assert lock_spool(str(spool)) is not None  # the next start takes it afresh
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_a_spool_with_a_shard_in_it_is_kept_whole(tmp_path: Path, sealed: bool) -> None:
+    spool = tmp_path / "spool"
+    lock = lock_spool(str(spool))
+    w = ShardWriter(str(spool), "r", "w", max_bytes=10**9, max_age=3600)
+    w.append({"key": "a"})
+    if sealed:
+        w.seal()
+    else:
+        w.flush()  # an open shard (a hard stop): the next start seals and ships it
+    ShardWriter(str(spool), "empty", "w", max_bytes=10**9, max_age=3600)
+    assert release_spool(str(spool), lock) is False
+    assert lock.closed
+    assert (spool / ".lock").exists() and (spool / "empty" / "sealed").is_dir()
+    shard = spool / "r" / ("sealed/w-000001.jsonl" if sealed else "w-000001.jsonl.open")
+    assert shard.read_bytes() == b'{"key":"a"}\n'
+
+
+def test_a_spool_with_a_foreign_file_or_link_is_kept(tmp_path: Path) -> None:
+    for name, make in (("note", lambda p: p.write_text("mine")), ("link", lambda p: p.symlink_to(tmp_path))):
+        spool = tmp_path / f"spool-{name}"
+        lock = lock_spool(str(spool))
+        (spool / "r").mkdir()
+        make(spool / "r" / name)
+        assert release_spool(str(spool), lock) is False
+        assert (spool / "r" / name).exists() or (spool / "r" / name).is_symlink()

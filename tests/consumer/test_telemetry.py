@@ -32,3 +32,26 @@ def test_each_run_has_its_own_figures_and_a_run_no_longer_reported_loses_its_ser
 def test_a_run_with_no_figures_yet_is_at_zero() -> None:
     set_run_gauges({"tg-new": {"fingerprint": None}}, set())
     assert all(value(g._name, "tg-new") == 0 for g, _ in RUN_GAUGES)
+
+
+def test_kv_cache_usage_has_no_sample_until_the_engine_gives_a_reading() -> None:
+    """It read 0 (an idle cache) when the engine gave no KV reading at all."""
+    from prometheus_client import generate_latest
+
+    from genqueue.consumer.telemetry import set_engine_gauges
+
+    def kv() -> float | None:
+        return REGISTRY.get_sample_value("genqueue_engine_kv_cache_usage")
+
+    set_engine_gauges({"metrics": False})  # no /metrics on the engine
+    assert kv() is None
+    page = generate_latest(REGISTRY).decode()
+    assert "genqueue_engine_kv_cache_usage" not in page  # an absent series, as Prometheus users expect
+    set_engine_gauges({"metrics": True, "running": 3.0, "kv_cache_usage": None})  # /metrics, no KV gauge
+    assert kv() is None and REGISTRY.get_sample_value("genqueue_engine_running") == 3
+    set_engine_gauges({"metrics": True, "kv_cache_usage": 0.0})  # a real reading of 0 stays 0
+    assert kv() == 0.0
+    set_engine_gauges({"metrics": True, "kv_cache_usage": 0.42})
+    assert kv() == 0.42
+    set_engine_gauges({"metrics": False})  # the reading went away: so does the series
+    assert kv() is None
