@@ -183,6 +183,16 @@ def _quads(digests: list[bytes], kinds: list[str], turns: list[int] | None = Non
     return [x for t in zip(digests, kinds, turns, tools, strict=True) for x in t]
 
 
+def _send_marks(p: Any, run: str, marks: ShardMarks) -> None:
+    """Queue on pipeline P the marking script's calls for MARKS of RUN: the results first, then
+    the error records (one of an item with a result counts nowhere)."""
+    stats = run_key(run, "stats")
+    if marks.done:
+        p.eval(_MARK, 2, done_key(run), stats, *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools))
+    if marks.failed:
+        p.eval(_MARK, 3, failed_key(run), stats, done_key(run), *_quads(marks.failed, marks.failed_kind))
+
+
 def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
                  stamp: tuple[str, int, int] | None = None) -> int | None:
     """Record MARKS of a shipped shard of RUN (one round trip). STAMP (key, value, expiry in
@@ -191,13 +201,8 @@ def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
     consumer/rewind.py tells by it a Redis that lost writes."""
     if not marks.done and not marks.failed:
         return None
-    stats = run_key(run, "stats")
     with conn.pipeline(transaction=False) as p:
-        if marks.done:
-            p.eval(_MARK, 2, done_key(run), stats,
-                   *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools))
-        if marks.failed:
-            p.eval(_MARK, 3, failed_key(run), stats, done_key(run), *_quads(marks.failed, marks.failed_kind))
+        _send_marks(p, run, marks)
         if stamp is not None:
             p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
         out = p.execute()
@@ -417,21 +422,24 @@ class Rebuilt:
 
 def rebuild_marks(conn: redis.Redis, run: str, store: ShardStore) -> Rebuilt:
     """Rebuild RUN's DONE and FAILED marks, and its keys set, from every record of its shipped
-    shards (streamed: memory holds one batch of digests). Idempotent: marks only get added."""
+    shards (streamed: memory holds one batch of digests). The marks are written by the marking
+    script the consumers ship with, so each item newly marked bumps the counters it would have
+    bumped when its shard shipped (outcome or error class, turns, tool turns): after a Redis loss
+    status shows the figures it showed before. Idempotent: marks only get added, and an item
+    already marked counts nothing more."""
     t0 = time.perf_counter()
     out = Rebuilt()
-    done: set[bytes] = set()
-    failed: set[bytes] = set()
+    batch = ShardMarks()
 
     def flush() -> None:
+        nonlocal batch
+        if not batch.done and not batch.failed:
+            return
         with conn.pipeline(transaction=False) as p:
-            for key, digests in ((done_key(run), done), (failed_key(run), failed)):
-                if digests:
-                    p.sadd(key, *digests)
-                    p.sadd(run_key(run, "keys"), *digests)
+            _send_marks(p, run, batch)
+            p.sadd(run_key(run, "keys"), *batch.done, *batch.failed)
             p.execute()
-        done.clear()
-        failed.clear()
+        batch = ShardMarks()
 
     for shard in store.list_shards(run):
         out.shards += 1
@@ -444,13 +452,14 @@ def rebuild_marks(conn: redis.Redis, run: str, store: ShardStore) -> Rebuilt:
                 lines += 1
                 try:
                     rec = orjson.loads(line)
-                    digest = bytes.fromhex(rec["key"])
+                    if not isinstance(rec, dict):
+                        raise TypeError("a record is a JSON object")
+                    batch.add_record(rec)
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                     out.unreadable += 1
                     continue
                 out.records += 1
-                (failed if "error" in rec else done).add(digest)
-                if len(done) + len(failed) >= REBUILD_BATCH:
+                if len(batch.done) + len(batch.failed) >= REBUILD_BATCH:
                     flush()
         if manifest is not None and manifest["records"] != lines:
             log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines, manifest["records"])

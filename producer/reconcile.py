@@ -22,7 +22,8 @@ set can only get into one through this producer. An item in a live job may finis
 this time, and as failed by the next reconcile).
 
 After a Redis loss the marks are rebuilt from the shipped shards first
-(common.marks.rebuild_marks): every record's key, streamed shard by shard; error records are FAILED.
+(common.marks.rebuild_marks): every record's key, streamed shard by shard; error records are FAILED;
+each item newly marked bumps its counters (outcome, turns, tool turns) as when its shard shipped.
 
 And when nothing can need doing, the input is not read at all (`unchanged_input`): the same
 bytes as its source's last complete enqueue, made into items the same way, and every item of

@@ -65,8 +65,8 @@ def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int
 
 def outcome_view(stats: dict[str, int], done: int, failed: int) -> OutcomeView:
     """DONE and FAILED items in export's words. `outcomes` sums to DONE whenever the marks were
-    written by consumers (`counted` says how many items the counters cover otherwise: marks
-    rebuilt from the shards after a Redis loss are not counted by outcome). The tool-turn counts
+    written by consumers or rebuilt from the shards after a Redis loss (`counted` says how many
+    items the counters cover otherwise: records without an outcome are counted by none). The tool-turn counts
     are export's: regenerate conversations with recorded tool turns, by what became of them."""
     outcomes = _by_name(stats, SHIPPED_OUTCOME, [o.value for o in Outcome])
     by_class = _by_name(stats, SHIPPED_FAILED, [c.value for c in ErrorClass])

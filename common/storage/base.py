@@ -134,6 +134,14 @@ def probe_body(token: str) -> bytes:
     return f"genqueue output probe {token}\n".encode()
 
 
+def check_read_back(output: str, where: str, back: bytes, body: bytes, fix: str) -> None:
+    """Raise the probe's READ_BACK error for OUTPUT when what WHERE (the probe's file or object)
+    read back, BACK, is not the BODY written; FIX says what to check."""
+    if back != body:
+        raise OutputProbeError(output, ProbeCause.READ_BACK,
+                               f"{where} read back {len(back)} bytes, not the {len(body)} written", fix)
+
+
 def parse_manifest(raw: bytes) -> ShardManifest | None:
     """A manifest's content, or None (with a warning) when it is not one: a reader must still
     read the shard."""

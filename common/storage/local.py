@@ -23,6 +23,7 @@ from genqueue.common.storage.base import (
     SealedShard,
     ShardInfo,
     StoreError,
+    check_read_back,
     probe_body,
     probe_token,
 )
@@ -158,11 +159,9 @@ class LocalStore:
                     d.rmdir()
                 except OSError:
                     pass  # a consumer shipped into it meanwhile: it stays
-        if back != body:
-            raise OutputProbeError(str(self.root), ProbeCause.READ_BACK,
-                                   f"{path} read back {len(back)} bytes, not the {len(body)} written",
-                                   "check the filesystem (a cache or mount that does not keep what is written), or "
-                                   "enqueue the run with another --output")
+        check_read_back(str(self.root), str(path), back, body,
+                        "check the filesystem (a cache or mount that does not keep what is written), or "
+                        "enqueue the run with another --output")
 
     def _probe_failed(self, e: OSError) -> OutputProbeError:
         detail = f"{e.filename or self.root}: {e.strerror or e}"

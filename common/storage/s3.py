@@ -58,6 +58,7 @@ from genqueue.common.storage.base import (
     SealedShard,
     ShardInfo,
     StoreError,
+    check_read_back,
     probe_body,
     probe_token,
 )
@@ -275,10 +276,8 @@ class S3Store:
             client.delete_object(Bucket=self.loc.bucket, Key=key)
         except (BotoCoreError, ClientError) as e:
             log.warning("could not delete the probe object %s (%s): delete it by hand", self.loc.url(key), e)
-        if back != body:
-            raise OutputProbeError(self.url, ProbeCause.READ_BACK,
-                                   f"{self.loc.url(key)} read back {len(back)} bytes, not the {len(body)} written",
-                                   "check the endpoint (a proxy or gateway that does not keep what is written)")
+        check_read_back(self.url, self.loc.url(key), back, body,
+                        "check the endpoint (a proxy or gateway that does not keep what is written)")
 
     @property
     def url(self) -> str:

@@ -87,6 +87,7 @@ from genqueue.common.contracts import (
     full_prompts,
 )
 from genqueue.common.errors import UserError
+from genqueue.producer.export.generations import single_answer
 
 #: One line of the export as a converter builds it: a JSON object, serialised as it is.
 Line = dict[str, object]
@@ -494,12 +495,7 @@ def _conversation(rec: ResultRecord) -> list[tuple[ChatMessage, bool]]:
                 i += 1
             out.append((msg, unclosed))
         return out
-    answer: ChatMessage = {"role": "assistant", "content": rec.get("content") or ""}
-    if rec.get("reasoning") is not None:
-        answer["reasoning_content"] = rec["reasoning"]
-    if rec.get("tool_calls"):
-        answer["tool_calls"] = rec["tool_calls"]
-    return [*((m, False) for m in messages), (answer, rec.get("outcome") in UNCLOSED)]
+    return [*((m, False) for m in messages), (single_answer(rec), rec.get("outcome") in UNCLOSED)]
 
 
 def thinking_text(msg: ChatMessage, unclosed: bool) -> str:

@@ -45,6 +45,18 @@ class Generation:
         return self.outcome in UNCLOSED
 
 
+def single_answer(rec: ResultRecord) -> ChatMessage:
+    """The answer of a record without turns (one generation), as a chat message: its content,
+    its thinking as reasoning_content, its tool calls. The one spelling export's conversations
+    (formats.py) and generations share."""
+    answer: ChatMessage = {"role": "assistant", "content": rec.get("content") or ""}
+    if rec.get("reasoning") is not None:
+        answer["reasoning_content"] = rec["reasoning"]
+    if rec.get("tool_calls"):
+        answer["tool_calls"] = rec["tool_calls"]
+    return answer
+
+
 def generations(rec: ResultRecord, *, prompt_ids: bool = True) -> list[Generation]:
     """REC's generations, in the order they were made. Raises ValueError when a regenerate
     record's token ids do not chain (an answer sharing more prompt ids than the one before had).
@@ -58,13 +70,9 @@ def _generations(rec: ResultRecord, with_ids: bool) -> Iterator[Generation]:
     messages = cast(list[ChatMessage], rec.get("messages") or [])
     turns = rec.get("turns")
     if turns is None:
-        answer: ChatMessage = {"role": "assistant", "content": rec.get("content") or ""}
-        if rec.get("reasoning") is not None:
-            answer["reasoning_content"] = rec["reasoning"]
-        if rec.get("tool_calls"):
-            answer["tool_calls"] = rec["tool_calls"]
         ids = rec.get("token_ids")
-        yield Generation(0, rec.get("turn"), 0, list(messages), answer, rec.get("outcome"), rec.get("usage") or {},
+        yield Generation(0, rec.get("turn"), 0, list(messages), single_answer(rec), rec.get("outcome"),
+                         rec.get("usage") or {},
                          ids, ids["prompt"] if ids is not None and with_ids else None)
         return
     has_ids = with_ids and any(t.get("token_ids") is not None for t in turns)

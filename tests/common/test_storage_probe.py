@@ -3,6 +3,8 @@ nothing left behind."""
 
 from __future__ import annotations
 
+import io
+import re
 import subprocess
 from pathlib import Path
 
@@ -124,3 +126,35 @@ def test_a_full_local_output(tmp_path: Path) -> None:
         (mnt / "fill").write_bytes(bytes(64 * 1024))
         e = refused(str(mnt))
         assert e.cause == ProbeCause.FULL
+
+
+def test_a_local_output_that_reads_back_other_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache or mount that does not keep what is written: the probe's one line names the file
+    and both sizes (the wording local and S3 share: storage.base.check_read_back)."""
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: b"other" if p.name.startswith(PROBE_PREFIX) else real(p))
+    (tmp_path / "out" / "r").mkdir(parents=True)
+    with pytest.raises(OutputProbeError) as info:
+        LocalStore(str(tmp_path / "out")).probe("r")
+    e = info.value
+    assert e.cause == ProbeCause.READ_BACK and list((tmp_path / "out" / "r").iterdir()) == []
+    assert re.fullmatch(rf"output {re.escape(str(tmp_path / 'out'))} cannot be written: read back wrong "
+                        rf"\({re.escape(str(tmp_path / 'out' / 'r'))}/{re.escape(PROBE_PREFIX)}\S+ read back 5 bytes, not the "
+                        r"\d+ written\); check the filesystem \(a cache or mount that does not keep what is written\), "
+                        r"or enqueue the run with another --output", str(e)), str(e)
+
+
+def test_an_s3_output_that_reads_back_other_bytes(s3_server: S3Server, s3_env: dict[str, str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy or gateway that does not keep what is written: named, and no probe left behind."""
+    url = s3_server.url("runs/rb")
+    store = S3Store.from_url(url)
+    monkeypatch.setattr(store.client, "get_object", lambda **_: {"Body": io.BytesIO(b"other")})
+    before = keys(s3_server)
+    with pytest.raises(OutputProbeError) as info:
+        store.probe("r")
+    e = info.value
+    assert e.cause == ProbeCause.READ_BACK and keys(s3_server) == before
+    assert re.fullmatch(rf"output {re.escape(url)} cannot be written: read back wrong \({re.escape(url)}/r/"
+                        rf"{re.escape(PROBE_PREFIX)}\S+ read back 5 bytes, not the \d+ written\); check the endpoint "
+                        r"\(a proxy or gateway that does not keep what is written\)", str(e)), str(e)

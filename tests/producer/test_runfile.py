@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.marks import done_key, failed_key
+from genqueue.common.marks import ShardMarks, done_key, failed_key, mark_shipped, rebuild_marks
 from genqueue.common.pause import pause_run
 from genqueue.common.runs import RunStore, key_digest, run_key
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
@@ -172,6 +172,52 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     assert (st["items"], st["items_done"], st["items_failed"]) == (100, 60, 5)  # failed: error record, no result
     assert RunStore(conn).names() == ["lost"]
     assert conn.smismember(run_key("lost", "keys"), [key_digest(keys[0])]) == [1]
+
+
+def _figures(conn: redis.Redis, run: str) -> tuple[dict[str, int], list[str]]:
+    """Status's outcome, turn and tool-turn figures of RUN, and its turns and tools rows."""
+    st = run_status(conn, run)
+    keys = ("items_done", "items_failed", "complete", "partial", "cut", "outcomes_counted", "turns_generated",
+            "tool_turns_to_end", "tool_call_diverged", "stopped_at_tool_turn")
+    rows = [x for x in format_status(st, color=False).splitlines() if x.lstrip().startswith(("turns", "tools"))]
+    return {k: st[k] for k in keys}, rows  # type: ignore[literal-required]
+
+
+def test_a_rebuild_after_a_redis_loss_recounts_outcomes_turns_and_tool_turns(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """The marks rebuilt from the shards bump the counters the consumers' marks bumped as the
+    shards shipped: status after a Redis loss shows the tool-turn (and outcome, turn) figures
+    it showed before it, once however often the marks are rebuilt."""
+    out = tmp_path / "out"
+    out.mkdir()
+    data = write_jsonl(tmp_path / "tools.jsonl", [sharegpt(i) for i in range(10)])
+    enqueue(redis_url, data, "tl", str(out), "--multi-turn", "regenerate")
+    keys = sorted(d.hex() for d in conn.smembers(run_key("tl", "keys")))
+    spliced = [{"turn": 0, "tool_results_spliced": True}, {"turn": 0, "step": 1}]
+    diverged = {"note": "tool_call_diverged", "stopped": {"turn": 0, "reason": "tool_call_diverged"}}
+    recs: list[dict[str, Any]] = [{"key": k, "outcome": "finished", "turns": spliced} for k in keys[:3]]
+    recs += [{"key": keys[3], "outcome": "finished", "turns": [{"turn": 0, "tool_results_spliced": False}],
+              **diverged},
+             {"key": keys[4], "outcome": "partial", "turns": spliced, "stopped": {"turn": 0, "step": 1}},
+             {"key": keys[5], "outcome": "cut_in_answer", "turns": [{"turn": 0}]},
+             {"key": keys[6], "error": {"class": "permanent"}}, {"key": keys[0], "error": {"class": "permanent"}}]
+    store = LocalStore(str(out))
+    for seq, part in ((1, recs[:4]), (2, recs[4:])):
+        ship(store, "tl", seq, part, tmp_path)
+        marks = ShardMarks()
+        for rec in part:
+            marks.add_record(rec)
+        mark_shipped(conn, "tl", marks)  # as the consumer that shipped it
+    before, rows = _figures(conn, "tl")
+    assert (before["tool_turns_to_end"], before["tool_call_diverged"], before["stopped_at_tool_turn"]) == (3, 1, 1)
+    assert before["outcomes_counted"] == before["items_done"] == 6 and before["turns_generated"] == 6
+    conn.flushall()
+
+    s, _ = enqueue(redis_url, data, "tl", str(out), "--multi-turn", "regenerate")
+    assert s["recreated_run"] and s["marks_rebuilt"] == {"shards": 2, "records": 8, "done": 6, "failed": 2}
+    assert _figures(conn, "tl") == (before, rows), rows
+    assert rebuild_marks(conn, "tl", store).done == 6  # again: nothing counted twice
+    assert _figures(conn, "tl") == (before, rows)
 
 
 def test_run_json_on_s3_and_a_missing_local_output_is_not_created(tmp_path: Path, redis_url: str, conn: redis.Redis,
