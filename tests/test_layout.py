@@ -170,8 +170,11 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 # The wings: parts of a package that are a program of their own, each in its folder, whose
 # docstring says what it is for and, on its `May import:` line, what it may stand on.
-WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.producer.ingest",
-         "genqueue.producer.export")
+WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.consumer.answer",
+         "genqueue.producer.ingest", "genqueue.producer.export")
+
+#: The answering wing's modules, once on consumer/'s top level.
+ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool_turns", "checkpoints")
 
 
 def allowed_imports(wing: str) -> tuple[str, ...]:
@@ -214,7 +217,8 @@ def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[
 def test_every_wing_is_in_its_folder() -> None:
     """No wing's module is left on its package's top level under the old flat names."""
     flat = sorted(str(p.relative_to(ROOT)) for pattern in ("consumer/launch*.py", "consumer/sim*.py",
-                                                           "producer/export*.py")
+                                                           "producer/export*.py",
+                                                           *(f"consumer/{m}.py" for m in ANSWER_MODULES))
                   for p in ROOT.glob(pattern))
     assert flat == []
     for wing in WINGS:
@@ -223,6 +227,8 @@ def test_every_wing_is_in_its_folder() -> None:
 
 def test_the_wing_rule_reads_what_it_should() -> None:
     assert allowed_imports("genqueue.consumer.sim") == ()
+    assert allowed_imports("genqueue.consumer.answer") == ("genqueue.common",)
+    assert {f"genqueue.consumer.answer.{m}" for m in ANSWER_MODULES} <= module_files().keys()
     assert "genqueue.common" in allowed_imports("genqueue.producer.export")
     assert allowed("genqueue.common.runs", ("genqueue.common",))
     assert not allowed("genqueue.commonplace", ("genqueue.common",))
