@@ -23,7 +23,7 @@ BODY = {"model": "sim-model", "messages": [{"role": "user", "content": "Explain 
 
 
 async def _raw(url: str, n: int, inflight: int) -> None:
-    from genqueue.consumer.client import EndpointClient
+    from genqueue.consumer.answer.client import EndpointClient
 
     async with EndpointClient(url) as client:
         await _drive(lambda i: client.chat({**BODY, "seed": i}), n, inflight)

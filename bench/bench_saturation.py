@@ -36,7 +36,7 @@ def sim_stats(url: str, reset: bool = False) -> dict:
 
 
 async def _bare(url: str, n: int, inflight: int, max_tokens: int, batch: bool) -> None:
-    from genqueue.consumer.client import EndpointClient
+    from genqueue.consumer.answer.client import EndpointClient
 
     async with EndpointClient(url) as client:
         def body(i: int) -> dict:

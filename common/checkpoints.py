@@ -1,4 +1,4 @@
-"""Checkpoints of multi-turn regeneration in Redis: the store under consumer/checkpoints.py.
+"""Checkpoints of multi-turn regeneration in Redis: the store under consumer/answer/checkpoints.py.
 
 Key: genqueue:run:<run>:ckpt:<item key>  (JSON of the history so far), kept TTL_SECONDS; saved
 after each finished turn that leaves more to do, deleted when the item's job is acked (in the

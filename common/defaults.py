@@ -118,7 +118,7 @@ SHARD_MAX_AGE = 10.0
 #: On SIGTERM, in-flight requests get this long to finish before their jobs go back to the queue.
 DRAIN_TIMEOUT = 60.0
 
-# One request to the engine (consumer/client.py, consumer/generate.py).
+# One request to the engine (consumer/answer/client.py, consumer/answer/generate.py).
 #: Seconds to wait for one completion: a long reasoning trace can take many minutes.
 REQUEST_TIMEOUT = 1800.0
 #: Attempts per request: every failed one counts (refused or reset connections, timeouts,

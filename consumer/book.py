@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 from genqueue.common.contracts import ErrorClass, Item, Outcome, Record, ResultRecord, is_error
 
 if TYPE_CHECKING:
-    from genqueue.consumer.generate import RunContext
+    from genqueue.consumer.answer.generate import RunContext
 
 H = TypeVar("H")  # the rq handle of a held job (consumer.rqcompat.Held); any object in unit tests
 

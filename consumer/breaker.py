@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from genqueue.common import defaults
 from genqueue.common.contracts import ErrorRecord, Record, is_error
-from genqueue.consumer.faults import STORM_CLASSES
+from genqueue.consumer.answer.faults import STORM_CLASSES
 
 _DIGITS = re.compile(r"\d+")
 

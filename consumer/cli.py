@@ -131,7 +131,7 @@ main.add_command(simulate_command, "simulate")
 
 
 def _register() -> None:
-    from genqueue.consumer.dashboard import dashboard_command
+    from genqueue.consumer.dashboard.command import dashboard_command
     from genqueue.consumer.launch.command import launch_command
 
     main.add_command(launch_command, "launch")

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from genqueue.common.contracts import Item, Record, is_error
 from genqueue.common.flights import Flight
 from genqueue.consumer.admission import Limiter
+from genqueue.consumer.answer.generate import Gate, Generator, RunContext
+from genqueue.consumer.answer.records import internal_error
 from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.outbox import Outbox
-from genqueue.consumer.records import internal_error
 from genqueue.consumer.rqcompat import Held
 
 log = logging.getLogger(__name__)

@@ -49,8 +49,8 @@ from genqueue.common.flights import Flight, Offer
 from genqueue.common.hungry import other_caller
 from genqueue.common.marks import done_of
 from genqueue.common.rqaccess import job_payload
+from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher
-from genqueue.consumer.generate import RunContext
 from genqueue.consumer.intake import InvalidJob, parse_items
 from genqueue.consumer.rqthread import RqThread
 

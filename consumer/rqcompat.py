@@ -362,3 +362,24 @@ def _skew_for_tests() -> None:
     time.time = skewed
     rq.utils.now = lambda: datetime.fromtimestamp(time.time(), UTC)
     log.warning("test hook: this process's clock runs %.0f s behind (%s)", behind, TEST_CLOCK_BEHIND)
+
+
+def sweep_in_redis_time() -> None:
+    """Make rq's `StartedJobRegistry.cleanup`, in this process, sweep by Redis's clock when it
+    is given no timestamp. rq's cleanup sweeps the leases expired by this host's clock;
+    genqueue scores leases in Redis's clock (common/clock.py), so a reader of registries on a
+    host whose clock runs ahead (rq-dashboard counts and lists them through cleanup: `consumer
+    dashboard` calls this) would re-queue live jobs. Idempotent."""
+    from genqueue.common.clock import redis_time
+
+    if getattr(StartedJobRegistry.cleanup, "redis_time", False):
+        return
+    local = StartedJobRegistry.cleanup
+
+    def cleanup(self: Any, timestamp: float | None = None, exception_handlers: list[Any] | None = None) -> Any:
+        if timestamp is None:
+            timestamp = redis_time(self.connection)
+        return local(self, timestamp, exception_handlers)
+
+    cleanup.redis_time = True  # type: ignore[attr-defined]
+    setattr(StartedJobRegistry, "cleanup", cleanup)  # noqa: B010

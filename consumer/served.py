@@ -25,9 +25,9 @@ from genqueue.common.pause import paused_reasons
 from genqueue.common.rqaccess import job_counts
 from genqueue.common.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
 from genqueue.common.storage import OutputProbeError, probe_output
-from genqueue.consumer.client import EndpointClient
-from genqueue.consumer.faults import classify_status
-from genqueue.consumer.generate import Generator, RunContext
+from genqueue.consumer.answer.client import EndpointClient
+from genqueue.consumer.answer.faults import classify_status
+from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)

@@ -39,9 +39,9 @@ from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.snapshots import publish
 from genqueue.consumer.acker import AckSnapshot
 from genqueue.consumer.admission import AdmissionSnapshot
+from genqueue.consumer.answer.faults import RetryKind
 from genqueue.consumer.book import BookSnapshot, RunLoad
 from genqueue.consumer.doctor import Doctor
-from genqueue.consumer.faults import RetryKind
 from genqueue.consumer.leases import LeaseSnapshot
 from genqueue.consumer.outbox import OutboxSnapshot, RunShipping
 from genqueue.consumer.rqthread import RqSnapshot, RqThread

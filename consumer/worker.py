@@ -46,14 +46,14 @@ from genqueue.common.storage import ShardStore
 from genqueue.common.storage import store_for as default_store_for
 from genqueue.consumer.acker import Acker
 from genqueue.consumer.admission import Limiter, Steering
+from genqueue.consumer.answer.checkpoints import Checkpoints
+from genqueue.consumer.answer.client import EndpointClient
+from genqueue.consumer.answer.generate import Gate, Generator, RunContext
 from genqueue.consumer.book import Book
 from genqueue.consumer.breaker import Breaker
-from genqueue.consumer.checkpoints import Checkpoints
-from genqueue.consumer.client import EndpointClient
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.ended import failed_runs
-from genqueue.consumer.generate import Gate, Generator, RunContext
 from genqueue.consumer.hedge import Hedger
 from genqueue.consumer.intake import Intake
 from genqueue.consumer.leases import Leases

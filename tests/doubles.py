@@ -22,8 +22,8 @@ from typing import Any
 
 from genqueue.common.contracts import ConsumerInfo, Item, ResultRecord
 from genqueue.common.settings import RunSettings
+from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.generate import RunContext
 
 IDENT: ConsumerInfo = {"host": "h", "gpu": None, "worker": "w", "endpoint": "e"}
 

@@ -14,7 +14,8 @@ import pytest
 from rq import Worker
 
 from genqueue.common.rqaccess import queue_for
-from genqueue.consumer import dashboard
+from genqueue.consumer.dashboard import command as dash_command
+from genqueue.consumer.dashboard import web as dash_web
 from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
@@ -117,33 +118,33 @@ def test_dashboard_shows_genqueue_queues_jobs_and_busy_workers(tmp_path, redis_u
 
 
 def test_dashboard_args_force_json_a_local_bind_and_redis_from_the_environment():
-    argv, env = dashboard.dashboard_args(["--port", "9999"], {"REDIS_URL": "redis://:pw@h:6379/0"})
+    argv, env = dash_command.dashboard_args(["--port", "9999"], {"REDIS_URL": "redis://:pw@h:6379/0"})
     assert argv == ["--json", "--bind", "127.0.0.1", "--port", "9999"]
     assert env == {"RQ_DASHBOARD_REDIS_URL": "redis://:pw@h:6379/0"}
-    argv, env = dashboard.dashboard_args(["-b", "0.0.0.0", "-u", "redis://x:1/0"], {"REDIS_URL": "redis://h/0"})
+    argv, env = dash_command.dashboard_args(["-b", "0.0.0.0", "-u", "redis://x:1/0"], {"REDIS_URL": "redis://h/0"})
     assert argv == ["--json", "-b", "0.0.0.0", "-u", "redis://x:1/0"] and env == {}
-    assert dashboard.dashboard_args([], {"RQ_DASHBOARD_REDIS_URL": "redis://a/0", "REDIS_URL": "redis://b/0"})[1] == {}
+    assert dash_command.dashboard_args([], {"RQ_DASHBOARD_REDIS_URL": "redis://a/0", "REDIS_URL": "redis://b/0"})[1] == {}
 
 
 def test_a_missing_dependency_is_one_line_naming_it(monkeypatch):
     def no_six(name: str):
         raise ModuleNotFoundError("No module named 'six'", name="six")
 
-    monkeypatch.setattr(dashboard.importlib, "import_module", no_six)
-    with pytest.raises(dashboard.DashboardMissing, match="No module named 'six'.*pip install 'rq-dashboard==0.9.\\*' six"):
-        dashboard.load()
+    monkeypatch.setattr(dash_web.importlib, "import_module", no_six)
+    with pytest.raises(dash_web.DashboardMissing, match="No module named 'six'.*pip install 'rq-dashboard==0.9.\\*' six"):
+        dash_web.load()
 
 
 def test_the_workers_page_lists_every_held_job_or_is_left_as_rq_dashboard_made_it(tmp_path):
     import rq_dashboard.web as web
 
-    page = dashboard.workers_page(Path(web.__file__).parent / "templates" / dashboard.WORKERS_TEMPLATE)
+    page = dash_web.workers_page(Path(web.__file__).parent / "templates" / dash_web.WORKERS_TEMPLATE)
     assert page is not None and "_.each(d.current_jobs" in page and "Jobs&nbsp;held" in page
     assert "d.current_job !== 'idle'" not in page
     other = tmp_path / "workers.html"
     other.write_text("<td><%= d.current_job.name %></td>")  # some other rq-dashboard's page
-    assert dashboard.workers_page(other) is None
-    assert dashboard.workers_page(tmp_path / "absent.html") is None
+    assert dash_web.workers_page(other) is None
+    assert dash_web.workers_page(tmp_path / "absent.html") is None
 
 
 def test_the_dashboards_sweeps_use_redis_time_not_a_fast_host_clock(conn, monkeypatch):
@@ -152,11 +153,12 @@ def test_the_dashboards_sweeps_use_redis_time_not_a_fast_host_clock(conn, monkey
     import rq.registry
     from rq.registry import StartedJobRegistry
 
-    from genqueue.consumer.dashboard import sweep_in_redis_time
+    from genqueue.consumer.rqcompat import sweep_in_redis_time
 
     secs, micros = conn.time()
     redis_now = secs + micros / 1_000_000
     monkeypatch.setattr(rq.registry, "current_timestamp", lambda: int(redis_now + 1000))
+    monkeypatch.setattr(StartedJobRegistry, "cleanup", StartedJobRegistry.cleanup)  # rq's own, back after the test
     registry = StartedJobRegistry("genqueue.clock", connection=conn)
     conn.zadd(registry.key, {"live-job:exec-1": redis_now + 30})
     assert "live-job" in registry.get_expired_job_ids(rq.registry.current_timestamp())  # rq's clock: expired

@@ -170,8 +170,11 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 # The wings: parts of a package that are a program of their own, each in its folder, whose
 # docstring says what it is for and, on its `May import:` line, what it may stand on.
-WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.producer.ingest",
-         "genqueue.producer.export")
+WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.consumer.answer",
+         "genqueue.consumer.dashboard", "genqueue.producer.ingest", "genqueue.producer.export")
+
+#: The answering wing's modules, once on consumer/'s top level.
+ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool_turns", "checkpoints")
 
 
 def allowed_imports(wing: str) -> tuple[str, ...]:
@@ -200,11 +203,13 @@ def test_a_wing_imports_only_what_its_docstring_allows(wing: str) -> None:
 @pytest.mark.parametrize(("wing", "users"), [
     ("genqueue.consumer.sim", ("genqueue.consumer.cli",)),
     ("genqueue.consumer.launch", ("genqueue.consumer.cli",)),
+    ("genqueue.consumer.dashboard", ("genqueue.consumer.cli",)),
     ("genqueue.producer.export", ("genqueue.producer.cli",)),
 ])
 def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[str, ...]) -> None:
-    """The stand-in, the launcher and the export are commands: only the CLI that registers them
-    imports them, so the worker cannot come to depend on the stand-in (or enqueue on export)."""
+    """The stand-in, the launcher, the dashboard and the export are commands: only the CLI that
+    registers them imports them, so the worker cannot come to depend on the stand-in (or enqueue
+    on export)."""
     graph, _ = import_graph()
     edges = sorted(f"{m} -> {n}" for m, deps in graph.items() if not allowed(m, (wing,)) and m not in users
                    for n in deps if allowed(n, (wing,)))
@@ -214,7 +219,8 @@ def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[
 def test_every_wing_is_in_its_folder() -> None:
     """No wing's module is left on its package's top level under the old flat names."""
     flat = sorted(str(p.relative_to(ROOT)) for pattern in ("consumer/launch*.py", "consumer/sim*.py",
-                                                           "producer/export*.py")
+                                                           "consumer/dashboard*.py", "producer/export*.py",
+                                                           *(f"consumer/{m}.py" for m in ANSWER_MODULES))
                   for p in ROOT.glob(pattern))
     assert flat == []
     for wing in WINGS:
@@ -223,6 +229,63 @@ def test_every_wing_is_in_its_folder() -> None:
 
 def test_the_wing_rule_reads_what_it_should() -> None:
     assert allowed_imports("genqueue.consumer.sim") == ()
+    assert allowed_imports("genqueue.consumer.answer") == ("genqueue.common",)
+    assert {f"genqueue.consumer.answer.{m}" for m in ANSWER_MODULES} <= module_files().keys()
     assert "genqueue.common" in allowed_imports("genqueue.producer.export")
     assert allowed("genqueue.common.runs", ("genqueue.common",))
     assert not allowed("genqueue.commonplace", ("genqueue.common",))
+
+
+# rq below its documented surface: the two adapters docs/design.md names, and no other module.
+RQ_ADAPTERS = ("consumer/rqcompat.py", "common/rqaccess.py")
+
+
+def rq_patches(tree: ast.Module) -> list[int]:
+    """Lines of TREE that patch rq: an assignment to, or setattr/delattr on, an attribute of a
+    name bound to rq (`import rq[.x] [as y]`, `from rq[.x] import Name [as n]`), at any depth."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "rq"}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "rq":
+            bound |= {a.asname or a.name for a in node.names}
+
+    def of_rq(node: ast.expr) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in bound
+
+    lines = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"setattr", "delattr"}
+              and node.args and of_rq(node.args[0])):
+            lines.append(node.lineno)
+        lines += [node.lineno for t in targets if isinstance(t, ast.Attribute) and of_rq(t.value)]
+    return sorted(lines)
+
+
+def test_rq_is_patched_only_by_its_adapters() -> None:
+    """A patch of rq anywhere else (the dashboard's sweep in Redis's clock once was one) is rq
+    behaviour the rq contract tests and the rq pin's comment do not know about."""
+    found = sorted(f"{path.relative_to(ROOT)}:{line}" for path in module_files().values()
+                   if str(path.relative_to(ROOT)) not in RQ_ADAPTERS
+                   for line in rq_patches(ast.parse(path.read_text())))
+    assert found == []
+    # the adapters' own patches are seen, so the rule cannot pass by reading nothing
+    for adapter in RQ_ADAPTERS:
+        assert rq_patches(ast.parse((ROOT / adapter).read_text())), adapter
+
+
+def test_the_rq_patch_finder_finds_patches() -> None:
+    tree = ast.parse("import rq.utils\nfrom rq.registry import StartedJobRegistry as S\nfrom rq import job\n"
+                     "import json\nweb = object()\n"
+                     "def f():\n    setattr(S, 'cleanup', 1)\n    rq.utils.now = 2\n    job.zlib += 3\n"
+                     "    setattr(web, 'Worker', 4)\n    json.x = 5\n    S = 6\n    del S.cleanup\n")
+    assert rq_patches(tree) == [7, 8, 9, 13]

@@ -274,7 +274,7 @@ _PATCHED: list[Any] = []
 def flask_dashboard(url: str) -> Callable[[str], tuple[int, Any]]:
     from rq.serializers import JSONSerializer
 
-    from genqueue.consumer import dashboard
+    from genqueue.consumer.dashboard import web as dashboard
 
     if not _PATCHED:
         cli_mod, web = dashboard.load()

@@ -134,7 +134,7 @@ def test_the_wheel_carries_the_dashboard_extra_and_command(tmp_path):
         names = set(z.namelist())
         (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         metadata = z.read(meta).decode()
-    assert "genqueue/consumer/dashboard.py" in names and "genqueue/consumer/launch/command.py" in names
+    assert "genqueue/consumer/dashboard/command.py" in names and "genqueue/consumer/launch/command.py" in names
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert {"rq-dashboard", "six"} <= dashboard_requirements(requires)
     report = tmp_path / "report.json"

@@ -66,7 +66,7 @@ _EVERYDAY: tuple[object, ...] = (
     ThreadPoolExecutor, asyncio.AbstractEventLoop, click,
 )
 SHARED_NAMES = frozenset(COMMANDS & {n for api in _EVERYDAY for n in dir(api)}) | {
-    "save",  # consumer/checkpoints.py's Checkpoints.save
+    "save",  # consumer/answer/checkpoints.py's Checkpoints.save
     "publish",  # consumer/telemetry.py's Telemetry.publish
     "delete",  # rq's Job.delete and Queue.delete
     "select",  # pyarrow's Table.select (producer/export)

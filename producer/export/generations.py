@@ -6,8 +6,8 @@ prompt, its `content`/`reasoning`/`tool_calls` the answer. A `regenerate` record
 generation per entry of `turns`: the k-th turn answered the k-th assistant message of
 `messages`, and the messages before that one are what the server was sent for it (earlier
 answers with or without their thinking as `--history-reasoning` said, tool results as spliced:
-the consumer appends to one history and records it, consumer/generate.py). A tool-calling turn
-is one generation per request: the call, then each answer after its results.
+the consumer appends to one history and records it, consumer/answer/generate.py). A
+tool-calling turn is one generation per request: the call, then each answer after its results.
 
 The answer carries its thinking as `reasoning_content` (the field reasoning models' chat
 templates read), whatever went back into the history.

@@ -24,9 +24,9 @@ from genqueue.common.flights import Flight, Offer
 from genqueue.common.runs import CONSUMERS
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.admission import Limiter
+from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.book import Book
 from genqueue.consumer.dispatch import Dispatcher
-from genqueue.consumer.generate import RunContext
 from genqueue.consumer.hedge import FASTER, Rate, choose, copyable
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results

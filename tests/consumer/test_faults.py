@@ -1,4 +1,4 @@
-"""The fault policy (consumer/faults.py), pure: statuses, kinds, classes, the step after a failure."""
+"""The fault policy (consumer/answer/faults.py), pure: statuses, kinds, classes, the step after a failure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 
 from genqueue.common.contracts import ErrorClass
 from genqueue.common.errors import BadResponseError, EndpointError, PermanentError, TransientError
-from genqueue.consumer.breaker import signature
-from genqueue.consumer.faults import (
+from genqueue.consumer.answer.faults import (
     STORM_CLASSES,
     DeadlineExceeded,
     EndpointDown,
@@ -19,6 +18,7 @@ from genqueue.consumer.faults import (
     error_class,
     retry_kind,
 )
+from genqueue.consumer.breaker import signature
 
 
 def test_status_classes() -> None:

@@ -10,12 +10,12 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common.checkpoints import checkpoint_key
 from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
 from genqueue.common.settings import RunSettings, Sampling
-from genqueue.common.checkpoints import checkpoint_key
-from genqueue.consumer.checkpoints import Checkpoints
-from genqueue.consumer.client import EndpointClient
-from genqueue.consumer.generate import Gate, Generator, RunContext, retry_budget
+from genqueue.consumer.answer.checkpoints import Checkpoints
+from genqueue.consumer.answer.client import EndpointClient
+from genqueue.consumer.answer.generate import Gate, Generator, RunContext, retry_budget
 from genqueue.consumer.sim.server import SimConfig, SimServer
 
 T = TypeVar("T")

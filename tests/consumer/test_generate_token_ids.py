@@ -8,8 +8,8 @@ from typing import Any
 
 from genqueue.common.contracts import ErrorRecord, Item, ResultRecord, full_prompts
 from genqueue.common.settings import RunSettings, Sampling
-from genqueue.consumer.client import EndpointClient
-from genqueue.consumer.generate import NO_TOKEN_IDS, Gate, Generator, RunContext
+from genqueue.consumer.answer.client import EndpointClient
+from genqueue.consumer.answer.generate import NO_TOKEN_IDS, Gate, Generator, RunContext
 from genqueue.consumer.sim.server import SimConfig, SimServer
 from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
 

@@ -15,8 +15,8 @@ import pytest
 
 from genqueue.common.contracts import ErrorClass, ErrorInfo, ErrorRecord, Item, Mode, Outcome, ResultRecord, is_error
 from genqueue.common.settings import RunSettings, Sampling
-from genqueue.consumer.client import EndpointClient, Gate, RepeatedLog
-from genqueue.consumer.generate import Generator, RunContext
+from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
+from genqueue.consumer.answer.generate import Generator, RunContext
 from tests.consumer.hostile import (
     CHAT,
     HEALTH,

@@ -1,15 +1,15 @@
-"""Record building (consumer/records.py), pure: no endpoint, no Redis."""
+"""Record building (consumer/answer/records.py), pure: no endpoint, no Redis."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from genqueue.common.contracts import ErrorClass, Item, ChatMessage, Note, Outcome, ReasoningForm, TurnRecord
+from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Note, Outcome, ReasoningForm, TurnRecord
 from genqueue.common.errors import BadResponseError, PermanentError
 from genqueue.common.settings import RunSettings
-from genqueue.consumer import records
-from genqueue.consumer.completion import Turn
-from genqueue.consumer.generate import RunContext
+from genqueue.consumer.answer import records
+from genqueue.consumer.answer.completion import Turn
+from genqueue.consumer.answer.generate import RunContext
 
 CTX = RunContext("r", RunSettings(), "m", {"host": "h", "gpu": None, "worker": "w", "endpoint": "e"})
 ITEM: Item = {"key": "a" * 32, "index": 4, "turn": None, "messages": [{"role": "user", "content": "hi"}],

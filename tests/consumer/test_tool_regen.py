@@ -12,13 +12,13 @@ import pytest
 
 from genqueue.common.contracts import Item, Mode
 from genqueue.common.marks import record_turns
-from genqueue.consumer.checkpoints import Checkpoints
-from genqueue.consumer.generate import Generator
-from genqueue.consumer.sim.text import call_hints, tool_calls_for
+from genqueue.consumer.answer.checkpoints import Checkpoints
+from genqueue.consumer.answer.generate import Generator
+from genqueue.consumer.answer.tool_turns import match_calls, splice_results
 from genqueue.consumer.sim.server import SimConfig, SimServer
-from genqueue.consumer.tool_turns import match_calls, splice_results
-from genqueue.producer.ingest.convert import normalize
+from genqueue.consumer.sim.text import call_hints, tool_calls_for
 from genqueue.producer.export.core import _tool_turns
+from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import make_items
 from tests.conftest import cli, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results

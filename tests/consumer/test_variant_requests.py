@@ -14,8 +14,8 @@ import redis
 from genqueue.common.contracts import ErrorRecord, ExitCode, Item, ResultRecord
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.common.variants import Variant, normalised
-from genqueue.consumer.client import EndpointClient
-from genqueue.consumer.generate import Gate, Generator, RunContext
+from genqueue.consumer.answer.client import EndpointClient
+from genqueue.consumer.answer.generate import Gate, Generator, RunContext
 from genqueue.consumer.sim.server import SimConfig, SimServer
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim

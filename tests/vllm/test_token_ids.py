@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 
-from genqueue.consumer.completion import split_inline
+from genqueue.consumer.answer.completion import split_inline
 from tests.conftest import cli, sharegpt
 from tests.vllm.conftest import SERVED_NAME, VllmServer
 from tests.vllm.pipeline import assert_all_done, consume, enqueue, results

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from genqueue.common.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
-from genqueue.consumer.records import sum_usage
+from genqueue.consumer.answer.records import sum_usage
 from genqueue.producer.export import cardplots
 from genqueue.producer.export.card import MARK, row_stats
 from genqueue.producer.export.command import export_command

@@ -1,6 +1,6 @@
 """The HTTP client for a vLLM OpenAI-compatible endpoint, on the hot path, and the gate that
 pauses requests while the endpoint is down (I/O only: which status or exception is which
-fault, and what to do about it, is consumer/faults.py's to say).
+fault, and what to do about it, is faults.py's to say).
 
 Raw aiohttp + orjson, not the `openai` package: measured on this machine (docs/consumer.md,
 "Why raw aiohttp, not the openai client, on the hot path") the openai client spends ~1.2 ms of CPU per
@@ -23,8 +23,8 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.errors import BadResponseError, TransientError
-from genqueue.consumer.completion import decode_body, snippet
-from genqueue.consumer.faults import DeadlineExceeded, EndpointDown, classify_status
+from genqueue.consumer.answer.completion import decode_body, snippet
+from genqueue.consumer.answer.faults import DeadlineExceeded, EndpointDown, classify_status
 
 log = logging.getLogger(__name__)
 

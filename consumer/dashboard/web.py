@@ -1,43 +1,19 @@
-"""`consumer dashboard`: rq-dashboard, made to read genqueue's queues, jobs and workers.
-
-    consumer dashboard                       # REDIS_URL, http://127.0.0.1:9181
-    consumer dashboard --bind 0.0.0.0 --port 9181 --username ops --password ...
-
-rq-dashboard (0.9) out of the box fails on genqueue in three ways:
-
-- it imports `six` without declaring it (the `dashboard` extra installs it);
-- without `--json` it reads job payloads and results with pickle, and genqueue's are JSON: the
-  finished-jobs and workers pages answer 500 (DeserializationError);
-- even with `--json` its workers views list workers with rq's default (pickle) serializer, so
-  a consumer holding jobs makes workers.json answer 500 and the Workers page shows
-  "Loading..." forever (upstream `rq_dashboard/web.py`: `Worker.all(connection=...)`).
-
-This runs rq-dashboard's own command line with `--json`, its worker listing reading jobs with
-the JSON serializer, and a worker whose current job no serializer can read shown with its id
-instead of failing the whole page. A consumer holds many jobs at once (rq executions), where
-rq-dashboard shows one "current job" per worker: its workers data gives each worker
-`current_jobs`, every job it holds, and its Workers page lists them. And whatever a genqueue queue holds (a pickle, garbage, a
-hash without data, an id whose hash is gone, a date rq does not parse), its job lists show
-each such entry as a row `(malformed: <reason>)` (common/rqjobs.py's reasons), and a job's own
-page and JSON say why it cannot be shown, where rq-dashboard answered 500 for the whole list. Every rq-dashboard option passes through; the Redis URL
-comes from REDIS_URL as for genqueue's other commands, and it listens on 127.0.0.1 unless told.
+"""rq-dashboard's web app made to read genqueue (see the wing's docstring, consumer/dashboard/):
+its worker views read jobs with the JSON serializer and list every job a worker holds, its job
+lists and job pages show whatever a genqueue queue holds, and its registry sweeps use Redis's
+clock (rqcompat.sweep_in_redis_time). Everything here patches rq-dashboard, written and tested
+against its 0.9 series; rq itself is touched only in consumer/rqcompat.py.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import click
-
-from genqueue.common.cli import setup_logging
-from genqueue.common.redact import redact
 from genqueue.common.rqaccess import queue_name
 
 log = logging.getLogger(__name__)
@@ -66,9 +42,11 @@ def load() -> tuple[ModuleType, ModuleType]:
 
 
 def patch(web: ModuleType) -> None:
-    """Make rq-dashboard's worker views read genqueue's JSON jobs (see the module docstring)."""
+    """Make rq-dashboard's views read genqueue's JSON jobs (see the wing's docstring)."""
     from rq.exceptions import DeserializationError
     from rq.serializers import JSONSerializer
+
+    from genqueue.consumer.rqcompat import sweep_in_redis_time
 
     worker_cls: Any = web.Worker
 
@@ -101,29 +79,7 @@ def patch(web: ModuleType) -> None:
     setattr(web, "serialize_current_job", serialize_current_job)  # noqa: B010
     patch_held_jobs(web)
     patch_job_lists(web)
-    sweep_in_redis_time()
-
-
-def sweep_in_redis_time() -> None:
-    """rq-dashboard counts and lists a started registry through rq's cleanup, which sweeps the
-    leases expired by this host's clock; genqueue scores leases in Redis's clock
-    (common/clock.py), so a dashboard on a host whose clock runs ahead would re-queue live jobs.
-    Its sweeps here use Redis's TIME instead."""
-    from rq.registry import StartedJobRegistry
-
-    from genqueue.common.clock import redis_time
-
-    if getattr(StartedJobRegistry.cleanup, "redis_time", False):
-        return
-    local = StartedJobRegistry.cleanup
-
-    def cleanup(self: Any, timestamp: float | None = None, exception_handlers: list[Any] | None = None) -> Any:
-        if timestamp is None:
-            timestamp = redis_time(self.connection)
-        return local(self, timestamp, exception_handlers)
-
-    cleanup.redis_time = True  # type: ignore[attr-defined]
-    setattr(StartedJobRegistry, "cleanup", cleanup)  # noqa: B010
+    sweep_in_redis_time()  # its registry sweeps: consumer/rqcompat.py
 
 
 def patch_held_jobs(web: ModuleType) -> None:
@@ -207,7 +163,7 @@ class _Unloadable:
 
 def patch_job_lists(web: ModuleType) -> None:
     """rq-dashboard's job lists, job page and job JSON, whatever a genqueue queue holds (see the
-    module docstring). Queues of other applications are shown by rq-dashboard's own code."""
+    wing's docstring). Queues of other applications are shown by rq-dashboard's own code."""
     from flask import current_app, request
     from werkzeug.exceptions import HTTPException
 
@@ -250,70 +206,3 @@ def patch_job_lists(web: ModuleType) -> None:
 
     setattr(web, "get_queue_registry_jobs_count", jobs_page)  # noqa: B010
     web.blueprint.register_error_handler(Exception, unreadable_job)
-
-
-class _StartLineIsNotAnError(logging.Filter):
-    """rq-dashboard logs its normal "Running on" line at ERROR (so that werkzeug, which it sets to
-    ERROR, lets it through): say it at INFO, as the start line it is."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.ERROR and str(record.msg).lstrip().startswith("* Running on"):
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-        return True
-
-
-def redis_help(env: dict[str, str]) -> str:
-    """What --redis-url defaults to under genqueue: REDIS_URL, as for every genqueue command."""
-    now = f"now {redact(env['REDIS_URL'])}" if env.get("REDIS_URL") else "unset here, so redis://127.0.0.1:6379"
-    return f"Redis URL. Can be specified multiple times. Default: $REDIS_URL ({now})."
-
-
-def help_args(args: list[str]) -> list[str]:
-    """-h is --help here too, as for every other genqueue command."""
-    return ["--help" if a == "-h" else a for a in args]
-
-
-def dashboard_args(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """rq-dashboard's argv and environment: --json always, 127.0.0.1 unless --bind/-b is given, and
-    Redis from REDIS_URL unless --redis-url/-u or RQ_DASHBOARD_REDIS_URL say otherwise (through
-    the environment, so the URL and its password never show in ps)."""
-    names = {a.split("=", 1)[0] for a in args}
-    head = ["--json"]
-    if not names & {"--bind", "-b"}:
-        head += ["--bind", "127.0.0.1"]
-    extra: dict[str, str] = {}
-    if not names & {"--redis-url", "-u"} and "RQ_DASHBOARD_REDIS_URL" not in env and env.get("REDIS_URL"):
-        extra["RQ_DASHBOARD_REDIS_URL"] = env["REDIS_URL"]
-    return [*head, *args], extra
-
-
-@click.command("dashboard", add_help_option=False, short_help="rq-dashboard for genqueue's queues, jobs and workers.",
-               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def dashboard_command(args: tuple[str, ...]) -> None:
-    """rq-dashboard for genqueue's queues, jobs and workers: rq-dashboard's own options pass
-    through (--help lists them); Redis from REDIS_URL; 127.0.0.1:9181 unless --bind/--port."""
-    setup_logging(0)
-    try:
-        cli, web = load()
-    except DashboardMissing as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
-    version = str(getattr(importlib.import_module("rq_dashboard.version"), "VERSION", "?"))
-    if not version.startswith(TESTED_SERIES):
-        log.warning("rq-dashboard %s: genqueue's fix for its workers page was written for %sx", version, TESTED_SERIES)
-    patch(web)
-    given = help_args(list(args))
-    argv, extra = dashboard_args(given, dict(os.environ))
-    os.environ.update(extra)
-    for param in cli.run.params:
-        if param.name == "redis_url":
-            param.help = redis_help(dict(os.environ))
-    logging.getLogger("werkzeug").addFilter(_StartLineIsNotAnError())
-    if "--help" not in given:
-        click.echo(f"dashboard: rq-dashboard {version} reading genqueue's JSON jobs and workers", err=True)
-    cli.run.main(args=argv, prog_name="consumer dashboard", auto_envvar_prefix="RQ_DASHBOARD")
-
-
-if __name__ == "__main__":
-    dashboard_command(prog_name="consumer dashboard")

@@ -1,6 +1,6 @@
 """Answering one item: the single-turn and regenerate flows, the requests they need and the
-truncation policy. What a failed attempt calls for is consumer/faults.py's to say, and the
-record an item becomes is built in consumer/records.py.
+truncation policy. What a failed attempt calls for is faults.py's to say, and the record an
+item becomes is built in records.py (both in this wing).
 
 Modes first/last/each: one request on the item's messages. Mode regenerate: the user turns
 are answered in order, each on the history of the answers so far (the original assistant
@@ -8,7 +8,7 @@ turns were dropped by the producer), so every assistant token comes from the tar
 A turn cut by max_tokens or failed permanently ends the conversation there; what came before
 is kept and the record says where and why it stopped (`stopped`); a conversation whose later
 turn failed is `partial`, never `finished`. Tool turns (the item keeps the recorded calls and
-their results): when the target's calls match the recorded ones (consumer/tool_turns.py), the
+their results): when the target's calls match the recorded ones (tool_turns.py), the
 recorded results are spliced in, answering the target's call ids, and the target answers
 again on them; at the first divergence (other calls, none, or a call the recording did not
 make) the conversation ends there, noted `tool_call_diverged`.
@@ -48,12 +48,12 @@ from genqueue.common.contracts import (
 from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant
-from genqueue.consumer import records
-from genqueue.consumer.checkpoints import Checkpoints
-from genqueue.consumer.client import EndpointClient, Gate, RepeatedLog
-from genqueue.consumer.completion import Turn, parse_completion
-from genqueue.consumer.faults import RetryKind, RetryPolicy
-from genqueue.consumer.tool_turns import call_summary, match_calls, splice_results
+from genqueue.consumer.answer import records
+from genqueue.consumer.answer.checkpoints import Checkpoints
+from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
+from genqueue.consumer.answer.completion import Turn, parse_completion
+from genqueue.consumer.answer.faults import RetryKind, RetryPolicy
+from genqueue.consumer.answer.tool_turns import call_summary, match_calls, splice_results
 
 __all__ = ["Gate", "Generator", "RunContext", "retry_budget"]
 

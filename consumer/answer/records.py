@@ -41,8 +41,8 @@ from genqueue.common.contracts import (
 )
 from genqueue.common.errors import EndpointError
 from genqueue.common.variants import Variant
-from genqueue.consumer.completion import Turn
-from genqueue.consumer.faults import error_class
+from genqueue.consumer.answer.completion import Turn
+from genqueue.consumer.answer.faults import error_class
 
 __all__ = ["RunFacts", "assistant_message", "conversation_record", "error_record", "fault_error", "fault_info",
            "internal_error", "messages_of", "record_base", "result_record", "seed_of", "stop", "timings",

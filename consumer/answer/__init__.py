@@ -1,0 +1,17 @@
+"""The answering wing: the requests of one item and the records it becomes. The worker hands it
+an item and a run's context; it answers with records, whatever the endpoint did.
+
+- generate.py: the single-turn and regenerate flows, the requests they need, truncation;
+- client.py: the HTTP client of the endpoint (I/O only) and the Gate that pauses requests
+  while the endpoint is down;
+- completion.py: reading a chat completion as every vLLM version writes it (checks, thinking);
+- faults.py: which status or exception is which fault, retry and gate decisions, `RetryKind`;
+- records.py: every record an item becomes, the one place an error record is made (pure);
+- tool_turns.py: does the target's tool call match the recorded one (pure);
+- checkpoints.py: a multi-turn conversation's progress, saved so a redo resumes mid-way.
+
+The wing knows nothing of the queue: no rq job, lease, shard or admission; the worker's parts
+(dispatch, served, hedge, breaker, telemetry) stand on it, never the other way round.
+
+May import: genqueue.common
+"""
