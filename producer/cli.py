@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from typing import Any, TypedDict, Unpack
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import click
 import orjson
@@ -21,8 +21,14 @@ from genqueue.producer.enqueue import EnqueueOptions, Summary, enqueue_file
 from genqueue.producer.ingest.items import Origin
 from genqueue.producer.ingest.reader import RawRecord
 
+if TYPE_CHECKING:
+    from rich.text import Text
+
 #: A run's priority: any integer in a range no one needs to leave.
 PRIORITY = click.IntRange(-1_000_000, 1_000_000)
+
+#: The line above each frame of a piped `producer status --watch` (then ` at <time> ---`).
+WATCH_MARK = "--- producer status"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -231,7 +237,8 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
 
 @main.command()
 @click.option("--run", "run_name", help="Run to show (default: every run).")
-@click.option("--watch", is_flag=True, help="Redraw in place every --interval seconds (Ctrl-C to leave).")
+@click.option("--watch", is_flag=True, help=("Redraw in place every --interval seconds (Ctrl-C to leave); into a pipe "
+                                             "or file, print each frame whole under a `--- producer status at` line."))
 @click.option("--interval", type=click.FloatRange(0.5), default=defaults.STATUS_INTERVAL, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--wide", is_flag=True, help="Clip no line to 100 columns; full input paths, a row per rejected reason.")
@@ -270,20 +277,51 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wi
         click.echo(orjson.dumps({**reports[0], "redis_memory": memory} if run_name
                                 else {"runs": reports, "redis_memory": memory}).decode())
     elif watch:
-        import time
-
-        from rich.live import Live
-        from rich.text import Text
-
         try:
-            with Live(Text(render()), refresh_per_second=4, screen=False) as live:
-                while True:
-                    time.sleep(interval)
-                    live.update(Text(render()))
+            (_watch_terminal if sys.stdout.isatty() else _watch_piped)(render, interval)
         except KeyboardInterrupt:  # Ctrl-C is how --watch is left: not an error
             return
     else:
         click.echo(render())
+
+
+def _watch_terminal(render: Callable[[], str], interval: float) -> None:
+    """--watch on a terminal: the frame redrawn in place every INTERVAL seconds. Its red lines
+    take their columns only (_watch_frame)."""
+    import time
+
+    from rich.live import Live
+
+    with Live(_watch_frame(render()), refresh_per_second=4, screen=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(_watch_frame(render()))
+
+
+def _watch_frame(text: str) -> Text:
+    """TEXT (format_status's, red lines painted with ANSI codes) as rich draws it: the codes
+    read as colour, so they take no columns (Text(text) counted them, wrapping red lines early)."""
+    from rich.text import Text
+
+    return Text.from_ansi(text)
+
+
+def _watch_piped(render: Callable[[], str], interval: float) -> None:
+    """--watch into a pipe or a file (`| tee`, `> log`): no redraw in place, which a pipe cannot
+    show (rich's Live printed one frame at exit there, wrapped at 80 columns), but each frame
+    whole, as `producer status` prints it, under a `--- producer status at <time> ---` line,
+    flushed as it is drawn. A reader that leaves (`| head`) ends it quietly."""
+    import time
+
+    try:
+        while True:
+            frame = render()
+            sys.stdout.write(f"{WATCH_MARK} at {time.strftime('%Y-%m-%d %H:%M:%S %Z')} ---\n{frame}\n\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except BrokenPipeError:
+        # stdout is gone: point it at /dev/null so that the flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _parse_extra(raw: str | None) -> dict[str, Any]:
