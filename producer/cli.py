@@ -254,8 +254,7 @@ def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wi
     from genqueue.common.redismem import full_line, full_now
     from genqueue.common.runs import RunStore
     from genqueue.producer.rungone import run_gone
-    from genqueue.producer.status import format_status, run_status
-    from genqueue.producer.status_screen import WIDTH
+    from genqueue.producer.status import WIDTH, format_status, run_status
 
     conn = connect(redis_url)
     names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
