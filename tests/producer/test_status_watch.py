@@ -18,7 +18,7 @@ from rich.console import Console
 
 from genqueue.common.runs import RunStore
 from genqueue.common.settings import RunSettings
-from genqueue.producer.cli import WATCH_MARK, _watch_frame
+from genqueue.producer.status.command import WATCH_MARK, _watch_frame
 from tests.conftest import BIN, cli
 
 RUN = "piped"
