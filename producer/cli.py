@@ -250,63 +250,6 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
                    "it", err=True)
 
 
-@main.command()
-@click.option("--run", "run_name", help="Run to show (default: every run).")
-@click.option("--watch", is_flag=True, help="Redraw in place every --interval seconds (Ctrl-C to leave).")
-@click.option("--interval", type=click.FloatRange(0.5), default=defaults.STATUS_INTERVAL, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--wide", is_flag=True, help="Clip no line to 100 columns; full input paths, a row per rejected reason.")
-@click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
-              help="The run's output, where its run.json is looked for when Redis does not hold the run.")
-@click.option("--gpu-hour-price", type=click.FloatRange(0), default=None, envvar="GENQUEUE_GPU_HOUR_PRICE",
-              show_envvar=True, help="Money a GPU-hour costs: the run's cost is shown in money too (any currency).")
-@redis_option
-@friendly_errors
-def status(run_name: str | None, watch: bool, interval: float, as_json: bool, wide: bool, output: str,
-           gpu_hour_price: float | None, redis_url: str) -> None:
-    """Coverage, speed, ETA, consumers, shipping and engines, per run."""
-    from genqueue.common.redismem import full_line, full_now
-    from genqueue.common.runs import RunStore
-    from genqueue.producer.rungone import run_gone
-    from genqueue.producer.status import format_status, run_status
-    from genqueue.producer.status_screen import WIDTH
-
-    conn = connect(redis_url)
-    names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
-    if run_name and RunStore(conn).get(run_name) is None:  # Redis lost it? its output may hold run.json
-        raise run_gone(run_name, _absolute_output(output))
-
-    def render() -> str:
-        reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
-        full = full_now(conn)  # a full Redis still answers reads: status says so, above the runs
-        head = [(f"{full_line(full)}: consumers hold their jobs and wait; free memory or raise maxmemory "
-                 "(`redis-cli CONFIG SET maxmemory ...`) and the run goes on by itself")] if full is not None else []
-        return "\n\n".join(head + [format_status(r, width=None if wide else WIDTH) for r in reports]) if reports \
-            else "\n\n".join(head + ["no runs in Redis"])
-
-    if as_json:
-        reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
-        full = full_now(conn)
-        memory = {"full": full is not None, **({"used": full.used, "maxmemory": full.maxmemory} if full else {})}
-        click.echo(orjson.dumps({**reports[0], "redis_memory": memory} if run_name
-                                else {"runs": reports, "redis_memory": memory}).decode())
-    elif watch:
-        import time
-
-        from rich.live import Live
-        from rich.text import Text
-
-        try:
-            with Live(Text(render()), refresh_per_second=4, screen=False) as live:
-                while True:
-                    time.sleep(interval)
-                    live.update(Text(render()))
-        except KeyboardInterrupt:  # Ctrl-C is how --watch is left: not an error
-            return
-    else:
-        click.echo(render())
-
-
 def _parse_extra(raw: str | None) -> dict[str, Any]:
     if not raw:
         return {}
@@ -390,12 +333,14 @@ def _register() -> None:
     from genqueue.producer.export.command import export_command
     from genqueue.producer.export.parity_command import parity_command
     from genqueue.producer.lifecycle import delete_command, resume_command, runs_command
+    from genqueue.producer.status.command import status_command
 
     main.add_command(export_command, "export")
     main.add_command(parity_command, "parity")
     main.add_command(runs_command, "runs")
     main.add_command(resume_command, "resume")
     main.add_command(delete_command, "delete")
+    main.add_command(status_command, "status")
 
 
 _register()

@@ -23,9 +23,31 @@ fleet's completion-token rate of the last minute.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from genqueue.common.contracts import Item
 from genqueue.common.snapshots import ConsumerReport
-from genqueue.producer.status_report import CostView
+
+
+class CostBasis(TypedDict):
+    gpu_hours_spent: str
+    gpu_hours_projected: str
+    price: str
+    estimated_output_tokens: str
+
+
+class CostView(TypedDict):
+    """GPU-hours (and money) spent and projected, and how each was found: `producer status`'s cost."""
+
+    gpu_hours_spent: float
+    gpu_hours_projected: float | None
+    live_gpus: int
+    price: float | None
+    spent_money: float | None
+    projected_money: float | None
+    estimated_output_tokens: int | None
+    basis: CostBasis
+
 
 #: Characters a token, for the estimate from the original answers.
 CHARS_PER_TOKEN = 4.0

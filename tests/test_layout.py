@@ -171,7 +171,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 # The wings: parts of a package that are a program of their own, each in its folder, whose
 # docstring says what it is for and, on its `May import:` line, what it may stand on.
 WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.consumer.answer",
-         "genqueue.consumer.dashboard", "genqueue.producer.ingest", "genqueue.producer.export")
+         "genqueue.consumer.dashboard", "genqueue.producer.ingest", "genqueue.producer.export",
+         "genqueue.producer.status")
 
 #: The answering wing's modules, once on consumer/'s top level.
 ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool_turns", "checkpoints")
@@ -205,11 +206,12 @@ def test_a_wing_imports_only_what_its_docstring_allows(wing: str) -> None:
     ("genqueue.consumer.launch", ("genqueue.consumer.cli",)),
     ("genqueue.consumer.dashboard", ("genqueue.consumer.cli",)),
     ("genqueue.producer.export", ("genqueue.producer.cli",)),
+    ("genqueue.producer.status", ("genqueue.producer.cli",)),
 ])
 def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[str, ...]) -> None:
-    """The stand-in, the launcher, the dashboard and the export are commands: only the CLI that
-    registers them imports them, so the worker cannot come to depend on the stand-in (or enqueue
-    on export)."""
+    """The stand-in, the launcher, the dashboard, the export and the status are commands: only the
+    CLI that registers them imports them, so the worker cannot come to depend on the stand-in (or
+    enqueue on export, or cost on status's report)."""
     graph, _ = import_graph()
     edges = sorted(f"{m} -> {n}" for m, deps in graph.items() if not allowed(m, (wing,)) and m not in users
                    for n in deps if allowed(n, (wing,)))
@@ -220,6 +222,7 @@ def test_every_wing_is_in_its_folder() -> None:
     """No wing's module is left on its package's top level under the old flat names."""
     flat = sorted(str(p.relative_to(ROOT)) for pattern in ("consumer/launch*.py", "consumer/sim*.py",
                                                            "consumer/dashboard*.py", "producer/export*.py",
+                                                           "producer/status*.py",
                                                            *(f"consumer/{m}.py" for m in ANSWER_MODULES))
                   for p in ROOT.glob(pattern))
     assert flat == []

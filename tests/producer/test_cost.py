@@ -19,7 +19,7 @@ from genqueue.producer.cost import (
     remaining_tokens,
     run_cost,
 )
-from genqueue.producer.status_screen import WIDTH
+from genqueue.producer.status import WIDTH
 from tests.conftest import cli, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 

@@ -20,7 +20,7 @@ from genqueue.consumer.engine import engine_view, parse_prometheus
 from genqueue.producer.export.core import _tool_turns
 from genqueue.producer.ingest.sources import end_reading, start_reading
 from genqueue.producer.status import format_status, run_status
-from genqueue.producer.status_figures import outcome_view, placement
+from genqueue.producer.status.figures import outcome_view, placement
 from tests.conftest import cli
 
 

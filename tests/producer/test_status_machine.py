@@ -53,7 +53,7 @@ from genqueue.consumer.rqthread import RqSnapshot
 from genqueue.consumer.served import ServedSnapshot
 from genqueue.consumer.telemetry import Parts, Telemetry
 from genqueue.producer.status import format_status, run_status
-from genqueue.producer.status_screen import screen_rows
+from genqueue.producer.status.screen import screen_rows
 
 RUN = "sm"
 JOBS, PER_JOB = 6, 3

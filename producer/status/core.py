@@ -37,8 +37,8 @@ from genqueue.common.runs import RunStore
 from genqueue.common.runsources import reading
 from genqueue.common.snapshots import ConsumerReport, read_spent, reports
 from genqueue.producer.cost import remaining_tokens, run_cost
-from genqueue.producer.status_figures import eta_view, input_view, outcome_view, placement, run_share, speed_note
-from genqueue.producer.status_report import (
+from genqueue.producer.status.figures import eta_view, input_view, outcome_view, placement, run_share, speed_note
+from genqueue.producer.status.report import (
     ConsumerRow,
     EngineRow,
     HostView,
@@ -50,7 +50,7 @@ from genqueue.producer.status_report import (
     StartingRow,
     StatusReport,
 )
-from genqueue.producer.status_screen import WIDTH, fit, num, screen_rows
+from genqueue.producer.status.screen import WIDTH, fit, num, screen_rows
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,

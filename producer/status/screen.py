@@ -18,7 +18,8 @@ import orjson
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
-from genqueue.producer.status_report import CostView, FileView, HostView, InputView, ShippingSummary, StatusReport
+from genqueue.producer.cost import CostView
+from genqueue.producer.status.report import FileView, HostView, InputView, ShippingSummary, StatusReport
 
 #: Columns a screen line may take (`--wide`: no limit).
 WIDTH = 100

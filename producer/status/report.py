@@ -1,6 +1,6 @@
 """The shape of what `producer status` reports of a run (its --json, and what its screen is
-drawn from): status.py fills it, status_figures.py and cost.py make its figures, status_screen.py
-draws it. Types only.
+drawn from): core.py fills it, figures.py and producer/cost.py make its figures (the cost's
+shape is cost.py's, CostView), screen.py draws it. Types only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any, Required, TypedDict
 from genqueue.common.contracts import EngineView
 from genqueue.common.pause import PauseInfo
 from genqueue.common.rqaccess import JobCounts
+from genqueue.producer.cost import CostView
 
 
 class FileView(TypedDict):
@@ -68,7 +69,7 @@ class ShareShipping(TypedDict, total=False):
     unshipped_records: int
     last_upload_at: float | None
     oldest_waiting_at: float | None
-    last_error: object  # text, or {"class"|"type", "message"}: status._split_error reads both
+    last_error: object  # text, or {"class"|"type", "message"}: core._split_error reads both
 
 
 class RunShare(TypedDict):
@@ -97,26 +98,6 @@ class ShippingSummary(TypedDict):
     warn_after_s: float
     stalled: bool
     errors: list[ShippingError]
-
-
-class CostBasis(TypedDict):
-    gpu_hours_spent: str
-    gpu_hours_projected: str
-    price: str
-    estimated_output_tokens: str
-
-
-class CostView(TypedDict):
-    """GPU-hours (and money) spent and projected, and how each was found (producer/cost.py)."""
-
-    gpu_hours_spent: float
-    gpu_hours_projected: float | None
-    live_gpus: int
-    price: float | None
-    spent_money: float | None
-    projected_money: float | None
-    estimated_output_tokens: int | None
-    basis: CostBasis
 
 
 class EngineRow(EngineView, total=False):

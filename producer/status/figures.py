@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
 from genqueue.common.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
 from genqueue.common.snapshots import ConsumerReport
-from genqueue.producer.status_report import FileView, InputView, OutcomeView, Rates, RunShare, ShareShipping
+from genqueue.producer.status.report import FileView, InputView, OutcomeView, Rates, RunShare, ShareShipping
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.
 CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
