@@ -13,18 +13,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping
 
-from genqueue.common import defaults
-
 
 def retry_failed_command(run: str, sources: Iterable[str], output: str | None = None) -> str:
     """The enqueue that queues RUN's failed items again: its input as enqueued (INPUT when the
-    run was fed from several, or none is recorded), its OUTPUT unless it is the default (an
-    enqueue whose settings differ from the run's is refused: other options it was enqueued
-    with must be given again too)."""
+    run was fed from several, or none is recorded). No other option: on an existing run an
+    option left out keeps the run's stored setting, its output included (OUTPUT is taken for
+    the callers' sake and not repeated)."""
     names = sorted(set(sources))
     source = shlex.quote(names[0]) if len(names) == 1 else "INPUT"
-    out = f" --output {shlex.quote(output)}" if output and output != defaults.OUTPUT else ""
-    return f"producer enqueue {source} --run {run}{out} --retry-failed"
+    return f"producer enqueue {source} --run {run} --retry-failed"
 
 
 def failed_summary(failed: int, by_class: Mapping[str, int]) -> str:
@@ -39,7 +36,7 @@ def next_steps(run: str, *, paused: bool, failed: int, sources: Iterable[str], o
     if paused:
         steps.append(f"`producer resume --run {run}`")
     if failed:
-        steps.append(f"`{retry_failed_command(run, sources, output)}` (with any other options it was enqueued with)")
+        steps.append(f"`{retry_failed_command(run, sources, output)}`")
     if not steps:
         return ""
     return "once the cause is fixed: " + " and ".join(steps)

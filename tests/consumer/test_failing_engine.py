@@ -11,6 +11,8 @@ redis-server, real consumer processes, the stand-in vLLM over HTTP answering 500
 
 from __future__ import annotations
 
+import re
+import shlex
 import urllib.request
 
 import orjson
@@ -111,7 +113,13 @@ def test_an_engine_failing_every_request_pauses_the_run_and_every_item_comes_bac
     env = {"REDIS_URL": redis_url}
     try:
         assert "run brk resumed" in cli("producer", "resume", "--run", "brk", env=env).stdout
-        enqueue(tmp_path, redis_url, "brk", n, "--retry-failed")
+        # the retry as the run's screens print it, no option repeated (those left out keep the run's)
+        retry = [c for c in re.findall(r"`([^`]+)`", row["next_steps"]) if "--retry-failed" in c]
+        if retry:
+            assert retry == [f"producer enqueue {tmp_path / 'brk.jsonl'} --run brk --retry-failed"], retry
+            cli(*shlex.split(retry[0]), env=env)
+        else:
+            enqueue(tmp_path, redis_url, "brk", n, "--retry-failed")
         code, log = burst(tmp_path, redis_url, sim, "brk", "c2")
     finally:
         sim.stop()
