@@ -17,6 +17,7 @@ Only counts are kept (common.contracts.SpecFigures); the engine's floats are der
 
 from __future__ import annotations
 
+from genqueue.common import defaults
 from genqueue.common.contracts import SpecFigures
 
 __all__ = ["SpecFigures", "read_spec"]
@@ -69,7 +70,7 @@ def _count(value: object) -> bool:
 
 
 #: The vLLM server flag that makes each answer carry its figures.
-PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
+PER_REQUEST_FLAG = defaults.PER_REQUEST_SPEC_FLAG
 
 
 def speculation_note(probe: SpecFigures | None, engine_metrics: bool, engine_spec: bool) -> tuple[bool, str]:

@@ -16,7 +16,6 @@ from typing import TypedDict
 from genqueue.common import defaults
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
-from genqueue.consumer.spec import PER_REQUEST_FLAG
 
 ENGINES = ("vllm", "simulate")
 DEVICES = ("gpu", "cpu")
@@ -319,7 +318,7 @@ def spec_metrics_args(engine_args: list[str], drafter: str) -> list[str]:
     each answer then carries its acceptance figures, which the records keep (consumer/spec.py)."""
     def given(name: str) -> bool:
         return any(a == name or a.startswith(name + "=") for a in engine_args)
-    return [PER_REQUEST_FLAG, "summary"] if given(drafter) and not given(PER_REQUEST_FLAG) else []
+    return [defaults.PER_REQUEST_SPEC_FLAG, "summary"] if given(drafter) and not given(defaults.PER_REQUEST_SPEC_FLAG) else []
 
 
 def engine_env(cfg: LaunchConfig, group: Group, base: dict[str, str]) -> dict[str, str]:
