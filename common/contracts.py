@@ -366,6 +366,49 @@ def _shared(a: list[int], b: list[int]) -> int:
     return i
 
 
+class SpecFigures(TypedDict):
+    """An answer's speculative-decoding figures as the engine returned them (vLLM's
+    `metrics.speculative_decoding`, --per-request-spec-decode-metrics summary|detailed),
+    compactly: only counts, the rates are derived when read (spec_mean_length, spec_rate).
+
+    k: the engine's num_speculative_tokens (drafts proposed per verify step at most); steps: its
+    verify steps; drafted: the draft tokens proposed; accepted: those accepted; hist: hist[j] =
+    the verify steps that accepted exactly j drafts (length k + 1; the bonus token not counted).
+    A conversation's record holds the sum over its turns (hist padded to the largest k)."""
+
+    k: int
+    steps: int
+    drafted: int
+    accepted: int
+    hist: list[int]
+
+
+def spec_mean_length(spec: SpecFigures) -> float | None:
+    """Tokens per verify step, the bonus token included (vLLM's mean_acceptance_length);
+    None for figures with no step."""
+    return 1 + spec["accepted"] / spec["steps"] if spec["steps"] else None
+
+
+def spec_rate(spec: SpecFigures) -> float | None:
+    """Accepted draft tokens per proposed one (vLLM's draft_acceptance_rate); None for figures
+    with no draft."""
+    return spec["accepted"] / spec["drafted"] if spec["drafted"] else None
+
+
+def sum_spec(figures: list[SpecFigures]) -> SpecFigures | None:
+    """The figures of several answers added up (None: none had any). A histogram is padded
+    to the largest k: its index j still counts the steps that accepted exactly j drafts."""
+    if not figures:
+        return None
+    k = max(f["k"] for f in figures)
+    hist = [0] * (k + 1)
+    for f in figures:
+        for j, n in enumerate(f["hist"]):
+            hist[j] += n
+    return {"k": k, "steps": sum(f["steps"] for f in figures), "drafted": sum(f["drafted"] for f in figures),
+            "accepted": sum(f["accepted"] for f in figures), "hist": hist}
+
+
 class TurnRecord(TypedDict, total=False):
     """regenerate: one regenerated assistant turn."""
 
@@ -385,6 +428,7 @@ class TurnRecord(TypedDict, total=False):
     tool_results_spliced: bool
     step: int
     token_ids: TokenIds  # --token-ids only
+    spec: SpecFigures  # the engine returned speculative-decoding figures for this answer
 
 
 class RecordBase(TypedDict, total=False):
@@ -426,6 +470,7 @@ class ResultRecord(RecordBase, total=False):
     model: Required[str]
     truncation: TruncationNote
     token_ids: TokenIds  # --token-ids, modes first/last/each (regenerate: per turn)
+    spec: SpecFigures  # speculative-decoding figures, when the engine returned them (regenerate: the turns' sum)
     # regenerate only
     turns: list[TurnRecord]
     history_reasoning: str

@@ -271,3 +271,7 @@ DOCTOR_LOOP_LAG = 0.25
 LOOP_LAG_EVERY = 0.05
 #: A prefix-cache hit rate below this while prompts share prefixes is a warning.
 DOCTOR_PREFIX_WARN = 0.05
+
+#: The vLLM server flag that makes each answer carry its speculative-decoding figures (the
+#: records' `spec`): named by the consumer's pre-flight, added by `consumer launch`.
+PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm
+from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
 from genqueue.common.errors import (
     CorruptStateError,
     ModelNotServedError,
@@ -28,6 +28,8 @@ from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.faults import classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
+from genqueue.consumer.answer.spec import speculation_note
+from genqueue.consumer.engine import engine_view
 from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)
@@ -295,6 +297,7 @@ class ServedRuns:
         raw = turn.raw_content
         ctx.think_opened = turn.reasoning_form == ReasoningForm.INLINE and "</think>" in raw and "<think>" not in raw
         log.info("run %s: the server returns thinking as %s", ctx.run, turn.reasoning_form)
+        await self._say_speculation(ctx, turn.spec)
         if turn.reasoning_form == ReasoningForm.NONE and ctx.settings.expect_reasoning:
             msg = (f"run {ctx.run} expects thinking, but {self.endpoint} returned none in the probe "
                    "(no message.reasoning, no reasoning_content, no <think> block): is the model a thinking "
@@ -302,6 +305,12 @@ class ServedRuns:
             log.error("%s", msg)
             await self.rq.call(add_run_warning, self.store.conn, ctx.run, self.worker, msg)
         return None
+
+    async def _say_speculation(self, ctx: RunContext, probe: SpecFigures | None) -> None:
+        """One line: whether the engine speculates, and whether its answers carry their figures."""
+        view = engine_view(await self.client.metrics() if probe is None else None)
+        warn, line = speculation_note(probe, view.get("metrics", False), view.get("spec_decode", False) is True)
+        (log.warning if warn else log.info)("run %s: %s", ctx.run, line)
 
     def unfinished(self) -> dict[str, tuple[ExitCode, str]]:
         """The runs this consumer could not serve to the end, with the exit code each makes for a

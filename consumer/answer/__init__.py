@@ -5,6 +5,7 @@ an item and a run's context; it answers with records, whatever the endpoint did.
 - client.py: the HTTP client of the endpoint (I/O only) and the Gate that pauses requests
   while the endpoint is down;
 - completion.py: reading a chat completion as every vLLM version writes it (checks, thinking);
+- spec.py: an answer's speculative-decoding figures, read and summed, and what the pre-flight says of them;
 - faults.py: which status or exception is which fault, retry and gate decisions, `RetryKind`;
 - records.py: every record an item becomes, the one place an error record is made (pure);
 - tool_turns.py: does the target's tool call match the recorded one (pure);

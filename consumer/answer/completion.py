@@ -19,8 +19,9 @@ from typing import Required, TypedDict, cast
 
 import orjson
 
-from genqueue.common.contracts import Outcome, ReasoningForm, TokenIds, ToolCall, Usage
+from genqueue.common.contracts import Outcome, ReasoningForm, SpecFigures, TokenIds, ToolCall, Usage
 from genqueue.common.errors import BadResponseError, TransientError
+from genqueue.consumer.answer.spec import read_spec
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -83,6 +84,8 @@ class Turn:
     model: str | None
     raw_content: str = ""  # content as the server sent it, before any <think> split
     token_ids: TokenIds | None = None  # the prompt's and the answer's ids, when the server sent both
+    spec: SpecFigures | None = None  # speculative-decoding figures, when the server sent them (consumer/answer/spec.py)
+    spec_ignored: str | None = None  # why the server's figures were ignored (malformed; advisory, never fatal)
 
     @property
     def outcome(self) -> Outcome:
@@ -157,6 +160,7 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
     ids: TokenIds | None = None
     if prompt_ids is not None and completion_ids is not None:
         ids = {"prompt": prompt_ids, "completion": completion_ids}
+    spec, spec_ignored = read_spec(cast(dict[str, object], body))
     return Turn(
         content=content,
         raw_content=raw,
@@ -167,6 +171,8 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
         usage=_usage(body.get("usage")),
         model=model,
         token_ids=ids,
+        spec=spec,
+        spec_ignored=spec_ignored,
     )
 
 

@@ -105,6 +105,7 @@ class Generator:
         self.checkpoints = checkpoints
         self.failures: collections.Counter[RetryKind] = collections.Counter()  # failed attempts by kind
         self._log = RepeatedLog(log)
+        self.spec_ignored = 0  # answers whose speculative-decoding figures were malformed (ignored)
 
     async def request(self, ctx: RunContext, messages: Sequence[Mapping[str, object]], tools: object, *,
                       max_tokens: int | None = None, seed: int | None = None, need_ids: bool = True) -> Turn:
@@ -130,6 +131,11 @@ class Generator:
                 turn = parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
                 if need_ids and ctx.settings.token_ids and turn.token_ids is None:
                     raise BadResponseError(NO_TOKEN_IDS, snippet="")
+                if turn.spec_ignored is not None:  # advisory figures: counted and said, the answer kept
+                    self.spec_ignored += 1
+                    self._log.warning("spec:ignored", "ignored the speculative-decoding figures of an answer from "
+                                      "%s (%d so far): %s", self.client.base_url, self.spec_ignored,
+                                      turn.spec_ignored)
                 return turn
             except TransientError as e:
                 attempt += 1

@@ -38,6 +38,7 @@ from genqueue.common.contracts import (
     Usage,
     error_info,
     share_prompts,
+    sum_spec,
 )
 from genqueue.common.errors import EndpointError
 from genqueue.common.variants import Variant
@@ -133,6 +134,8 @@ def result_record(base: RecordBase, turn: Turn, model: str) -> ResultRecord:
     rec["model"] = turn.model or model
     if turn.token_ids is not None:
         rec["token_ids"] = turn.token_ids
+    if turn.spec is not None:
+        rec["spec"] = turn.spec
     return rec
 
 
@@ -198,6 +201,8 @@ def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | No
         entry["truncation"] = note
     if turn.token_ids is not None:
         entry["token_ids"] = turn.token_ids
+    if turn.spec is not None:
+        entry["spec"] = turn.spec
     return entry
 
 
@@ -238,6 +243,8 @@ def conversation_record(base: RecordBase, turns: list[TurnRecord], history: list
     # keeps the last answer's outcome, and the note says why it ends early.
     rec["outcome"] = Outcome.PARTIAL if stopped is not None and "error" in stopped else last["outcome"]
     rec["usage"] = sum_usage(t["usage"] for t in turns)
+    if (spec := sum_spec([t["spec"] for t in turns if "spec" in t])) is not None:
+        rec["spec"] = spec  # the sum of the turns that carry figures
     rec["model"] = last["model"]
     rec["history_reasoning"] = history_reasoning
     rec["turns_total"] = turns_total

@@ -291,7 +291,7 @@ def engine_argv(cfg: LaunchConfig, group: Group) -> list[str]:
         name = cfg.served_model_name or cfg.model
         if name:
             argv += ["--model", name]
-        return [*argv, *cfg.engine_args]
+        return [*argv, *spec_metrics_args(cfg.engine_args, "--spec-tokens"), *cfg.engine_args]
     if cfg.model is None:
         raise ValueError("--model is required with --engine vllm")
     head = shlex.split(cfg.vllm_cmd) if cfg.vllm_cmd else ["vllm", "serve"]
@@ -304,7 +304,16 @@ def engine_argv(cfg: LaunchConfig, group: Group) -> list[str]:
         argv += ["--data-parallel-size", str(cfg.data_parallel)]
     if cfg.served_model_name:
         argv += ["--served-model-name", cfg.served_model_name]
-    return [*argv, *cfg.engine_args]
+    return [*argv, *spec_metrics_args(cfg.engine_args, "--speculative-config"), *cfg.engine_args]
+
+
+def spec_metrics_args(engine_args: list[str], drafter: str) -> list[str]:
+    """`--per-request-spec-decode-metrics summary` for an engine whose arguments start a drafter
+    (DRAFTER: vLLM's --speculative-config, the stand-in's --spec-tokens) and do not set the flag:
+    each answer then carries its acceptance figures, which the records keep (consumer/answer/spec.py)."""
+    def given(name: str) -> bool:
+        return any(a == name or a.startswith(name + "=") for a in engine_args)
+    return [defaults.PER_REQUEST_SPEC_FLAG, "summary"] if given(drafter) and not given(defaults.PER_REQUEST_SPEC_FLAG) else []
 
 
 def engine_env(cfg: LaunchConfig, group: Group, base: dict[str, str]) -> dict[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield
+from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, acceptance_for, draw
 from genqueue.consumer.sim.text import (
     hinted_mean,
     make_output,
@@ -53,6 +53,9 @@ class SimConfig:
     prefill_time: float = 0.0  # seconds per uncached prompt token before the first output token
     spec_tokens: int = 0  # speculative decoding: draft tokens per step (0: off)
     spec_acceptance: float = 0.7  # probability a draft token is accepted (given those before it)
+    spec_acceptance_for: tuple[SpecRule, ...] = ()  # categories with their own acceptance (sim/spec.py)
+    # vLLM's --per-request-spec-decode-metrics: answers carry metrics.speculative_decoding (not at none)
+    per_request_spec_decode_metrics: SpecMetrics = SpecMetrics.NONE
     token_ids: bool = True  # honour return_token_ids (False: an engine that ignores it, as vLLM < 0.10.2)
 
 
@@ -84,7 +87,8 @@ class SimEngine:
                                prefill_time=config.prefill_time, tokens_per_step=1 + self.spec_per_step,
                                on_running=self._set_running)
                    if config.kv_cache_tokens else None)
-        self.spec_steps = 0.0  # request-steps decoded without the KV model (spec-decode drafts)
+        # vLLM's spec_decode counters: the figures drawn for each answered request, added up
+        self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = 0
         self.chats = 0  # chat requests to generate, since start (error_after counts these)
         self.reset_stats()
 
@@ -232,17 +236,25 @@ async def _chat(request: web.Request) -> web.Response:
     thinks = not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
     content, thought, n_out, finish = make_output(
         digest, mean, max_tokens, cfg.reasoning if thinks else "none", cfg.think_fraction)
+    spec = (draw(random.Random(digest), cfg.spec_tokens,
+                 acceptance_for(cfg.spec_acceptance_for, cfg.spec_acceptance, messages, n_out), n_out,
+                 cfg.per_request_spec_decode_metrics)
+            if cfg.spec_tokens else None)
     try:
         if eng.kv is not None:
             await _generate_kv(eng, messages, n_prompt, n_out)
         else:
-            await _generate_slots(eng, messages, n_prompt, n_out)
+            await _generate_slots(eng, messages, n_prompt, n_out, None if spec is None else spec["num_spec_steps"])
     except asyncio.CancelledError:  # the client went away (vLLM aborts such a request)
         eng.counts["cancelled"] += 1
         raise
     eng.counts["completed"] += 1
     eng.counts["tokens"] += n_out
     eng.counts["prompt_tokens"] += n_prompt
+    if spec is not None:
+        eng.spec_drafts += spec["num_spec_steps"]
+        eng.spec_draft_tokens += spec["num_draft_tokens"]
+        eng.spec_accepted += spec["num_accepted_draft_tokens"]
     calls = tool_calls_for(messages, cfg.tool_calls, digest) if body.get("tools") else None
     if calls:  # as vLLM's tool parsers answer: the calls, no text, finish_reason tool_calls
         content, finish = "", "tool_calls"
@@ -265,6 +277,9 @@ async def _chat(request: web.Request) -> web.Response:
     if body.get("return_token_ids") and cfg.token_ids:  # as vLLM: one id per counted token
         reply["prompt_token_ids"] = prompt_token_ids(cfg.seed, messages)
         choice["token_ids"] = output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction)
+    if spec is not None and cfg.per_request_spec_decode_metrics != SpecMetrics.NONE:
+        reply["metrics"] = {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
+                            "mean_itl_ms": None, "tokens_per_second": None, "speculative_decoding": spec}
     return _json(reply)
 
 
@@ -287,11 +302,13 @@ async def _generate_kv(eng: SimEngine, messages: list[Any], n_prompt: int, n_out
     await eng.kv.run(seq)
 
 
-async def _generate_slots(eng: SimEngine, messages: list[Any], n_prompt: int, n_out: int) -> None:
+async def _generate_slots(eng: SimEngine, messages: list[Any], n_prompt: int, n_out: int,
+                          spec_steps: int | None) -> None:
+    """SPEC_STEPS: the verify steps drawn for the answer (speculative decoding), else a step a token."""
     cfg = eng.config
     await eng.acquire()
     try:
-        steps = math.ceil(n_out / (1 + eng.spec_per_step)) if eng.spec_per_step else n_out
+        steps = 1 + spec_steps if spec_steps is not None else n_out
         delay = _prefill(eng, messages, n_prompt) + steps * cfg.step_time
         if delay > 0:  # one timer per request, no per-token work
             loop = asyncio.get_running_loop()
@@ -301,7 +318,6 @@ async def _generate_slots(eng: SimEngine, messages: list[Any], n_prompt: int, n_
                 await done
             finally:
                 timer.cancel()
-        eng.spec_steps += steps
     finally:
         eng.release()
 
@@ -374,15 +390,14 @@ async def _metrics(request: web.Request) -> web.Response:
             ("vllm:prefix_cache_hits_total", "counter",
              "Prefix cache hits, in terms of number of cached tokens.", label, eng.prefix.hits),
         ]
-    if cfg.spec_tokens:
-        drafts = int(kv.decode_steps if kv is not None else eng.spec_steps)
+    if cfg.spec_tokens:  # vLLM's names; added to as each request is answered
         rows += [
             ("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", label,
-             drafts),
+             eng.spec_drafts),
             ("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", label,
-             drafts * cfg.spec_tokens),
+             eng.spec_draft_tokens),
             ("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", label,
-             int(drafts * eng.spec_per_step)),
+             eng.spec_accepted),
         ]
     # Without the KV model, usage is running / slots: as if each slot held max_model_len tokens.
     blocks = (kv.total_blocks if kv is not None

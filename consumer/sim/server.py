@@ -24,6 +24,7 @@ from genqueue.consumer.sim.app import (
     SimEngine,
     build_app,
 )
+from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, parse_rule
 from genqueue.consumer.sim.text import TOOL_CALL_MODES, make_output, prompt_tokens, sample_length  # noqa: F401 (public API)
 
 __all__ = ["SimConfig", "SimEngine", "SimServer", "build_app", "sample_length", "simulate_command"]
@@ -135,6 +136,20 @@ class SimServer:
         await self.stop()
 
 
+class SpecRuleParam(click.ParamType[SpecRule]):
+    """A --spec-acceptance-for rule (sim/spec.py), refused in one line when malformed."""
+
+    name = "rule"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> SpecRule:
+        if isinstance(value, SpecRule):
+            return value
+        try:
+            return parse_rule(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
     server = SimServer(config, host=host, port=port)
     await server.start()
@@ -203,13 +218,25 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
 @click.option("--spec-tokens", default=SimConfig.spec_tokens, show_default=True, type=click.IntRange(0),
               help="Speculative decoding: draft tokens per step (0: off).")
 @click.option("--spec-acceptance", default=SimConfig.spec_acceptance, show_default=True,
-              type=click.FloatRange(0, 1), help="Probability a draft token is accepted.")
+              type=click.FloatRange(0, 1),
+              help="Probability a draft token is accepted (given the ones before it were), drawn per request.")
+@click.option("--spec-acceptance-for", "spec_acceptance_for", multiple=True, type=SpecRuleParam(),
+              metavar="text=SUBSTR:P|tokens>=N:P",
+              help="Requests whose messages contain SUBSTR, or answers of at least N tokens, accept drafts with "
+                   "probability P instead (a planted weak category). Repeatable; the first that matches applies.")
+@click.option("--per-request-spec-decode-metrics", "per_request_spec_decode_metrics",
+              default=SimConfig.per_request_spec_decode_metrics.value, show_default=True,
+              type=click.Choice([m.value for m in SpecMetrics]),
+              help="As vLLM's flag: answers carry metrics.speculative_decoding (summary; detailed adds the "
+                   "per-step arrays); none: only /metrics counts speculation.")
 @click.option("--token-ids/--no-token-ids", default=SimConfig.token_ids, show_default=True,
               help="Honour return_token_ids (prompt_token_ids, choices[].token_ids), as vLLM 0.10.2+ does; "
                    "--no-token-ids ignores it, as older engines do.")
 def simulate_command(host: str, port: int, max_num_seqs: int | None, **settings: Any) -> None:
     if max_num_seqs is not None:
         settings["slots"] = max_num_seqs
+    settings["spec_acceptance_for"] = tuple(settings["spec_acceptance_for"])
+    settings["per_request_spec_decode_metrics"] = SpecMetrics(settings["per_request_spec_decode_metrics"])
     config = SimConfig(**settings)
     try:
         import uvloop

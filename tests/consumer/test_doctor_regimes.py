@@ -8,6 +8,7 @@ The regimes run side by side (one stand-in, run and consumer each), so the wait 
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -173,7 +174,9 @@ def test_spec_decode_and_prefix_cache_are_noted(regimes: Regimes) -> None:
     # a step (0.01 s) yields 2.95 tokens: well above the 100 tok/s a request gets without drafts
     assert n["tokens_per_s_per_request"] > 150
     spec, prefix = notes
-    # 0.8 + 0.64 + 0.512 = 1.952 of 3 drafts accepted per step: 65%, mean accepted length 2.95
-    assert spec.startswith("speculative decoding on: 65% of draft tokens accepted, mean accepted length 2.9")
+    # 0.8 + 0.64 + 0.512 = 1.952 of 3 drafts accepted per step: 65%, mean accepted length 2.95 (drawn
+    # per request by the stand-in, so within a few points of it)
+    m = re.match(r"speculative decoding on: (\d+)% of draft tokens accepted, mean accepted length 2\.9", spec)
+    assert m is not None and 62 <= int(m[1]) <= 68, spec
     rate = int(prefix.split("hit rate ")[1].split("%")[0])
     assert rate > 30  # the shared system prompt, and each turn's history

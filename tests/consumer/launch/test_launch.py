@@ -69,7 +69,16 @@ def test_vllm_command_line_passes_extra_args_untouched():
     spec = '{"method": "eagle3", "model": "/m/draft", "num_speculative_tokens": 3}'
     cfg = LaunchConfig(gpus=[0, 3], model="/models/q27b", engine_args=["--speculative-config", spec, "--seed", "1"])
     assert engine_argv(cfg, g(3)) == ["vllm", "serve", "/models/q27b", "--host", "127.0.0.1", "--port", "8003",
+                                      "--per-request-spec-decode-metrics", "summary",
                                       "--speculative-config", spec, "--seed", "1"]
+    # a speculating engine answers with its per-request figures; one that sets the flag keeps its own
+    own = LaunchConfig(gpus=[0], model="/m", engine_args=[f"--speculative-config={spec}",
+                                                          "--per-request-spec-decode-metrics=detailed"])
+    assert engine_argv(own, g(0)) == ["vllm", "serve", "/m", "--host", "127.0.0.1", "--port", "8000",
+                                      f"--speculative-config={spec}", "--per-request-spec-decode-metrics=detailed"]
+    assert "--per-request-spec-decode-metrics" not in engine_argv(LaunchConfig(gpus=[0], model="/m"), g(0))
+    sim = LaunchConfig(gpus=[0], engine="simulate", engine_args=["--spec-tokens", "3"])
+    assert engine_argv(sim, g(0))[-4:] == ["--per-request-spec-decode-metrics", "summary", "--spec-tokens", "3"]
     named = LaunchConfig(gpus=[0], model="/m", served_model_name="q", vllm_cmd="/opt/v/bin/python -m "
                          "vllm.entrypoints.openai.api_server", base_port=9000)
     assert engine_argv(named, g(0)) == ["/opt/v/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",

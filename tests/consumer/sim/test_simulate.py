@@ -310,10 +310,14 @@ def test_prefix_cache_counts_tokens_and_spec_decode_counts_drafts():
         assert warm["prefix_hits"] == (8 + 600) // 64 * 16 and cold["prefix_caching"] is True
         assert warm["prefix_queries"] == cold["prefix_queries"] + second[1]["usage"]["prompt_tokens"]
         # accepted per step: 0.5 + 0.25 + 0.125 = 0.875 of 3 drafted; each draft step yields 1.875 tokens
-        assert warm["spec_accepted_tokens"] / warm["spec_draft_tokens"] == pytest.approx(0.875 / 3, abs=0.02)
+        # (drawn per request: two answers of ~60 tokens are ~64 steps, a loose check; test_spec_sim.py holds
+        # the rate within 5% over 300 requests)
+        assert warm["spec_accepted_tokens"] / warm["spec_draft_tokens"] == pytest.approx(0.875 / 3, abs=0.15)
         assert warm["spec_draft_tokens"] == 3 * warm["spec_drafts"]
         tokens = first[1]["usage"]["completion_tokens"] + second[1]["usage"]["completion_tokens"]
-        assert warm["spec_drafts"] == pytest.approx(tokens / 1.875, abs=2)
+        assert warm["spec_drafts"] == pytest.approx((tokens - 2) / 1.875, rel=0.3)
+        # the default (vLLM's --per-request-spec-decode-metrics none): answers carry no figures
+        assert "metrics" not in first[1] and "metrics" not in second[1]
     run(main())
 
 
@@ -321,5 +325,6 @@ def test_max_num_seqs_is_slots():
     result = CliRunner().invoke(simulate_command, ["--help"])
     text = " ".join(result.output.split())
     for opt in ("--max-num-seqs", "--kv-cache-tokens", "--block-size", "--prefix-cache-blocks",
-                "--prefill-time", "--spec-tokens", "--spec-acceptance"):
+                "--prefill-time", "--spec-tokens", "--spec-acceptance", "--spec-acceptance-for",
+                "--per-request-spec-decode-metrics"):
         assert opt in text

@@ -1,0 +1,79 @@
+"""Speculative decoding against real vLLM (issue 33): the tiny model served with n-gram
+speculation (no draft model) and `--per-request-spec-decode-metrics summary`. Every record (every
+regenerated turn) carries the engine's own figures, and their accepted draft tokens add up to the
+growth of vLLM's own `vllm:spec_decode_num_accepted_tokens` counter over the run; a run against an
+engine without speculation records none and runs as before."""
+
+from __future__ import annotations
+
+import re
+
+from genqueue.common.contracts import spec_mean_length, spec_rate, sum_spec
+from genqueue.consumer.engine import parse_prometheus
+from tests.conftest import sharegpt
+from tests.vllm.conftest import VllmPool, VllmServer
+from tests.vllm.pipeline import assert_all_done, consume, enqueue, results
+
+SPEC = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
+# temperature 0: the same answers each run, and the second turns repeat enough of the history for
+# the n-gram drafter to have drafts accepted (at the default temperature the tiny model's few
+# drafts were all rejected, and an equality of zeros proves little)
+SYSTEM = "Repeat the question back. " * 4
+COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total")
+#: the pre-flight probe is answered by the engine too: its figures are in the consumer's log
+PROBE = re.compile(r"the probe's answer: (\d+) of (\d+) draft tokens accepted in (\d+) steps")
+
+
+def _counters(vllm: VllmServer) -> dict[str, float]:
+    m = parse_prometheus(vllm.get_text("/metrics"))
+    return {name: m[name] for name in COUNTERS}
+
+
+def test_every_record_carries_the_engines_figures_and_they_add_up_to_its_counter(tmp_path, redis_url, conn,
+                                                                                   vllm_pool: VllmPool):
+    vllm = vllm_pool.get("--speculative-config", SPEC, "--per-request-spec-decode-metrics", "summary")
+    records = [sharegpt(i, turns=2, system=SYSTEM) for i in range(4)]
+    enqueue(tmp_path, redis_url, "spec", records, "--max-tokens", "48", "--temperature", "0")
+    before = _counters(vllm)
+    c = consume(tmp_path, redis_url, vllm.url, "spec", "-c", "4")
+    after = _counters(vllm)
+    recs = results(tmp_path, "spec")
+    assert_all_done(conn, "spec", recs, jobs=1)
+    log = c.output()
+    probe = PROBE.search(log)
+    assert probe is not None, log
+    assert "the engine speculates, 3 draft tokens per step" in log
+    print("\nitem turn | tokens | steps drafted accepted | mean length | rate | hist")
+    for r in sorted(recs, key=lambda r: r["index"]):
+        assert len(r["turns"]) == 2
+        for t in r["turns"]:
+            s = t["spec"]  # every regenerated turn carries the engine's own figures
+            assert s["k"] == 3 and len(s["hist"]) == 4 and sum(s["hist"]) == s["steps"]
+            length, rate = spec_mean_length(s), spec_rate(s)
+            print(f"{r['index']:>4} {t['turn']:>4} | {t['usage']['completion_tokens']:>6} | {s['steps']:>5} {s['drafted']:>7} {s['accepted']:>8} | "
+                  f"{'-' if length is None else f'{length:.2f}':>11} | {'-' if rate is None else f'{rate:.2f}':>4} | "
+                  f"{s['hist']}")
+        assert r["spec"] == sum_spec([t["spec"] for t in r["turns"]])
+    total = sum_spec([r["spec"] for r in recs])
+    assert total is not None
+    assert total["accepted"] > 0, "no draft accepted: the counter check below would compare zeros"
+    accepted, drafted, steps = (int(g) for g in probe.groups())
+    growth = {name: after[name] - before[name] for name in COUNTERS}
+    print(f"records: {total['accepted']} of {total['drafted']} draft tokens accepted in {total['steps']} steps; "
+          f"pre-flight probe: {accepted} of {drafted} in {steps}; vLLM's counters grew by {growth}")
+    # the records and the probe are everything the engine answered in the run
+    assert growth["vllm:spec_decode_num_accepted_tokens_total"] == total["accepted"] + accepted
+    assert growth["vllm:spec_decode_num_draft_tokens_total"] == total["drafted"] + drafted
+    assert growth["vllm:spec_decode_num_drafts_total"] == total["steps"] + steps
+
+
+def test_a_run_without_speculation_records_none(tmp_path, redis_url, conn, vllm):
+    enqueue(tmp_path, redis_url, "nospec", [sharegpt(i, turns=2, system=SYSTEM) for i in range(3)],
+            "--max-tokens", "32")
+    c = consume(tmp_path, redis_url, vllm.url, "nospec", "-c", "4")
+    recs = results(tmp_path, "nospec")
+    assert_all_done(conn, "nospec", recs, jobs=1)
+    assert all("spec" not in r and all("spec" not in t for t in r["turns"]) for r in recs)
+    assert all(r["outcome"] in ("finished", "cut_in_answer", "cut_in_thinking") for r in recs)
+    assert "the engine does not speculate (no spec_decode counters on its /metrics)" in c.output()
