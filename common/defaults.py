@@ -275,3 +275,8 @@ DOCTOR_PREFIX_WARN = 0.05
 #: The vLLM server flag that makes each answer carry its speculative-decoding figures (the
 #: records' `spec`): named by the consumer's pre-flight, added by `consumer launch`.
 PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
+
+#: Tries of a local output's probe (enqueue's and every consumer's pre-flight): consumers that
+#: start together probe one directory at once, and a directory one probe made and removed again
+#: can vanish under another's probe file; a real fault fails every try.
+OUTPUT_PROBE_TRIES = 3

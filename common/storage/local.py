@@ -16,6 +16,7 @@ from typing import IO
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.errors import UserError
 from genqueue.common.storage.base import (
     OutputProbeError,
@@ -131,7 +132,25 @@ class LocalStore:
     def probe(self, run: str) -> None:
         """Write a probe file where RUN's output goes, read it back, remove it. Directories it
         had to make are removed again: a command that may be a mistake leaves no directory
-        behind (the consumer makes them when it ships its first shard)."""
+        behind (the consumer makes them when it ships its first shard). Consumers starting
+        together probe the same place at once: a directory another probe made (or removed)
+        under this one is no fault, and the probe is tried again (OUTPUT_PROBE_TRIES)."""
+        for attempt in range(1, defaults.OUTPUT_PROBE_TRIES + 1):
+            try:
+                back, body, path = self._probe_once(run)
+            except FileNotFoundError as e:  # another probe removed a directory it had made
+                if attempt == defaults.OUTPUT_PROBE_TRIES:
+                    raise self._probe_failed(e) from None
+                continue
+            except OSError as e:
+                raise self._probe_failed(e) from None
+            check_read_back(str(self.root), str(path), back, body,
+                            "check the filesystem (a cache or mount that does not keep what is written), or "
+                            "enqueue the run with another --output")
+            return
+
+    def _probe_once(self, run: str) -> tuple[bytes, bytes, Path]:
+        """One probe: (what was read back, what was written, the probe file's path)."""
         token = probe_token()
         path = self.root / probe_name(run, token)
         body = probe_body(token)
@@ -139,7 +158,12 @@ class LocalStore:
         try:
             for d in reversed([path.parent, *path.parent.parents]):
                 if not d.is_dir():
-                    d.mkdir()
+                    try:
+                        d.mkdir()
+                    except FileExistsError:
+                        if not d.is_dir():
+                            raise
+                        continue  # another probe (or a consumer) made it meanwhile: not ours to remove
                     made.append(d)
             with open(path, "xb") as fh:
                 fh.write(body)
@@ -147,8 +171,7 @@ class LocalStore:
                 os.fsync(fh.fileno())
             back = path.read_bytes()
             path.unlink()
-        except OSError as e:
-            raise self._probe_failed(e) from None
+            return back, body, path
         finally:
             try:
                 path.unlink(missing_ok=True)
@@ -158,10 +181,7 @@ class LocalStore:
                 try:
                     d.rmdir()
                 except OSError:
-                    pass  # a consumer shipped into it meanwhile: it stays
-        check_read_back(str(self.root), str(path), back, body,
-                        "check the filesystem (a cache or mount that does not keep what is written), or "
-                        "enqueue the run with another --output")
+                    pass  # a consumer shipped into it, or another probe writes there: it stays
 
     def _probe_failed(self, e: OSError) -> OutputProbeError:
         detail = f"{e.filename or self.root}: {e.strerror or e}"

@@ -158,3 +158,33 @@ def test_an_s3_output_that_reads_back_other_bytes(s3_server: S3Server, s3_env: d
     assert re.fullmatch(rf"output {re.escape(url)} cannot be written: read back wrong \({re.escape(url)}/r/"
                         rf"{re.escape(PROBE_PREFIX)}\S+ read back 5 bytes, not the \d+ written\); check the endpoint "
                         r"\(a proxy or gateway that does not keep what is written\)", str(e)), str(e)
+
+
+def test_consumers_probing_one_new_local_output_at_once_all_pass(tmp_path: Path) -> None:
+    """Consumers started together run their pre-flights at the same moment: each probe makes the
+    missing directories, and removes those it made. One probe's mkdir losing the race, or its
+    directory removed under it by another, is no fault of the output (it refused a starting
+    consumer in CI with 'missing directory (…/out: File exists)')."""
+    import threading
+
+    errors: list[BaseException] = []
+    for round_ in range(20):
+        out = tmp_path / f"r{round_}" / "deep" / "out"
+        start = threading.Barrier(6)
+
+        def one(out: Path = out, start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                for _ in range(5):
+                    LocalStore(str(out)).probe("r")
+            except BaseException as e:  # noqa: BLE001 (the test reports every failure)
+                errors.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [], f"round {round_}"
+        # (a directory another probe wrote in while its maker removed it may stay: consumers
+        # starting together ship into it anyway)
