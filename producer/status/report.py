@@ -13,10 +13,9 @@ from genqueue.common.rqaccess import JobCounts
 from genqueue.producer.cost import CostView
 
 
-class FileView(TypedDict):
-    """What was read of one input."""
+class ReadCounts(TypedDict):
+    """What was read: of one input (FileView), or of all of them added up (InputView)."""
 
-    name: str
     records: int
     complete: bool
     rejected: int
@@ -26,18 +25,17 @@ class FileView(TypedDict):
     stopped_at_tool_turn: int
 
 
-class InputView(TypedDict):
+class FileView(ReadCounts):
+    """What was read of one input."""
+
+    name: str
+
+
+class InputView(ReadCounts):
     """What was read of every input, and which an enqueue is reading now (name -> since)."""
 
     files: list[FileView]
     reading: dict[str, float]
-    records: int
-    complete: bool
-    rejected: int
-    rejected_by_reason: dict[str, int]
-    multi_turn_records: int
-    user_turns: int
-    stopped_at_tool_turn: int
 
 
 class OutcomeView(TypedDict):
