@@ -99,7 +99,7 @@ def build(out: Path, n: int, dup_rate: float, seed: int = 0) -> tuple[int, int]:
 
 
 def setup_run(url: str, out: Path, n: int) -> None:
-    from genqueue.common.runs import RunStore, run_key
+    from genqueue.common.keepers.runs import RunStore, run_key
     from genqueue.common.settings import RunSettings
     from genqueue.producer.ingest import sources
 

@@ -29,7 +29,13 @@ from typing import Any
 
 import redis
 
-from genqueue.common.rqaccess import job_counts, job_started_at, job_status, started_executions, worker_executions
+from genqueue.common.keepers.rqaccess import (
+    job_counts,
+    job_started_at,
+    job_status,
+    started_executions,
+    worker_executions,
+)
 from tests.conftest import RedisServer
 from tests.consumer.e2e import Proc, Sim
 from tests.s3server import S3Server

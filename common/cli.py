@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict, TypeVar
 
 import click
-import redis
+from redis.exceptions import RedisError
 
 from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError, UserError
@@ -104,7 +104,7 @@ def friendly_errors(f: F) -> F:
         except UserError as e:
             click.echo(f"error: {_one_line(e)}", err=True)
             sys.exit(e.exit_code)
-        except redis.exceptions.RedisError as e:
+        except RedisError as e:
             click.echo(f"error: Redis: {_one_line(e)}", err=True)
             sys.exit(1)
         except GenqueueError as e:

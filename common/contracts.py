@@ -531,7 +531,7 @@ def error_info(cls: ErrorClass, type_: str, message: str, status: int | None = N
 
 
 class EngineBound(StrEnum):
-    """What binds an engine now: the engine doctor's verdict (consumer/doctor.py)."""
+    """What binds an engine now: the engine doctor's verdict (consumer/engine/doctor.py)."""
 
     UNKNOWN = "unknown"  # no /metrics, or too few samples yet
     IDLE = "idle"  # nothing running and nothing left to send

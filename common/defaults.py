@@ -7,7 +7,7 @@ from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 #: Redis URL when neither --redis-url nor REDIS_URL is given (rq's tools read the same variable).
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
-# Redis connections (common/redisconn.py). A URL's own query options (?socket_timeout=30)
+# Redis connections (common/keepers/redisconn.py). A URL's own query options (?socket_timeout=30)
 # override these for one deployment.
 #: Seconds a command may wait for its reply (redis-py 8's own default, now fixed whatever the
 #: release): five times any pause a healthy Redis shows (a fork for BGSAVE or an AOF rewrite of
@@ -33,7 +33,7 @@ REDIS_KEEPALIVE_COUNT = 3
 #: claim), and the failure is seen instead of hidden for (retries x timeout) seconds.
 REDIS_RETRIES = 0
 
-# Redis memory (common/redismem.py): what a run takes, measured with `INFO memory` (used_memory
+# Redis memory (common/keepers/redismem.py): what a run takes, measured with `INFO memory` (used_memory
 # before and after `producer enqueue` of 20,000 items, jobs compressed as rq stores them).
 #: Bytes of Redis per queued item besides its prompt text: 179 measured for 7-character prompts
 #: (the job hash, its place in the queue, the item's key in the run's sets).
@@ -183,7 +183,7 @@ MAX_ITEM_CHARS = 16 * 1024 * 1024
 #: is refusing them, not that it is slow.
 SHIP_WAIT_WARN = 300.0
 
-#: The failure-storm breaker (consumer/breaker.py) pauses a run when its first BREAKER_FIRST_N
+#: The failure-storm breaker (consumer/guards/breaker.py) pauses a run when its first BREAKER_FIRST_N
 #: items all fail with the same message (any class: a 400, a 5xx past its attempts, a bad
 #: response), when BREAKER_IN_A_ROW items in a row fail (whatever they say: an engine that
 #: broke mid-run), or when BREAKER_RATE of the last BREAKER_WINDOW items fail, BREAKER_SAME of
@@ -229,7 +229,7 @@ STOP_GRACE = 10.0
 #: each when Redis answers) before it exits whatever it is waiting on.
 HARD_STOP_GRACE = 2.0
 
-#: The engine doctor (consumer/doctor.py) judges the last DOCTOR_WINDOW seconds of engine samples
+#: The engine doctor (consumer/engine/doctor.py) judges the last DOCTOR_WINDOW seconds of engine samples
 #: (a few of the consumer's 2 s snapshots: long enough that one moment's dip is not a verdict,
 #: short enough to follow a run into its tail) and keeps DOCTOR_HISTORY seconds for the tail's
 #: length and the batch's peak.

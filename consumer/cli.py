@@ -13,7 +13,7 @@ import click
 
 from genqueue.common import __version__, defaults
 from genqueue.common.cli import consumer_options, friendly_errors, redis_option, setup_logging
-from genqueue.common.redisconn import wait_for
+from genqueue.common.keepers.redisconn import wait_for
 from genqueue.consumer.config import ConsumerConfig, RunOptions
 from genqueue.consumer.sim.server import simulate_command
 
@@ -78,7 +78,7 @@ def _talk(verbose: int, quiet: bool) -> None:
 def run_cmd(ctx: click.Context, verbose: int, quiet: bool, **options: Unpack[RunOptions]) -> None:
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
     from genqueue.common.contracts import ExitCode
-    from genqueue.consumer.stop import Stop, Stopped
+    from genqueue.consumer.guards.stop import Stop, Stopped
     from genqueue.consumer.telemetry import serve_metrics
     from genqueue.consumer.worker import Consumer
 

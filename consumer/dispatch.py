@@ -16,13 +16,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 from genqueue.common.contracts import Item, Record, is_error
-from genqueue.common.flights import Flight
-from genqueue.consumer.admission import Limiter
+from genqueue.common.keepers.flights import Flight
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
 from genqueue.consumer.answer.records import internal_error
-from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.outbox import Outbox
+from genqueue.consumer.engine.admission import Limiter
 from genqueue.consumer.rqcompat import Held
+from genqueue.consumer.shipping.outbox import Outbox
+from genqueue.consumer.work.book import Book, JobState
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ its own cannot take those (they are in another consumer's job), and the run ends
 of them does. So at the end of a run (its queue seen empty here lately, intake.tail_runs):
 
 - every consumer that holds items of the run (at its end here, or called for work of it by an
-  idle one) offers them (common/flights.py): each item's job,
+  idle one) offers them (common/keepers/flights.py): each item's job,
   and how long it has been in flight or that it waits unsent, with the consumer's own rate
   (output tokens per second per request, measured on its recent results);
 - a consumer with a slot free and nothing of the run waiting sends a copy of an offered item
@@ -43,16 +43,16 @@ from collections.abc import Callable
 
 import redis
 
-from genqueue.common import flights as fl
 from genqueue.common.contracts import Item, Mode, Record, is_error
-from genqueue.common.flights import Flight, Offer
-from genqueue.common.hungry import other_caller
-from genqueue.common.marks import done_of
-from genqueue.common.rqaccess import job_payload
+from genqueue.common.keepers import flights as fl
+from genqueue.common.keepers.flights import Flight, Offer
+from genqueue.common.keepers.hungry import other_caller
+from genqueue.common.keepers.marks import done_of
+from genqueue.common.keepers.rqaccess import job_payload
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher
-from genqueue.consumer.intake import InvalidJob, parse_items
 from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.work.intake import InvalidJob, parse_items
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Hedger:
             log.info("%d copies cut: their run is paused or gone (%s)", n, ", ".join(sorted(stopped)))
         tail = set(self._tail_runs()) - stopped
         # A run whose queue this consumer has not seen empty (it holds enough to not ask) is at its
-        # end all the same when another consumer calls for work of it (common/hungry.py).
+        # end all the same when another consumer calls for work of it (common/keepers/hungry.py).
         for run in sorted(set(self.dispatcher.held_runs()) - tail - stopped):
             if await self.rq.call(other_caller, self.conn, run, self.worker) is not None:
                 tail.add(run)

@@ -5,7 +5,7 @@ the consumer's asyncio loop. Its methods are synchronous Redis work; the consume
 from one dedicated thread, so they never block the event loop and never run concurrently.
 tests/consumer/test_rqcompat.py is the contract test for the rq behaviour relied on here.
 
-Lease times are Redis's (common/clock.py), not this node's: rq writes a lease's score with the
+Lease times are Redis's (common/keepers/clock.py), not this node's: rq writes a lease's score with the
 local clock, and each place it does is followed, in the same MULTI, by our score in Redis time;
 sweeps compare with Redis time too. A node whose clock is off neither loses its live jobs to
 others' sweeps nor sweeps theirs.
@@ -31,9 +31,9 @@ from rq.registry import StartedJobRegistry
 from rq.worker import BaseWorker, WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from genqueue.common.clock import RedisClock
 from genqueue.common.defaults import JOB_RETRIES, KEY_PREFIX
-from genqueue.common.rqaccess import SERIALIZER, TASK, TASKS, refused_key
+from genqueue.common.keepers.clock import RedisClock
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, TASKS, refused_key
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class GenWorker(BaseWorker):
         self.lease = lease
         # A clock off by more than a quarter lease would already lose leases without this.
         self.clock = RedisClock(conn, warn_above=lease / 4, name=name)
-        # Whether a job of the queue named may be taken now (consumer/rewind.py holds a run back
+        # Whether a job of the queue named may be taken now (consumer/guards/rewind.py holds a run back
         # while its marks are rebuilt).
         self.gate: Callable[[str], bool] = lambda queue_name: True
         self.log_result_lifespan = False
@@ -367,10 +367,10 @@ def _skew_for_tests() -> None:
 def sweep_in_redis_time() -> None:
     """Make rq's `StartedJobRegistry.cleanup`, in this process, sweep by Redis's clock when it
     is given no timestamp. rq's cleanup sweeps the leases expired by this host's clock;
-    genqueue scores leases in Redis's clock (common/clock.py), so a reader of registries on a
+    genqueue scores leases in Redis's clock (common/keepers/clock.py), so a reader of registries on a
     host whose clock runs ahead (rq-dashboard counts and lists them through cleanup: `consumer
     dashboard` calls this) would re-queue live jobs. Idempotent."""
-    from genqueue.common.clock import redis_time
+    from genqueue.common.keepers.clock import redis_time
 
     if getattr(StartedJobRegistry.cleanup, "redis_time", False):
         return

@@ -4,7 +4,7 @@ rq is synchronous; the consumer is one asyncio loop. Every rq/Redis call goes th
 `RqThread.call`, which runs it in a single dedicated thread (so calls never block the
 loop and never run concurrently with each other) and rides out Redis being unreachable:
 it retries with jittered backoff until Redis answers, or until a hard stop. A Redis at its
-maxmemory (common/redismem.py: a refused write is not applied) is ridden out the same way:
+maxmemory (common/keepers/redismem.py: a refused write is not applied) is ridden out the same way:
 every write waits, held jobs stay held and results stay in the spool, until memory is freed. The call is
 typed with ParamSpec, so a call with the wrong arguments fails type-checking (the
 positional `retry` that made a poison pill of a malformed job could not be written today).
@@ -23,7 +23,7 @@ from typing import ParamSpec, TypeVar
 import redis
 
 from genqueue.common.backoff import compute_backoff
-from genqueue.common.redismem import is_oom
+from genqueue.common.keepers.redismem import is_oom
 
 log = logging.getLogger(__name__)
 

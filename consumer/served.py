@@ -21,15 +21,15 @@ from genqueue.common.errors import (
     as_clause,
 )
 from genqueue.common.eta import format_duration
-from genqueue.common.pause import paused_reasons
-from genqueue.common.rqaccess import job_counts
-from genqueue.common.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
+from genqueue.common.keepers.pause import paused_reasons
+from genqueue.common.keepers.rqaccess import job_counts
+from genqueue.common.keepers.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
 from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.faults import classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
-from genqueue.consumer.engine import engine_view
+from genqueue.consumer.engine.readings import engine_view
 from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ Telemetry listens; it does not reach in. Items are counted as their records are 
 (`record`), and the rest comes from the snapshots the consumer's parts expose, handed over
 as one `Parts` of callables. The snapshot, refreshed every few seconds, is a
 contracts.ConsumerSnapshot, written (and read back by `producer status`) through
-common/snapshots.py.
+common/keepers/snapshots.py.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from genqueue.common.contracts import (
     ConsumerSnapshot,
     EngineBound,
     ErrorClass,
+    Mode,
     Outcome,
     Record,
     ResultRecord,
@@ -36,16 +37,16 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample, format_duration
-from genqueue.common.snapshots import publish
-from genqueue.consumer.acker import AckSnapshot
-from genqueue.consumer.admission import AdmissionSnapshot
+from genqueue.common.keepers.snapshots import publish
 from genqueue.consumer.answer.faults import RetryKind
-from genqueue.consumer.book import BookSnapshot, RunLoad
-from genqueue.consumer.doctor import Doctor
-from genqueue.consumer.leases import LeaseSnapshot
-from genqueue.consumer.outbox import OutboxSnapshot, RunShipping
+from genqueue.consumer.engine.admission import AdmissionSnapshot
+from genqueue.consumer.engine.doctor import Doctor
 from genqueue.consumer.rqthread import RqSnapshot, RqThread
 from genqueue.consumer.served import ServedSnapshot
+from genqueue.consumer.shipping.outbox import OutboxSnapshot, RunShipping
+from genqueue.consumer.work.acker import AckSnapshot
+from genqueue.consumer.work.book import BookSnapshot, RunLoad
+from genqueue.consumer.work.leases import LeaseSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class Telemetry:
         self._depth: int | None = None  # jobs left in the served runs' queues, as last published
         self._cpu_at = (time.monotonic(), time.process_time())
         self.lag = LoopLag()
-        # what the run's spent hash has of ours (common/snapshots.py), and when GPU time was last charged
+        # what the run's spent hash has of ours (common/keepers/snapshots.py), and when GPU time was last charged
         self._added: dict[str, Counter[str]] = {}
         self._charged_at: float | None = None
         self._phase: str | None = None
@@ -374,7 +375,8 @@ class Telemetry:
         self._cpu_at = (wall, cpu)
         lag = self.lag.take()
         LOOP_LAG.set(lag)
-        snap["engine"] = self.doctor.check(now, snap, self.parts.served(), queue_depth=self._depth, cpu=cores,
+        related = any(ctx.settings.multi_turn == Mode.EACH for ctx in self.parts.served().runs.values())
+        snap["engine"] = self.doctor.check(now, snap, related_prompts=related, queue_depth=self._depth, cpu=cores,
                                            backing_off=self.parts.backing_off(), loop_lag=lag)
         for bound in EngineBound:
             ENGINE_BOUND.labels(bound.value).set(1 if snap["engine"].get("verdict") == bound else 0)

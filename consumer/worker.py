@@ -35,37 +35,37 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import CorruptStateError, UserError
-from genqueue.common.marks import ShardMarks
-from genqueue.common.pause import pause_run
+from genqueue.common.keepers.marks import ShardMarks
+from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.redisconn import connect
+from genqueue.common.keepers.redismem import RedisEvictsError, check_policy
+from genqueue.common.keepers.rqaccess import queue_for
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
-from genqueue.common.redisconn import connect
-from genqueue.common.redismem import RedisEvictsError, check_policy
-from genqueue.common.rqaccess import queue_for
-from genqueue.common.runs import RunStore
 from genqueue.common.storage import ShardStore
 from genqueue.common.storage import store_for as default_store_for
-from genqueue.consumer.acker import Acker
-from genqueue.consumer.admission import Limiter, Steering
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
-from genqueue.consumer.book import Book
-from genqueue.consumer.breaker import Breaker
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
-from genqueue.consumer.ended import failed_runs
+from genqueue.consumer.engine.admission import Limiter, Steering
+from genqueue.consumer.guards.breaker import Breaker
+from genqueue.consumer.guards.ended import failed_runs
+from genqueue.consumer.guards.rewind import Rewind
+from genqueue.consumer.guards.stop import Stop, Stopped, until
+from genqueue.consumer.guards.supervise import LoopFailed, supervised
 from genqueue.consumer.hedge import Hedger
-from genqueue.consumer.intake import Intake
-from genqueue.consumer.leases import Leases
-from genqueue.consumer.outbox import Outbox
-from genqueue.consumer.rewind import Rewind
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
-from genqueue.consumer.shards import SpoolBusyError, leftover_shards, lock_spool, release_spool
-from genqueue.consumer.stop import Stop, Stopped, until
-from genqueue.consumer.supervise import LoopFailed, supervised
+from genqueue.consumer.shipping.outbox import Outbox
+from genqueue.consumer.shipping.shards import SpoolBusyError, leftover_shards, lock_spool, release_spool
 from genqueue.consumer.telemetry import Parts, Telemetry
+from genqueue.consumer.work.acker import Acker
+from genqueue.consumer.work.book import Book
+from genqueue.consumer.work.intake import Intake
+from genqueue.consumer.work.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Consumer:
                              store_for=store_for or default_store_for, output_of=self._output_of,
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone)
         self._spool_lock: IO[str] | None = None
-        # A Redis that rewinds (consumer/rewind.py): stamped marks, held runs, rebuilt marks.
+        # A Redis that rewinds (consumer/guards/rewind.py): stamped marks, held runs, rebuilt marks.
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
                               store_for=store_for or default_store_for)
         self.worker.gate = self._rewind.allows

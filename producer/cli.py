@@ -15,7 +15,7 @@ from genqueue.common import __version__, defaults
 from genqueue.common.cli import friendly_errors, redis_option, setup_logging
 from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
-from genqueue.common.redisconn import connect
+from genqueue.common.keepers.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, check_variant_params, run_name_from_path
 from genqueue.common.variants import normalised, parse_variant
 from genqueue.producer.enqueue import EnqueueOptions, Summary, enqueue_file
@@ -232,7 +232,7 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
     Consumers serve the open runs of the highest priority first and share their slots evenly
     between runs of equal priority; a change takes effect within seconds, for the slots that
     free up from then on (requests in flight finish). The run's settings and fingerprint stay."""
-    from genqueue.common.runs import RunStore
+    from genqueue.common.keepers.runs import RunStore
     from genqueue.producer.runsetup import keep_priority
 
     store = RunStore(connect(redis_url))
@@ -313,7 +313,7 @@ def format_summary(s: Summary) -> str:
     if s.rejects_path:
         rows.append(("rejects file", s.rejects_path))
     if s.queue_view and s.queue_view.get("malformed_jobs"):
-        from genqueue.common.rqjobs import malformed_line
+        from genqueue.common.keepers.rqjobs import malformed_line
 
         rows.append(("malformed jobs", malformed_line(s.queue_view["malformed_jobs"])))
     width = max(len(k) for k, _ in rows)

@@ -11,7 +11,7 @@ one: a dataset of bare prompts has no estimate (None).
 GPU-hours spent are each consumer's GPUs times its wall time while it held the run's work (jobs,
 items waiting or in flight, records written), split between the runs it held work of by the
 completion tokens each generated meanwhile: each consumer adds its part at every report to the
-run's spent hash (common/snapshots.py), so what was spent stays spent when consumers drain, crash
+run's spent hash (common/keepers/snapshots.py), so what was spent stays spent when consumers drain, crash
 or give their jobs back (consumer_hours, which works it out from live snapshots instead: each
 consumer's time from the later of its start and the run's first job to its last report, is
 what status showed before, and went down as consumers went). A consumer's GPUs are its snapshot's `gpus` (`consumer run --engine-gpus N`, which
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from genqueue.common.contracts import Item
-from genqueue.common.snapshots import ConsumerReport
+from genqueue.common.keepers.snapshots import ConsumerReport
 
 
 class CostBasis(TypedDict):
@@ -119,7 +119,7 @@ def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float
     served it (`live` set); REMAINING: its output tokens still to generate; RATE: the fleet's
     completion tokens a second for it now; PRICE: money a GPU-hour (None: not given); COMPLETE:
     RUN is over (consumer_hours); SPENT_HOURS: the GPU-hours the consumers added up as they
-    went (the run's spent hash, common/snapshots.py), which never go down; None: worked out
+    went (the run's spent hash, common/keepers/snapshots.py), which never go down; None: worked out
     from the snapshots of CONSUMERS (consumer_hours), as consumers before that did."""
     durable = spent_hours is not None
     spent = spent_hours if spent_hours is not None else \

@@ -28,7 +28,7 @@ bucket is settled when its items are written; one byte per record keeps it.
 
 Cost: a re-run reads its input and asks Redis three set memberships per item (one round trip
 per chunk of records); the queue view (every live job's payload) is read only when an item in
-the run is not done, once, under the run's lock (common/runlock.py). When nothing can need doing
+the run is not done, once, under the run's lock (common/keepers/runlock.py). When nothing can need doing
 it reads nothing: the input file is byte for byte the one of this source's last complete enqueue
 (same digest), made into items the same way (settings, options), and every item of the run is
 done; then every record that was not rejected is already_done, and the summary says
@@ -51,10 +51,10 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
-from genqueue.common.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
-from genqueue.common.runlock import RunLock
-from genqueue.common.runs import RunStore, key_digest
-from genqueue.common.runsources import end_reading, start_reading
+from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
+from genqueue.common.keepers.runlock import RunLock
+from genqueue.common.keepers.runs import RunStore, key_digest
+from genqueue.common.keepers.runsources import end_reading, start_reading
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import probe_output
 from genqueue.producer import memplan

@@ -19,7 +19,7 @@ CLAIM_GRACE it takes it over and queues its items like any item with no result a
 
 Re-queueing (`requeue`): items already in the run with no result and no live job (lost from
 rq, or failed with --retry-failed) go through the same two steps, under the run's lock
-(common/runlock.py): a re-claim script (common/marks.py) puts the ones still in that state in
+(common/keepers/runlock.py): a re-claim script (common/keepers/marks.py) puts the ones still in that state in
 a claim set of this producer, fenced by the lock's token, then the same transaction enqueues
 them, WATCHing the lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
 transaction is dropped (the items stay in the run, for a later reconcile).
@@ -36,17 +36,17 @@ import redis
 from rq import Retry
 
 from genqueue.common import defaults
-from genqueue.common.claims import claim_exists, drop_claim, enqueue_claimed
 from genqueue.common.contracts import Item
-from genqueue.common.marks import Reclaim, ReclaimLockLostError, Requeue
+from genqueue.common.keepers.claims import claim_exists, drop_claim, enqueue_claimed
+from genqueue.common.keepers.marks import Reclaim, ReclaimLockLostError, Requeue
+from genqueue.common.keepers.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
+from genqueue.common.keepers.runlock import RunLock
+from genqueue.common.keepers.runs import RunLockedError, RunStore, claim_key, key_digest
 from genqueue.common.redact import redact
-from genqueue.common.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
-from genqueue.common.runlock import RunLock
-from genqueue.common.runs import RunLockedError, RunStore, claim_key, key_digest
 
 log = logging.getLogger(__name__)
 
-# Requeue is the re-claim script's answer (common/marks.py); named here too for producer/enqueue.py.
+# Requeue is the re-claim script's answer (common/keepers/marks.py); named here too for producer/enqueue.py.
 __all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 
 #: A transaction whose reply was lost is checked (did its DEL of the claim set land?) and sent

@@ -27,16 +27,16 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.marks import SHIPPED_FAILED, progress
-from genqueue.common.pause import resume_run, run_pause
+from genqueue.common.keepers.marks import SHIPPED_FAILED, progress
+from genqueue.common.keepers.pause import resume_run, run_pause
+from genqueue.common.keepers.redisconn import connect
+from genqueue.common.keepers.rqaccess import clear_refused, job_counts
+from genqueue.common.keepers.rqjobs import scan_jobs
+from genqueue.common.keepers.rundelete import delete_run
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
-from genqueue.common.redisconn import connect
 from genqueue.common.retryhint import failed_summary, next_steps
-from genqueue.common.rqaccess import clear_refused, job_counts
-from genqueue.common.rqjobs import scan_jobs
-from genqueue.common.rundelete import delete_run
-from genqueue.common.runs import RunStore
 from genqueue.common.settings import check_run_name
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.redismem import Memory, RedisFullError, read_memory, room, run_bytes, size
-from genqueue.common.runs import RunStore
+from genqueue.common.keepers.redismem import Memory, RedisFullError, read_memory, room, run_bytes, size
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import Origin, make_items

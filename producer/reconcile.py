@@ -4,7 +4,7 @@ Re-running `producer enqueue` on a run enqueues exactly the items of its input t
 shipped result and are not queued, held or scheduled in rq. For each item it reads (one round
 trip per chunk of records) whether it is in the run's keys set, DONE (a shipped shard holds its
 result) or FAILED (only an error record); an item that is in the run and not done is then looked
-up in a view of the queue (QueueView), taken once, under the run's lock (common/runlock.py):
+up in a view of the queue (QueueView), taken once, under the run's lock (common/keepers/runlock.py):
 
   live       the items of every live job (queued, being dequeued, started, scheduled, deferred,
              ready), read from the jobs' JSON payloads, plus the items of other producers'
@@ -42,15 +42,15 @@ from typing import Any
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.claims import claim_members, other_claims, take_over
-from genqueue.common.marks import DONE, FAILED, IN_RUN, all_done, item_states
-from genqueue.common.rqaccess import LIVE_PLACES, JobPlace
-from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
-from genqueue.common.runs import add_keys, source_summary
+from genqueue.common.keepers.claims import claim_members, other_claims, take_over
+from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, all_done, item_states
+from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
+from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
+from genqueue.common.keepers.runs import add_keys, source_summary
 
 log = logging.getLogger(__name__)
 
-# The item states are the mark store's (common/marks.py); named here too for producer/enqueue.py.
+# The item states are the mark store's (common/keepers/marks.py); named here too for producer/enqueue.py.
 __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "derivation", "input_digest",
            "item_states", "take_view", "unchanged_input"]
 

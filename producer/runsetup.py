@@ -44,9 +44,9 @@ from typing import Any
 import redis
 
 from genqueue.common.errors import UserError
-from genqueue.common.marks import rebuild_marks
+from genqueue.common.keepers.marks import rebuild_marks
+from genqueue.common.keepers.runs import RunInfo, RunStore, conflict
 from genqueue.common.placement import Placement, this_host
-from genqueue.common.runs import RunInfo, RunStore, conflict
 from genqueue.common.settings import RunSettings, check_update, check_variant_params
 from genqueue.common.storage import LocalStore, OutputStore, ShardInfo, StoreError, store_for
 from genqueue.common.storage.runfile import RunFile, RunFileError, read_run_file, where, write_run_file

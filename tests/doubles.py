@@ -23,7 +23,7 @@ from typing import Any
 from genqueue.common.contracts import ConsumerInfo, Item, ResultRecord
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.generate import RunContext
-from genqueue.consumer.book import Book, JobState
+from genqueue.consumer.work.book import Book, JobState
 
 IDENT: ConsumerInfo = {"host": "h", "gpu": None, "worker": "w", "endpoint": "e"}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rq import Worker
 
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.consumer.dashboard import command as dash_command
 from genqueue.consumer.dashboard import web as dash_web
 from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
@@ -136,7 +136,7 @@ def test_a_missing_dependency_is_one_line_naming_it(monkeypatch):
 
 
 def test_the_workers_page_lists_every_held_job_or_is_left_as_rq_dashboard_made_it(tmp_path):
-    import rq_dashboard.web as web
+    from rq_dashboard import web
 
     page = dash_web.workers_page(Path(web.__file__).parent / "templates" / dash_web.WORKERS_TEMPLATE)
     assert page is not None and "_.each(d.current_jobs" in page and "Jobs&nbsp;held" in page

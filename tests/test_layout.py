@@ -114,11 +114,11 @@ def package_of(module: str) -> str:
 def test_the_graph_is_read_from_every_module() -> None:
     graph, _ = import_graph()
     assert {"genqueue.common.contracts", "genqueue.common.storage", "genqueue.common.storage.s3",
-            "genqueue.common.rqaccess", "genqueue.producer.export.command", "genqueue.consumer.shards"} <= graph.keys()
+            "genqueue.common.keepers.rqaccess", "genqueue.producer.export.command", "genqueue.consumer.shipping.shards"} <= graph.keys()
     # one edge of each kind the rules below look at, so the test cannot pass by reading nothing
     assert "genqueue.common.storage.s3" in graph["genqueue.producer.export.sources"] or \
         "genqueue.common.storage" in graph["genqueue.producer.export.sources"]
-    assert "genqueue.common.storage" in graph["genqueue.consumer.shards"]
+    assert "genqueue.common.storage" in graph["genqueue.consumer.shipping.shards"]
 
 
 def test_no_bare_package_imports() -> None:
@@ -171,11 +171,20 @@ def test_the_cycle_finder_finds_cycles() -> None:
 # The wings: parts of a package that are a program of their own, each in its folder, whose
 # docstring says what it is for and, on its `May import:` line, what it may stand on.
 WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.consumer.answer",
-         "genqueue.consumer.dashboard", "genqueue.producer.ingest", "genqueue.producer.export",
-         "genqueue.producer.status")
+         "genqueue.consumer.dashboard", "genqueue.consumer.shipping", "genqueue.consumer.engine",
+         "genqueue.consumer.work", "genqueue.consumer.guards", "genqueue.producer.ingest",
+         "genqueue.producer.export", "genqueue.producer.status", "genqueue.common.keepers")
 
 #: The answering wing's modules, once on consumer/'s top level.
 ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool_turns", "checkpoints")
+#: The other wings' modules that once sat on consumer/'s top level.
+MOVED_OFF_THE_CONSUMER_FLOOR = ("outbox", "shards", "engine", "doctor", "admission", "intake", "leases", "acker",
+                                "book", "shares", "breaker", "ended", "rewind", "stop", "supervise")
+#: consumer/'s top level: the composition root (worker), its CLI and config, the job function rq
+#: names (task: stored in every job, it cannot move), rq's adapter and thread, and the parts that
+#: join the wings (dispatch, served, hedge, telemetry).
+CONSUMER_FLOOR = ("__init__", "__main__", "cli", "config", "worker", "task", "rqcompat", "rqthread",
+                  "dispatch", "served", "hedge", "telemetry")
 
 
 def allowed_imports(wing: str) -> tuple[str, ...]:
@@ -223,11 +232,18 @@ def test_every_wing_is_in_its_folder() -> None:
     flat = sorted(str(p.relative_to(ROOT)) for pattern in ("consumer/launch*.py", "consumer/sim*.py",
                                                            "consumer/dashboard*.py", "producer/export*.py",
                                                            "producer/status*.py",
-                                                           *(f"consumer/{m}.py" for m in ANSWER_MODULES))
+                                                           *(f"consumer/{m}.py" for m in ANSWER_MODULES),
+                                                           *(f"consumer/{m}.py" for m in MOVED_OFF_THE_CONSUMER_FLOOR))
                   for p in ROOT.glob(pattern))
     assert flat == []
     for wing in WINGS:
         assert module_files()[wing].name == "__init__.py"
+
+
+def test_the_consumer_floor_is_read_in_one_look() -> None:
+    """A newcomer opens consumer/ and sees the worker, its CLI, and the wings (folders)."""
+    floor = sorted(p.stem for p in (ROOT / "consumer").glob("*.py"))
+    assert floor == sorted(CONSUMER_FLOOR)
 
 
 def test_the_wing_rule_reads_what_it_should() -> None:
@@ -235,12 +251,87 @@ def test_the_wing_rule_reads_what_it_should() -> None:
     assert allowed_imports("genqueue.consumer.answer") == ("genqueue.common",)
     assert {f"genqueue.consumer.answer.{m}" for m in ANSWER_MODULES} <= module_files().keys()
     assert "genqueue.common" in allowed_imports("genqueue.producer.export")
-    assert allowed("genqueue.common.runs", ("genqueue.common",))
+    assert allowed("genqueue.common.keepers.runs", ("genqueue.common",))
     assert not allowed("genqueue.commonplace", ("genqueue.common",))
 
 
+# common/ split by nature: the keepers of Redis state in common/keepers/, the pure half around them
+# (contracts, settings, conversions, rules; common/storage/ is the output store's I/O, neither).
+#: Redis client methods that are also everyday method names (a dict's get, a file's close, ...):
+#: a call of one of these says nothing of Redis.
+_EVERYDAY = frozenset({"append", "copy", "get", "keys", "sort", "close", "reset", "wait", "select", "save",
+                       "set", "delete", "time", "type", "info", "move", "object", "sync", "touch", "lock",
+                       "dump", "json", "client", "command", "publish", "scan", "rename", "exists", "echo",
+                       "restore", "role", "monitor", "quit", "digest", "ts", "ft", "bf", "cf", "topk",
+                       "cms", "tdigest", "vset", "load_external_module", "from_url", "from_pool"})
+
+
+def redis_commands() -> frozenset[str]:
+    import redis
+    return frozenset(n for n in dir(redis.Redis) if not n.startswith(("_", "get_", "set_"))
+                     and callable(getattr(redis.Redis, n)) and n not in _EVERYDAY
+                     and n not in dir(dict) and n not in dir(list) and n not in dir(str))
+
+
+def redis_touches(tree: ast.Module, commands: frozenset[str]) -> list[str]:
+    """What in TREE speaks to Redis: an import of redis (its exceptions aside) or rq, and a call
+    of a Redis command method (`.hset(`, `.pipeline(`, `.register_script(`, ...)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] in {"redis", "rq"}
+                      and a.name != "redis.exceptions"]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            mod = node.module or ""
+            if mod.split(".")[0] in {"redis", "rq"} and mod != "redis.exceptions":
+                found.append(f"{node.lineno}: from {mod} import")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in commands:
+            found.append(f"{node.lineno}: .{node.func.attr}(")
+    return found
+
+
+def pure_common() -> dict[str, Path]:
+    return {m: p for m, p in module_files().items() if package_of(m) == "common"
+            and not allowed(m, ("genqueue.common.keepers", "genqueue.common.storage"))}
+
+
+def test_the_pure_half_of_common_issues_no_redis_command() -> None:
+    commands = redis_commands()
+    found = sorted(f"{path.relative_to(ROOT)}:{hit}" for path in pure_common().values()
+                   for hit in redis_touches(ast.parse(path.read_text()), commands))
+    assert found == []
+    assert {"genqueue.common.contracts", "genqueue.common.settings", "genqueue.common.defaults"} <= pure_common().keys()
+
+
+def test_the_pure_half_of_common_stands_on_no_keeper() -> None:
+    graph, _ = import_graph()
+    edges = sorted(f"{m} -> {n}" for m in pure_common() for n in graph[m] if allowed(n, ("genqueue.common.keepers",)))
+    assert edges == []
+
+
+def test_every_module_of_common_that_speaks_to_redis_is_a_keeper() -> None:
+    """The other direction: the keepers folder holds every Redis-speaking module of common/, and
+    each of them does speak to Redis (or is the plumbing the others stand on)."""
+    commands = redis_commands()
+    keepers = {m: p for m, p in module_files().items() if allowed(m, ("genqueue.common.keepers",))
+               and p.name != "__init__.py"}
+    assert len(keepers) >= 15
+    silent = sorted(m for m, p in keepers.items() if not redis_touches(ast.parse(p.read_text()), commands)
+                    and not any(allowed(n, ("genqueue.common.keepers",)) for n in import_graph()[0][m]))
+    assert silent == []
+
+
+def test_the_redis_command_finder_finds_commands() -> None:
+    """The rule above is able to fail: each way of speaking to Redis is seen, everyday calls are not."""
+    tree = ast.parse("import redis\nfrom rq import Queue\nfrom redis.exceptions import RedisError\nd = {}\n"
+                     "d.get('a')\nconn.hset('k', 'f', 1)\npipe = conn.pipeline()\nconn.register_script('x')\n"
+                     "f.close()\ns.time()\n")
+    assert redis_touches(tree, redis_commands()) == ["1: import redis", "2: from rq import", "6: .hset(",
+                                                      "7: .pipeline(", "8: .register_script("]
+
+
 # rq below its documented surface: the two adapters docs/design.md names, and no other module.
-RQ_ADAPTERS = ("consumer/rqcompat.py", "common/rqaccess.py")
+RQ_ADAPTERS = ("consumer/rqcompat.py", "common/keepers/rqaccess.py")
 
 
 def rq_patches(tree: ast.Module) -> list[int]:

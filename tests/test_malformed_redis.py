@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rq.job import Job, JobStatus
 
-from genqueue.common import rqjobs
-from genqueue.common.marks import ShardMarks, mark_shipped
-from genqueue.common.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, queue_name
+from genqueue.common.keepers import rqjobs
+from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, queue_name
 from genqueue.consumer.rqcompat import GenWorker
 from genqueue.producer.cli import main as producer
 from tests.conftest import cli, free_port, sharegpt, write_jsonl

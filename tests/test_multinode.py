@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import Placement, this_host
-from genqueue.common.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import LocalStore
 from genqueue.common.storage.runfile import read_run_file

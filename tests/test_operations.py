@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 import pytest
 
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.consumer.cli import main as consumer_main
 from genqueue.consumer.rqcompat import GenWorker
 from genqueue.producer.cli import main as producer_main

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from genqueue.common.snapshots import reports
+from genqueue.common.keepers.snapshots import reports
 from tests.conftest import BIN, free_gpu, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Sim
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture

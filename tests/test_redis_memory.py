@@ -1,4 +1,4 @@
-"""Redis memory, planned and survived (common/redismem.py), on a redis-server of the test's own
+"""Redis memory, planned and survived (common/keepers/redismem.py), on a redis-server of the test's own
 with a small maxmemory: a policy that evicts keys is refused at enqueue and at a consumer's
 pre-flight; a run that does not fit is refused before anything is written; a Redis that fills
 up mid-run pauses the consumer (no exit), status still answers, and once memory is raised the

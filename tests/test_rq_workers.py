@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from rq import Worker
 
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.keepers.rqaccess import queue_for
 from tests.conftest import BIN, cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 from tests.test_dashboard import DASHBOARD, Dashboard, get, get_json

@@ -14,13 +14,13 @@ from typing import Any
 import orjson
 import redis
 
-from genqueue.common.checkpoints import CheckpointStore
+from genqueue.common.keepers.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Best-effort checkpoints, for the generator on the event loop (common/checkpoints.py
+    """Best-effort checkpoints, for the generator on the event loop (common/keepers/checkpoints.py
     stores them)."""
 
     def __init__(self, url: str) -> None:

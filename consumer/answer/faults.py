@@ -6,7 +6,7 @@ client raises beyond common/errors.py's tree, the name a failed attempt is count
 (retry or give up, how long to wait, whether to ask the Gate), the `ErrorClass` an item's
 error record gets once the attempts are spent, and which classes the failure-storm breaker
 counts. client.py raises what is defined here, generate.py asks `RetryPolicy` what to do,
-records.py writes `error_class`, consumer/breaker.py counts `STORM_CLASSES`,
+records.py writes `error_class`, consumer/guards/breaker.py counts `STORM_CLASSES`,
 consumer/telemetry.py names `RetryKind`.
 
 Fail closed: every failed attempt (refused, reset, deadline, 5xx, a 200 that is not a usable

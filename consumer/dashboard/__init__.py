@@ -19,7 +19,7 @@ instead of failing the whole page. A consumer holds many jobs at once (rq execut
 rq-dashboard shows one "current job" per worker: its workers data gives each worker
 `current_jobs`, every job it holds, and its Workers page lists them. And whatever a genqueue queue holds (a pickle, garbage, a
 hash without data, an id whose hash is gone, a date rq does not parse), its job lists show
-each such entry as a row `(malformed: <reason>)` (common/rqjobs.py's reasons), and a job's own
+each such entry as a row `(malformed: <reason>)` (common/keepers/rqjobs.py's reasons), and a job's own
 page and JSON say why it cannot be shown, where rq-dashboard answered 500 for the whole list. Every rq-dashboard option passes through; the Redis URL
 comes from REDIS_URL as for genqueue's other commands, and it listens on 127.0.0.1 unless told.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from genqueue.common.rqaccess import queue_name
+from genqueue.common.keepers.rqaccess import queue_name
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def patch_held_jobs(web: ModuleType) -> None:
     from flask import current_app
     from jinja2 import ChoiceLoader, DictLoader
 
-    from genqueue.common.rqaccess import SERIALIZER
+    from genqueue.common.keepers.rqaccess import SERIALIZER
 
     own_view = web.list_workers.__wrapped__  # under rq-dashboard's @jsonify (functools.wraps)
 
@@ -167,8 +167,8 @@ def patch_job_lists(web: ModuleType) -> None:
     from flask import current_app, request
     from werkzeug.exceptions import HTTPException
 
-    from genqueue.common.rqaccess import JobPlace, place_page
-    from genqueue.common.rqjobs import job_defect
+    from genqueue.common.keepers.rqaccess import JobPlace, place_page
+    from genqueue.common.keepers.rqjobs import job_defect
 
     page_of = web.get_queue_registry_jobs_count
     serialize_job = web.serialize_job

@@ -44,7 +44,7 @@ from typing import IO, Any, cast
 import orjson
 
 from genqueue.common import __version__
-from genqueue.common.runs import RunInfo
+from genqueue.common.keepers.runs import RunInfo
 from genqueue.producer.export.core import ExportResult
 from genqueue.producer.export.sinks import stem
 from genqueue.producer.outfiles import Target, write_failed

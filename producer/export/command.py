@@ -28,10 +28,10 @@ from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.contracts import Mode, Outcome
 from genqueue.common.errors import UserError
+from genqueue.common.keepers.redisconn import connect
+from genqueue.common.keepers.rqjobs import malformed_line, refused_line
+from genqueue.common.keepers.runs import RunInfo, RunStore
 from genqueue.common.placement import this_host
-from genqueue.common.redisconn import connect
-from genqueue.common.rqjobs import malformed_line, refused_line
-from genqueue.common.runs import RunInfo, RunStore
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export.card import card_rows, write_card
 from genqueue.producer.export.core import (

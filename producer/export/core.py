@@ -49,7 +49,6 @@ from typing import IO, TypedDict
 import orjson
 import redis
 
-from genqueue.common import exportsets
 from genqueue.common.contracts import (
     ErrorClass,
     ErrorInfo,
@@ -61,9 +60,10 @@ from genqueue.common.contracts import (
     ToolTurns,
     error_info,
 )
-from genqueue.common.marks import record_tool_turns
-from genqueue.common.rqaccess import JobPlace, refused_jobs
-from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
+from genqueue.common.keepers import exportsets
+from genqueue.common.keepers.marks import record_tool_turns
+from genqueue.common.keepers.rqaccess import JobPlace, refused_jobs
+from genqueue.common.keepers.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage

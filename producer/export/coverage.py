@@ -2,7 +2,7 @@
 
 The export adds every key it wrote (dataset, truncated or errors file) to a temporary set;
 its difference with the run's key set leaves the missing ones, in Redis, whatever their
-number (common/exportsets.py). The missing file says which records they are: key, id, source
+number (common/keepers/exportsets.py). The missing file says which records they are: key, id, source
 and position, tab-separated, read back from the jobs rq still holds (queued, started, failed,
 finished); a key no job holds any more has its key alone.
 """
@@ -14,9 +14,9 @@ from typing import IO
 
 import redis
 
-from genqueue.common import exportsets
-from genqueue.common.rqaccess import JobPlace
-from genqueue.common.rqjobs import JobScan, read_jobs, scan_jobs
+from genqueue.common.keepers import exportsets
+from genqueue.common.keepers.rqaccess import JobPlace
+from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
 
 _WRITE_BUFFER = 256 * 1024
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from genqueue.common.runs import RunStore
-from genqueue.common.runsources import places as source_places
+from genqueue.common.keepers.runs import RunStore
+from genqueue.common.keepers.runsources import places as source_places
 
 
 @dataclass(frozen=True, slots=True)

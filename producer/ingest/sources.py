@@ -1,7 +1,7 @@
 """An input's place in its run, bound into the Origin its items are made with.
 
 The order of a run's sources and the inputs being read are kept in Redis by
-common/runsources.py (its writes re-exported here, where tests and benchmarks look for them).
+common/keepers/runsources.py (its writes re-exported here, where tests and benchmarks look for them).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import redis
 
-from genqueue.common.runsources import assign, end_reading, start_reading
+from genqueue.common.keepers.runsources import assign, end_reading, start_reading
 from genqueue.common.settings import RunSettings
 from genqueue.producer.ingest.items import Origin
 

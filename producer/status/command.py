@@ -13,7 +13,7 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
-from genqueue.common.redisconn import connect
+from genqueue.common.keepers.redisconn import connect
 from genqueue.common.settings import check_run_name
 from genqueue.producer.rungone import run_gone
 
@@ -40,8 +40,8 @@ WATCH_MARK = "--- producer status"
 def status_command(run_name: str | None, watch: bool, interval: float, as_json: bool, wide: bool, output: str,
            gpu_hour_price: float | None, redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
-    from genqueue.common.redismem import full_line, full_now
-    from genqueue.common.runs import RunStore
+    from genqueue.common.keepers.redismem import full_line, full_now
+    from genqueue.common.keepers.runs import RunStore
     from genqueue.producer.status.core import format_status, run_status
     from genqueue.producer.status.screen import WIDTH
 

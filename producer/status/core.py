@@ -1,10 +1,10 @@
 """A run's state, read from Redis: genqueue's bookkeeping, rq's registries, and what every
 consumer last reported (rates, in flight, shipping, its engine's own metrics).
 
-Progress comes from the done marks the consumers write when a shard ships (common/marks.py):
+Progress comes from the done marks the consumers write when a shard ships (common/keepers/marks.py):
 an item is done iff a shipped shard holds its result, failed iff one holds only an error record
 for it, of the items in the run's keys set; rates and the tokens per item the ETA assumes come
-from the consumers' counters. A paused run (common/pause.py) is said on the first line, in red.
+from the consumers' counters. A paused run (common/keepers/pause.py) is said on the first line, in red.
 A run whose settings were changed (`producer enqueue --update-settings`) shows every fingerprint
 it has had.
 
@@ -25,17 +25,18 @@ from typing import Any
 import click
 import redis
 
-from genqueue.common import defaults, marks
-from genqueue.common.clock import redis_time
+from genqueue.common import defaults
 from genqueue.common.eta import format_duration
-from genqueue.common.pause import run_pause
+from genqueue.common.keepers import marks
+from genqueue.common.keepers.clock import redis_time
+from genqueue.common.keepers.pause import run_pause
+from genqueue.common.keepers.rqaccess import job_counts, queue_name, refused_jobs
+from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
+from genqueue.common.keepers.runs import RunStore
+from genqueue.common.keepers.runsources import reading
+from genqueue.common.keepers.snapshots import ConsumerReport, read_spent, reports
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
-from genqueue.common.rqaccess import job_counts, queue_name, refused_jobs
-from genqueue.common.rqjobs import malformed_line, refused_line, scan_jobs
-from genqueue.common.runs import RunStore
-from genqueue.common.runsources import reading
-from genqueue.common.snapshots import ConsumerReport, read_spent, reports
 from genqueue.producer.cost import remaining_tokens, run_cost
 from genqueue.producer.status.figures import eta_view, input_view, outcome_view, placement, run_share, speed_note
 from genqueue.producer.status.report import (
@@ -287,7 +288,7 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
         if copies := copies_text(c["copies"]):
             lines.append(fit("      " + copies, width))
         e = c["engine"]
-        if e.get("advice"):  # the engine doctor's verdict (consumer/doctor.py), with its notes: wrapped,
+        if e.get("advice"):  # the engine doctor's verdict (consumer/engine/doctor.py), with its notes: wrapped,
             # never clipped, since its suggested change is what the reader came for
             advice = "engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or [])
             lines += (textwrap.wrap(advice, width, initial_indent=" " * 6, subsequent_indent=" " * 8, break_on_hyphens=False)

@@ -3,7 +3,7 @@
 Every figure is one run's: a consumer serving several runs reports each run's load and shipping
 apart (contracts.RunCounters), and only that run's share is counted here. Outcomes use export's
 words (complete, partial, cut by outcome, failed) and come from the counters the done marks
-bump in the same script (common/marks.py), so they sum to `done` at every moment. An item is
+bump in the same script (common/keepers/marks.py), so they sum to `done` at every moment. An item is
 in exactly one place: queued, in flight (held by a consumer), shipping (written, not shipped),
 done, failed, or elsewhere (in a failed rq job, or moved since a consumer last reported).
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
-from genqueue.common.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
-from genqueue.common.snapshots import ConsumerReport
+from genqueue.common.keepers.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
+from genqueue.common.keepers.snapshots import ConsumerReport
 from genqueue.producer.status.report import FileView, InputView, OutcomeView, Rates, RunShare, ShareShipping
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.

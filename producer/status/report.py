@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Required, TypedDict
 
 from genqueue.common.contracts import EngineView
-from genqueue.common.pause import PauseInfo
-from genqueue.common.rqaccess import JobCounts
+from genqueue.common.keepers.pause import PauseInfo
+from genqueue.common.keepers.rqaccess import JobCounts
 from genqueue.producer.cost import CostView
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.errors import UserError
-from genqueue.common.redisconn import redact_url
+from genqueue.common.keepers.redisconn import redact_url
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, run_name_from_path
 
 

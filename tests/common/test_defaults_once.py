@@ -39,10 +39,10 @@ COMMAND_MODULES = ("producer/cli.py", "consumer/cli.py", "consumer/launch/comman
 NO_VALUE = (None, False, "")
 #: values too common to mean a defaults.py constant when they are a default (a count, a flag),
 #: unless the default's name is the constant's
-TRIVIAL = {0, 1, -1, 0.0, 1.0, True, False, "", None}
+TRIVIAL = {0, 1, -1, "", None}
 #: defaults that equal a defaults.py constant by chance, each with its own meaning (name=value)
 COINCIDENCES = {
-    "window=60.0": "a rate or restart window (common/eta.py, consumer/supervise.py), not a drain timeout",
+    "window=60.0": "a rate or restart window (common/eta.py, consumer/guards/supervise.py), not a drain timeout",
     "window=10.0": "how long a repeated log line is folded (consumer/answer/client.py)",
     "connect_timeout=10.0": "a TCP connect to the engine, not a shard's age or a stop grace",
     "timeout=5.0": "one GET of the engine's /health or /v1/models, not a Redis timeout",

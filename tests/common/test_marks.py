@@ -10,7 +10,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.marks import (
+from genqueue.common.keepers.marks import (
     DONE,
     FAILED,
     IN_RUN,
@@ -24,7 +24,7 @@ from genqueue.common.marks import (
     marks_of_file,
     progress,
 )
-from genqueue.common.runs import claim_key, key_digest, lock_key, run_key
+from genqueue.common.keepers.runs import claim_key, key_digest, lock_key, run_key
 
 RUN = "m"
 

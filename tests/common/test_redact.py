@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from genqueue.common.cli import RedactingFormatter
+from genqueue.common.keepers.redisconn import redact_url
 from genqueue.common.redact import redact
-from genqueue.common.redisconn import redact_url
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -17,7 +17,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.errors import RedisUnavailableError
-from genqueue.common.redisconn import async_check, async_connect, connect, keepalive_options
+from genqueue.common.keepers.redisconn import async_check, async_connect, connect, keepalive_options
 
 
 def expected_kwargs() -> dict[str, Any]:
@@ -141,7 +141,7 @@ def test_redis_errors_do_not_show_the_password(silent_server: int) -> None:
 
 def test_waiting_for_redis_says_how_long_it_waited_and_will_wait():
     from genqueue.common.errors import RedisUnavailableError
-    from genqueue.common.redisconn import wait_for
+    from genqueue.common.keepers.redisconn import wait_for
     from tests.conftest import free_port
 
     said: list[str] = []
@@ -152,7 +152,7 @@ def test_waiting_for_redis_says_how_long_it_waited_and_will_wait():
 
 def test_the_wait_line_joins_the_error_without_a_doubled_stop():
     """redis-py's "Connection refused." ended the clause: the line read "refused.; waited"."""
-    from genqueue.common.redisconn import wait_for
+    from genqueue.common.keepers.redisconn import wait_for
     from tests.conftest import free_port
 
     said: list[str] = []

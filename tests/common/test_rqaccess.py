@@ -1,4 +1,4 @@
-"""common/rqaccess.py against a real Redis: raw counts, failed jobs and their reasons, key reads."""
+"""common/keepers/rqaccess.py against a real Redis: raw counts, failed jobs and their reasons, key reads."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import redis
 import rq.job
 from rq import Queue, Retry
 
-from genqueue.common.rqaccess import (
+from genqueue.common.keepers.rqaccess import (
     LEGACY_TASKS,
     TASK,
     JobPlace,
@@ -23,7 +23,7 @@ from genqueue.common.rqaccess import (
     use_fast_job_compression,
     worker_executions,
 )
-from genqueue.common.rqjobs import JobScan, failed_reason, read_jobs
+from genqueue.common.keepers.rqjobs import JobScan, failed_reason, read_jobs
 from genqueue.consumer.rqcompat import GenWorker
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""common/snapshots.py against a real Redis: a consumer's snapshot written, listed and read back
+"""common/keepers/snapshots.py against a real Redis: a consumer's snapshot written, listed and read back
 as `producer status` reads it, with the queue lengths its consumer reads in the same round trip."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.rqaccess import JobPlace, QueueLength, place_key, queue_lengths, queue_name, refused_key
-from genqueue.common.runs import CONSUMERS, consumer_key
-from genqueue.common.snapshots import SNAPSHOT_TTL, STALE_AFTER, publish, read_report, reports
+from genqueue.common.keepers.rqaccess import JobPlace, QueueLength, place_key, queue_lengths, queue_name, refused_key
+from genqueue.common.keepers.runs import CONSUMERS, consumer_key
+from genqueue.common.keepers.snapshots import SNAPSHOT_TTL, STALE_AFTER, publish, read_report, reports
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_a_report_reads_every_field_a_snapshot_writes_with_its_type() -> None:
     import typing
 
     from genqueue.common.contracts import ConsumerSnapshot
-    from genqueue.common.snapshots import ConsumerReport
+    from genqueue.common.keepers.snapshots import ConsumerReport
 
     wrote, read = typing.get_type_hints(ConsumerSnapshot), typing.get_type_hints(ConsumerReport)
     assert set(read) - set(wrote) == {"age_s", "live"}

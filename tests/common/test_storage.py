@@ -30,7 +30,7 @@ from genqueue.common.storage import (
     shards_prefix,
     store_for,
 )
-from genqueue.consumer.shards import ShardWriter
+from genqueue.consumer.shipping.shards import ShardWriter
 from tests import s3server
 from tests.s3server import S3Server
 

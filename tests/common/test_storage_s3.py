@@ -14,7 +14,7 @@ import pytest
 
 from genqueue.common.storage import SealedShard, store_for
 from genqueue.common.storage.s3 import S3Location, S3Store, ShipVerifyError, abort_stale_uploads, endpoint_url
-from genqueue.consumer.shards import ShardWriter
+from genqueue.consumer.shipping.shards import ShardWriter
 from tests import s3server
 from tests.s3server import S3Server
 

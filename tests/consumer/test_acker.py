@@ -1,13 +1,13 @@
-"""The acker (consumer/acker.py) in-process, with the shared doubles: acks, zombie acks, lost shards."""
+"""The acker (consumer/work/acker.py) in-process, with the shared doubles: acks, zombie acks, lost shards."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from genqueue.consumer.acker import Acker
-from genqueue.consumer.book import Book
 from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.work.acker import Acker
+from genqueue.consumer.work.book import Book
 from tests.doubles import FakeConn, FakeWorker, complete, held_job
 
 # --- acker ---------------------------------------------------------------------------------

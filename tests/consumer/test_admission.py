@@ -1,6 +1,6 @@
 import asyncio
 
-from genqueue.consumer.admission import Limiter, next_limit, target_waiting
+from genqueue.consumer.engine.admission import Limiter, next_limit, target_waiting
 
 
 def converge(slots: int, start: int, rounds: int = 40) -> int:

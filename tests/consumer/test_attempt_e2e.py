@@ -9,7 +9,7 @@ import re
 import pytest
 from rq.job import Job
 
-from genqueue.common.rqaccess import SERIALIZER
+from genqueue.common.keepers.rqaccess import SERIALIZER
 from genqueue.consumer.rqcompat import GIVEN_BACK_FIELD
 from tests.consumer.e2e import Sim, read_results
 from tests.consumer.test_sigterm import DRAIN, SLACK, busy, held, start, stop_within

@@ -1,10 +1,10 @@
-"""The book of held jobs (consumer/book.py) in-process: what is acked, what a lost shard abandons."""
+"""The book of held jobs (consumer/work/book.py) in-process: what is acked, what a lost shard abandons."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from genqueue.consumer.book import Book
+from genqueue.consumer.work.book import Book
 from tests.doubles import job, result
 
 

@@ -1,10 +1,10 @@
-"""The failure-storm breaker (consumer/breaker.py)."""
+"""The failure-storm breaker (consumer/guards/breaker.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from genqueue.consumer.breaker import Breaker, BreakerSettings
+from genqueue.consumer.guards.breaker import Breaker, BreakerSettings
 from tests.doubles import item, result
 
 

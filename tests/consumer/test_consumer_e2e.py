@@ -10,7 +10,7 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from genqueue.common.rqaccess import SERIALIZER, job_failure, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
 from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 

@@ -1,4 +1,4 @@
-"""Copies at the end of a run (consumer/hedge.py, common/flights.py): an idle consumer sends a
+"""Copies at the end of a run (consumer/hedge.py, common/keepers/flights.py): an idle consumer sends a
 copy of what another still holds; the first result shipped ends the item everywhere; nothing
 rests on a copy.
 
@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 import redis
 
-from genqueue.common import flights as fl
 from genqueue.common.contracts import Item, Mode
-from genqueue.common.flights import Flight, Offer
-from genqueue.common.runs import CONSUMERS
+from genqueue.common.keepers import flights as fl
+from genqueue.common.keepers.flights import Flight, Offer
+from genqueue.common.keepers.runs import CONSUMERS
 from genqueue.common.settings import RunSettings
-from genqueue.consumer.admission import Limiter
 from genqueue.consumer.answer.generate import RunContext
-from genqueue.consumer.book import Book
 from genqueue.consumer.dispatch import Dispatcher
+from genqueue.consumer.engine.admission import Limiter
 from genqueue.consumer.hedge import FASTER, Rate, choose, copyable
+from genqueue.consumer.work.book import Book
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.doubles import FakeGate, FakeOutbox, item, job, result, run_context
@@ -268,7 +268,7 @@ def test_a_claim_of_a_consumer_no_longer_live_is_taken_over(redis_url: str) -> N
     """A consumer killed while its copies ran would keep their items from every other idle
     consumer until the claims expire (10 min): a claim counts only while its holder is live
     (seen within STALE_AFTER, in Redis time, as `producer status` judges it)."""
-    from genqueue.common.snapshots import STALE_AFTER
+    from genqueue.common.keepers.snapshots import STALE_AFTER
 
     conn = redis.Redis.from_url(redis_url)
     now = float(conn.time()[0])
@@ -469,7 +469,7 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
     must give its claim back, or no other idle consumer may copy that item until it expires."""
     from rq import Queue
 
-    from genqueue.common.rqaccess import SERIALIZER
+    from genqueue.common.keepers.rqaccess import SERIALIZER
     from genqueue.consumer.hedge import Hedger
     from genqueue.consumer.rqthread import RqThread
 
@@ -508,7 +508,7 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
 def test_offers_are_stamped_and_judged_by_redis_clock_so_skewed_nodes_see_each_other(redis_url, monkeypatch):
     """Offers last OFFER_TTL (3 s): stamped with each node's own clock, a node 100 s behind
     wrote offers every other node took for stale, and its items were never copied."""
-    from genqueue.common.clock import redis_time
+    from genqueue.common.keepers.clock import redis_time
     from genqueue.consumer.hedge import Hedger
     from genqueue.consumer.rqthread import RqThread
 

@@ -6,10 +6,10 @@ import asyncio
 from typing import Any
 
 from genqueue.common.contracts import ErrorClass, Item
-from genqueue.consumer.admission import Limiter
 from genqueue.consumer.answer.generate import RunContext
-from genqueue.consumer.book import Book
 from genqueue.consumer.dispatch import Dispatcher
+from genqueue.consumer.engine.admission import Limiter
+from genqueue.consumer.work.book import Book
 from tests.doubles import FakeGate, FakeOutbox, item, job, result
 
 # --- dispatcher: the item guard ----------------------------------------------------------

@@ -1,11 +1,18 @@
-"""The engine doctor's policy (consumer/doctor.py), without I/O: windows of samples in, verdicts out."""
+"""The engine doctor's policy (consumer/engine/doctor.py), without I/O: windows of samples in, verdicts out."""
 
 from __future__ import annotations
 
 from genqueue.common.contracts import EngineBound, EngineView
-from genqueue.consumer.doctor import (ConsumerView, Doctor, DoctorSettings, Sample, Verdict, diagnose,
-                                      suggested_max_num_seqs)
-from genqueue.consumer.engine import engine_view
+from genqueue.consumer.engine.doctor import (
+    ConsumerView,
+    Doctor,
+    DoctorSettings,
+    Sample,
+    Verdict,
+    diagnose,
+    suggested_max_num_seqs,
+)
+from genqueue.consumer.engine.readings import engine_view
 
 S = DoctorSettings(window=10.0)
 
@@ -186,7 +193,7 @@ def test_notes_on_spec_decode_and_prefix_cache():
 
 def test_doctor_keeps_a_window_and_publishes_its_verdict(caplog):
     d = Doctor("http://x/v1", S)
-    caplog.set_level("INFO", logger="genqueue.consumer.doctor")
+    caplog.set_level("INFO", logger="genqueue.consumer.engine.doctor")
     for i in range(8):
         d.observe(Sample(i * 2.0, engine(running=8, waiting=20, kv_cache_usage=0.25), consumer(in_flight=28)))
     logged = [r.getMessage() for r in caplog.records]
@@ -295,7 +302,7 @@ def test_stand_in_with_four_slots_and_no_kv_model_is_batch_cap_not_memory():
 
 def _scripted(monkeypatch, bounds: list[EngineBound]) -> None:
     """diagnose() answers BOUNDS in turn: the hold is the Doctor's, whatever the window says."""
-    from genqueue.consumer import doctor as module
+    from genqueue.consumer.engine import doctor as module
 
     answers = iter(bounds)
     monkeypatch.setattr(module, "diagnose", lambda samples, s: Verdict(b := next(answers), f"{b.value} advice"))
@@ -305,7 +312,7 @@ def test_a_verdict_changes_only_after_the_new_one_held_several_looks(monkeypatch
     B, G, M = EngineBound.BATCH_CAP, EngineBound.GENQUEUE, EngineBound.MEMORY
     looks = [B, G, B, M, G, B, G, G, G, G, B]
     _scripted(monkeypatch, looks)
-    caplog.set_level("INFO", logger="genqueue.consumer.doctor")
+    caplog.set_level("INFO", logger="genqueue.consumer.engine.doctor")
     d = Doctor("e", DoctorSettings(hold=3))
     said = [d.observe(Sample(i * 2.0, engine(), consumer())).bound for i in range(len(looks))]
     # the first is said at once; single looks of another verdict (or of two others) change nothing

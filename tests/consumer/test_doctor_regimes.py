@@ -19,7 +19,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.runs import CONSUMERS, consumer_key
+from genqueue.common.keepers.runs import CONSUMERS, consumer_key
 from tests.conftest import RedisServer, cli, free_port, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 

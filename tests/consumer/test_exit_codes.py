@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from genqueue.common.contracts import ExitCode
-from genqueue.common.pause import pause_run
+from genqueue.common.keepers.pause import pause_run
 from tests.conftest import BIN, RedisServer, cli, free_gpu, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.consumer.launch.test_launch import Launch

@@ -18,7 +18,7 @@ from genqueue.consumer.answer.faults import (
     error_class,
     retry_kind,
 )
-from genqueue.consumer.breaker import signature
+from genqueue.consumer.guards.breaker import signature
 
 
 def test_status_classes() -> None:

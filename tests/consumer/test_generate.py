@@ -10,8 +10,8 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.checkpoints import checkpoint_key
 from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
+from genqueue.common.keepers.checkpoints import checkpoint_key
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient

@@ -1,4 +1,4 @@
-"""What a job carries (consumer/intake.py): items that do not parse are refused with the reason."""
+"""What a job carries (consumer/work/intake.py): items that do not parse are refused with the reason."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from genqueue.consumer.intake import InvalidJob, parse_items
+from genqueue.consumer.work.intake import InvalidJob, parse_items
 from tests.doubles import item
 
 

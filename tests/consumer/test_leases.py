@@ -1,13 +1,13 @@
-"""Lease renewal (consumer/leases.py) in-process, with the shared doubles."""
+"""Lease renewal (consumer/work/leases.py) in-process, with the shared doubles."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from genqueue.consumer.book import Book
-from genqueue.consumer.leases import Leases
 from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.work.book import Book
+from genqueue.consumer.work.leases import Leases
 from tests.doubles import FakeWorker, held_job
 
 

@@ -1,13 +1,13 @@
-"""The outbox's ship outcomes (consumer/outbox.py) in-process, on a local store: an explicit outcome per shard."""
+"""The outbox's ship outcomes (consumer/shipping/outbox.py) in-process, on a local store: an explicit outcome per shard."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from genqueue.common.marks import ShardMarks
+from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.storage import LocalStore
-from genqueue.consumer.outbox import Outbox
+from genqueue.consumer.shipping.outbox import Outbox
 from tests.doubles import item, result
 
 

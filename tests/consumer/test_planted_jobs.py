@@ -11,7 +11,7 @@ import pytest
 import redis
 from rq import Queue
 
-from genqueue.common.rqaccess import SERIALIZER, TASK, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
@@ -54,8 +54,9 @@ def plant(conn: redis.Redis) -> dict[str, str]:
     planted[Queue(q.name, connection=conn, serializer=SERIALIZER).enqueue("os.system", "echo pwned").id] = \
         "a foreign function"
     task_job("list-func", ([good_item(8)],), "a function name that is not text")
-    import orjson
     import zlib
+
+    import orjson
     conn.hset("rq:job:list-func", "data", zlib.compress(orjson.dumps([[1], None, [[good_item(8)]], {}])))
     # and one the consumer must run: a job queued under the task's name before the namespace move
     q.enqueue_call("consumer.task.generate", args=([good_item(6), good_item(7)],), job_id="legacy-task")

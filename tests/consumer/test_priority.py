@@ -1,5 +1,5 @@
 """Runs share a consumer by priority, then evenly: the share of held items each run may fetch
-(consumer/shares.py), which run's item takes a free slot (consumer/book.py), and the CLI that
+(consumer/work/shares.py), which run's item takes a free slot (consumer/work/book.py), and the CLI that
 sets a run's priority without touching its settings. The end-to-end proof is in
 test_priority_e2e.py."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from genqueue.consumer.book import Book, JobState
-from genqueue.consumer.shares import RunDemand, fetch_order, targets
+from genqueue.consumer.work.book import Book, JobState
+from genqueue.consumer.work.shares import RunDemand, fetch_order, targets
 from tests import doubles
 from tests.conftest import cli, sharegpt, write_jsonl
 

@@ -19,10 +19,10 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.marks import ShardMarks, done_key
-from genqueue.common.markstamps import stamp_key, state_key
-from genqueue.common.runs import run_key
-from genqueue.consumer.rewind import Rebuild, Rewind
+from genqueue.common.keepers.marks import ShardMarks, done_key
+from genqueue.common.keepers.markstamps import stamp_key, state_key
+from genqueue.common.keepers.runs import run_key
+from genqueue.consumer.guards.rewind import Rebuild, Rewind
 from genqueue.consumer.rqthread import RqThread
 from tests.conftest import RedisServer, cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results

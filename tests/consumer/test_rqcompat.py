@@ -7,7 +7,7 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.worker import Worker
 
-from genqueue.common.rqaccess import SERIALIZER, TASK, job_failure, job_result, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, job_failure, job_result, queue_for
 from genqueue.consumer.rqcompat import GenWorker
 
 pytestmark = pytest.mark.integration

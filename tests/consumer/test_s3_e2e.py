@@ -14,7 +14,7 @@ import orjson
 import pytest
 from rq.job import Job
 
-from genqueue.common.rqaccess import SERIALIZER, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from genqueue.common.storage import LocalStore
-from genqueue.consumer.shards import ShardWriter, SpoolBusyError, leftover_shards, lock_spool, release_spool
+from genqueue.consumer.shipping.shards import ShardWriter, SpoolBusyError, leftover_shards, lock_spool, release_spool
 
 
 def test_seal_and_ship(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_leftovers_of_dead_workers_only(tmp_path: Path) -> None:
 
 def test_a_spool_is_held_by_one_live_process(tmp_path: Path) -> None:
     code = ("import sys, time; sys.path.insert(0, '.');"
-            "from genqueue.consumer.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
+            "from genqueue.consumer.shipping.shards import lock_spool; h = lock_spool(sys.argv[1]); print('ok', flush=True);"
             "time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None

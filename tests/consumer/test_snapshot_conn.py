@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from genqueue.common import defaults
-from genqueue.common.redisconn import connect
-from genqueue.common.snapshots import reports
-from genqueue.consumer.admission import AdmissionSnapshot
+from genqueue.common.keepers.redisconn import connect
+from genqueue.common.keepers.snapshots import reports
 from genqueue.consumer.config import ConsumerConfig
-from genqueue.consumer.leases import LeaseSnapshot
+from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.served import ServedSnapshot
 from genqueue.consumer.telemetry import Parts
+from genqueue.consumer.work.leases import LeaseSnapshot
 from genqueue.consumer.worker import Consumer
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ def test_a_snapshot_lands_while_the_rq_thread_is_held(tmp_path: Path, redis_url:
         c.outbox.close()
     assert took < 1.0 and still_held, f"the snapshot waited {took:.1f} s behind the rq call"
     assert c.worker.name in {r["worker"] for r in reports(conn, time.time())}
-    # its own pool, to the same Redis, with genqueue's settings (common/redisconn.py)
+    # its own pool, to the same Redis, with genqueue's settings (common/keepers/redisconn.py)
     snap_pool, rq_pool = c._snap_conn.connection_pool, conn.connection_pool
     assert snap_pool is not rq_pool
     same = ("host", "port", "db", "socket_connect_timeout", "health_check_interval", "socket_keepalive")

@@ -1,4 +1,4 @@
-"""Supervision of the consumer's loops (consumer/supervise.py)."""
+"""Supervision of the consumer's loops (consumer/guards/supervise.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from genqueue.consumer.supervise import LoopFailed, supervised
+from genqueue.consumer.guards.supervise import LoopFailed, supervised
 
 
 # --- supervision ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from genqueue.consumer.book import Book
+from genqueue.consumer.work.book import Book
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.doubles import job

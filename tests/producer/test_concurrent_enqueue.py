@@ -14,7 +14,7 @@ import pytest
 import redis
 from rq.job import Job
 
-from genqueue.common.rqaccess import SERIALIZER, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
 from genqueue.producer.enqueue import SLICE_ITEMS
 from tests.conftest import BIN, sharegpt
 

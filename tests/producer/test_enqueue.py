@@ -13,7 +13,7 @@ import pytest
 import redis
 from rq.job import Job
 
-from genqueue.common.rqaccess import SERIALIZER, TASK, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration

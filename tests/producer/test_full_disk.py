@@ -18,7 +18,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from tests.conftest import cli, small_tmpfs, write_jsonl
 from tests.producer.export.test_export import RUN, error, key, success, write_shard
@@ -159,8 +159,8 @@ def enqueue(redis_url: str, *args: str, env: dict[str, str] | None = None) -> su
 
 def queued_items(conn: redis.Redis, run: str) -> int:
     """Items in the run's rq jobs (each job's payload lists its items)."""
-    from genqueue.common.rqaccess import JobPlace
-    from genqueue.common.rqjobs import JobScan, read_jobs
+    from genqueue.common.keepers.rqaccess import JobPlace
+    from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 
     return sum(len(job.items) for job in read_jobs(conn, run, tuple(JobPlace), scan=JobScan()))
 

@@ -16,9 +16,9 @@ from redis.client import Pipeline
 from redis.retry import Retry
 
 from genqueue.common.contracts import Item
-from genqueue.common.redisconn import connect
-from genqueue.common.rqaccess import queue_for
-from genqueue.common.runs import RunStore, claim_key, key_digest, run_key
+from genqueue.common.keepers.redisconn import connect
+from genqueue.common.keepers.rqaccess import queue_for
+from genqueue.common.keepers.runs import RunStore, claim_key, key_digest, run_key
 from genqueue.producer.jobwriter import JobWriter
 from tests.conftest import RedisServer
 
@@ -111,7 +111,7 @@ def test_a_producer_killed_between_claim_and_enqueue_leaves_its_claim_named(redi
     # and the claim set names exactly them for a reconcile.
     script = f"""
 import os
-from genqueue.common.redisconn import connect
+from genqueue.common.keepers.redisconn import connect
 from genqueue.producer.jobwriter import JobWriter
 from tests.producer.test_jobwriter import items
 w = JobWriter({RUN!r}, connect({redis_url!r}), batch_size=2)

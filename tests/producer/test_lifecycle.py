@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from genqueue.common.pause import pause_run
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.rqaccess import queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 

@@ -9,7 +9,7 @@ import redis
 from rq.job import Job
 
 from genqueue.common.contracts import Item, Mode
-from genqueue.common.rqaccess import SERIALIZER, queue_for
+from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import answer_lengths, estimate_cost, make_items
 from genqueue.producer.jobwriter import record_batches

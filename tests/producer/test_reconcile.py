@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.marks import done_key, failed_key
-from genqueue.common.rqaccess import LIVE_PLACES, queue_for
-from genqueue.common.rqjobs import JobScan, read_jobs
-from genqueue.common.runlock import LockLostError, RunLock
-from genqueue.common.runs import key_digest, lock_key, run_key
+from genqueue.common.keepers.marks import done_key, failed_key
+from genqueue.common.keepers.rqaccess import LIVE_PLACES, queue_for
+from genqueue.common.keepers.rqjobs import JobScan, read_jobs
+from genqueue.common.keepers.runlock import LockLostError, RunLock
+from genqueue.common.keepers.runs import key_digest, lock_key, run_key
 from genqueue.producer.jobwriter import JobWriter
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 

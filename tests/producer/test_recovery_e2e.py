@@ -23,8 +23,8 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.marks import done_key
-from genqueue.common.runs import RunStore
+from genqueue.common.keepers.marks import done_key
+from genqueue.common.keepers.runs import RunStore
 from tests.conftest import cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture

@@ -13,7 +13,7 @@ import pytest
 import redis
 from rq.job import Job
 
-from genqueue.common.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, refused_key
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, refused_key
 from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 

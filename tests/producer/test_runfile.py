@@ -13,9 +13,9 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.marks import ShardMarks, done_key, failed_key, mark_shipped, rebuild_marks
-from genqueue.common.pause import pause_run
-from genqueue.common.runs import RunStore, key_digest, run_key
+from genqueue.common.keepers.marks import ShardMarks, done_key, failed_key, mark_shipped, rebuild_marks
+from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.runs import RunStore, key_digest, run_key
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from genqueue.producer.status import format_status, run_status
 from tests.conftest import cli, sharegpt, write_jsonl

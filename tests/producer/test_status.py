@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
-from genqueue.common.marks import ShardMarks, mark_shipped
-from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
+from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
-from genqueue.consumer.engine import engine_view, parse_prometheus
+from genqueue.consumer.engine.readings import engine_view, parse_prometheus
 from genqueue.producer.export.core import _tool_turns
 from genqueue.producer.ingest.sources import end_reading, start_reading
 from genqueue.producer.status import format_status, run_status

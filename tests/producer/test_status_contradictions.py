@@ -12,10 +12,10 @@ import redis
 
 from genqueue.common import __version__
 from genqueue.common.contracts import ConsumerInfo
-from genqueue.common.marks import ShardMarks, mark_shipped
-from genqueue.common.runs import CONSUMERS, RunStore, consumer_key, count_acked, key_digest, run_key
+from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, count_acked, key_digest, run_key
 from genqueue.common.settings import RunSettings
-from genqueue.consumer.doctor import ConsumerView, Sample, diagnose
+from genqueue.consumer.engine.doctor import ConsumerView, Sample, diagnose
 from genqueue.consumer.telemetry import Telemetry, progress_line
 from genqueue.producer.status import format_status, run_status
 from tests.producer.test_status_machine import RUN, InlineRq, Model, _record

@@ -5,7 +5,7 @@ take, send, answer, seal, ship, ack, drain, crash, restart on a dead one's spool
 (leases expiring, snapshots going stale). Real Redis; the status report is built by the real
 code (run_status and format_status) from what the real parts write: each model consumer is a
 real consumer/telemetry.Telemetry (its snapshot, its spent counters, published through
-common/snapshots.py), marks are written by common/marks.mark_shipped and acks counted by
+common/keepers/snapshots.py), marks are written by common/marks.mark_shipped and acks counted by
 common/runs.count_acked; only the engine, rq's worker and the spool are modelled here. Time
 passing is each consumer's clock falling behind Redis's (its clock_offset): status judges every
 age in Redis time, so the model's shipping times, stamped with the node's clock, are read
@@ -39,19 +39,19 @@ from rq.queue import Queue
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 
 from genqueue.common.contracts import ConsumerInfo, ErrorClass, Outcome, Record
-from genqueue.common.marks import ShardMarks, mark_shipped
-from genqueue.common.rqaccess import queue_name
-from genqueue.common.runs import RunStore, count_acked, key_digest, run_key
+from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.rqaccess import queue_name
+from genqueue.common.keepers.runs import RunStore, count_acked, key_digest, run_key
+from genqueue.common.keepers.snapshots import STALE_AFTER
 from genqueue.common.settings import RunSettings
-from genqueue.common.snapshots import STALE_AFTER
-from genqueue.consumer.acker import AckSnapshot
-from genqueue.consumer.admission import AdmissionSnapshot
-from genqueue.consumer.book import BookSnapshot, RunLoad
-from genqueue.consumer.leases import LeaseSnapshot
-from genqueue.consumer.outbox import OutboxSnapshot, RunShipping
+from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.rqthread import RqSnapshot
 from genqueue.consumer.served import ServedSnapshot
+from genqueue.consumer.shipping.outbox import OutboxSnapshot, RunShipping
 from genqueue.consumer.telemetry import Parts, Telemetry
+from genqueue.consumer.work.acker import AckSnapshot
+from genqueue.consumer.work.book import BookSnapshot, RunLoad
+from genqueue.consumer.work.leases import LeaseSnapshot
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status.screen import screen_rows
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 from rich.console import Console
 
-from genqueue.common.runs import RunStore
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.status.command import WATCH_MARK, _watch_frame
 from tests.conftest import BIN, cli

@@ -58,13 +58,12 @@ async def _bare(endpoint: str, n: int, concurrency: int, first: int) -> tuple[fl
         async def one(i: int) -> None:
             nonlocal tokens
             body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt(i)}], **SAMPLING}
-            async with sem:
-                async with session.post(f"{endpoint}/chat/completions", data=orjson.dumps(body),
-                                        headers={"Content-Type": "application/json"}) as r:
-                    data = orjson.loads(await r.read())
-                    if r.status != 200:
-                        raise RuntimeError(f"HTTP {r.status}: {data}")
-                    tokens += data["usage"]["completion_tokens"]
+            async with sem, session.post(f"{endpoint}/chat/completions", data=orjson.dumps(body),
+                                    headers={"Content-Type": "application/json"}) as r:
+                data = orjson.loads(await r.read())
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {data}")
+                tokens += data["usage"]["completion_tokens"]
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(first, first + n)))

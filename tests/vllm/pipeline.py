@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 
 from genqueue.common.contracts import ExitCode
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.keepers.rqaccess import queue_for
 from tests.conftest import cli, write_jsonl
 from tests.consumer.e2e import Proc, read_results, run_keys
 
-__all__ = ["enqueue", "consume", "results", "run_keys", "rq_counts", "assert_all_done"]
+__all__ = ["assert_all_done", "consume", "enqueue", "results", "rq_counts", "run_keys"]
 
 
 def enqueue(tmp: Path, redis_url: str, run: str, records: list[object], *extra: str) -> dict:

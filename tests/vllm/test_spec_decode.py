@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from genqueue.common.contracts import spec_mean_length, spec_rate, sum_spec
-from genqueue.consumer.engine import parse_prometheus
+from genqueue.consumer.engine.readings import parse_prometheus
 from tests.conftest import sharegpt
 from tests.vllm.conftest import VllmPool, VllmServer
 from tests.vllm.pipeline import assert_all_done, consume, enqueue, results

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from genqueue.common import defaults
-from genqueue.consumer.doctor import suggested_max_num_seqs
+from genqueue.consumer.engine.doctor import suggested_max_num_seqs
 from tests.conftest import cli
 from tests.consumer.e2e import Proc
 from tests.vllm.conftest import MAX_MODEL_LEN, VllmPool, VllmServer
@@ -70,7 +70,7 @@ def _status(redis_url: str, run: str, *extra: str) -> str:
 
 def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_capped: VllmServer) -> None:
     m = _metrics(vllm_capped)
-    # the names the consumer's engine view reads (consumer/engine.py), as this vLLM spells them
+    # the names the consumer's engine view reads (consumer/engine/readings.py), as this vLLM spells them
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:cache_config_info"):

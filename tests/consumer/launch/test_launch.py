@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from genqueue.common import defaults
-from genqueue.common.rqaccess import queue_for
-from genqueue.common.snapshots import reports
+from genqueue.common.keepers.rqaccess import queue_for
+from genqueue.common.keepers.snapshots import reports
 from genqueue.consumer.launch.command import launch_command
 from genqueue.consumer.launch.plan import (
     Group,

@@ -266,7 +266,7 @@ def test_cli_help():
 
 
 async def _metrics_of(s: aiohttp.ClientSession, sim: SimServer) -> dict:
-    from genqueue.consumer.engine import engine_view
+    from genqueue.consumer.engine.readings import engine_view
     async with s.get(sim.url[: -len("/v1")] + "/metrics") as r:
         return dict(engine_view(await r.text()))
 

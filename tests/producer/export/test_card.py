@@ -14,7 +14,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.records import sum_usage
 from genqueue.producer.export import cardplots

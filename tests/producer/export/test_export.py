@@ -14,7 +14,7 @@ import zstandard
 from click.testing import CliRunner, Result
 
 from genqueue.common.contracts import Mode
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.command import export_command, stem
 from genqueue.producer.export.core import Exporter, ExportPlan

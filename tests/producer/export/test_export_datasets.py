@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from openai.types.chat import ChatCompletion
 
 from genqueue.common.contracts import ExitCode
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import parquet as export_parquet
 from genqueue.producer.export.command import export_command

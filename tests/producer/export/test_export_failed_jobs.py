@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from genqueue.common.contracts import ErrorClass
-from genqueue.common.rqaccess import queue_for
+from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.consumer.rqcompat import GenWorker
 from tests.conftest import cli, sharegpt, write_jsonl
 

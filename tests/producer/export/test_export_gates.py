@@ -10,7 +10,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.core import Exporter, ExportPlan
 from genqueue.producer.export.formats import ExportFormat

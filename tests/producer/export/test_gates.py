@@ -37,7 +37,7 @@ def rec(content: str, reasoning: str | None = None, tool_calls: list[Any] | None
 
 def prose(n_words: int, seed: int = 0) -> str:
     rng = random.Random(seed)
-    words = "the of and to in is that for it as with was on be by this are from at or model data".split()
+    words = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "from", "at", "or", "model", "data"]
     return " ".join(rng.choice(words) for _ in range(n_words))
 
 

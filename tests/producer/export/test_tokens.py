@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from genqueue.common.runs import RunStore, run_key
+from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
 from genqueue.producer.export.formats import NoTokenIdsError, to_tokens

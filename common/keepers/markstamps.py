@@ -1,6 +1,6 @@
 """How consumers notice a Redis that lost marks: their stamps and the runs' rebuild states.
 
-consumer/rewind.py holds the policy; this module, the keys and their round trips:
+consumer/guards/rewind.py holds the policy; this module, the keys and their round trips:
   genqueue:marks_stamp:<worker>   str  a counter, set after each marks write of WORKER, in the
                                        same pipeline (common.marks.mark_shipped's STAMP)
   genqueue:run:<run>:rebuild      str  "pending:<nonce>" while RUN's marks are to be rebuilt from
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis
 
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.runs import run_key
+from genqueue.common.keepers.runs import run_key
 
 #: Seconds the stamp and a finished rebuild's state are kept.
 KEEP = 7 * 24 * 3600

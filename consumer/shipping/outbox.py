@@ -22,10 +22,10 @@ from enum import StrEnum
 
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import Record
-from genqueue.common.marks import ShardMarks, marks_of_file
+from genqueue.common.keepers.marks import ShardMarks, marks_of_file
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
-from genqueue.consumer.shards import ShardWriter
+from genqueue.consumer.shipping.shards import ShardWriter
 
 log = logging.getLogger(__name__)
 

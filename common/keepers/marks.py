@@ -24,7 +24,7 @@ so the outcomes `producer status` shows always sum to the items it calls done, a
 and its tool-turn counts are export's (`record_tool_turns` is the one rule for both).
 
 The producer's reads (`item_states`, `all_done`) and its re-claim (`Reclaim`, for
-producer/jobwriter.py) read the marks beside the run's keys set and claim sets (common/runs.py)
+producer/jobwriter.py) read the marks beside the run's keys set and claim sets (common/keepers/runs.py)
 in one script each; the marks' side of those scripts is written here.
 """
 
@@ -42,8 +42,8 @@ import orjson
 import redis
 
 from genqueue.common.contracts import Note, ToolTurns
-from genqueue.common.redismem import pipeline_read
-from genqueue.common.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
+from genqueue.common.keepers.redismem import pipeline_read
+from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
 from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
     """Record MARKS of a shipped shard of RUN (one round trip). STAMP (key, value, expiry in
     seconds) is set after the marks: Redis holding the stamp holds the marks written before it.
     Returns the stamp it replaced (0 if none; None without STAMP or with nothing to mark):
-    consumer/rewind.py tells by it a Redis that lost writes."""
+    consumer/guards/rewind.py tells by it a Redis that lost writes."""
     if not marks.done and not marks.failed:
         return None
     with conn.pipeline(transaction=False) as p:

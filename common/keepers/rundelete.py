@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from genqueue.common.pause import pause_key
-from genqueue.common.rqaccess import forget_queue, queue_name, refused_key, run_rq_keys
-from genqueue.common.runs import RUNS, run_key
+from genqueue.common.keepers.pause import pause_key
+from genqueue.common.keepers.rqaccess import forget_queue, queue_name, refused_key, run_rq_keys
+from genqueue.common.keepers.runs import RUNS, run_key
 
 #: Keys deleted per DEL.
 _BATCH = 500

@@ -5,7 +5,7 @@ has in flight or waiting, except run them too. Each consumer that holds items of
 end publishes them here (an offer: its rate per request and, per item, its job and how long it
 has been in flight, or that it waits unsent); an idle consumer whose engine would finish one
 sooner claims it and sends a copy (consumer/hedge.py). Whichever answer ships first marks the
-item done (common/marks.py); the other consumer sees the mark and cancels its copy.
+item done (common/keepers/marks.py); the other consumer sees the mark and cancels its copy.
 
 Keys:
   genqueue:run:<run>:flights  hash   consumer -> its offer (JSON), refreshed every look while it
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import orjson
 import redis
 
-from genqueue.common.runs import CONSUMERS, run_key
-from genqueue.common.snapshots import STALE_AFTER
+from genqueue.common.keepers.runs import CONSUMERS, run_key
+from genqueue.common.keepers.snapshots import STALE_AFTER
 
 #: Seconds an offer counts after it was written (its consumer refreshes it twice a second).
 OFFER_TTL = 3.0
@@ -64,7 +64,7 @@ class Offer:
 
 def publish(conn: redis.Redis, run: str, worker: str, rate: float, flights: list[Flight], *,
             now: float | None = None) -> None:
-    """WORKER's offer for RUN at NOW (Redis's clock as the consumer reads it, common/clock.py:
+    """WORKER's offer for RUN at NOW (Redis's clock as the consumer reads it, common/keepers/clock.py:
     every reader judges its age by its own; default the local clock). An empty FLIGHTS
     withdraws it."""
     key = flights_key(run)

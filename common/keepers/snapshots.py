@@ -32,8 +32,8 @@ import orjson
 import redis
 
 from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView
-from genqueue.common.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
-from genqueue.common.runs import CONSUMERS, consumer_key, run_key
+from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
+from genqueue.common.keepers.runs import CONSUMERS, consumer_key, run_key
 
 #: A snapshot lives this long after its consumer's last report; status reads the last day's.
 SNAPSHOT_TTL = 24 * 3600

@@ -28,7 +28,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError
-from genqueue.common.runs import lock_key
+from genqueue.common.keepers.runs import lock_key
 
 log = logging.getLogger(__name__)
 

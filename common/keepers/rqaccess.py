@@ -6,7 +6,7 @@ job naming anything else. Queues, job ids and descriptions, the payload's compre
 every read of rq's keys that the producer, status, export and tools make live here, built
 from rq's own key templates: a key spelled in four modules drifts. (The worker subclass and
 its internals stay in consumer/rqcompat.py; reading jobs whatever Redis holds is
-common/rqjobs.py, on top of the places listed here.)
+common/keepers/rqjobs.py, on top of the places listed here.)
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from rq.utils import utcparse
 
 from genqueue.common.contracts import Item
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.redismem import pipeline_read
+from genqueue.common.keepers.redismem import pipeline_read
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ def place_page(conn: redis.Redis, run: str, place: JobPlace, offset: int, per_pa
     total = int(conn.llen(key) if listed else conn.zcard(key))
     start = max(0, total - offset - per_page) if newest_first else offset
     stop = (total - offset if newest_first else offset + per_page) - 1
-    # genqueue's connections answer bytes (common/redisconn.py)
+    # genqueue's connections answer bytes (common/keepers/redisconn.py)
     members = cast(list[bytes], conn.lrange(key, start, stop) if listed else conn.zrange(key, start, stop))
     if newest_first:
         members.reverse()

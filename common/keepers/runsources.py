@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import redis
 
-from genqueue.common.runs import run_key
+from genqueue.common.keepers.runs import run_key
 
 # KEYS: the zset. ARGV: the source id. Its place, given now if it had none.
 _ASSIGN = """

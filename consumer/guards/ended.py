@@ -9,10 +9,10 @@ import asyncio
 import redis
 
 from genqueue.common.errors import CorruptStateError
-from genqueue.common.marks import SHIPPED_FAILED, progress
+from genqueue.common.keepers.marks import SHIPPED_FAILED, progress
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
-from genqueue.common.runs import RunStore
 from genqueue.consumer.rqthread import RqThread
 
 

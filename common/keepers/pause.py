@@ -11,14 +11,14 @@ from typing import TypedDict
 import orjson
 import redis
 
-from genqueue.common.clock import redis_time
-from genqueue.common.runs import run_key
+from genqueue.common.keepers.clock import redis_time
+from genqueue.common.keepers.runs import run_key
 
 
 class PauseInfo(TypedDict):
     reason: str  # one line, what tripped and why ("breaker: 8 of the first 8 items failed: ...")
     by: str  # the consumer (rq worker name) that paused it
-    at: float  # epoch seconds, Redis's clock (common/clock.py): status on any node says how long ago
+    at: float  # epoch seconds, Redis's clock (common/keepers/clock.py): status on any node says how long ago
 
 
 def pause_key(run: str) -> str:

@@ -6,7 +6,7 @@ one run could fill all of it, a run enqueued later would not even be fetched unt
 one's held items drained: so the budget is split. Runs of the highest priority that have work
 split it evenly; what they leave (a run whose queue is empty holds only what it has) goes to
 the next priority down, and so on. The book then gives each free slot to the highest priority
-with an item waiting (consumer/book.py): the split only makes sure those items are here.
+with an item waiting (consumer/work/book.py): the split only makes sure those items are here.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import redis
 from rq.job import Job, JobStatus
 
 from genqueue.common.contracts import Item
-from genqueue.common.rqaccess import REASON_CHARS, SERIALIZER, TASKS, JobPlace, job_failure, place_members
+from genqueue.common.keepers.rqaccess import REASON_CHARS, SERIALIZER, TASKS, JobPlace, job_failure, place_members
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A producer's claim sets after the claim: put into jobs, taken over, dropped.
 
-A claim set (`genqueue:run:<run>:claim:<id>`, common/runs.py) names the items one producer
+A claim set (`genqueue:run:<run>:claim:<id>`, common/keepers/runs.py) names the items one producer
 claimed and has not yet put in jobs. It is made by the claim script (`RunStore.claim`, or the
-re-claim of common/marks.py) and ends one of three ways, all written here:
+re-claim of common/keepers/marks.py) and ends one of three ways, all written here:
 
 - `enqueue_claimed`: the transaction that enqueues the claimed items' jobs deletes the claim
   set in the same MULTI/EXEC, so its absence proves the jobs are in (producer/jobwriter.py);
@@ -20,7 +20,7 @@ import redis
 from rq import Queue
 from rq.queue import EnqueueData
 
-from genqueue.common.runs import claim_key, lock_key
+from genqueue.common.keepers.runs import claim_key, lock_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 Key: genqueue:run:<run>:ckpt:<item key>  (JSON of the history so far), kept TTL_SECONDS; saved
 after each finished turn that leaves more to do, deleted when the item's job is acked (in the
-ack's own transaction: common/runs.py `count_acked`).
+ack's own transaction: common/keepers/runs.py `count_acked`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import orjson
 import redis
 
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.redisconn import async_connect
+from genqueue.common.keepers.redisconn import async_connect
 
 #: A checkpoint outlives any plausible job retry, then expires by itself.
 TTL_SECONDS = 7 * 24 * 3600

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from genqueue.common import defaults
 from genqueue.common.contracts import EngineView
-from genqueue.consumer.engine import engine_view
+from genqueue.consumer.engine.readings import engine_view
 
 log = logging.getLogger(__name__)
 

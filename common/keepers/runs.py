@@ -16,7 +16,7 @@ Keys (all under genqueue:, rq's own keys keep rq's prefix):
                                       the transaction that enqueues them deletes it (below)
   genqueue:run:<run>:sources    hash  source id -> JSON summary of its last enqueue
   genqueue:run:<run>:stats      hash  counters the consumers increment (items done, errors...)
-  genqueue:run:<run>:lock       str   the producer that holds the run's lock (common/runlock.py)
+  genqueue:run:<run>:lock       str   the producer that holds the run's lock (common/keepers/runlock.py)
 
 Claims: producers racing on one run (the same input started twice) must queue each item once.
 An item belongs to the producer whose SADD into the run's keys set added it; the claim script
@@ -37,9 +37,9 @@ import orjson
 import redis
 
 from genqueue.common import __version__, defaults
-from genqueue.common.checkpoints import clear
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
+from genqueue.common.keepers.checkpoints import clear
 from genqueue.common.placement import Placement
 from genqueue.common.settings import FingerprintEntry, RunSettings, check_update, fingerprint_entry
 
@@ -439,7 +439,7 @@ def count_acked(conn: redis.Redis, run: str, counts: Mapping[str, int], started_
                 clear_checkpoints: Sequence[str] = ()) -> None:
     """An acked job's part of RUN's record, in one MULTI/EXEC: its COUNTS added to the run's
     counters, the run's first start (STARTED_AT, kept when set), and the regenerate checkpoints
-    of its items CLEAR_CHECKPOINTS deleted (common/checkpoints.py)."""
+    of its items CLEAR_CHECKPOINTS deleted (common/keepers/checkpoints.py)."""
     with conn.pipeline() as p:
         for k, v in counts.items():
             p.hincrby(run_key(run, "stats"), k, v)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import redis
 
-from genqueue.common.runs import run_key
+from genqueue.common.keepers.runs import run_key
 
 TEMP_KEY_TTL = 24 * 3600
 _SCAN = 10_000

@@ -1,7 +1,7 @@
 """A Redis that went back in time costs nothing already shipped.
 
 Redis restarted from an RDB snapshot, or a replica promoted after a failover, has lost its
-last seconds of writes: among them the done marks of the items shipped then (common/marks.py),
+last seconds of writes: among them the done marks of the items shipped then (common/keepers/marks.py),
 whose shards sit in the output. Their jobs come back (queued or started in the older data) and
 would generate those items again. So:
 
@@ -14,7 +14,7 @@ would generate those items again. So:
   (`genqueue:run:<run>:rebuild` = "pending:<nonce>"). Every consumer reads that state (once a
   second at most, in one round trip with the stamp, before it dequeues): it takes no job of a
   pending run until the state says done.
-- Each consumer that sees a run pending takes the run's lock (common/runlock.py: one at a
+- Each consumer that sees a run pending takes the run's lock (common/keepers/runlock.py: one at a
   time, and no producer reconciles meanwhile). The first rebuilds the run's marks from its
   shipped shards (common.marks.rebuild_marks, the producer's own code) and sets "done:<nonce>";
   the others find it done and only wait. A rebuilder that dies leaves the state pending and
@@ -35,11 +35,19 @@ from enum import StrEnum
 
 import redis
 
-from genqueue.common.marks import ShardMarks, mark_shipped, rebuild_marks
-from genqueue.common.markstamps import KEEP, forget_state, look, mark_pending, mark_rebuilt, rebuild_state, stamp_key
-from genqueue.common.rqaccess import queue_name
-from genqueue.common.runlock import RunLock
-from genqueue.common.runs import RunStore
+from genqueue.common.keepers.marks import ShardMarks, mark_shipped, rebuild_marks
+from genqueue.common.keepers.markstamps import (
+    KEEP,
+    forget_state,
+    look,
+    mark_pending,
+    mark_rebuilt,
+    rebuild_state,
+    stamp_key,
+)
+from genqueue.common.keepers.rqaccess import queue_name
+from genqueue.common.keepers.runlock import RunLock
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.storage import ShardStore
 from genqueue.consumer.rqthread import RqThread
 

@@ -2,14 +2,14 @@
 
 Key: genqueue:run:<run>:hungry  (the calling consumer's rq worker name), kept a few seconds.
 Other consumers read it and give back the jobs of the run they hold with nothing sent yet
-(consumer/intake.py), so the run's last jobs go where they can start at once.
+(consumer/work/intake.py), so the run's last jobs go where they can start at once.
 """
 
 from __future__ import annotations
 
 import redis
 
-from genqueue.common.runs import run_key
+from genqueue.common.keepers.runs import run_key
 
 
 def hungry_key(run: str) -> str:

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView, Mode
-from genqueue.consumer.served import ServedSnapshot
+from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView
 
 log = logging.getLogger(__name__)
 
@@ -351,9 +350,10 @@ class Doctor:
         assert self.verdict is not None
         return self.verdict
 
-    def check(self, now: float, snap: ConsumerSnapshot, served: ServedSnapshot, *, queue_depth: int | None,
+    def check(self, now: float, snap: ConsumerSnapshot, *, related_prompts: bool, queue_depth: int | None,
               cpu: float, backing_off: int = 0, loop_lag: float = 0.0) -> EngineView:
         """Observe the consumer's snapshot SNAP taken at NOW; its engine view with the verdict.
+        RELATED_PROMPTS: a served run regenerates conversations turn by turn (prefixes repeat).
         BACKING_OFF: requests of those in flight that sleep before a retry: at the engine they
         neither run nor wait (seen on real vLLM: 3 of 4 in flight in backoff after dropped
         connections read as 3 waiting on a plateau of 1, "raise --max-num-seqs from 1")."""
@@ -362,7 +362,7 @@ class Doctor:
             in_flight=max(0, snap["in_flight"] - backing_off), backing_off=backing_off,
             pending=snap["pending_items"], queue_depth=queue_depth, paused=tuple(sorted(snap["paused"])), cpu=cpu,
             loop_lag=loop_lag,
-            related_prompts=any(ctx.settings.multi_turn == Mode.EACH for ctx in served.runs.values()))
+            related_prompts=related_prompts)
         self.observe(Sample(now, snap["engine"], view))
         return self.view(snap["engine"])
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from genqueue.common import defaults
-from genqueue.common.rqaccess import queue_for
-from genqueue.consumer.book import Book
+from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.work.book import Book
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class LeaseSnapshot:
     swept: int  # jobs of dead consumers this one sent back to the queue
     lost: int  # leases of this consumer found swept by another
-    clock_offset: float | None  # Redis's clock - this node's, seconds (common/clock.py)
+    clock_offset: float | None  # Redis's clock - this node's, seconds (common/keepers/clock.py)
 
 
 class Leases:

@@ -16,16 +16,16 @@ from collections.abc import Awaitable, Callable
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
-from genqueue.common.hungry import call_for_work, other_caller
-from genqueue.common.marks import done_of
-from genqueue.common.rqaccess import job_counts, queue_for
-from genqueue.consumer.acker import Acker
-from genqueue.consumer.book import Book, JobState
+from genqueue.common.keepers.hungry import call_for_work, other_caller
+from genqueue.common.keepers.marks import done_of
+from genqueue.common.keepers.rqaccess import job_counts, queue_for
+from genqueue.consumer.guards.stop import Stopped, until
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
-from genqueue.consumer.shares import RunDemand, fetch_order, targets
-from genqueue.consumer.stop import Stopped, until
+from genqueue.consumer.work.acker import Acker
+from genqueue.consumer.work.book import Book, JobState
+from genqueue.consumer.work.shares import RunDemand, fetch_order, targets
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class Intake:
             await self.rq.call(self.worker.set_queues, queues)
 
     def wanted(self, runs: list[str]) -> list[str]:
-        """The runs to fetch a job of now, the neediest first (consumer/shares.py): each run holds
+        """The runs to fetch a job of now, the neediest first (consumer/work/shares.py): each run holds
         its share of the low-water mark, so a run enqueued behind a big one is fetched at once."""
         now = time.monotonic()
         prio = self.served.priorities

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import redis
 
 from genqueue.common.contracts import Mode
-from genqueue.common.runs import count_acked
-from genqueue.consumer.book import Book, JobState
+from genqueue.common.keepers.runs import count_acked
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import UNREACHABLE, RqThread
+from genqueue.consumer.work.book import Book, JobState
 
 log = logging.getLogger(__name__)
 
