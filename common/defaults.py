@@ -280,3 +280,16 @@ PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
 #: start together probe one directory at once, and a directory one probe made and removed again
 #: can vanish under another's probe file; a real fault fails every try.
 OUTPUT_PROBE_TRIES = 3
+
+# Speculative-decoding acceptance by category (common/acceptance.py).
+#: Answer-length buckets (completion tokens; each bucket starts at its bound): a drafter's
+#: acceptance typically falls with distance from the prompt, and long answers (reasoning traces)
+#: are where a drafter trained on short chats is weakest; four buckets a factor 4 apart split a
+#: reasoning dataset's answers into groups of comparable size.
+SPEC_LENGTH_BUCKETS = (0, 256, 1024, 4096)
+#: Turns at and past this one (1-based user turns) are one category: few conversations go deeper,
+#: and a category of a handful of answers says nothing.
+SPEC_TURN_CAP = 4
+#: A category needs this many answers before it is named the drafter's weakest: below that one
+#: unlucky conversation decides.
+SPEC_MIN_ANSWERS = 20

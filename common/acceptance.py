@@ -1,0 +1,190 @@
+"""Speculative-decoding acceptance by category: where the drafter is strong and where it fails.
+
+Every answer whose record carries the engine's figures (`spec`, common/contracts.py SpecFigures)
+counts in one category of each facet: the source file it came from, the request variant it was
+sent with, its user turn (1-based; turns from SPEC_TURN_CAP on are one), and its length bucket
+(completion tokens, SPEC_LENGTH_BUCKETS). A regenerated conversation counts each of its turns on
+its own (each turn's figures, turn index and length); a single-answer record counts its one
+answer. Records without figures count nowhere, and error records never count.
+
+The same table is built by status (from the tallies the consumers keep), by export's dataset
+card and selection, and by the drafter report (from the records alone), so one answer is in one
+category wherever it is counted. Pure: no Redis, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import pairwise
+from typing import Any
+
+from genqueue.common import defaults
+from genqueue.common.contracts import SpecFigures
+
+
+class Facet(StrEnum):
+    """A way of splitting answers into categories."""
+
+    SOURCE = "source"
+    VARIANT = "variant"
+    TURN = "turn"
+    LENGTH = "length"
+
+
+#: The category of an answer that has none on a facet (no source recorded, no variant mix).
+NONE_LABEL = "-"
+
+
+def length_bucket(completion_tokens: int) -> str:
+    """The answer-length bucket of an answer of COMPLETION_TOKENS: `<256`, `256-1k`, `1k-4k`, `4k+`
+    with the default bounds."""
+    bounds = defaults.SPEC_LENGTH_BUCKETS
+    for lo, hi in pairwise(bounds):
+        if completion_tokens < hi:
+            return f"<{_k(hi)}" if lo == 0 else f"{_k(lo)}-{_k(hi)}"
+    return f"{_k(bounds[-1])}+"
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def turn_label(turn: int) -> str:
+    """The category of 1-based user turn TURN."""
+    return f"{defaults.SPEC_TURN_CAP}+" if turn >= defaults.SPEC_TURN_CAP else str(max(turn, 1))
+
+
+@dataclass(slots=True)
+class Tally:
+    """Answers and their summed figures in one category."""
+
+    answers: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, spec: SpecFigures) -> None:
+        self.answers += 1
+        self.steps += spec["steps"]
+        self.drafted += spec["drafted"]
+        self.accepted += spec["accepted"]
+
+    def merge(self, other: Tally) -> None:
+        self.answers += other.answers
+        self.steps += other.steps
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+
+    @property
+    def rate(self) -> float | None:
+        """Accepted draft tokens per proposed one (vLLM's draft_acceptance_rate)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_length(self) -> float | None:
+        """Tokens per verify step, the bonus token included (vLLM's mean_acceptance_length)."""
+        return 1 + self.accepted / self.steps if self.steps else None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer's place in the categories, and its figures."""
+
+    source: str
+    variant: str
+    turn: str
+    length: str
+    spec: SpecFigures
+
+    def label(self, facet: Facet) -> str:
+        return {Facet.SOURCE: self.source, Facet.VARIANT: self.variant, Facet.TURN: self.turn,
+                Facet.LENGTH: self.length}[facet]
+
+
+def answers_of(rec: Mapping[str, Any]) -> Iterator[Answer]:
+    """The answers of one shard record that carry figures (none for an error record)."""
+    if "error" in rec:
+        return
+    source = str(rec.get("source") or NONE_LABEL)
+    variant = str(rec.get("variant") or NONE_LABEL)
+    turns = rec.get("turns")
+    if isinstance(turns, list) and turns:
+        for t in turns:
+            spec = t.get("spec") if isinstance(t, Mapping) else None
+            if spec:
+                yield Answer(source, variant, turn_label(int(t.get("turn", 0)) + 1),
+                             length_bucket(_completion_tokens(t)), spec)
+        return
+    spec = rec.get("spec")
+    if not spec:
+        return
+    turn = rec.get("turn")
+    if isinstance(turn, int):
+        ordinal = turn + 1
+    else:  # first/last: the answer is to the prompt's last user turn
+        ordinal = sum(1 for m in rec.get("messages") or () if isinstance(m, Mapping) and m.get("role") == "user")
+    yield Answer(source, variant, turn_label(ordinal), length_bucket(_completion_tokens(rec)), spec)
+
+
+def _completion_tokens(part: Mapping[str, Any]) -> int:
+    usage = part.get("usage")
+    return int(usage.get("completion_tokens") or 0) if isinstance(usage, Mapping) else 0
+
+
+def record_rate(rec: Mapping[str, Any]) -> float | None:
+    """A record's own acceptance rate, over all its answers (None: no figures)."""
+    t = Tally()
+    for a in answers_of(rec):
+        t.add(a.spec)
+    return t.rate
+
+
+@dataclass(slots=True)
+class AcceptanceTable:
+    """The tallies of a set of answers: overall and per category of every facet."""
+
+    overall: Tally = field(default_factory=Tally)
+    by: dict[Facet, dict[str, Tally]] = field(default_factory=lambda: {f: {} for f in Facet})
+
+    def add(self, answer: Answer) -> None:
+        self.overall.add(answer.spec)
+        for facet in Facet:
+            self.by[facet].setdefault(answer.label(facet), Tally()).add(answer.spec)
+
+    def add_record(self, rec: Mapping[str, Any]) -> None:
+        for a in answers_of(rec):
+            self.add(a)
+
+    def merge(self, other: AcceptanceTable) -> None:
+        self.overall.merge(other.overall)
+        for facet in Facet:
+            for label, t in other.by[facet].items():
+                self.by[facet].setdefault(label, Tally()).merge(t)
+
+    def weakest(self, min_answers: int = defaults.SPEC_MIN_ANSWERS) -> tuple[Facet, str, Tally] | None:
+        """The category furthest below the overall rate, among facets with more than one category
+        and categories of at least MIN_ANSWERS answers (None: no such category below overall)."""
+        base = self.overall.rate
+        if base is None:
+            return None
+        best: tuple[float, Facet, str, Tally] | None = None
+        for facet in Facet:
+            cats = self.by[facet]
+            if len(cats) < 2:
+                continue
+            for label, t in cats.items():
+                if t.answers < min_answers or t.rate is None or t.rate >= base:
+                    continue
+                gap = base - t.rate
+                if best is None or gap > best[0]:
+                    best = (gap, facet, label, t)
+        return None if best is None else (best[1], best[2], best[3])
+
+
+def table_of(records: Iterable[Mapping[str, Any]]) -> AcceptanceTable:
+    table = AcceptanceTable()
+    for rec in records:
+        table.add_record(rec)
+    return table
