@@ -292,4 +292,4 @@ SPEC_LENGTH_BUCKETS = (0, 256, 1024, 4096)
 SPEC_TURN_CAP = 4
 #: A category needs this many answers before it is named the drafter's weakest: below that one
 #: unlucky conversation decides.
-SPEC_MIN_ANSWERS = 20
+SPEC_MIN_ANSWERS = 25
