@@ -21,7 +21,9 @@ With the marks, in the same script, each item newly marked adds one to its outco
 (`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats), and a regenerate
 conversation with recorded tool turns one to what became of them (`shipped_tools_<ToolTurns>`):
 so the outcomes `producer status` shows always sum to the items it calls done, at every moment,
-and its tool-turn counts are export's (`record_tool_turns` is the one rule for both).
+and its tool-turn counts are export's (`record_tool_turns` is the one rule for both). A result's
+speculative-decoding figures by category go to the run's tallies the same way, once per item
+(common/keepers/spectally.py).
 
 The producer's reads (`item_states`, `all_done`) and its re-claim (`Reclaim`, for
 producer/jobwriter.py) read the marks beside the run's keys set and claim sets (common/keepers/runs.py)
