@@ -53,7 +53,7 @@ from genqueue.producer.status.report import (
     StatusReport,
 )
 from genqueue.producer.status.screen import WIDTH, fit, num, screen_rows
-from genqueue.producer.status.speculation import speculation_lines, speculation_view
+from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
@@ -120,7 +120,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         return total / elapsed if elapsed and done + failed else None
 
     speculation = speculation_view(SpecTallies(conn).table(run), [
-        (c["worker"], c["live"], s) for c in mine if isinstance(s := c["runs"][run].get("spec"), dict)])
+        (c["worker"], c["live"], s) for c in mine if (s := engine_totals(c["runs"][run].get("spec"))) is not None])
     return {
         "run": run,
         "now": now,

@@ -36,6 +36,18 @@ def _order(facet: Facet, labels: Iterable[str], table: AcceptanceTable) -> list[
     return sorted(labels, key=lambda x: (-cats[x].answers, x))
 
 
+def engine_totals(raw: object) -> SpecTotals | None:
+    """A consumer's figures for a run as its snapshot holds them (`runs[run].spec`), None when
+    it holds none or something else (a hand edit, garbage): nothing to show for it."""
+    if not isinstance(raw, dict):
+        return None
+    got = [raw.get(k) for k in ("answers", "steps", "drafted", "accepted")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in got):
+        return None
+    answers, steps, drafted, accepted = (int(v) for v in got)  # type: ignore[arg-type]  # checked above
+    return {"answers": answers, "steps": steps, "drafted": drafted, "accepted": accepted}
+
+
 def speculation_view(table: AcceptanceTable, engines: list[tuple[str, bool, SpecTotals]]) -> SpeculationView | None:
     """The section from the run's TABLE and its ENGINES (worker, live, what it wrote); None when
     neither holds a figure (a run without speculation shows nothing)."""
