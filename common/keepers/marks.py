@@ -46,7 +46,7 @@ import redis
 from genqueue.common.contracts import Note, ToolTurns
 from genqueue.common.keepers.redismem import pipeline_read
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
-from genqueue.common.keepers.spectally import LUA_ADD, SpecTallies
+from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
 from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ SHIPPED_TOOLS = "shipped_tools_"
 #: error record has none, and one of an item that has a result already counts nowhere).
 _MARK = """
 local added = 0
-for i = 1, #ARGV, 5 do
+""" + LUA_INIT + """for i = 1, #ARGV, 5 do
   if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then
     added = added + 1""" + LUA_ADD.format(arg="ARGV[i + 4]") + """
     if ARGV[i + 1] ~= '' and (KEYS[4] == nil or redis.call('SISMEMBER', KEYS[4], ARGV[i]) == 0) then
@@ -93,7 +93,7 @@ for i = 1, #ARGV, 5 do
     end
   end
 end
-return added
+""" + LUA_FLUSH + """return added
 """
 
 

@@ -28,14 +28,21 @@ FIELD_SEP = "\x1f"
 #: Ends each field and each amount of a record's tallies in the marking script's argument.
 ARG_SEP = "\x1e"
 
-#: The marking script's part that adds one item's tallies (its argument ARG, a Lua expression)
-#: to the hash KEYS[3]: pairs "field<ARG_SEP>amount<ARG_SEP>" (decimal 30 is ARG_SEP).
+#: The marking script's parts: LUA_ADD adds one item's tallies (its argument ARG, a Lua
+#: expression: pairs "field<ARG_SEP>amount<ARG_SEP>", decimal 30 is ARG_SEP) to the script's
+#: sums, LUA_FLUSH adds the sums to the hash KEYS[3] once per field at the end (a shard's items
+#: share a few dozen fields: one HINCRBY each, not one per item and field).
 LUA_ADD = """
     if {arg} ~= '' then
       for f, n in string.gmatch({arg}, '([^\\30]+)\\30(%d+)\\30') do
-        redis.call('HINCRBY', KEYS[3], f, n)
+        tallies[f] = (tallies[f] or 0) + tonumber(n)
       end
     end"""
+LUA_INIT = "local tallies = {}\n"
+LUA_FLUSH = """for f, n in pairs(tallies) do
+  redis.call('HINCRBY', KEYS[3], f, string.format('%.0f', n))
+end
+"""
 
 
 class SpecTallies:
