@@ -300,7 +300,7 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
                       if width is not None else ["      " + advice])
     if spec := r.get("speculation"):
         lines.append("")
-        lines += [fit(line, width) for line in speculation_lines(spec, wide=width is None)]
+        lines += [fit(line, width) for line in speculation_lines(spec, width)]
     tail = [f"DRIFT    {d}" for d in r["drift"]]
     if r.get("malformed_jobs"):
         tail.append(f"JOBS     {malformed_line(r['malformed_jobs'], 'in the queue or registries')}")

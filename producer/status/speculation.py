@@ -5,6 +5,7 @@ figures come in read, the view and its lines go out."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 
 from genqueue.common import defaults
@@ -80,8 +81,11 @@ def _len(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def speculation_lines(v: SpeculationView, *, wide: bool = False) -> list[str]:
-    """The section's lines (unclipped; the caller fits them to the screen)."""
+def speculation_lines(v: SpeculationView, width: int | None = None) -> list[str]:
+    """The section's lines for a screen of WIDTH columns (None: `--wide`, every category, whole
+    names). The weakest category's line is wrapped, never clipped (its figures are at its end);
+    the caller clips the others."""
+    wide = width is None
     if v["answers"]:
         head = (f"speculation  {_pct(v['rate'])} of draft tokens accepted, mean length {_len(v['mean_length'])} "
                 f"tokens a step, over {v['answers']:,} answers shipped")
@@ -89,7 +93,9 @@ def speculation_lines(v: SpeculationView, *, wide: bool = False) -> list[str]:
         head = "speculation  no answer with figures shipped yet"
     out = [head]
     if v["weakest"] is not None:
-        out.append(f"  {v['weakest']['line']}")
+        line = v["weakest"]["line"]
+        out += (textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                if width is not None else [f"  {line}"])
     if v["engines"]:
         out.append("  engines  " + ", ".join(
             f"{e['worker']} {_pct(e['rate'])} len {_len(e['mean_length'])} ({e['answers']:,} answers"
