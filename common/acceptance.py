@@ -188,3 +188,77 @@ def table_of(records: Iterable[Mapping[str, Any]]) -> AcceptanceTable:
     for rec in records:
         table.add_record(rec)
     return table
+
+
+#: The tallies' counts, in the order a Tally holds them (the tally hash's field suffixes).
+STATS = ("answers", "steps", "drafted", "accepted")
+
+
+def tally_fields(rec: Mapping[str, Any], sep: str = "\x1f") -> dict[str, int]:
+    """What one record adds to a run's tallies: field "<facet>SEP<label>SEP<stat>" -> amount,
+    summed over its answers (empty for a record without figures, and for an error record).
+    The overall tally is the sum of any one facet's: every answer is in one category of each.
+    On the consumer's path for every record shipped: kept cheap."""
+    sums: dict[str, list[int]] = {}
+    for a in answers_of(rec):
+        spec = a.spec
+        steps, drafted, accepted = spec["steps"], spec["drafted"], spec["accepted"]
+        for facet, label in ((_SOURCE, a.source), (_VARIANT, a.variant), (_TURN, a.turn), (_LENGTH, a.length)):
+            prefix = f"{facet}{sep}{label.translate(_CONTROL) or NONE_LABEL}{sep}"
+            t = sums.get(prefix)
+            if t is None:
+                sums[prefix] = [1, steps, drafted, accepted]
+            else:
+                t[0] += 1
+                t[1] += steps
+                t[2] += drafted
+                t[3] += accepted
+    out: dict[str, int] = {}
+    for prefix, (answers, steps, drafted, accepted) in sums.items():
+        out[prefix + "answers"] = answers
+        if steps:
+            out[prefix + "steps"] = steps
+        if drafted:
+            out[prefix + "drafted"] = drafted
+        if accepted:
+            out[prefix + "accepted"] = accepted
+    return out
+
+
+_SOURCE, _VARIANT, _TURN, _LENGTH = Facet.SOURCE.value, Facet.VARIANT.value, Facet.TURN.value, Facet.LENGTH.value
+#: Control characters (the tallies' separators among them), each shown as '?' in a label.
+_CONTROL = {c: "?" for c in range(32)}
+
+
+def clean_label(label: str) -> str:
+    """LABEL with the control characters the tallies' fields are split by made visible ('?')."""
+    return label.translate(_CONTROL) or NONE_LABEL
+
+
+def table_of_fields(fields: Mapping[str, int], sep: str = "\x1f") -> AcceptanceTable:
+    """The table the tallies FIELDS (tally_fields' names, summed) hold; fields of another shape
+    are left out. Overall: the source facet's sum."""
+    table = AcceptanceTable()
+    for name, n in fields.items():
+        parts = name.split(sep)
+        if len(parts) != 3 or parts[2] not in STATS:
+            continue
+        try:
+            facet = Facet(parts[0])
+        except ValueError:
+            continue
+        t = table.by[facet].setdefault(parts[1], Tally())
+        setattr(t, parts[2], getattr(t, parts[2]) + int(n))
+    for t in table.by[Facet.SOURCE].values():
+        table.overall.merge(t)
+    return table
+
+
+def weakest_line(table: AcceptanceTable, min_answers: int = defaults.SPEC_MIN_ANSWERS) -> str | None:
+    """The drafter's weakest category in words ("drafter weakest on source weak.jsonl: 35% vs 70%
+    overall"), None when no category of enough answers is below the overall rate."""
+    found = table.weakest(min_answers)
+    if found is None or table.overall.rate is None:
+        return None
+    facet, label, t = found
+    return f"drafter weakest on {facet.value} {label}: {t.rate or 0:.0%} vs {table.overall.rate:.0%} overall"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum, StrEnum
-from typing import Any, Required, TypedDict, TypeGuard, cast, final
+from typing import Any, NotRequired, Required, TypedDict, TypeGuard, cast, final
 
 
 class Mode(StrEnum):
@@ -383,6 +383,16 @@ class SpecFigures(TypedDict):
     hist: list[int]
 
 
+class SpecTotals(TypedDict):
+    """Speculative-decoding figures summed over answers (common.acceptance.Tally's counts): what
+    a consumer answered, overall and per run, in its snapshot."""
+
+    answers: int
+    steps: int
+    drafted: int
+    accepted: int
+
+
 def spec_mean_length(spec: SpecFigures) -> float | None:
     """Tokens per verify step, the bonus token included (vLLM's mean_acceptance_length);
     None for figures with no step."""
@@ -599,6 +609,7 @@ class RunCounters(TypedDict, total=False):
     completion_tokens_per_s: float
     fingerprint: str | None
     reasoning_probe: str | None
+    spec: SpecTotals  # the speculative-decoding figures of the answers it wrote (none: no figures yet)
 
 
 class ShippingView(TypedDict):
@@ -649,3 +660,4 @@ class ConsumerSnapshot(TypedDict):
     phase_s: float  # seconds in that phase at last_seen
     only_run: str | None  # the one run it serves (`consumer run --run`); None: every open run
     spool: str | None  # its spool directory: a later consumer on the same host and spool holds its lock, so this one is dead
+    spec: NotRequired[SpecTotals]  # the speculative-decoding figures of every answer it wrote (none: no figures yet)

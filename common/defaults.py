@@ -293,3 +293,7 @@ SPEC_TURN_CAP = 4
 #: A category needs this many answers before it is named the drafter's weakest: below that one
 #: unlucky conversation decides.
 SPEC_MIN_ANSWERS = 25
+#: Categories of one facet a consumer's acceptance metrics give a series of their own, per run
+#: (genqueue_spec_*_total's `category` label): sources can be many, and every label value is a
+#: series Prometheus keeps; the categories met after these count as "other".
+SPEC_METRIC_CATEGORIES = 50

@@ -24,6 +24,7 @@ from prometheus_client import Counter as PCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from genqueue.common import __version__, defaults
+from genqueue.common.acceptance import AcceptanceTable, Answer, Facet, Tally, answers_of, weakest_line
 from genqueue.common.contracts import (
     ConsumerInfo,
     ConsumerSnapshot,
@@ -34,6 +35,7 @@ from genqueue.common.contracts import (
     Record,
     ResultRecord,
     RunCounters,
+    SpecTotals,
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample, format_duration
@@ -122,6 +124,68 @@ RUN_GAUGES: tuple[tuple[Gauge, Callable[[RunCounters], int]], ...] = (
     (RUN_SHIPPED, lambda r: r["shipping"]["shards"] if "shipping" in r else 0),
     (RUN_SHIPPED_BYTES, lambda r: r["shipping"]["bytes"] if "shipping" in r else 0),
 )
+
+# Speculative-decoding acceptance of the answers this consumer wrote, by run and category of each
+# facet (common/acceptance.py): rate = accepted / drafted, mean length = 1 + accepted / steps.
+SPEC_LABELS = ["run", "facet", "category"]
+SPEC_ANSWERS = PCounter("genqueue_spec_answers", "Answers with speculative-decoding figures", SPEC_LABELS)
+SPEC_STEPS = PCounter("genqueue_spec_steps", "Speculative-decoding verify steps of the answers", SPEC_LABELS)
+SPEC_DRAFTED = PCounter("genqueue_spec_drafted_tokens", "Draft tokens proposed for the answers", SPEC_LABELS)
+SPEC_ACCEPTED = PCounter("genqueue_spec_accepted_tokens", "Draft tokens accepted in the answers", SPEC_LABELS)
+#: The category of the categories of one facet past defaults.SPEC_METRIC_CATEGORIES.
+OTHER_CATEGORY = "other"
+
+
+class SpecCounts:
+    """This consumer's acceptance: a table per run of what it wrote (its snapshot's `spec`, the
+    doctor's note on the weakest category) and the genqueue_spec_* counters, with at most
+    CAP categories of a facet per run (the rest count as "other")."""
+
+    def __init__(self, cap: int = defaults.SPEC_METRIC_CATEGORIES) -> None:
+        self.cap = cap
+        self.tables: dict[str, AcceptanceTable] = {}
+        self._labels: dict[tuple[str, Facet], set[str]] = {}
+        self._children: dict[tuple[str, Facet, str], tuple[PCounter, PCounter, PCounter, PCounter]] = {}
+
+    def add(self, run: str, answer: Answer) -> None:
+        self.tables.setdefault(run, AcceptanceTable()).add(answer)
+        spec = answer.spec
+        for facet in Facet:
+            label = answer.label(facet)
+            seen = self._labels.setdefault((run, facet), set())
+            if label not in seen:
+                if len(seen) >= self.cap:
+                    label = OTHER_CATEGORY
+                else:
+                    seen.add(label)
+            c = self._children.get((run, facet, label))
+            if c is None:
+                c = (SPEC_ANSWERS.labels(run, facet.value, label), SPEC_STEPS.labels(run, facet.value, label),
+                     SPEC_DRAFTED.labels(run, facet.value, label), SPEC_ACCEPTED.labels(run, facet.value, label))
+                self._children[(run, facet, label)] = c
+            c[0].inc()
+            c[1].inc(spec["steps"])
+            c[2].inc(spec["drafted"])
+            c[3].inc(spec["accepted"])
+
+    def totals(self, run: str | None = None) -> SpecTotals | None:
+        """RUN's figures (None: every run's), None when it has none."""
+        t = Tally()
+        for name, table in self.tables.items():
+            if run is None or name == run:
+                t.merge(table.overall)
+        return None if not t.answers else {"answers": t.answers, "steps": t.steps, "drafted": t.drafted,
+                                           "accepted": t.accepted}
+
+    def notes(self) -> list[str]:
+        """The drafter's weakest category of each run, in words (the run named when there are several)."""
+        out = []
+        for run, table in sorted(self.tables.items()):
+            line = weakest_line(table)
+            if line is not None:
+                out.append(line if len(self.tables) == 1 else f"{line} (run {run})")
+        return out
+
 
 STARTING = Gauge("genqueue_starting", "1 while the consumer starts (waiting on Redis or the engine, its pre-flight, "
                  "leftover shards): it takes no job yet")
@@ -286,6 +350,7 @@ class Telemetry:
         self._phase_at = time.monotonic()
         self.only_run: str | None = None
         self.spool: str | None = None  # its spool directory (the snapshot's `spool`)
+        self.spec = SpecCounts()
 
     def start_run(self, run: str) -> None:
         """Give RUN's labelled counters a series at zero, so a rate() works from the start."""
@@ -323,6 +388,9 @@ class Telemetry:
         children[0].inc()
         children[1].inc(pt)
         children[2].inc(ct)
+        if "spec" in ok or "turns" in ok:
+            for answer in answers_of(ok):
+                self.spec.add(run, answer)
         timings = ok.get("timings")
         if timings is not None:
             LATENCY.observe(timings["latency_s"])
@@ -378,6 +446,8 @@ class Telemetry:
         related = any(ctx.settings.multi_turn == Mode.EACH for ctx in self.parts.served().runs.values())
         snap["engine"] = self.doctor.check(now, snap, related_prompts=related, queue_depth=self._depth, cpu=cores,
                                            backing_off=self.parts.backing_off(), loop_lag=lag)
+        if spec_notes := self.spec.notes():  # the drafter's weakest category, beside the doctor's notes
+            snap["engine"] = {**snap["engine"], "notes": [*snap["engine"].get("notes", []), *spec_notes]}
         for bound in EngineBound:
             ENGINE_BOUND.labels(bound.value).set(1 if snap["engine"].get("verdict") == bound else 0)
         IN_FLIGHT.set(snap["in_flight"])
@@ -428,13 +498,15 @@ class Telemetry:
         for run, ctx in served.runs.items():
             runs.setdefault(run, {"fingerprint": ctx.fingerprint, "reasoning_probe": ctx.reasoning_probe})
         for run, r in runs.items():
+            if (spec := self.spec.totals(run)) is not None:
+                r["spec"] = spec
             load = book.runs.get(run) or RunLoad()
             ship = ob.runs.get(run) or RunShipping()
             r["in_flight"], r["pending_items"], r["held_jobs"] = load.in_flight, load.pending_items, load.held_jobs
             r["shipping"] = {"shards": ship.shards, "bytes": ship.bytes, "waiting_shards": ship.waiting_shards,
                              "unshipped_records": ship.unshipped_records,
                              "last_upload_at": ship.last_upload_at, "oldest_waiting_at": ship.oldest_waiting_at}
-        return {
+        snap: ConsumerSnapshot = {
             "worker": self.identity["worker"],
             "host": self.identity["host"],
             "gpu": self.identity["gpu"],
@@ -474,3 +546,6 @@ class Telemetry:
             "only_run": self.only_run,
             "spool": self.spool,
         }
+        if (spec := self.spec.totals()) is not None:
+            snap["spec"] = spec
+        return snap

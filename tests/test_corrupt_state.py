@@ -25,6 +25,7 @@ PLANTED: list[tuple[str, str | None]] = [
     (f"genqueue:run:{RUN}", "created_at"),
     (f"genqueue:run:{RUN}:sources", "garbage-source"),
     (f"genqueue:run:{RUN}:stats", "completions"),
+    (f"genqueue:run:{RUN}:spec", "source\x1fa.jsonl\x1fanswers"),
     (f"genqueue:run:{RUN}:paused", None),
     ("genqueue:consumer:w-planted", None),
 ]
@@ -32,6 +33,8 @@ SNAPSHOTS = [
     {"worker": 5}, {"worker": "w", "runs": {RUN: 5}}, {"worker": "w", "runs": [], "last_seen": 1},
     {"worker": "w", "runs": {RUN: {}}, "last_seen": "x"}, {"worker": "w", "runs": {RUN: {}}, "engine": 3},
     {"worker": "w", "runs": {RUN: {}}, "last_seen": 1e18, "paused": ["x"]},
+    {"worker": "w", "runs": {RUN: {"spec": 5}}, "last_seen": 1e18},
+    {"worker": "w", "runs": {RUN: {"spec": {"answers": "x", "steps": 1}}}, "last_seen": 1e18},
 ]
 
 

@@ -86,9 +86,11 @@ def live(tmp_path_factory, redis_server) -> Iterator[tuple[int, str]]:
     data = write_jsonl(tmp / "graf.jsonl", [sharegpt(i) for i in range(400)])
     cli("producer", "enqueue", str(data), "--batch-size", "8", "--max-tokens", "200", "--output", str(tmp / "out"),
         "--rejects", str(tmp / "r"), env=env)
-    # --kv-cache-tokens: a KV model, so the engine reports its cache (without one it has no KV series)
+    # --kv-cache-tokens: a KV model, so the engine reports its cache (without one it has no KV series);
+    # speculating with per-request figures, so the acceptance counters have series
     sim = Sim(tmp, "--step-time", "0.01", "--mean-tokens", "40", "--error-rate", "0.05", "--slots", "16",
-              "--kv-cache-tokens", "1000000")
+              "--kv-cache-tokens", "1000000", "--spec-tokens", "3", "--spec-acceptance", "0.7",
+              "--per-request-spec-decode-metrics", "summary")
     port = free_port()
     consumer = Proc("consumer", ["run", "--run", "graf", "--endpoint", sim.url, "-c", "16", "--metrics-port", str(port),
                                  "--shard-max-age", "1", "--spool", str(tmp / "spool")], tmp / "consumer.log", env=env)

@@ -21,7 +21,9 @@ With the marks, in the same script, each item newly marked adds one to its outco
 (`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats), and a regenerate
 conversation with recorded tool turns one to what became of them (`shipped_tools_<ToolTurns>`):
 so the outcomes `producer status` shows always sum to the items it calls done, at every moment,
-and its tool-turn counts are export's (`record_tool_turns` is the one rule for both).
+and its tool-turn counts are export's (`record_tool_turns` is the one rule for both). A result's
+speculative-decoding figures by category go to the run's tallies the same way, once per item
+(common/keepers/spectally.py).
 
 The producer's reads (`item_states`, `all_done`) and its re-claim (`Reclaim`, for
 producer/jobwriter.py) read the marks beside the run's keys set and claim sets (common/keepers/runs.py)
@@ -44,6 +46,7 @@ import redis
 from genqueue.common.contracts import Note, ToolTurns
 from genqueue.common.keepers.redismem import pipeline_read
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
+from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
 from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
@@ -69,16 +72,17 @@ SHIPPED_TURNS = "shipped_turns"
 SHIPPED_TOOLS = "shipped_tools_"
 
 
-#: Marks the digests in ARGV (digest, counter name, turns, tool-turns counter name, ...) in
-#: KEYS[1] (done) or, with KEYS[3] (done) given, KEYS[1] (failed); each newly marked one adds 1
-#: to its counter in KEYS[2], its regenerated turns to `shipped_turns` and 1 to its tool-turns
-#: counter, if any (an error record of an item that has a result already counts nowhere).
+#: Marks the digests in ARGV (digest, counter name, turns, tool-turns counter name, acceptance
+#: tallies, ...) in KEYS[1] (done) or, with KEYS[4] (done) given, KEYS[1] (failed); each newly
+#: marked one adds 1 to its counter in KEYS[2], its regenerated turns to `shipped_turns`, 1 to
+#: its tool-turns counter, if any, and its tallies to KEYS[3] (common/keepers/spectally.py; an
+#: error record has none, and one of an item that has a result already counts nowhere).
 _MARK = """
 local added = 0
-for i = 1, #ARGV, 4 do
+""" + LUA_INIT + """for i = 1, #ARGV, 5 do
   if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then
-    added = added + 1
-    if ARGV[i + 1] ~= '' and (KEYS[3] == nil or redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 0) then
+    added = added + 1""" + LUA_ADD.format(arg="ARGV[i + 4]") + """
+    if ARGV[i + 1] ~= '' and (KEYS[4] == nil or redis.call('SISMEMBER', KEYS[4], ARGV[i]) == 0) then
       redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
       if ARGV[i + 2] ~= '0' then
         redis.call('HINCRBY', KEYS[2], '""" + SHIPPED_TURNS + """', ARGV[i + 2])
@@ -89,7 +93,7 @@ for i = 1, #ARGV, 4 do
     end
   end
 end
-return added
+""" + LUA_FLUSH + """return added
 """
 
 
@@ -105,15 +109,17 @@ class ShardMarks:
     failed_kind: list[str] = field(default_factory=list)
     done_turns: list[int] = field(default_factory=list)
     done_tools: list[str] = field(default_factory=list)
+    done_spec: list[str] = field(default_factory=list)  # a result's acceptance tallies (SpecTallies.argument)
 
     def add(self, item_key: str, *, error: bool, kind: str = "", turns: int = 0,
-            tools: ToolTurns | None = None) -> None:
+            tools: ToolTurns | None = None, spec: str = "") -> None:
         (self.failed if error else self.done).append(key_digest(item_key))
         (self.failed_kind if error else self.done_kind).append(
             (f"{SHIPPED_FAILED}{kind}" if error else f"{SHIPPED_OUTCOME}{kind}") if kind else "")
         if not error:
             self.done_turns.append(turns)
             self.done_tools.append(f"{SHIPPED_TOOLS}{tools.value}" if tools is not None else "")
+            self.done_spec.append(spec)
 
     def add_record(self, rec: Mapping[str, object]) -> None:
         """Add the item of record REC (a result or an error record, by its `error` field)."""
@@ -122,7 +128,7 @@ class ShardMarks:
             raise TypeError(f"a record's key is a string, not {type(key).__name__}")
         error = "error" in rec
         self.add(key, error=error, kind=record_kind(rec), turns=record_turns(rec),
-                 tools=None if error else record_tool_turns(rec))
+                 tools=None if error else record_tool_turns(rec), spec="" if error else SpecTallies.argument(rec))
 
 
 def record_kind(rec: Mapping[str, object]) -> str:
@@ -172,25 +178,28 @@ def marks_of_file(path: Path) -> ShardMarks:
 
 
 def _quads(digests: list[bytes], kinds: list[str], turns: list[int] | None = None,
-           tools: list[str] | None = None) -> list[bytes | str | int]:
-    """The marking script's ARGV: (digest, counter, turns, tool-turns counter) per item."""
+           tools: list[str] | None = None, spec: list[str] | None = None) -> list[bytes | str | int]:
+    """The marking script's ARGV: (digest, counter, turns, tool-turns counter, tallies) per item."""
     if len(kinds) != len(digests):  # marks built without kinds: nothing to count
         kinds = [""] * len(digests)
     if turns is None or len(turns) != len(digests):
         turns = [0] * len(digests)
     if tools is None or len(tools) != len(digests):
         tools = [""] * len(digests)
-    return [x for t in zip(digests, kinds, turns, tools, strict=True) for x in t]
+    if spec is None or len(spec) != len(digests):
+        spec = [""] * len(digests)
+    return [x for t in zip(digests, kinds, turns, tools, spec, strict=True) for x in t]
 
 
 def _send_marks(p: Any, run: str, marks: ShardMarks) -> None:
     """Queue on pipeline P the marking script's calls for MARKS of RUN: the results first, then
     the error records (one of an item with a result counts nowhere)."""
-    stats = run_key(run, "stats")
+    stats, spec = run_key(run, "stats"), SpecTallies.key(run)
     if marks.done:
-        p.eval(_MARK, 2, done_key(run), stats, *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools))
+        p.eval(_MARK, 3, done_key(run), stats, spec,
+               *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec))
     if marks.failed:
-        p.eval(_MARK, 3, failed_key(run), stats, done_key(run), *_quads(marks.failed, marks.failed_kind))
+        p.eval(_MARK, 4, failed_key(run), stats, spec, done_key(run), *_quads(marks.failed, marks.failed_kind))
 
 
 def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,

@@ -31,7 +31,7 @@ from typing import Any, Required, TypedDict, cast
 import orjson
 import redis
 
-from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView
+from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView, SpecTotals
 from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
 from genqueue.common.keepers.runs import CONSUMERS, consumer_key, run_key
 
@@ -80,6 +80,7 @@ class ConsumerReport(TypedDict, total=False):
     phase_s: float
     only_run: str | None
     spool: str | None
+    spec: SpecTotals
 
 
 #: The counters of a run's spent hash: records written (errors among them), tokens, GPU-seconds.

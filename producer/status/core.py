@@ -35,6 +35,7 @@ from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jo
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.keepers.runsources import reading
 from genqueue.common.keepers.snapshots import ConsumerReport, read_spent, reports
+from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
 from genqueue.producer.cost import remaining_tokens, run_cost
@@ -52,6 +53,7 @@ from genqueue.producer.status.report import (
     StatusReport,
 )
 from genqueue.producer.status.screen import WIDTH, fit, num, screen_rows
+from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
@@ -117,6 +119,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     def per_s(total: int) -> float | None:
         return total / elapsed if elapsed and done + failed else None
 
+    speculation = speculation_view(SpecTallies(conn).table(run), [
+        (c["worker"], c["live"], s) for c in mine if (s := engine_totals(c["runs"][run].get("spec"))) is not None])
     return {
         "run": run,
         "now": now,
@@ -179,6 +183,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "priority": store.priorities([run])[run],
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
+        "speculation": speculation,
     }
 
 
@@ -293,6 +298,9 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
             advice = "engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or [])
             lines += (textwrap.wrap(advice, width, initial_indent=" " * 6, subsequent_indent=" " * 8, break_on_hyphens=False)
                       if width is not None else ["      " + advice])
+    if spec := r.get("speculation"):
+        lines.append("")
+        lines += [fit(line, width) for line in speculation_lines(spec, width)]
     tail = [f"DRIFT    {d}" for d in r["drift"]]
     if r.get("malformed_jobs"):
         tail.append(f"JOBS     {malformed_line(r['malformed_jobs'], 'in the queue or registries')}")

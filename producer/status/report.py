@@ -181,6 +181,58 @@ class FleetShare(TypedDict):
     consumers: int
 
 
+class SpecCategory(TypedDict):
+    """The acceptance of one category (or of the whole run): answers and their summed figures,
+    rate = accepted / drafted, mean length = 1 + accepted / steps (None: nothing to divide)."""
+
+    category: str
+    answers: int
+    steps: int
+    drafted: int
+    accepted: int
+    rate: float | None
+    mean_length: float | None
+
+
+class SpecEngine(TypedDict):
+    """One consumer's acceptance on the run: what it wrote, shipped or not (its snapshot's `spec`)."""
+
+    worker: str
+    live: bool
+    answers: int
+    steps: int
+    drafted: int
+    accepted: int
+    rate: float | None
+    mean_length: float | None
+
+
+class SpecWeakest(TypedDict):
+    """The category furthest below the run's rate (of SPEC_MIN_ANSWERS answers at least)."""
+
+    facet: str  # common.acceptance.Facet
+    category: str
+    answers: int
+    rate: float
+    overall_rate: float
+    line: str  # "drafter weakest on source weak.jsonl: 35% vs 70% overall"
+
+
+class SpeculationView(TypedDict):
+    """The run's speculative-decoding acceptance: overall and per facet (source, variant, turn,
+    length: a row per category) from the answers shipped, counted once per item, and per engine."""
+
+    answers: int
+    steps: int
+    drafted: int
+    accepted: int
+    rate: float | None
+    mean_length: float | None
+    by: dict[str, list[SpecCategory]]  # facet -> its categories
+    weakest: SpecWeakest | None
+    engines: list[SpecEngine]
+
+
 class StatusReport(OutcomeView, total=False):
     """Everything `producer status` shows about one run, as plain data (its --json)."""
 
@@ -231,3 +283,4 @@ class StatusReport(OutcomeView, total=False):
     hosts: dict[str, HostView]
     priority: int
     share: FleetShare
+    speculation: SpeculationView | None  # None: the run has no speculative-decoding figures

@@ -69,3 +69,23 @@ def test_tallies_merge_and_rates() -> None:
     t.merge(u)
     assert (t.answers, t.drafted, t.accepted, t.steps) == (2, 60, 24, 20)
     assert t.rate == 0.4 and t.mean_length == 1 + 24 / 20
+
+
+def test_a_records_tallies_read_back_as_the_same_table() -> None:
+    from genqueue.common.acceptance import table_of_fields, tally_fields, weakest_line
+
+    recs = [single("good.jsonl", 24) for _ in range(30)] + [single("we\x1fak.jsonl", 12, turn=1, users=2, tokens=3000)
+                                                           for _ in range(30)]
+    recs.append({"key": "k", "source": "conv", "messages": [], "turns": [
+        {"turn": 0, "usage": {"completion_tokens": 5}, "spec": fig(30, 30)},
+        {"turn": 1, "usage": {"completion_tokens": 5}, "spec": fig(30, 0, 0)}]})
+    summed: dict[str, int] = {}
+    for rec in recs:
+        for name, n in tally_fields(rec).items():
+            summed[name] = summed.get(name, 0) + n
+    back, want = table_of_fields(summed), table_of(recs)
+    want.by[Facet.SOURCE]["we?ak.jsonl"] = want.by[Facet.SOURCE].pop("we\x1fak.jsonl")  # the separator made visible
+    assert back.overall == want.overall and back.by == want.by
+    assert tally_fields({"key": "k", "error": {"class": "x"}, "spec": fig(3, 3)}) == {}
+    assert weakest_line(back) == "drafter weakest on turn 2: 39% vs 60% overall"  # the weak source and a 0% turn
+    assert weakest_line(table_of(recs[:30])) is None  # one source, nothing below overall

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import re
 
+import orjson
+
 from genqueue.common.contracts import spec_mean_length, spec_rate, sum_spec
+from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.consumer.engine.readings import parse_prometheus
-from tests.conftest import sharegpt
+from tests.conftest import cli, sharegpt
 from tests.vllm.conftest import VllmPool, VllmServer
 from tests.vllm.pipeline import assert_all_done, consume, enqueue, results
 
@@ -66,6 +69,13 @@ def test_every_record_carries_the_engines_figures_and_they_add_up_to_its_counter
     assert growth["vllm:spec_decode_num_accepted_tokens_total"] == total["accepted"] + accepted
     assert growth["vllm:spec_decode_num_draft_tokens_total"] == total["drafted"] + drafted
     assert growth["vllm:spec_decode_num_drafts_total"] == total["steps"] + steps
+    # the run's tallies (counted as shards ship, once per item) and `producer status` say the same
+    shipped = SpecTallies(conn).table("spec").overall
+    assert (shipped.answers, shipped.drafted, shipped.accepted, shipped.steps) == (
+        8, total["drafted"], total["accepted"], total["steps"])
+    view = orjson.loads(cli("producer", "status", "--run", "spec", "--json", env={"REDIS_URL": redis_url}).stdout)
+    assert view["speculation"]["drafted"] == total["drafted"] and view["speculation"]["accepted"] == total["accepted"]
+    assert {row["category"] for row in view["speculation"]["by"]["turn"]} == {"1", "2"}
 
 
 def test_a_run_without_speculation_records_none(tmp_path, redis_url, conn, vllm):
@@ -75,5 +85,6 @@ def test_a_run_without_speculation_records_none(tmp_path, redis_url, conn, vllm)
     recs = results(tmp_path, "nospec")
     assert_all_done(conn, "nospec", recs, jobs=1)
     assert all("spec" not in r and all("spec" not in t for t in r["turns"]) for r in recs)
+    assert not conn.exists(SpecTallies.key("nospec"))  # nothing tallied: status shows no section
     assert all(r["outcome"] in ("finished", "cut_in_answer", "cut_in_thinking") for r in recs)
     assert "the engine does not speculate (no spec_decode counters on its /metrics)" in c.output()

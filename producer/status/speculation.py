@@ -1,0 +1,118 @@
+"""The speculation section of `producer status`: the run's acceptance overall and by category
+(from the tallies counted as shards ship, common/keepers/spectally.py), each engine's (from
+what its consumer wrote, its snapshot's `spec`), and the drafter's weakest category. Pure: the
+figures come in read, the view and its lines go out."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable
+
+from genqueue.common import defaults
+from genqueue.common.acceptance import AcceptanceTable, Facet, Tally, length_bucket, turn_label, weakest_line
+from genqueue.common.contracts import SpecTotals
+from genqueue.producer.status.report import SpecCategory, SpecEngine, SpeculationView, SpecWeakest
+
+#: Categories of one facet on the screen (`--wide`: all), the most answers first.
+SHOWN_CATEGORIES = 8
+#: Columns of a category's name on the screen (`--wide`: its whole name); a longer one keeps its tail.
+NAME_WIDTH = 40
+
+
+def _figures(label: str, t: Tally) -> SpecCategory:
+    return {"category": label, "answers": t.answers, "steps": t.steps, "drafted": t.drafted, "accepted": t.accepted,
+            "rate": None if t.rate is None else round(t.rate, 4),
+            "mean_length": None if t.mean_length is None else round(t.mean_length, 3)}
+
+
+def _order(facet: Facet, labels: Iterable[str], table: AcceptanceTable) -> list[str]:
+    """Turns and length buckets in their own order; sources and variants by answers, most first."""
+    cats = table.by[facet]
+    if facet == Facet.TURN:
+        rank = {turn_label(n): n for n in range(1, defaults.SPEC_TURN_CAP + 1)}
+        return sorted(labels, key=lambda x: (rank.get(x, 99), x))
+    if facet == Facet.LENGTH:
+        rank = {length_bucket(n): i for i, n in enumerate(defaults.SPEC_LENGTH_BUCKETS)}
+        return sorted(labels, key=lambda x: (rank.get(x, 99), x))
+    return sorted(labels, key=lambda x: (-cats[x].answers, x))
+
+
+def engine_totals(raw: object) -> SpecTotals | None:
+    """A consumer's figures for a run as its snapshot holds them (`runs[run].spec`), None when
+    it holds none or something else (a hand edit, garbage): nothing to show for it."""
+    if not isinstance(raw, dict):
+        return None
+    got = [raw.get(k) for k in ("answers", "steps", "drafted", "accepted")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in got):
+        return None
+    answers, steps, drafted, accepted = (int(v) for v in got)  # type: ignore[arg-type]  # checked above
+    return {"answers": answers, "steps": steps, "drafted": drafted, "accepted": accepted}
+
+
+def speculation_view(table: AcceptanceTable, engines: list[tuple[str, bool, SpecTotals]]) -> SpeculationView | None:
+    """The section from the run's TABLE and its ENGINES (worker, live, what it wrote); None when
+    neither holds a figure (a run without speculation shows nothing)."""
+    if not table.overall.answers and not engines:
+        return None
+    by = {facet.value: [_figures(label, table.by[facet][label]) for label in _order(facet, table.by[facet], table)]
+          for facet in Facet}
+    weakest: SpecWeakest | None = None
+    found, line, base = table.weakest(), weakest_line(table), table.overall.rate
+    if found is not None and line is not None and base is not None:
+        facet, label, t = found
+        weakest = {"facet": facet.value, "category": label, "answers": t.answers, "rate": round(t.rate or 0.0, 4),
+                   "overall_rate": round(base, 4), "line": line}
+    rows: list[SpecEngine] = []
+    for worker, live, s in engines:
+        f = _figures(worker, Tally(s["answers"], s["steps"], s["drafted"], s["accepted"]))
+        rows.append({"worker": worker, "live": live, "answers": f["answers"], "steps": f["steps"],
+                     "drafted": f["drafted"], "accepted": f["accepted"], "rate": f["rate"],
+                     "mean_length": f["mean_length"]})
+    o = _figures("", table.overall)
+    return {"answers": o["answers"], "steps": o["steps"], "drafted": o["drafted"], "accepted": o["accepted"],
+            "rate": o["rate"], "mean_length": o["mean_length"], "by": by, "weakest": weakest, "engines": rows}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _len(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def speculation_lines(v: SpeculationView, width: int | None = None) -> list[str]:
+    """The section's lines for a screen of WIDTH columns (None: `--wide`, every category, whole
+    names). The weakest category's line is wrapped, never clipped (its figures are at its end);
+    the caller clips the others."""
+    wide = width is None
+    if v["answers"]:
+        head = (f"speculation  {_pct(v['rate'])} of draft tokens accepted, mean length {_len(v['mean_length'])} "
+                f"tokens a step, over {v['answers']:,} answers shipped")
+    else:
+        head = "speculation  no answer with figures shipped yet"
+    out = [head]
+    if v["weakest"] is not None:
+        line = v["weakest"]["line"]
+        out += (textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                if width is not None else [f"  {line}"])
+    if v["engines"]:
+        out.append("  engines  " + ", ".join(
+            f"{e['worker']} {_pct(e['rate'])} len {_len(e['mean_length'])} ({e['answers']:,} answers"
+            f"{'' if e['live'] else ', not live'})" for e in v["engines"]))
+    if not v["answers"]:
+        return out
+    shown = {facet: rows if wide else rows[:SHOWN_CATEGORIES] for facet, rows in v["by"].items()}
+    col = max([len(row["category"]) for rows in shown.values() for row in rows] + [len("category")])
+    col = col if wide else min(col, NAME_WIDTH)
+    out.append(f"  {'by':<8} {'category':<{col}} {'answers':>9} {'rate':>6} {'mean len':>9}")
+    for facet, rows in shown.items():
+        for i, row in enumerate(rows):
+            name = row["category"]
+            if len(name) > col:  # a source's tail (its file name) says most
+                name = "…" + name[len(name) - col + 1:]
+            out.append(f"  {facet if i == 0 else '':<8} {name:<{col}} {row['answers']:>9,} {_pct(row['rate']):>6} "
+                       f"{_len(row['mean_length']):>9}")
+        if len(v["by"][facet]) > len(rows):
+            out.append(f"  {'':<8} (+{len(v['by'][facet]) - len(rows)} more {facet} categories; --wide shows all)")
+    return out
