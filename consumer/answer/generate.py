@@ -162,15 +162,18 @@ class Generator:
                 ending = await self._regenerate(ctx, item)
             else:
                 ending = await self._single(ctx, item)
+            # built in here too: a record that cannot be built (a checkpoint's turns not of this
+            # genqueue, say) is an internal error, not an exception out of the generator
+            timings = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
+            return records.record(ctx, item, attempt, ending, timings=timings, copy=copy)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - every item ends in a record
             key = item.get("key", "?") if isinstance(item, dict) else "?"
             self._log.warning(f"internal:{type(e).__name__}", "item %s: unexpected %s: %s", key,
                               type(e).__name__, e, exc_info=e)
-            ending = records.Crashed(e)
-        timings = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
-        return records.record(ctx, item, attempt, ending, timings=timings, copy=copy)
+            timings = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
+            return records.record(ctx, item, attempt, records.Crashed(e), timings=timings, copy=copy)
 
     async def complete(self, ctx: RunContext, messages: list[ChatMessage],
                        tools: object, seed: int | None = None) -> tuple[Turn, TruncationNote | None]:
