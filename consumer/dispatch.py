@@ -211,7 +211,7 @@ class Dispatcher:
     async def _copy(self, ctx: RunContext, item: Item) -> bool:
         """Whether the copy's result was written."""
         try:
-            rec = await self.gen.answer(ctx, item, attempt=1)
+            rec = await self.gen.answer(ctx, item, attempt=1, copy=True)  # its record says it is a copy
         except asyncio.CancelledError:
             return False  # its original (or another copy) shipped first, a stop, or it gave way
         except Exception:
@@ -226,7 +226,6 @@ class Dispatcher:
             log.debug("copy of item %s of run %s ended in an error; dropped (the original goes on)", item["key"],
                       ctx.run)
             return False
-        rec["copy"] = True  # said on the record: which of two racing answers ships is a race (docs/records.md)
         self.outbox.append(ctx.run, rec)
         self.copies_shipped += 1
         self._on_record(ctx.run, rec)

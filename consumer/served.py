@@ -24,7 +24,9 @@ from genqueue.common.eta import format_duration
 from genqueue.common.keepers.pause import paused_reasons
 from genqueue.common.keepers.rqaccess import job_counts
 from genqueue.common.keepers.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
+from genqueue.common.requests import RequestShape
 from genqueue.common.storage import OutputProbeError, probe_output
+from genqueue.common.variants import Variant
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.faults import classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
@@ -263,10 +265,7 @@ class ServedRuns:
                     f"(served by {self.endpoint}); fix the run with `producer enqueue ... --run {ctx.run} "
                     f"--max-tokens N --update-settings`")
         for variant in ctx.settings.variants or (None,):  # every request shape the run sends
-            params = ctx.params if variant is None else ctx.settings.request_params(variant)
-            body = {"model": ctx.model, "messages": [{"role": "user", "content": "Say ok."}], **params}
-            if ctx.settings.token_ids:
-                body["return_token_ids"] = True
+            body = preflight_body(ctx, variant)
             shape = "this run's shape" if variant is None else f"this run's variant {variant.name}"
             try:
                 await asyncio.wait_for(accepts(self.client, body), timeout=min(self.request_timeout, PROBE_TIMEOUT))
@@ -325,6 +324,13 @@ class ServedRuns:
         refused.update({run: f"paused: {why}" for run, why in self.paused.items()})
         refused.update(self.vanished)
         return ServedSnapshot(list(self.models), dict(self.model_lens), dict(self.contexts), refused)
+
+
+def preflight_body(ctx: RunContext, variant: Variant | None) -> dict[str, object]:
+    """The pre-flight request of one shape CTX's run sends (VARIANT: one of its variants, None:
+    its own): the run's request (common/requests.py) on a one-line prompt."""
+    shape = ctx.shape if variant is None else RequestShape.of(ctx.settings, variant)
+    return shape.body(ctx.model, [{"role": "user", "content": "Say ok."}])
 
 
 def probe_failed(e: BaseException, attempts: int, timeout: float) -> str:

@@ -1,6 +1,7 @@
 """Answering one item: the single-turn and regenerate flows, the requests they need and the
-truncation policy. What a failed attempt calls for is faults.py's to say, and the record an
-item becomes is built in records.py (both in this wing).
+truncation policy. What a failed attempt calls for is faults.py's to say; a request's body is
+built from the run's settings by common/requests.py (RunContext.shape); a flow comes to a
+records.Ending, which records.py turns into the item's complete record (`answer` calls it once).
 
 Modes first/last/each: one request on the item's messages. Mode regenerate: the user turns
 are answered in order, each on the history of the answers so far (the original assistant
@@ -26,7 +27,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from genqueue.common import defaults
 from genqueue.common.contracts import (
@@ -46,6 +46,7 @@ from genqueue.common.contracts import (
     error_info,
 )
 from genqueue.common.errors import BadResponseError, PermanentError, TransientError
+from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer import records
@@ -76,12 +77,12 @@ class RunContext:
     reasoning_probe: str | None = None
     think_opened: bool = False  # the template opens <think> in the prompt (only </think> comes back)
     fingerprint: str = ""
-    params: dict[str, Any] = field(default_factory=dict)
-    variant: Variant | None = None  # the request variant of one item (for_item), its fields in params
+    variant: Variant | None = None  # the request variant of one item (for_item), its fields in shape
+    shape: RequestShape = field(init=False)  # what every request of this context carries (common/requests.py)
 
     def __post_init__(self) -> None:
         self.fingerprint = self.settings.fingerprint
-        self.params = self.settings.request_params(self.variant)
+        self.shape = RequestShape.of(self.settings, self.variant)
 
     def for_item(self, item: object) -> RunContext:
         """This context as ITEM is sent: with the request variant its key draws, when the run
@@ -115,21 +116,13 @@ class Generator:
         TransientError (BadResponseError included) once the attempts are spent. A run with
         --token-ids asks for them; an answer without them is a BadResponseError unless not
         NEED_IDS (the pre-flight probe, which says so in one line itself)."""
-        body: dict[str, object] = {"model": ctx.model, "messages": messages, **ctx.params}
-        if ctx.settings.token_ids:
-            body["return_token_ids"] = True
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        if seed is not None:  # one of several samples of a prompt: its own seed
-            body["seed"] = seed
-        if tools:
-            body["tools"] = tools
+        body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed)
         attempt = 0
         while True:
             await self.gate.up.wait()
             try:
                 turn = parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
-                if need_ids and ctx.settings.token_ids and turn.token_ids is None:
+                if need_ids and ctx.shape.token_ids and turn.token_ids is None:
                     raise BadResponseError(NO_TOKEN_IDS, snippet="")
                 if turn.spec_ignored is not None:  # advisory figures: counted and said, the answer kept
                     self.spec_ignored += 1
@@ -155,28 +148,32 @@ class Generator:
                 finally:
                     self.backing_off -= 1
 
-    async def answer(self, ctx: RunContext, item: Item, *, attempt: int = 1,
-                     enqueued_at: float | None = None) -> ResultRecord | ErrorRecord:
-        """The result record (or error record) for ITEM. Anything unexpected becomes an error
-        record of class internal; only cancellation propagates."""
+    async def answer(self, ctx: RunContext, item: Item, *, attempt: int = 1, enqueued_at: float | None = None,
+                     copy: bool = False) -> ResultRecord | ErrorRecord:
+        """The complete record (result or error) for ITEM, timed, marked when it is an end-of-run
+        COPY. Anything unexpected becomes an error record of class internal; only cancellation
+        propagates."""
         started = time.time()
         t0 = time.perf_counter()
         ctx = ctx.for_item(item)
-        rec: ResultRecord | ErrorRecord
+        ending: records.Ending
         try:
             if ctx.settings.multi_turn == Mode.REGENERATE:
-                rec = await self._regenerate(ctx, item, attempt)
+                ending = await self._regenerate(ctx, item)
             else:
-                rec = await self._single(ctx, item, attempt)
+                ending = await self._single(ctx, item)
+            # built in here too: a record that cannot be built (a checkpoint's turns not of this
+            # genqueue, say) is an internal error, not an exception out of the generator
+            timings = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
+            return records.record(ctx, item, attempt, ending, timings=timings, copy=copy)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - every item ends in a record
             key = item.get("key", "?") if isinstance(item, dict) else "?"
             self._log.warning(f"internal:{type(e).__name__}", "item %s: unexpected %s: %s", key,
                               type(e).__name__, e, exc_info=e)
-            rec = records.internal_error(ctx, item, attempt, e)
-        rec["timings"] = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
-        return rec
+            timings = records.timings(enqueued_at, started, time.time(), time.perf_counter() - t0)
+            return records.record(ctx, item, attempt, records.Crashed(e), timings=timings, copy=copy)
 
     async def complete(self, ctx: RunContext, messages: list[ChatMessage],
                        tools: object, seed: int | None = None) -> tuple[Turn, TruncationNote | None]:
@@ -185,34 +182,28 @@ class Generator:
         turn = await self.request(ctx, messages, tools, seed=seed)
         if turn.outcome == Outcome.FINISHED or ctx.settings.truncation != Truncation.RETRY:
             return turn, None
-        sent = ctx.params.get("max_tokens", ctx.settings.sampling.max_tokens)  # a variant may set its own
-        budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), sent)
+        budget = retry_budget(ctx.max_model_len, turn.usage.get("prompt_tokens"), ctx.shape.max_tokens)
         note: TruncationNote = {"policy": Truncation.RETRY, "first_outcome": turn.outcome, "retried": budget is not None}
         if budget is None:
             return turn, note
         note["max_tokens"] = budget
         return await self.request(ctx, messages, tools, max_tokens=budget, seed=seed), note
 
-    async def _single(self, ctx: RunContext, item: Item, attempt: int) -> ResultRecord | ErrorRecord:
+    async def _single(self, ctx: RunContext, item: Item) -> records.Ending:
         messages = records.messages_of(item)
-        base = records.record_base(ctx, item, attempt, messages)
         try:
-            turn, note = await self.complete(ctx, messages, item.get("tools"), records.seed_of(item))
+            turn, note = await self.complete(ctx, messages, item.get("tools"), item_seed(item))
         except (PermanentError, TransientError) as e:
-            return records.fault_error(base, e)
-        rec = records.result_record(base, turn, ctx.model)
-        if note is not None:
-            rec["truncation"] = note
+            return records.Failed(messages, e)
         if turn.outcome != Outcome.FINISHED and ctx.settings.truncation == Truncation.ERROR:
-            return records.truncated_error(base, turn)
-        return rec
+            return records.Cut(messages, turn)
+        return records.Answered(messages, turn, note)
 
-    async def _regenerate(self, ctx: RunContext, item: Item, attempt: int) -> ResultRecord | ErrorRecord:
+    async def _regenerate(self, ctx: RunContext, item: Item) -> records.Ending:
         source = records.messages_of(item)
         total_user_turns = sum(1 for m in source if m["role"] == "user")
         if not total_user_turns:  # intake refuses such an item; a direct caller might not
-            return records.error_record(records.record_base(ctx, item, attempt, source),
-                                        error_info(ErrorClass.INVALID_ITEM, "InvalidItem", "item has no user turn"))
+            return records.Refused(source, error_info(ErrorClass.INVALID_ITEM, "InvalidItem", "item has no user turn"))
         history: list[ChatMessage] = []
         turns: list[TurnRecord] = []
         pos = 0
@@ -223,7 +214,7 @@ class Generator:
         resumed_at = turns[-1]["turn"] + 1 if state is not None else None
         user_turn = turns[-1]["turn"] if turns else -1
         step = 0  # answers given after tool results within the user turn
-        seed, tools, history_reasoning = records.seed_of(item), item.get("tools"), ctx.settings.history_reasoning
+        seed, tools, history_reasoning = item_seed(item), item.get("tools"), ctx.settings.history_reasoning
         while pos < len(source):
             msg = source[pos]
             pos += 1
@@ -239,31 +230,27 @@ class Generator:
                     turn, note = await self.complete(ctx, list(history), tools, seed)
                 except (PermanentError, TransientError) as e:
                     if not turns:
-                        return records.fault_error(records.record_base(ctx, item, attempt, list(history)), e)
+                        return records.Failed(list(history), e)
                     _drop_unanswered(history)
                     stopped = records.stop(user_turn, step, "error", error=records.fault_info(e))
                     break
-                entry = records.turn_record(turn, user_turn, step, note, ctx.model)
                 if turn.outcome != Outcome.FINISHED:
                     if ctx.settings.truncation == Truncation.ERROR:
                         if not turns:
-                            return records.truncated_error(records.record_base(ctx, item, attempt, list(history)),
-                                                           turn)
+                            return records.Cut(list(history), turn)
                         _drop_unanswered(history)
                         stopped = records.stop(user_turn, step, turn.outcome, dropped=True,
                                                error=records.truncated_info(turn.outcome))
                         break
-                    turns.append(entry)
-                    history.append(records.assistant_message(turn, history_reasoning))
+                    self._keep(ctx, turns, history, turn, user_turn, step, note)
                     stopped = records.stop(user_turn, step, turn.outcome)
                     break
-                turns.append(entry)
-                history.append(records.assistant_message(turn, history_reasoning))
                 recorded = source[pos] if pos < len(source) and source[pos]["role"] == "assistant" else None
                 if recorded is None and not turn.tool_calls:
+                    self._keep(ctx, turns, history, turn, user_turn, step, note)
                     break  # answered as the recording did: on to the next user turn
                 ids = match_calls(turn.tool_calls, recorded["tool_calls"]) if recorded is not None else None
-                entry["tool_results_spliced"] = ids is not None
+                self._keep(ctx, turns, history, turn, user_turn, step, note, spliced=ids is not None)
                 if recorded is None and pos == len(source) and item.get("note") == Note.STOPPED_AT_TOOL_TURN:
                     # where the producer cut a call whose results were not recorded: nothing to
                     # compare with, and nothing to splice
@@ -286,9 +273,17 @@ class Generator:
                 break
             if self.checkpoints is not None and user_turn + 1 < total_user_turns:
                 await self.checkpoints.save(ctx.run, item["key"], {"history": history, "turns": turns, "pos": pos})
-        return records.conversation_record(records.record_base(ctx, item, attempt, history), turns, history, stopped,
-                                           history_reasoning=history_reasoning, turns_total=total_user_turns,
-                                           resumed_at=resumed_at)
+        return records.Conversation(history, turns, stopped, history_reasoning, total_user_turns, resumed_at)
+
+    @staticmethod
+    def _keep(ctx: RunContext, turns: list[TurnRecord], history: list[ChatMessage], turn: Turn, user_turn: int,
+              step: int, note: TruncationNote | None, spliced: bool | None = None) -> None:
+        """regenerate: TURN is kept: its entry joins TURNS, its message HISTORY (SPLICED: whether the
+        recorded tool results follow it; None when neither it nor the recording made a call)."""
+        entry, message = records.answered_turn(turn, user_turn, step, note, ctx.model,
+                                               ctx.settings.history_reasoning, spliced)
+        turns.append(entry)
+        history.append(message)
 
     async def _load_checkpoint(self, ctx: RunContext, item: Item,
                                n_messages: int) -> tuple[list[ChatMessage], list[TurnRecord], int] | None:

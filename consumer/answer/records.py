@@ -1,19 +1,23 @@
 """The records an item becomes (pure: no I/O, no clock but what the caller passes).
 
-What every record carries (`record_base`: the item's key and provenance, the run, sampling,
-fingerprint, consumer), a result record from one answer (`result_record`), a regenerated
-conversation's record from its turns (`turn_record`, `conversation_record`, with its `stopped`
-note), the history message an answer becomes (`assistant_message`), and error records.
-`error_record` is the one place an error record is made: for a request that failed
-(`fault_error`, its class from faults.py), an answer cut under --truncation error
-(`truncated_error`), and an item whose answering raised where nothing should
-(`internal_error`, used by generate.py and dispatch.py alike). The shapes are the TypedDicts
-of common/contracts.py.
+A record is complete when this module returns it: `record` turns what answering an item came
+to (an `Ending`: one answer, a cut answer, a failed request, a refused item, a regenerated
+conversation, a crash) into the item's record, its `timings` and its `copy` mark included, and
+nobody adds to it afterwards. Its parts: what every record carries (`record_base`: the item's
+key and provenance, the run, the sampling it was sent with, fingerprint, consumer), a result
+record from one answer (`result_record`), a regenerated conversation's record from its turns
+(`turn_record`, `conversation_record`, with its `stopped` note), the history message an answer
+becomes (`assistant_message`; `answered_turn` gives both), and error records. `error_record` is
+the one place an error record is made: for a request that failed (`fault_error`, its class
+from faults.py), an answer cut under --truncation error (`truncated_error`), and an item whose
+answering raised where nothing should (`internal_error`, used by generate.py and dispatch.py
+alike). The shapes are the TypedDicts of common/contracts.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from genqueue.common import __version__
@@ -41,12 +45,14 @@ from genqueue.common.contracts import (
     sum_spec,
 )
 from genqueue.common.errors import EndpointError
+from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer.completion import Turn
 from genqueue.consumer.answer.faults import error_class
 
-__all__ = ["RunFacts", "assistant_message", "conversation_record", "error_record", "fault_error", "fault_info",
-           "internal_error", "messages_of", "record_base", "result_record", "seed_of", "stop", "timings",
+__all__ = ["Answered", "Conversation", "Crashed", "Cut", "Ending", "Failed", "Refused", "RunFacts",
+           "answered_turn", "assistant_message", "conversation_record", "error_record", "fault_error", "fault_info",
+           "internal_error", "messages_of", "record", "record_base", "result_record", "stop", "timings",
            "truncated_error", "truncated_info", "turn_record"]
 
 #: An internal error's message is cut to this many characters (a repr can be huge).
@@ -59,7 +65,9 @@ class RunFacts(Protocol):
     @property
     def run(self) -> str: ...
     @property
-    def params(self) -> dict[str, Any]: ...
+    def model(self) -> str: ...
+    @property
+    def shape(self) -> RequestShape: ...
     @property
     def fingerprint(self) -> str: ...
     @property
@@ -74,24 +82,18 @@ def messages_of(item: Item) -> list[ChatMessage]:
     return cast(list[ChatMessage], item["messages"])
 
 
-def seed_of(item: object) -> int | None:
-    """The item's own request seed (one of several samples of a prompt), if it has one."""
-    seed = item.get("seed") if isinstance(item, dict) else None
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
-
-
 def record_base(ctx: RunFacts, item: Item, attempt: int, messages: list[ChatMessage]) -> RecordBase:
     """The fields every record carries. Reads ITEM defensively: it also builds the record of
     an item that made answering fail (then it may not even be a dict)."""
     get: Callable[..., Any] = item.get if isinstance(item, dict) else _NOTHING.get  # once per item
-    key, index, turn, seed = get("key", ""), get("index", -1), get("turn"), seed_of(item)
+    key, index, turn, seed = get("key", ""), get("index", -1), get("turn"), item_seed(item)
     base: RecordBase = {
         "key": key if isinstance(key, str) else str(key),
         "index": index if isinstance(index, int) else -1,
         "turn": turn if isinstance(turn, int) else None,
         "run": ctx.run,
         "messages": messages,
-        "sampling": ctx.params if seed is None else {**ctx.params, "seed": seed},
+        "sampling": ctx.shape.sampling_of(seed),
         "fingerprint": ctx.fingerprint,
         "version": __version__,
         "consumer": ctx.consumer,
@@ -119,8 +121,9 @@ def record_base(ctx: RunFacts, item: Item, attempt: int, messages: list[ChatMess
 _NOTHING: dict[str, object] = {}
 
 
-def result_record(base: RecordBase, turn: Turn, model: str) -> ResultRecord:
-    """The record of an item answered by TURN (MODEL: the run's, when the answer names none)."""
+def result_record(base: RecordBase, turn: Turn, model: str, truncation: TruncationNote | None = None) -> ResultRecord:
+    """The record of an item answered by TURN (MODEL: the run's, when the answer names none;
+    TRUNCATION: what the truncation policy did, when it did anything)."""
     # cast, then typed assignments: a TypedDict literal cannot spread RecordBase under mypy's
     # strict extra checks.
     rec = cast(ResultRecord, dict(base))
@@ -136,6 +139,8 @@ def result_record(base: RecordBase, turn: Turn, model: str) -> ResultRecord:
         rec["token_ids"] = turn.token_ids
     if turn.spec is not None:
         rec["spec"] = turn.spec
+    if truncation is not None:
+        rec["truncation"] = truncation
     return rec
 
 
@@ -187,8 +192,11 @@ def timings(enqueued_at: float | None, started_at: float, finished_at: float, la
             "latency_s": round(latency_s, 4)}
 
 
-def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | None, model: str) -> TurnRecord:
-    """regenerate: the `turns` entry of one answer (STEP: its place after tool results)."""
+def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | None, model: str,
+                spliced: bool | None = None) -> TurnRecord:
+    """regenerate: the `turns` entry of one answer (STEP: its place after tool results;
+    SPLICED: whether the recorded tool results were spliced in after it, None when the answer
+    made no call and the recording none either)."""
     entry: TurnRecord = {
         "turn": user_turn, "content": turn.content, "reasoning": turn.reasoning,
         "reasoning_form": turn.reasoning_form, "finish_reason": turn.finish_reason,
@@ -203,7 +211,16 @@ def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | No
         entry["token_ids"] = turn.token_ids
     if turn.spec is not None:
         entry["spec"] = turn.spec
+    if spliced is not None:
+        entry["tool_results_spliced"] = spliced
     return entry
+
+
+def answered_turn(turn: Turn, user_turn: int, step: int, note: TruncationNote | None, model: str,
+                  history_reasoning: str, spliced: bool | None = None) -> tuple[TurnRecord, ChatMessage]:
+    """regenerate: one answer kept, as its `turns` entry (turn_record) and the history message
+    it becomes (assistant_message)."""
+    return turn_record(turn, user_turn, step, note, model, spliced), assistant_message(turn, history_reasoning)
 
 
 def stop(user_turn: int, step: int, reason: str, *, dropped: bool | None = None, error: ErrorInfo | None = None,
@@ -283,3 +300,92 @@ def sum_usage(usages: Iterable[Usage]) -> Usage:
             if isinstance(v, int):
                 total[k] = total.get(k, 0) + v
     return total
+
+
+# --- what answering an item came to, and the one record it becomes --------------------------
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """One answer to the item's MESSAGES (modes first/last/each), with what the truncation
+    policy did (None: nothing)."""
+
+    messages: list[ChatMessage]
+    turn: Turn
+    truncation: TruncationNote | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """An answer cut by max_tokens under --truncation error, before any turn was kept: an
+    error record keeping what it said."""
+
+    messages: list[ChatMessage]
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A request that failed for good (past its attempts, or refused) before any turn was kept."""
+
+    messages: list[ChatMessage]
+    error: EndpointError
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An item that cannot be answered as it is (INFO says why)."""
+
+    messages: list[ChatMessage]
+    info: ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """regenerate: a conversation answered in TURNS (at least one), HISTORY being its messages
+    as they now stand, STOPPED where and why it ended early (None: it went to the end)."""
+
+    history: list[ChatMessage]
+    turns: list[TurnRecord]
+    stopped: Stopped | None
+    history_reasoning: str
+    turns_total: int
+    resumed_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Crashed:
+    """Answering raised where nothing should (a genqueue bug)."""
+
+    error: BaseException
+
+
+#: What answering an item came to: each becomes one record (`record`).
+Ending = Answered | Cut | Failed | Refused | Conversation | Crashed
+
+
+def record(ctx: RunFacts, item: Item, attempt: int, ending: Ending, *, timings: Timings | None = None,
+           copy: bool = False) -> ResultRecord | ErrorRecord:
+    """The complete record of ITEM whose answering came to ENDING: with its TIMINGS (when
+    timed), and marked a COPY when it is the answer of an end-of-run copy (consumer/hedge.py)."""
+    rec: ResultRecord | ErrorRecord
+    match ending:
+        case Answered(messages, turn, truncation):
+            rec = result_record(record_base(ctx, item, attempt, messages), turn, ctx.model, truncation)
+        case Cut(messages, turn):
+            rec = truncated_error(record_base(ctx, item, attempt, messages), turn)
+        case Failed(messages, error):
+            rec = fault_error(record_base(ctx, item, attempt, messages), error)
+        case Refused(messages, info):
+            rec = error_record(record_base(ctx, item, attempt, messages), info)
+        case Conversation(history, turns, stopped, history_reasoning, turns_total, resumed_at):
+            rec = conversation_record(record_base(ctx, item, attempt, history), turns, history, stopped,
+                                      history_reasoning=history_reasoning, turns_total=turns_total,
+                                      resumed_at=resumed_at)
+        case Crashed(error):
+            rec = internal_error(ctx, item, attempt, error)
+    # the last fields, in this order: a record's JSON is the same whoever builds it
+    if timings is not None:
+        rec["timings"] = timings
+    if copy:
+        rec["copy"] = True  # said on the record: which of two racing answers ships is a race (docs/records.md)
+    return rec

@@ -11,6 +11,7 @@ from dataclasses import replace
 import redis
 
 from genqueue.common.keepers.runsources import assign, end_reading, start_reading
+from genqueue.common.requests import RequestShape
 from genqueue.common.settings import RunSettings
 from genqueue.producer.ingest.items import Origin
 
@@ -22,8 +23,6 @@ def bind(origin: Origin | None, path: str, source_id: str, run: str, settings: R
     """ORIGIN (the enqueue command's --id-field and --samples) completed for one input of RUN:
     its name as given, its place (0 in a dry run: nothing is written), the run's seed and
     request parameters (a Batch line may ask for the token ids a --token-ids run asks for)."""
-    params = settings.sampling.request_params()
-    if settings.token_ids:
-        params["return_token_ids"] = True
+    params = RequestShape.of(settings).fields()
     return replace(origin or Origin(), source=path, source_seq=assign(conn, run, source_id) if conn else 0,
                    base_seed=settings.sampling.seed or 0, run_params=params)

@@ -104,14 +104,15 @@ class HangingGenerator:
         self.release = asyncio.Event()
         self.cancelled: list[str] = []
 
-    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None) -> Any:
+    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None,
+                     copy: bool = False) -> Any:
         if it["index"] != 0:
             try:
                 await self.release.wait()
             except asyncio.CancelledError:
                 self.cancelled.append(it["key"])
                 raise
-        return result(it)
+        return {**result(it), "copy": True} if copy else result(it)  # as records.record marks a copy
 
 
 async def _until(cond: Any, what: str) -> None:
@@ -458,10 +459,11 @@ def test_copies_of_a_run_paused_or_gone_are_cut_and_others_run_on(redis_url):
 class ErrsOnEight(HangingGenerator):
     """Item 8's copy ends in an error at once; the others hang until released."""
 
-    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None) -> Any:
+    async def answer(self, ctx: RunContext, it: Item, *, attempt: int = 1, enqueued_at: float | None = None,
+                     copy: bool = False) -> Any:
         if it["index"] == 8:
             return {**result(it), "error": {"class": "server", "type": "HTTP 500", "message": "boom"}}
-        return await super().answer(ctx, it, attempt=attempt, enqueued_at=enqueued_at)
+        return await super().answer(ctx, it, attempt=attempt, enqueued_at=enqueued_at, copy=copy)
 
 
 def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_is_not_sent_again(redis_url):

@@ -180,3 +180,22 @@ def test_every_thinking_form_is_read(mode: str) -> None:
     assert rec["turn"] == 0 and "turns" in rec  # default mode: regenerate
     assert rec["reasoning"] and rec["reasoning_form"] == ("inline" if mode == "inline" else "field")
     assert "<think>" not in rec["content"]
+
+
+def test_a_record_that_cannot_be_built_is_an_internal_error_not_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    """records.record runs inside the generator's guard: a builder that raises (a genqueue bug,
+    a checkpoint's turns of another shape) still gives the item a timed record."""
+    from genqueue.consumer.answer import records
+
+    def broken(*args: Any, **kw: Any) -> Any:
+        raise KeyError("content")
+
+    monkeypatch.setattr(records, "conversation_record", broken)
+
+    async def go(gen: Generator, sim: SimServer) -> Rec:
+        return await gen.answer(ctx(), ITEM, attempt=2, enqueued_at=5.0, copy=True)
+
+    rec = failed(run(with_gen(SimConfig(mean_tokens=5, seed=1), go)))
+    assert rec["error"]["class"] == "internal" and rec["error"]["message"] == "KeyError: 'content'"
+    assert rec["attempt"] == 2 and rec["timings"]["enqueued_at"] == 5.0 and rec["copy"] is True
+    assert list(rec)[-2:] == ["timings", "copy"]

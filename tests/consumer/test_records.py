@@ -88,3 +88,33 @@ def test_the_assistant_message_keeps_thinking_only_when_asked() -> None:
              usage={}, model="m")
     assert records.assistant_message(t, "drop") == {"role": "assistant", "content": "4"}
     assert records.assistant_message(t, "keep") == {"role": "assistant", "content": "4", "reasoning_content": "2+2"}
+
+
+def test_a_record_is_complete_when_records_returns_it_timings_and_copy_last() -> None:
+    timings = records.timings(1.0, 2.0, 3.0, 0.123456)
+    answered = records.Answered(records.messages_of(ITEM), turn("ok"),
+                                {"policy": "retry", "first_outcome": Outcome.CUT_IN_ANSWER, "retried": False})
+    rec = records.record(CTX, ITEM, 1, answered, timings=timings, copy=True)
+    assert list(rec)[-3:] == ["truncation", "timings", "copy"]
+    assert rec["timings"] == {"enqueued_at": 1.0, "started_at": 2.0, "finished_at": 3.0, "latency_s": 0.1235}
+    assert rec["copy"] is True and rec["model"] == "m" and rec["sampling"]["seed"] == 77
+    plain = records.record(CTX, ITEM, 1, records.Answered(records.messages_of(ITEM), turn("ok")))
+    assert "timings" not in plain and "copy" not in plain and "truncation" not in plain
+    cut = records.record(CTX, ITEM, 1, records.Cut(records.messages_of(ITEM), turn("half", finish="length")),
+                         timings=timings)
+    assert cut["error"]["class"] == ErrorClass.TRUNCATED and list(cut)[-1] == "timings"
+    failed = records.record(CTX, ITEM, 2, records.Failed([], PermanentError("HTTP 400", status=400)))
+    assert failed["error"]["class"] == ErrorClass.PERMANENT and failed["messages"] == [] and failed["attempt"] == 2
+    crashed = records.record(CTX, ITEM, 1, records.Crashed(KeyError("x")), timings=timings)
+    assert crashed["error"]["class"] == ErrorClass.INTERNAL and crashed["timings"] == timings
+
+
+def test_a_turn_says_whether_the_recorded_tool_results_were_spliced_after_it() -> None:
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    entry, message = records.answered_turn(turn("", tool_calls=calls), 0, 1, None, "m", "drop", spliced=True)
+    assert list(entry)[-1] == "tool_results_spliced" and entry["tool_results_spliced"] is True
+    assert entry["step"] == 1 and message == {"role": "assistant", "content": "", "tool_calls": calls}
+    assert "tool_results_spliced" not in records.turn_record(turn(), 0, 0, None, "m")
+    history: list[ChatMessage] = [{"role": "user", "content": "a"}, message]
+    conv = records.record(CTX, ITEM, 1, records.Conversation(history, [entry], None, "drop", 1))
+    assert conv["turns"][0]["tool_results_spliced"] is True and conv["history_reasoning"] == "drop"
