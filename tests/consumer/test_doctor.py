@@ -221,7 +221,6 @@ def test_requests_sleeping_before_a_retry_neither_run_nor_wait():
     """Real vLLM on 2 cores dropped connections: 3 of the 4 requests in flight slept before their
     retry while 1 ran at a cap of 2. Counted as waiting they made a plateau of 1 and "raise
     --max-num-seqs from 1"; left out, nothing waits."""
-    from types import SimpleNamespace
 
     def verdict(backing_off: int) -> str | None:
         d = Doctor("http://x/v1", S)
@@ -229,7 +228,7 @@ def test_requests_sleeping_before_a_retry_neither_run_nor_wait():
         for i in range(6):
             snap = {"concurrency": 16, "concurrency_mode": "auto", "in_flight": 4, "pending_items": 8, "paused": {},
                     "engine": engine(running=1, waiting=0, kv_cache_usage=0.05)}
-            view = d.check(i * 2.0, snap, SimpleNamespace(runs={}), queue_depth=5, cpu=0.1,  # type: ignore[arg-type]
+            view = d.check(i * 2.0, snap, related_prompts=False, queue_depth=5, cpu=0.1,  # type: ignore[arg-type]
                            backing_off=backing_off)
         return view.get("verdict")
 
