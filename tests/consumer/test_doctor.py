@@ -438,3 +438,69 @@ def test_the_judgement_changes_only_after_it_held_several_looks(monkeypatch, cap
     assert view["numbers"]["spec_k"] == 4 and view["numbers"]["spec_verdict"] == "costs"
     spoken = [r.getMessage() for r in caplog.records if "speculation" in r.getMessage()]
     assert spoken == [f"engine e: {pays.advice}", f"engine e: {costs.advice}"]
+
+
+def _judged_on_stand_in(cfg_kw: dict[str, object], concurrency: int, looks: int = 14) -> list[EngineView]:
+    """The Doctor's views of a stand-in kept at CONCURRENCY requests, its /metrics read over HTTP
+    every 0.25 s (the window 1.25 s)."""
+    import asyncio
+
+    import aiohttp
+
+    from genqueue.consumer.sim.server import SimConfig, SimServer
+
+    async def main() -> list[EngineView]:
+        cfg = SimConfig(kv_cache_tokens=10_000_000, mean_tokens=300, **cfg_kw)  # type: ignore[arg-type]
+        async with SimServer(cfg) as sim, aiohttp.ClientSession() as session:
+            base = sim.url[: -len("/v1")]
+            sent = iter(range(10**9))
+
+            async def keep_sending() -> None:
+                while True:  # each its own question: the stand-in draws lengths and acceptance per request
+                    body = {"model": "sim-model", "max_tokens": 400,
+                            "messages": [{"role": "user", "content": f"q{next(sent)}"}]}
+                    async with session.post(f"{sim.url}/chat/completions", json=body) as r:
+                        await r.read()
+
+            senders = [asyncio.ensure_future(keep_sending()) for _ in range(concurrency)]
+            d = Doctor("stand-in", DoctorSettings(window=1.25))
+            views = []
+            await asyncio.sleep(0.5)
+            for i in range(looks):
+                await asyncio.sleep(0.25)
+                async with session.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                d.observe(Sample(i * 0.25, engine_view(text), consumer(in_flight=concurrency, limit=concurrency,
+                                                                         auto=False)))
+                views.append(d.view(engine_view(text)))
+            for f in senders:
+                f.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            return views
+
+    return asyncio.run(main())
+
+
+def test_a_stand_in_whose_speculation_costs_more_than_it_saves_is_told_to_turn_it_off():
+    """Low acceptance at a batch of 64, past the stand-in's knee of 64 tokens a step (the doctor's
+    own default knee): each verify step computes 5 tokens a request for 1.4 kept."""
+    views = _judged_on_stand_in({"slots": 64, "step_time": 0.002, "spec_tokens": 4, "spec_acceptance": 0.3,
+                                 "compute_knee": 64}, 64)
+    last = views[-1]
+    assert last.get("spec_verdict") == "costs", [v.get("notes") for v in views]
+    note = last["notes"][-1]
+    assert note.startswith("speculation costs ~") and "turn it off or lower num_speculative_tokens" in note, note
+    assert "compute-bound" in note and last["numbers"]["spec_k"] == 4
+    assert -0.8 < float(last["numbers"]["spec_gain"] or 0) < -0.6  # ~ -72% by the rule
+    # held: never said before three looks judged it (the first judgement needs two looks)
+    assert [v.get("spec_verdict") for v in views[:2]] == [None, None]
+
+
+def test_a_stand_in_whose_speculation_pays_is_said_to_pay():
+    views = _judged_on_stand_in({"slots": 64, "step_time": 0.005, "spec_tokens": 3, "spec_acceptance": 0.8,
+                                 "compute_knee": 64}, 4)
+    last = views[-1]
+    assert last.get("spec_verdict") == "pays", [v.get("notes") for v in views]
+    note = last["notes"][-1]
+    assert note.startswith("speculation pays ~") and "memory-bound: batch 4 x (1 + 3) = 16 tokens a step" in note
+    assert 1.5 < float(last["numbers"]["spec_gain"] or 0) < 2.0  # 2.95 tokens a step for 1.06 of a step
