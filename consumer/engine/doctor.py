@@ -100,11 +100,13 @@ class SpecJudgement:
     best_gain: float
     pays_under: int | None  # at this many running or fewer K's steps are memory-bound and it pays (None: no advice)
     advice: str
+    share: float = 1.0  # of the sequences' steps, those that drafted (n-gram drafts only on a match)
 
     def numbers(self) -> Numbers:
         return {"spec_verdict": self.pays.value, "spec_regime": self.regime.value, "spec_k": self.k,
                 "spec_draft_acceptance": round(self.acceptance, 3), "spec_batch": round(self.batch, 1),
-                "spec_tokens_per_step": round(self.batch * (1 + self.k)), "spec_gain": round(self.gain, 3),
+                "spec_drafted_share": round(self.share, 3),
+                "spec_tokens_per_step": round(self.batch * (1 + self.share * self.k)), "spec_gain": round(self.gain, 3),
                 "spec_best_k": self.best_k, "spec_best_gain": round(self.best_gain, 3),
                 "spec_pays_under": self.pays_under}
 
@@ -151,12 +153,14 @@ def step_cost(batch: float, k: int, knee: int, draft_cost: float) -> float:
     return max(1.0, compute) + draft_cost * k
 
 
-def spec_gain(k: int, p: float, batch: float, knee: int, draft_cost: float) -> float:
+def spec_gain(k: int, p: float, batch: float, knee: int, draft_cost: float, share: float = 1.0) -> float:
     """Expected throughput with K drafts (each accepted with P given those before it were) over
-    without, less 1, at BATCH: a step yields 1 + p + ... + p^K tokens per sequence and costs
-    step_cost(K) against step_cost(0) for one token."""
-    length = 1 + sum(p**i for i in range(1, k + 1))
-    return length * step_cost(batch, 0, knee, 0.0) / step_cost(batch, k, knee, draft_cost) - 1
+    without, less 1, at BATCH, when a SHARE of the steps draft (n-gram drafts only where the text
+    repeats): a step yields 1 + share x (p + ... + p^K) tokens per sequence and computes
+    1 + share x K, against one token a sequence for step_cost(0)."""
+    length = 1 + share * sum(p**i for i in range(1, k + 1))
+    drafted = step_cost(batch * (1 + share * k), 0, knee, 0.0) + draft_cost * share * k
+    return length * step_cost(batch, 0, knee, 0.0) / drafted - 1
 
 
 def draft_acceptance(k: int, accepted_per_step: float) -> float:
@@ -173,24 +177,28 @@ def draft_acceptance(k: int, accepted_per_step: float) -> float:
     return (lo + hi) / 2
 
 
-def judge_spec(k: int, accepted_per_step: float, batch: float, s: DoctorSettings) -> SpecJudgement:
-    """Whether K drafts a step, ACCEPTED_PER_STEP of them accepted, pay at BATCH running
-    (docs/operations.md, "Does speculation pay"), and the change that would pay most."""
+def judge_spec(k: int, accepted_per_step: float, batch: float, s: DoctorSettings,
+               share: float = 1.0) -> SpecJudgement:
+    """Whether K drafts a step, ACCEPTED_PER_STEP of them accepted, pay at BATCH running when a
+    SHARE of the steps draft (docs/operations.md, "Does speculation pay"), and the change that
+    would pay most."""
     p = draft_acceptance(k, accepted_per_step)
     knee, cost = s.spec_knee, s.spec_draft_cost
-    gain = spec_gain(k, p, batch, knee, cost)
-    best_k, best_gain = max(((j, spec_gain(j, p, batch, knee, cost)) for j in range(k + 1)), key=lambda x: x[1])
-    tokens = batch * (1 + k)
+    gain = spec_gain(k, p, batch, knee, cost, share)
+    best_k, best_gain = max(((j, spec_gain(j, p, batch, knee, cost, share)) for j in range(k + 1)),
+                            key=lambda x: x[1])
+    tokens = batch * (1 + share * k)
     regime = SpecRegime.COMPUTE_BOUND if knee > 0 and tokens > knee else SpecRegime.MEMORY_BOUND
     pays = (SpecPays.PAYS if gain >= s.spec_margin else SpecPays.COSTS if gain <= -s.spec_margin
             else SpecPays.EVEN)
     # the most running at which K's steps stay memory-bound: where it pays its best
     under = knee // (1 + k) if knee > 0 else 0
     pays_under = (under if pays != SpecPays.PAYS and 1 <= under < batch
-                  and spec_gain(k, p, under, knee, cost) >= s.spec_margin else None)
+                  and spec_gain(k, p, under, knee, cost, share) >= s.spec_margin else None)
     length = 1 + accepted_per_step
     where = "past" if regime == SpecRegime.COMPUTE_BOUND else "within"
-    why = (f"{regime.value}: batch {batch:.0f} x (1 + {k}) = {tokens:.0f} tokens a step, {where} the knee of "
+    drafting = f"(1 + {k})" if share >= 0.95 else f"(1 + {k} in the {share:.0%} of steps that draft)"
+    why = (f"{regime.value}: batch {batch:.0f} x {drafting} = {tokens:.0f} tokens a step, {where} the knee of "
            f"{knee}; mean accepted length {length:.2f}")
     better = best_k != k and best_gain - gain >= s.spec_margin
     if pays == SpecPays.COSTS:
@@ -208,8 +216,8 @@ def judge_spec(k: int, accepted_per_step: float, batch: float, s: DoctorSettings
             advice += f"; num_speculative_tokens {best_k} would pay ~{best_gain:+.0%}"
     if pays_under is not None:
         advice += (f", or lower concurrency to {pays_under} running or fewer, where it pays "
-                   f"~{spec_gain(k, p, pays_under, knee, cost):.0%}")
-    return SpecJudgement(pays, regime, k, p, length, batch, gain, best_k, best_gain, pays_under, advice)
+                   f"~{spec_gain(k, p, pays_under, knee, cost, share):.0%}")
+    return SpecJudgement(pays, regime, k, p, length, batch, gain, best_k, best_gain, pays_under, advice, share)
 
 
 def _recent(samples: list[Sample], now: float, s: DoctorSettings) -> list[Sample]:
@@ -240,17 +248,21 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
 
 def _judge_window(recent: list[Sample], s: DoctorSettings) -> SpecJudgement | None:
     """judge_spec over the window's changes: no claim without two looks whose counters moved
-    (drafts, draft tokens and accepted tokens all read) and a batch that ran."""
+    (drafts, draft tokens, accepted and generated tokens all read) and a batch that ran. The
+    sequences' steps are the tokens generated less the accepted drafts (a step yields one token
+    and its accepted drafts); those that drafted are `drafts`."""
     if len(recent) < 2:
         return None
     first, last = recent[0].engine, recent[-1].engine
     drafts, tokens = _delta(first, last, "spec_drafts"), _delta(first, last, "spec_draft_tokens")
     accepted = _delta(first, last, "spec_accepted_tokens")
     batch = sum(_num(x.engine.get("running")) for x in recent) / len(recent)
-    if not drafts or not tokens or accepted is None or batch <= 0:
+    generated = _delta(first, last, "generation_tokens")
+    if not drafts or not tokens or accepted is None or not generated or batch <= 0:
         return None
     k = round(tokens / drafts)
-    return judge_spec(k, accepted / drafts, batch, s) if k >= 1 else None
+    share = min(1.0, drafts / max(generated - accepted, 1.0))
+    return judge_spec(k, accepted / drafts, batch, s, share) if k >= 1 else None
 
 
 def _diagnose(samples: list[Sample], s: DoctorSettings) -> Verdict:

@@ -504,3 +504,22 @@ def test_a_stand_in_whose_speculation_pays_is_said_to_pay():
     note = last["notes"][-1]
     assert note.startswith("speculation pays ~") and "memory-bound: batch 4 x (1 + 3) = 16 tokens a step" in note
     assert 1.5 < float(last["numbers"]["spec_gain"] or 0) < 2.0  # 2.95 tokens a step for 1.06 of a step
+
+
+def test_drafts_on_a_few_steps_only_gain_on_those_steps():
+    """n-gram speculation drafts only where the text repeats (real vLLM, the tiny model: 4 drafts
+    in ~300 steps): the steps without drafts yield one token and cost one."""
+    j = judge_spec(3, 1.0, 4, S, share=4 / 300)
+    assert j.pays == SpecPays.EVEN and j.share == pytest.approx(4 / 300)
+    assert "batch 4 x (1 + 3 in the 1% of steps that draft) = 4 tokens a step" in j.advice, j.advice
+    assert spec_gain(3, 0.5, 8, 64, 0.0, share=0.5) == pytest.approx(0.5 * 0.875)  # memory-bound: half the yield
+    # past the knee the steps that draft cost their tokens: 64 x (1 + 0.5 x 4) = 192 tokens, 3 knees
+    assert spec_gain(4, 0.3, 64, 64, 0.0, share=0.5) == pytest.approx((1 + 0.5 * 0.4251) / 3 - 1)
+    # in a window: generated 3000 tokens, 500 of them accepted drafts: 2500 steps, 250 drafted
+    v = diagnose(window([engine(running=8, spec_drafts=250 * i, spec_draft_tokens=750 * i,
+                                spec_accepted_tokens=500 * i, generation_tokens=3000 * i) for i in range(5)],
+                        consumer(in_flight=8, limit=8, auto=False)), S)
+    assert v.spec is not None and v.spec.share == pytest.approx(0.1) and v.spec.k == 3
+    no_generation = [engine(running=8, spec_drafts=250 * i, spec_draft_tokens=750 * i, spec_accepted_tokens=500 * i)
+                     for i in range(5)]
+    assert diagnose(window(no_generation, consumer(in_flight=8)), S).spec is None
