@@ -297,3 +297,19 @@ SPEC_MIN_ANSWERS = 25
 #: (genqueue_spec_*_total's `category` label): sources can be many, and every label value is a
 #: series Prometheus keeps; the categories met after these count as "other".
 SPEC_METRIC_CATEGORIES = 50
+
+# The engine doctor's judgement of speculative decoding (consumer/engine/doctor.py, docs/operations.md).
+#: Tokens one forward step computes past which the engine is compute-bound (its knee): a verify
+#: step of B sequences with k drafts computes B x (1 + k) tokens. Under the knee a step costs
+#: about what reading the weights costs, whatever it computes (memory-bound: speculation's extra
+#: tokens are nearly free); past it the step's time grows with its tokens. 64 puts the one
+#: published loss in reach: MTP k = 3, mean accepted length ~2.7 at concurrency 64 computes 256
+#: tokens a step, 4 knees, and the rule says 2.7 / 4 = -32%, the vLLM recipe's "up to 32%".
+#: A larger GPU or a smaller model has a higher knee: measure with speculation off to place it.
+DOCTOR_SPEC_KNEE = 64
+#: A draft token's cost as a fraction of a target step: a drafter of one layer (EAGLE, MTP) beside
+#: a target of ~40 costs ~2.5% a draft; n-gram lookup costs ~0.
+DOCTOR_SPEC_DRAFT_COST = 0.02
+#: Within this of breaking even (as a fraction of throughput), speculation neither pays nor costs:
+#: the rule is an estimate, and a smaller difference is noise in a 10 s window.
+DOCTOR_SPEC_MARGIN = 0.05

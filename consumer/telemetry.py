@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from genqueue.common import __version__, defaults
 from genqueue.common.acceptance import AcceptanceTable, Answer, Facet, Tally, answers_of, weakest_line
 from genqueue.common.contracts import (
+    ENGINE_READINGS,
     ConsumerInfo,
     ConsumerSnapshot,
     EngineBound,
@@ -93,10 +94,13 @@ SHIP_FAILURES = Gauge("genqueue_ship_failures", "Failed shard uploads since star
 LIMIT = Gauge("genqueue_concurrency_limit", "In-flight limit now (with --concurrency auto: the steered target)")
 JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
 COPIES = Gauge("genqueue_copies", "End-of-run copies since start (consumer/hedge.py)", ["kind"])
-ENGINE_RUNNING = Gauge("genqueue_engine_running", "Requests the engine runs (its own /metrics)")
-ENGINE_WAITING = Gauge("genqueue_engine_waiting", "Requests waiting in the engine (its own /metrics)")
-ENGINE_KV = ReadingGauge("genqueue_engine_kv_cache_usage",
-                         "Engine KV cache usage, 0..1 (its own /metrics); absent while the engine reports none")
+#: The engine's readings the consumer exports, one gauge each (common.contracts.ENGINE_READINGS):
+#: those that read 0 without a reading, and those with no sample then
+ENGINE_GAUGES: dict[str, Gauge] = {r.key: Gauge(r.exported.name, r.exported.help) for r in ENGINE_READINGS
+                                   if r.exported is not None and not r.exported.absent_without_reading}
+ENGINE_READING_GAUGES: dict[str, ReadingGauge] = {
+    r.key: ReadingGauge(r.exported.name, r.exported.help) for r in ENGINE_READINGS
+    if r.exported is not None and r.exported.absent_without_reading}
 ENGINE_BOUND = Gauge("genqueue_engine_bound", "1 for what binds the engine now (the engine doctor's verdict), "
                      "0 for the others", ["reason"])
 RETRIES = PCounter("genqueue_request_retries", "Failed request attempts (each retried or, last, recorded)",
@@ -261,11 +265,13 @@ def set_run_gauges(runs: dict[str, RunCounters], before: set[str]) -> set[str]:
 
 
 def set_engine_gauges(engine: Mapping[str, object]) -> None:
-    """The engine's own figures (a snapshot's `engine`). KV cache usage has no sample while
-    the engine gave no reading (no /metrics, or no KV gauge on it): 0 would read as an idle cache."""
-    ENGINE_RUNNING.set(_number(engine.get("running")) or 0)
-    ENGINE_WAITING.set(_number(engine.get("waiting")) or 0)
-    ENGINE_KV.set(_number(engine.get("kv_cache_usage")))
+    """The engine's own figures (a snapshot's `engine`). A reading exported absent without a
+    reading (KV cache usage) has no sample while the engine gave none (no /metrics, or no KV gauge
+    on it): 0 would read as an idle cache; the others read 0 then."""
+    for key, gauge in ENGINE_GAUGES.items():
+        gauge.set(_number(engine.get(key)) or 0)
+    for key, reading in ENGINE_READING_GAUGES.items():
+        reading.set(_number(engine.get(key)))
 
 
 def _number(v: object) -> float | None:

@@ -15,17 +15,20 @@ Verdicts (common.contracts.EngineBound), judged in this order over the last `win
              run alone: how many, and for how long.
   idle       nothing runs and nothing is left to send.
 Speculative decoding and the prefix cache are notes beside the verdict: they bind nothing alone.
+Whether speculation pays at this load is judged beside it (judge_spec, below) and held as the
+verdict is: a new judgement is said once it held `hold` looks in a row.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView
+from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView, SpecPays
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,9 @@ class DoctorSettings:
     prefix_warn: float = defaults.DOCTOR_PREFIX_WARN
     waits: float = defaults.DOCTOR_WAITS
     at_top: float = defaults.DOCTOR_AT_TOP
+    spec_knee: int = defaults.DOCTOR_SPEC_KNEE
+    spec_draft_cost: float = defaults.DOCTOR_SPEC_DRAFT_COST
+    spec_margin: float = defaults.DOCTOR_SPEC_MARGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +78,46 @@ class Sample:
     consumer: ConsumerView
 
 
+class SpecRegime(StrEnum):
+    """Where a verify step of the engine's batch stands against the compute knee."""
+
+    MEMORY_BOUND = "memory-bound"  # under it: the drafts' tokens are computed nearly free
+    COMPUTE_BOUND = "compute-bound"  # past it: every token a step computes costs time
+
+
+@dataclass(frozen=True, slots=True)
+class SpecJudgement:
+    """Whether speculative decoding pays at the window's load, and what to change."""
+
+    pays: SpecPays
+    regime: SpecRegime
+    k: int  # num_speculative_tokens (draft tokens / drafts)
+    acceptance: float  # a draft's chance of acceptance given those before it were (from the rate)
+    mean_length: float  # tokens a verify step yields: 1 + accepted / drafts
+    batch: float  # running, averaged over the window
+    gain: float  # expected throughput with speculation over without, less 1
+    best_k: int  # the k of 0..k with the highest expected gain (0: off)
+    best_gain: float
+    pays_under: int | None  # at this many running or fewer K's steps are memory-bound and it pays (None: no advice)
+    advice: str
+    share: float = 1.0  # of the sequences' steps, those that drafted (n-gram drafts only on a match)
+
+    def numbers(self) -> Numbers:
+        return {"spec_verdict": self.pays.value, "spec_regime": self.regime.value, "spec_k": self.k,
+                "spec_draft_acceptance": round(self.acceptance, 3), "spec_batch": round(self.batch, 1),
+                "spec_drafted_share": round(self.share, 3),
+                "spec_tokens_per_step": round(self.batch * (1 + self.share * self.k)), "spec_gain": round(self.gain, 3),
+                "spec_best_k": self.best_k, "spec_best_gain": round(self.best_gain, 3),
+                "spec_pays_under": self.pays_under}
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     bound: EngineBound
     advice: str
     numbers: Numbers = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    spec: SpecJudgement | None = None  # None: no speculation, or no readings to judge it by
 
 
 def _num(v: Any) -> float:
@@ -105,6 +145,81 @@ def suggested_max_num_seqs(running: float, kv_usage: float, safety: float) -> in
     return int(running * safety / max(kv_usage, 1e-3))
 
 
+def step_cost(batch: float, k: int, knee: int, draft_cost: float) -> float:
+    """A verify step's time in memory-bound steps: BATCH sequences with K drafts compute
+    BATCH x (1 + K) tokens; under KNEE (0: none) that costs one step, past it time grows with the
+    tokens; each draft adds DRAFT_COST of a step (the drafter's own pass)."""
+    compute = batch * (1 + k) / knee if knee > 0 else 0.0
+    return max(1.0, compute) + draft_cost * k
+
+
+def spec_gain(k: int, p: float, batch: float, knee: int, draft_cost: float, share: float = 1.0) -> float:
+    """Expected throughput with K drafts (each accepted with P given those before it were) over
+    without, less 1, at BATCH, when a SHARE of the steps draft (n-gram drafts only where the text
+    repeats): a step yields 1 + share x (p + ... + p^K) tokens per sequence and computes
+    1 + share x K, against one token a sequence for step_cost(0)."""
+    length = 1 + share * sum(p**i for i in range(1, k + 1))
+    drafted = step_cost(batch * (1 + share * k), 0, knee, 0.0) + draft_cost * share * k
+    return length * step_cost(batch, 0, knee, 0.0) / drafted - 1
+
+
+def draft_acceptance(k: int, accepted_per_step: float) -> float:
+    """P such that p + p^2 + ... + p^K = ACCEPTED_PER_STEP (vLLM verifies a draft only after the
+    ones before it were accepted): the per-draft acceptance the window's rate implies."""
+    target = min(max(accepted_per_step, 0.0), float(k))
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(1, k + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def judge_spec(k: int, accepted_per_step: float, batch: float, s: DoctorSettings,
+               share: float = 1.0) -> SpecJudgement:
+    """Whether K drafts a step, ACCEPTED_PER_STEP of them accepted, pay at BATCH running when a
+    SHARE of the steps draft (docs/operations.md, "Does speculation pay"), and the change that
+    would pay most."""
+    p = draft_acceptance(k, accepted_per_step)
+    knee, cost = s.spec_knee, s.spec_draft_cost
+    gain = spec_gain(k, p, batch, knee, cost, share)
+    best_k, best_gain = max(((j, spec_gain(j, p, batch, knee, cost, share)) for j in range(k + 1)),
+                            key=lambda x: x[1])
+    tokens = batch * (1 + share * k)
+    regime = SpecRegime.COMPUTE_BOUND if knee > 0 and tokens > knee else SpecRegime.MEMORY_BOUND
+    pays = (SpecPays.PAYS if gain >= s.spec_margin else SpecPays.COSTS if gain <= -s.spec_margin
+            else SpecPays.EVEN)
+    # the most running at which K's steps stay memory-bound: where it pays its best
+    under = knee // (1 + k) if knee > 0 else 0
+    pays_under = (under if pays != SpecPays.PAYS and 1 <= under < batch
+                  and spec_gain(k, p, under, knee, cost, share) >= s.spec_margin else None)
+    length = 1 + accepted_per_step
+    where = "past" if regime == SpecRegime.COMPUTE_BOUND else "within"
+    drafting = f"(1 + {k})" if share >= 0.95 else f"(1 + {k} in the {share:.0%} of steps that draft)"
+    why = (f"{regime.value}: batch {batch:.0f} x {drafting} = {tokens:.0f} tokens a step, {where} the knee of "
+           f"{knee}; mean accepted length {length:.2f}")
+    better = best_k != k and best_gain - gain >= s.spec_margin
+    if pays == SpecPays.COSTS:
+        advice = f"speculation costs ~{-gain:.0%} at this load ({why}): turn it off or lower num_speculative_tokens"
+        advice += (f" to {best_k} (~{best_gain:+.0%})" if best_k > 0
+                   else f" (no num_speculative_tokens from 1 to {k} pays at this batch)")
+    elif pays == SpecPays.EVEN:
+        advice = f"speculation about breaks even at this load ({gain:+.0%}; {why})"
+        if better:
+            advice += (f": num_speculative_tokens {best_k} would pay ~{best_gain:+.0%}" if best_k > 0
+                       else ": off would do better")
+    else:
+        advice = f"speculation pays ~{gain:.0%} at this load ({why})"
+        if better:
+            advice += f"; num_speculative_tokens {best_k} would pay ~{best_gain:+.0%}"
+    if pays_under is not None:
+        advice += (f", or lower concurrency to {pays_under} running or fewer, where it pays "
+                   f"~{spec_gain(k, p, pays_under, knee, cost, share):.0%}")
+    return SpecJudgement(pays, regime, k, p, length, batch, gain, best_k, best_gain, pays_under, advice, share)
+
+
 def _recent(samples: list[Sample], now: float, s: DoctorSettings) -> list[Sample]:
     """The samples with metrics of the last `window` seconds; while they span less than half of
     it, also the ones just before (back to 3 windows ago). A consumer on a busy node publishes
@@ -122,8 +237,35 @@ def _recent(samples: list[Sample], now: float, s: DoctorSettings) -> list[Sample
 
 
 def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
-    """What binds the engine over SAMPLES (oldest first; the last is now)."""
+    """What binds the engine over SAMPLES (oldest first; the last is now), and whether
+    speculation pays at its load."""
     s = s or DoctorSettings()
+    v = _diagnose(samples, s)
+    if not samples or not samples[-1].engine.get("metrics") or "endpoint_down" in samples[-1].consumer.paused:
+        return v
+    return replace(v, spec=_judge_window(_recent(samples, samples[-1].t, s), s))
+
+
+def _judge_window(recent: list[Sample], s: DoctorSettings) -> SpecJudgement | None:
+    """judge_spec over the window's changes: no claim without two looks whose counters moved
+    (drafts, draft tokens, accepted and generated tokens all read) and a batch that ran. The
+    sequences' steps are the tokens generated less the accepted drafts (a step yields one token
+    and its accepted drafts); those that drafted are `drafts`."""
+    if len(recent) < 2:
+        return None
+    first, last = recent[0].engine, recent[-1].engine
+    drafts, tokens = _delta(first, last, "spec_drafts"), _delta(first, last, "spec_draft_tokens")
+    accepted = _delta(first, last, "spec_accepted_tokens")
+    batch = sum(_num(x.engine.get("running")) for x in recent) / len(recent)
+    generated = _delta(first, last, "generation_tokens")
+    if not drafts or not tokens or accepted is None or not generated or batch <= 0:
+        return None
+    k = round(tokens / drafts)
+    share = min(1.0, drafts / max(generated - accepted, 1.0))
+    return judge_spec(k, accepted / drafts, batch, s, share) if k >= 1 else None
+
+
+def _diagnose(samples: list[Sample], s: DoctorSettings) -> Verdict:
     if not samples or not samples[-1].engine.get("metrics"):
         return Verdict(EngineBound.UNKNOWN, "no vLLM /metrics read from the engine (yet): nothing to judge by")
     now = samples[-1]
@@ -294,11 +436,9 @@ def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tu
         if generated and running and span > 0:
             nums["tokens_per_s_per_request"] = round(generated / span / running, 1)
             per_request = f", {generated / span / running:.1f} tok/s per running request"
-        # Published runs: drafting helps at low concurrency and has cost ~30% at 64 and up.
-        hint = (": at this batch it may cost more than it saves; measure with it off" if running >= 64
-                else ": at this batch it should help")
+        # whether it pays at this batch is judged beside (judge_spec), held as the verdict is
         out.append(f"speculative decoding on: {accepted / tokens:.0%} of draft tokens accepted{length}, "
-                   f"batch {running:.0f}{per_request}{hint}")
+                   f"batch {running:.0f}{per_request}")
     else:
         out.append("speculative decoding on: no drafts in the window")
     queries, hits = change("prefix_queries"), change("prefix_hits")
@@ -325,6 +465,11 @@ class Doctor:
         self.verdict: Verdict | None = None
         self._candidate: EngineBound | None = None  # a verdict other than the published one...
         self._held = 0  # ...and the looks in a row it has held
+        # whether speculation pays, held the same way (None: no judgement, itself held)
+        self.spec: SpecJudgement | None = None
+        self._spec_said = False
+        self._spec_candidate: SpecPays | None = None
+        self._spec_held = 0
 
     def observe(self, sample: Sample) -> Verdict:
         """The published verdict after SAMPLE."""
@@ -332,6 +477,8 @@ class Doctor:
         while self.samples and self.samples[0].t < sample.t - self.s.history:
             self.samples.popleft()
         v = diagnose(list(self.samples), self.s)
+        down = v.bound == EngineBound.UNKNOWN and "endpoint_down" in sample.consumer.paused
+        self._hold_spec(v.spec, down)
         old = self.verdict
         if old is not None and v.bound == old.bound:
             self.verdict, self._candidate, self._held = v, None, 0  # the same verdict, fresh numbers
@@ -340,7 +487,6 @@ class Doctor:
         self._candidate = v.bound
         # A verdict on a border would flap every 2 s: it changes once the new one holds. The
         # first verdict, and an endpoint gone down (its old metrics are stale), are said at once.
-        down = v.bound == EngineBound.UNKNOWN and "endpoint_down" in sample.consumer.paused
         if old is None or down or self._held >= self.s.hold:
             if old is None:
                 log.info("engine %s: %s", self.name, v.advice)
@@ -349,6 +495,22 @@ class Doctor:
             self.verdict, self._candidate, self._held = v, None, 0
         assert self.verdict is not None
         return self.verdict
+
+    def _hold_spec(self, j: SpecJudgement | None, down: bool) -> None:
+        """Publish J, the look's judgement of speculation, once its kind (pays, even, costs, or
+        none) held `hold` looks in a row; the same kind refreshes the numbers. The first, and
+        none once the endpoint is down, are said at once."""
+        new = j.pays if j is not None else None
+        old = self.spec.pays if self.spec is not None else None
+        if self._spec_said and new == old:
+            self.spec, self._spec_candidate, self._spec_held = j, None, 0
+            return
+        self._spec_held = self._spec_held + 1 if new == self._spec_candidate else 1
+        self._spec_candidate = new
+        if not self._spec_said or down or self._spec_held >= self.s.hold:
+            if j is not None:
+                log.info("engine %s: %s", self.name, j.advice)
+            self.spec, self._spec_said, self._spec_candidate, self._spec_held = j, True, None, 0
 
     def check(self, now: float, snap: ConsumerSnapshot, *, related_prompts: bool, queue_depth: int | None,
               cpu: float, backing_off: int = 0, loop_lag: float = 0.0) -> EngineView:
@@ -371,5 +533,9 @@ class Doctor:
         v = self.verdict
         if v is None:
             return engine
-        return {**engine, "verdict": v.bound.value, "advice": v.advice, "numbers": dict(v.numbers),
-                "notes": list(v.notes)}
+        j = self.spec
+        if j is None:
+            return {**engine, "verdict": v.bound.value, "advice": v.advice, "numbers": dict(v.numbers),
+                    "notes": list(v.notes)}
+        return {**engine, "verdict": v.bound.value, "advice": v.advice, "numbers": {**v.numbers, **j.numbers()},
+                "notes": [*v.notes, j.advice], "spec_verdict": j.pays.value}

@@ -1,32 +1,26 @@
-"""What a vLLM engine says about itself in /metrics (pure parsing, no I/O)."""
+"""What a vLLM engine says about itself in /metrics (pure parsing, no I/O).
+
+What is read, under which names and how, is common.contracts.ENGINE_READINGS: a reading added
+there is parsed here, exported by the consumer and shown by `producer status` with no change
+to this module."""
 
 from __future__ import annotations
 
 import re
+from typing import cast
 
-from genqueue.common.contracts import EngineView
+from genqueue.common.contracts import CACHE_CONFIG_INFO, ENGINE_READINGS, EngineView, ReadingKind
 
 _LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-
-#: metric names across vLLM versions (the KV-cache gauge was gpu_cache_usage_perc before v1)
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total",)
-SPEC_DRAFT = ("vllm:spec_decode_num_draft_tokens_total",)
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total",)
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
-PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
-PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
-GENERATION_TOKENS = ("vllm:generation_tokens_total",)
-CACHE_CONFIG = "vllm:cache_config_info"
+CACHE_CONFIG = CACHE_CONFIG_INFO
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 #: Gauges that are fractions per engine: a data-parallel vLLM reports one series per engine
 #: replica (engine="0", "1"...), and their sum would exceed 1; the fullest replica is shown.
-_MAX_OVER_SERIES = frozenset(KV_CACHE)
+_MAX_OVER_SERIES = frozenset(n for r in ENGINE_READINGS if r.kind == ReadingKind.FRACTION for n in r.names)
+#: EngineView's fields in their declared order: the view is written in it, as before the table
+_ORDER = tuple(EngineView.__annotations__)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -75,30 +69,28 @@ def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
     return None
 
 
+def _label(cfg: dict[str, str], names: tuple[str, ...]) -> str | None:
+    return next((cfg[n] for n in names if n in cfg), None)
+
+
 def engine_view(text: str | None) -> EngineView:
     """The few numbers an operator asks about: is the batch full, is speculation working."""
     if not text:
         return {"metrics": False}
     m = parse_prometheus(text)
     cfg = cache_config(text)
-    accepted, drafted = _first(m, SPEC_ACCEPTED), _first(m, SPEC_DRAFT)
-    return {
-        "metrics": True,
-        "running": _first(m, RUNNING),
-        "waiting": _first(m, WAITING),
-        "kv_cache_usage": _first(m, KV_CACHE),
-        "preemptions": _first(m, PREEMPTIONS),
-        "spec_decode": drafted is not None,
-        "spec_acceptance": (accepted / drafted) if accepted is not None and drafted else None,
-        "spec_drafts": _first(m, SPEC_DRAFTS),
-        "spec_draft_tokens": drafted,
-        "spec_accepted_tokens": accepted,
-        "prefix_queries": _first(m, PREFIX_QUERIES),
-        "prefix_hits": _first(m, PREFIX_HITS),
-        "prompt_tokens": _first(m, PROMPT_TOKENS),
-        "generation_tokens": _first(m, GENERATION_TOKENS),
-        "block_size": _int(cfg.get("block_size")),
-        "num_gpu_blocks": _int(cfg.get("num_gpu_blocks")),
-        "prefix_caching": (cfg["enable_prefix_caching"].lower() == "true"
-                           if "enable_prefix_caching" in cfg else None),
-    }
+    out: dict[str, object] = {"metrics": True}
+    for r in ENGINE_READINGS:
+        if r.kind == ReadingKind.CONFIG_INT:
+            out[r.key] = _int(_label(cfg, r.names))
+        elif r.kind == ReadingKind.CONFIG_BOOL:
+            raw = _label(cfg, r.names)
+            out[r.key] = raw.lower() == "true" if raw is not None else None
+        else:
+            out[r.key] = _first(m, r.names)
+    # derived: speculation is on when the engine counts draft tokens
+    accepted, drafted = out["spec_accepted_tokens"], out["spec_draft_tokens"]
+    out["spec_decode"] = drafted is not None
+    out["spec_acceptance"] = (accepted / drafted if isinstance(accepted, float) and isinstance(drafted, float)
+                              and drafted else None)
+    return cast(EngineView, {k: out[k] for k in _ORDER if k in out})

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield
+from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield, step_cost
 from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, acceptance_for, draw
 from genqueue.consumer.sim.text import (
     hinted_mean,
@@ -54,6 +54,10 @@ class SimConfig:
     spec_tokens: int = 0  # speculative decoding: draft tokens per step (0: off)
     spec_acceptance: float = 0.7  # probability a draft token is accepted (given those before it)
     spec_acceptance_for: tuple[SpecRule, ...] = ()  # categories with their own acceptance (sim/spec.py)
+    # A step's cost (kv.step_cost): past compute_knee tokens a step (0: never) its time grows with
+    # them, and each draft adds draft_cost of a step; the defaults keep a step at step_time.
+    compute_knee: int = 0
+    draft_cost: float = 0.0
     # vLLM's --per-request-spec-decode-metrics: answers carry metrics.speculative_decoding (not at none)
     per_request_spec_decode_metrics: SpecMetrics = SpecMetrics.NONE
     token_ids: bool = True  # honour return_token_ids (False: an engine that ignores it, as vLLM < 0.10.2)
@@ -85,7 +89,7 @@ class SimEngine:
         self.kv = (KvScheduler(kv_tokens=config.kv_cache_tokens, block_size=config.block_size,
                                slots=config.slots, step_time=config.step_time,
                                prefill_time=config.prefill_time, tokens_per_step=1 + self.spec_per_step,
-                               on_running=self._set_running)
+                               on_running=self._set_running, step_cost=self.step_cost)
                    if config.kv_cache_tokens else None)
         # vLLM's spec_decode counters: the figures drawn for each answered request, added up
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = 0
@@ -117,6 +121,11 @@ class SimEngine:
         self.running = n
         self.max_running = max(self.max_running, n)
         self.counts["max_waiting"] = max(self.counts["max_waiting"], self.num_waiting)
+
+    def step_cost(self, batch: int) -> float:
+        """A decode step's time at BATCH running, in units of --step-time (kv.step_cost)."""
+        cfg = self.config
+        return step_cost(batch, cfg.spec_tokens, cfg.compute_knee, cfg.draft_cost)
 
     @property
     def num_waiting(self) -> int:
@@ -309,7 +318,8 @@ async def _generate_slots(eng: SimEngine, messages: list[Any], n_prompt: int, n_
     await eng.acquire()
     try:
         steps = 1 + spec_steps if spec_steps is not None else n_out
-        delay = _prefill(eng, messages, n_prompt) + steps * cfg.step_time
+        # without the KV model a request's steps are timed at once, at the batch it starts in
+        delay = _prefill(eng, messages, n_prompt) + steps * cfg.step_time * eng.step_cost(eng.running)
         if delay > 0:  # one timer per request, no per-token work
             loop = asyncio.get_running_loop()
             done = loop.create_future()

@@ -30,6 +30,15 @@ def spec_yield(k: int, p: float) -> float:
     return sum(p**i for i in range(1, k + 1))
 
 
+def step_cost(batch: int, k: int, knee: int, draft_cost: float) -> float:
+    """A decode step's time in memory-bound steps: BATCH requests with K drafts each verify
+    BATCH x (1 + K) tokens at once; under KNEE tokens (0: no knee) the step costs what reading
+    the weights costs, past it time grows with the tokens computed (compute-bound), and each
+    draft adds DRAFT_COST of a step (the drafter's own passes). 1.0 at the defaults."""
+    compute = batch * (1 + k) / knee if knee > 0 else 0.0
+    return max(1.0, compute) + draft_cost * k
+
+
 def prompt_blocks(messages: list[Any], block_size: int) -> list[bytes]:
     """Chained hashes of the prompt's whole blocks (block_size tokens, CHARS_PER_TOKEN characters
     each): block i's hash covers every block before it, so only a shared prefix matches."""
@@ -94,7 +103,8 @@ class KvScheduler:
     only when its blocks fit."""
 
     def __init__(self, *, kv_tokens: int, block_size: int, slots: int, step_time: float,
-                 prefill_time: float, tokens_per_step: float, on_running: Callable[[int], None]) -> None:
+                 prefill_time: float, tokens_per_step: float, on_running: Callable[[int], None],
+                 step_cost: Callable[[int], float] = lambda batch: 1.0) -> None:
         self.total_blocks = max(1, kv_tokens // block_size)
         self.block_size = block_size
         self.slots = slots
@@ -102,6 +112,7 @@ class KvScheduler:
         self.prefill_time = prefill_time
         self.tokens_per_step = tokens_per_step
         self.on_running = on_running
+        self.step_cost = step_cost  # a step's time at a batch, in units of step_time
         self.running: list[Seq] = []
         self.waiting: collections.deque[Seq] = collections.deque()
         self.preemptions = 0
@@ -174,6 +185,7 @@ class KvScheduler:
 
     def _advance(self, dt: float) -> None:
         finished = []
+        step_time = self.step_time * self.step_cost(len(self.running))
         for s in self.running:
             left = dt
             if s.prefill_left > 0:
@@ -182,7 +194,7 @@ class KvScheduler:
                 left -= used
             if left <= 0:
                 continue
-            steps = left / self.step_time if self.step_time > 0 else math.inf
+            steps = left / step_time if step_time > 0 else math.inf
             steps = min(steps, (s.out - s.generated) / self.tokens_per_step)
             self.decode_steps += steps
             s.generated += steps * self.tokens_per_step

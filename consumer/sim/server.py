@@ -224,6 +224,13 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               metavar="text=SUBSTR:P|tokens>=N:P",
               help="Requests whose messages contain SUBSTR, or answers of at least N tokens, accept drafts with "
                    "probability P instead (a planted weak category). Repeatable; the first that matches applies.")
+@click.option("--compute-knee", default=SimConfig.compute_knee, show_default=True, type=click.IntRange(0),
+              metavar="TOKENS",
+              help="Tokens a decode step computes past which it turns compute-bound (0: never): a step of B "
+                   "requests with K drafts each computes B x (1 + K) tokens and takes --step-time x that / TOKENS "
+                   "past it, so speculation at a high batch costs what it yields.")
+@click.option("--draft-cost", default=SimConfig.draft_cost, show_default=True, type=click.FloatRange(0),
+              help="Each draft token's cost, as a fraction of --step-time (a drafter's own forward passes).")
 @click.option("--per-request-spec-decode-metrics", "per_request_spec_decode_metrics",
               default=SimConfig.per_request_spec_decode_metrics.value, show_default=True,
               type=click.Choice([m.value for m in SpecMetrics]),

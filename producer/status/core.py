@@ -26,6 +26,7 @@ import click
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers import marks
 from genqueue.common.keepers.clock import redis_time
@@ -350,13 +351,19 @@ def copies_text(copies: dict[str, int]) -> str:
 
 def engine_text(e: EngineRow) -> str:
     """What a consumer's engine says of itself (its /metrics), on the consumer's line."""
-    usage = e.get("kv_cache_usage")
-    kv = "-" if usage is None else f"{100 * usage:.0f}%"
     spec = "off" if not e.get("spec_decode") else num(e.get("spec_acceptance"), 2)
     run_wait = f"{num(e.get('running'), 0)}/{num(e.get('waiting'), 0)}" if e.get("metrics") else "no /metrics"
     models = ", ".join(f"{m} (max len {(e.get('max_model_len') or {}).get(m) or '?'})"
                        for m in (e.get("models") or [])) or "?"
-    return f"engine {run_wait}  KV {kv}  spec {spec}  model {models}"
+    shown = "".join(f"  {r.status[0]} {_shown(e.get(r.key), r.status[1])}" for r in ENGINE_READINGS if r.status)
+    return f"engine {run_wait}{shown}  spec {spec}  model {models}"
+
+
+def _shown(v: object, form: Shown) -> str:
+    """A reading on the engine line (common.contracts.ENGINE_READINGS): "-" without one."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    return f"{100 * v:.0f}%" if form == Shown.PERCENT else f"{v:.0f}"
 
 
 # --- shipping ----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from genqueue.common.contracts import EngineBound, EngineView
 from genqueue.consumer.engine.doctor import (
     ConsumerView,
@@ -330,3 +332,194 @@ def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monk
     d = Doctor("e")
     d.observe(Sample(0.0, engine(), consumer()))
     assert d.observe(Sample(2.0, engine(), consumer(paused=("endpoint_down",)))).bound == U
+
+
+# --- does speculation pay (issue 33) -------------------------------------------------------
+from genqueue.common.contracts import SpecPays  # noqa: E402
+from genqueue.consumer.engine.doctor import (  # noqa: E402
+    SpecRegime,
+    draft_acceptance,
+    judge_spec,
+    spec_gain,
+)
+
+
+def test_the_rule_with_fixed_numbers():
+    # memory-bound: 8 x (1 + 3) = 32 tokens a step, under the knee of 64: the drafts come free
+    assert spec_gain(3, 0.8, 8, 64, 0.0) == pytest.approx(0.8 + 0.64 + 0.512)
+    assert spec_gain(3, 0.8, 8, 64, 0.02) == pytest.approx(2.952 / 1.06 - 1)
+    # compute-bound: 64 x 5 = 320 tokens, 5 knees, against 1 step for one token a sequence
+    assert spec_gain(4, 0.3, 64, 64, 0.0) == pytest.approx((1 + 0.3 + 0.09 + 0.027 + 0.0081) / 5 - 1)
+    # past the knee either way, speculation yields L for (1 + k) times the compute: never pays
+    assert spec_gain(3, 0.9, 640, 64, 0.0) == pytest.approx((1 + 0.9 + 0.81 + 0.729) / 4 - 1)
+    # the one published loss (MTP k = 3, mean length ~2.7, concurrency 64): ~ -32%
+    assert -0.36 < spec_gain(3, draft_acceptance(3, 1.7), 64, 64, 0.02) < -0.30
+    # no knee: a step costs the same whatever it computes
+    assert spec_gain(3, 0.5, 1000, 0, 0.0) == pytest.approx(0.875)
+    assert draft_acceptance(3, 0.8 + 0.64 + 0.512) == pytest.approx(0.8, abs=1e-6)
+    assert draft_acceptance(2, 5.0) == pytest.approx(1.0) and draft_acceptance(2, 0.0) == pytest.approx(0.0)
+
+
+def test_low_acceptance_at_high_concurrency_costs_and_off_is_said():
+    j = judge_spec(4, 0.3 + 0.09 + 0.027 + 0.0081, 64, S)
+    assert j.pays == SpecPays.COSTS and j.regime == SpecRegime.COMPUTE_BOUND and j.best_k == 0
+    assert j.acceptance == pytest.approx(0.3, abs=1e-3)
+    loss = round(-j.gain * 100)
+    assert loss == round(100 - 1.4251 / 5.08 * 100)  # 72%: L 1.4251 for 5 knees + 4 drafts at 2%
+    assert j.advice.startswith(f"speculation costs ~{loss}% at this load (compute-bound: batch 64 x (1 + 4) = 320 "
+                               "tokens a step, past the knee of 64; mean accepted length 1.43): turn it off or lower "
+                               "num_speculative_tokens (no num_speculative_tokens from 1 to 4 pays at this batch)")
+    # at 64 // 5 = 12 running or fewer the step is memory-bound again, and there k = 4 pays its best
+    assert j.pays_under == 12 and ", or lower concurrency to 12 running or fewer, where it pays ~32%" in j.advice
+
+
+def test_a_smaller_k_is_named_when_it_pays_more():
+    j = judge_spec(4, 0.6 + 0.36 + 0.216 + 0.1296, 32, S)
+    assert j.pays == SpecPays.COSTS and j.best_k == 1  # 32 x 2 = 64 tokens: just at the knee
+    assert "turn it off or lower num_speculative_tokens to 1 (~+57%)" in j.advice, j.advice
+
+
+def test_high_acceptance_at_low_concurrency_pays():
+    j = judge_spec(3, 0.8 + 0.64 + 0.512, 8, S)
+    assert j.pays == SpecPays.PAYS and j.regime == SpecRegime.MEMORY_BOUND and j.best_k == 3
+    assert j.advice == ("speculation pays ~178% at this load (memory-bound: batch 8 x (1 + 3) = 32 tokens a step, "
+                        "within the knee of 64; mean accepted length 2.95)")
+    even = judge_spec(1, 0.06, 8, S)  # 1.06 tokens a step for 1.02 of a step
+    assert even.pays == SpecPays.EVEN and "about breaks even" in even.advice
+
+
+def _spec_window(running: float, per_look: tuple[float, float, float], looks: int = 5, **kw: float) -> list[Sample]:
+    drafts, tokens, accepted = per_look
+    es = [engine(**{"running": running, "waiting": 0, "kv_cache_usage": 0.05, "spec_drafts": drafts * i,
+                    "spec_draft_tokens": tokens * i, "spec_accepted_tokens": accepted * i,
+                    "generation_tokens": (drafts + accepted) * i, **kw})
+          for i in range(looks)]
+    return window(es, consumer(in_flight=int(running), limit=int(running), auto=False))
+
+
+def test_the_window_judges_from_the_engine_counters():
+    costly = diagnose(_spec_window(64, (1000, 4000, 425)), S)
+    assert costly.spec is not None and costly.spec.pays == SpecPays.COSTS and costly.spec.k == 4
+    assert costly.spec.mean_length == pytest.approx(1.425) and costly.spec.batch == 64
+    paying = diagnose(_spec_window(8, (100, 300, 195.2)), S)
+    assert paying.spec is not None and paying.spec.pays == SpecPays.PAYS and paying.spec.k == 3
+
+
+def test_no_readings_no_claim_on_speculation():
+    assert diagnose(window([engine(running=8, spec_drafts=10, spec_draft_tokens=30, spec_accepted_tokens=20)],
+                           consumer()), S).spec is None  # one look: no change to judge by
+    # an engine without vllm:spec_decode_num_drafts_total (no steps: no mean length, no k)
+    assert diagnose(_spec_window(64, (1000, 4000, 425), spec_drafts=None), S).spec is None  # type: ignore[arg-type]
+    assert diagnose(_spec_window(0, (1000, 4000, 425)), S).spec is None  # nothing ran
+    assert diagnose(_spec_window(64, (0, 0, 0)), S).spec is None  # no drafts in the window
+    assert diagnose(window([engine(running=8)] * 5, consumer()), S).spec is None  # speculation off
+    down = _spec_window(64, (1000, 4000, 425))
+    down[-1] = Sample(down[-1].t, down[-1].engine, consumer(paused=("endpoint_down",)))
+    assert diagnose(down, S).spec is None
+
+
+def test_the_judgement_changes_only_after_it_held_several_looks(monkeypatch, caplog):
+    from genqueue.consumer.engine import doctor as module
+
+    pays, costs = judge_spec(3, 1.952, 8, S), judge_spec(4, 0.4251, 64, S)
+    script = iter([pays, costs, pays, costs, costs, costs, None, costs])
+    monkeypatch.setattr(module, "diagnose",
+                        lambda samples, s: Verdict(EngineBound.ENGINE, "engine advice", spec=next(script)))
+    caplog.set_level("INFO", logger="genqueue.consumer.engine.doctor")
+    d = Doctor("e", DoctorSettings(hold=3))
+    said = []
+    for i in range(8):
+        d.observe(Sample(i * 2.0, engine(), consumer()))
+        said.append(d.view(engine()).get("spec_verdict"))
+    # the first is said at once; one look of another changes nothing; three in a row do
+    assert said == ["pays", "pays", "pays", "pays", "pays", "costs", "costs", "costs"], said
+    view = d.view(engine())
+    assert view["notes"][-1] == costs.advice and view["numbers"]["spec_gain"] == round(costs.gain, 3)
+    assert view["numbers"]["spec_k"] == 4 and view["numbers"]["spec_verdict"] == "costs"
+    spoken = [r.getMessage() for r in caplog.records if "speculation" in r.getMessage()]
+    assert spoken == [f"engine e: {pays.advice}", f"engine e: {costs.advice}"]
+
+
+def _judged_on_stand_in(cfg_kw: dict[str, object], concurrency: int, looks: int = 14) -> list[EngineView]:
+    """The Doctor's views of a stand-in kept at CONCURRENCY requests, its /metrics read over HTTP
+    every 0.25 s (the window 1.25 s)."""
+    import asyncio
+
+    import aiohttp
+
+    from genqueue.consumer.sim.server import SimConfig, SimServer
+
+    async def main() -> list[EngineView]:
+        cfg = SimConfig(kv_cache_tokens=10_000_000, mean_tokens=300, **cfg_kw)  # type: ignore[arg-type]
+        async with SimServer(cfg) as sim, aiohttp.ClientSession() as session:
+            base = sim.url[: -len("/v1")]
+            sent = iter(range(10**9))
+
+            async def keep_sending() -> None:
+                while True:  # each its own question: the stand-in draws lengths and acceptance per request
+                    body = {"model": "sim-model", "max_tokens": 400,
+                            "messages": [{"role": "user", "content": f"q{next(sent)}"}]}
+                    async with session.post(f"{sim.url}/chat/completions", json=body) as r:
+                        await r.read()
+
+            senders = [asyncio.ensure_future(keep_sending()) for _ in range(concurrency)]
+            d = Doctor("stand-in", DoctorSettings(window=1.25))
+            views = []
+            await asyncio.sleep(0.5)
+            for i in range(looks):
+                await asyncio.sleep(0.25)
+                async with session.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                d.observe(Sample(i * 0.25, engine_view(text), consumer(in_flight=concurrency, limit=concurrency,
+                                                                         auto=False)))
+                views.append(d.view(engine_view(text)))
+            for f in senders:
+                f.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            return views
+
+    return asyncio.run(main())
+
+
+def test_a_stand_in_whose_speculation_costs_more_than_it_saves_is_told_to_turn_it_off():
+    """Low acceptance at a batch of 64, past the stand-in's knee of 64 tokens a step (the doctor's
+    own default knee): each verify step computes 5 tokens a request for 1.4 kept."""
+    views = _judged_on_stand_in({"slots": 64, "step_time": 0.002, "spec_tokens": 4, "spec_acceptance": 0.3,
+                                 "compute_knee": 64}, 64)
+    last = views[-1]
+    assert last.get("spec_verdict") == "costs", [v.get("notes") for v in views]
+    note = last["notes"][-1]
+    assert note.startswith("speculation costs ~") and "turn it off or lower num_speculative_tokens" in note, note
+    assert "compute-bound" in note and last["numbers"]["spec_k"] == 4
+    assert -0.8 < float(last["numbers"]["spec_gain"] or 0) < -0.6  # ~ -72% by the rule
+    # held: never said before three looks judged it (the first judgement needs two looks)
+    assert [v.get("spec_verdict") for v in views[:2]] == [None, None]
+
+
+def test_a_stand_in_whose_speculation_pays_is_said_to_pay():
+    views = _judged_on_stand_in({"slots": 64, "step_time": 0.005, "spec_tokens": 3, "spec_acceptance": 0.8,
+                                 "compute_knee": 64}, 4)
+    last = views[-1]
+    assert last.get("spec_verdict") == "pays", [v.get("notes") for v in views]
+    note = last["notes"][-1]
+    assert note.startswith("speculation pays ~") and "memory-bound: batch 4 x (1 + 3) = 16 tokens a step" in note
+    assert 1.5 < float(last["numbers"]["spec_gain"] or 0) < 2.0  # 2.95 tokens a step for 1.06 of a step
+
+
+def test_drafts_on_a_few_steps_only_gain_on_those_steps():
+    """n-gram speculation drafts only where the text repeats (real vLLM, the tiny model: 4 drafts
+    in ~300 steps): the steps without drafts yield one token and cost one."""
+    j = judge_spec(3, 1.0, 4, S, share=4 / 300)
+    assert j.pays == SpecPays.EVEN and j.share == pytest.approx(4 / 300)
+    assert "batch 4 x (1 + 3 in the 1% of steps that draft) = 4 tokens a step" in j.advice, j.advice
+    assert spec_gain(3, 0.5, 8, 64, 0.0, share=0.5) == pytest.approx(0.5 * 0.875)  # memory-bound: half the yield
+    # past the knee the steps that draft cost their tokens: 64 x (1 + 0.5 x 4) = 192 tokens, 3 knees
+    assert spec_gain(4, 0.3, 64, 64, 0.0, share=0.5) == pytest.approx((1 + 0.5 * 0.4251) / 3 - 1)
+    # in a window: generated 3000 tokens, 500 of them accepted drafts: 2500 steps, 250 drafted
+    v = diagnose(window([engine(running=8, spec_drafts=250 * i, spec_draft_tokens=750 * i,
+                                spec_accepted_tokens=500 * i, generation_tokens=3000 * i) for i in range(5)],
+                        consumer(in_flight=8, limit=8, auto=False)), S)
+    assert v.spec is not None and v.spec.share == pytest.approx(0.1) and v.spec.k == 3
+    no_generation = [engine(running=8, spec_drafts=250 * i, spec_draft_tokens=750 * i, spec_accepted_tokens=500 * i)
+                     for i in range(5)]
+    assert diagnose(window(no_generation, consumer(in_flight=8)), S).spec is None

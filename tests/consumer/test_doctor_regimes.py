@@ -166,17 +166,21 @@ def test_spec_decode_and_prefix_cache_are_noted(regimes: Regimes) -> None:
     while time.monotonic() < deadline:
         e = regimes.engine("spec")
         notes = e.get("notes") or []
-        if len(notes) == 2 and "hit rate" in notes[1]:
+        if len(notes) == 3 and "hit rate" in notes[1] and e.get("spec_verdict"):
             break
         time.sleep(0.3)
     n = e["numbers"]
     assert n["spec_mean_accepted_length"] == pytest.approx(2.95, abs=0.05)
     # a step (0.01 s) yields 2.95 tokens: well above the 100 tok/s a request gets without drafts
     assert n["tokens_per_s_per_request"] > 150
-    spec, prefix = notes
+    spec, prefix, pays = notes
+    # 8 running x (1 + 3) = 32 tokens a step: under the doctor's knee of 64, the drafts come free
+    assert e["spec_verdict"] == "pays" and pays.startswith("speculation pays ~"), pays
+    assert "memory-bound: batch 8 x (1 + 3) = 32 tokens a step" in pays and n["spec_k"] == 3
     # 0.8 + 0.64 + 0.512 = 1.952 of 3 drafts accepted per step: 65%, mean accepted length 2.95 (drawn
     # per request by the stand-in, so within a few points of it)
     m = re.match(r"speculative decoding on: (\d+)% of draft tokens accepted, mean accepted length 2\.9", spec)
     assert m is not None and 62 <= int(m[1]) <= 68, spec
     rate = int(prefix.split("hit rate ")[1].split("%")[0])
     assert rate > 30  # the shared system prompt, and each turn's history
+

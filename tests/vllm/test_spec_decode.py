@@ -24,13 +24,14 @@ SPEC = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prom
 SYSTEM = "Repeat the question back. " * 4
 COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
             "vllm:spec_decode_num_accepted_tokens_total")
+GENERATED = "vllm:generation_tokens_total"
 #: the pre-flight probe is answered by the engine too: its figures are in the consumer's log
 PROBE = re.compile(r"the probe's answer: (\d+) of (\d+) draft tokens accepted in (\d+) steps")
 
 
 def _counters(vllm: VllmServer) -> dict[str, float]:
     m = parse_prometheus(vllm.get_text("/metrics"))
-    return {name: m[name] for name in COUNTERS}
+    return {name: m[name] for name in (*COUNTERS, GENERATED)}
 
 
 def test_every_record_carries_the_engines_figures_and_they_add_up_to_its_counter(tmp_path, redis_url, conn,
@@ -76,6 +77,16 @@ def test_every_record_carries_the_engines_figures_and_they_add_up_to_its_counter
     view = orjson.loads(cli("producer", "status", "--run", "spec", "--json", env={"REDIS_URL": redis_url}).stdout)
     assert view["speculation"]["drafted"] == total["drafted"] and view["speculation"]["accepted"] == total["accepted"]
     assert {row["category"] for row in view["speculation"]["by"]["turn"]} == {"1", "2"}
+    # the doctor reads k from the same counters: draft tokens / drafts is num_speculative_tokens
+    from genqueue.consumer.engine.doctor import DoctorSettings, judge_spec
+
+    drafts, accepted = growth["vllm:spec_decode_num_drafts_total"], growth["vllm:spec_decode_num_accepted_tokens_total"]
+    k = round(growth["vllm:spec_decode_num_draft_tokens_total"] / drafts)
+    generated = after[GENERATED] - before[GENERATED]
+    share = drafts / (generated - accepted)  # n-gram drafts only where the text repeats: few steps
+    j = judge_spec(k, accepted / drafts, 4, DoctorSettings(), share)
+    print(f"{generated:.0f} tokens generated; the doctor's judgement at a batch of 4: {j.advice}")
+    assert k == 3 and j.k == 3 and 0.0 <= j.acceptance <= 1.0 and 0.0 < share <= 1.0
 
 
 def test_a_run_without_speculation_records_none(tmp_path, redis_url, conn, vllm):
