@@ -7,8 +7,8 @@ import errno
 import functools
 import logging
 import sys
-from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict, TypeVar, cast
 
 import click
 from redis.exceptions import RedisError
@@ -73,6 +73,43 @@ def consumer_options(f: F) -> F:
     for option in reversed(_CONSUMER_OPTIONS):
         f = option(f)
     return f
+
+
+def _noop(**_: Any) -> None:
+    pass
+
+
+#: A command holding only the shared options: what forwarding them reads (their declared order
+#: and defaults).
+_SHARED = click.command("consumer")(consumer_options(_noop))
+
+#: The shared options as click.Option objects, in their declared order.
+CONSUMER_OPTIONS: tuple[click.Option, ...] = tuple(p for p in _SHARED.params if isinstance(p, click.Option))
+
+
+def consumer_defaults() -> ConsumerArgs:
+    """Every shared option at its declared default (what `consumer run` gets when none is given)."""
+    with _SHARED.make_context("consumer", []) as ctx:
+        return pick_consumer_args(ctx.params)
+
+
+def pick_consumer_args(options: Mapping[str, Any]) -> ConsumerArgs:
+    """The shared options out of a command's parsed OPTIONS (launch keeps them to forward)."""
+    return cast(ConsumerArgs, {p.name: options[p.name] for p in CONSUMER_OPTIONS if p.name})
+
+
+def consumer_run_args(values: ConsumerArgs) -> list[str]:
+    """VALUES as `consumer run` arguments, in declaration order; an option at its default is left
+    out (the consumer has the same default, from the same declaration)."""
+    argv: list[str] = []
+    given: Mapping[str, Any] = values
+    default: Mapping[str, Any] = consumer_defaults()
+    for p in CONSUMER_OPTIONS:
+        name, flag = p.name or "", next(o for o in p.opts if o.startswith("--"))
+        if given[name] == default[name]:
+            continue
+        argv += [flag] if p.is_flag else [flag, str(given[name])]
+    return argv
 
 
 class RedactingFormatter(logging.Formatter):

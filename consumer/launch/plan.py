@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genqueue.common import defaults
-from genqueue.common.cli import ConsumerArgs
+from genqueue.common.cli import ConsumerArgs, consumer_defaults, consumer_run_args, pick_consumer_args
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
 
@@ -193,7 +193,6 @@ class LaunchConfig:
     gpus: list[int]
     model: str | None = None
     served_model_name: str | None = None
-    run: str | None = None
     engine: str = defaults.ENGINE
     #: the engine command before its arguments (launch resolves it: resolve_engine_cmd)
     vllm_cmd: str | None = None
@@ -203,12 +202,10 @@ class LaunchConfig:
     base_port: int = defaults.ENGINE_PORT
     log_dir: Path = Path(defaults.LOG_DIR)
     spool_root: Path = Path(defaults.SPOOL_ROOT)
-    #: passed to every consumer (checked: parse_concurrency); the consumer's default is not repeated
-    concurrency: str = defaults.CONCURRENCY_OPTION
     metrics_base_port: int | None = None
-    lease: int = defaults.LEASE_SECONDS
-    drain_timeout: float = defaults.DRAIN_TIMEOUT
-    burst: bool = False
+    #: the options of `consumer run` launch shares (common/cli.py), passed to every consumer as
+    #: given; checked here (run name, parse_concurrency) before anything starts
+    consumer: ConsumerArgs = field(default_factory=consumer_defaults)
     consumer_args: str = ""
     engine_args: list[str] = field(default_factory=list)
     engine_start_timeout: float = defaults.ENGINE_START_TIMEOUT
@@ -237,8 +234,7 @@ class LaunchConfig:
             raise UserError(f"--base-port {base_port} + GPU {top} is past port 65535")
         if metrics_base_port is not None and metrics_base_port + top > 65535:
             raise UserError(f"--metrics-base-port {metrics_base_port} + GPU {top} is past port 65535")
-        concurrency = options["concurrency"]
-        parse_concurrency(concurrency)
+        parse_concurrency(options["concurrency"])
         consumer_args = options["consumer_args"]
         try:
             shlex.split(consumer_args)
@@ -255,14 +251,18 @@ class LaunchConfig:
                 vllm_cmd = shlex.join(engine_cmd(vllm_cmd))
             except LookupError as e:
                 raise UserError(str(e)) from None
-        return cls(gpus=options["gpus"], model=model, served_model_name=options["served_model_name"], run=run,
+        return cls(gpus=options["gpus"], model=model, served_model_name=options["served_model_name"],
                    engine=engine, vllm_cmd=vllm_cmd, devices=options["devices"], gpus_per_engine=gpus_per_engine,
                    data_parallel=data_parallel, base_port=base_port, log_dir=options["log_dir"],
-                   spool_root=options["spool_root"], concurrency=concurrency, metrics_base_port=metrics_base_port,
-                   lease=options["lease"], drain_timeout=options["drain_timeout"], burst=options["burst"],
-                   consumer_args=consumer_args, engine_args=engine_args,
+                   spool_root=options["spool_root"], metrics_base_port=metrics_base_port,
+                   consumer=pick_consumer_args(options), consumer_args=consumer_args, engine_args=engine_args,
                    engine_start_timeout=options["engine_start_timeout"],
                    engine_hang_timeout=options["engine_hang_timeout"], redis_url=options["redis_url"])
+
+    @property
+    def drain_timeout(self) -> float:
+        """The consumers' --drain-timeout: launch waits that long (and DRAIN_SLACK) for them on SIGTERM."""
+        return self.consumer["drain_timeout"]
 
     @property
     def gpus_per_group(self) -> int:
@@ -329,17 +329,9 @@ def consumer_argv(cfg: LaunchConfig, group: Group) -> list[str]:
     In front of a data-parallel engine the --concurrency auto ceiling grows with its replicas."""
     argv = [sys.executable, "-m", "genqueue.consumer", "-v", "run", "--gpu", str(group.first),
             "--engine-gpus", str(cfg.gpus_per_group), "--endpoint", cfg.endpoint(group), "--spool", str(cfg.spool_root / group.name),
-            "--drain-timeout", str(cfg.drain_timeout)]
-    if cfg.run:
-        argv += ["--run", cfg.run]
-    if cfg.concurrency != defaults.CONCURRENCY_OPTION:
-        argv += ["--concurrency", cfg.concurrency]
+            *consumer_run_args(cfg.consumer)]
     if cfg.metrics_base_port is not None:
         argv += ["--metrics-port", str(cfg.metrics_base_port + group.first)]
-    if cfg.lease != defaults.LEASE_SECONDS:
-        argv += ["--lease", str(cfg.lease)]
-    if cfg.burst:
-        argv.append("--burst")
     extra = shlex.split(cfg.consumer_args)
     if cfg.data_parallel > 1 and not any(a.split("=", 1)[0] == "--max-concurrency" for a in extra):
         argv += ["--max-concurrency", str(cfg.data_parallel * defaults.MAX_CONCURRENCY)]

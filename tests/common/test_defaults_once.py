@@ -268,7 +268,7 @@ def test_consumer_launch_resolves_the_engine_command_once(monkeypatch: pytest.Mo
                                  "--", "--seed", "1"], monkeypatch)
     cfg = LaunchConfig.from_options(opts, engine_cmd=engine_cmd)
     assert asked == [None]
-    assert (cfg.vllm_cmd, cfg.gpus_per_engine, cfg.concurrency, cfg.engine_args) == \
+    assert (cfg.vllm_cmd, cfg.gpus_per_engine, cfg.consumer["concurrency"], cfg.engine_args) == \
         ("/opt/v/bin/vllm serve", 2, "auto", ["--seed", "1"])
 
 
@@ -291,7 +291,7 @@ def test_consumer_run_and_launch_take_the_same_concurrency(text: str, monkeypatc
     """One parser for --concurrency: what launch accepts and hands its consumers, run accepts."""
     launched: LaunchOptions = parse(command(consumer_main, "launch"), ["--gpus", "0", "--engine", "simulate",
                                                                        "-c", text], monkeypatch)
-    passed = LaunchConfig.from_options(launched, engine_cmd=no_engine).concurrency
+    passed = LaunchConfig.from_options(launched, engine_cmd=no_engine).consumer["concurrency"]
     assert passed is not None
     run: RunOptions = parse(command(consumer_main, "run"), ["--gpu", "0", "-c", passed],
                             monkeypatch)

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from genqueue.common import defaults
+from genqueue.common.cli import ConsumerArgs
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.snapshots import reports
 from genqueue.consumer.launch.command import launch_command
@@ -160,20 +161,24 @@ def test_simulate_command_line_and_environments():
 
 
 def test_consumer_command_line():
-    cfg = LaunchConfig(gpus=[2], base_port=8100, run="data", concurrency="64", lease=10, drain_timeout=20, burst=True,
+    shared = ConsumerArgs(run_name="data", concurrency="64", lease=10, drain_timeout=20, burst=True)
+    cfg = LaunchConfig(gpus=[2], base_port=8100, consumer=shared,
                        spool_root=Path("/s"), consumer_args="--shard-max-age 5", redis_url="redis://:pw@h:6379/0",
                        metrics_base_port=9400)
     argv = consumer_argv(cfg, g(2))
     assert argv[:3] == [sys.executable, "-m", "genqueue.consumer"]
     assert argv[3:] == ["-v", "run", "--gpu", "2", "--engine-gpus", "1", "--endpoint", "http://127.0.0.1:8102/v1", "--spool", "/s/gpu2",
-                        "--drain-timeout", "20", "--run", "data", "--concurrency", "64", "--metrics-port", "9402",
-                        "--lease", "10", "--burst", "--shard-max-age", "5"]
+                        "--run", "data", "--concurrency", "64", "--lease", "10", "--drain-timeout", "20", "--burst",
+                        "--metrics-port", "9402", "--shard-max-age", "5"]
     assert "pw" not in " ".join(argv)
     assert consumer_env(cfg, {"A": "1", "GENQUEUE_METRICS_PORT": "9100"}) == {"A": "1", "REDIS_URL": "redis://:pw@h:6379/0"}
     plain = consumer_argv(LaunchConfig(gpus=[0]), g(0))
-    assert not {"--run", "--concurrency", "--burst", "--metrics-port", "--lease", "--max-concurrency"} & set(plain)
+    assert not {"--run", "--concurrency", "--burst", "--metrics-port", "--lease", "--drain-timeout",
+                "--max-concurrency"} & set(plain)
     # the consumer's own defaults are not repeated on its command line
-    same = consumer_argv(LaunchConfig(gpus=[0], concurrency=defaults.CONCURRENCY_OPTION, lease=defaults.LEASE_SECONDS), g(0))
+    at_defaults = ConsumerArgs(run_name=None, concurrency=defaults.CONCURRENCY_OPTION, lease=defaults.LEASE_SECONDS,
+                               drain_timeout=defaults.DRAIN_TIMEOUT, burst=False)
+    same = consumer_argv(LaunchConfig(gpus=[0], consumer=at_defaults), g(0))
     assert same == plain
 
 
