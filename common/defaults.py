@@ -96,6 +96,39 @@ CLAIM_TTL = 7 * 24 * 3600
 #: Leases: a consumer renews its jobs every LEASE/3 seconds; a lease older than this is
 #: abandoned and swept back to the queue, so recovery after a kill takes well under a minute.
 LEASE_SECONDS = 30
+#: Held jobs are renewed this often, as a share of the lease: two renewals can fail (a Redis blip,
+#: a stalled loop) before the lease runs out.
+LEASE_RENEW_FRACTION = 1 / 3
+#: A renewal never runs more often than this (seconds), whatever the lease.
+LEASE_RENEW_FLOOR = 0.5
+#: Expired leases are swept this often, as a share of the lease: an abandoned job waits at most
+#: half a lease past its expiry.
+LEASE_SWEEP_FRACTION = 1 / 2
+#: A sweep never runs more often than this (seconds).
+LEASE_SWEEP_FLOOR = 1.0
+#: A clock off Redis's by more than this share of the lease would lose leases: it is warned about.
+LEASE_CLOCK_WARN_FRACTION = 1 / 4
+#: rq keeps a job's execution record and the worker's heartbeat this many seconds past the lease,
+#: so rq's tools still list a live consumer through one missed renewal (rq's own margin: a minute).
+LEASE_RQ_SLACK = 60
+#: rq's worker_ttl is the lease, but never under this (seconds): rq refuses very short ones.
+RQ_WORKER_TTL_MIN = 10
+
+
+def renew_every(lease: float) -> float:
+    """Seconds between renewals of leases of LEASE seconds."""
+    return max(lease * LEASE_RENEW_FRACTION, LEASE_RENEW_FLOOR)
+
+
+def sweep_every(lease: float) -> float:
+    """Seconds between sweeps of leases of LEASE seconds."""
+    return max(lease * LEASE_SWEEP_FRACTION, LEASE_SWEEP_FLOOR)
+
+
+def shortest_lease(socket_timeout: float = REDIS_SOCKET_TIMEOUT) -> float:
+    """The shortest lease a Redis command's SOCKET_TIMEOUT allows: a hung command must surface
+    within one renewal period (REDIS_SOCKET_TIMEOUT < lease * LEASE_RENEW_FRACTION)."""
+    return socket_timeout / LEASE_RENEW_FRACTION
 
 #: Requests a consumer keeps in flight with a fixed --concurrency (and with auto when the
 #: engine has no /metrics).

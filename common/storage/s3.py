@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 MULTIPART_THRESHOLD = 16 * 1024 * 1024
 MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
 #: Parallel part uploads of one shard (a consumer ships at most two shards at once).
-MAX_CONCURRENCY = 4
+S3_TRANSFER_CONCURRENCY = 4
 #: Open multipart uploads older than this are orphans (our object names are never resumed);
 #: env GENQUEUE_S3_ABORT_AFTER overrides it (seconds).
 STALE_UPLOAD_SECONDS = 3600.0
@@ -165,7 +165,7 @@ class S3Store:
         self._lock = threading.Lock()
         self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
                                        multipart_chunksize=multipart_chunksize,
-                                       max_concurrency=MAX_CONCURRENCY)
+                                       max_concurrency=S3_TRANSFER_CONCURRENCY)
         if stale_after_s is None:
             raw = os.environ.get(ABORT_AFTER_ENV, "")
             try:

@@ -369,3 +369,15 @@ def test_producer_enqueue_names_the_settings_its_command_line_gives(monkeypatch:
     monkeypatch.setenv("GENQUEUE_OUTPUT", "s3://b/p")
     with cmd.make_context("enqueue", ["data.jsonl"], parent=click.Context(producer_main)) as ctx:
         assert settings_given(ctx) == {"output"}
+
+
+def test_the_lease_ratios_follow_the_lease() -> None:
+    assert defaults.renew_every(30) == 10.0 and defaults.sweep_every(30) == 15.0  # as they were: /3, /2
+    assert defaults.renew_every(1) == defaults.LEASE_RENEW_FLOOR and defaults.sweep_every(1) == defaults.LEASE_SWEEP_FLOOR
+
+
+def test_the_default_lease_leaves_room_for_a_hung_redis_command() -> None:
+    """REDIS_SOCKET_TIMEOUT < lease / 3: a hung command surfaces within one renewal period."""
+    assert defaults.LEASE_SECONDS > defaults.shortest_lease()
+    assert defaults.REDIS_SOCKET_TIMEOUT < defaults.renew_every(defaults.LEASE_SECONDS)
+    assert defaults.shortest_lease(5.0) == 15.0
