@@ -390,40 +390,7 @@ def test_the_rq_patch_finder_finds_patches() -> None:
 #: Modules whose numbers are not genqueue's tunables: the stand-in vLLM may import nothing (its
 #: numbers are the model of an engine, not settings of genqueue).
 NOT_TUNABLES = ("consumer/sim/",)
-#: Tunables still outside defaults.py (issue 32), to be moved: this list only shrinks.
-NOT_YET_MOVED = frozenset("""
-common/keepers/checkpoints.py:TTL_SECONDS common/keepers/clock.py:MAX_TRUSTED_RTT
-common/keepers/exportsets.py:TEMP_KEY_TTL common/keepers/exportsets.py:_SCAN common/keepers/flights.py:OFFER_TTL
-common/keepers/flights.py:CLAIMS_TTL common/keepers/marks.py:REBUILD_BATCH common/keepers/markstamps.py:KEEP
-common/keepers/rqaccess.py:REASON_CHARS common/keepers/rqjobs.py:_FETCH_BATCH common/keepers/rqjobs.py:NAMED
-common/keepers/rundelete.py:_BATCH common/keepers/runlock.py:POLL_MIN common/keepers/runlock.py:POLL_MAX
-common/keepers/runsources.py:READING_TTL common/keepers/snapshots.py:SNAPSHOT_TTL
-common/keepers/snapshots.py:STALE_AFTER common/storage/local.py:READ_BUFFER common/storage/s3.py:MULTIPART_THRESHOLD
-common/storage/s3.py:MULTIPART_CHUNKSIZE common/storage/s3.py:S3_TRANSFER_CONCURRENCY
-common/storage/s3.py:STALE_UPLOAD_SECONDS common/storage/s3.py:CONNECT_TIMEOUT common/storage/s3.py:READ_TIMEOUT
-common/storage/s3.py:BOTO_ATTEMPTS producer/cost.py:CHARS_PER_TOKEN producer/enqueue.py:CHUNK
-producer/enqueue.py:SLICE_ITEMS producer/export/card.py:PARQUET_BATCH producer/export/cardplots.py:BINS
-producer/export/cardplots.py:DPI producer/export/core.py:PARTITION_BYTES producer/export/core.py:MAX_PARTITIONS
-producer/export/core.py:SADD_BATCH producer/export/core.py:_COPY producer/export/coverage.py:_WRITE_BUFFER
-producer/export/gates.py:MIN_REPEATS producer/export/gates.py:_CUE producer/export/parity.py:CONTEXT_TOKENS
-producer/export/parity.py:MAX_SHOWN producer/export/parquet.py:ROW_GROUP_BYTES producer/export/sinks.py:WRITE_BUFFER
-producer/ingest/inputcheck.py:SNIFF_RECORDS producer/ingest/items.py:_MAX_ID_CHARS producer/ingest/reader.py:CHUNK_SIZE
-producer/ingest/reader.py:PARQUET_BATCH_ROWS producer/ingest/rejects.py:DETAIL_CHARS
-producer/ingest/splitter.py:SNIPPET_BYTES producer/ingest/streams.py:_ZSTD_FEED producer/jobwriter.py:COMMIT_ATTEMPTS
-producer/memplan.py:SAMPLE_RECORDS producer/memplan.py:SAMPLE_BYTES producer/order.py:STEP
-producer/outfiles.py:PROBE_BYTES producer/status/screen.py:WIDTH producer/status/speculation.py:SHOWN_CATEGORIES
-producer/status/speculation.py:NAME_WIDTH consumer/answer/client.py:KEEPALIVE_SECONDS
-consumer/answer/completion.py:SNIPPET_CHARS consumer/answer/records.py:INTERNAL_MESSAGE_CHARS
-consumer/answer/spec.py:MAX_SPEC_TOKENS consumer/engine/admission.py:ENGINE_POLL_SECONDS
-consumer/guards/rewind.py:CHECK_EVERY consumer/guards/rewind.py:LOCK_WAIT consumer/hedge.py:LOOK_EVERY
-consumer/hedge.py:FASTER consumer/hedge.py:UNSENT_FASTER consumer/hedge.py:MAX_OFFER consumer/hedge.py:RATE_WINDOW
-consumer/launch/command.py:MODULE_CHECK_TIMEOUT consumer/launch/plan.py:RESTART_CAP consumer/launch/plan.py:STABLE_AFTER
-consumer/launch/plan.py:MAX_START_FAILURES consumer/launch/plan.py:ENGINE_STOP_GRACE consumer/launch/plan.py:DRAIN_SLACK
-consumer/launch/supervisor.py:POLL consumer/launch/supervisor.py:HEALTH_EVERY consumer/served.py:PROBE_TIMEOUT
-consumer/served.py:PREFLIGHT_RETRY consumer/telemetry.py:PROGRESS_EVERY consumer/work/intake.py:FETCH_GRACE
-consumer/work/intake.py:RESOLVE_EVERY consumer/work/intake.py:NEW_RUN_EVERY consumer/work/intake.py:DRY_RETRY
-consumer/work/intake.py:HUNGRY_TTL consumer/work/intake.py:TAIL_WINDOW consumer/worker.py:LEFTOVER_WAIT
-""".split())  # noqa: SIM905
+
 
 
 def _numeric(node: ast.expr) -> bool:
@@ -465,8 +432,7 @@ def test_no_new_literal_tunable_outside_defaults() -> None:
                    if (rel := str(file.relative_to(ROOT))) != "common/defaults.py"
                    and not rel.startswith(NOT_TUNABLES)
                    for name in literal_tunables(ast.parse(file.read_text())))
-    assert sorted(set(found) - NOT_YET_MOVED) == [], "numbers to move to common/defaults.py with their reason"
-    assert sorted(NOT_YET_MOVED - set(found)) == [], "moved: take them off NOT_YET_MOVED"
+    assert found == [], "numbers to move to common/defaults.py with their reason"
 
 
 def test_the_tunable_finder_finds_tunables() -> None:

@@ -47,6 +47,9 @@ COINCIDENCES = {
     "connect_timeout=10.0": "a TCP connect to the engine, not a shard's age or a stop grace",
     "timeout=5.0": "one GET of the engine's /health or /v1/models, not a Redis timeout",
     "chunk=4096": "items per slice of the longest-first order, not a token count",
+    "status=200": "an HTTP status (a 200 whose body is garbage), not a count of characters",
+    "restarts=5": "restarts of one of the consumer's loops in a window, not the launcher's start failures",
+    "limit=200": "characters of one line status clips, not a snippet of an error",
 }
 
 
