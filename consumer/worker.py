@@ -69,9 +69,7 @@ from genqueue.consumer.work.leases import Leases
 
 log = logging.getLogger(__name__)
 
-#: Seconds a starting consumer waits for an earlier consumer's leftover shards to ship before
-#: it takes work (so the jobs swept back from that consumer skip what those shards hold).
-LEFTOVER_WAIT = 30.0
+LEFTOVER_WAIT = defaults.WORKER_LEFTOVER_WAIT
 
 
 class Consumer:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.snapshots import ConsumerReport
 
@@ -49,8 +50,7 @@ class CostView(TypedDict):
     basis: CostBasis
 
 
-#: Characters a token, for the estimate from the original answers.
-CHARS_PER_TOKEN = 4.0
+CHARS_PER_TOKEN = defaults.COST_CHARS_PER_TOKEN
 
 
 def output_chars(item: Item, answers: list[int]) -> int:

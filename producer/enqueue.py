@@ -86,11 +86,8 @@ from genqueue.producer.runsetup import Note, RunSetup, prepare
 
 log = logging.getLogger(__name__)
 
-#: Records examined per Redis round trip for the already-enqueued check.
-CHUNK = 4096
-#: Items claimed and enqueued per slice (one claim script, one transaction): bounds what a
-#: producer killed between the two leaves claimed and unqueued.
-SLICE_ITEMS = 1024
+CHUNK = defaults.ENQUEUE_CHUNK
+SLICE_ITEMS = defaults.ENQUEUE_SLICE_ITEMS
 
 # Per-record flags (one byte per input record, indexed by its position); a record's bucket is
 # its highest-priority flag (Enqueuer.fill).

@@ -49,9 +49,7 @@ log = logging.getLogger(__name__)
 # Requeue is the re-claim script's answer (common/keepers/marks.py); named here too for producer/enqueue.py.
 __all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 
-#: A transaction whose reply was lost is checked (did its DEL of the claim set land?) and sent
-#: again at most this many times in all.
-COMMIT_ATTEMPTS = 3
+COMMIT_ATTEMPTS = defaults.JOBWRITER_COMMIT_ATTEMPTS
 
 
 def same_record(a: Item, b: Item) -> bool:

@@ -29,10 +29,8 @@ from genqueue.producer.ingest.rejects import Rejected
 
 log = logging.getLogger(__name__)
 
-#: Records looked at for the estimate: enough for a stable mean, a moment to convert.
-SAMPLE_RECORDS = 4096
-#: Bytes of input looked at at most (records of megabytes each would otherwise be held by thousands).
-SAMPLE_BYTES = 16 << 20
+SAMPLE_RECORDS = defaults.MEMPLAN_SAMPLE_RECORDS
+SAMPLE_BYTES = defaults.MEMPLAN_SAMPLE_BYTES
 
 _COMPRESSED = (b"\x1f\x8b", b"\x28\xb5\x2f\xfd")
 _PARQUET = b"PAR1"

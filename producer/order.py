@@ -24,11 +24,11 @@ from typing import IO
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.producer.outfiles import HOLD, probe, write_failed
 
-#: Cost classes are this factor apart.
-STEP = 1.2
+STEP = defaults.ORDER_STEP
 
 
 def cost_class(cost: int) -> int:

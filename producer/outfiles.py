@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
+from genqueue.common import defaults
 from genqueue.common.errors import UserError, WriteFailedError
 
-#: Bytes `probe` writes: one page, what a full tmpfs or ext4 refuses at once.
-PROBE_BYTES = 4096
+PROBE_BYTES = defaults.OUTFILES_PROBE_BYTES
 
 #: What a failed write means to a user, by errno.
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}

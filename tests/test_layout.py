@@ -383,3 +383,60 @@ def test_the_rq_patch_finder_finds_patches() -> None:
                      "def f():\n    setattr(S, 'cleanup', 1)\n    rq.utils.now = 2\n    job.zlib += 3\n"
                      "    setattr(web, 'Worker', 4)\n    json.x = 5\n    S = 6\n    del S.cleanup\n")
     assert rq_patches(tree) == [7, 8, 9, 13]
+
+
+# Tunables: module-level numbers that set behaviour (timeouts, intervals, sizes, counts, ratios)
+# live in common/defaults.py, each with its reason.
+#: Modules whose numbers are not genqueue's tunables: the stand-in vLLM may import nothing (its
+#: numbers are the model of an engine, not settings of genqueue).
+NOT_TUNABLES = ("consumer/sim/",)
+
+
+
+def _numeric(node: ast.expr) -> bool:
+    """A number written out: an int or float literal (not a bool), or arithmetic of them."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _numeric(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _numeric(node.left) and _numeric(node.right)
+    return False
+
+
+def literal_tunables(tree: ast.Module) -> list[str]:
+    """Names bound at module level in TREE (under if/try too) to a number written out. The rule:
+    a module-level name whose value is a numeric literal sets behaviour, so it is a tunable;
+    annotations without a value, class bodies (Enum members, protocol tables), __all__ and
+    non-numeric values are not looked at."""
+    found: list[str] = []
+
+    def body(stmts: list[ast.stmt]) -> None:
+        for s in stmts:
+            if isinstance(s, ast.Assign) and _numeric(s.value):
+                found.extend(t.id for t in s.targets if isinstance(t, ast.Name) and t.id != "__all__")
+            elif isinstance(s, ast.AnnAssign) and s.value is not None and _numeric(s.value) \
+                    and isinstance(s.target, ast.Name):
+                found.append(s.target.id)
+            elif isinstance(s, ast.If | ast.Try):
+                body(s.body)
+                body(s.orelse)
+
+    body(tree.body)
+    return found
+
+
+def test_no_new_literal_tunable_outside_defaults() -> None:
+    found = sorted(f"{rel}:{name}" for path in (ROOT / pkg for pkg in PACKAGES)
+                   for file in sorted(path.rglob("*.py"))
+                   if (rel := str(file.relative_to(ROOT))) != "common/defaults.py"
+                   and not rel.startswith(NOT_TUNABLES)
+                   for name in literal_tunables(ast.parse(file.read_text())))
+    assert found == [], "numbers to move to common/defaults.py with their reason"
+
+
+def test_the_tunable_finder_finds_tunables() -> None:
+    tree = ast.parse("import enum\nTIMEOUT = 5.0\nSIZE: int = 16 * 1024\nFLAG = True\nNAME = 'x'\n"
+                     "__all__ = ['f']\nLIMIT: int\nclass C(enum.IntEnum):\n    A = 1\n"
+                     "if X:\n    RETRY = -3\nfrom genqueue.common import defaults\nD = defaults.LEASE_SECONDS\n")
+    assert literal_tunables(tree) == ["TIMEOUT", "SIZE", "RETRY"]

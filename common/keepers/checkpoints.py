@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.keepers.redisconn import async_connect
 
-#: A checkpoint outlives any plausible job retry, then expires by itself.
-TTL_SECONDS = 7 * 24 * 3600
+TTL_SECONDS = defaults.CHECKPOINTS_TTL_SECONDS
 
 
 def checkpoint_key(run: str, item_key: str) -> str:

@@ -15,11 +15,11 @@ import time
 
 import redis
 
+from genqueue.common import defaults
+
 log = logging.getLogger(__name__)
 
-#: A round trip longer than this says little about the offset (its midpoint is off by up to
-#: half of it): such a measurement replaces an earlier one only if nothing better is known.
-MAX_TRUSTED_RTT = 0.5
+MAX_TRUSTED_RTT = defaults.CLOCK_MAX_TRUSTED_RTT
 
 
 def redis_time(conn: redis.Redis) -> float:

@@ -15,10 +15,11 @@ from typing import NamedTuple
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.runs import run_key
 
-TEMP_KEY_TTL = 24 * 3600
-_SCAN = 10_000
+TEMP_KEY_TTL = defaults.EXPORTSETS_TEMP_KEY_TTL
+_SCAN = defaults.EXPORTSETS_SCAN
 
 
 class ScratchKeys(NamedTuple):

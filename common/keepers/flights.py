@@ -25,13 +25,12 @@ from dataclasses import dataclass
 import orjson
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.runs import CONSUMERS, run_key
 from genqueue.common.keepers.snapshots import STALE_AFTER
 
-#: Seconds an offer counts after it was written (its consumer refreshes it twice a second).
-OFFER_TTL = 3.0
-#: Seconds the claims of a run's copies are kept after the last claim.
-CLAIMS_TTL = 600
+OFFER_TTL = defaults.FLIGHTS_OFFER_TTL
+CLAIMS_TTL = defaults.FLIGHTS_CLAIMS_TTL
 
 
 def flights_key(run: str) -> str:

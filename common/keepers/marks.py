@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Note, ToolTurns
 from genqueue.common.keepers.redismem import pipeline_read
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
@@ -51,8 +52,7 @@ from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
 
-#: Digests written per round trip when marks are rebuilt.
-REBUILD_BATCH = 10_000
+REBUILD_BATCH = defaults.MARKS_REBUILD_BATCH
 
 
 def done_key(run: str) -> str:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.keepers.runs import run_key
 
-#: Seconds the stamp and a finished rebuild's state are kept.
-KEEP = 7 * 24 * 3600
+KEEP = defaults.MARKSTAMPS_KEEP
 
 
 def stamp_key(worker: str) -> str:

@@ -39,6 +39,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import utcparse
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.keepers.redismem import pipeline_read
@@ -53,8 +54,7 @@ TASKS = frozenset({TASK}) | LEGACY_TASKS
 
 SERIALIZER = JSONSerializer
 
-#: Failed-job reasons longer than this are cut (rq keeps whole tracebacks).
-REASON_CHARS = 500
+REASON_CHARS = defaults.RQACCESS_REASON_CHARS
 
 
 # --- queues and jobs ---------------------------------------------------------------------

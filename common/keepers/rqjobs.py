@@ -33,14 +33,14 @@ import orjson
 import redis
 from rq.job import Job, JobStatus
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.rqaccess import REASON_CHARS, SERIALIZER, TASKS, JobPlace, job_failure, place_members
 
 log = logging.getLogger(__name__)
 
-_FETCH_BATCH = 500
-#: How many bad entries a one-line summary names (the --json lists them all).
-NAMED = 10
+_FETCH_BATCH = defaults.RQJOBS_FETCH_BATCH
+NAMED = defaults.RQJOBS_NAMED
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _PICKLE = b"\x80"
 

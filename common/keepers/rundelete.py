@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.pause import pause_key
 from genqueue.common.keepers.rqaccess import forget_queue, queue_name, refused_key, run_rq_keys
 from genqueue.common.keepers.runs import RUNS, run_key
 
-#: Keys deleted per DEL.
-_BATCH = 500
+_BATCH = defaults.RUNDELETE_BATCH
 
 
 def delete_run(conn: redis.Redis, run: str) -> int:

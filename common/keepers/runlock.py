@@ -32,9 +32,8 @@ from genqueue.common.keepers.runs import lock_key
 
 log = logging.getLogger(__name__)
 
-#: Polling a held lock: from this many seconds, doubling up to POLL_MAX.
-POLL_MIN = 0.05
-POLL_MAX = 1.0
+POLL_MIN = defaults.RUNLOCK_POLL_MIN
+POLL_MAX = defaults.RUNLOCK_POLL_MAX
 
 
 class LockLostError(GenqueueError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.runs import run_key
 
 # KEYS: the zset. ARGV: the source id. Its place, given now if it had none.
@@ -25,8 +26,7 @@ redis.call('ZADD', KEYS[1], n, ARGV[1])
 return n
 """
 
-#: A reading mark outlives a producer killed mid-read by at most this long (status shows its age).
-READING_TTL = 24 * 3600
+READING_TTL = defaults.RUNSOURCES_READING_TTL
 
 
 def order_key(run: str) -> str:

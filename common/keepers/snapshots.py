@@ -31,15 +31,14 @@ from typing import Any, Required, TypedDict, cast
 import orjson
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView, SpecTotals
 from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
 from genqueue.common.keepers.runs import CONSUMERS, consumer_key, run_key
 
-#: A snapshot lives this long after its consumer's last report; status reads the last day's.
-SNAPSHOT_TTL = 24 * 3600
+SNAPSHOT_TTL = defaults.SNAPSHOTS_SNAPSHOT_TTL
 
-#: A consumer that has not reported for this long is not live (it stopped reporting).
-STALE_AFTER = 15.0
+STALE_AFTER = defaults.SNAPSHOTS_STALE_AFTER
 
 
 class ConsumerReport(TypedDict, total=False):

@@ -39,7 +39,7 @@ from genqueue.common.storage.names import (
 
 log = logging.getLogger(__name__)
 
-READ_BUFFER = 1 << 20
+READ_BUFFER = defaults.LOCAL_READ_BUFFER
 
 
 class LocalStore:

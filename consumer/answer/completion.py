@@ -19,6 +19,7 @@ from typing import Required, TypedDict, cast
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Outcome, ReasoningForm, SpecFigures, TokenIds, ToolCall, Usage
 from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.answer.spec import read_spec
@@ -33,7 +34,7 @@ FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "f
 #: but the text is a fragment, so it is a transient failure, retried like a 503.
 ABORT = "abort"
 
-SNIPPET_CHARS = 200
+SNIPPET_CHARS = defaults.COMPLETION_SNIPPET_CHARS
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 

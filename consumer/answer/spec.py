@@ -22,8 +22,7 @@ from genqueue.common.contracts import SpecFigures
 
 __all__ = ["SpecFigures", "read_spec"]
 
-#: A k past this is not a real engine's (vLLM's drafters propose a handful of tokens per step).
-MAX_SPEC_TOKENS = 64
+MAX_SPEC_TOKENS = defaults.SPEC_MAX_SPEC_TOKENS
 
 
 def read_spec(body: dict[str, object]) -> tuple[SpecFigures | None, str | None]:

@@ -20,8 +20,7 @@ from genqueue.consumer.engine.readings import engine_view
 
 log = logging.getLogger(__name__)
 
-#: Without --concurrency auto, the engine's /metrics are still read this often, for telemetry.
-ENGINE_POLL_SECONDS = 5.0
+ENGINE_POLL_SECONDS = defaults.ADMISSION_ENGINE_POLL_SECONDS
 
 
 class Limiter:

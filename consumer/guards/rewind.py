@@ -35,6 +35,7 @@ from enum import StrEnum
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.marks import ShardMarks, mark_shipped, rebuild_marks
 from genqueue.common.keepers.markstamps import (
     KEEP,
@@ -53,11 +54,8 @@ from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two looks at Redis (run_id, this consumer's stamp, rebuild states).
-CHECK_EVERY = 1.0
-#: Seconds a rebuild waits for the run's lock before it lets the loop look again (a producer
-#: may hold it for a long reconcile; the run stays held back meanwhile).
-LOCK_WAIT = 10.0
+CHECK_EVERY = defaults.REWIND_CHECK_EVERY
+LOCK_WAIT = defaults.REWIND_LOCK_WAIT
 
 
 class Rebuild(StrEnum):

@@ -24,20 +24,15 @@ DEVICES = ("gpu", "cpu")
 #: builds need it: their `vllm serve` entry point fails on the package name).
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
-#: Restart backoff: 1, 2, 4 ... seconds, never more than this.
-RESTART_CAP = 60.0
+RESTART_CAP = defaults.LAUNCH_RESTART_CAP
 
-#: A process that has stayed up this long is healthy again: its next crash restarts at once.
-STABLE_AFTER = 120.0
+STABLE_AFTER = defaults.LAUNCH_STABLE_AFTER
 
-#: An engine that never answered /health and failed this many starts in a row is given up.
-MAX_START_FAILURES = 5
+MAX_START_FAILURES = defaults.LAUNCH_MAX_START_FAILURES
 
-#: After the consumers are done, engines get this long between SIGTERM and SIGKILL.
-ENGINE_STOP_GRACE = 30.0
+ENGINE_STOP_GRACE = defaults.LAUNCH_ENGINE_STOP_GRACE
 
-#: On top of the consumers' own --drain-timeout, how long launch waits for them on SIGTERM.
-DRAIN_SLACK = 30.0
+DRAIN_SLACK = defaults.LAUNCH_DRAIN_SLACK
 
 #: Engine arguments launch sets itself (it must, to match CUDA_VISIBLE_DEVICES), with the
 #: launch option that sets each.

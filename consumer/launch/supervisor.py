@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from genqueue.common import defaults
 from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import UserError
 from genqueue.consumer.launch.children import Child, Probe, health_ok, last_line, port_in_use
@@ -54,8 +55,8 @@ from genqueue.consumer.launch.plan import (
 
 log = logging.getLogger("genqueue.consumer.launch")
 
-POLL = 0.2
-HEALTH_EVERY = 1.0
+POLL = defaults.LAUNCH_POLL
+HEALTH_EVERY = defaults.LAUNCH_HEALTH_EVERY
 
 #: Consumer exits that no restart can change (consumer/cli.py's codes), and what each means.
 NOT_RESTARTED = {

@@ -29,25 +29,15 @@ from genqueue.consumer.work.shares import RunDemand, fetch_order, targets
 
 log = logging.getLogger(__name__)
 
-#: Seconds a dequeue under way when a stop comes may take to land in the book.
-FETCH_GRACE = 1.0
+FETCH_GRACE = defaults.INTAKE_FETCH_GRACE
 
-#: Seconds between full looks at the runs in Redis (which to serve, paused, settings changed),
-#: and between the O(1) looks for a run created or deleted in between.
-RESOLVE_EVERY = 5.0
-NEW_RUN_EVERY = 1.0
+RESOLVE_EVERY = defaults.INTAKE_RESOLVE_EVERY
+NEW_RUN_EVERY = defaults.INTAKE_NEW_RUN_EVERY
 
-#: Seconds before a run whose queue was found empty is asked again (at least the poll interval):
-#: meanwhile its share goes to the others.
-DRY_RETRY = 0.5
+DRY_RETRY = defaults.INTAKE_DRY_RETRY
 
-#: The end of a run (docs/consumer.md, "Taking work"): a consumer that finds its run's queue empty with
-#: a slot free and nothing of the run waiting calls for work for this many seconds; a consumer
-#: that sees the call gives back the jobs it holds and has sent nothing of.
-HUNGRY_TTL = 2.0
-#: Seconds after a run's queue was last seen empty during which a job of it is taken only with
-#: nothing of it waiting here and a slot free: no consumer hoards the last jobs.
-TAIL_WINDOW = 5.0
+HUNGRY_TTL = defaults.INTAKE_HUNGRY_TTL
+TAIL_WINDOW = defaults.INTAKE_TAIL_WINDOW
 #: GENQUEUE_TAIL_BALANCE=0 turns both off, to measure what they buy (bench/bench_fleet.py).
 TAIL_BALANCE = os.environ.get("GENQUEUE_TAIL_BALANCE", "1") != "0"
 

@@ -64,7 +64,7 @@ class Leases:
         return len(lost)
 
     async def renew_forever(self) -> None:
-        interval = max(self.lease / 3.0, 0.5)
+        interval = defaults.renew_every(self.lease)
         while True:
             await asyncio.sleep(interval)
             await self.renew_once()
@@ -85,7 +85,7 @@ class Leases:
         return n
 
     async def sweep_forever(self) -> None:
-        interval = max(self.lease / 2.0, 1.0)
+        interval = defaults.sweep_every(self.lease)
         while True:
             await self.sweep_once()
             await asyncio.sleep(interval)

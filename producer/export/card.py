@@ -43,7 +43,7 @@ from typing import IO, Any, cast
 
 import orjson
 
-from genqueue.common import __version__
+from genqueue.common import __version__, defaults
 from genqueue.common.keepers.runs import RunInfo
 from genqueue.producer.export.core import ExportResult
 from genqueue.producer.export.sinks import stem
@@ -62,8 +62,7 @@ _SECTION = re.compile(r"<!-- genqueue:export (\{.*?\}) -->\n(.*?)<!-- genqueue:e
 CARD = Target("dataset card", "write it elsewhere with --card-images for its pictures, or pass --no-card")
 #: The percentiles of each length table.
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
-#: Rows per Parquet batch in the card's pass (bounded memory).
-PARQUET_BATCH = 4096
+PARQUET_BATCH = defaults.CARD_PARQUET_BATCH
 PLOTS_HINT = "pip install 'genqueue[card]'"
 #: The Hub's size_categories buckets (upper bounds, name).
 _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),

@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from genqueue.common import defaults
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -33,10 +35,9 @@ class RowStats(Protocol):
 
 __all__ = ["available", "draw"]
 
-#: Histogram bins per panel; the pictures' size (inches) and resolution.
-BINS = 40
+BINS = defaults.CARD_BINS
 PANEL_INCHES = (4.2, 3.2)
-DPI = 110
+DPI = defaults.CARD_DPI
 #: One colour per quantity, the same in every card (prompt, thinking, answer, thinking + answer).
 COLOURS = {"prompt": "#4C72B0", "thinking": "#DD8452", "answer": "#55A868", "thinking + answer": "#8172B3"}
 

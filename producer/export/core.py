@@ -49,6 +49,7 @@ from typing import IO, TypedDict
 import orjson
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.contracts import (
     ErrorClass,
     ErrorInfo,
@@ -100,10 +101,9 @@ __all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "N
 
 log = logging.getLogger(__name__)
 
-#: Shard bytes per partition: pass 2 holds about this much (plus a small index) in memory.
-PARTITION_BYTES = 64 * 1024 * 1024
-MAX_PARTITIONS = 512
-SADD_BATCH = 10_000
+PARTITION_BYTES = defaults.EXPORT_PARTITION_BYTES
+MAX_PARTITIONS = defaults.EXPORT_MAX_PARTITIONS
+SADD_BATCH = defaults.EXPORT_SADD_BATCH
 #: What the dataset holds by default: complete conversations whose every answer ended on its
 #: own. A cut answer (every trainer closes each assistant turn with an end-of-turn token, so a
 #: drafter would learn to stop mid-sentence) and a partial conversation go to the truncated
@@ -118,8 +118,7 @@ _OUTCOME_CODE = {name: code for code, name in enumerate(_OUTCOME_NAMES)}
 #: tool turn for another reason.
 _TOOLS_TO_END, _TOOLS_DIVERGED, _TOOLS_STOPPED = 1, 2, 3
 _TOOLS_CODE = {ToolTurns.TO_END: _TOOLS_TO_END, ToolTurns.DIVERGED: _TOOLS_DIVERGED, ToolTurns.STOPPED: _TOOLS_STOPPED}
-#: Bit 7: the record is an end-of-run copy's (it ranks after the original among one key's).
-_COPY = 1 << 7
+_COPY = defaults.EXPORT_COPY
 if len(_OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
     raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
 

@@ -14,11 +14,12 @@ from typing import IO
 
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers import exportsets
 from genqueue.common.keepers.rqaccess import JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
 
-_WRITE_BUFFER = 256 * 1024
+_WRITE_BUFFER = defaults.COVERAGE_WRITE_BUFFER
 
 
 def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missing_path: Path,

@@ -25,6 +25,7 @@ from array import array
 from collections.abc import Iterator
 from enum import StrEnum
 
+from genqueue.common import defaults
 from genqueue.common.contracts import ResultRecord
 
 
@@ -44,12 +45,9 @@ BIT = {reason: 1 << i for i, reason in enumerate(REASONS)}
 
 _MARKER = re.compile(r"</?(?:think|thinking|reasoning|seed:think)>|<\|channel\|>", re.IGNORECASE)
 
-#: (span, longest unit): a tail of SPAN characters made of one unit of at most UNIT characters.
-#: Short loops ("the the the", "!!!!") over 256 characters; sentence or paragraph loops over
-#: 2048. Each unit is seen at least MIN_REPEATS times.
-MIN_REPEATS = 4
+MIN_REPEATS = defaults.GATES_MIN_REPEATS
 REPETITION_SCALES = ((256, 256 // MIN_REPEATS), (2048, 2048 // MIN_REPEATS))
-_CUE = 16
+_CUE = defaults.GATES_CUE
 
 
 def reasons(flags: int) -> list[str]:

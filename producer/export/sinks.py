@@ -9,10 +9,11 @@ from typing import IO, Protocol, cast
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.producer.export.formats import Line
 from genqueue.producer.outfiles import OUTPUT, GuardedWriter, Target, write_failed
 
-WRITE_BUFFER = 256 * 1024
+WRITE_BUFFER = defaults.SINKS_WRITE_BUFFER
 _DATA_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".json", ".ndjson", ".parquet")
 
 #: What identifies the prompt of a sample: (source place, position, turn).

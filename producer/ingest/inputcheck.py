@@ -16,12 +16,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+from genqueue.common import defaults
 from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import InputError
 from genqueue.producer.ingest.reader import RawRecord
 
-#: Records read ahead, at most, to find one JSON object.
-SNIFF_RECORDS = 100
+SNIFF_RECORDS = defaults.INPUTCHECK_SNIFF_RECORDS
 
 EXPECTED = "JSONL of ShareGPT/OpenAI chat records, a .json array of them, or Parquet (each may be .gz/.zst)"
 

@@ -174,7 +174,7 @@ def record_id(value: object, id_field: str | None = None) -> str | None:
     return None
 
 
-_MAX_ID_CHARS = 1024
+_MAX_ID_CHARS = defaults.ITEMS_MAX_ID_CHARS
 
 
 def _id_text(raw: object) -> str | None:

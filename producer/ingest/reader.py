@@ -44,10 +44,10 @@ from genqueue.producer.ingest.streams import (
     strip_bom,
 )
 
-CHUNK_SIZE = 1 << 20
+CHUNK_SIZE = defaults.READER_CHUNK_SIZE
 """Bytes read from the input at a time."""
 
-PARQUET_BATCH_ROWS = 1024
+PARQUET_BATCH_ROWS = defaults.READER_PARQUET_BATCH_ROWS
 """Rows converted to Python at a time; small enough that wide rows stay cheap in memory."""
 
 _PARQUET_MAGIC = b"PAR1"

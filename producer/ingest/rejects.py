@@ -12,6 +12,7 @@ from typing import IO
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import GenqueueError, WriteFailedError
 from genqueue.producer.outfiles import REJECTS, probe, write_failed
@@ -19,8 +20,7 @@ from genqueue.producer.outfiles import REJECTS, probe, write_failed
 REJECT_REASONS: tuple[RejectReason, ...] = tuple(RejectReason)
 """Every reason a record can be rejected for."""
 
-#: Characters of a reject's detail kept in the rejects file.
-DETAIL_CHARS = 200
+DETAIL_CHARS = defaults.REJECTS_DETAIL_CHARS
 
 
 class Rejected(GenqueueError):

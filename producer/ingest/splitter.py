@@ -15,6 +15,8 @@ import logging
 import re
 from collections.abc import Iterable, Iterator
 
+from genqueue.common import defaults
+
 log = logging.getLogger(__name__)
 
 NON_SPACE = re.compile(rb"\S")
@@ -26,7 +28,7 @@ _NESTED_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}"]', re.DOTALL)
 _IN_STRING = re.compile(rb'["\\]')
 _QUOTE, _BACKSLASH, _COMMA = 0x22, 0x5C, 0x2C
 _OPENERS = (0x5B, 0x7B)
-SNIPPET_BYTES = 300
+SNIPPET_BYTES = defaults.SPLITTER_SNIPPET_BYTES
 """How much of a raw record is kept for the rejects file."""
 
 

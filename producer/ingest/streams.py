@@ -13,13 +13,13 @@ from typing import Any, BinaryIO
 
 import zstandard
 
+from genqueue.common import defaults
+
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _BOM = b"\xef\xbb\xbf"
 
-# A 1 KiB zstd input piece decompresses to at most ~32 MiB (zstd's ratio is bounded by its
-# RLE blocks), which keeps memory bounded even for a file of a billion blank lines.
-_ZSTD_FEED = 1024
+_ZSTD_FEED = defaults.STREAMS_ZSTD_FEED
 
 
 class StreamError(Exception):

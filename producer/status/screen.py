@@ -15,14 +15,14 @@ from typing import Any
 
 import orjson
 
+from genqueue.common import defaults
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
 from genqueue.producer.cost import CostView
 from genqueue.producer.status.report import FileView, HostView, InputView, ShippingSummary, StatusReport
 
-#: Columns a screen line may take (`--wide`: no limit).
-WIDTH = 100
+WIDTH = defaults.STATUS_WIDTH
 
 
 def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str, str]], set[int]]:

@@ -13,10 +13,8 @@ from genqueue.common.acceptance import AcceptanceTable, Facet, Tally, length_buc
 from genqueue.common.contracts import SpecTotals
 from genqueue.producer.status.report import SpecCategory, SpecEngine, SpeculationView, SpecWeakest
 
-#: Categories of one facet on the screen (`--wide`: all), the most answers first.
-SHOWN_CATEGORIES = 8
-#: Columns of a category's name on the screen (`--wide`: its whole name); a longer one keeps its tail.
-NAME_WIDTH = 40
+SHOWN_CATEGORIES = defaults.STATUS_SPEC_SHOWN_CATEGORIES
+NAME_WIDTH = defaults.STATUS_SPEC_NAME_WIDTH
 
 
 def _figures(label: str, t: Tally) -> SpecCategory:

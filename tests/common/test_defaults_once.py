@@ -47,6 +47,9 @@ COINCIDENCES = {
     "connect_timeout=10.0": "a TCP connect to the engine, not a shard's age or a stop grace",
     "timeout=5.0": "one GET of the engine's /health or /v1/models, not a Redis timeout",
     "chunk=4096": "items per slice of the longest-first order, not a token count",
+    "status=200": "an HTTP status (a 200 whose body is garbage), not a count of characters",
+    "restarts=5": "restarts of one of the consumer's loops in a window, not the launcher's start failures",
+    "limit=200": "characters of one line status clips, not a snippet of an error",
 }
 
 
@@ -369,3 +372,15 @@ def test_producer_enqueue_names_the_settings_its_command_line_gives(monkeypatch:
     monkeypatch.setenv("GENQUEUE_OUTPUT", "s3://b/p")
     with cmd.make_context("enqueue", ["data.jsonl"], parent=click.Context(producer_main)) as ctx:
         assert settings_given(ctx) == {"output"}
+
+
+def test_the_lease_ratios_follow_the_lease() -> None:
+    assert defaults.renew_every(30) == 10.0 and defaults.sweep_every(30) == 15.0  # as they were: /3, /2
+    assert defaults.renew_every(1) == defaults.LEASE_RENEW_FLOOR and defaults.sweep_every(1) == defaults.LEASE_SWEEP_FLOOR
+
+
+def test_the_default_lease_leaves_room_for_a_hung_redis_command() -> None:
+    """REDIS_SOCKET_TIMEOUT < lease / 3: a hung command surfaces within one renewal period."""
+    assert defaults.LEASE_SECONDS > defaults.shortest_lease()
+    assert defaults.REDIS_SOCKET_TIMEOUT < defaults.renew_every(defaults.LEASE_SECONDS)
+    assert defaults.shortest_lease(5.0) == 15.0
