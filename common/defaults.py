@@ -664,3 +664,8 @@ INTAKE_TAIL_WINDOW = 5.0
 #: Seconds a starting consumer waits for an earlier consumer's leftover shards to ship before
 #: it takes work (so the jobs swept back from that consumer skip what those shards hold).
 WORKER_LEFTOVER_WAIT = 30.0
+
+# producer/export/selection.py
+#: Keeps a row the drafter accepts wholly (rate 1) at a small positive sampling weight, never zero:
+#: the next round still sees it now and then.
+SELECTION_WEIGHT_FLOOR = 0.05

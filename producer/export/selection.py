@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from genqueue.common import defaults
 from genqueue.common.errors import UserError
 
-#: Keeps a row the drafter accepts wholly (rate 1) at a small positive weight, never zero.
-EPS = 0.05
+EPS = defaults.SELECTION_WEIGHT_FLOOR
 
 
 def weights(rates: Sequence[float | None]) -> list[float]:
