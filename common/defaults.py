@@ -669,3 +669,8 @@ WORKER_LEFTOVER_WAIT = 30.0
 #: Keeps a row the drafter accepts wholly (rate 1) at a small positive sampling weight, never zero:
 #: the next round still sees it now and then.
 SELECTION_WEIGHT_FLOOR = 0.05
+
+# common/keepers/claims.py
+#: Keys per SCAN when the reconcile looks for other producers' claim sets: a few round trips
+#: even in a Redis of millions of keys, each short enough to keep Redis responsive.
+CLAIMS_SCAN = 10_000

@@ -1,6 +1,6 @@
 """Put items into a run's queue exactly once, however many producers race on the run.
 
-For each slice of new items: claim them (`RunStore.claim`, one atomic script), cut the items
+For each slice of new items: claim them (`Claims.claim`, one atomic script), cut the items
 this producer won into jobs, and enqueue those jobs in one MULTI/EXEC that also deletes the
 claim set. Racing producers split the items between them; each item lands in exactly one
 job. A job ends where a record's items end when the next record's would not fit (the turns of
@@ -11,7 +11,7 @@ have up to N-1 short jobs per slice more than one fed once.
 
 The one window: a producer killed (SIGKILL, power loss) after its claim and before its
 transaction leaves the slice's won items in the run's keys set and in no job. Their claim set
-(`genqueue:run:<run>:claim:<id>`, kept CLAIM_TTL) still names them; see runs.py. An error or
+(`genqueue:run:<run>:claim:<id>`, kept CLAIM_TTL) still names them; see common/keepers/claims.py. An error or
 Ctrl-C in that window releases the claim instead, so running the command again queues them.
 The next `producer enqueue` of the run closes the window: once the claim set is older than
 CLAIM_GRACE it takes it over and queues its items like any item with no result and no job
@@ -19,7 +19,7 @@ CLAIM_GRACE it takes it over and queues its items like any item with no result a
 
 Re-queueing (`requeue`): items already in the run with no result and no live job (lost from
 rq, or failed with --retry-failed) go through the same two steps, under the run's lock
-(common/keepers/runlock.py): a re-claim script (common/keepers/marks.py) puts the ones still in that state in
+(common/keepers/runlock.py): a re-claim script (common/keepers/claims.py) puts the ones still in that state in
 a claim set of this producer, fenced by the lock's token, then the same transaction enqueues
 them, WATCHing the lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
 transaction is dropped (the items stay in the run, for a later reconcile).
@@ -37,16 +37,15 @@ from rq import Retry
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
-from genqueue.common.keepers.claims import claim_exists, drop_claim, enqueue_claimed
-from genqueue.common.keepers.marks import Reclaim, ReclaimLockLostError, Requeue
+from genqueue.common.keepers.claims import Claims, ReclaimLockLostError, Requeue
 from genqueue.common.keepers.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
 from genqueue.common.keepers.runlock import RunLock
-from genqueue.common.keepers.runs import RunLockedError, RunStore, claim_key, key_digest
+from genqueue.common.keepers.runs import RunLockedError, RunStore, key_digest
 from genqueue.common.redact import redact
 
 log = logging.getLogger(__name__)
 
-# Requeue is the re-claim script's answer (common/keepers/marks.py); named here too for producer/enqueue.py.
+# Requeue is the re-claim script's answer (common/keepers/claims.py); named here too for producer/enqueue.py.
 __all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 
 COMMIT_ATTEMPTS = defaults.JOBWRITER_COMMIT_ATTEMPTS
@@ -97,7 +96,7 @@ class JobWriter:
         # transaction that enqueues it, so its absence proves the transaction landed.
         self._claim_prefix = uuid.uuid4().hex
         self._seq = count()
-        self._reclaim = Reclaim(conn)
+        self.claims = Claims(conn)
         use_fast_job_compression()
 
     @property
@@ -114,8 +113,8 @@ class JobWriter:
         try:
             while True:
                 try:
-                    won = self.store.claim(self.run, claim_id, digests,
-                                           token=self.lock.token if self.lock.held else None)
+                    won = self.claims.claim(self.run, claim_id, digests,
+                                            token=self.lock.token if self.lock.held else None)
                     break
                 except RunLockedError:
                     self.lock.wait_free()
@@ -139,8 +138,8 @@ class JobWriter:
         claim_id = f"{self._claim_prefix}:{next(self._seq)}"
         try:
             try:
-                codes = self._reclaim(self.run, claim_id, ttl=defaults.CLAIM_TTL, token=self.lock.token,
-                                      retry_failed=retry_failed, digests=[key_digest(it["key"]) for it in items])
+                codes = self.claims.reclaim(self.run, claim_id, ttl=defaults.CLAIM_TTL, token=self.lock.token,
+                                            retry_failed=retry_failed, digests=[key_digest(it["key"]) for it in items])
             except ReclaimLockLostError:
                 self.lock.lost = True
                 self.lock.check()
@@ -168,27 +167,26 @@ class JobWriter:
             )
             for items in batches
         ]
-        ckey = claim_key(self.run, claim_id)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 # Fenced (a re-queue): the lock is WATCHed too, and must still be this producer's.
-                if not enqueue_claimed(self.conn, self.queue, datas, self.run, claim_id,
-                                       token=self.lock.token if fenced else None):
+                if not self.claims.enqueue(self.queue, datas, self.run, claim_id,
+                                          token=self.lock.token if fenced else None):
                     self.lock.lost = True
                     self.lock.check()  # raises: a re-queue holds the lock, and it is lost now
                 return
             except (redis.exceptions.WatchError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                if not claim_exists(self.conn, self.run, claim_id):
+                if not self.claims.exists(self.run, claim_id):
                     return  # it landed: the reply was lost, not the transaction
                 if attempt == COMMIT_ATTEMPTS:
                     raise
-                log.warning("enqueue transaction of %s not applied; sending it again", ckey)
+                log.warning("enqueue transaction of claim %s of run %s not applied; sending it again", claim_id, self.run)
 
     def _drop(self, claim_id: str) -> None:
         """Drop a re-claim that did not end in its transaction: its items stay in the run (they
         were before) and in no job, for a later reconcile; best effort (it expires)."""
         try:
-            drop_claim(self.conn, self.run, claim_id)
+            self.claims.drop(self.run, claim_id)
         except redis.exceptions.RedisError as e:
             log.warning("could not drop re-claim %s of run %s (%s): a reconcile takes it over after %d s",
                         claim_id, self.run, redact(str(e)), defaults.CLAIM_GRACE)
@@ -196,8 +194,8 @@ class JobWriter:
     def _release(self, claim_id: str) -> None:
         """Give a failed slice's claim back, if its transaction did not land; best effort."""
         try:
-            if claim_exists(self.conn, self.run, claim_id):
-                n = self.store.release(self.run, claim_id)
+            if self.claims.exists(self.run, claim_id):
+                n = self.claims.release(self.run, claim_id)
                 log.warning("released %d claimed items of run %s that were not enqueued", n, self.run)
         except redis.exceptions.RedisError as e:
             log.warning(

@@ -42,7 +42,7 @@ from typing import Any
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.claims import claim_members, other_claims, take_over
+from genqueue.common.keepers.claims import Claims
 from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, all_done, item_states
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
@@ -86,9 +86,10 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
     OWN_PREFIX are this producer's own (all of them ended in their transaction)."""
     t0 = time.perf_counter()
     view = QueueView()
-    for claim in other_claims(conn, run, own_prefix):
+    claims = Claims(conn)
+    for claim in claims.others(run, own_prefix):
         if defaults.CLAIM_TTL - claim.ttl > grace:
-            n = take_over(conn, claim)
+            n = claims.take_over(claim)
             if n is not None:
                 view.taken_over_claims += 1
                 view.taken_over_items += n
@@ -97,7 +98,7 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
                             run, claim.id, n, defaults.CLAIM_TTL - claim.ttl)
             continue
         view.held_claims += 1
-        view.live.update(int.from_bytes(d, "big") for d in claim_members(conn, claim))
+        view.live.update(int.from_bytes(d, "big") for d in claims.members(claim))
     scan = JobScan()
     for job in read_jobs(conn, run, [*LIVE_PLACES, JobPlace.FAILED], scan=scan):
         into = view.failed if job.place is JobPlace.FAILED else view.live

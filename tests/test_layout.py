@@ -440,3 +440,36 @@ def test_the_tunable_finder_finds_tunables() -> None:
                      "__all__ = ['f']\nLIMIT: int\nclass C(enum.IntEnum):\n    A = 1\n"
                      "if X:\n    RETRY = -3\nfrom genqueue.common import defaults\nD = defaults.LEASE_SECONDS\n")
     assert literal_tunables(tree) == ["TIMEOUT", "SIZE", "RETRY"]
+
+
+# Claim sets have one keeper: common/keepers/claims.py builds their keys and writes them.
+CLAIMS_KEEPER = "common/keepers/claims.py"
+
+
+def claim_key_builders(tree: ast.Module) -> list[int]:
+    """Lines of TREE that build a claim set's key: a text holding "claim:" (an f-string's parts
+    too; docstrings, which only name the key, left out), or a call of claim_key."""
+    found: list[int] = []
+    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "claim:" in node.value \
+                and id(node) not in prose or isinstance(node, ast.Call) and (
+                (isinstance(node.func, ast.Name) and node.func.id == "claim_key")
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == "claim_key")):
+            found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_only_the_claims_keeper_builds_a_claim_key() -> None:
+    found = [f"{rel}:{line}" for path in (ROOT / pkg for pkg in PACKAGES) for file in sorted(path.rglob("*.py"))
+             if (rel := str(file.relative_to(ROOT))) != CLAIMS_KEEPER
+             for line in claim_key_builders(ast.parse(file.read_text()))]
+    assert found == [], f"claim keys built outside {CLAIMS_KEEPER}: {found}"
+    assert claim_key_builders(ast.parse((ROOT / CLAIMS_KEEPER).read_text())), "the keeper builds them"
+
+
+def test_the_claim_key_finder_finds_claim_keys() -> None:
+    tree = ast.parse("from x import claim_key, runs\nA = claim_key('r', 'c')\nB = f'genqueue:run:{r}:claim:{c}'\n"
+                     "C = runs.claim_key('r', 'c')\nD = 'claimed'\nE = run_key(r, 'keys')\n"
+                     "def f():\n    'A claim set, genqueue:run:<run>:claim:<id>.'\n")
+    assert claim_key_builders(tree) == [2, 3, 4]

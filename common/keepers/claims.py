@@ -1,26 +1,37 @@
-"""A producer's claim sets after the claim: put into jobs, taken over, dropped.
+"""A run's claim sets: every write to them is here (one keeper, as rq keeps one class per registry).
 
-A claim set (`genqueue:run:<run>:claim:<id>`, common/keepers/runs.py) names the items one producer
-claimed and has not yet put in jobs. It is made by the claim script (`RunStore.claim`, or the
-re-claim of common/keepers/marks.py) and ends one of three ways, all written here:
+A claim set (`genqueue:run:<run>:claim:<id>`) names the items one producer claimed and has not
+yet put in jobs. It is made by the claim script (`Claims.claim`) or the re-claim script
+(`Claims.reclaim`, the producer's requeue), and ends one of four ways, all written here:
 
-- `enqueue_claimed`: the transaction that enqueues the claimed items' jobs deletes the claim
-  set in the same MULTI/EXEC, so its absence proves the jobs are in (producer/jobwriter.py);
-- `take_over`: a claim set older than CLAIM_GRACE was left by a producer that died between its
-  claim and its transaction; the reconcile deletes it and queues its items (producer/reconcile.py);
-- `drop_claim`: a re-claim that did not end in its transaction is dropped (it expires anyway).
+- `Claims.enqueue`: the transaction that enqueues the claimed items' jobs deletes the claim set
+  in the same MULTI/EXEC, so its absence proves the jobs are in (producer/jobwriter.py);
+- `Claims.take_over`: a claim set older than CLAIM_GRACE was left by a producer that died between
+  its claim and its transaction; the reconcile deletes it and queues its items (producer/reconcile.py);
+- `Claims.release`: a claim whose items could not be enqueued gives them back to the run;
+- `Claims.drop`: a re-claim that did not end in its transaction is dropped (it expires anyway).
+
+No other module builds a claim key (tests/test_redis_owners.py holds that).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 import redis
 from rq import Queue
 from rq.queue import EnqueueData
 
-from genqueue.common.keepers.runs import claim_key, lock_key
+from genqueue.common import defaults
+from genqueue.common.keepers.marks import done_key, failed_key
+from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
+
+
+def claim_key(run: str, claim_id: str) -> str:
+    """The key of claim CLAIM_ID's set in RUN (built here only)."""
+    return run_key(run, f"claim:{claim_id}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,65 +43,236 @@ class Claim:
     ttl: int  # seconds left (>= 0)
 
 
-def other_claims(conn: redis.Redis, run: str, own_prefix: str) -> Iterator[Claim]:
-    """RUN's claim sets whose id does not start with OWN_PREFIX (this producer's own), with their
-    TTL; a set gone meanwhile, or without a TTL (not one of genqueue's), is left out."""
-    prefix = claim_key(run, "")
-    for raw in conn.scan_iter(match=prefix + "*", count=10_000):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if key[len(prefix):].startswith(own_prefix):
-            continue
-        ttl = conn.ttl(key)
-        if ttl < 0:  # gone meanwhile (-2), or no TTL (-1: not one of ours)
-            continue
-        yield Claim(key[len(prefix):], key, int(ttl))
+class Requeue(IntEnum):
+    """What a re-queue did with one item (the re-claim script's answer)."""
+
+    SKIPPED = 0  # not in the run any more, or repeated in the slice
+    QUEUED = 1  # this producer put it in a job
+    DONE = 2  # a shipped shard holds its result by now
+    FAILED = 3  # it has an error record and failed items are not retried
 
 
-def take_over(conn: redis.Redis, claim: Claim) -> int | None:
-    """Delete CLAIM (atomically with counting it); how many items it held, None when another
-    producer deleted it first."""
-    with conn.pipeline(transaction=True) as p:
-        p.scard(claim.key)
-        p.delete(claim.key)
-        n, deleted = p.execute()
-    return int(n) if deleted else None
+#: The error the re-claim script answers when the caller's token no longer holds the lock.
+LOCK_LOST = "GENQUEUE_LOCK_LOST"
+
+# KEYS: the run's keys set, this re-claim's claim set, the done set, the failed set, the lock.
+# ARGV: the claim set's TTL, the lock token, 1 to take items with an error record, the digests.
+# Refused, before any write, unless the lock holds the token. A digest is this re-claim's
+# (1) when an earlier send of it took it, or when it is in the run, not done and (unless
+# retried) not failed; else 0 (not in the run, or repeated), 2 (done) or 3 (failed).
+_RECLAIM = """
+if redis.call('GET', KEYS[5]) ~= ARGV[2] then
+  return redis.error_reply('""" + LOCK_LOST + """')
+end
+""" + LUA_CALL_IN_PARTS + """local digests = {}
+for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
+local in_run = call('SMISMEMBER', KEYS[1], digests)
+local done = call('SMISMEMBER', KEYS[3], digests)
+local failed = call('SMISMEMBER', KEYS[4], digests)
+local mine = {}
+if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
+local out, add, seen = {}, {}, {}
+for i, d in ipairs(digests) do
+  local code = 0
+  if seen[d] then
+    code = 0
+  elseif mine[i] == 1 then
+    code = 1
+  elseif in_run[i] == 0 then
+    code = 0
+  elseif done[i] == 1 then
+    code = 2
+  elseif failed[i] == 1 and ARGV[3] ~= '1' then
+    code = 3
+  else
+    code = 1
+    add[#add + 1] = d
+  end
+  seen[d] = true
+  out[i] = code
+end
+if #add > 0 then call('SADD', KEYS[2], add) end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+return out
+"""
 
 
-def claim_members(conn: redis.Redis, claim: Claim) -> list[bytes]:
-    """The digests CLAIM holds."""
-    return [d for d in conn.smembers(claim.key) if isinstance(d, bytes)]
+class ReclaimLockLostError(redis.exceptions.ResponseError):
+    """The re-claim was refused before any write: the caller's token no longer holds the lock."""
 
 
-def claim_exists(conn: redis.Redis, run: str, claim_id: str) -> bool:
-    return bool(conn.exists(claim_key(run, claim_id)))
+class Reclaim:
+    """The re-claim script of one connection: puts items of a run that are still without a
+    result (and, unless retried, without an error record) in a claim set, fenced by the lock."""
+
+    def __init__(self, conn: redis.Redis) -> None:
+        self._script = conn.register_script(_RECLAIM)
+
+    def __call__(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
+                 digests: list[bytes]) -> list[Requeue]:
+        """What became of each digest (one round trip, safe to send twice). Raises
+        ReclaimLockLostError, writing nothing, when the lock no longer holds TOKEN."""
+        keys = [run_key(run, "keys"), claim_key(run, claim_id), done_key(run), failed_key(run), lock_key(run)]
+        try:
+            raw = self._script(keys=keys, args=[ttl, token, int(retry_failed), *digests])
+        except redis.exceptions.ResponseError as e:
+            if str(e).startswith(LOCK_LOST):
+                raise ReclaimLockLostError(*e.args) from e
+            raise
+        return [Requeue(int(c)) for c in raw]
 
 
-def drop_claim(conn: redis.Redis, run: str, claim_id: str) -> None:
-    conn.delete(claim_key(run, claim_id))
+#: The error the claim script answers while another producer holds the run's lock.
+LOCKED = "GENQUEUE_LOCKED"
+
+# KEYS: the run's keys set, the claim set, the run's lock. ARGV: the claim set's TTL, the
+# caller's lock token ('' for none), then the digests. Refused, before any write, while the
+# lock is held by another token. A digest is this claim's when it was not in the run (then it
+# is added to both sets), or when an earlier send of this script claimed it. Whole-list
+# commands, in parts of 4096 (Lua's unpack limit), keep it to a few commands per slice rather
+# than a few per item.
+_CLAIM = """
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[2] then
+  return redis.error_reply('GENQUEUE_LOCKED ' .. holder)
+end
+""" + LUA_CALL_IN_PARTS + """local digests = {}
+for i = 3, #ARGV do digests[#digests + 1] = ARGV[i] end
+local in_run = call('SMISMEMBER', KEYS[1], digests)
+local won, new, again, seen = {}, {}, {}, {}
+for i, d in ipairs(digests) do
+  won[i] = 0
+  if not seen[d] then
+    seen[d] = true
+    if in_run[i] == 0 then
+      new[#new + 1] = d
+      won[i] = 1
+    else
+      again[#again + 1] = i
+    end
+  end
+end
+if #new > 0 then
+  call('SADD', KEYS[1], new)
+  call('SADD', KEYS[2], new)
+end
+if #again > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  local ask = {}
+  for j, i in ipairs(again) do ask[j] = digests[i] end
+  local mine = call('SMISMEMBER', KEYS[2], ask)
+  for j, i in ipairs(again) do won[i] = mine[j] end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+return won
+"""
+
+# KEYS: the run's keys set, the claim set. Removes the claimed digests from the run again.
+_RELEASE = """
+local held = redis.call('SMEMBERS', KEYS[2])
+for i = 1, #held, 4096 do
+  redis.call('SREM', KEYS[1], unpack(held, i, math.min(i + 4095, #held)))
+end
+redis.call('DEL', KEYS[2])
+return #held
+"""
 
 
-def enqueue_claimed(conn: redis.Redis, queue: Queue, jobs: Sequence[EnqueueData], run: str, claim_id: str, *,
-                    token: str | None = None) -> bool:
-    """Enqueue JOBS (made of the items claim CLAIM_ID holds) and delete the claim set, in one
-    MULTI/EXEC WATCHing the claim set; fenced by TOKEN, the run's lock too, which must still
-    hold it. Returns False, enqueueing nothing, when the lock no longer holds TOKEN. Raises
-    WatchError, ConnectionError or TimeoutError when the transaction may not have landed (the
-    claim set, absent, says it did)."""
-    ckey = claim_key(run, claim_id)
-    # WATCH: should the client be set to retry (a URL option, another default), redis-py raises
-    # instead of re-sending a transaction whose reply it lost, which would queue every job twice.
-    with conn.pipeline(transaction=True) as pipe:
-        if token is not None:
-            pipe.watch(ckey, lock_key(run))  # type: ignore[no-untyped-call]
-            if _text(pipe.get(lock_key(run))) != token:
-                return False
-        else:
-            pipe.watch(ckey)  # type: ignore[no-untyped-call]
-        pipe.multi()
-        queue.enqueue_many(jobs, pipeline=pipe)
-        pipe.delete(ckey)
-        pipe.execute()
-    return True
+class Claims:
+    """The claim sets of runs on one connection: their keys, the scripts that write them, and
+    every other write."""
+
+    def __init__(self, conn: redis.Redis) -> None:
+        self.conn = conn
+        self._claim = conn.register_script(_CLAIM)
+        self._release = conn.register_script(_RELEASE)
+        self._reclaim = Reclaim(conn)
+
+    def claim(self, run: str, claim_id: str, digests: list[bytes], token: str | None = None) -> list[bool]:
+        """Claim items for one producer: for each digest, True when it is this claim's (added to
+        the run's keys now, or by an earlier send of this same claim), False when another
+        producer or an earlier enqueue has it, or when it repeats a digest earlier in DIGESTS.
+        Atomic, and safe to send twice. Raises RunLockedError, claiming nothing, while a producer
+        other than the holder of TOKEN holds the run's lock."""
+        if not digests:
+            return []
+        try:
+            won = self._claim(keys=[run_key(run, "keys"), claim_key(run, claim_id), lock_key(run)],
+                              args=[defaults.CLAIM_TTL, token or "", *digests])
+        except redis.exceptions.ResponseError as e:
+            if str(e).startswith(LOCKED):
+                raise RunLockedError(str(e)[len(LOCKED):].strip()) from None
+            raise
+        return [bool(x) for x in won]
+
+    def release(self, run: str, claim_id: str) -> int:
+        """Give back what a claim holds, when its items could not be enqueued (an error, Ctrl-C):
+        a later enqueue queues them. Returns how many items it held."""
+        return int(self._release(keys=[run_key(run, "keys"), claim_key(run, claim_id)]))
+
+    def reclaim(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
+                digests: list[bytes]) -> list[Requeue]:
+        """The re-claim script (Reclaim): what became of each digest."""
+        return self._reclaim(run, claim_id, ttl=ttl, token=token, retry_failed=retry_failed, digests=digests)
+
+    def others(self, run: str, own_prefix: str) -> Iterator[Claim]:
+        """RUN's claim sets whose id does not start with OWN_PREFIX (this producer's own), with their
+        TTL; a set gone meanwhile, or without a TTL (not one of genqueue's), is left out."""
+        conn = self.conn
+        prefix = claim_key(run, "")
+        for raw in conn.scan_iter(match=prefix + "*", count=defaults.CLAIMS_SCAN):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if key[len(prefix):].startswith(own_prefix):
+                continue
+            ttl = conn.ttl(key)
+            if ttl < 0:  # gone meanwhile (-2), or no TTL (-1: not one of ours)
+                continue
+            yield Claim(key[len(prefix):], key, int(ttl))
+
+    def take_over(self, claim: Claim) -> int | None:
+        """Delete CLAIM (atomically with counting it); how many items it held, None when another
+        producer deleted it first."""
+        with self.conn.pipeline(transaction=True) as p:
+            p.scard(claim.key)
+            p.delete(claim.key)
+            n, deleted = p.execute()
+        return int(n) if deleted else None
+
+    def members(self, claim: Claim) -> list[bytes]:
+        """The digests CLAIM holds."""
+        return [d for d in self.conn.smembers(claim.key) if isinstance(d, bytes)]
+
+    def exists(self, run: str, claim_id: str) -> bool:
+        return bool(self.conn.exists(claim_key(run, claim_id)))
+
+    def drop(self, run: str, claim_id: str) -> None:
+        self.conn.delete(claim_key(run, claim_id))
+
+    def enqueue(self, queue: Queue, jobs: Sequence[EnqueueData], run: str, claim_id: str, *,
+                token: str | None = None) -> bool:
+        """Enqueue JOBS (made of the items claim CLAIM_ID holds) and delete the claim set, in one
+        MULTI/EXEC WATCHing the claim set; fenced by TOKEN, the run's lock too, which must still
+        hold it. Returns False, enqueueing nothing, when the lock no longer holds TOKEN. Raises
+        WatchError, ConnectionError or TimeoutError when the transaction may not have landed (the
+        claim set, absent, says it did)."""
+        ckey = claim_key(run, claim_id)
+        # WATCH: should the client be set to retry (a URL option, another default), redis-py raises
+        # instead of re-sending a transaction whose reply it lost, which would queue every job twice.
+        with self.conn.pipeline(transaction=True) as pipe:
+            if token is not None:
+                pipe.watch(ckey, lock_key(run))  # type: ignore[no-untyped-call]
+                if _text(pipe.get(lock_key(run))) != token:
+                    return False
+            else:
+                pipe.watch(ckey)  # type: ignore[no-untyped-call]
+            pipe.multi()
+            queue.enqueue_many(jobs, pipeline=pipe)
+            pipe.delete(ckey)
+            pipe.execute()
+        return True
 
 
 def _text(value: object) -> str | None:

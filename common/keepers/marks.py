@@ -25,9 +25,9 @@ and its tool-turn counts are export's (`record_tool_turns` is the one rule for b
 speculative-decoding figures by category go to the run's tallies the same way, once per item
 (common/keepers/spectally.py).
 
-The producer's reads (`item_states`, `all_done`) and its re-claim (`Reclaim`, for
-producer/jobwriter.py) read the marks beside the run's keys set and claim sets (common/keepers/runs.py)
-in one script each; the marks' side of those scripts is written here.
+The producer's reads (`item_states`, `all_done`) read the marks beside the run's keys set
+(common/keepers/runs.py) in one script each; its re-claim, which reads the marks too but writes
+a claim set, is the claims keeper's (common/keepers/claims.py `Reclaim`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Note, ToolTurns
 from genqueue.common.keepers.redismem import pipeline_read
-from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, claim_key, key_digest, lock_key, run_key
+from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, key_digest, run_key
 from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -327,88 +327,6 @@ def totals(conn: redis.Redis, run: str) -> tuple[int, int, int]:
         p.scard(failed_key(run))
         items, done, failed = p.execute()
     return int(items), int(done), int(failed)
-
-
-# --- the producer's re-claim (producer/jobwriter.py's requeue) ------------------------------
-class Requeue(IntEnum):
-    """What a re-queue did with one item (the re-claim script's answer)."""
-
-    SKIPPED = 0  # not in the run any more, or repeated in the slice
-    QUEUED = 1  # this producer put it in a job
-    DONE = 2  # a shipped shard holds its result by now
-    FAILED = 3  # it has an error record and failed items are not retried
-
-
-#: The error the re-claim script answers when the caller's token no longer holds the lock.
-LOCK_LOST = "GENQUEUE_LOCK_LOST"
-
-# KEYS: the run's keys set, this re-claim's claim set, the done set, the failed set, the lock.
-# ARGV: the claim set's TTL, the lock token, 1 to take items with an error record, the digests.
-# Refused, before any write, unless the lock holds the token. A digest is this re-claim's
-# (1) when an earlier send of it took it, or when it is in the run, not done and (unless
-# retried) not failed; else 0 (not in the run, or repeated), 2 (done) or 3 (failed).
-_RECLAIM = """
-if redis.call('GET', KEYS[5]) ~= ARGV[2] then
-  return redis.error_reply('""" + LOCK_LOST + """')
-end
-""" + LUA_CALL_IN_PARTS + """local digests = {}
-for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
-local in_run = call('SMISMEMBER', KEYS[1], digests)
-local done = call('SMISMEMBER', KEYS[3], digests)
-local failed = call('SMISMEMBER', KEYS[4], digests)
-local mine = {}
-if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
-local out, add, seen = {}, {}, {}
-for i, d in ipairs(digests) do
-  local code = 0
-  if seen[d] then
-    code = 0
-  elseif mine[i] == 1 then
-    code = 1
-  elseif in_run[i] == 0 then
-    code = 0
-  elseif done[i] == 1 then
-    code = 2
-  elseif failed[i] == 1 and ARGV[3] ~= '1' then
-    code = 3
-  else
-    code = 1
-    add[#add + 1] = d
-  end
-  seen[d] = true
-  out[i] = code
-end
-if #add > 0 then call('SADD', KEYS[2], add) end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
-end
-return out
-"""
-
-
-class ReclaimLockLostError(redis.exceptions.ResponseError):
-    """The re-claim was refused before any write: the caller's token no longer holds the lock."""
-
-
-class Reclaim:
-    """The re-claim script of one connection: puts items of a run that are still without a
-    result (and, unless retried, without an error record) in a claim set, fenced by the lock."""
-
-    def __init__(self, conn: redis.Redis) -> None:
-        self._script = conn.register_script(_RECLAIM)
-
-    def __call__(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
-                 digests: list[bytes]) -> list[Requeue]:
-        """What became of each digest (one round trip, safe to send twice). Raises
-        ReclaimLockLostError, writing nothing, when the lock no longer holds TOKEN."""
-        keys = [run_key(run, "keys"), claim_key(run, claim_id), done_key(run), failed_key(run), lock_key(run)]
-        try:
-            raw = self._script(keys=keys, args=[ttl, token, int(retry_failed), *digests])
-        except redis.exceptions.ResponseError as e:
-            if str(e).startswith(LOCK_LOST):
-                raise ReclaimLockLostError(*e.args) from e
-            raise
-        return [Requeue(int(c)) for c in raw]
 
 
 # --- after a Redis loss (or a rewind): the marks, from the shipped shards -------------------

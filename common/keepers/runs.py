@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 import redis
 
-from genqueue.common import __version__, defaults
+from genqueue.common import __version__
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.keepers.checkpoints import clear
@@ -57,8 +57,7 @@ def run_key(run: str, suffix: str = "") -> str:
     return f"{KEY_PREFIX}:run:{run}" + (f":{suffix}" if suffix else "")
 
 
-def claim_key(run: str, claim_id: str) -> str:
-    return run_key(run, f"claim:{claim_id}")
+
 
 
 def lock_key(run: str) -> str:
@@ -97,8 +96,6 @@ class RunStore:
 
     def __init__(self, conn: redis.Redis) -> None:
         self.conn = conn
-        self._claim = conn.register_script(_CLAIM)
-        self._release = conn.register_script(_RELEASE)
         self._set_priority = conn.register_script(_SET_PRIORITY)
 
     def get(self, run: str) -> RunInfo | None:
@@ -242,28 +239,6 @@ class RunStore:
             return []
         return [bool(x) for x in self.conn.smismember(run_key(run, "keys"), digests)]
 
-    def claim(self, run: str, claim_id: str, digests: list[bytes], token: str | None = None) -> list[bool]:
-        """Claim items for one producer: for each digest, True when it is this claim's (added to
-        the run's keys now, or by an earlier send of this same claim), False when another
-        producer or an earlier enqueue has it, or when it repeats a digest earlier in DIGESTS.
-        Atomic, and safe to send twice. Raises RunLockedError, claiming nothing, while a producer
-        other than the holder of TOKEN holds the run's lock."""
-        if not digests:
-            return []
-        try:
-            won = self._claim(keys=[run_key(run, "keys"), claim_key(run, claim_id), lock_key(run)],
-                              args=[defaults.CLAIM_TTL, token or "", *digests])
-        except redis.exceptions.ResponseError as e:
-            if str(e).startswith(LOCKED):
-                raise RunLockedError(str(e)[len(LOCKED):].strip()) from None
-            raise
-        return [bool(x) for x in won]
-
-    def release(self, run: str, claim_id: str) -> int:
-        """Give back what a claim holds, when its items could not be enqueued (an error, Ctrl-C):
-        a later enqueue queues them. Returns how many items it held."""
-        return int(self._release(keys=[run_key(run, "keys"), claim_key(run, claim_id)]))
-
     def item_count(self, run: str) -> int:
         return int(self.conn.scard(run_key(run, "keys")))
 
@@ -328,9 +303,6 @@ def _int_or_zero(raw: object) -> int:
         return 0
 
 
-#: The error the claim script answers while another producer holds the run's lock.
-LOCKED = "GENQUEUE_LOCKED"
-
 #: Lua: CALL(cmd, key, list) runs a whole-list command in parts of 4096 (Lua's unpack limit),
 #: returning the concatenated replies (for other scripts of the run's keys, too).
 LUA_CALL_IN_PARTS = """
@@ -344,59 +316,6 @@ local function call(cmd, key, list)
   end
   return out
 end
-"""
-
-# KEYS: the run's keys set, the claim set, the run's lock. ARGV: the claim set's TTL, the
-# caller's lock token ('' for none), then the digests. Refused, before any write, while the
-# lock is held by another token. A digest is this claim's when it was not in the run (then it
-# is added to both sets), or when an earlier send of this script claimed it. Whole-list
-# commands, in parts of 4096 (Lua's unpack limit), keep it to a few commands per slice rather
-# than a few per item.
-_CLAIM = """
-local holder = redis.call('GET', KEYS[3])
-if holder and holder ~= ARGV[2] then
-  return redis.error_reply('GENQUEUE_LOCKED ' .. holder)
-end
-""" + LUA_CALL_IN_PARTS + """local digests = {}
-for i = 3, #ARGV do digests[#digests + 1] = ARGV[i] end
-local in_run = call('SMISMEMBER', KEYS[1], digests)
-local won, new, again, seen = {}, {}, {}, {}
-for i, d in ipairs(digests) do
-  won[i] = 0
-  if not seen[d] then
-    seen[d] = true
-    if in_run[i] == 0 then
-      new[#new + 1] = d
-      won[i] = 1
-    else
-      again[#again + 1] = i
-    end
-  end
-end
-if #new > 0 then
-  call('SADD', KEYS[1], new)
-  call('SADD', KEYS[2], new)
-end
-if #again > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  local ask = {}
-  for j, i in ipairs(again) do ask[j] = digests[i] end
-  local mine = call('SMISMEMBER', KEYS[2], ask)
-  for j, i in ipairs(again) do won[i] = mine[j] end
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
-end
-return won
-"""
-
-# KEYS: the run's keys set, the claim set. Removes the claimed digests from the run again.
-_RELEASE = """
-local held = redis.call('SMEMBERS', KEYS[2])
-for i = 1, #held, 4096 do
-  redis.call('SREM', KEYS[1], unpack(held, i, math.min(i + 4095, #held)))
-end
-redis.call('DEL', KEYS[2])
-return #held
 """
 
 # KEYS: the run's hash. ARGV: the priority. Set only on a run that exists (has its settings).

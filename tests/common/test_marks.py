@@ -10,13 +10,11 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeue, claim_key
 from genqueue.common.keepers.marks import (
     DONE,
     FAILED,
     IN_RUN,
-    Reclaim,
-    ReclaimLockLostError,
-    Requeue,
     ShardMarks,
     all_done,
     item_states,
@@ -24,7 +22,7 @@ from genqueue.common.keepers.marks import (
     marks_of_file,
     progress,
 )
-from genqueue.common.keepers.runs import claim_key, key_digest, lock_key, run_key
+from genqueue.common.keepers.runs import key_digest, lock_key, run_key
 
 RUN = "m"
 

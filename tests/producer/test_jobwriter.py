@@ -16,9 +16,10 @@ from redis.client import Pipeline
 from redis.retry import Retry
 
 from genqueue.common.contracts import Item
+from genqueue.common.keepers.claims import Claims, claim_key
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import queue_for
-from genqueue.common.keepers.runs import RunStore, claim_key, key_digest, run_key
+from genqueue.common.keepers.runs import key_digest, run_key
 from genqueue.producer.jobwriter import JobWriter
 from tests.conftest import RedisServer
 
@@ -38,7 +39,7 @@ def queued_keys(conn: redis.Redis) -> list[str]:
 
 
 def test_a_claim_sent_twice_gets_the_same_answer(conn: redis.Redis) -> None:
-    store = RunStore(conn)
+    store = Claims(conn)
     digests = [key_digest(it["key"]) for it in items(5)]
     assert store.claim(RUN, "a", digests[:3]) == [True] * 3
     # redis-py re-sends a script whose reply it lost: the items stay this claim's.
@@ -51,7 +52,7 @@ def test_a_claim_sent_twice_gets_the_same_answer(conn: redis.Redis) -> None:
 
 
 def test_write_enqueues_only_what_it_won(conn: redis.Redis) -> None:
-    RunStore(conn).claim(RUN, "other", [key_digest(it["key"]) for it in items(3, start=2)])
+    Claims(conn).claim(RUN, "other", [key_digest(it["key"]) for it in items(3, start=2)])
     w = JobWriter(RUN, conn, batch_size=2)
     won, jobs = w.write(items(8))
     assert won == [True, True, False, False, False, True, True, True] and jobs == 3
@@ -203,7 +204,7 @@ def test_redis_py_does_not_resend_a_transaction_whose_reply_it_lost(redis_server
 
 
 def test_a_claim_counts_a_repeated_digest_once_and_takes_big_slices(conn: redis.Redis) -> None:
-    store = RunStore(conn)
+    store = Claims(conn)
     d = [key_digest(it["key"]) for it in items(3)]
     assert store.claim(RUN, "a", [d[0], d[1], d[0], d[2]]) == [True, True, False, True]
     assert store.claim(RUN, "a", [d[0], d[1], d[0], d[2]]) == [True, True, False, True]  # sent again
