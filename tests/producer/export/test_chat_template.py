@@ -63,10 +63,10 @@ def strict_tiny_template() -> str:
     return template.replace(lenient, "")
 
 
-@pytest.fixture(scope="module")
-def qwen3() -> Any:
-    """A PreTrainedTokenizerFast with Qwen3's chat template and a BPE vocabulary trained here."""
-    pytest.importorskip("transformers")
+def tiny_qwen3(cls: type | None = None) -> Any:
+    """A tokenizer of class CLS (PreTrainedTokenizerFast or a subclass) with Qwen3's chat
+    template and a byte-level BPE vocabulary trained here: the one the chat-template and the
+    trainer-loader tests render with."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -78,9 +78,16 @@ def qwen3() -> Any:
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([template, "question answer thinking <think> </think> <tool_call>"], trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    hf = (cls or PreTrainedTokenizerFast)(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = template
     return hf
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Any:
+    """A PreTrainedTokenizerFast with Qwen3's chat template and a BPE vocabulary trained here."""
+    pytest.importorskip("transformers")
+    return tiny_qwen3()
 
 
 def render(tokenizer: Any, row: dict[str, Any]) -> str:

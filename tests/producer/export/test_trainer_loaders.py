@@ -47,7 +47,7 @@ import redis
 from tests.conftest import RedisServer, sharegpt, write_jsonl
 from tests.consumer.test_tool_regen import agentic
 from tests.producer.export import specforge_validation, trainer_code
-from tests.producer.export.test_chat_template import _template, meant_to_render
+from tests.producer.export.test_chat_template import meant_to_render, tiny_qwen3
 from tests.producer.export.test_export_datasets import _prune, enqueue, export, generate, lines
 
 pytestmark = pytest.mark.integration
@@ -179,9 +179,8 @@ def check(cell: Cell, rid: str, ok: dict[str, bool]) -> None:
 # --- the tokenizer: Qwen3's chat template over a byte-level BPE trained here -------------------
 @functools.cache
 def tokenizer() -> Any:
-    """A PreTrainedTokenizerFast with Qwen3's chat template (as test_chat_template.py builds it)
-    that answers SpecForge's `return_tensors="pt"` with numpy arrays (no torch here)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """test_chat_template.py's tokenizer (Qwen3's chat template) that answers SpecForge's
+    `return_tensors="pt"` with numpy arrays (no torch here)."""
     from transformers import PreTrainedTokenizerFast
 
     class NumpyForTorch(PreTrainedTokenizerFast):  # type: ignore[misc]
@@ -190,17 +189,7 @@ def tokenizer() -> Any:
                 kwargs["return_tensors"] = "np"
             return super().__call__(*args, **kwargs)
 
-    template = _template()
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([template, "question answer thinking <think> </think> <tool_call>"], trainer)
-    hf = NumpyForTorch(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    hf.chat_template = template
-    return hf
+    return tiny_qwen3(NumpyForTorch)
 
 
 def render(messages: list[dict[str, Any]], tools: Any, *, add_generation_prompt: bool = False) -> str:
