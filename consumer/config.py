@@ -6,13 +6,16 @@ not here. Every default is a common/defaults.py constant.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from genqueue.common import defaults
 from genqueue.common.cli import ConsumerArgs
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
+
+log = logging.getLogger(__name__)
 
 
 class RunOptions(ConsumerArgs):
@@ -82,6 +85,8 @@ class ConsumerConfig:
             tag = f"gpu{gpu}" if gpu is not None else endpoint.rstrip("/").rsplit(":", 1)[-1].split("/")[0]
             spool = f"{defaults.SPOOL_ROOT}/{tag}"
         fixed = parse_concurrency(options["concurrency"])
+        if (short := lease_too_short(options["lease"], options["redis_url"])) is not None:
+            log.warning(short)
         return cls(endpoint=endpoint, redis_url=options["redis_url"], run=run,
                    concurrency=defaults.CONCURRENCY if fixed is None else fixed, auto_concurrency=fixed is None,
                    max_concurrency=options["max_concurrency"], burst=options["burst"], spool=spool,
@@ -102,3 +107,24 @@ def check_endpoint(url: str) -> str:
     except ValueError:
         raise UserError(f"--endpoint {url!r} has an invalid port") from None
     return url
+
+
+def lease_too_short(lease: float, redis_url: str) -> str | None:
+    """The one-line warning for a LEASE shorter than the Redis socket timeout allows (the URL's
+    own `?socket_timeout=` or genqueue's default), None when it is long enough: a Redis command
+    that hangs until the socket timeout must surface within one renewal period, or a stalled
+    Redis costs the consumer its leases (defaults.shortest_lease). A warning, not a refusal:
+    short leases are for tests and fast failovers, and a healthy Redis answers in milliseconds."""
+    timeout = defaults.REDIS_SOCKET_TIMEOUT
+    given = parse_qs(urlparse(redis_url).query).get("socket_timeout")
+    if given:
+        try:
+            timeout = float(given[-1])
+        except ValueError:
+            pass  # redis-py refuses it when it connects, with its own message
+    need = defaults.shortest_lease(timeout)
+    if lease >= need:
+        return None
+    return (f"--lease {lease:g} s is shorter than the {need:g} s a Redis socket timeout of {timeout:g} s needs "
+            f"(a hung command must end within one renewal, every {defaults.renew_every(lease):g} s): a stalled "
+            f"Redis can cost held leases; raise --lease or lower ?socket_timeout= in the Redis URL")
