@@ -22,7 +22,7 @@ from genqueue.common.errors import (
     as_clause,
 )
 from genqueue.common.eta import format_duration
-from genqueue.common.keepers.pause import paused_reasons
+from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts
 from genqueue.common.keepers.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
 from genqueue.common.requests import RequestShape
@@ -135,7 +135,7 @@ class ServedRuns:
         contexts ready: not paused in Redis, and past this consumer's pre-flight."""
         names = [self.only_run] if self.only_run else await self.rq.call(self.store.names)
         self._count = len(names)
-        paused = await self.rq.call(paused_reasons, self.store.conn, names)
+        paused = await self.rq.call(Pause.reasons, self.store.conn, names)
         priorities = await self.rq.call(self.store.priorities, names)
         for name, p in priorities.items():
             if p != self.priorities.get(name, p):

@@ -36,7 +36,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.keepers.marks import ShardMarks
-from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.redismem import RedisEvictsError, check_policy
 from genqueue.common.keepers.rqaccess import queue_for
@@ -177,7 +177,7 @@ class Consumer:
     async def _trip(self, run: str, reason: str, held: list[Held]) -> None:
         """Pause RUN in Redis for every consumer and give back the jobs it held here."""
         try:
-            await self.rq.call(pause_run, self.conn, run, reason, self.worker.name)
+            await self.rq.call(Pause(self.conn, run).pause, reason, self.worker.name)
             n = await self.acker.give_back_held(held)
             log.info("run %s: %d held job(s) given back", run, n)
         except Exception:

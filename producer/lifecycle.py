@@ -28,7 +28,7 @@ import redis
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
 from genqueue.common.keepers.marks import SHIPPED_FAILED, progress
-from genqueue.common.keepers.pause import resume_run, run_pause
+from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import clear_refused, job_counts
 from genqueue.common.keepers.rqjobs import scan_jobs
@@ -79,7 +79,7 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
         if info is None:
             continue
         counts = job_counts(conn, name)
-        pause = run_pause(conn, name)
+        pause = Pause(conn, name).get()
         counted = progress(conn, name)
         items, done, failed = counted.items, counted.done, counted.failed_only
         if pause is not None:
@@ -138,7 +138,7 @@ def resume_command(run_name: str, redis_url: str) -> None:
     """Clear a run's pause (after fixing its cause): consumers take its jobs again."""
     conn = connect(redis_url)
     RunStore(conn).require(check_run_name(run_name))
-    was = resume_run(conn, run_name)
+    was = Pause(conn, run_name).resume()
     if was is None:
         click.echo(f"run {run_name} is not paused")
         return

@@ -101,10 +101,10 @@ def test_a_run_whose_record_is_garbage_is_named_listed_and_deletable(tmp_path: P
 
 
 def test_an_unreadable_pause_is_still_a_pause(redis_url: str, conn: redis.Redis, tmp_path: Path) -> None:
-    from genqueue.common.keepers.pause import run_pause
+    from genqueue.common.keepers.pause import Pause
 
     conn.set(f"genqueue:run:{RUN}:paused", b"garbage")
-    pause = run_pause(conn, RUN)
+    pause = Pause(conn, RUN).get()
     assert pause is not None and "unreadable pause record" in pause["reason"]
 
 

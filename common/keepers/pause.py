@@ -21,33 +21,53 @@ class PauseInfo(TypedDict):
     at: float  # epoch seconds, Redis's clock (common/keepers/clock.py): status on any node says how long ago
 
 
-def pause_key(run: str) -> str:
-    return run_key(run, "paused")
+class Pause:
+    """RUN's paused state on CONN: its key, pausing, the reason, resuming."""
 
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+        self.run = run
 
-def pause_run(conn: redis.Redis, run: str, reason: str, by: str) -> bool:
-    """Pause RUN with REASON; True if this call paused it (False: it was paused already)."""
-    info: PauseInfo = {"reason": reason, "by": by, "at": redis_time(conn)}
-    return bool(conn.set(pause_key(run), orjson.dumps(info), nx=True))
+    @staticmethod
+    def key(run: str) -> str:
+        return run_key(run, "paused")
 
+    def pause(self, reason: str, by: str) -> bool:
+        """Pause the run with REASON; True if this call paused it (False: it was paused already)."""
+        info: PauseInfo = {"reason": reason, "by": by, "at": redis_time(self.conn)}
+        return bool(self.conn.set(self.key(self.run), orjson.dumps(info), nx=True))
 
-def run_pause(conn: redis.Redis, run: str) -> PauseInfo | None:
-    """Why RUN is paused, or None."""
-    raw = conn.get(pause_key(run))
-    if raw is None:
-        return None
-    return _pause_info(raw)
+    def get(self) -> PauseInfo | None:
+        """Why the run is paused, or None."""
+        raw = self.conn.get(self.key(self.run))
+        if raw is None:
+            return None
+        return _pause_info(raw)
 
+    def resume(self) -> PauseInfo | None:
+        """Clear the run's pause; returns what it was (None: it was not paused)."""
+        with self.conn.pipeline() as p:
+            p.get(self.key(self.run))
+            p.delete(self.key(self.run))
+            raw, _ = p.execute()
+        if raw is None:
+            return None
+        return _pause_info(raw)
 
-def resume_run(conn: redis.Redis, run: str) -> PauseInfo | None:
-    """Clear RUN's pause; returns what it was (None: it was not paused)."""
-    with conn.pipeline() as p:
-        p.get(pause_key(run))
-        p.delete(pause_key(run))
-        raw, _ = p.execute()
-    if raw is None:
-        return None
-    return _pause_info(raw)
+    @classmethod
+    def reasons(cls, conn: redis.Redis, names: list[str]) -> dict[str, str]:
+        """The runs among NAMES that are paused in Redis, with their reasons (one round trip)."""
+        if not names:
+            return {}
+        raws = conn.mget([cls.key(n) for n in names])
+        out: dict[str, str] = {}
+        for name, raw in zip(names, raws, strict=True):
+            if raw is not None:
+                try:
+                    out[name] = str(orjson.loads(raw).get("reason", "?"))
+                except (orjson.JSONDecodeError, AttributeError):
+                    out[name] = "?"
+        return out
 
 
 def _pause_info(raw: bytes | str) -> PauseInfo:
@@ -62,17 +82,3 @@ def _pause_info(raw: bytes | str) -> PauseInfo:
     shown = raw[:80].decode("utf-8", "replace") if isinstance(raw, bytes) else raw[:80]
     return {"reason": f"unreadable pause record {shown!r} (`producer resume` clears it)", "by": "?", "at": 0.0}
 
-
-def paused_reasons(conn: redis.Redis, names: list[str]) -> dict[str, str]:
-    """The runs among NAMES that are paused in Redis, with their reasons (one round trip)."""
-    if not names:
-        return {}
-    raws = conn.mget([pause_key(n) for n in names])
-    out: dict[str, str] = {}
-    for name, raw in zip(names, raws, strict=True):
-        if raw is not None:
-            try:
-                out[name] = str(orjson.loads(raw).get("reason", "?"))
-            except (orjson.JSONDecodeError, AttributeError):
-                out[name] = "?"
-    return out

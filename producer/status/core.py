@@ -30,7 +30,7 @@ from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers import marks
 from genqueue.common.keepers.clock import redis_time
-from genqueue.common.keepers.pause import run_pause
+from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.keepers.runs import RunStore
@@ -70,7 +70,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     inputs = input_view(sources, reading(conn, run))
     counted = marks.progress(conn, run)  # one moment: marks and the counters they bump agree
     items, done, failed, stats = counted.items, counted.done, counted.failed_only, counted.stats
-    pause = run_pause(conn, run)
+    pause = Pause(conn, run).get()
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     started_at = store.started_at(run)

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from genqueue.common.contracts import ExitCode
-from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.pause import Pause
 from tests.conftest import BIN, RedisServer, cli, free_gpu, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.consumer.launch.test_launch import Launch
@@ -115,7 +115,7 @@ def test_an_endpoint_that_never_came_up_leaves_no_empty_spool(tmp_path, redis_ur
 
 def test_a_paused_run_exits_5(tmp_path, redis_url, conn):
     enqueue(tmp_path, redis_url, "held", 16)
-    pause_run(conn, "held", "breaker: the first 8 items all failed", "gq-test")
+    Pause(conn, "held").pause("breaker: the first 8 items all failed", "gq-test")
     sim = Sim(tmp_path, "--mean-tokens", "10")
     try:
         code, log = burst(tmp_path, redis_url, sim, "--run", "held")
@@ -150,7 +150,7 @@ def test_a_run_gone_after_redis_restarted_empty_exits_6_not_0(tmp_path):
 
 def test_launch_does_not_restart_a_consumer_whose_run_is_paused(tmp_path, redis_url, conn):
     enqueue(tmp_path, redis_url, "stuck", 16)
-    pause_run(conn, "stuck", "breaker: the first 8 items all failed", "gq-test")
+    Pause(conn, "stuck").pause("breaker: the first 8 items all failed", "gq-test")
     launch = Launch(tmp_path, redis_url, "0", "--run", "stuck", "--burst", "-c", "8",
                     sim=("--mean-tokens", "10"))
     try:

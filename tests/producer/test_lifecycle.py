@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
@@ -44,7 +44,7 @@ def test_runs_in_each_state_resume_and_delete(tmp_path, redis_url, conn):
     w.start()
     held, _ = w.dequeue(queue_for("held", conn))
     assert held is not None
-    pause_run(conn, "stopped", "breaker: the first 8 items all failed with permanent: HTTP N", "gq-test")
+    Pause(conn, "stopped").pause("breaker: the first 8 items all failed with permanent: HTTP N", "gq-test")
     rows = runs(redis_url)
     assert {r: rows[r]["state"] for r in rows} == {"done": "done", "waiting": "queued", "held": "running",
                                                    "stopped": "paused"}

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from genqueue.common.keepers.marks import ShardMarks, done_key, failed_key, mark_shipped, rebuild_marks
-from genqueue.common.keepers.pause import pause_run
+from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.runs import RunStore, key_digest, run_key
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from genqueue.producer.status import format_status, run_status
@@ -256,7 +256,7 @@ def test_run_json_on_s3_and_a_missing_local_output_is_not_created(tmp_path: Path
 def test_status_says_a_paused_run_first_in_red(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     data = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(10)])
     enqueue(redis_url, data, "pz", str(tmp_path / "o"))
-    assert pause_run(conn, "pz", "breaker: 8 of the first 8 items failed: HTTP 400", "w1")
+    assert Pause(conn, "pz").pause("breaker: 8 of the first 8 items failed: HTTP 400", "w1")
     st = run_status(conn, "pz")
     assert st["paused"]["reason"].startswith("breaker") and st["paused"]["by"] == "w1"
     painted = format_status(st, color=True).splitlines()
