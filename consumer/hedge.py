@@ -47,7 +47,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.keepers import flights as fl
 from genqueue.common.keepers.flights import Flight, Offer
-from genqueue.common.keepers.hungry import other_caller
+from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.marks import done_of
 from genqueue.common.keepers.rqaccess import job_payload
 from genqueue.consumer.answer.generate import RunContext
@@ -156,7 +156,7 @@ class Hedger:
         # A run whose queue this consumer has not seen empty (it holds enough to not ask) is at its
         # end all the same when another consumer calls for work of it (common/keepers/hungry.py).
         for run in sorted(set(self.dispatcher.held_runs()) - tail - stopped):
-            if await self.rq.call(other_caller, self.conn, run, self.worker) is not None:
+            if await self.rq.call(Hungry(self.conn, run).other_caller, self.worker) is not None:
                 tail.add(run)
         for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
             await self.rq.call(fl.publish, self.conn, run, self.worker, 0.0, [])

@@ -12,23 +12,29 @@ import redis
 from genqueue.common.keepers.runs import run_key
 
 
-def hungry_key(run: str) -> str:
-    return run_key(run, "hungry")
+class Hungry:
+    """RUN's call for work on CONN: its key, the call, and who calls."""
 
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+        self.run = run
 
-def call_for_work(conn: redis.Redis, run: str, worker: str, ttl: float) -> None:
-    """WORKER calls for work of RUN, for TTL seconds."""
-    conn.set(hungry_key(run), worker, px=int(ttl * 1000))
+    @staticmethod
+    def key(run: str) -> str:
+        return run_key(run, "hungry")
 
+    def call(self, worker: str, ttl: float) -> None:
+        """WORKER calls for work of the run, for TTL seconds."""
+        self.conn.set(self.key(self.run), worker, px=int(ttl * 1000))
 
-def caller_for_work(conn: redis.Redis, run: str) -> str | None:
-    """The consumer calling for work of RUN now, if any."""
-    raw = conn.get(hungry_key(run))
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else None if raw is None else str(raw)
+    def caller(self) -> str | None:
+        """The consumer calling for work of the run now, if any."""
+        raw = self.conn.get(self.key(self.run))
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else None if raw is None else str(raw)
 
-
-def other_caller(conn: redis.Redis, run: str, me: str) -> str | None:
-    """The consumer other than ME calling for work of RUN now, if any: what it holds of the run,
-    ME gives back (intake) or offers for copies (hedge), since that one would start it sooner."""
-    caller = caller_for_work(conn, run)
-    return None if caller == me else caller
+    def other_caller(self, me: str) -> str | None:
+        """The consumer other than ME calling for work of the run now, if any: what it holds of
+        the run, ME gives back (intake) or offers for copies (hedge), since that one would start
+        it sooner."""
+        caller = self.caller()
+        return None if caller == me else caller

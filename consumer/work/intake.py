@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
-from genqueue.common.keepers.hungry import call_for_work, other_caller
+from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.marks import done_of
 from genqueue.common.keepers.rqaccess import job_counts, queue_for
 from genqueue.consumer.guards.stop import Stopped, until
@@ -204,7 +204,7 @@ class Intake:
             if not jobs:
                 continue
             self._looked[run] = now
-            caller = await self.rq.call(other_caller, self.worker.connection, run, self.worker.name)
+            caller = await self.rq.call(Hungry(self.worker.connection, run).other_caller, self.worker.name)
             if caller is None:
                 continue
             self._empty_at[run] = now  # its queue is empty: taking them back here would hoard them
@@ -214,7 +214,7 @@ class Intake:
                          "here given back", run, caller, n)
 
     def _call_for_work(self, run: str) -> None:
-        call_for_work(self.worker.connection, run, self.worker.name, HUNGRY_TTL)
+        Hungry(self.worker.connection, run).call(self.worker.name, HUNGRY_TTL)
 
     async def fetch_one(self, runs: list[str]) -> bool:
         """Dequeue one job of the first of RUNS that has one; True when a job was taken (or
