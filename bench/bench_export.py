@@ -100,14 +100,14 @@ def build(out: Path, n: int, dup_rate: float, seed: int = 0) -> tuple[int, int]:
 
 def setup_run(url: str, out: Path, n: int) -> None:
     from genqueue.common.keepers.runs import RunStore, run_key
+    from genqueue.common.keepers.runsources import RunSources
     from genqueue.common.settings import RunSettings
-    from genqueue.producer.ingest import sources
 
     conn = redis.Redis.from_url(url)
     store = RunStore(conn)
     store.create_or_check(RUN, RunSettings(output=str(out)))
     store.record_source(RUN, "data.jsonl", {"records": n})
-    sources.assign(conn, RUN, "data.jsonl")
+    RunSources(conn, RUN).assign("data.jsonl")
     for start in range(0, n, 50_000):
         conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(f"{i:032x}") for i in range(start, min(n, start + 50_000))])
 

@@ -54,7 +54,7 @@ from genqueue.common.errors import InputError, WriteFailedError
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import RunStore, key_digest
-from genqueue.common.keepers.runsources import end_reading, start_reading
+from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import probe_output
 from genqueue.producer import memplan
@@ -529,7 +529,7 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
                    retry_failed=retry_failed)
     ended = False
     if conn is not None:
-        start_reading(conn, run, summary.source, time.time())
+        RunSources(conn, run).start_reading(summary.source, time.time())
     try:
         enq.process(records)
         summary.complete = ended = True
@@ -540,7 +540,7 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
         if lock is not None:
             lock.release()
         if conn is not None:
-            end_reading(conn, run, summary.source)
+            RunSources(conn, run).end_reading(summary.source)
         enq.fill(summary)
         try:
             if rejects is not None and ended:

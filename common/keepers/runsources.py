@@ -29,42 +29,47 @@ return n
 READING_TTL = defaults.RUNSOURCES_READING_TTL
 
 
-def order_key(run: str) -> str:
-    return run_key(run, "source-order")
+class RunSources:
+    """RUN's sources on CONN: their order and the inputs being read, keys and operations."""
 
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+        self.run = run
 
-def reading_key(run: str) -> str:
-    return run_key(run, "reading")
+    @staticmethod
+    def order_key(run: str) -> str:
+        return run_key(run, "source-order")
 
+    @staticmethod
+    def reading_key(run: str) -> str:
+        return run_key(run, "reading")
 
-def assign(conn: redis.Redis, run: str, source_id: str) -> int:
-    """SOURCE_ID's place among RUN's sources (given now when it is new)."""
-    return int(conn.eval(_ASSIGN, 1, order_key(run), source_id))
+    def assign(self, source_id: str) -> int:
+        """SOURCE_ID's place among the run's sources (given now when it is new)."""
+        return int(self.conn.eval(_ASSIGN, 1, self.order_key(self.run), source_id))
 
+    def places(self) -> dict[str, int]:
+        """Every source id of the run with its place."""
+        pairs: list[tuple[bytes, float]] = self.conn.zrange(  # type: ignore[assignment]
+            self.order_key(self.run), 0, -1, withscores=True)
+        return {k.decode(): int(v) for k, v in pairs}
 
-def places(conn: redis.Redis, run: str) -> dict[str, int]:
-    """Every source id of RUN with its place."""
-    pairs: list[tuple[bytes, float]] = conn.zrange(order_key(run), 0, -1, withscores=True)  # type: ignore[assignment]
-    return {k.decode(): int(v) for k, v in pairs}
+    def start_reading(self, source_id: str, at: float) -> None:
+        key = self.reading_key(self.run)
+        with self.conn.pipeline(transaction=False) as p:
+            p.hset(key, source_id, repr(at))
+            p.expire(key, READING_TTL)
+            p.execute()
 
+    def end_reading(self, source_id: str) -> None:
+        self.conn.hdel(self.reading_key(self.run), source_id)
 
-def start_reading(conn: redis.Redis, run: str, source_id: str, at: float) -> None:
-    with conn.pipeline(transaction=False) as p:
-        p.hset(reading_key(run), source_id, repr(at))
-        p.expire(reading_key(run), READING_TTL)
-        p.execute()
-
-
-def end_reading(conn: redis.Redis, run: str, source_id: str) -> None:
-    conn.hdel(reading_key(run), source_id)
-
-
-def reading(conn: redis.Redis, run: str) -> dict[str, float]:
-    """The sources of RUN an enqueue is reading now, with when it began (garbage left out)."""
-    out: dict[str, float] = {}
-    for k, v in conn.hgetall(reading_key(run)).items():
-        try:
-            out[k.decode() if isinstance(k, bytes) else str(k)] = float(v)
-        except ValueError:
-            continue
-    return out
+    def reading(self) -> dict[str, float]:
+        """The sources of the run an enqueue is reading now, with when it began (garbage left out)."""
+        out: dict[str, float] = {}
+        for k, v in self.conn.hgetall(self.reading_key(self.run)).items():
+            try:
+                out[k.decode() if isinstance(k, bytes) else str(k)] = float(v)
+            except ValueError:
+                continue
+        return out

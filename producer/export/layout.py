@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from genqueue.common.keepers.runs import RunStore
-from genqueue.common.keepers.runsources import places as source_places
+from genqueue.common.keepers.runsources import RunSources
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ def layout_for(conn: redis.Redis, run: str) -> Layout:
     store = RunStore(conn)
     summaries = store.sources(run)
     items = store.item_count(run)
-    places = source_places(conn, run)
+    places = RunSources(conn, run).places()
     if not places:
         records = [int(s.get("records", 0)) for s in summaries.values()]
         return Layout(max([*records, items, 1]))

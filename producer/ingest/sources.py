@@ -1,7 +1,7 @@
 """An input's place in its run, bound into the Origin its items are made with.
 
 The order of a run's sources and the inputs being read are kept in Redis by
-common/keepers/runsources.py (its writes re-exported here, where tests and benchmarks look for them).
+common/keepers/runsources.py (RunSources).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import redis
 
-from genqueue.common.keepers.runsources import assign, end_reading, start_reading
+from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.requests import RequestShape
 from genqueue.common.settings import RunSettings
 from genqueue.producer.ingest.items import Origin
 
-__all__ = ["assign", "bind", "end_reading", "start_reading"]
+__all__ = ["bind"]
 
 
 def bind(origin: Origin | None, path: str, source_id: str, run: str, settings: RunSettings,
@@ -24,5 +24,5 @@ def bind(origin: Origin | None, path: str, source_id: str, run: str, settings: R
     its name as given, its place (0 in a dry run: nothing is written), the run's seed and
     request parameters (a Batch line may ask for the token ids a --token-ids run asks for)."""
     params = RequestShape.of(settings).fields()
-    return replace(origin or Origin(), source=path, source_seq=assign(conn, run, source_id) if conn else 0,
+    return replace(origin or Origin(), source=path, source_seq=RunSources(conn, run).assign(source_id) if conn else 0,
                    base_seed=settings.sampling.seed or 0, run_params=params)

@@ -34,7 +34,7 @@ from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.keepers.runs import RunStore
-from genqueue.common.keepers.runsources import reading
+from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.snapshots import ConsumerReport, read_spent, reports
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
@@ -67,7 +67,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     store = RunStore(conn)
     info = store.require(run)
     sources = store.sources(run)
-    inputs = input_view(sources, reading(conn, run))
+    inputs = input_view(sources, RunSources(conn, run).reading())
     counted = marks.progress(conn, run)  # one moment: marks and the counters they bump agree
     items, done, failed, stats = counted.items, counted.done, counted.failed_only, counted.stats
     pause = Pause(conn, run).get()

@@ -18,7 +18,7 @@ from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.readings import engine_view, parse_prometheus
 from genqueue.producer.export.core import _tool_turns
-from genqueue.producer.ingest.sources import end_reading, start_reading
+from genqueue.common.keepers.runsources import RunSources
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status.figures import outcome_view, placement
 from tests.conftest import cli
@@ -244,10 +244,10 @@ def test_tool_turns_are_counted_with_the_marks_once_in_exports_words(conn: redis
 def test_an_input_still_being_read_is_said(conn: redis.Redis) -> None:
     RunStore(conn).create_or_check("rd", RunSettings())
     now = time.time()
-    start_reading(conn, "rd", "/data/part-2.jsonl", now - 65)
+    RunSources(conn, "rd").start_reading("/data/part-2.jsonl", now - 65)
     r = run_status(conn, "rd", now=now)
     assert r["input"]["reading"] == {"/data/part-2.jsonl": pytest.approx(now - 65)} and not r["input"]["complete"]
     row = next(x for x in format_status(r, color=False).splitlines() if x.startswith("input"))
     assert "part-2.jsonl: still reading (an enqueue began 1m 05s ago)" in row
-    end_reading(conn, "rd", "/data/part-2.jsonl")
+    RunSources(conn, "rd").end_reading("/data/part-2.jsonl")
     assert run_status(conn, "rd", now=now)["input"]["reading"] == {}
