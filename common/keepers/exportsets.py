@@ -35,45 +35,59 @@ class Coverage(NamedTuple):
     missing: int  # the run's items it wrote no record of (now in the missing set)
 
 
-def scratch_keys(run: str) -> ScratchKeys:
-    """A new export's two scratch keys for RUN."""
-    seen = run_key(run, f"export:{uuid.uuid4().hex}:seen")
-    return ScratchKeys(seen, seen.removesuffix(":seen") + ":missing")
+class ScratchSet:
+    """One scratch set of an export (its seen or its missing set, by KEY, from
+    ExportSets.keys) on CONN."""
+
+    def __init__(self, conn: redis.Redis, key: str) -> None:
+        self.conn = conn
+        self.key = key
+
+    def add(self, digests: list[bytes]) -> None:
+        """Add DIGESTS (the set's lifetime renewed)."""
+        with self.conn.pipeline(transaction=False) as p:
+            p.sadd(self.key, *digests)
+            p.expire(self.key, TEMP_KEY_TTL)
+            p.execute()
+
+    def members(self, digests: list[bytes]) -> list[bool]:
+        """For each of DIGESTS, whether the set holds it."""
+        return [bool(x) for x in self.conn.smismember(self.key, digests)] if digests else []
+
+    def remove(self, digests: list[bytes]) -> None:
+        self.conn.srem(self.key, *digests)
+
+    def each_member(self) -> Iterator[bytes]:
+        """Every digest the set holds (in parts: it may hold millions)."""
+        for d in self.conn.sscan_iter(self.key, count=_SCAN):
+            yield bytes(d)
 
 
-def add(conn: redis.Redis, key: str, digests: list[bytes]) -> None:
-    """Add DIGESTS to the scratch set KEY (its lifetime renewed)."""
-    with conn.pipeline(transaction=False) as p:
-        p.sadd(key, *digests)
-        p.expire(key, TEMP_KEY_TTL)
-        p.execute()
+class ExportSets:
+    """One export's two scratch sets of RUN on CONN: their keys (new ones unless KEYS is given),
+    the coverage they compute, and their end."""
 
+    def __init__(self, conn: redis.Redis, run: str, keys: ScratchKeys | None = None) -> None:
+        self.conn = conn
+        self.run = run
+        self.keys = self.new_keys(run) if keys is None else keys
 
-def members(conn: redis.Redis, key: str, digests: list[bytes]) -> list[bool]:
-    """For each of DIGESTS, whether the scratch set KEY holds it."""
-    return [bool(x) for x in conn.smismember(key, digests)] if digests else []
+    @staticmethod
+    def new_keys(run: str) -> ScratchKeys:
+        """A new export's two scratch keys for RUN."""
+        seen = run_key(run, f"export:{uuid.uuid4().hex}:seen")
+        return ScratchKeys(seen, seen.removesuffix(":seen") + ":missing")
 
+    def coverage(self) -> Coverage:
+        """Fill the missing set with the run's keys the seen set lacks; the three counts."""
+        conn, keys = self.conn, self.keys
+        items = run_key(self.run, "keys")
+        enqueued = int(conn.scard(items))
+        seen = int(conn.scard(keys.seen))
+        missing = int(conn.sdiffstore(keys.missing, [items, keys.seen]))
+        conn.expire(keys.missing, TEMP_KEY_TTL)
+        return Coverage(enqueued, seen, missing)
 
-def remove(conn: redis.Redis, key: str, digests: list[bytes]) -> None:
-    conn.srem(key, *digests)
-
-
-def each_member(conn: redis.Redis, key: str) -> Iterator[bytes]:
-    """Every digest the scratch set KEY holds (in parts: it may hold millions)."""
-    for d in conn.sscan_iter(key, count=_SCAN):
-        yield bytes(d)
-
-
-def coverage(conn: redis.Redis, run: str, keys: ScratchKeys) -> Coverage:
-    """Fill the missing set of KEYS with RUN's keys the seen set lacks; the three counts."""
-    items = run_key(run, "keys")
-    enqueued = int(conn.scard(items))
-    seen = int(conn.scard(keys.seen))
-    missing = int(conn.sdiffstore(keys.missing, [items, keys.seen]))
-    conn.expire(keys.missing, TEMP_KEY_TTL)
-    return Coverage(enqueued, seen, missing)
-
-
-def drop(conn: redis.Redis, keys: ScratchKeys) -> None:
-    """Delete the export's scratch sets."""
-    conn.delete(keys.seen, keys.missing)
+    def drop(self) -> None:
+        """Delete the export's scratch sets."""
+        self.conn.delete(self.keys.seen, self.keys.missing)

@@ -61,7 +61,7 @@ from genqueue.common.contracts import (
     ToolTurns,
     error_info,
 )
-from genqueue.common.keepers import exportsets
+from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
 from genqueue.common.keepers.marks import record_tool_turns
 from genqueue.common.keepers.rqaccess import JobPlace, refused_jobs
 from genqueue.common.keepers.rqjobs import JobScan, failed_reason, read_jobs
@@ -291,8 +291,8 @@ class Exporter:
             tmp = Path(tempfile.mkdtemp(prefix=".gq-export-", dir=self.workdir))
         except OSError as e:
             raise write_failed(e, self.workdir, PARTITIONS, room_in=self.workdir) from None
-        scratch = exportsets.scratch_keys(self.run)
-        seen_key, missing_key = scratch
+        scratch = ExportSets(self.conn, self.run)
+        seen_key, missing_key = scratch.keys
         finals = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
         try:
             total = self.source.count_records(shards) if self.progress.wants_total else None
@@ -327,7 +327,7 @@ class Exporter:
             for k, p in self.paths.items():
                 os.replace(finals[k], p)
         finally:
-            exportsets.drop(self.conn, scratch)
+            scratch.drop()
             shutil.rmtree(tmp, ignore_errors=True)
             for p in finals.values():
                 p.unlink(missing_ok=True)
@@ -598,7 +598,7 @@ class Exporter:
             r.stopped_at_tool_turn += 1
 
     def _sadd(self, seen_key: str, digests: list[bytes]) -> None:
-        exportsets.add(self.conn, seen_key, digests)
+        ScratchSet(self.conn, seen_key).add(digests)
 
     def _failed_jobs(self, errs: IO[bytes], seen_key: str) -> None:
         """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
@@ -608,7 +608,7 @@ class Exporter:
         for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan):
             reason = failed_reason(self.conn, job.id)
             digests = [bytes.fromhex(it["key"]) for it in job.items]
-            present = exportsets.members(self.conn, seen_key, digests)
+            present = ScratchSet(self.conn, seen_key).members(digests)
             lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
             if self.variant is not None:  # no record says its variant: the key's draw does
                 mine = {it["key"]: _drawn_name(it["key"], self.variants) == self.variant for it in lost}

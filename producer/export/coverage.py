@@ -15,7 +15,7 @@ from typing import IO
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers import exportsets
+from genqueue.common.keepers.exportsets import ExportSets, ScratchKeys, ScratchSet
 from genqueue.common.keepers.rqaccess import JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
 
@@ -28,7 +28,7 @@ def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missi
     Unexpected: keys with records that the run never enqueued (an older run of that name).
     Every job of the run is checked (its payload too when items are missing), the bad ones
     noted in SCAN."""
-    enqueued, seen, missing = exportsets.coverage(conn, run, exportsets.ScratchKeys(seen_key, missing_key))
+    enqueued, seen, missing = ExportSets(conn, run, ScratchKeys(seen_key, missing_key)).coverage()
     with open(missing_path, "wb", buffering=_WRITE_BUFFER) as fh:
         if missing:
             _write_missing(conn, run, fh, missing_key, scan)
@@ -43,13 +43,13 @@ def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str,
     for job in read_jobs(conn, run, list(JobPlace), scan=scan):
         items = job.items
         digests = [bytes.fromhex(it["key"]) for it in items]
-        flags = exportsets.members(conn, missing_key, digests)
+        flags = ScratchSet(conn, missing_key).members(digests)
         found = [it for it, missing in zip(items, flags, strict=True) if missing]
         if not found:
             continue
         fh.writelines(missing_line(it["key"], it.get("id"), it.get("source"), it.get("index")) for it in found)
-        exportsets.remove(conn, missing_key, [bytes.fromhex(it["key"]) for it in found])
-    fh.writelines(missing_line(d.hex(), None, None, None) for d in exportsets.each_member(conn, missing_key))
+        ScratchSet(conn, missing_key).remove([bytes.fromhex(it["key"]) for it in found])
+    fh.writelines(missing_line(d.hex(), None, None, None) for d in ScratchSet(conn, missing_key).each_member())
 
 
 def missing_line(key: str, rid: object, source: object, index: object) -> bytes:
