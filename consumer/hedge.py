@@ -45,8 +45,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode, Record, is_error
-from genqueue.common.keepers import flights as fl
-from genqueue.common.keepers.flights import Flight, Offer
+from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.marks import done_of
 from genqueue.common.keepers.rqaccess import job_payload
@@ -159,7 +158,7 @@ class Hedger:
             if await self.rq.call(Hungry(self.conn, run).other_caller, self.worker) is not None:
                 tail.add(run)
         for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
-            await self.rq.call(fl.publish, self.conn, run, self.worker, 0.0, [])
+            await self.rq.call(Flights(self.conn, run).offer, self.worker, 0.0, [])
             self._offered.discard(run)
         contexts = self._contexts()
         for run in sorted(tail):
@@ -179,7 +178,7 @@ class Hedger:
         while q:
             run, key = q[0]
             try:
-                await self.rq.call(fl.release, self.conn, run, key, self.worker)
+                await self.rq.call(Flights(self.conn, run).release, key, self.worker)
             except redis.exceptions.ResponseError:
                 q.popleft()  # odd content under the claims' key: not tried again (claims expire)
                 raise
@@ -201,7 +200,7 @@ class Hedger:
             return
         unsent = [f for f in flights if f.age is None]
         flying = sorted((f for f in flights if f.age is not None), key=lambda f: f.age or 0.0)
-        await self.rq.call(fl.publish, self.conn, run, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER],
+        await self.rq.call(Flights(self.conn, run).offer, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER],
                            now=self._clock())
         if flights:
             self._offered.add(run)
@@ -210,7 +209,7 @@ class Hedger:
 
     async def _copy(self, ctx: RunContext) -> None:
         run = ctx.run
-        offers = await self.rq.call(fl.offers, self.conn, run, now=self._clock())
+        offers = await self.rq.call(Flights(self.conn, run).offers, now=self._clock())
         failed_here = {key for (r, key) in self.dispatcher.copies_failed if r == run}
         picks = choose(offers, self.worker, self.rate.value, self.dispatcher.copy_slots(),
                        set(self.dispatcher.held_keys(run)) | failed_here)
@@ -222,10 +221,10 @@ class Hedger:
             item = next((it for it in payloads[f.job_id] or [] if it["key"] == f.key), None)
             if item is None or not copyable(ctx, item):
                 continue
-            if not await self.rq.call(fl.claim, self.conn, run, f.key, self.worker):
+            if not await self.rq.call(Flights(self.conn, run).claim, f.key, self.worker):
                 continue
             if not self.dispatcher.start_copy(ctx, item):
-                await self.rq.call(fl.release, self.conn, run, f.key, self.worker)
+                await self.rq.call(Flights(self.conn, run).release, f.key, self.worker)
                 break
             sent += 1
             log.debug("run %s: copy of item %s sent (held by %s, %s)", run, f.key, offer.worker,

@@ -33,14 +33,6 @@ OFFER_TTL = defaults.FLIGHTS_OFFER_TTL
 CLAIMS_TTL = defaults.FLIGHTS_CLAIMS_TTL
 
 
-def flights_key(run: str) -> str:
-    return run_key(run, "flights")
-
-
-def hedges_key(run: str) -> str:
-    return run_key(run, "hedges")
-
-
 @dataclass(frozen=True, slots=True)
 class Flight:
     """One item a consumer holds of a run: in flight for AGE seconds, or unsent (AGE None)."""
@@ -61,42 +53,6 @@ class Offer:
     flights: tuple[Flight, ...]
 
 
-def publish(conn: redis.Redis, run: str, worker: str, rate: float, flights: list[Flight], *,
-            now: float | None = None) -> None:
-    """WORKER's offer for RUN at NOW (Redis's clock as the consumer reads it, common/keepers/clock.py:
-    every reader judges its age by its own; default the local clock). An empty FLIGHTS
-    withdraws it."""
-    key = flights_key(run)
-    if not flights:
-        conn.hdel(key, worker)
-        return
-    body = orjson.dumps({"rate": rate, "at": time.time() if now is None else now,
-                         "items": [[f.job_id, f.key, f.age] for f in flights]})
-    p = conn.pipeline(transaction=False)
-    p.hset(key, worker, body)
-    p.pexpire(key, int(OFFER_TTL * 1000))
-    p.execute()
-
-
-def offers(conn: redis.Redis, run: str, *, now: float | None = None) -> list[Offer]:
-    """The current offers for RUN at NOW (the clock publish was given; stale and unreadable
-    ones left out)."""
-    now = time.time() if now is None else now
-    out: list[Offer] = []
-    raw: dict[bytes, bytes] = conn.hgetall(flights_key(run))  # type: ignore[assignment]
-    for worker, body in raw.items():
-        try:
-            d = orjson.loads(body)
-            at, rate = float(d["at"]), float(d["rate"])
-            flights = tuple(Flight(str(j), str(k), None if a is None else float(a)) for j, k, a in d["items"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-        if now - at > OFFER_TTL:
-            continue
-        out.append(Offer(worker.decode(errors="replace"), rate, at, flights))
-    return out
-
-
 # Take the claim when it is free, or held by a consumer no longer live (not seen for
 # STALE_AFTER seconds of Redis time, or never): a consumer killed while its copies ran would
 # otherwise keep their items from every other idle one until the claims expire.
@@ -114,23 +70,70 @@ return 1
 """
 
 
-def claim(conn: redis.Redis, run: str, item_key: str, worker: str) -> bool:
-    """Whether WORKER now holds the one copy of RUN's ITEM_KEY (False: another live consumer
-    has it, or WORKER already does)."""
-    return bool(conn.eval(_CLAIM, 2, hedges_key(run), CONSUMERS, item_key, worker, STALE_AFTER, CLAIMS_TTL))
-
-
-def claimed(conn: redis.Redis, run: str) -> set[str]:
-    """The item keys of RUN whose copy some consumer has claimed."""
-    return {k.decode(errors="replace") for k in conn.hkeys(hedges_key(run))}  # type: ignore[union-attr]
-
-
 # Compare and delete: a claim is given back only by the consumer that holds it.
 _RELEASE = "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) end return 0"
 
 
-def release(conn: redis.Redis, run: str, item_key: str, worker: str) -> bool:
-    """WORKER gives back its claim on the copy of RUN's ITEM_KEY (its copy ended without a
-    result, or was never sent), so another consumer may copy the item; a claim another
-    consumer holds is left alone. Whether a claim was given back."""
-    return bool(conn.eval(_RELEASE, 1, hedges_key(run), item_key, worker))
+class Flights:
+    """The end of RUN's offers on CONN: its two keys, the consumers' offers and the copies' claims."""
+
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+        self.run = run
+
+    @staticmethod
+    def key(run: str) -> str:
+        return run_key(run, "flights")
+
+    @staticmethod
+    def hedges_key(run: str) -> str:
+        return run_key(run, "hedges")
+
+    def offer(self, worker: str, rate: float, flights: list[Flight], *, now: float | None = None) -> None:
+        """WORKER's offer for the run at NOW (Redis's clock as the consumer reads it,
+        common/keepers/clock.py: every reader judges its age by its own; default the local clock).
+        An empty FLIGHTS withdraws it."""
+        conn, key = self.conn, self.key(self.run)
+        if not flights:
+            conn.hdel(key, worker)
+            return
+        body = orjson.dumps({"rate": rate, "at": time.time() if now is None else now,
+                             "items": [[f.job_id, f.key, f.age] for f in flights]})
+        p = conn.pipeline(transaction=False)
+        p.hset(key, worker, body)
+        p.pexpire(key, int(OFFER_TTL * 1000))
+        p.execute()
+
+    def offers(self, *, now: float | None = None) -> list[Offer]:
+        """The current offers for the run at NOW (the clock offer was given; stale and
+        unreadable ones left out)."""
+        now = time.time() if now is None else now
+        out: list[Offer] = []
+        raw: dict[bytes, bytes] = self.conn.hgetall(self.key(self.run))  # type: ignore[assignment]
+        for worker, body in raw.items():
+            try:
+                d = orjson.loads(body)
+                at, rate = float(d["at"]), float(d["rate"])
+                flights = tuple(Flight(str(j), str(k), None if a is None else float(a)) for j, k, a in d["items"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+            if now - at > OFFER_TTL:
+                continue
+            out.append(Offer(worker.decode(errors="replace"), rate, at, flights))
+        return out
+
+    def claim(self, item_key: str, worker: str) -> bool:
+        """Whether WORKER now holds the one copy of the run's ITEM_KEY (False: another live
+        consumer has it, or WORKER already does)."""
+        return bool(self.conn.eval(_CLAIM, 2, self.hedges_key(self.run), CONSUMERS, item_key, worker, STALE_AFTER,
+                                   CLAIMS_TTL))
+
+    def claimed(self) -> set[str]:
+        """The item keys of the run whose copy some consumer has claimed."""
+        return {k.decode(errors="replace") for k in self.conn.hkeys(self.hedges_key(self.run))}  # type: ignore[union-attr]
+
+    def release(self, item_key: str, worker: str) -> bool:
+        """WORKER gives back its claim on the copy of the run's ITEM_KEY (its copy ended without a
+        result, or was never sent), so another consumer may copy the item; a claim another
+        consumer holds is left alone. Whether a claim was given back."""
+        return bool(self.conn.eval(_RELEASE, 1, self.hedges_key(self.run), item_key, worker))

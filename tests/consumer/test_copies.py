@@ -20,7 +20,7 @@ import redis
 
 from genqueue.common.contracts import Item, Mode
 from genqueue.common.keepers import flights as fl
-from genqueue.common.keepers.flights import Flight, Offer
+from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.runs import CONSUMERS
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.generate import RunContext
@@ -247,22 +247,22 @@ def test_no_copy_takes_a_slot_while_an_item_of_a_held_job_waits_for_one() -> Non
 
 def test_offers_expire_withdraw_and_one_claim_per_item(redis_url: str) -> None:
     conn = redis.Redis.from_url(redis_url)
-    fl.publish(conn, "r", "a", 250.0, [Flight("j1", "k1", 0.5), Flight("j1", "k2", None)])
-    fl.publish(conn, "r", "b", 500.0, [Flight("j2", "k3", 1.0)])
-    got = {o.worker: o for o in fl.offers(conn, "r")}
+    Flights(conn, "r").offer("a", 250.0, [Flight("j1", "k1", 0.5), Flight("j1", "k2", None)])
+    Flights(conn, "r").offer("b", 500.0, [Flight("j2", "k3", 1.0)])
+    got = {o.worker: o for o in Flights(conn, "r").offers()}
     assert set(got) == {"a", "b"} and got["a"].rate == 250.0
     assert got["a"].flights == (Flight("j1", "k1", 0.5), Flight("j1", "k2", None))
-    assert 0 < conn.pttl(fl.flights_key("r")) <= fl.OFFER_TTL * 1000  # a dead consumer's offer goes away
-    assert [o.worker for o in fl.offers(conn, "r", now=time.time() + fl.OFFER_TTL + 1)] == []  # stale
-    fl.publish(conn, "r", "a", 250.0, [])  # withdrawn
-    assert [o.worker for o in fl.offers(conn, "r")] == ["b"]
-    conn.hset(fl.flights_key("r"), "garbage", b"{not json")
-    conn.hset(fl.flights_key("r"), "wrong", b'{"rate": 1, "at": 1, "items": [[1]]}')
-    assert [o.worker for o in fl.offers(conn, "r")] == ["b"]  # odd content is skipped, never a crash
+    assert 0 < conn.pttl(Flights.key("r")) <= fl.OFFER_TTL * 1000  # a dead consumer's offer goes away
+    assert [o.worker for o in Flights(conn, "r").offers(now=time.time() + fl.OFFER_TTL + 1)] == []  # stale
+    Flights(conn, "r").offer("a", 250.0, [])  # withdrawn
+    assert [o.worker for o in Flights(conn, "r").offers()] == ["b"]
+    conn.hset(Flights.key("r"), "garbage", b"{not json")
+    conn.hset(Flights.key("r"), "wrong", b'{"rate": 1, "at": 1, "items": [[1]]}')
+    assert [o.worker for o in Flights(conn, "r").offers()] == ["b"]  # odd content is skipped, never a crash
     conn.zadd(CONSUMERS, {"a": float(conn.time()[0])})  # a live consumer (it reported just now)
-    assert fl.claim(conn, "r", "k1", "a") and not fl.claim(conn, "r", "k1", "b")
-    assert fl.claimed(conn, "r") == {"k1"} and conn.ttl(fl.hedges_key("r")) > 0
-    assert not fl.claim(conn, "r", "k1", "a")  # already its own: not a second copy
+    assert Flights(conn, "r").claim("k1", "a") and not Flights(conn, "r").claim("k1", "b")
+    assert Flights(conn, "r").claimed() == {"k1"} and conn.ttl(Flights.hedges_key("r")) > 0
+    assert not Flights(conn, "r").claim("k1", "a")  # already its own: not a second copy
 
 
 def test_a_claim_of_a_consumer_no_longer_live_is_taken_over(redis_url: str) -> None:
@@ -275,11 +275,11 @@ def test_a_claim_of_a_consumer_no_longer_live_is_taken_over(redis_url: str) -> N
     now = float(conn.time()[0])
     conn.zadd(CONSUMERS, {"alive": now - 1, "dead": now - STALE_AFTER - 5})
     for holder, item_key in (("alive", "k1"), ("dead", "k2"), ("never-seen", "k3")):
-        assert fl.claim(conn, "s", item_key, holder)
-    assert not fl.claim(conn, "s", "k1", "me")  # its holder reported a second ago
-    assert fl.claim(conn, "s", "k2", "me") and fl.claim(conn, "s", "k3", "me")
-    assert conn.hgetall(fl.hedges_key("s")) == {b"k1": b"alive", b"k2": b"me", b"k3": b"me"}
-    assert not fl.release(conn, "s", "k2", "dead")  # the old holder, back, cannot free what it lost
+        assert Flights(conn, "s").claim(item_key, holder)
+    assert not Flights(conn, "s").claim("k1", "me")  # its holder reported a second ago
+    assert Flights(conn, "s").claim("k2", "me") and Flights(conn, "s").claim("k3", "me")
+    assert conn.hgetall(Flights.hedges_key("s")) == {b"k1": b"alive", b"k2": b"me", b"k3": b"me"}
+    assert not Flights(conn, "s").release("k2", "dead")  # the old holder, back, cannot free what it lost
 
 
 # --- end to end: real consumers on a fast and a slow stand-in ----------------------------------
@@ -390,7 +390,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
     from genqueue.consumer.rqthread import RqThread
 
     conn = redis.Redis.from_url(redis_url)
-    conn.set(fl.flights_key("r"), "not a hash")
+    conn.set(Flights.key("r"), "not a hash")
 
     class Idle:
         """A dispatcher holding one item of run r, with slots free."""
@@ -478,8 +478,8 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
     conn = redis.Redis.from_url(redis_url)
     k7, k8, k9 = item(7)["key"], item(8)["key"], item(9)["key"]
     held = Queue("elsewhere", connection=conn, serializer=SERIALIZER).enqueue("os.getcwd", [item(7), item(8)])
-    fl.publish(conn, "r", "other", 10.0, [Flight(held.id, k7, None), Flight(held.id, k8, None)])
-    assert fl.claim(conn, "r", k9, "third")
+    Flights(conn, "r").offer("other", 10.0, [Flight(held.id, k7, None), Flight(held.id, k8, None)])
+    assert Flights(conn, "r").claim(k9, "third")
 
     async def scenario() -> None:
         rq = RqThread()
@@ -492,16 +492,16 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
         await h.look()
         assert h.copies_sent == 2
         await _until(lambda: list(d.copies) == [("r", k7)], "item 8's copy ended in an error")
-        assert d.copies_lost == 1 and fl.claimed(conn, "r") == {k7, k8, k9}
-        fl.publish(conn, "r", "other", 10.0, [Flight(held.id, k7, None), Flight(held.id, k8, None)])
+        assert d.copies_lost == 1 and Flights(conn, "r").claimed() == {k7, k8, k9}
+        Flights(conn, "r").offer("other", 10.0, [Flight(held.id, k7, None), Flight(held.id, k8, None)])
         await h.look()  # item 8's claim given back; its copy failed here, so it is not sent again from here
-        assert fl.claimed(conn, "r") == {k7, k9} and h.copies_sent == 2 and list(d.copies) == [("r", k7)]
+        assert Flights(conn, "r").claimed() == {k7, k9} and h.copies_sent == 2 and list(d.copies) == [("r", k7)]
         assert not d.unclaimed
         d.cancel_copies()  # item 7's copy cut (as when it gives way to an item held here)
         await _until(lambda: not d.copies, "item 7's copy ended")
         await h._give_back()
-        assert fl.claimed(conn, "r") == {k9}  # another consumer's claim is left alone
-        assert not fl.release(conn, "r", k9, "me") and fl.release(conn, "r", k9, "third")
+        assert Flights(conn, "r").claimed() == {k9}  # another consumer's claim is left alone
+        assert not Flights(conn, "r").release(k9, "me") and Flights(conn, "r").release(k9, "third")
         rq.close()
 
     asyncio.run(scenario())
@@ -534,7 +534,7 @@ def test_offers_are_stamped_and_judged_by_redis_clock_so_skewed_nodes_see_each_o
         rq.close()
 
     asyncio.run(scenario())
-    seen = fl.offers(conn, "r", now=redis_time(conn))  # another node, reading by Redis's clock
+    seen = Flights(conn, "r").offers(now=redis_time(conn))  # another node, reading by Redis's clock
     assert [o.worker for o in seen] == ["behind"] and len(seen[0].flights) == 2
     stamped = time.time() - 100.0  # what the node's own clock would have stamped
     assert fl.OFFER_TTL < redis_time(conn) - stamped  # which that reader would have taken for stale
