@@ -37,15 +37,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.keepers.marks import ShardMarks, mark_shipped, rebuild_marks
-from genqueue.common.keepers.markstamps import (
-    KEEP,
-    forget_state,
-    look,
-    mark_pending,
-    mark_rebuilt,
-    rebuild_state,
-    stamp_key,
-)
+from genqueue.common.keepers.markstamps import KEEP, MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import queue_name
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import RunStore
@@ -91,7 +83,7 @@ class Rewind:
         """common.marks.mark_shipped, stamped (in the same pipeline, after the marks). The
         stamp it replaces tells at once whether Redis lost this consumer's last writes."""
         self._seq += 1
-        replaced = mark_shipped(self.conn, run, marks, stamp=(stamp_key(self.worker), self._seq, KEEP))
+        replaced = mark_shipped(self.conn, run, marks, stamp=(MarkStamp.key(self.worker), self._seq, KEEP))
         if replaced is None:
             return
         if replaced < self._written:
@@ -112,7 +104,7 @@ class Rewind:
     def check(self) -> None:
         """One round trip: Redis's run_id, this consumer's stamp, the runs' rebuild states."""
         runs = self._runs()
-        seen = look(self.conn, self.worker, runs)
+        seen = MarkStamp(self.conn, self.worker).look(runs)
         self._checked = time.monotonic()
         run_id = seen.run_id
         if self.run_id is not None and run_id is not None and run_id != self.run_id:
@@ -135,7 +127,7 @@ class Rewind:
                     "writes were lost (a restart from an RDB snapshot, a failover); rebuilding the marks of %s "
                     "from the shipped shards before taking their jobs again", found, self._written,
                     ", ".join(runs) or "no run")
-        mark_pending(self.conn, self.worker, runs, uuid.uuid4().hex[:12], self._seq)
+        MarkStamp(self.conn, self.worker).mark_pending(runs, uuid.uuid4().hex[:12], self._seq)
         self._written = self._seq
         self.pending.update(runs)
 
@@ -159,7 +151,7 @@ class Rewind:
         """Rebuild RUN's marks under its lock unless another consumer did."""
         info = RunStore(self.conn).get(run)
         if info is None:
-            forget_state(self.conn, run)
+            RebuildState(self.conn, run).forget()
             return Rebuild.GONE
         lock = RunLock(self.conn, run)
         deadline = time.monotonic() + LOCK_WAIT
@@ -169,12 +161,12 @@ class Rewind:
             time.sleep(0.1)
         lock.acquire()
         try:
-            state = rebuild_state(self.conn, run)
+            state = RebuildState(self.conn, run).get()
             if not state.startswith("pending:"):
                 return Rebuild.DONE
             t0 = time.monotonic()
             rebuilt = rebuild_marks(self.conn, run, self._store_for(info.settings.output))
-            mark_rebuilt(self.conn, run, state)
+            RebuildState(self.conn, run).rebuilt(state)
             log.warning("run %s: marks rebuilt from %s in %.1f s", run, rebuilt.line(), time.monotonic() - t0)
             return Rebuild.REBUILT
         finally:

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from genqueue.common.keepers.marks import ShardMarks, done_key, done_of
-from genqueue.common.keepers.markstamps import stamp_key, state_key
+from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runs import run_key
@@ -129,16 +129,16 @@ def test_a_stamp_gone_back_holds_the_run_on_every_consumer_until_rebuilt(conn: r
             a.mark_shipped("rw", marks)
         b.mark_shipped("rw", marks)
         assert a.allows("genqueue.rw") and b.allows("genqueue.rw") and not a.pending
-        conn.set(stamp_key("a"), 1)  # Redis lost A's last two writes
+        conn.set(MarkStamp.key("a"), 1)  # Redis lost A's last two writes
         a.mark_shipped("rw", marks)  # the stamp it replaces tells at once
         assert a.pending == {"rw"} and a.rewinds == 1
-        assert (conn.get(state_key("rw")) or b"").startswith(b"pending:")
+        assert (conn.get(RebuildState.key("rw")) or b"").startswith(b"pending:")
         b._checked = float("-inf")
         assert not b.allows("genqueue.rw") and b.pending == {"rw"}  # B lost nothing, and holds back
         assert not a.allows("genqueue.rw")
-        conn.set(state_key("rw"), "done:x")  # as the rebuilder leaves it
+        conn.set(RebuildState.key("rw"), "done:x")  # as the rebuilder leaves it
         assert b._rebuild("rw") is Rebuild.DONE
         conn.delete(run_key("rw"))
-        assert a._rebuild("rw") is Rebuild.GONE and conn.get(state_key("rw")) is None
+        assert a._rebuild("rw") is Rebuild.GONE and conn.get(RebuildState.key("rw")) is None
     finally:
         rq.close()
