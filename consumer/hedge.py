@@ -47,7 +47,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.hungry import Hungry
-from genqueue.common.keepers.marks import done_of
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.rqaccess import job_payload
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher
@@ -188,7 +188,7 @@ class Hedger:
         keys = self.dispatcher.held_keys(run)
         if not keys:
             return
-        done = await self.rq.call(done_of, self.conn, run, keys)
+        done = await self.rq.call(Marks(self.conn, run).done_of, keys)
         if done:
             n = await self.dispatcher.done_elsewhere(run, done)
             if n:

@@ -51,6 +51,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import RunStore, key_digest
@@ -78,7 +79,6 @@ from genqueue.producer.reconcile import (
     as_int,
     derivation,
     input_digest,
-    item_states,
     take_view,
     unchanged_input,
 )
@@ -261,7 +261,7 @@ class Enqueuer:
                 self._close_group(flat, pos)
         else:
             conn = self.writer.conn
-            states = item_states(conn, self.run, [key_digest(it["key"]) for _, it in flat])
+            states = Marks(conn, self.run).item_states([key_digest(it["key"]) for _, it in flat])
             if self.view is None and any(st & (IN_RUN | DONE) == IN_RUN for st in states):
                 self._take_view()
             orphans: list[bytes] = []

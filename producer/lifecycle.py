@@ -27,7 +27,7 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.keepers.marks import SHIPPED_FAILED, progress
+from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import clear_refused, job_counts
@@ -80,7 +80,7 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             continue
         counts = job_counts(conn, name)
         pause = Pause(conn, name).get()
-        counted = progress(conn, name)
+        counted = Marks(conn, name).progress()
         items, done, failed = counted.items, counted.done, counted.failed_only
         if pause is not None:
             state = RunState.PAUSED

@@ -22,7 +22,7 @@ set can only get into one through this producer. An item in a live job may finis
 this time, and as failed by the next reconcile).
 
 After a Redis loss the marks are rebuilt from the shipped shards first
-(common.marks.rebuild_marks): every record's key, streamed shard by shard; error records are FAILED;
+(common/keepers/marks.py Marks.rebuild): every record's key, streamed shard by shard; error records are FAILED;
 each item newly marked bumps its counters (outcome, turns, tool turns) as when its shard shipped.
 
 And when nothing can need doing, the input is not read at all (`unchanged_input`): the same
@@ -43,16 +43,16 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.keepers.claims import Claims
-from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, all_done, item_states
+from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.keepers.runs import add_keys, source_summary
 
 log = logging.getLogger(__name__)
 
-# The item states are the mark store's (common/keepers/marks.py); named here too for producer/enqueue.py.
+# The item state bits are the mark store's (common/keepers/marks.py); named here too for producer/enqueue.py.
 __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "derivation", "input_digest",
-           "item_states", "take_view", "unchanged_input"]
+           "take_view", "unchanged_input"]
 
 def add_to_run(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
     """Put items that have marks but are not in the run's keys set into it (marks shipped by
@@ -146,4 +146,4 @@ def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None
     if (not isinstance(prev, dict) or not prev.get("complete") or prev.get("input_digest") != digest
             or prev.get("derivation") != derived):
         return None
-    return prev if all_done(conn, run) else None
+    return prev if Marks(conn, run).all_done() else None

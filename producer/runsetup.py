@@ -44,7 +44,7 @@ from typing import Any
 import redis
 
 from genqueue.common.errors import UserError
-from genqueue.common.keepers.marks import rebuild_marks
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.runs import RunInfo, RunStore, conflict
 from genqueue.common.placement import Placement, this_host
 from genqueue.common.settings import RunSettings, check_update, check_variant_params
@@ -83,7 +83,7 @@ class RunSetup:
                  "re-created from there should Redis lose it")
         if self.existing is None and self.run_file is not None:
             rf = self.run_file
-            rebuilt = rebuild_marks(self.conn, self.run, self.output)
+            rebuilt = Marks(self.conn, self.run).rebuild(self.output)
             placement = Placement.new(self.settings.output, shared_fs=self.shared_fs or rf.placement.shared_fs)
             if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints, placement):
                 self.outcome["recreated_run"] = True
@@ -98,7 +98,7 @@ class RunSetup:
         elif self.existing is None:
             shards = self._shards(note)
             if shards:
-                rebuilt = rebuild_marks(self.conn, self.run, self.output)
+                rebuilt = Marks(self.conn, self.run).rebuild(self.output)
                 self.outcome["recreated_run"] = store.create_or_check(self.run, self.settings, self._placement())
                 self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
                                                  "done": rebuilt.done, "failed": rebuilt.failed}

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from rq.job import Job, JobStatus
 
 from genqueue.common.keepers import rqjobs
-from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, queue_name
 from genqueue.consumer.rqcompat import GenWorker
 from genqueue.producer.cli import main as producer
@@ -128,7 +128,7 @@ def build_genuine(tmp: Path, conn: redis.Redis, url: str) -> dict[str, Any]:
                      "outcome": "finished", "attempt": 1, "timings": {"finished_at": 1.0}})
         marks.add(it["key"], error=False)
     (shards / "w-000001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
-    mark_shipped(conn, RUN, marks)
+    Marks(conn, RUN).mark_shipped(marks)
     assert w.finish(done, {"items": 3, "items_done": 3})
     w.fail(gave_up, "Traceback...\nAbandonedJobError: abandoned 4 times", retry=False)
     w.stop()

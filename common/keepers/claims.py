@@ -25,7 +25,7 @@ from rq import Queue
 from rq.queue import EnqueueData
 
 from genqueue.common import defaults
-from genqueue.common.keepers.marks import done_key, failed_key
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
 
 
@@ -114,7 +114,7 @@ class Reclaim:
                  digests: list[bytes]) -> list[Requeue]:
         """What became of each digest (one round trip, safe to send twice). Raises
         ReclaimLockLostError, writing nothing, when the lock no longer holds TOKEN."""
-        keys = [run_key(run, "keys"), claim_key(run, claim_id), done_key(run), failed_key(run), lock_key(run)]
+        keys = [run_key(run, "keys"), claim_key(run, claim_id), Marks.done_key(run), Marks.failed_key(run), lock_key(run)]
         try:
             raw = self._script(keys=keys, args=[ttl, token, int(retry_failed), *digests])
         except redis.exceptions.ResponseError as e:

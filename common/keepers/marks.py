@@ -1,11 +1,11 @@
 """The mark store: the one owner of which items of a run have a record in a shipped shard.
 
-Every read and write of the done and failed marks goes through this module, Lua included:
+Every read and write of the done and failed marks goes through its class, Marks(conn, run), Lua included:
 marking a shipped shard (and bumping its per-outcome counters), the consumer's look-up of a
 job's items, the producer's item states and re-claim, the counts, and the rebuild from the
 shards. Nothing outside it spells the keys' layout or the counters' names in a command, so a
 change of how the marks are stored is a change of this file (and its tests) alone: status
-reads `progress`, `producer runs` reads `totals`, and the counters' names are SHIPPED_*.
+reads `Marks.progress`, `producer runs` reads `Marks.totals`, and the counters' names are SHIPPED_*.
 
 When a shard is shipped, the keys of the records it holds are added to the run's `done` set
 (results) or `failed` set (error records), in one round trip, before any job is acked on it.
@@ -25,7 +25,7 @@ and its tool-turn counts are export's (`record_tool_turns` is the one rule for b
 speculative-decoding figures by category go to the run's tallies the same way, once per item
 (common/keepers/spectally.py).
 
-The producer's reads (`item_states`, `all_done`) read the marks beside the run's keys set
+The producer's reads (`Marks.item_states`, `Marks.all_done`) read the marks beside the run's keys set
 (common/keepers/runs.py) in one script each; its re-claim, which reads the marks too but writes
 a claim set, is the claims keeper's (common/keepers/claims.py `Reclaim`).
 """
@@ -53,14 +53,6 @@ from genqueue.common.storage import ShardStore, read_manifest
 log = logging.getLogger(__name__)
 
 REBUILD_BATCH = defaults.MARKS_REBUILD_BATCH
-
-
-def done_key(run: str) -> str:
-    return run_key(run, "done")
-
-
-def failed_key(run: str) -> str:
-    return run_key(run, "failed")
 
 
 #: The run's counters (in genqueue:run:<run>:stats) the marking script bumps: one per outcome of
@@ -191,57 +183,9 @@ def _quads(digests: list[bytes], kinds: list[str], turns: list[int] | None = Non
     return [x for t in zip(digests, kinds, turns, tools, spec, strict=True) for x in t]
 
 
-def _send_marks(p: Any, run: str, marks: ShardMarks) -> None:
-    """Queue on pipeline P the marking script's calls for MARKS of RUN: the results first, then
-    the error records (one of an item with a result counts nowhere)."""
-    stats, spec = run_key(run, "stats"), SpecTallies.key(run)
-    if marks.done:
-        p.eval(_MARK, 3, done_key(run), stats, spec,
-               *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec))
-    if marks.failed:
-        p.eval(_MARK, 4, failed_key(run), stats, spec, done_key(run), *_quads(marks.failed, marks.failed_kind))
-
-
-def mark_shipped(conn: redis.Redis, run: str, marks: ShardMarks, *,
-                 stamp: tuple[str, int, int] | None = None) -> int | None:
-    """Record MARKS of a shipped shard of RUN (one round trip). STAMP (key, value, expiry in
-    seconds) is set after the marks: Redis holding the stamp holds the marks written before it.
-    Returns the stamp it replaced (0 if none; None without STAMP or with nothing to mark):
-    consumer/guards/rewind.py tells by it a Redis that lost writes."""
-    if not marks.done and not marks.failed:
-        return None
-    with conn.pipeline(transaction=False) as p:
-        _send_marks(p, run, marks)
-        if stamp is not None:
-            p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
-        out = p.execute()
-    return int(out[-1] or 0) if stamp is not None else None
-
-
 class Mark(StrEnum):
     DONE = "done"
     FAILED = "failed"
-
-
-def marks_of(conn: redis.Redis, run: str, item_keys: list[str]) -> list[Mark | None]:
-    """For each item key, whether a shipped shard already holds its result (DONE), only an
-    error record (FAILED), or nothing (None). One round trip."""
-    if not item_keys:
-        return []
-    digests = [key_digest(k) for k in item_keys]
-    with conn.pipeline(transaction=False) as p:
-        p.smismember(done_key(run), digests)
-        p.smismember(failed_key(run), digests)
-        done, failed = p.execute()
-    return [Mark.DONE if d else Mark.FAILED if f else None for d, f in zip(done, failed, strict=True)]
-
-
-def done_of(conn: redis.Redis, run: str, item_keys: list[str]) -> set[str]:
-    """The item keys whose result a shipped shard already holds (marked DONE). One round trip."""
-    if not item_keys:
-        return set()
-    found = conn.smismember(done_key(run), [key_digest(k) for k in item_keys])
-    return {k for k, d in zip(item_keys, found, strict=True) if d}
 
 
 # --- the producer's reads: item states, all done, counts -----------------------------------
@@ -261,24 +205,6 @@ return table.concat(out)
 """
 
 
-def item_states(conn: redis.Redis, run: str, digests: list[bytes]) -> bytes:
-    """Each item's state bits (IN_RUN, DONE, FAILED), one byte per digest, in one round trip."""
-    if not digests:
-        return b""
-    raw = conn.register_script(_STATES)(keys=[run_key(run, "keys"), done_key(run), failed_key(run)], args=digests)
-    return bytes(b - 48 for b in raw)
-
-
-def all_done(conn: redis.Redis, run: str) -> bool:
-    """Whether every item in RUN's keys set is DONE (one round trip). False when Redis cannot
-    say (before 7.0 it has no SINTERCARD)."""
-    with conn.pipeline(transaction=False) as p:
-        p.scard(run_key(run, "keys"))
-        p.sintercard(2, [run_key(run, "keys"), done_key(run)])
-        items, done = p.execute(raise_on_error=False)
-    return not isinstance(done, Exception) and int(items) == int(done)
-
-
 @dataclass(frozen=True, slots=True)
 class Progress:
     """A run's items and marks read at one moment, with the counters the marking script bumps
@@ -296,43 +222,10 @@ class Progress:
         return max(self.failed - self.failed_and_done, 0)
 
 
-def progress(conn: redis.Redis, run: str) -> Progress:
-    """RUN's Progress, in one transaction: the marks and the outcome counters the same script
-    bumps are read at one moment, so they agree."""
-    def build(p: Any) -> None:
-        p.scard(run_key(run, "keys"))
-        p.scard(done_key(run))
-        p.scard(failed_key(run))
-        p.sintercard(2, [failed_key(run), done_key(run)])
-        p.hgetall(run_key(run, "stats"))
-
-    items, done, failed, both, raw = pipeline_read(conn, build, raise_on_error=False)  # a full Redis refuses MULTI
-    if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
-        both = 0
-    stats: dict[str, int] = {}
-    for k, v in (raw.items() if isinstance(raw, dict) else []):
-        try:
-            stats[k.decode() if isinstance(k, bytes) else str(k)] = int(v)
-        except ValueError:  # garbage in the hash: left out, as RunStore.stats does
-            continue
-    return Progress(int(items), int(done), int(failed), int(both), stats)
-
-
-def totals(conn: redis.Redis, run: str) -> tuple[int, int, int]:
-    """The sizes of RUN's keys set and of its done and failed marks as stored (an item may be in
-    both marks), one round trip: `producer runs`' figures."""
-    with conn.pipeline(transaction=False) as p:
-        p.scard(run_key(run, "keys"))
-        p.scard(done_key(run))
-        p.scard(failed_key(run))
-        items, done, failed = p.execute()
-    return int(items), int(done), int(failed)
-
-
 # --- after a Redis loss (or a rewind): the marks, from the shipped shards -------------------
 @dataclass(slots=True)
 class Rebuilt:
-    """What rebuild_marks read."""
+    """What Marks.rebuild read."""
 
     shards: int = 0
     records: int = 0
@@ -347,53 +240,173 @@ class Rebuilt:
         return text + (f", {self.unreadable:,} unreadable lines skipped" if self.unreadable else "")
 
 
-def rebuild_marks(conn: redis.Redis, run: str, store: ShardStore) -> Rebuilt:
-    """Rebuild RUN's DONE and FAILED marks, and its keys set, from every record of its shipped
-    shards (streamed: memory holds one batch of digests). The marks are written by the marking
-    script the consumers ship with, so each item newly marked bumps the counters it would have
-    bumped when its shard shipped (outcome or error class, turns, tool turns): after a Redis loss
-    status shows the figures it showed before. Idempotent: marks only get added, and an item
-    already marked counts nothing more."""
-    t0 = time.perf_counter()
-    out = Rebuilt()
-    batch = ShardMarks()
+class Marks:
+    """RUN's done and failed marks on CONN: their keys, the marking of a shipped shard, the
+    look-ups, the producer's reads and the rebuild from the shipped shards."""
 
-    def flush() -> None:
-        nonlocal batch
-        if not batch.done and not batch.failed:
-            return
-        with conn.pipeline(transaction=False) as p:
-            _send_marks(p, run, batch)
-            p.sadd(run_key(run, "keys"), *batch.done, *batch.failed)
-            p.execute()
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+        self.run = run
+
+    @staticmethod
+    def done_key(run: str) -> str:
+        return run_key(run, "done")
+
+    @staticmethod
+    def failed_key(run: str) -> str:
+        return run_key(run, "failed")
+
+    # --- the consumers' writes and look-ups ------------------------------------------------
+    def _send(self, p: Any, marks: ShardMarks) -> None:
+        """Queue on pipeline P the marking script's calls for MARKS: the results first, then the
+        error records (one of an item with a result counts nowhere)."""
+        run = self.run
+        stats, spec = run_key(run, "stats"), SpecTallies.key(run)
+        if marks.done:
+            p.eval(_MARK, 3, self.done_key(run), stats, spec,
+                   *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec))
+        if marks.failed:
+            p.eval(_MARK, 4, self.failed_key(run), stats, spec, self.done_key(run),
+                   *_quads(marks.failed, marks.failed_kind))
+
+    def mark_shipped(self, marks: ShardMarks, *, stamp: tuple[str, int, int] | None = None) -> int | None:
+        """Record MARKS of a shipped shard of the run (one round trip). STAMP (key, value, expiry
+        in seconds) is set after the marks: Redis holding the stamp holds the marks written before
+        it. Returns the stamp it replaced (0 if none; None without STAMP or with nothing to mark):
+        consumer/guards/rewind.py tells by it a Redis that lost writes."""
+        if not marks.done and not marks.failed:
+            return None
+        with self.conn.pipeline(transaction=False) as p:
+            self._send(p, marks)
+            if stamp is not None:
+                p.set(stamp[0], stamp[1], ex=stamp[2], get=True)
+            out = p.execute()
+        return int(out[-1] or 0) if stamp is not None else None
+
+    def marks_of(self, item_keys: list[str]) -> list[Mark | None]:
+        """For each item key, whether a shipped shard already holds its result (DONE), only an
+        error record (FAILED), or nothing (None). One round trip."""
+        if not item_keys:
+            return []
+        digests = [key_digest(k) for k in item_keys]
+        with self.conn.pipeline(transaction=False) as p:
+            p.smismember(self.done_key(self.run), digests)
+            p.smismember(self.failed_key(self.run), digests)
+            done, failed = p.execute()
+        return [Mark.DONE if d else Mark.FAILED if f else None for d, f in zip(done, failed, strict=True)]
+
+    def done_of(self, item_keys: list[str]) -> set[str]:
+        """The item keys whose result a shipped shard already holds (marked DONE). One round trip."""
+        if not item_keys:
+            return set()
+        found = self.conn.smismember(self.done_key(self.run), [key_digest(k) for k in item_keys])
+        return {k for k, d in zip(item_keys, found, strict=True) if d}
+
+    # --- the producer's reads: item states, all done, counts -------------------------------
+    def item_states(self, digests: list[bytes]) -> bytes:
+        """Each item's state bits (IN_RUN, DONE, FAILED), one byte per digest, in one round trip."""
+        if not digests:
+            return b""
+        run = self.run
+        raw = self.conn.register_script(_STATES)(keys=[run_key(run, "keys"), self.done_key(run),
+                                                       self.failed_key(run)], args=digests)
+        return bytes(b - 48 for b in raw)
+
+    def all_done(self) -> bool:
+        """Whether every item in the run's keys set is DONE (one round trip). False when Redis
+        cannot say (before 7.0 it has no SINTERCARD)."""
+        run = self.run
+        with self.conn.pipeline(transaction=False) as p:
+            p.scard(run_key(run, "keys"))
+            p.sintercard(2, [run_key(run, "keys"), self.done_key(run)])
+            items, done = p.execute(raise_on_error=False)
+        return not isinstance(done, Exception) and int(items) == int(done)
+
+    def progress(self) -> Progress:
+        """The run's Progress, in one transaction: the marks and the outcome counters the same
+        script bumps are read at one moment, so they agree."""
+        run = self.run
+
+        def build(p: Any) -> None:
+            p.scard(run_key(run, "keys"))
+            p.scard(self.done_key(run))
+            p.scard(self.failed_key(run))
+            p.sintercard(2, [self.failed_key(run), self.done_key(run)])
+            p.hgetall(run_key(run, "stats"))
+
+        # a full Redis refuses MULTI
+        items, done, failed, both, raw = pipeline_read(self.conn, build, raise_on_error=False)
+        if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
+            both = 0
+        stats: dict[str, int] = {}
+        for k, v in (raw.items() if isinstance(raw, dict) else []):
+            try:
+                stats[k.decode() if isinstance(k, bytes) else str(k)] = int(v)
+            except ValueError:  # garbage in the hash: left out, as RunStore.stats does
+                continue
+        return Progress(int(items), int(done), int(failed), int(both), stats)
+
+    def totals(self) -> tuple[int, int, int]:
+        """The sizes of the run's keys set and of its done and failed marks as stored (an item
+        may be in both marks), one round trip: `producer runs`' figures."""
+        run = self.run
+        with self.conn.pipeline(transaction=False) as p:
+            p.scard(run_key(run, "keys"))
+            p.scard(self.done_key(run))
+            p.scard(self.failed_key(run))
+            items, done, failed = p.execute()
+        return int(items), int(done), int(failed)
+
+    # --- after a Redis loss (or a rewind): the marks, from the shipped shards --------------
+    def rebuild(self, store: ShardStore) -> Rebuilt:
+        """Rebuild the run's DONE and FAILED marks, and its keys set, from every record of its
+        shipped shards (streamed: memory holds one batch of digests). The marks are written by
+        the marking script the consumers ship with, so each item newly marked bumps the counters
+        it would have bumped when its shard shipped (outcome or error class, turns, tool turns):
+        after a Redis loss status shows the figures it showed before. Idempotent: marks only get
+        added, and an item already marked counts nothing more."""
+        conn, run = self.conn, self.run
+        t0 = time.perf_counter()
+        out = Rebuilt()
         batch = ShardMarks()
 
-    for shard in store.list_shards(run):
-        out.shards += 1
-        manifest = read_manifest(store, run, shard)
-        lines = 0
-        with store.open(run, shard.name) as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                lines += 1
-                try:
-                    rec = orjson.loads(line)
-                    if not isinstance(rec, dict):
-                        raise TypeError("a record is a JSON object")
-                    batch.add_record(rec)
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    out.unreadable += 1
-                    continue
-                out.records += 1
-                if len(batch.done) + len(batch.failed) >= REBUILD_BATCH:
-                    flush()
-        if manifest is not None and manifest["records"] != lines:
-            log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines, manifest["records"])
-    flush()
-    with conn.pipeline(transaction=False) as p:
-        p.scard(done_key(run))
-        p.scard(failed_key(run))
-        out.done, out.failed = (int(n) for n in p.execute())
-    out.seconds = time.perf_counter() - t0
-    return out
+        def flush() -> None:
+            nonlocal batch
+            if not batch.done and not batch.failed:
+                return
+            with conn.pipeline(transaction=False) as p:
+                self._send(p, batch)
+                p.sadd(run_key(run, "keys"), *batch.done, *batch.failed)
+                p.execute()
+            batch = ShardMarks()
+
+        for shard in store.list_shards(run):
+            out.shards += 1
+            manifest = read_manifest(store, run, shard)
+            lines = 0
+            with store.open(run, shard.name) as fh:
+                for line in fh:
+                    if not line.strip():
+                        continue
+                    lines += 1
+                    try:
+                        rec = orjson.loads(line)
+                        if not isinstance(rec, dict):
+                            raise TypeError("a record is a JSON object")
+                        batch.add_record(rec)
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                        out.unreadable += 1
+                        continue
+                    out.records += 1
+                    if len(batch.done) + len(batch.failed) >= REBUILD_BATCH:
+                        flush()
+            if manifest is not None and manifest["records"] != lines:
+                log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines,
+                            manifest["records"])
+        flush()
+        with conn.pipeline(transaction=False) as p:
+            p.scard(self.done_key(run))
+            p.scard(self.failed_key(run))
+            out.done, out.failed = (int(n) for n in p.execute())
+        out.seconds = time.perf_counter() - t0
+        return out

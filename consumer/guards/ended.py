@@ -9,7 +9,7 @@ import asyncio
 import redis
 
 from genqueue.common.errors import CorruptStateError
-from genqueue.common.keepers.marks import SHIPPED_FAILED, progress
+from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
@@ -18,7 +18,7 @@ from genqueue.consumer.rqthread import RqThread
 
 def _failed(conn: redis.Redis, run: str) -> str | None:
     """RUN's failed-for-good line, or None when none of its items ended as an error."""
-    p = progress(conn, run)
+    p = Marks(conn, run).progress()
     if not p.failed_only:
         return None
     by_class = {k[len(SHIPPED_FAILED):]: v for k, v in p.stats.items() if k.startswith(SHIPPED_FAILED)}

@@ -16,7 +16,7 @@ would generate those items again. So:
   pending run until the state says done.
 - Each consumer that sees a run pending takes the run's lock (common/keepers/runlock.py: one at a
   time, and no producer reconciles meanwhile). The first rebuilds the run's marks from its
-  shipped shards (common.marks.rebuild_marks, the producer's own code) and sets "done:<nonce>";
+  shipped shards (common/keepers/marks.py Marks.rebuild, the producer's own code) and sets "done:<nonce>";
   the others find it done and only wait. A rebuilder that dies leaves the state pending and
   the lock expiring: the next one rebuilds.
 
@@ -36,7 +36,7 @@ from enum import StrEnum
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.marks import ShardMarks, mark_shipped, rebuild_marks
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.markstamps import KEEP, MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import queue_name
 from genqueue.common.keepers.runlock import RunLock
@@ -80,10 +80,10 @@ class Rewind:
 
     # --- in the rq thread ------------------------------------------------------------
     def mark_shipped(self, run: str, marks: ShardMarks) -> None:
-        """common.marks.mark_shipped, stamped (in the same pipeline, after the marks). The
+        """Marks.mark_shipped, stamped (in the same pipeline, after the marks). The
         stamp it replaces tells at once whether Redis lost this consumer's last writes."""
         self._seq += 1
-        replaced = mark_shipped(self.conn, run, marks, stamp=(MarkStamp.key(self.worker), self._seq, KEEP))
+        replaced = Marks(self.conn, run).mark_shipped(marks, stamp=(MarkStamp.key(self.worker), self._seq, KEEP))
         if replaced is None:
             return
         if replaced < self._written:
@@ -165,7 +165,7 @@ class Rewind:
             if not state.startswith("pending:"):
                 return Rebuild.DONE
             t0 = time.monotonic()
-            rebuilt = rebuild_marks(self.conn, run, self._store_for(info.settings.output))
+            rebuilt = Marks(self.conn, run).rebuild(self._store_for(info.settings.output))
             RebuildState(self.conn, run).rebuilt(state)
             log.warning("run %s: marks rebuilt from %s in %.1f s", run, rebuilt.line(), time.monotonic() - t0)
             return Rebuild.REBUILT

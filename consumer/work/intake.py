@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.keepers.hungry import Hungry
-from genqueue.common.keepers.marks import done_of
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.rqaccess import job_counts, queue_for
 from genqueue.consumer.guards.stop import Stopped, until
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -258,7 +258,7 @@ class Intake:
         results a shipped shard already holds: only the rest is generated. Items with only an
         error record are tried again: the run may have been paused by a storm and fixed since
         (export keeps a result over an error record of the same item)."""
-        done = await self.rq.call(done_of, self.worker.connection, js.run, [it["key"] for it in js.items])
+        done = await self.rq.call(Marks(self.worker.connection, js.run).done_of, [it["key"] for it in js.items])
         if not done:
             return
         keep = [it for it in js.items if it["key"] not in done]

@@ -28,8 +28,8 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
-from genqueue.common.keepers import marks
 from genqueue.common.keepers.clock import redis_time
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts, queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
@@ -68,7 +68,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     info = store.require(run)
     sources = store.sources(run)
     inputs = input_view(sources, RunSources(conn, run).reading())
-    counted = marks.progress(conn, run)  # one moment: marks and the counters they bump agree
+    counted = Marks(conn, run).progress()  # one moment: marks and the counters they bump agree
     items, done, failed, stats = counted.items, counted.done, counted.failed_only, counted.stats
     pause = Pause(conn, run).get()
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll

@@ -11,17 +11,7 @@ import pytest
 import redis
 
 from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeue, claim_key
-from genqueue.common.keepers.marks import (
-    DONE,
-    FAILED,
-    IN_RUN,
-    ShardMarks,
-    all_done,
-    item_states,
-    mark_shipped,
-    marks_of_file,
-    progress,
-)
+from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest, lock_key, run_key
 
 RUN = "m"
@@ -37,25 +27,25 @@ def shipped(conn: redis.Redis, done: list[int], failed: list[int]) -> None:
         marks.add_record({"key": key(i), "outcome": "complete", "turns": [{"content": "a"}, {"content": "b"}]})
     for i in failed:
         marks.add_record({"key": key(i), "error": {"class": "timeout"}})
-    mark_shipped(conn, RUN, marks)
+    Marks(conn, RUN).mark_shipped(marks)
 
 
 def test_item_states_and_all_done(conn: redis.Redis) -> None:
     conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(3)))
     shipped(conn, done=[0, 5], failed=[1])
-    states = item_states(conn, RUN, [key_digest(key(i)) for i in (0, 1, 2, 5)])
+    states = Marks(conn, RUN).item_states([key_digest(key(i)) for i in (0, 1, 2, 5)])
     assert list(states) == [IN_RUN | DONE, IN_RUN | FAILED, IN_RUN, DONE]
-    assert item_states(conn, RUN, []) == b""
-    assert not all_done(conn, RUN)
+    assert Marks(conn, RUN).item_states([]) == b""
+    assert not Marks(conn, RUN).all_done()
     shipped(conn, done=[1, 2], failed=[])
-    assert all_done(conn, RUN)
+    assert Marks(conn, RUN).all_done()
 
 
 def test_progress_reads_the_marks_with_their_counters(conn: redis.Redis) -> None:
     conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(4)))
     shipped(conn, done=[0, 1], failed=[1, 2])
     conn.hset(run_key(RUN, "stats"), "garbage", "x")
-    p = progress(conn, RUN)
+    p = Marks(conn, RUN).progress()
     assert (p.items, p.done, p.failed, p.failed_and_done, p.failed_only) == (4, 2, 2, 1, 1)
     # an error record of an item that has a result already counts nowhere
     assert p.stats == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}

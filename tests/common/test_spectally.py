@@ -12,7 +12,7 @@ import orjson
 import redis
 
 from genqueue.common.acceptance import Facet, table_of
-from genqueue.common.keepers.marks import ShardMarks, mark_shipped, rebuild_marks
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.rundelete import delete_run
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.storage.base import SealedShard
@@ -41,7 +41,7 @@ def ship(conn: redis.Redis, recs: list[dict[str, Any]]) -> None:
     marks = ShardMarks()
     for r in recs:
         marks.add_record(r)
-    mark_shipped(conn, RUN, marks)
+    Marks(conn, RUN).mark_shipped(marks)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -88,9 +88,9 @@ def test_rebuilt_from_the_shards_and_deleted_with_the_run(tmp_path: Path, conn: 
     assert same(before, table_of(recs)) and before.overall.answers == 32
     conn.flushall()
     assert SpecTallies(conn).table(RUN).overall.answers == 0
-    rebuild_marks(conn, RUN, store)
+    Marks(conn, RUN).rebuild(store)
     assert same(SpecTallies(conn).table(RUN), before)
-    rebuild_marks(conn, RUN, store)  # again: nothing counted twice
+    Marks(conn, RUN).rebuild(store)  # again: nothing counted twice
     assert same(SpecTallies(conn).table(RUN), before)
     delete_run(conn, RUN)
     assert not conn.exists(SpecTallies.key(RUN))

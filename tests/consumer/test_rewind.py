@@ -19,7 +19,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.keepers.marks import ShardMarks, done_key, done_of
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
@@ -49,7 +49,7 @@ def _held(conn: redis.Redis) -> int:
     when their shards land after the rebuild read the output (the cause of a flaky bound)."""
     jobs = list(read_jobs(conn, "rw", (JobPlace.DEQUEUING, JobPlace.STARTED), scan=JobScan()))
     keys = [item["key"] for job in jobs for item in job.items]
-    return len(keys) - len(done_of(conn, "rw", keys)) if keys else 0
+    return len(keys) - len(Marks(conn, "rw").done_of(keys)) if keys else 0
 
 
 @pytest.mark.slow
@@ -65,16 +65,16 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
     procs: list[Proc] = []
     try:
         procs = [_consumer(tmp_path, server.url, sim, name) for name in ("c1", "c2")]
-        wait_for(lambda: conn.scard(done_key("rw")) >= 600, 60, "600 items shipped")
+        wait_for(lambda: conn.scard(Marks.done_key("rw")) >= 600, 60, "600 items shipped")
         with conn.pipeline() as p:  # one MULTI: the count is the snapshot's
-            p.scard(done_key("rw"))
+            p.scard(Marks.done_key("rw"))
             p.bgsave()
             at_snapshot = int(p.execute()[0])
         wait_for(lambda: conn.info("persistence")["rdb_bgsave_in_progress"] == 0, 30, "the snapshot")
         assert conn.info("persistence")["rdb_last_bgsave_status"] == "ok"
         time.sleep(WINDOW)
         with conn.pipeline() as p:
-            p.scard(done_key("rw"))
+            p.scard(Marks.done_key("rw"))
             p.lastsave()
             at_crash = int(p.execute()[0])
         held = _held(conn)
@@ -82,7 +82,7 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
         time.sleep(1.0)
         server.start()
         conn = redis.Redis.from_url(server.url)
-        restored = int(conn.scard(done_key("rw")))
+        restored = int(conn.scard(Marks.done_key("rw")))
         for proc in procs:
             assert proc.wait(180) == 0, proc.output()
     finally:

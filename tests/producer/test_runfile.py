@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.keepers.marks import ShardMarks, done_key, failed_key, mark_shipped, rebuild_marks
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.runs import RunStore, key_digest, run_key
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
@@ -98,8 +98,8 @@ def test_options_left_out_keep_an_existing_runs_settings(tmp_path: Path, redis_u
     # one item failed for good, the others are done
     cli("rq", "empty", "-u", redis_url, "genqueue.data")
     keys = sorted(conn.smembers(run_key("data", "keys")))
-    conn.sadd(done_key("data"), *keys[1:])
-    conn.sadd(failed_key("data"), keys[0])
+    conn.sadd(Marks.done_key("data"), *keys[1:])
+    conn.sadd(Marks.failed_key("data"), keys[0])
     # README's `producer enqueue data.jsonl --retry-failed`, as written (no --output: the run's own)
     proc = cli("producer", "enqueue", "data.jsonl", "--retry-failed", "--json", "--rejects", os.devnull,
                env={"REDIS_URL": redis_url}, cwd=tmp_path, check=False)
@@ -166,7 +166,7 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     assert (s["already_done"], s["already_failed"], s["enqueued"]) == (60, 5, 35), s
     back = RunStore(conn).require("lost")
     assert (back.settings, back.created_at, back.fingerprints) == (info.settings, info.created_at, info.fingerprints)
-    assert conn.scard(done_key("lost")) == 60 and conn.scard(failed_key("lost")) == 6
+    assert conn.scard(Marks.done_key("lost")) == 60 and conn.scard(Marks.failed_key("lost")) == 6
     assert conn.scard(run_key("lost", "keys")) == 100
     st = run_status(conn, "lost")
     assert (st["items"], st["items_done"], st["items_failed"]) == (100, 60, 5)  # failed: error record, no result
@@ -207,7 +207,7 @@ def test_a_rebuild_after_a_redis_loss_recounts_outcomes_turns_and_tool_turns(
         marks = ShardMarks()
         for rec in part:
             marks.add_record(rec)
-        mark_shipped(conn, "tl", marks)  # as the consumer that shipped it
+        Marks(conn, "tl").mark_shipped(marks)  # as the consumer that shipped it
     before, rows = _figures(conn, "tl")
     assert (before["tool_turns_to_end"], before["tool_call_diverged"], before["stopped_at_tool_turn"]) == (3, 1, 1)
     assert before["outcomes_counted"] == before["items_done"] == 6 and before["turns_generated"] == 6
@@ -216,7 +216,7 @@ def test_a_rebuild_after_a_redis_loss_recounts_outcomes_turns_and_tool_turns(
     s, _ = enqueue(redis_url, data, "tl", str(out), "--multi-turn", "regenerate")
     assert s["recreated_run"] and s["marks_rebuilt"] == {"shards": 2, "records": 8, "done": 6, "failed": 2}
     assert _figures(conn, "tl") == (before, rows), rows
-    assert rebuild_marks(conn, "tl", store).done == 6  # again: nothing counted twice
+    assert Marks(conn, "tl").rebuild(store).done == 6  # again: nothing counted twice
     assert _figures(conn, "tl") == (before, rows)
 
 

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
-from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
+from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.readings import engine_view, parse_prometheus
 from genqueue.producer.export.core import _tool_turns
-from genqueue.common.keepers.runsources import RunSources
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status.figures import outcome_view, placement
 from tests.conftest import cli
@@ -198,12 +198,12 @@ def test_outcomes_are_counted_with_the_marks_once(conn: redis.Redis) -> None:
     marks = ShardMarks()
     for i, outcome in enumerate(["finished", "finished", "cut_in_answer", "partial"]):
         marks.add(f"{i:032x}", error=False, kind=outcome, turns=2)
-    mark_shipped(conn, "cnt", marks)
-    mark_shipped(conn, "cnt", marks)
+    Marks(conn, "cnt").mark_shipped(marks)
+    Marks(conn, "cnt").mark_shipped(marks)
     errors = ShardMarks()
     errors.add(f"{0:032x}", error=True, kind="permanent")  # item 0 has a result: counted nowhere
     errors.add(f"{9:032x}", error=True, kind="transient_exhausted")
-    mark_shipped(conn, "cnt", errors)
+    Marks(conn, "cnt").mark_shipped(errors)
     stats = RunStore(conn).stats("cnt")
     assert stats["shipped_turns"] == 8  # two turns each, counted once
     view = outcome_view(stats, 4, 1)
@@ -230,8 +230,8 @@ def test_tool_turns_are_counted_with_the_marks_once_in_exports_words(conn: redis
     marks = ShardMarks()
     for rec in recs:
         marks.add_record(rec)
-    mark_shipped(conn, "tools", marks)
-    mark_shipped(conn, "tools", marks)  # a leftover shipped again counts nothing more
+    Marks(conn, "tools").mark_shipped(marks)
+    Marks(conn, "tools").mark_shipped(marks)  # a leftover shipped again counts nothing more
     view = outcome_view(RunStore(conn).stats("tools"), len(recs), 0)
     counted = (view["tool_turns_to_end"], view["tool_call_diverged"], view["stopped_at_tool_turn"])
     assert counted == (2, 1, 2)

@@ -12,7 +12,7 @@ import redis
 
 from genqueue.common import __version__
 from genqueue.common.contracts import ConsumerInfo
-from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, count_acked, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.doctor import ConsumerView, Sample, diagnose
@@ -53,7 +53,7 @@ def _ship(conn: redis.Redis, keys: list[str]) -> None:
     marks = ShardMarks()
     for k in keys:
         marks.add(k, error=False, kind="finished")
-    mark_shipped(conn, RUN, marks)
+    Marks(conn, RUN).mark_shipped(marks)
 
 
 def test_tokens_count_what_was_generated_before_any_ack(conn: redis.Redis) -> None:
@@ -174,7 +174,7 @@ def test_complete_only_when_no_item_failed(conn: redis.Redis) -> None:
     marks = ShardMarks()
     for k in KEYS[8:]:
         marks.add(k, error=True, kind="transient_exhausted")
-    mark_shipped(conn, RUN, marks)
+    Marks(conn, RUN).mark_shipped(marks)
     progress = next(x for x in format_status(run_status(conn, RUN), color=False).splitlines()
                     if x.startswith("progress"))
     assert "run complete" not in progress and "NOT complete: 4 items failed" in progress, progress

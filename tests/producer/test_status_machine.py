@@ -5,7 +5,7 @@ take, send, answer, seal, ship, ack, drain, crash, restart on a dead one's spool
 (leases expiring, snapshots going stale). Real Redis; the status report is built by the real
 code (run_status and format_status) from what the real parts write: each model consumer is a
 real consumer/telemetry.Telemetry (its snapshot, its spent counters, published through
-common/keepers/snapshots.py), marks are written by common/marks.mark_shipped and acks counted by
+common/keepers/snapshots.py), marks are written by common/keepers/marks.py Marks.mark_shipped and acks counted by
 common/runs.count_acked; only the engine, rq's worker and the spool are modelled here. Time
 passing is each consumer's clock falling behind Redis's (its clock_offset): status judges every
 age in Redis time, so the model's shipping times, stamped with the node's clock, are read
@@ -39,7 +39,7 @@ from rq.queue import Queue
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 
 from genqueue.common.contracts import ConsumerInfo, ErrorClass, Outcome, Record
-from genqueue.common.keepers.marks import ShardMarks, mark_shipped
+from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.rqaccess import queue_name
 from genqueue.common.keepers.runs import RunStore, count_acked, key_digest, run_key
 from genqueue.common.keepers.snapshots import STALE_AFTER
@@ -237,7 +237,7 @@ class StatusMachine(RuleBasedStateMachine):
                 marks.add_record(rec)
                 self.shipped.setdefault(rec["key"], "error" in rec)
                 m.shipped_keys.add(rec["key"])
-            mark_shipped(self.conn, RUN, marks)
+            Marks(self.conn, RUN).mark_shipped(marks)
             m.shards += 1
             m.last_upload_at = time.time()
         m.sealed, m.sealed_at = [], []
