@@ -24,7 +24,7 @@ from genqueue.common.errors import (
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts
-from genqueue.common.keepers.runs import RunInfo, RunStore, add_run_warning, run_fingerprints
+from genqueue.common.keepers.runs import RunInfo, RunStore
 from genqueue.common.requests import RequestShape
 from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.common.variants import Variant
@@ -156,7 +156,7 @@ class ServedRuns:
             self.contexts.pop(name, None)  # probed again, with a fresh breaker
         self.paused = paused
         if self.contexts:
-            present = await self.rq.call(run_fingerprints, self.store.conn, list(self.contexts))
+            present = await self.rq.call(self.store.fingerprints, list(self.contexts))
             for name in [n for n in self.contexts if n not in present]:
                 self._vanish(name)
             for name, fp in present.items():
@@ -300,7 +300,7 @@ class ServedRuns:
                    "(no message.reasoning, no reasoning_content, no <think> block): is the model a thinking "
                    "model, and is thinking enabled in its chat template?")
             log.error("%s", msg)
-            await self.rq.call(add_run_warning, self.store.conn, ctx.run, self.worker, msg)
+            await self.rq.call(self.store.add_warning, ctx.run, self.worker, msg)
         return None
 
     async def _say_speculation(self, ctx: RunContext, probe: SpecFigures | None) -> None:

@@ -46,7 +46,7 @@ from genqueue.common.keepers.claims import Claims
 from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
-from genqueue.common.keepers.runs import add_keys, source_summary
+from genqueue.common.keepers.runs import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "der
 def add_to_run(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
     """Put items that have marks but are not in the run's keys set into it (marks shipped by
     consumers after a Redis loss, before this producer read their records)."""
-    add_keys(conn, run, digests)
+    RunStore(conn).add_keys(run, digests)
 
 
 def as_int(item_key: str) -> int:
@@ -142,7 +142,7 @@ def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None
     complete enqueue put them all in the run). Else None: read it."""
     if digest is None:
         return None
-    prev = source_summary(conn, run, source)
+    prev = RunStore(conn).source_summary(run, source)
     if (not isinstance(prev, dict) or not prev.get("complete") or prev.get("input_digest") != digest
             or prev.get("derivation") != derived):
         return None

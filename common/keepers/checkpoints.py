@@ -2,7 +2,7 @@
 
 Key: genqueue:run:<run>:ckpt:<item key>  (JSON of the history so far), kept TTL_SECONDS; saved
 after each finished turn that leaves more to do, deleted when the item's job is acked (in the
-ack's own transaction: common/keepers/runs.py `count_acked`).
+ack's own transaction: common/keepers/runs.py `RunStore.count_acked`).
 """
 
 from __future__ import annotations

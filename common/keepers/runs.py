@@ -31,10 +31,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
 import redis
+from redis.commands.core import Script
 
 from genqueue.common import __version__
 from genqueue.common.defaults import KEY_PREFIX
@@ -55,9 +57,6 @@ def consumer_key(worker: str) -> str:
 
 def run_key(run: str, suffix: str = "") -> str:
     return f"{KEY_PREFIX}:run:{run}" + (f":{suffix}" if suffix else "")
-
-
-
 
 
 def lock_key(run: str) -> str:
@@ -96,7 +95,12 @@ class RunStore:
 
     def __init__(self, conn: redis.Redis) -> None:
         self.conn = conn
-        self._set_priority = conn.register_script(_SET_PRIORITY)
+
+    @cached_property
+    def _set_priority(self) -> Script:
+        # registered on first use (registering sends nothing to Redis): a store made per call,
+        # as the consumer's ack makes one, costs no script hash
+        return self.conn.register_script(_SET_PRIORITY)
 
     def get(self, run: str) -> RunInfo | None:
         """RUN's record, None when Redis has none; CorruptStateError when it cannot be read."""
@@ -278,6 +282,42 @@ class RunStore:
         """What the consumers warned of RUN (`genqueue:run:<run>:warnings`: worker -> message)."""
         return {_text(k): _text(v) for k, v in self.conn.hgetall(run_key(run, "warnings")).items()}
 
+    # --- reads and writes of a run's record for the producer's reconcile and the consumers -----
+    def add_keys(self, run: str, digests: list[bytes]) -> None:
+        """Put DIGESTS in RUN's keys set (items a consumer marked that this producer had not claimed)."""
+        if digests:
+            self.conn.sadd(run_key(run, "keys"), *digests)
+
+    def source_summary(self, run: str, source: str) -> object:
+        """SOURCE's last enqueue summary as stored (any JSON; None when there is none). Raises
+        orjson.JSONDecodeError when what is stored is not JSON."""
+        raw = self.conn.hget(run_key(run, "sources"), source)
+        return orjson.loads(raw) if raw is not None else None
+
+    def fingerprints(self, names: list[str]) -> dict[str, str]:
+        """The fingerprint of each run among NAMES that is in Redis (one round trip)."""
+        with self.conn.pipeline(transaction=False) as p:
+            for n in names:
+                p.hget(run_key(n), "fingerprint")
+            return {n: fp.decode() if isinstance(fp, bytes) else str(fp)
+                    for n, fp in zip(names, p.execute(), strict=True) if fp is not None}
+
+    def add_warning(self, run: str, worker: str, message: str) -> None:
+        """Say MESSAGE about RUN from consumer WORKER (`genqueue:run:<run>:warnings`, one per worker)."""
+        self.conn.hset(run_key(run, "warnings"), worker, message)
+
+    def count_acked(self, run: str, counts: Mapping[str, int], started_at: float, *,
+                    clear_checkpoints: Sequence[str] = ()) -> None:
+        """An acked job's part of RUN's record, in one MULTI/EXEC: its COUNTS added to the run's
+        counters, the run's first start (STARTED_AT, kept when set), and the regenerate checkpoints
+        of its items CLEAR_CHECKPOINTS deleted (common/keepers/checkpoints.py)."""
+        with self.conn.pipeline() as p:
+            for k, v in counts.items():
+                p.hincrby(run_key(run, "stats"), k, v)
+            p.hsetnx(run_key(run), "started_at", repr(started_at))
+            clear(p, run, list(clear_checkpoints))
+            p.execute()
+
 
 def conflict(run: str, existing: RunSettings, asked: RunSettings, where: str = "exists") -> RunConflictError:
     """The refusal of a run name taken by other settings, naming the ones that differ."""
@@ -324,44 +364,3 @@ if redis.call('HEXISTS', KEYS[1], 'settings') == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'priority', ARGV[1])
 return 1
 """
-
-
-# --- reads and writes of a run's record for the producer's reconcile and the consumers -------
-def add_keys(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
-    """Put DIGESTS in RUN's keys set (items a consumer marked that this producer had not claimed)."""
-    if digests:
-        conn.sadd(run_key(run, "keys"), *digests)
-
-
-def source_summary(conn: redis.Redis, run: str, source: str) -> object:
-    """SOURCE's last enqueue summary as stored (any JSON; None when there is none). Raises
-    orjson.JSONDecodeError when what is stored is not JSON."""
-    raw = conn.hget(run_key(run, "sources"), source)
-    return orjson.loads(raw) if raw is not None else None
-
-
-def run_fingerprints(conn: redis.Redis, names: list[str]) -> dict[str, str]:
-    """The fingerprint of each run among NAMES that is in Redis (one round trip)."""
-    with conn.pipeline(transaction=False) as p:
-        for n in names:
-            p.hget(run_key(n), "fingerprint")
-        return {n: fp.decode() if isinstance(fp, bytes) else str(fp)
-                for n, fp in zip(names, p.execute(), strict=True) if fp is not None}
-
-
-def add_run_warning(conn: redis.Redis, run: str, worker: str, message: str) -> None:
-    """Say MESSAGE about RUN from consumer WORKER (`genqueue:run:<run>:warnings`, one per worker)."""
-    conn.hset(run_key(run, "warnings"), worker, message)
-
-
-def count_acked(conn: redis.Redis, run: str, counts: Mapping[str, int], started_at: float, *,
-                clear_checkpoints: Sequence[str] = ()) -> None:
-    """An acked job's part of RUN's record, in one MULTI/EXEC: its COUNTS added to the run's
-    counters, the run's first start (STARTED_AT, kept when set), and the regenerate checkpoints
-    of its items CLEAR_CHECKPOINTS deleted (common/keepers/checkpoints.py)."""
-    with conn.pipeline() as p:
-        for k, v in counts.items():
-            p.hincrby(run_key(run, "stats"), k, v)
-        p.hsetnx(run_key(run), "started_at", repr(started_at))
-        clear(p, run, list(clear_checkpoints))
-        p.execute()

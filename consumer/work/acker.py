@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis
 
 from genqueue.common.contracts import Mode
-from genqueue.common.keepers.runs import count_acked
+from genqueue.common.keepers.runs import RunStore
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import UNREACHABLE, RqThread
 from genqueue.consumer.work.book import Book, JobState
@@ -39,6 +39,7 @@ class Acker:
         self.rq = rq
         self.worker = worker
         self.conn = conn
+        self.runs = RunStore(conn)
         self.book = book
         self.acked = self.lease_lost = self.redone = self.refused = self.given_back = 0
 
@@ -64,8 +65,8 @@ class Acker:
         started = js.held.job.started_at
         multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1] \
             if js.ctx.settings.multi_turn == Mode.REGENERATE else []
-        count_acked(self.conn, js.run, js.counts, started.timestamp() if started else time.time(),
-                    clear_checkpoints=multi)
+        self.runs.count_acked(js.run, js.counts, started.timestamp() if started else time.time(),
+                              clear_checkpoints=multi)
         return True
 
     async def shard_lost(self, run: str, lost_seq: int) -> int:

@@ -13,7 +13,7 @@ import redis
 from genqueue.common import __version__
 from genqueue.common.contracts import ConsumerInfo
 from genqueue.common.keepers.marks import Marks, ShardMarks
-from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, count_acked, key_digest, run_key
+from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.doctor import ConsumerView, Sample, diagnose
 from genqueue.consumer.telemetry import Telemetry, progress_line
@@ -112,7 +112,7 @@ def test_gpu_hours_spent_never_go_down_when_consumers_drain(conn: redis.Redis) -
     _publish(m)
     before = run_status(conn, RUN, now=time.time() + 600)["cost"]["gpu_hours_spent"]
     assert before >= 600 / 3600 * 0.99
-    count_acked(conn, RUN, {"items_done": 1}, time.time() + 590)  # the run's first ack: at the drain
+    RunStore(conn).count_acked(RUN, {"items_done": 1}, time.time() + 590)  # the run's first ack: at the drain
     m.jobs = {}
     _publish(m, exited=True)
     after = run_status(conn, RUN, now=time.time() + 600)["cost"]["gpu_hours_spent"]

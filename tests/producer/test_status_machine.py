@@ -6,7 +6,7 @@ take, send, answer, seal, ship, ack, drain, crash, restart on a dead one's spool
 code (run_status and format_status) from what the real parts write: each model consumer is a
 real consumer/telemetry.Telemetry (its snapshot, its spent counters, published through
 common/keepers/snapshots.py), marks are written by common/keepers/marks.py Marks.mark_shipped and acks counted by
-common/runs.count_acked; only the engine, rq's worker and the spool are modelled here. Time
+common/keepers/runs.py RunStore.count_acked; only the engine, rq's worker and the spool are modelled here. Time
 passing is each consumer's clock falling behind Redis's (its clock_offset): status judges every
 age in Redis time, so the model's shipping times, stamped with the node's clock, are read
 through that offset as the real ones are.
@@ -41,7 +41,7 @@ from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from genqueue.common.contracts import ConsumerInfo, ErrorClass, Outcome, Record
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.rqaccess import queue_name
-from genqueue.common.keepers.runs import RunStore, count_acked, key_digest, run_key
+from genqueue.common.keepers.runs import RunStore, key_digest, run_key
 from genqueue.common.keepers.snapshots import STALE_AFTER
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.admission import AdmissionSnapshot
@@ -262,7 +262,7 @@ class StatusMachine(RuleBasedStateMachine):
                 counts["completion_tokens"] = 0  # the tokens are the telemetry's; acks count items here
                 # the run's start is its first acked job's (hsetnx): it moves to a later moment
                 # than the GPU time spent before it, as a run's first ack at a drain does
-                count_acked(self.conn, RUN, dict(counts), time.time() + self.skew - 1)
+                RunStore(self.conn).count_acked(RUN, dict(counts), time.time() + self.skew - 1)
 
     def _give_back(self, m: Model) -> None:
         for job in list(m.jobs.values()):
