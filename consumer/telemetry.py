@@ -40,7 +40,7 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample, format_duration
-from genqueue.common.keepers.snapshots import publish
+from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.consumer.answer.faults import RetryKind
 from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.engine.doctor import Doctor
@@ -478,7 +478,7 @@ class Telemetry:
             self._retries_seen[kind] = n
         spent, totals = spent_since(self.totals, self._added, snap, now - (self._charged_at or now), self.gpus)
         # and the served runs' queue lengths; what was spent is ours to add again only if this fails
-        lengths = await self.rq.call(publish, self.conn, snap, now, spent)
+        lengths = await self.rq.call(Snapshots(self.conn).publish, snap, now, spent)
         self._added, self._charged_at = totals, now
         self._depth = sum(q.waiting for q in lengths.values())
         for run, q in lengths.items():

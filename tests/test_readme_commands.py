@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from genqueue.common.keepers.snapshots import reports
+from genqueue.common.keepers.snapshots import Snapshots
 from tests.conftest import BIN, free_gpu, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Sim
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
@@ -258,7 +258,7 @@ def test_consumer_run_block_as_written(tmp_path: Path, redis_url: str) -> None:
     finally:
         sh.stop()
     conn = redis.Redis.from_url(redis_url)
-    assert 2 in [r.get("gpus") for r in reports(conn, time.time())], "--engine-gpus 2 is not in the snapshot"
+    assert 2 in [r.get("gpus") for r in Snapshots(conn).reports(time.time())], "--engine-gpus 2 is not in the snapshot"
     export = sh.run("producer export --run data --output d.jsonl --json")
     assert orjson.loads(export.stdout)["exported"] == 20
 

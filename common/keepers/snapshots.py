@@ -97,63 +97,70 @@ class Spent:
     gpu_seconds: float = 0.0
 
 
-def spent_key(run: str) -> str:
-    return run_key(run, "spent")
+class Snapshots:
+    """The consumers' snapshots on CONN, and the runs' spent hashes they add to: their keys, the
+    publish, and the reads `producer status` makes."""
 
+    def __init__(self, conn: redis.Redis) -> None:
+        self.conn = conn
 
-def publish(conn: redis.Redis, snap: ConsumerSnapshot, now: float,
-            spent: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, QueueLength]:
-    """Write SNAP as its consumer's last report at NOW (Redis time), add SPENT (run -> field of
-    SPENT_FIELDS -> what this consumer spent since its last publish) to each run's spent hash,
-    drop the reports of consumers silent for a day, and read the queue lengths of the runs SNAP
-    serves: one round trip, one transaction, for all of it."""
-    runs = list(snap["runs"])
-    with conn.pipeline() as p:
-        p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
-        p.zadd(CONSUMERS, {snap["worker"]: now})
-        p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
-        stage_queue_lengths(p, runs)
-        for run, added in (spent or {}).items():
-            for field, v in added.items():
-                if field == "gpu_seconds" and v > 0:
-                    p.hincrbyfloat(spent_key(run), field, float(v))
-                elif field in SPENT_FIELDS and v > 0:
-                    p.hincrby(spent_key(run), field, int(v))
-        out = p.execute(raise_on_error=False)
-    return queue_lengths_of(out[3:3 + 2 * len(runs)], runs)
+    @staticmethod
+    def spent_key(run: str) -> str:
+        return run_key(run, "spent")
 
+    def publish(self, snap: ConsumerSnapshot, now: float,
+                spent: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, QueueLength]:
+        """Write SNAP as its consumer's last report at NOW (Redis time), add SPENT (run -> field of
+        SPENT_FIELDS -> what this consumer spent since its last publish) to each run's spent hash,
+        drop the reports of consumers silent for a day, and read the queue lengths of the runs SNAP
+        serves: one round trip, one transaction, for all of it."""
+        runs = list(snap["runs"])
+        with self.conn.pipeline() as p:
+            p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
+            p.zadd(CONSUMERS, {snap["worker"]: now})
+            p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
+            stage_queue_lengths(p, runs)
+            for run, added in (spent or {}).items():
+                for field, v in added.items():
+                    if field == "gpu_seconds" and v > 0:
+                        p.hincrbyfloat(self.spent_key(run), field, float(v))
+                    elif field in SPENT_FIELDS and v > 0:
+                        p.hincrby(self.spent_key(run), field, int(v))
+            out = p.execute(raise_on_error=False)
+        return queue_lengths_of(out[3:3 + 2 * len(runs)], runs)
 
-def read_spent(conn: redis.Redis, run: str) -> Spent:
-    """RUN's spent hash (garbage fields count 0)."""
-    raw = cast(dict[Any, Any], conn.hgetall(spent_key(run)))
-    got: dict[str, float] = {}
-    for k, v in raw.items():
-        name = _text(k)
-        try:
-            got[name] = float(v)
-        except ValueError:
-            continue
-    def n(field: str) -> int:
-        return max(int(got.get(field, 0)), 0)
+    def spent(self, run: str) -> Spent:
+        """RUN's spent hash (garbage fields count 0)."""
+        raw = cast(dict[Any, Any], self.conn.hgetall(self.spent_key(run)))
+        got: dict[str, float] = {}
+        for k, v in raw.items():
+            name = _text(k)
+            try:
+                got[name] = float(v)
+            except ValueError:
+                continue
 
-    return Spent(n("completions"), n("errors"), n("prompt_tokens"), n("completion_tokens"),
-                 max(got.get("gpu_seconds", 0.0), 0.0))
+        def n(field: str) -> int:
+            return max(int(got.get(field, 0)), 0)
 
+        return Spent(n("completions"), n("errors"), n("prompt_tokens"), n("completion_tokens"),
+                     max(got.get("gpu_seconds", 0.0), 0.0))
 
-def reports(conn: redis.Redis, now: float) -> list[ConsumerReport]:
-    """Every consumer's last snapshot (the last day's), with its age and liveness at NOW;
-    unreadable ones left out."""
-    names = [_text(n) for n in conn.zrangebyscore(CONSUMERS, now - SNAPSHOT_TTL, "+inf")]
-    if not names:
-        return []
-    out = []
-    for raw in conn.mget([consumer_key(n) for n in names]):
-        if raw is None:
-            continue
-        report = read_report(raw, now)
-        if report is not None:
-            out.append(report)
-    return superseded(out)
+    def reports(self, now: float) -> list[ConsumerReport]:
+        """Every consumer's last snapshot (the last day's), with its age and liveness at NOW;
+        unreadable ones left out."""
+        conn = self.conn
+        names = [_text(n) for n in conn.zrangebyscore(CONSUMERS, now - SNAPSHOT_TTL, "+inf")]
+        if not names:
+            return []
+        out = []
+        for raw in conn.mget([consumer_key(n) for n in names]):
+            if raw is None:
+                continue
+            report = read_report(raw, now)
+            if report is not None:
+                out.append(report)
+        return superseded(out)
 
 
 def superseded(found: list[ConsumerReport]) -> list[ConsumerReport]:

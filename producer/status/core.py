@@ -35,7 +35,7 @@ from genqueue.common.keepers.rqaccess import job_counts, queue_name, refused_job
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.keepers.runsources import RunSources
-from genqueue.common.keepers.snapshots import ConsumerReport, read_spent, reports
+from genqueue.common.keepers.snapshots import ConsumerReport, Snapshots
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
@@ -75,9 +75,9 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     started_at = store.started_at(run)
     jobs = job_counts(conn, run)
-    spent = read_spent(conn, run)  # what the consumers generated and spent: it never goes down
+    spent = Snapshots(conn).spent(run)  # what the consumers generated and spent: it never goes down
 
-    everyone = reports(conn, now)
+    everyone = Snapshots(conn).reports(now)
     mine = [c for c in everyone if run in c.get("runs", {})]
     live = [c for c in mine if c["live"]]
     shares = {c["worker"]: run_share(c, run) for c in mine}

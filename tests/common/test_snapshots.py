@@ -9,7 +9,7 @@ import redis
 
 from genqueue.common.keepers.rqaccess import JobPlace, QueueLength, place_key, queue_lengths, queue_name, refused_key
 from genqueue.common.keepers.runs import CONSUMERS, consumer_key
-from genqueue.common.keepers.snapshots import SNAPSHOT_TTL, STALE_AFTER, publish, read_report, reports
+from genqueue.common.keepers.snapshots import SNAPSHOT_TTL, STALE_AFTER, Snapshots, read_report
 
 pytestmark = pytest.mark.integration
 
@@ -25,17 +25,17 @@ def test_a_published_snapshot_is_read_back_with_its_age_and_the_queue_lengths(co
     conn.rpush(place_key("a", JobPlace.QUEUED), "j1", "j2", "j3")
     conn.hset(refused_key(queue_name("a")), mapping={"j9": "not a genqueue job"})
     conn.set(refused_key(queue_name("b")), "garbage")  # a refused key of another type: 0, not an error
-    lengths = publish(conn, snapshot("w0", ("a", "b", "c")), NOW)
+    lengths = Snapshots(conn).publish(snapshot("w0", ("a", "b", "c")), NOW)
     assert lengths == {"a": QueueLength(3, 1), "b": QueueLength(0, 0), "c": QueueLength(0, 0)}
     assert queue_lengths(conn, ["a", "c"]) == {"a": QueueLength(3, 1), "c": QueueLength(0, 0)}
     assert 0 < conn.ttl(consumer_key("w0")) <= SNAPSHOT_TTL
-    [r] = reports(conn, NOW + 2)
+    [r] = Snapshots(conn).reports(NOW + 2)
     assert r["worker"] == "w0" and r["runs"]["a"] == {"completions": 1}
     assert r["age_s"] == pytest.approx(2.0) and r["live"]
-    [late] = reports(conn, NOW + STALE_AFTER + 1)
+    [late] = Snapshots(conn).reports(NOW + STALE_AFTER + 1)
     assert not late["live"]
     # a day later the report is gone from the list (the key has expired by then too)
-    publish(conn, snapshot("w1"), NOW + SNAPSHOT_TTL + 10)
+    Snapshots(conn).publish(snapshot("w1"), NOW + SNAPSHOT_TTL + 10)
     assert conn.zscore(CONSUMERS, "w0") is None
 
 
@@ -56,8 +56,8 @@ def test_what_is_not_a_snapshot_is_left_out(conn: redis.Redis, raw: bytes) -> No
     assert read_report(raw, NOW) is None
     conn.set(consumer_key("bad"), raw)
     conn.zadd(CONSUMERS, {"bad": NOW, "gone": NOW})  # "gone": listed, its key expired
-    publish(conn, snapshot("good"), NOW)
-    assert [r["worker"] for r in reports(conn, NOW)] == ["good"]
+    Snapshots(conn).publish(snapshot("good"), NOW)
+    assert [r["worker"] for r in Snapshots(conn).reports(NOW)] == ["good"]
 
 
 def test_a_report_reads_every_field_a_snapshot_writes_with_its_type() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from genqueue.common import defaults
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.snapshots import reports
+from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.served import ServedSnapshot
@@ -52,7 +52,7 @@ def test_a_snapshot_lands_while_the_rq_thread_is_held(tmp_path: Path, redis_url:
         c._snap_rq.close()
         c.outbox.close()
     assert took < 1.0 and still_held, f"the snapshot waited {took:.1f} s behind the rq call"
-    assert c.worker.name in {r["worker"] for r in reports(conn, time.time())}
+    assert c.worker.name in {r["worker"] for r in Snapshots(conn).reports(time.time())}
     # its own pool, to the same Redis, with genqueue's settings (common/keepers/redisconn.py)
     snap_pool, rq_pool = c._snap_conn.connection_pool, conn.connection_pool
     assert snap_pool is not rq_pool

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from genqueue.common import defaults
 from genqueue.common.cli import ConsumerArgs
 from genqueue.common.keepers.rqaccess import queue_for
-from genqueue.common.keepers.snapshots import reports
+from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.consumer.launch.command import launch_command
 from genqueue.consumer.launch.plan import (
     Group,
@@ -535,7 +535,7 @@ def test_tensor_parallel_groups_get_their_gpus_and_one_consumer_each(tmp_path, r
     assert gpus <= {0, 2} and gpus, gpus
     # each consumer publishes its engine's 2 GPUs: `producer status` counts GPU-hours by them
     ours = {f"http://127.0.0.1:{launch.base + n}/v1" for n in (0, 2)}
-    assert sorted((c.get("gpu"), c.get("gpus")) for c in reports(conn, time.time())
+    assert sorted((c.get("gpu"), c.get("gpus")) for c in Snapshots(conn).reports(time.time())
                   if c.get("endpoint") in ours) == [(0, 2), (2, 2)]
 
 
