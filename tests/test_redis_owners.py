@@ -246,3 +246,59 @@ def test_no_redis_command_outside_common_and_rqcompat() -> None:
 @pytest.mark.parametrize("module", sorted(ALLOWED))
 def test_an_allowed_module_still_needs_its_allowance(module: str) -> None:
     assert commands_by_module().get(module), f"{module} issues no Redis command: drop it from ALLOWED"
+
+
+# --- inside common/keepers/: each Redis noun one class ------------------------------------
+# As rq keeps one registry class per noun, a keeper's Redis commands live in the methods of
+# its class (built with the connection, owning the noun's keys); a module-level function that
+# speaks to Redis, `f(conn, run, ...)`, is a noun without its class. What issues no command
+# (a record's kind, a key's digest) stays a function. The plumbing below is no noun of ours.
+KEEPERS = ROOT / "common" / "keepers"
+FREE_FUNCTIONS_ALLOWED = {
+    "common/keepers/redisconn.py": "connections: making one, and its first PING",
+    "common/keepers/clock.py": "Redis's TIME, which every keeper reads",
+    "common/keepers/redismem.py": "Redis's INFO memory and policy, no key of ours",
+    "common/keepers/rqaccess.py": "rq's own keys, whose classes are rq's registries and queues",
+    "common/keepers/rqjobs.py": "the typed reader of rq's jobs, over rqaccess",
+    "common/keepers/rundelete.py": "deleting a run: every noun's keys and rq's, no noun of its own",
+}
+
+
+def free_functions_speaking_to_redis(source: str, filename: str = "<string>") -> list[str]:
+    """Module-level functions of SOURCE (not methods) that issue a Redis command."""
+    tree = ast.parse(source, filename=filename)
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            hits = redis_commands(ast.unparse(node), filename)
+            if hits:
+                found.append(f"{filename}:{node.lineno}: {node.name}")
+    return found
+
+
+def test_each_keeper_speaks_to_redis_through_its_class() -> None:
+    found = [hit for path in sorted(KEEPERS.glob("*.py"))
+             if (rel := path.relative_to(ROOT).as_posix()) not in FREE_FUNCTIONS_ALLOWED
+             for hit in free_functions_speaking_to_redis(path.read_text(), rel)]
+    assert found == [], "give these functions their noun's class (common/keepers/):\n" + "\n".join(found)
+    assert set(FREE_FUNCTIONS_ALLOWED) <= {p.relative_to(ROOT).as_posix() for p in KEEPERS.glob("*.py")}
+
+
+def test_the_free_function_finder_finds_free_functions() -> None:
+    planted = '''
+import redis
+
+def mark_shipped(conn: redis.Redis, run: str) -> None:
+    conn.sadd(f"genqueue:run:{run}:done", b"x")
+
+def record_kind(rec: dict) -> str:
+    return str(rec.get("outcome"))
+
+class Marks:
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+
+    def mark_shipped(self) -> None:
+        self.conn.sadd("k", b"x")
+'''
+    assert free_functions_speaking_to_redis(planted, "planted.py") == ["planted.py:4: mark_shipped"]

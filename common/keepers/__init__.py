@@ -1,10 +1,16 @@
 """The keepers of Redis state: every module of common/ that issues a Redis command lives here.
 
-One module per Redis noun, its keys and its operations (as rq keeps one registry per noun):
-runs.py (a run's hash and counters), marks.py (done and shipped marks), claims.py (a
-producer's claim sets: their keys and every write to them), checkpoints.py, flights.py,
-hungry.py, pause.py, runlock.py, runsources.py, snapshots.py, exportsets.py, markstamps.py, rundelete.py, spectally.py (a run's acceptance tallies); and the Redis plumbing they stand on:
-redisconn.py (every connection), clock.py (Redis's clock), redismem.py (its memory),
+One module per Redis noun, and in it one class that is built with the connection (and the run,
+or the worker, it is about), owns the noun's keys and holds its operations, as rq keeps one
+registry class per noun: runs.py RunStore (a run's hash, keys set, sources and counters),
+marks.py Marks (done and failed marks, their counters and Lua), claims.py Claims (a producer's
+claim sets: their keys and every write to them), checkpoints.py CheckpointStore, flights.py
+Flights, hungry.py Hungry, pause.py Pause, runlock.py RunLock, runsources.py RunSources,
+snapshots.py Snapshots, exportsets.py ExportSets and ScratchSet, markstamps.py MarkStamp and
+RebuildState, spectally.py SpecTallies (a run's acceptance tallies). What issues no command (a
+record's kind, a key's digest, a snapshot's reading) stays a plain function beside its class.
+rundelete.py deletes every key of a run, genqueue's and rq's. And the Redis plumbing they stand
+on: redisconn.py (every connection), clock.py (Redis's clock), redismem.py (its memory),
 rqaccess.py and rqjobs.py (rq's own keys, read through rq's documented surface).
 
 The rest of common/ is pure: contracts, settings, conversions and rules that issue no Redis

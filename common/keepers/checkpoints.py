@@ -40,8 +40,9 @@ class CheckpointStore:
     async def close(self) -> None:
         await self._conn.aclose()
 
-
-def clear(pipe: redis.client.Pipeline, run: str, item_keys: list[str]) -> None:
-    """Queue the deletion of ITEM_KEYS' checkpoints on a (sync) pipeline, at ack time."""
-    if item_keys:
-        pipe.delete(*[checkpoint_key(run, k) for k in item_keys])
+    @staticmethod
+    def clear(pipe: redis.client.Pipeline, run: str, item_keys: list[str]) -> None:
+        """Queue the deletion of ITEM_KEYS' checkpoints on a (sync) pipeline, at ack time (the
+        ack's own transaction: RunStore.count_acked)."""
+        if item_keys:
+            pipe.delete(*[checkpoint_key(run, k) for k in item_keys])

@@ -41,7 +41,7 @@ from redis.commands.core import Script
 from genqueue.common import __version__
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
-from genqueue.common.keepers.checkpoints import clear
+from genqueue.common.keepers.checkpoints import CheckpointStore
 from genqueue.common.placement import Placement
 from genqueue.common.settings import FingerprintEntry, RunSettings, check_update, fingerprint_entry
 
@@ -315,7 +315,7 @@ class RunStore:
             for k, v in counts.items():
                 p.hincrby(run_key(run, "stats"), k, v)
             p.hsetnx(run_key(run), "started_at", repr(started_at))
-            clear(p, run, list(clear_checkpoints))
+            CheckpointStore.clear(p, run, list(clear_checkpoints))
             p.execute()
 
 
