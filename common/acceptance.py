@@ -163,9 +163,11 @@ class AcceptanceTable:
             for label, t in other.by[facet].items():
                 self.by[facet].setdefault(label, Tally()).merge(t)
 
-    def weakest(self, min_answers: int = defaults.SPEC_MIN_ANSWERS) -> tuple[Facet, str, Tally] | None:
+    def weakest(self, min_answers: int = defaults.SPEC_MIN_ANSWERS,
+                min_gap: float = defaults.SPEC_WEAKEST_MIN_GAP) -> tuple[Facet, str, Tally] | None:
         """The category furthest below the overall rate, among facets with more than one category
-        and categories of at least MIN_ANSWERS answers (None: no such category below overall)."""
+        and categories of at least MIN_ANSWERS answers (None: no such category at least MIN_GAP
+        below overall)."""
         base = self.overall.rate
         if base is None:
             return None
@@ -175,7 +177,7 @@ class AcceptanceTable:
             if len(cats) < 2:
                 continue
             for label, t in cats.items():
-                if t.answers < min_answers or t.rate is None or t.rate >= base:
+                if t.answers < min_answers or t.rate is None or t.rate > base - min_gap:
                     continue
                 gap = base - t.rate
                 if best is None or gap > best[0]:
