@@ -441,8 +441,10 @@ def acceptance_rows(r: ExportResult) -> list[tuple[str, str]]:
         rows.append(("acceptance", overall))
         by = acc.get("by")
         for cat in (by.get("source", []) if isinstance(by, dict) else []):
-            line = f"{_pct(cat['rate'])}, mean length {_num(cat['mean_length'])}, {cat['answers']:,} answers"
-            rows.append((f"  {cat['category']}", line))
+            # the category in the value: a source is a path, and the key column sets every row's indent
+            line = (f"{cat['category']}: {_pct(cat['rate'])}, mean length {_num(cat['mean_length'])}, "
+                    f"{cat['answers']:,} answers")
+            rows.append(("  by source", line))
         if acc.get("weakest"):
             rows.append(("  weakest", str(acc["weakest"])))
     sel = r.selection
@@ -458,7 +460,7 @@ def acceptance_rows(r: ExportResult) -> list[tuple[str, str]]:
         rows.append(("selection", "; ".join(what)))
         by_source = sel.get("by_source")
         if share is not None and isinstance(by_source, dict):
-            rows += [(f"  {name}", f"{c['kept']:,} of {c['rows']:,} rows kept") for name, c in by_source.items()]
+            rows += [("  by source", f"{name}: {c['kept']:,} of {c['rows']:,} rows kept") for name, c in by_source.items()]
     return rows
 
 

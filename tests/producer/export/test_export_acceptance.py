@@ -119,7 +119,7 @@ def test_every_row_carries_its_acceptance_and_the_summary_tables_it_each_item_on
     assert "| weak.jsonl | 5 | 30.0% | 1.90 |" in card and "| strong.jsonl | 5 | 80.0% | 3.40 |" in card
     assert "drafter weakest" not in card  # 5 answers a source: below SPEC_MIN_ANSWERS, no category named
     text = export(spec_run, redis_url, "-o", str(spec_run / "t.jsonl"), "--no-card").output
-    assert "acceptance" in text and "80.0%, mean length 3.40, 5 answers" in text
+    assert "acceptance" in text and "strong.jsonl: 80.0%, mean length 3.40, 5 answers" in text
 
 
 def test_keep_lowest_keeps_the_weakest_rows_and_counts_the_rest_apart_from_missing(spec_run: Path,
@@ -142,7 +142,7 @@ def test_keep_lowest_keeps_the_weakest_rows_and_counts_the_rest_apart_from_missi
     text = export(spec_run, redis_url, "-o", str(spec_run / "low2.jsonl"), "--keep-lowest-acceptance", "0.3",
                   "--no-card").output
     assert "selection" in text and "8 left out (not missing: their items are covered)" in text
-    assert "weak.jsonl" in text and "3 of 6 rows kept" in text
+    assert "weak.jsonl: 3 of 6 rows kept" in text
     # ties at the threshold are kept in dataset order: 0.5 keeps the five weak rows exactly
     res = export(spec_run, redis_url, "-o", str(spec_run / "half.jsonl"), "--keep-lowest-acceptance", "0.6",
                  "--json", "--no-card")
