@@ -495,7 +495,7 @@ def _acceptance(r: ExportResult) -> str:
                   for c in cats]
         parts.append("\n".join(lines) + "\n\n")
     if acc.get("weakest"):
-        parts.append(f"The {acc['weakest']}.\n\n")
+        parts.append(f"Weakest category: {acc['weakest']}.\n\n")
     sel = r.selection
     if sel:
         share = sel.get("keep_lowest_acceptance")

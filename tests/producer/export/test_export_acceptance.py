@@ -220,3 +220,16 @@ def test_a_run_without_figures_exports_as_before_and_refuses_selection(tmp_path:
         assert f"{opts[0]}: no record of run {RUN} carries speculative-decoding figures" in proc.stderr
         assert "--per-request-spec-decode-metrics" in proc.stderr
         assert not (tmp_path / "sel.jsonl").exists() and not list(tmp_path.glob(".gq-export-*"))
+
+
+def test_the_summary_lists_turns_and_lengths_in_their_own_order() -> None:
+    from genqueue.common.acceptance import AcceptanceTable, Answer
+    from genqueue.producer.export.core import acceptance_summary
+
+    table = AcceptanceTable()
+    for turn, length in (("4+", "4k+"), ("10", "<256"), ("2", "256-1k"), ("1", "1k-4k"), ("-", "<256")):
+        table.add(Answer("s", "-", turn, length, spec(10, 5)))  # type: ignore[arg-type]
+    by = acceptance_summary(table)["by"]
+    assert [c["category"] for c in by["length"]] == ["<256", "256-1k", "1k-4k", "4k+"]  # type: ignore[index]
+    assert [c["category"] for c in by["turn"]] == ["1", "2", "4+", "10", "-"]  # type: ignore[index]
+    assert acceptance_summary(AcceptanceTable()) == {}

@@ -81,7 +81,7 @@ def test_a_planted_weak_source_is_what_export_selects_and_weighs(tmp_path: Path,
     card = (full.parent / "README.md").read_text()
     for src in planted:
         assert f"| {src} | {PER_SOURCE} | {by[src]['rate']:.1%} | {by[src]['mean_length']:.2f} |" in card
-    assert f"The {acc['weakest']}." in card
+    assert f"Weakest category: {acc['weakest']}." in card
 
     # the lowest-acceptance half is (nearly) all the weak source's rows
     low = tmp_path / "low" / "low.jsonl"
