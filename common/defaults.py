@@ -673,6 +673,10 @@ WORKER_LEFTOVER_WAIT = 30.0
 #: Keeps a row the drafter accepts wholly (rate 1) at a small positive sampling weight, never zero:
 #: the next round still sees it now and then.
 SELECTION_WEIGHT_FLOOR = 0.05
+#: Decimals of an exported row's acceptance `rate` and `mean_length` (formats.py): four tell
+#: rows apart at a hundredth of a percent and keep a line short; the row's counts beside them
+#: are exact, and selection ranks by the counts, not by the rounded rate.
+EXPORT_ACCEPTANCE_DIGITS = 4
 
 # common/keepers/claims.py
 #: Keys per SCAN when the reconcile looks for other producers' claim sets: a few round trips
