@@ -107,7 +107,7 @@ def _questions(prefix: str, n: int, repeating: bool) -> list[dict[str, object]]:
     import random
 
     rng = random.Random(prefix)
-    words = "the of and to in is you that it was for on are as with his they at be this have from".split()
+    words = ["the", "of", "and", "to", "in", "is", "you", "that", "it", "was", "for", "on", "are", "as", "with", "his", "they", "at", "be", "this", "have", "from"]
     out: list[dict[str, object]] = []
     for i in range(n):
         conv: list[dict[str, str]] = []
