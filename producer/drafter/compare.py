@@ -24,10 +24,11 @@ from genqueue.common.acceptance import (
     AcceptanceTable,
     Answer,
     Facet,
+    Figures,
     Tally,
     answers_of,
-    length_bucket,
-    turn_label,
+    category_order,
+    figures,
     weakest_line,
 )
 
@@ -102,18 +103,6 @@ def _ranked(counts: collections.Counter[str]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-class Figures(TypedDict):
-    """One run's acceptance in one category: answers with figures and their summed counts,
-    rate = accepted / drafted, mean length = 1 + accepted / steps (None: nothing to divide)."""
-
-    answers: int
-    steps: int
-    drafted: int
-    accepted: int
-    rate: float | None
-    mean_length: float | None
-
-
 class Row(TypedDict):
     """A category side by side: the candidate's figures, the baseline's (None: no answer there,
     or no baseline, or a baseline without speculation), and candidate minus baseline."""
@@ -159,11 +148,7 @@ class DrafterReport(TypedDict):
 
 
 def _figures(t: Tally | None) -> Figures | None:
-    if t is None or not t.answers:
-        return None
-    return {"answers": t.answers, "steps": t.steps, "drafted": t.drafted, "accepted": t.accepted,
-            "rate": None if t.rate is None else round(t.rate, 4),
-            "mean_length": None if t.mean_length is None else round(t.mean_length, 3)}
+    return None if t is None or not t.answers else figures(t)
 
 
 def _diff(a: float | None, b: float | None, digits: int) -> float | None:
@@ -176,23 +161,6 @@ def _row(label: str, cand: Tally | None, base: Tally | None) -> Row:
             "rate_diff": _diff(c["rate"], b["rate"], 4) if c is not None and b is not None else None,
             "mean_length_diff": (_diff(c["mean_length"], b["mean_length"], 3)
                                  if c is not None and b is not None else None)}
-
-
-def _order(facet: Facet, cand: AcceptanceTable, base: AcceptanceTable | None) -> list[str]:
-    """Turns and length buckets in their own order; sources and variants by the candidate's
-    answers, most first (then the baseline's)."""
-    labels = set(cand.by[facet]) | (set(base.by[facet]) if base is not None else set())
-    if facet == Facet.TURN:
-        rank = {turn_label(n): n for n in range(1, defaults.SPEC_TURN_CAP + 1)}
-        return sorted(labels, key=lambda x: (rank.get(x, defaults.SPEC_TURN_CAP + 1), x))
-    if facet == Facet.LENGTH:
-        rank = {length_bucket(n): i for i, n in enumerate(defaults.SPEC_LENGTH_BUCKETS)}
-        return sorted(labels, key=lambda x: (rank.get(x, len(rank)), x))
-
-    def answers(t: AcceptanceTable | None, x: str) -> int:
-        return t.by[facet][x].answers if t is not None and x in t.by[facet] else 0
-
-    return sorted(labels, key=lambda x: (-answers(cand, x), -answers(base, x), x))
 
 
 def _side(r: RunAnswers, table: AcceptanceTable) -> RunSide:
@@ -218,7 +186,7 @@ def report(candidate: RunAnswers, baseline: RunAnswers | None = None,
     shown_base = base if base is not None and base.overall.answers else None  # a baseline without figures: none
     by = {facet.value: [_row(label, cand.by[facet].get(label),
                              shown_base.by[facet].get(label) if shown_base is not None else None)
-                        for label in _order(facet, cand, shown_base)]
+                        for label in category_order(facet, set(cand.by[facet]) | (set(shown_base.by[facet]) if shown_base is not None else set()), cand, shown_base)]
           for facet in Facet}
     weakest: Weakest | None = None
     found, line, overall = cand.weakest(min_answers), weakest_line(cand, min_answers), cand.overall.rate

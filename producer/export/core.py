@@ -63,9 +63,9 @@ from genqueue.common.acceptance import (
     AcceptanceTable,
     Answer,
     Facet,
-    Tally,
     answers_of,
-    length_bucket,
+    category_order,
+    figures,
     weakest_line,
 )
 from genqueue.common.contracts import (
@@ -733,30 +733,12 @@ def acceptance_summary(table: AcceptanceTable) -> dict[str, object]:
     if not table.overall.answers:
         return {}
 
-    def one(t: Tally) -> dict[str, object]:
-        return {"answers": t.answers, "rate": t.rate, "mean_length": t.mean_length, "steps": t.steps,
-                "drafted": t.drafted, "accepted": t.accepted}
-
-    return {**one(table.overall),
-            "by": {f.value: [{"category": label, **one(t)} for label, t in sorted(table.by[f].items(),
-                                                                                 key=lambda kv: _category_order(f, kv[0]))]
-                   for f in Facet},
+    return {**figures(table.overall),
+            "by": {f.value: [{"category": label, **figures(table.by[f][label])}
+                             for label in category_order(f, table.by[f], table)] for f in Facet},
             "weakest": weakest_line(table)}
 
 
-#: The length buckets in their own order (shortest first), as common.acceptance names them.
-_LENGTHS = [length_bucket(bound) for bound in defaults.SPEC_LENGTH_BUCKETS]
-
-
-def _category_order(facet: Facet, label: str) -> tuple[bool, int, str]:
-    """Categories in their natural order: length buckets shortest first, turns by number, the
-    others (and a label of another shape, last) by name."""
-    if facet is Facet.LENGTH and label in _LENGTHS:
-        return False, _LENGTHS.index(label), label
-    digits = label.rstrip("+")
-    if facet is Facet.TURN and digits.isdigit():
-        return False, int(digits), label
-    return facet in (Facet.LENGTH, Facet.TURN), 0, label
 
 
 class _PartitionWriteError(Exception):
