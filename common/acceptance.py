@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypedDict
 
 from genqueue.common import defaults
 from genqueue.common.contracts import SpecFigures
@@ -86,6 +86,27 @@ class Tally:
     def mean_length(self) -> float | None:
         """Tokens per verify step, the bonus token included (vLLM's mean_acceptance_length)."""
         return 1 + self.accepted / self.steps if self.steps else None
+
+
+class Figures(TypedDict):
+    """A tally as status, export and the drafter report show it: answers and their summed counts,
+    rate = accepted / drafted (4 digits), mean length = 1 + accepted / steps (3 digits); None:
+    nothing to divide."""
+
+    answers: int
+    steps: int
+    drafted: int
+    accepted: int
+    rate: float | None
+    mean_length: float | None
+
+
+def figures(t: Tally) -> Figures:
+    """T's figures, rounded as every reader shows them."""
+    rate, length = t.rate, t.mean_length
+    return {"answers": t.answers, "steps": t.steps, "drafted": t.drafted, "accepted": t.accepted,
+            "rate": None if rate is None else round(rate, 4),
+            "mean_length": None if length is None else round(length, 3)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +184,11 @@ class AcceptanceTable:
             for label, t in other.by[facet].items():
                 self.by[facet].setdefault(label, Tally()).merge(t)
 
-    def weakest(self, min_answers: int = defaults.SPEC_MIN_ANSWERS) -> tuple[Facet, str, Tally] | None:
+    def weakest(self, min_answers: int = defaults.SPEC_MIN_ANSWERS,
+                min_gap: float = defaults.SPEC_WEAKEST_MIN_GAP) -> tuple[Facet, str, Tally] | None:
         """The category furthest below the overall rate, among facets with more than one category
-        and categories of at least MIN_ANSWERS answers (None: no such category below overall)."""
+        and categories of at least MIN_ANSWERS answers (None: no such category at least MIN_GAP
+        below overall)."""
         base = self.overall.rate
         if base is None:
             return None
@@ -175,12 +198,34 @@ class AcceptanceTable:
             if len(cats) < 2:
                 continue
             for label, t in cats.items():
-                if t.answers < min_answers or t.rate is None or t.rate >= base:
+                if t.answers < min_answers or t.rate is None or t.rate > base - min_gap:
                     continue
                 gap = base - t.rate
                 if best is None or gap > best[0]:
                     best = (gap, facet, label, t)
         return None if best is None else (best[1], best[2], best[3])
+
+
+#: The length buckets in their own order (shortest first), as length_bucket names them.
+_LENGTHS = {length_bucket(bound): i for i, bound in enumerate(defaults.SPEC_LENGTH_BUCKETS)}
+
+
+def category_order(facet: Facet, labels: Iterable[str], *tables: AcceptanceTable | None) -> list[str]:
+    """LABELS of FACET in the order every reader lists them: turns by number and length buckets
+    shortest first (a label of another shape after them, by name); sources and variants by their
+    answers in TABLES (the first table's first), most first, then by name."""
+    if facet is Facet.TURN or facet is Facet.LENGTH:
+        def natural(label: str) -> tuple[int, int, str]:
+            if facet is Facet.LENGTH:
+                return (0, _LENGTHS[label], label) if label in _LENGTHS else (1, 0, label)
+            digits = label.rstrip("+")
+            return (0, int(digits), label) if digits.isdigit() else (1, 0, label)
+        return sorted(labels, key=natural)
+
+    def answers(label: str) -> tuple[int, ...]:
+        return tuple(-(t.by[facet][label].answers if t is not None and label in t.by[facet] else 0) for t in tables)
+
+    return sorted(labels, key=lambda label: (answers(label), label))
 
 
 def table_of(records: Iterable[Mapping[str, Any]]) -> AcceptanceTable:

@@ -37,6 +37,20 @@ def check_run_name(name: str) -> str:
     return name
 
 
+_DRAFTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}$")
+
+
+def check_drafter_name(name: str) -> str:
+    """Return NAME if it is a usable drafter label (`--drafter`: shown by status, kept in every
+    record, a column heading of the drafter report)."""
+    if not _DRAFTER_NAME.match(name):
+        raise UserError(
+            f"invalid drafter name {name!r}: use 1-200 letters, digits or '._:/@+=-', starting with a letter "
+            "or digit (e.g. eagle3-round2, org/model@rev)"
+        )
+    return name
+
+
 def parse_concurrency(text: str) -> int | None:
     """--concurrency (`consumer run`, `consumer launch`): a fixed number of requests in flight
     (at least 1), or None for auto; UserError for anything else."""
@@ -195,6 +209,12 @@ class RunSettings:
     #: from the JSON, so the runs made before variants keep their fingerprint
     variants: tuple[Variant, ...] = ()
     token_ids: bool = False  # ask for return_token_ids; records keep each turn's ids (a NEW_FIELDS entry)
+    #: the candidate drafter this run evaluates (`--drafter`): a label, not a request field. The
+    #: engines serving the run run it; every record names it, so a drafter report is read from the
+    #: records alone. In the fingerprint (when set): consumers re-read settings only when the
+    #: fingerprint changes, so a label outside it would never reach their records after an
+    #: update, and records of two drafters in one run are told apart by their fingerprints too.
+    drafter: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
@@ -203,6 +223,8 @@ class RunSettings:
             self, "history_reasoning", _choice(HistoryReasoning, self.history_reasoning, "--history-reasoning")
         )
         object.__setattr__(self, "truncation", _choice(Truncation, self.truncation, "--truncation"))
+        if isinstance(self.drafter, str):  # another type is stored_shape_problem's to name
+            check_drafter_name(self.drafter)
         if self.sampling.max_tokens < 1:
             raise UserError("--max-tokens must be at least 1")
         if self.max_prompt_chars < 1:
@@ -243,6 +265,7 @@ class RunSettings:
                          ("max_prompt_chars", _is_int(self.max_prompt_chars)),
                          ("expect_reasoning", isinstance(self.expect_reasoning, bool)),
                          ("token_ids", isinstance(self.token_ids, bool)),
+                         ("drafter", self.drafter is None or isinstance(self.drafter, str)),
                          ("sampling.max_tokens", _is_int(sp.max_tokens)),
                          ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
                          ("sampling.top_p", sp.top_p is None or _is_number(sp.top_p)),
@@ -295,7 +318,7 @@ SETTING_NAMES = frozenset(_TOP_NAMES) | {f"sampling.{name}" for name in _SAMPLIN
 #: Fields added to RunSettings after runs were first stored, with the default each is left out
 #: of the stored form at (RunSettings.to_dict): the fingerprint of a run that never set one is
 #: the one it had before the field existed.
-NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": ()}
+NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": (), "drafter": None}
 
 
 #: Settings `--update-settings` may not change, and why: a run keeps them for its whole life.

@@ -54,6 +54,7 @@ class EnqueueArgs(TypedDict):
     truncation: str
     expect_reasoning: bool
     token_ids: bool
+    drafter: str | None
     output: str
     shared_fs: bool
     no_output_check: bool
@@ -88,6 +89,7 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
         expect_reasoning=options["expect_reasoning"],
         variants=variants,
         token_ids=options["token_ids"],
+        drafter=options["drafter"],
     )
     return settings, warnings
 
@@ -99,7 +101,7 @@ SETTING_OPTIONS: dict[str, str] = {
     "top_p": "sampling.top_p", "max_tokens": "sampling.max_tokens", "seed": "sampling.seed",
     "sampling_json": "sampling.extra", "variants": "variants", "output": "output",
     "max_prompt_chars": "max_prompt_chars", "history_reasoning": "history_reasoning", "truncation": "truncation",
-    "expect_reasoning": "expect_reasoning", "token_ids": "token_ids",
+    "expect_reasoning": "expect_reasoning", "token_ids": "token_ids", "drafter": "drafter",
 }
 
 
@@ -162,6 +164,11 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               help="Keep each answer's prompt and completion token ids as the engine returned them (vLLM's "
                    "return_token_ids), for `producer export --format tokens`; a server that returns none fails "
                    "the consumers' pre-flight.")
+@click.option("--drafter", default=None, metavar="NAME",
+              help="Declare the run an evaluation of the drafter NAME (e.g. a held-out slice served by engines "
+                   "running that candidate): status shows it, every record names it, and `producer "
+                   "drafter-report` compares its acceptance with another run's. A label: the requests are "
+                   "unchanged (it is in the fingerprint).")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
 @click.option("--shared-fs", is_flag=True,
@@ -330,6 +337,7 @@ def _records_rows(s: Summary) -> list[tuple[str, str]]:
 
 
 def _register() -> None:
+    from genqueue.producer.drafter.command import drafter_report_command
     from genqueue.producer.export.command import export_command
     from genqueue.producer.export.parity_command import parity_command
     from genqueue.producer.lifecycle import delete_command, resume_command, runs_command
@@ -341,6 +349,7 @@ def _register() -> None:
     main.add_command(resume_command, "resume")
     main.add_command(delete_command, "delete")
     main.add_command(status_command, "status")
+    main.add_command(drafter_report_command, "drafter-report")
 
 
 _register()

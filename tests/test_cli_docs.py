@@ -39,6 +39,7 @@ SECTIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("producer", "export"): ("docs/export.md", "## `producer export`"),
     ("producer", "parity"): ("docs/export.md", "## `producer parity`"),
     ("producer", "status"): ("docs/operations.md", "## `producer status`"),
+    ("producer", "drafter-report"): ("docs/operations.md", "## `producer drafter-report`"),
     ("producer", "runs"): ("README.md", "## 7. Recover"),
     ("producer", "resume"): ("README.md", "## 7. Recover"),
     ("producer", "delete"): ("README.md", "## 7. Recover"),

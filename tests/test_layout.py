@@ -173,7 +173,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.consumer.answer",
          "genqueue.consumer.dashboard", "genqueue.consumer.shipping", "genqueue.consumer.engine",
          "genqueue.consumer.work", "genqueue.consumer.guards", "genqueue.producer.ingest",
-         "genqueue.producer.export", "genqueue.producer.status", "genqueue.common.keepers")
+         "genqueue.producer.export", "genqueue.producer.status", "genqueue.producer.drafter",
+         "genqueue.common.keepers")
 
 #: The answering wing's modules, once on consumer/'s top level.
 ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool_turns", "checkpoints")
@@ -216,6 +217,7 @@ def test_a_wing_imports_only_what_its_docstring_allows(wing: str) -> None:
     ("genqueue.consumer.dashboard", ("genqueue.consumer.cli",)),
     ("genqueue.producer.export", ("genqueue.producer.cli",)),
     ("genqueue.producer.status", ("genqueue.producer.cli",)),
+    ("genqueue.producer.drafter", ("genqueue.producer.cli",)),
 ])
 def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[str, ...]) -> None:
     """The stand-in, the launcher, the dashboard, the export and the status are commands: only the

@@ -84,6 +84,11 @@ class RunContext:
         self.fingerprint = self.settings.fingerprint
         self.shape = RequestShape.of(self.settings, self.variant)
 
+    @property
+    def drafter(self) -> str | None:
+        """The drafter the run evaluates (`--drafter`), named in each of its records."""
+        return self.settings.drafter
+
     def for_item(self, item: object) -> RunContext:
         """This context as ITEM is sent: with the request variant its key draws, when the run
         has a mix (the same on every consumer and every attempt; all turns of a conversation)."""

@@ -73,6 +73,8 @@ class RunFacts(Protocol):
     def consumer(self) -> ConsumerInfo: ...
     @property
     def variant(self) -> Variant | None: ...
+    @property
+    def drafter(self) -> str | None: ...
 
 
 def messages_of(item: Item) -> list[ChatMessage]:
@@ -105,6 +107,8 @@ def record_base(ctx: RunFacts, item: Item, attempt: int, messages: list[ChatMess
         base["note"] = note
     if ctx.variant is not None:
         base["variant"] = ctx.variant.name
+    if ctx.drafter is not None:
+        base["drafter"] = ctx.drafter
     # provenance: the input record's id, its source and place, the sample (the export's order)
     for name in ("id", "source"):
         text = get(name)

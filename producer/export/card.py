@@ -463,10 +463,59 @@ def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[
                   (f"Only variant `{r.variant}`: {r.other_variants:,} items of the others left out.\n\n"
                    if r.variant else "")]
     parts += ["### Sources\n\n", _counter(s.sources, "source")]
+    if r.acceptance:
+        parts += ["### Speculative decoding: the drafter's acceptance\n\n", _acceptance(r)]
     parts += ["### Model and sampling\n\n", _recipe(info, s)]
     parts += ["### Token lengths per generation\n\n", _lengths(s, links, plots=plots)]
     parts += ["### Files\n\n", _files(r, folder)]
     return "".join(parts)
+
+
+#: The acceptance tables' facets, in the card's order, with their column heads.
+_FACETS = (("source", "source file"), ("variant", "request variant"), ("turn", "user turn"),
+           ("length", "answer length (completion tokens)"))
+
+
+def _acceptance(r: ExportResult) -> str:
+    """The answers' speculative-decoding acceptance (the summary's `acceptance`): overall, then a
+    table per facet (source first), the weakest category named, and what selection did."""
+    acc = r.acceptance
+    parts = [(f"The engine's own per-answer figures, summed over the {_cell(acc.get('answers', 0))} answers of "
+              "the items exported (each item once, whichever file it went to): rate = accepted / drafted draft "
+              "tokens (vLLM's draft_acceptance_rate), mean length = 1 + accepted / verify steps (vLLM's "
+              f"mean_acceptance_length). Overall: rate {_pct(acc.get('rate'))}, mean length "
+              f"{_num(acc.get('mean_length'))}.\n\n")]
+    by = acc.get("by")
+    for facet, head in _FACETS:
+        cats = by.get(facet) if isinstance(by, dict) else None
+        if not isinstance(cats, list) or len(cats) < (1 if facet == "source" else 2):
+            continue  # a facet of one category says nothing the overall figures do not
+        lines = [f"| {head} | answers | rate | mean length |", "| --- | --- | --- | --- |"]
+        lines += [f"| {_cell(c['category'])} | {_cell(c['answers'])} | {_pct(c['rate'])} | {_num(c['mean_length'])} |"
+                  for c in cats]
+        parts.append("\n".join(lines) + "\n\n")
+    if acc.get("weakest"):
+        parts.append(f"Weakest category: {acc['weakest']}.\n\n")
+    sel = r.selection
+    if sel:
+        share = sel.get("keep_lowest_acceptance")
+        text = f"Selection: {_cell(sel['rows_kept'])} of {_cell(sel['rows_in'])} rows kept"
+        if share is not None:
+            text += (f", the lowest-acceptance {share:g} of the rows with figures (rates {_pct(sel.get('rate_min'))} "
+                     f"to {_pct(sel.get('rate_max'))})")
+        if sel.get("weight_by_acceptance"):
+            text += (f"; each row's `{sel['weight_column']}` ({_num(sel.get('weight_min'))} to "
+                     f"{_num(sel.get('weight_max'))}) is higher where the drafter accepted less")
+        parts.append(text + ".\n\n")
+    return "".join(parts)
+
+
+def _pct(x: object) -> str:
+    return f"{x:.1%}" if isinstance(x, float | int) else "-"
+
+
+def _num(x: object) -> str:
+    return f"{x:.2f}" if isinstance(x, float | int) else "-"
 
 
 #: The summary's fields on rows per generation (--rows), where the export has them: shown as they are.

@@ -14,6 +14,7 @@ file. Exits 1 when anything is missing, or when more items failed for good or ar
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +34,7 @@ from genqueue.common.keepers.rqjobs import malformed_line, refused_line
 from genqueue.common.keepers.runs import RunInfo, RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.settings import check_run_name
+from genqueue.producer.export import selection
 from genqueue.producer.export.card import card_rows, write_card
 from genqueue.producer.export.core import (
     DEFAULT_OUTCOMES,
@@ -47,6 +49,7 @@ from genqueue.producer.export.core import (
 )
 from genqueue.producer.export.formats import FORMATS, ExportFormat, RowLayout, SideFile, format_help
 from genqueue.producer.export.sources import source_for
+from genqueue.producer.export.stage import WEIGHT_COLUMN
 from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
 from genqueue.producer.rungone import run_gone
 
@@ -130,6 +133,8 @@ class ExportArgs(TypedDict):
     partition_mb: int
     card: bool
     card_images: str | None
+    weight_by_acceptance: bool
+    keep_lowest_acceptance: str | None
 
 
 class _Files(NamedTuple):
@@ -163,6 +168,19 @@ def _files(options: ExportArgs) -> _Files:
     return _Files(out, parquet, shape, errs, cut, miss, flagged, workdir)
 
 
+def _share(text: str | None) -> float | None:
+    """--keep-lowest-acceptance SHARE: a fraction in (0, 1] (None: not given)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--keep-lowest-acceptance takes a share in (0, 1], not {text!r}") from None
+    if math.isnan(value):
+        raise UserError(f"--keep-lowest-acceptance takes a share in (0, 1], not {text!r}")
+    return selection.check_share(value)
+
+
 def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: frozenset[str]) -> ExportPlan:
     """What `producer export` OPTIONS ask to write of the run INFO describes, to FILES, with the
     OUTCOMES the dataset holds; every option checked against the run (UserError)."""
@@ -192,7 +210,9 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
                       partition_bytes=options["partition_mb"] * 2**20,
                       per_turn_ids=info.settings.multi_turn == Mode.EACH, variants=tuple(info.settings.variants),
                       variant=variant, drop_flagged=options["drop_flagged"],
-                      only_target_turns=options["only_target_turns"], flagged_path=files.flagged, rows=layout)
+                      only_target_turns=options["only_target_turns"], flagged_path=files.flagged, rows=layout,
+                      weight_by_acceptance=options["weight_by_acceptance"],
+                      keep_lowest_acceptance=_share(options["keep_lowest_acceptance"]))
 
 
 @click.command("export")
@@ -235,6 +255,17 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
 @click.option("--flagged", "flagged_path", type=click.Path(dir_okay=False), default=None,
               help="Rows kept out by --drop-flagged or --only-target-turns, each with its `flags` "
                    "(default: <output stem>.flagged.jsonl).")
+@click.option("--weight-by-acceptance", is_flag=True,
+              help="Runs whose engine speculated (records with speculative-decoding figures): give every dataset "
+                   f"row a `{WEIGHT_COLUMN}`, higher where the drafter accepted less (1 - rate + "
+                   f"{defaults.SELECTION_WEIGHT_FLOOR}, averaging 1 over the rows with figures; 1 for a row "
+                   "without), so a trainer samples the drafter's weak rows more often. Refused on a run without "
+                   "figures.")
+@click.option("--keep-lowest-acceptance", "keep_lowest_acceptance", default=None, metavar="SHARE",
+              help="Runs whose engine speculated: keep only the SHARE (0 < SHARE <= 1) of the dataset rows with "
+                   "figures whose acceptance is lowest (rows without figures are left out too); the rows left "
+                   "out are counted in the summary's selection, and their items still covered. Refused on a run "
+                   "without figures.")
 @click.option("--allow-partial", is_flag=True, help="Exit 0 whatever is missing or failed.")
 @click.option("--max-failed", default=defaults.EXPORT_MAX_FAILED, show_default=True, metavar="N|FRACTION",
               help="Exit 1 when more items than this failed for good or are partial: a count (100) or a "
@@ -260,6 +291,7 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     max_failed = options["max_failed"]
     failed_limit = _failed_limit(max_failed)
     outcomes = _outcomes(options["include"])  # what needs no run is checked before Redis is read
+    _share(options["keep_lowest_acceptance"])
     files = _files(options)
     conn = connect(redis_url)
     info = RunStore(conn).get(run)
@@ -398,6 +430,48 @@ def rows_line(r: ExportResult) -> str:
             "the last user message)")
 
 
+def acceptance_rows(r: ExportResult) -> list[tuple[str, str]]:
+    """The summary's rows on speculative decoding: the answers' acceptance by source (and the
+    weakest category), and what selection by acceptance did. None for a run without figures."""
+    rows: list[tuple[str, str]] = []
+    acc = r.acceptance
+    if acc:
+        overall = (f"{_pct(acc.get('rate'))} of draft tokens accepted, mean length {_num(acc.get('mean_length'))}, "
+                   f"over {acc.get('answers', 0):,} answers")
+        rows.append(("acceptance", overall))
+        by = acc.get("by")
+        for cat in (by.get("source", []) if isinstance(by, dict) else []):
+            # the category in the value: a source is a path, and the key column sets every row's indent
+            line = (f"{cat['category']}: {_pct(cat['rate'])}, mean length {_num(cat['mean_length'])}, "
+                    f"{cat['answers']:,} answers")
+            rows.append(("  by source", line))
+        if acc.get("weakest"):
+            rows.append(("  weakest", str(acc["weakest"])))
+    sel = r.selection
+    if sel:
+        share = sel.get("keep_lowest_acceptance")
+        what = [f"kept {sel['rows_kept']:,} of {sel['rows_in']:,} rows"]
+        if share is not None:
+            what.append(f"the lowest-acceptance {share:g} of the {sel['rows_with_figures']:,} with figures, rates "
+                        f"{_pct(sel.get('rate_min'))}-{_pct(sel.get('rate_max'))}; {sel['rows_left_out']:,} left out "
+                        "(not missing: their items are covered)")
+        if sel.get("weight_by_acceptance"):
+            what.append(f"weighted: `{sel['weight_column']}` {_num(sel.get('weight_min'))}-{_num(sel.get('weight_max'))}")
+        rows.append(("selection", "; ".join(what)))
+        by_source = sel.get("by_source")
+        if share is not None and isinstance(by_source, dict):
+            rows += [("  by source", f"{name}: {c['kept']:,} of {c['rows']:,} rows kept") for name, c in by_source.items()]
+    return rows
+
+
+def _pct(x: object) -> str:
+    return f"{x:.1%}" if isinstance(x, float | int) else "-"
+
+
+def _num(x: object) -> str:
+    return f"{x:.2f}" if isinstance(x, float | int) else "-"
+
+
 def format_export(r: ExportResult, extra: Sequence[tuple[str, str]] = ()) -> str:
     """The human summary printed after an export (EXTRA: rows before its time, the card's)."""
     rate = f"{r.records_read / r.seconds:,.0f} records/s" if r.seconds > 0 else "-"
@@ -438,6 +512,7 @@ def format_export(r: ExportResult, extra: Sequence[tuple[str, str]] = ()) -> str
             "keeps them out)")),
     ]
     rows += [(f"  {reason}", f"{n:,}") for reason, n in sorted(r.flagged_by_reason.items())]
+    rows += acceptance_rows(r)
     if r.original_turns:
         note = ("(rows holding the input's own assistant turns, marked per turn: LLaMA-Factory mask_history: true; "
                 "SpecForge, speculators: --only-target-turns)")

@@ -25,6 +25,15 @@ with --update-settings while the run was live), and `variant` keeps one variant'
 only, by the variant each record names: the others take the lowest rank, are written nowhere
 and counted apart (`other_variants`), and still count as covered.
 
+Acceptance (issue 33): every answered item kept after dedupe (whichever file it went to)
+adds its answers' speculative-decoding figures to one table by source, variant, turn and length
+(common/acceptance.py), the summary's `acceptance` and the dataset card's: pass 1 packs each
+record's answers compactly after its lines (the header's trailer length), pass 2 reads them
+for the copy it keeps, so a duplicate counts once. With --weight-by-acceptance or
+--keep-lowest-acceptance, pass 2 stages the dataset's rows and a pass 3 selects them
+(stage.py); the rows selection leaves out are counted in the summary's `selection` and their
+items are still covered (they had records: they are no missing items).
+
 Coverage is computed by Redis, not in client memory (coverage.py): the exported keys are
 SADDed in batches to a temporary set, and SDIFFSTORE against the run's key set yields the
 missing items.
@@ -50,6 +59,15 @@ import orjson
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.acceptance import (
+    AcceptanceTable,
+    Answer,
+    Facet,
+    answers_of,
+    category_order,
+    figures,
+    weakest_line,
+)
 from genqueue.common.contracts import (
     ErrorClass,
     ErrorInfo,
@@ -61,6 +79,7 @@ from genqueue.common.contracts import (
     ToolTurns,
     error_info,
 )
+from genqueue.common.errors import UserError
 from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
 from genqueue.common.keepers.marks import record_tool_turns
 from genqueue.common.keepers.rqaccess import JobPlace, refused_jobs
@@ -94,6 +113,7 @@ from genqueue.producer.export.sinks import (
     stem,
 )
 from genqueue.producer.export.sources import OpenShard, ShardSource
+from genqueue.producer.export.stage import StageSink
 from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
 
 __all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
@@ -130,9 +150,10 @@ _INCLUDED, _EXCLUDED, _ERROR, _OTHER = 0, 1, 2, 3
 # generated text (gates.record_flags; 0: none); the rows (genrows.RecordRows): the bytes of
 # the blob bound for the dataset (the rest goes to the truncated file), the rows in each part,
 # the dataset rows under --rows generation and (0/1) conversation, the thinking traces and
-# those each layout keeps; and the length of the blob that follows: the lines in the output
-# shape (or, for an error record, its errors-file line).
-_HEADER = struct.Struct("<16sIqiiBIdIIBQIIIIBIIII")
+# those each layout keeps; the length of its answers' acceptance trailer (_trailer; 0: no
+# figures), and the length of the blob that follows: the lines in the output shape (or, for
+# an error record, its errors-file line), then the trailer.
+_HEADER = struct.Struct("<16sIqiiBIdIIBQIIIIBIIIII")
 #: The header fields after the flags and digest, zero for a record that is no success record.
 _NO_ROWS = (0, 0, 0, 0, 0, 0, 0, 0)
 
@@ -205,6 +226,12 @@ class ExportResult:
     traces: int = 0
     traces_kept_generation: int = 0
     traces_kept_conversation: int = 0
+    #: Speculative-decoding acceptance of the answered items kept (each once), overall and by
+    #: source, variant, turn and length (acceptance_summary); empty when no answer has figures.
+    acceptance: dict[str, object] = field(default_factory=dict)
+    #: What --weight-by-acceptance / --keep-lowest-acceptance did (stage.write_selected); empty
+    #: without them. Its rows_left_out are out of the dataset (and of `rows`), not missing.
+    selection: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -238,6 +265,15 @@ class ExportPlan:
     flagged_path: Path | None = None  # None: beside the output, when rows are kept out
     #: --rows: a conversation-level format's lines per generation or per conversation (genrows.py)
     rows: RowLayout = RowLayout.GENERATION
+    #: --weight-by-acceptance: a `sample_weight` per row; --keep-lowest-acceptance: the share of
+    #: the rows with figures kept, lowest acceptance first (stage.py; None: every row)
+    weight_by_acceptance: bool = False
+    keep_lowest_acceptance: float | None = None
+
+    @property
+    def selects(self) -> bool:
+        """The dataset's rows go through selection by acceptance (pass 3)."""
+        return self.weight_by_acceptance or self.keep_lowest_acceptance is not None
 
 
 class Exporter:
@@ -275,6 +311,8 @@ class Exporter:
         self.partition_bytes = plan.partition_bytes
         self.variants, self.variant = plan.variants, plan.variant
         self.scan = JobScan()
+        self.table = AcceptanceTable()  # the kept answers' acceptance (pass 2)
+        self.figures = False  # a record read in pass 1 has figures
         self.result = ExportResult(run, fmt.value, str(output), str(plan.errors_path), str(plan.missing_path),
                                    source.where, truncated_path=str(truncated),
                                    container="parquet" if plan.parquet else "jsonl",
@@ -298,8 +336,10 @@ class Exporter:
             total = self.source.count_records(shards) if self.progress.wants_total else None
             self.progress.reading(total, len(shards))
             parts = self._partition(shards, tmp)
+            if self.plan.selects and not self.figures:
+                raise _nothing_to_select(self.plan, self.run)
             self.progress.writing(len(parts))
-            out = self._sink(finals["output"])
+            out = StageSink(tmp / "stage") if self.plan.selects else self._sink(finals["output"])
             try:
                 flagged_file: AbstractContextManager[IO[bytes] | None] = (
                     open_writer(finals["flagged"], FLAGGED) if "flagged" in finals else nullcontext(None))
@@ -318,6 +358,9 @@ class Exporter:
             out.close()
             if isinstance(out, GroupingSink):
                 self.result.groups = out.groups
+            self.result.acceptance = acceptance_summary(self.table)
+            if isinstance(out, StageSink):
+                self._select(out, finals["output"])
             try:
                 self._coverage(seen_key, missing_key, finals["missing"])
             except OSError as e:
@@ -334,12 +377,27 @@ class Exporter:
         self.result.seconds = round(time.monotonic() - t0, 3)
         return self.result
 
-    def _sink(self, path: Path) -> Sink:
+    def _select(self, stage: StageSink, path: Path) -> None:
+        """Pass 3: the staged rows into the dataset, as --weight-by-acceptance and
+        --keep-lowest-acceptance say (stage.py)."""
+        plan, r = self.plan, self.result
+        if all(math.isnan(x) for x in stage.rates):  # NaN: a row without figures
+            stage.path.unlink(missing_ok=True)
+            raise _nothing_to_select(plan, self.run, rows=True)
+        r.selection, groups = stage.write_selected(lambda weighted: self._sink(path, weighted=weighted),
+                                                   weigh=plan.weight_by_acceptance,
+                                                   share=plan.keep_lowest_acceptance)
+        stage.path.unlink(missing_ok=True)
+        r.groups = groups
+        left_out = r.selection["rows_left_out"]
+        r.rows -= left_out if isinstance(left_out, int) else 0
+
+    def _sink(self, path: Path, *, weighted: bool = False) -> Sink:
         inner: Sink
         if self.parquet:
             from genqueue.producer.export.parquet import ParquetSink, schema_for
 
-            inner = ParquetSink(path, schema_for(self.shape, self.group_samples))
+            inner = ParquetSink(path, schema_for(self.shape, self.group_samples, weighted=weighted))
         else:
             inner = JsonlSink(path)
         return GroupingSink(inner) if self.group_samples else inner
@@ -388,16 +446,20 @@ class Exporter:
                     pass  # the failure being handled is the one reported
         return paths
 
-    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes, int, int, tuple[int, ...]]:
-        """What one record becomes: its kind, its lines (those bound for the dataset first),
-        for a dataset row its quality gates' flags and the digest of its generated text
-        (gates.py), and its rows' header fields (_NO_ROWS for a record that is no success)."""
+    def _blob(self, rec: Record, line: bytes) -> tuple[int, bytes, int, int, tuple[int, ...], int]:
+        """What one record becomes: its kind, its lines (those bound for the dataset first, then
+        its answers' acceptance trailer), for a dataset row its quality gates' flags and the
+        digest of its generated text (gates.py), its rows' header fields (_NO_ROWS for a record
+        that is no success) and the trailer's length."""
         if self.variant is not None and rec.get("variant") != self.variant:
-            return _OTHER, b"", 0, 0, _NO_ROWS
+            return _OTHER, b"", 0, 0, _NO_ROWS, 0
         if "error" in rec:
             if self.error_line is not None:
-                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n", 0, 0, _NO_ROWS
-            return _ERROR, line if line.endswith(b"\n") else line + b"\n", 0, 0, _NO_ROWS
+                return _ERROR, orjson.dumps(self.error_line(rec)) + b"\n", 0, 0, _NO_ROWS, 0
+            return _ERROR, line if line.endswith(b"\n") else line + b"\n", 0, 0, _NO_ROWS, 0
+        trailer = _trailer(rec)
+        if trailer:
+            self.figures = True
         outcome = rec["outcome"] = record_outcome(rec)
         split = self._rows(rec, outcome)
         code = _OUTCOME_CODE.get(outcome, 0) << 2 | _tool_turns(rec) << 5 | (_COPY if rec.get("copy") else 0)
@@ -405,7 +467,7 @@ class Exporter:
         counts = (len(split.included), len(split.excluded), split.generation_rows, int(split.conversation_row),
                   split.traces, split.kept_generation, split.kept_conversation)
         if not split.included:
-            return _EXCLUDED | code, excluded, 0, 0, (0, *counts)
+            return _EXCLUDED | code, excluded + trailer, 0, 0, (0, *counts), len(trailer)
         flags, digest = record_flags(rec)
         if has_original_turns(rec):  # counted always; a reason to keep it out with --only-target-turns
             flags |= BIT[FlagReason.ORIGINAL_TURNS]
@@ -417,7 +479,7 @@ class Exporter:
 
             rows = [arrow_row(row) for row in rows]
         included = b"".join(orjson.dumps(row) + b"\n" for row in rows)
-        return _INCLUDED | code, included + excluded, flags, digest, (len(included), *counts)
+        return _INCLUDED | code, included + excluded + trailer, flags, digest, (len(included), *counts), len(trailer)
 
     def _rows(self, rec: ResultRecord, outcome: str) -> RecordRows:
         """REC's lines split between the dataset and the truncated file, under --rows."""
@@ -444,9 +506,9 @@ class Exporter:
                 tick(4096)
             try:
                 rec, key, place, index, turn, sample, attempt, finished = read_line(line)
-                kind, blob, flags, text_digest, rows = self._blob(rec, line)
+                kind, blob, flags, text_digest, rows, tlen = self._blob(rec, line)
                 header = pack(key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, flags,
-                              text_digest, *rows, len(blob))
+                              text_digest, *rows, tlen, len(blob))
             except (*BAD_LINE, struct.error):
                 if line.strip():
                     bad += 1
@@ -478,12 +540,12 @@ class Exporter:
         unpack = _HEADER.unpack_from
         hsize = _HEADER.size
         best: dict[bytes, tuple[tuple[int, int, int, float, int, int], tuple[int, int, int, int], int, int, int,
-                                int, int, tuple[int, ...]]] = {}
+                                int, int, tuple[int, ...], int]] = {}
         pos = n = 0
         end_all = len(data)
         while pos < end_all:
             (key, place, index, turn, sample, kind, attempt, finished, ordinal, lineno, flags, digest,
-             *rows, blen) = unpack(data, pos)
+             *rows, tlen, blen) = unpack(data, pos)
             start = pos + hsize
             pos = start + blen
             n += 1
@@ -491,7 +553,7 @@ class Exporter:
             cur = best.get(key)
             if cur is None or rank < cur[0]:
                 best[key] = (rank, (place, index, turn, sample), start, pos, (kind >> 2) & 31, flags, digest,
-                             tuple(rows))
+                             tuple(rows), tlen)
         self.result.duplicates_removed += n - len(best)
         batch: list[bytes] = []
         r = self.result
@@ -499,8 +561,11 @@ class Exporter:
         # Duplicates across items, in the dataset's order: the first of a text stays clean.
         dups = iter(self.duplicates.check([v[6] for _, v in kept if v[0][0] == _INCLUDED]))
         duplicate, original = BIT[FlagReason.DUPLICATE_ANSWER], BIT[FlagReason.ORIGINAL_TURNS]
-        for key, (rank, order, start, stop, code, flags, _digest, counts) in kept:
+        for key, (rank, order, start, end, code, flags, _digest, counts, tlen) in kept:
             split, rows_in, rows_out, gen_rows, conv_row, traces, kept_gen, kept_conv = counts
+            stop = end - tlen
+            if tlen and rank[0] < _ERROR:
+                self._add_answers(view[stop:end])
             if rank[0] < _ERROR:
                 self._count_outcome(_OUTCOME_NAMES[code & 7], included=rank[0] == _INCLUDED)
                 self._count_tool_turns(code >> 3)
@@ -539,6 +604,12 @@ class Exporter:
         if batch:
             self._sadd(seen_key, batch)
         view.release()
+
+    def _add_answers(self, trailer: memoryview) -> None:
+        """A kept record's answers (its _trailer) into the acceptance table."""
+        for source, variant, turn, length, steps, drafted, accepted in orjson.loads(bytes(trailer)):
+            self.table.add(Answer(source, variant, turn, length,
+                                  {"k": 0, "steps": steps, "drafted": drafted, "accepted": accepted, "hist": []}))
 
     def _flag(self, flags: int, line: memoryview, flagged: IO[bytes] | None, rows: int = 1) -> bool:
         """Count a flagged record's dataset ROWS (its LINE: gates judge a conversation, so its
@@ -636,6 +707,38 @@ class Exporter:
         if r.unexpected:
             log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
                         "name?); they are exported too", r.unexpected, self.run)
+
+
+def _trailer(rec: ResultRecord) -> bytes:
+    """REC's answers with figures, compactly, for the acceptance table of the copy pass 2 keeps:
+    [source, variant, turn, length, steps, drafted, accepted] each (empty: none)."""
+    answers = [[a.source, a.variant, a.turn, a.length, a.spec["steps"], a.spec["drafted"], a.spec["accepted"]]
+               for a in answers_of(rec)]
+    return orjson.dumps(answers) if answers else b""
+
+
+def _nothing_to_select(plan: ExportPlan, run: str, *, rows: bool = False) -> UserError:
+    what = " and ".join(o for o, on in (("--weight-by-acceptance", plan.weight_by_acceptance),
+                                        ("--keep-lowest-acceptance", plan.keep_lowest_acceptance is not None)) if on)
+    where = "no row bound for the dataset" if rows else "no record"
+    return UserError(f"{what}: {where} of run {run} carries speculative-decoding figures (the engine did not "
+                     f"speculate, or was not started with {defaults.PER_REQUEST_SPEC_FLAG}): nothing to select by; "
+                     "export without it")
+
+
+def acceptance_summary(table: AcceptanceTable) -> dict[str, object]:
+    """TABLE as the summary's `acceptance` (empty when no answer had figures): overall, then per
+    facet its categories by label, each with its answers, rate, mean length and counts, and the
+    weakest category in words (common.acceptance.weakest_line; None: none stands out)."""
+    if not table.overall.answers:
+        return {}
+
+    return {**figures(table.overall),
+            "by": {f.value: [{"category": label, **figures(table.by[f][label])}
+                             for label in category_order(f, table.by[f], table)] for f in Facet},
+            "weakest": weakest_line(table)}
+
+
 
 
 class _PartitionWriteError(Exception):

@@ -58,6 +58,20 @@ target's gpt/function_call turns in `conversations` as `target_turns`; `batch` h
 final answer, the target's; `tokens` rows are the target's answers alone (a history the input
 wrote is prompt, loss 0).
 
+Acceptance (issue 33): a line whose answers carry the engine's speculative-decoding figures
+(the records' `spec`, common/contracts.py SpecFigures) has `acceptance`, last:
+`{"rate", "mean_length", "steps", "drafted", "accepted"}`. `rate` is accepted / drafted draft
+tokens and `mean_length` 1 + accepted / steps (tokens per verify step, the bonus token
+included): the names and definitions of vLLM's own `draft_acceptance_rate` and
+`mean_acceptance_length`, shortened since the object says what they are of; the counts beside
+them are exact (the rates are rounded) and let rows be summed. A line of one answer (a
+generation row, a `tokens` row, a `batch` line: its body's answer) carries that answer's own
+figures; a conversation line the sum over its answers. A line without figures (the engine did
+not speculate or returned none per request, or drafted nothing for it) has no `acceptance` at
+all: no null-filled object. Every trainer loader the tests run ignores the key (LLaMA-Factory
+maps only its `columns`, SpecForge and speculators read their conversation field, `datasets`
+keeps it as a column of its own).
+
 `batch`: OpenAI Batch API output lines: `{"id", "custom_id", "response": {"status_code",
 "request_id", "body": <chat.completion>}, "error": null}`; the body holds the last answer (in
 mode regenerate, the final turn). Error records become the Batch error file's lines: an HTTP
@@ -68,13 +82,15 @@ error as a response with its status and `{"error": {...}}` body, anything else a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, cast
 
 import orjson
 
+from genqueue.common import defaults
+from genqueue.common.acceptance import Tally
 from genqueue.common.contracts import (
     ChatMessage,
     ErrorRecord,
@@ -82,6 +98,7 @@ from genqueue.common.contracts import (
     Outcome,
     Record,
     ResultRecord,
+    SpecFigures,
     TokenIds,
     Usage,
     full_prompts,
@@ -175,6 +192,39 @@ def has_original_turns(rec: ResultRecord) -> bool:
     return sum(1 for m in messages if m.get("role") == "assistant") > len(turns)
 
 
+#: The line's acceptance object (see the module docstring), and its rates' decimals.
+ACCEPTANCE = "acceptance"
+_DIGITS = defaults.EXPORT_ACCEPTANCE_DIGITS
+
+
+def acceptance(figures: Iterable[SpecFigures | None]) -> Line | None:
+    """The acceptance object of a line whose answers carry FIGURES (None for an answer without),
+    summed; None when no draft token was proposed for them (nothing to say)."""
+    t = Tally()
+    for spec in figures:
+        if spec:
+            t.add(spec)
+    if not t.drafted or not t.steps:
+        return None
+    return {"rate": round(t.accepted / t.drafted, _DIGITS), "mean_length": round(1 + t.accepted / t.steps, _DIGITS),
+            "steps": t.steps, "drafted": t.drafted, "accepted": t.accepted}
+
+
+def record_figures(rec: ResultRecord) -> list[SpecFigures | None]:
+    """Each answer's figures of REC, in order (a regenerate record: its turns'; else its own)."""
+    turns = rec.get("turns")
+    if turns is not None:
+        return [t.get("spec") for t in turns]
+    return [rec.get("spec")]
+
+
+def _with_acceptance(out: Line, figures: Iterable[SpecFigures | None]) -> Line:
+    acc = acceptance(figures)
+    if acc is not None:
+        out[ACCEPTANCE] = acc
+    return out
+
+
 def _meta(rec: Mapping[str, object], out: Line, fields: tuple[str, ...] = _META + _MADE_BY) -> Line:
     for name in fields:
         value = rec.get(name)
@@ -191,7 +241,7 @@ def to_openai(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | 
     out: Line = {"id": line_id(rec, per_turn=per_turn), "messages": messages}
     if rec.get("tools"):
         out["tools"] = rec["tools"]
-    return _meta(rec, out)
+    return _with_acceptance(_meta(rec, out), record_figures(rec))
 
 
 def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | None = None) -> Line:
@@ -221,7 +271,7 @@ def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] 
     out: Line = {"id": line_id(rec, per_turn=per_turn), "conversations": conv, "target_turns": generated}
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
         out["tools"] = orjson.dumps(rec["tools"]).decode()
-    return _meta(rec, out)
+    return _with_acceptance(_meta(rec, out), record_figures(rec))
 
 
 def to_specforge(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | None = None) -> Line:
@@ -244,7 +294,7 @@ def to_specforge(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool]
     if rec.get("tools"):
         out["tools"] = rec["tools"]
     out["status"] = "success"
-    return _meta(rec, out)
+    return _with_acceptance(_meta(rec, out), record_figures(rec))
 
 
 def to_batch(rec: ResultRecord, *, per_turn: bool = False) -> Line:
@@ -273,7 +323,8 @@ def to_batch(rec: ResultRecord, *, per_turn: bool = False) -> Line:
     }
     out: Line = {"id": f"batch_req_{key}", "custom_id": line_id(rec, per_turn=per_turn),
                  "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
-    return _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
+    _meta(rec, out, _META + ("model", "fingerprint", "outcome", "stopped"))
+    return _with_acceptance(out, record_figures(rec)[-1:])  # the body's answer: the last
 
 
 class NoTokenIdsError(UserError):
@@ -285,20 +336,20 @@ def to_tokens(rec: ResultRecord, *, per_turn: bool = False) -> list[Line]:
     docstring). Raises NoTokenIdsError for a record that kept no ids."""
     base = line_id(rec, per_turn=per_turn)
     turns = rec.get("turns")
-    answers: list[tuple[int | None, int, TokenIds | None, list[int] | None, Usage, object]]
+    answers: list[tuple[int | None, int, TokenIds | None, list[int] | None, Usage, object, SpecFigures | None]]
     if turns is not None:
         try:
             prompts = full_prompts(turns)
         except ValueError as e:
             raise NoTokenIdsError(f"--format tokens: record {rec.get('key')} (id {base}): {e}") from None
-        answers = [(t.get("turn"), t.get("step", 0), t.get("token_ids"), p, t.get("usage") or {}, t.get("outcome"))
-                   for t, p in zip(turns, prompts, strict=True)]
+        answers = [(t.get("turn"), t.get("step", 0), t.get("token_ids"), p, t.get("usage") or {}, t.get("outcome"),
+                    t.get("spec")) for t, p in zip(turns, prompts, strict=True)]
     else:
         ids = rec.get("token_ids")
         answers = [(rec.get("turn"), 0, ids, ids["prompt"] if ids is not None else None, rec.get("usage") or {},
-                    rec.get("outcome"))]
+                    rec.get("outcome"), rec.get("spec"))]
     rows: list[Line] = []
-    for n, (turn, step, ids, prompt, usage, outcome) in enumerate(answers):
+    for n, (turn, step, ids, prompt, usage, outcome, spec) in enumerate(answers):
         if ids is None or prompt is None:
             raise NoTokenIdsError(
                 f"--format tokens: record {rec.get('key')} (id {base}) has no token ids for its answer {n}: the run "
@@ -311,7 +362,7 @@ def to_tokens(rec: ResultRecord, *, per_turn: bool = False) -> list[Line]:
         if step:
             row["step"] = step
         row["outcome"], row["usage"] = outcome, usage
-        rows.append(row)
+        rows.append(_with_acceptance(row, [spec]))
     return rows
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
-from genqueue.common.contracts import ChatMessage, Outcome, ResultRecord, TokenIds, Usage, full_prompts
+from genqueue.common.contracts import ChatMessage, Outcome, ResultRecord, SpecFigures, TokenIds, Usage, full_prompts
 
 #: Outcomes whose answer never ended on its own.
 UNCLOSED = frozenset({Outcome.CUT_IN_THINKING, Outcome.NO_ANSWER})
@@ -38,6 +38,7 @@ class Generation:
     usage: Usage
     token_ids: TokenIds | None  # as recorded (a regenerate turn's prompt may be shared)
     prompt_ids: list[int] | None  # the whole prompt the engine rendered, when recorded
+    spec: SpecFigures | None = None  # its speculative-decoding figures, when the engine returned them
 
     @property
     def unclosed(self) -> bool:
@@ -73,7 +74,7 @@ def _generations(rec: ResultRecord, with_ids: bool) -> Iterator[Generation]:
         ids = rec.get("token_ids")
         yield Generation(0, rec.get("turn"), 0, list(messages), single_answer(rec), rec.get("outcome"),
                          rec.get("usage") or {},
-                         ids, ids["prompt"] if ids is not None and with_ids else None)
+                         ids, ids["prompt"] if ids is not None and with_ids else None, rec.get("spec"))
         return
     has_ids = with_ids and any(t.get("token_ids") is not None for t in turns)
     prompts = full_prompts(turns) if has_ids else [None] * len(turns)
@@ -86,5 +87,5 @@ def _generations(rec: ResultRecord, with_ids: bool) -> Iterator[Generation]:
         if entry.get("reasoning") is not None:
             answer["reasoning_content"] = entry["reasoning"]
         yield Generation(k, entry.get("turn"), entry.get("step", 0), messages[:i], answer, entry.get("outcome"),
-                         entry.get("usage") or {}, entry.get("token_ids"), prompts[k])
+                         entry.get("usage") or {}, entry.get("token_ids"), prompts[k], entry.get("spec"))
         k += 1

@@ -12,7 +12,8 @@ request. Each row is the format's own line (formats.py) of that one generation, 
   gives the same answer, so a text row and its token row join;
 - `generation` (n), `turn` (the user turn it answers), `step` (its place after tool results
   within that turn, 0 for the turn's first answer);
-- `outcome`, `usage`: the answer's own (see row_outcomes), beside the record's provenance;
+- `outcome`, `usage`, `acceptance`: the answer's own (see row_outcomes; formats.py for
+  `acceptance`), beside the record's provenance;
 - which turn trains: `openai`/`parquet`/`specforge` put `weight` 1 on the answer and 0 on every
   history answer (OpenAI fine-tuning's per-message field); `generated_by_target` (and sharegpt's
   `target_turns`) still say who wrote each turn. SpecForge trains the last turn alone with
@@ -138,11 +139,13 @@ def _one_generation(rec: ResultRecord, g: Generation, outcome: str) -> ResultRec
     """REC as a record of its one generation G: G's history as its messages, G's answer,
     outcome and usage; the record's provenance as it is."""
     one = cast(dict[str, object], {k: v for k, v in rec.items()
-                                   if k not in ("turns", "content", "reasoning", "tool_calls", "token_ids")})
+                                   if k not in ("turns", "content", "reasoning", "tool_calls", "token_ids", "spec")})
     one.update(messages=g.history, content=g.answer.get("content") or "", outcome=outcome, usage=g.usage,
                turn=g.turn)
     if g.answer.get("reasoning_content") is not None:
         one["reasoning"] = g.answer["reasoning_content"]
     if g.answer.get("tool_calls"):
         one["tool_calls"] = g.answer["tool_calls"]
+    if g.spec:  # the row's acceptance is its one answer's (formats.acceptance)
+        one["spec"] = g.spec
     return cast(ResultRecord, one)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from genqueue.common import defaults
 from genqueue.common.errors import WriteFailedError
 from genqueue.producer.export.formats import ExportFormat, Line
+from genqueue.producer.export.stage import WEIGHT_COLUMN
 from genqueue.producer.outfiles import OUTPUT, write_failed
 
 ROW_GROUP_BYTES = defaults.PARQUET_ROW_GROUP_BYTES
@@ -28,11 +29,14 @@ _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
                         ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
 _USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
                     ("total_tokens", pa.int64()), ("reasoning_tokens", pa.int64())])
+#: A row's speculative-decoding acceptance (formats.acceptance; null where it has no figures).
+_ACCEPTANCE = pa.struct([("rate", pa.float64()), ("mean_length", pa.float64()), ("steps", pa.int64()),
+                         ("drafted", pa.int64()), ("accepted", pa.int64())])
 _META: list[tuple[str, pa.DataType]] = [
     ("key", pa.string()), ("source", pa.string()), ("index", pa.int64()), ("turn", pa.int64()),
     ("sample", pa.int64()), ("seed", pa.int64()), ("model", pa.string()), ("fingerprint", pa.string()),
     ("outcome", pa.string()), ("usage", _USAGE), ("stopped", pa.string()), ("note", pa.string()),
-    ("variant", pa.string()),
+    ("variant", pa.string()), ("acceptance", _ACCEPTANCE),
 ]
 #: A generation row's place in its record (genrows.py; null in conversation rows).
 _GENERATION: list[tuple[str, pa.DataType]] = [("generation", pa.int64()), ("step", pa.int64())]
@@ -64,9 +68,12 @@ SCHEMAS: dict[ExportFormat, pa.Schema] = {
 
 
 
-def schema_for(shape: ExportFormat, grouped: bool = False) -> pa.Schema:
-    """The Arrow schema of SHAPE's lines, or of the grouped lines (--group-samples) holding them."""
+def schema_for(shape: ExportFormat, grouped: bool = False, *, weighted: bool = False) -> pa.Schema:
+    """The Arrow schema of SHAPE's lines, or of the grouped lines (--group-samples) holding them;
+    WEIGHTED: each line has its `sample_weight` (--weight-by-acceptance, stage.py)."""
     schema = SCHEMAS[shape]
+    if weighted:
+        schema = schema.append(pa.field(WEIGHT_COLUMN, pa.float64()))
     if not grouped:
         return schema
     return pa.schema([("id", pa.string()), ("key", pa.string()), ("source", pa.string()), ("index", pa.int64()),

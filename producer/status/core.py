@@ -351,7 +351,9 @@ def copies_text(copies: dict[str, int]) -> str:
 
 def engine_text(e: EngineRow) -> str:
     """What a consumer's engine says of itself (its /metrics), on the consumer's line."""
-    spec = "off" if not e.get("spec_decode") else num(e.get("spec_acceptance"), 2)
+    # without a reading of its /metrics nothing says whether the engine speculates: "-", never
+    # "off" beside a speculation section whose figures came from this engine's answers
+    spec = "-" if not e.get("metrics") else "off" if not e.get("spec_decode") else num(e.get("spec_acceptance"), 2)
     run_wait = f"{num(e.get('running'), 0)}/{num(e.get('waiting'), 0)}" if e.get("metrics") else "no /metrics"
     models = ", ".join(f"{m} (max len {(e.get('max_model_len') or {}).get(m) or '?'})"
                        for m in (e.get("models") or [])) or "?"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Required, TypedDict
 
+from genqueue.common.acceptance import Figures
 from genqueue.common.contracts import EngineView
 from genqueue.common.keepers.pause import PauseInfo
 from genqueue.common.keepers.rqaccess import JobCounts
@@ -181,17 +182,10 @@ class FleetShare(TypedDict):
     consumers: int
 
 
-class SpecCategory(TypedDict):
-    """The acceptance of one category (or of the whole run): answers and their summed figures,
-    rate = accepted / drafted, mean length = 1 + accepted / steps (None: nothing to divide)."""
+class SpecCategory(Figures):
+    """The acceptance of one category (common.acceptance.figures of its tally)."""
 
     category: str
-    answers: int
-    steps: int
-    drafted: int
-    accepted: int
-    rate: float | None
-    mean_length: float | None
 
 
 class SpecEngine(TypedDict):

@@ -41,6 +41,8 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     if s.get("variants"):
         rows.append(("variants", _variants(s["variants"])))
     rows.append(("model", str(s.get("model") or "(whatever the endpoints serve)")))
+    if s.get("drafter"):
+        rows.append(("drafter", f"{s['drafter']}  (an evaluation of this drafter: producer drafter-report {r['run']})"))
     rows.append(("output", redact(str(s.get("output")))
                  + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")))
     alarm: set[int] = set()

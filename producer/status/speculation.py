@@ -6,10 +6,16 @@ figures come in read, the view and its lines go out."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable
 
 from genqueue.common import defaults
-from genqueue.common.acceptance import AcceptanceTable, Facet, Tally, length_bucket, turn_label, weakest_line
+from genqueue.common.acceptance import (
+    AcceptanceTable,
+    Facet,
+    Tally,
+    category_order,
+    figures,
+    weakest_line,
+)
 from genqueue.common.contracts import SpecTotals
 from genqueue.producer.status.report import SpecCategory, SpecEngine, SpeculationView, SpecWeakest
 
@@ -18,21 +24,7 @@ NAME_WIDTH = defaults.STATUS_SPEC_NAME_WIDTH
 
 
 def _figures(label: str, t: Tally) -> SpecCategory:
-    return {"category": label, "answers": t.answers, "steps": t.steps, "drafted": t.drafted, "accepted": t.accepted,
-            "rate": None if t.rate is None else round(t.rate, 4),
-            "mean_length": None if t.mean_length is None else round(t.mean_length, 3)}
-
-
-def _order(facet: Facet, labels: Iterable[str], table: AcceptanceTable) -> list[str]:
-    """Turns and length buckets in their own order; sources and variants by answers, most first."""
-    cats = table.by[facet]
-    if facet == Facet.TURN:
-        rank = {turn_label(n): n for n in range(1, defaults.SPEC_TURN_CAP + 1)}
-        return sorted(labels, key=lambda x: (rank.get(x, 99), x))
-    if facet == Facet.LENGTH:
-        rank = {length_bucket(n): i for i, n in enumerate(defaults.SPEC_LENGTH_BUCKETS)}
-        return sorted(labels, key=lambda x: (rank.get(x, 99), x))
-    return sorted(labels, key=lambda x: (-cats[x].answers, x))
+    return {"category": label, **figures(t)}
 
 
 def engine_totals(raw: object) -> SpecTotals | None:
@@ -52,7 +44,7 @@ def speculation_view(table: AcceptanceTable, engines: list[tuple[str, bool, Spec
     neither holds a figure (a run without speculation shows nothing)."""
     if not table.overall.answers and not engines:
         return None
-    by = {facet.value: [_figures(label, table.by[facet][label]) for label in _order(facet, table.by[facet], table)]
+    by = {facet.value: [_figures(label, table.by[facet][label]) for label in category_order(facet, table.by[facet], table)]
           for facet in Facet}
     weakest: SpecWeakest | None = None
     found, line, base = table.weakest(), weakest_line(table), table.overall.rate

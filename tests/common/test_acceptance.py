@@ -58,6 +58,9 @@ def test_the_weakest_category_is_the_furthest_below_overall() -> None:
     assert table.weakest(min_answers=1) is not None and table.weakest(min_answers=1)[1] == "tiny.jsonl"  # type: ignore[index]
     even = table_of([single("a", 20) for _ in range(30)] + [single("b", 20) for _ in range(30)])
     assert even.weakest() is None
+    # a category a point below overall is noise, not a weakness (a real vLLM run read 94% vs 95%)
+    close = table_of([single("a", 20) for _ in range(30)] + [single("b", 19) for _ in range(30)])
+    assert close.weakest() is None and close.weakest(min_gap=0.0) is not None
 
 
 def test_tallies_merge_and_rates() -> None:

@@ -73,6 +73,8 @@ def test_status_shows_the_rows_the_table_gives_it(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(core, "ENGINE_READINGS", (*ENGINE_READINGS, shown))
     assert core.engine_text(e) == "engine 3/1  KV 80%  preempted 12  spec off  model m (max len 512)"  # type: ignore[arg-type]
     assert core.engine_text({**e, "preemptions": None}).count("preempted -") == 1  # type: ignore[arg-type]
+    # no /metrics read (yet): whether it speculates is unknown, not "off"
+    assert "  spec -  " in core.engine_text({**e, "metrics": False})  # type: ignore[arg-type]
 
 
 def test_the_consumer_exports_a_gauge_for_each_exported_row() -> None:

@@ -118,3 +118,11 @@ def test_a_turn_says_whether_the_recorded_tool_results_were_spliced_after_it() -
     history: list[ChatMessage] = [{"role": "user", "content": "a"}, message]
     conv = records.record(CTX, ITEM, 1, records.Conversation(history, [entry], None, "drop", 1))
     assert conv["turns"][0]["tool_results_spliced"] is True and conv["history_reasoning"] == "drop"
+
+
+def test_a_run_declared_an_evaluation_names_its_drafter_on_every_record_and_others_do_not() -> None:
+    cand = RunContext("r", RunSettings(drafter="eagle3-r2"), "m", CTX.consumer)
+    for ctx, want in ((cand, "eagle3-r2"), (CTX, None)):
+        base = records.record_base(ctx, ITEM, 1, records.messages_of(ITEM))
+        rec = records.result_record(base, turn(), "m")
+        assert base.get("drafter") == want and rec.get("drafter") == want

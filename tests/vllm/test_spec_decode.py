@@ -99,3 +99,85 @@ def test_a_run_without_speculation_records_none(tmp_path, redis_url, conn, vllm)
     assert not conn.exists(SpecTallies.key("nospec"))  # nothing tallied: status shows no section
     assert all(r["outcome"] in ("finished", "cut_in_answer", "cut_in_thinking") for r in recs)
     assert "the engine does not speculate (no spec_decode counters on its /metrics)" in c.output()
+
+
+def _questions(prefix: str, n: int, repeating: bool) -> list[dict[str, object]]:
+    """N three-turn conversations: REPEATING ones ask for a line to be repeated (the n-gram
+    drafter's home ground), the others are word salad."""
+    import random
+
+    rng = random.Random(prefix)
+    words = ["the", "of", "and", "to", "in", "is", "you", "that", "it", "was", "for", "on", "are", "as", "with", "his", "they", "at", "be", "this", "have", "from"]
+    out: list[dict[str, object]] = []
+    for i in range(n):
+        conv: list[dict[str, str]] = []
+        for _ in range(3):
+            if repeating:
+                line = " ".join(rng.choice(words[:6]) for _ in range(6))
+                q = f"Repeat this line four times: {line} {line} {line}"
+            else:
+                q = " ".join(rng.choice(words) for _ in range(30)) + "?"
+            conv += [{"from": "human", "value": q}, {"from": "gpt", "value": "old"}]
+        out.append({"id": f"{prefix}{i}", "conversations": conv})
+    return out
+
+
+def test_acceptance_by_source_and_turn_agrees_in_status_export_and_the_drafter_report(
+        tmp_path, redis_url, conn, vllm_pool: VllmPool):
+    """Two sources of three-turn conversations regenerated with n-gram speculation: the table by
+    source and turn is the same whether status (the tallies), export (its card's figures) or the
+    drafter report (the records alone) builds it, and adds up to vLLM's own counter; export's
+    --keep-lowest-acceptance keeps the rows of lowest rate. `pytest -s` prints the table and the
+    rows kept."""
+    from tests.conftest import write_jsonl
+
+    vllm = vllm_pool.get("--speculative-config", SPEC, "--per-request-spec-decode-metrics", "summary")
+    env = {"REDIS_URL": redis_url}
+    sampling = ("--max-tokens", "96", "--temperature", "0", "--sampling-json", '{"min_tokens": 64}')
+    enqueue(tmp_path, redis_url, "acc", _questions("rep", 8, True), *sampling)
+    varied = write_jsonl(tmp_path / "varied.jsonl", _questions("var", 8, False))
+    cli("producer", "enqueue", str(varied), "--run", "acc", "--output", str(tmp_path / "out"), "--batch-size", "8",
+        *sampling, env=env)
+    before = _counters(vllm)
+    consume(tmp_path, redis_url, vllm.url, "acc", "-c", "8")
+    after = _counters(vllm)
+    recs = results(tmp_path, "acc")
+    assert_all_done(conn, "acc", recs, jobs=2)
+    total = sum_spec([r["spec"] for r in recs])
+    assert total is not None and total["accepted"] > 0
+    growth = after["vllm:spec_decode_num_accepted_tokens_total"] - before["vllm:spec_decode_num_accepted_tokens_total"]
+    assert total["accepted"] <= growth  # the rest is the pre-flight probe's
+
+    status = orjson.loads(cli("producer", "status", "--run", "acc", "--json", env=env).stdout)["speculation"]
+    report = orjson.loads(cli("producer", "drafter-report", str(tmp_path / "out" / "acc"), "--json").stdout)
+    out = tmp_path / "ds" / "acc.jsonl"
+    out.parent.mkdir()
+    card = orjson.loads(cli("producer", "export", "--run", "acc", "-o", str(out), "--include-outcomes", "all",
+                            "--json", env=env).stdout.splitlines()[-1])["acceptance"]
+
+    def table(by: dict[str, list[dict[str, object]]], facet: str) -> dict[str, tuple[object, ...]]:
+        return {str(c["category"]): (c["answers"], c["drafted"], c["accepted"]) for c in by[facet]}
+
+    print("\nfacet   category       answers  drafted accepted   rate  mean len")
+    for facet in ("source", "turn"):
+        st = table(status["by"], facet)
+        assert st == table(card["by"], facet)
+        assert st == {str(r["category"]): (r["candidate"]["answers"], r["candidate"]["drafted"],
+                                           r["candidate"]["accepted"])
+                      for r in report["by"][facet] if r["candidate"]}
+        for c in status["by"][facet]:
+            name = str(c["category"]).rsplit("/", 1)[-1]
+            print(f"{facet:<7} {name:<14} {c['answers']:>7} {c['drafted']:>8} {c['accepted']:>8} "
+                  f"{c['rate'] or 0:>6.1%} {c['mean_length'] or 0:>9.2f}")
+
+    lowest = tmp_path / "ds" / "lowest.jsonl"
+    sel = orjson.loads(cli("producer", "export", "--run", "acc", "-o", str(lowest), "--include-outcomes", "all",
+                           "--keep-lowest-acceptance", "0.25", "--json", env=env).stdout.splitlines()[-1])
+    kept = [orjson.loads(line) for line in lowest.read_bytes().splitlines()]
+    rates = sorted(r["acceptance"]["rate"] for r in (orjson.loads(x) for x in out.read_bytes().splitlines()))
+    assert len(kept) == sel["selection"]["rows_kept"] == -(-len(rates) // 4)
+    assert max(r["acceptance"]["rate"] for r in kept) <= rates[len(kept) - 1]
+    print(f"--keep-lowest-acceptance 0.25 kept {len(kept)} of {len(rates)} rows:")
+    for r in kept:
+        print(f"  {r['id']:<6} {r['source'].rsplit('/', 1)[-1]:<14} rate {r['acceptance']['rate']:.3f} "
+              f"mean len {r['acceptance']['mean_length']:.2f}")

@@ -251,6 +251,8 @@ def test_parquet_streams_row_groups_and_reads_back_everywhere(tmp_path: Path, co
             rec["tool_calls"] = [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
         if i % 11 == 0:
             rec["stopped"] = {"turn": 1, "reason": "cut_in_answer"}
+        if i % 3:  # speculative-decoding figures on two rows in three: `acceptance` there, absent (null) elsewhere
+            rec["spec"] = {"k": 3, "steps": 4, "drafted": 12, "accepted": i % 13, "hist": [0, 0, 0, 4]}
         recs.append(rec)
     conn.sadd(run_key(run, "keys"), *[bytes.fromhex(r["key"]) for r in recs])
     _shard(out, run, "w-000001.jsonl", recs[::2])
@@ -267,6 +269,7 @@ def test_parquet_streams_row_groups_and_reads_back_everywhere(tmp_path: Path, co
         from_parquet = table.to_pylist()
         from_jsonl = lines(tmp_path / f"{fmt}.jsonl")
         assert len(from_parquet) == n and [r["index"] for r in from_parquet] == list(range(n))
+        assert [("acceptance" in r) for r in from_jsonl] == [bool(i % 3) for i in range(n)]
         for p_row, j_row in zip(from_parquet, from_jsonl, strict=True):
             for name, value in j_row.items():  # every JSONL field is in the Parquet row
                 if name in ("tools", "stopped") and not isinstance(value, str):
@@ -290,6 +293,7 @@ def test_parquet_streams_row_groups_and_reads_back_everywhere(tmp_path: Path, co
     for fmt in ("openai", "sharegpt", "specforge"):
         ds = datasets.load_dataset("json", data_files=str(tmp_path / f"{fmt}.jsonl"), split="train", cache_dir=cache)
         assert ds.num_rows == n and ds[0]["id"] == "q0"
+        assert ds[0]["acceptance"] is None and ds[1]["acceptance"]["accepted"] == 1
 
 
 def _prune(value: Any) -> Any:

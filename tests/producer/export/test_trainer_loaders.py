@@ -98,7 +98,10 @@ def exports(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer)
     out = ["--output", str(tmp / "out")]
     assert enqueue(env, write_jsonl(tmp / "plain.jsonl", plain), RUN, *out)["enqueued"] == len(plain)
     assert enqueue(env, write_jsonl(tmp / "tools.jsonl", tooled), RUN, *out)["enqueued"] == len(tooled)
-    generate(tmp, env, RUN, "--slots", "8", "--mean-tokens", "24", "--reasoning", "field", "--tool-calls", "recorded")
+    # The engine speculates and returns its per-request figures: every row carries `acceptance`
+    # (issue 33), which each loader below must take as it takes the rows' other extra keys.
+    generate(tmp, env, RUN, "--slots", "8", "--mean-tokens", "24", "--reasoning", "field", "--tool-calls", "recorded",
+             "--spec-tokens", "3", "--per-request-spec-decode-metrics", "summary")
     files = {"openai": tmp / "d.openai.jsonl", "parquet": tmp / "d.openai.parquet", "sharegpt": tmp / "d.sg.jsonl",
              "specforge": tmp / "d.sf.jsonl", "batch": tmp / "d.batch.jsonl"}
     for fmt, path in files.items():
@@ -108,6 +111,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer)
         if fmt == "openai":
             conversation_summary = orjson.loads(proc.stdout.splitlines()[-1])
     truth = {r["id"]: r for r in lines(files["openai"])}
+    assert all("acceptance" in r for r in truth.values())  # what every loader below is shown to take
     assert len(truth) >= 25  # nearly every conversation finished whole
     gen = {"openai": tmp / "g.openai.jsonl", "parquet": tmp / "g.openai.parquet", "sharegpt": tmp / "g.sg.jsonl",
            "specforge": tmp / "g.sf.jsonl"}
