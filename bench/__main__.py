@@ -31,6 +31,8 @@ FULL = {
     "fleet": ["bench.bench_fleet", "--items", "8000", "--slots", "16", "--mean-tokens", "100", "--max-tokens", "1000",
               "--rounds", "2"],
     "locality": ["bench.bench_locality", "--conversations", "300"],
+    "packs": ["bench.bench_packs", "--items", "16384"],
+    "redis_items": ["bench.bench_redis_items", "--items", "200000", "--finish"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
@@ -45,6 +47,8 @@ QUICK = {
     "fleet": ["bench.bench_fleet", "--items", "400", "--slots", "8", "--step-time", "0.0005", "--mean-tokens", "50",
               "--max-tokens", "500"],
     "locality": ["bench.bench_locality", "--conversations", "24", "--step-time", "0.0005", "--mean-tokens", "10"],
+    "packs": ["bench.bench_packs", "--items", "512", "--reads", "20"],
+    "redis_items": ["bench.bench_redis_items", "--items", "500", "--finish"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm"}
@@ -58,6 +62,8 @@ TITLES = {
     "longest_first": "Longest first: makespan with and without",
     "fleet": "Fleet end of run: 4 engines (one half as fast), makespan against its lower bound",
     "locality": "Prefix-cache locality: each-mode turns, prefill tokens computed against requested",
+    "packs": "Packs: the format of prompts by reference (issue 34)",
+    "redis_items": "Redis bytes per item, inline (baseline) and by reference (projection; issue 34)",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
 

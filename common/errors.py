@@ -53,6 +53,35 @@ class WriteFailedError(GenqueueError):
     A place refused before anything is done is a UserError (exit 2) instead."""
 
 
+class PackError(GenqueueError):
+    """A pack of prompts (common/packs.py) cannot be read: the job naming it fails with this
+    class, never skipping its items in silence. `where` names the pack (a path, an s3:// URL, or
+    what the caller called it). A subclass says why; a fetched pack that fails may be fetched
+    again (a cache or a transfer can garble it), a stored one that fails the same way is lost."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"pack {where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class PackTruncatedError(PackError):
+    """The pack ends before what its header, footer or index say it holds."""
+
+
+class PackCorruptError(PackError):
+    """The pack's bytes are not what was written: a checksum does not match, or a block does
+    not decode to the items the index promises."""
+
+
+class PackVersionError(PackError):
+    """Not a pack, or a pack of a format version this genqueue does not read."""
+
+
+class PackRangeError(PackError):
+    """A range of items the pack does not hold (a job naming items past its end)."""
+
+
 class EndpointError(GenqueueError):
     """Trouble talking to the generation endpoint."""
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from genqueue.common.storage.base import (
     OutputProbeError,
     OutputStore,
+    PackNotFoundError,
+    PackStore,
     ProbeCause,
     SealedShard,
     ShardInfo,
@@ -23,8 +25,12 @@ from genqueue.common.storage.base import (
 )
 from genqueue.common.storage.local import LocalStore
 from genqueue.common.storage.names import (
+    PackName,
     ShardName,
     manifest_name,
+    pack_name,
+    packs_prefix,
+    parse_pack_name,
     parse_shard_name,
     run_settings_name,
     shard_name,
@@ -32,8 +38,9 @@ from genqueue.common.storage.names import (
     shards_prefix,
 )
 
-__all__ = ["LocalStore", "OutputProbeError", "OutputStore", "ProbeCause", "SealedShard", "ShardInfo", "ShardName", "ShardStore", "StoreError",
-           "manifest_name", "parse_manifest", "parse_shard_name", "probe_output", "read_manifest", "run_settings_name",
+__all__ = ["LocalStore", "OutputProbeError", "OutputStore", "PackName", "PackNotFoundError", "PackStore", "ProbeCause",
+           "SealedShard", "ShardInfo", "ShardName", "ShardStore", "StoreError",
+           "manifest_name", "pack_name", "packs_prefix", "parse_manifest", "parse_pack_name", "parse_shard_name", "probe_output", "read_manifest", "run_settings_name",
            "shard_name", "shard_of_manifest", "shards_prefix", "store_for"]
 
 

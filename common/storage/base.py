@@ -28,6 +28,11 @@ class StoreError(GenqueueError):
     """The output location cannot be listed or read (the export ends with this message)."""
 
 
+class PackNotFoundError(StoreError):
+    """A pack a job names is not in the run's output (deleted, or another output than the one
+    it was written to)."""
+
+
 class ProbeCause(StrEnum):
     """Why a run's output failed its probe (`ShardStore.probe`): what the one line names."""
 
@@ -110,9 +115,38 @@ class ShardStore(Protocol):
         ...
 
 
-class OutputStore(ShardStore, Protocol):
-    """A run's output location as the producer uses it: its shards, and `<run>/run.json`, what
-    is needed to re-create the run should Redis lose it (names.run_settings_name)."""
+class PackStore(Protocol):
+    """Where a run's packs of prompts live (issue 34: names.pack_name, common/packs.py). A pack
+    is put once, whole, and read back whole or by byte range. Blocking: run it in a thread."""
+
+    def pack_location(self, run: str, name: str) -> str:
+        """Where RUN's pack NAME is, for messages (what a PackError names)."""
+        ...
+
+    def put_pack(self, run: str, name: str, data: bytes) -> str:
+        """Store DATA as RUN's pack NAME, whole or not at all; returns where it went. Raises
+        StoreError."""
+        ...
+
+    def get_pack(self, run: str, name: str) -> bytes:
+        """The whole of RUN's pack NAME. Raises PackNotFoundError, StoreError."""
+        ...
+
+    def get_pack_range(self, run: str, name: str, start: int, end: int) -> bytes:
+        """Bytes [START, END) of RUN's pack NAME (fewer when the pack is shorter: the pack's own
+        checks name that). Raises PackNotFoundError, StoreError."""
+        ...
+
+    def get_pack_tail(self, run: str, name: str, length: int) -> tuple[bytes, int]:
+        """The last LENGTH bytes of RUN's pack NAME (all of it when shorter) and its size: its
+        footer and, mostly, its index in one read. Raises PackNotFoundError, StoreError."""
+        ...
+
+
+class OutputStore(ShardStore, PackStore, Protocol):
+    """A run's output location as the producer uses it: its shards, its packs, and
+    `<run>/run.json`, what is needed to re-create the run should Redis lose it
+    (names.run_settings_name)."""
 
     def get_run_file(self, run: str) -> bytes | None:
         """The content of RUN's run.json, or None when there is none. Raises StoreError."""

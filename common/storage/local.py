@@ -20,6 +20,7 @@ from genqueue.common import defaults
 from genqueue.common.errors import UserError
 from genqueue.common.storage.base import (
     OutputProbeError,
+    PackNotFoundError,
     ProbeCause,
     SealedShard,
     ShardInfo,
@@ -30,6 +31,8 @@ from genqueue.common.storage.base import (
 )
 from genqueue.common.storage.names import (
     manifest_name,
+    packs_prefix,
+    parse_pack_name,
     parse_shard_name,
     probe_name,
     run_settings_name,
@@ -128,6 +131,64 @@ class LocalStore:
             raise StoreError(f"cannot write {path}: {e.strerror}") from None
         return str(path)
 
+    # --- packs (issue 34) ------------------------------------------------------------
+    def _pack_path(self, run: str, name: str) -> Path:
+        if parse_pack_name(name) is None:
+            raise StoreError(f"not a pack name: {name!r}")
+        return self.root / packs_prefix(run) / name
+
+    def pack_location(self, run: str, name: str) -> str:
+        return str(self._pack_path(run, name))
+
+    def put_pack(self, run: str, name: str, data: bytes) -> str:
+        """Written to a temporary name, fsynced, renamed into place: a pack name that exists is
+        a whole pack."""
+        path = self._pack_path(run, name)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            fsync_file(tmp)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write {path}: {e.strerror}") from None
+        return str(path)
+
+    def get_pack(self, run: str, name: str) -> bytes:
+        path = self._pack_path(run, name)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise PackNotFoundError(f"no pack {path}") from None
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
+
+    def get_pack_range(self, run: str, name: str, start: int, end: int) -> bytes:
+        if start < 0 or end < start:
+            raise ValueError(f"not a byte range: [{start}, {end})")
+        path = self._pack_path(run, name)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                return fh.read(end - start)
+        except FileNotFoundError:
+            raise PackNotFoundError(f"no pack {path}") from None
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
+
+    def get_pack_tail(self, run: str, name: str, length: int) -> tuple[bytes, int]:
+        path = self._pack_path(run, name)
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(size - length, 0))
+                return fh.read(), size
+        except FileNotFoundError:
+            raise PackNotFoundError(f"no pack {path}") from None
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
 
     def probe(self, run: str) -> None:
         """Write a probe file where RUN's output goes, read it back, remove it. Directories it

@@ -9,6 +9,11 @@ it has had, its input sources: common/storage/runfile.py); the producer writes i
 pre-flight write, read back and remove (ShardStore.probe): beside run.json, where the run writes,
 outside `shards/` (a probe left behind is never listed as a shard). The consumer's spool, the local store,
 the S3 store and the export all take names from here, so a change of layout is one edit.
+
+Packs (issue 34, prompts by reference; common/packs.py is their format) live beside the shards,
+under `<output>/<run>/packs/`: each is `<writer>-<seq:06d>.gqpack`, WRITER naming one producer
+invocation (unique, as a shard's worker is), SEQ its packs in order. A pack is written once, whole,
+and never changed: a job that names it reads the items it was enqueued with.
 """
 
 from __future__ import annotations
@@ -21,9 +26,14 @@ MANIFEST_SUFFIX = ".manifest.json"
 SHARDS_DIR = "shards"
 RUN_SETTINGS = "run.json"
 PROBE_PREFIX = ".genqueue-probe-"
+PACKS_DIR = "packs"
+PACK_SUFFIX = ".gqpack"
 
 # A worker name: anything a file or object name can hold, without a path separator.
 _SHARD = re.compile(r"(?P<worker>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(SHARD_SUFFIX))
+
+
+_PACK = re.compile(r"(?P<writer>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(PACK_SUFFIX))
 
 
 class ShardName(NamedTuple):
@@ -85,3 +95,35 @@ def probe_name(run: str, token: str) -> str:
     if not token or "/" in token or "\\" in token:
         raise ValueError(f"not a usable probe token: {token!r}")
     return f"{run}/{PROBE_PREFIX}{token}"
+
+
+class PackName(NamedTuple):
+    """What a pack's name says: which producer invocation wrote it, and its sequence number."""
+
+    writer: str
+    seq: int
+
+
+def pack_name(writer: str, seq: int) -> str:
+    """The name of WRITER's pack number SEQ: `<writer>-<seq:06d>.gqpack`."""
+    if not writer or "/" in writer or "\\" in writer or "\x00" in writer:
+        raise ValueError(f"not a usable writer name for a pack: {writer!r}")
+    if seq < 0:
+        raise ValueError(f"pack sequence numbers are not negative: {seq}")
+    return f"{writer}-{seq:06d}{PACK_SUFFIX}"
+
+
+def parse_pack_name(name: str) -> PackName | None:
+    """The writer and sequence number of a pack NAME; None for any name pack_name cannot make."""
+    m = _PACK.fullmatch(name)
+    if m is None:
+        return None
+    seq = int(m["seq"])
+    if f"{seq:06d}" != m["seq"]:
+        return None
+    return PackName(m["writer"], seq)
+
+
+def packs_prefix(run: str) -> str:
+    """Where RUN's packs go, relative to the output: `<run>/packs`, beside `<run>/shards`."""
+    return f"{run}/{PACKS_DIR}"

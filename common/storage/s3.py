@@ -20,6 +20,11 @@ the prefix; each store runs it before its first upload, until one sweep has reac
 (in the shipping thread, so a slow or absent server never blocks the consumer's event loop).
 Reading (`open`) downloads to an anonymous temporary file with the transfer manager (ranged,
 retried GETs): a reader never holds a long-lived HTTP stream that a blip would break.
+
+Packs (issue 34) are one PUT each (whole or not at all, checked by the server's SHA256) and are
+read whole, by a byte range (a GET with `Range: bytes=a-b`), or by their tail (`bytes=-n`, whose
+Content-Range gives the pack's size): a consumer fetches a pack's index once and then only the
+blocks its jobs name.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError, UserError
 from genqueue.common.storage.base import (
     OutputProbeError,
+    PackNotFoundError,
     ProbeCause,
     SealedShard,
     ShardInfo,
@@ -65,6 +71,8 @@ from genqueue.common.storage.base import (
 )
 from genqueue.common.storage.names import (
     manifest_name,
+    packs_prefix,
+    parse_pack_name,
     parse_shard_name,
     probe_name,
     run_settings_name,
@@ -356,6 +364,54 @@ class S3Store:
             fh.close()
             raise
         return fh
+
+    # --- packs (issue 34) ------------------------------------------------------------------
+    def _pack_key(self, run: str, name: str) -> str:
+        if parse_pack_name(name) is None:
+            raise StoreError(f"not a pack name: {name!r}")
+        return self.loc.key(packs_prefix(run), name)
+
+    def pack_location(self, run: str, name: str) -> str:
+        return self.loc.url(self._pack_key(run, name))
+
+    def put_pack(self, run: str, name: str, data: bytes) -> str:
+        key = self._pack_key(run, name)
+        try:  # one PUT: the server checks the SHA256 and keeps the object whole or not at all
+            self.client.put_object(Bucket=self.loc.bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                   ContentType="application/octet-stream")
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"cannot write {self.loc.url(key)}: {e}") from None
+        return self.loc.url(key)
+
+    def _get(self, run: str, name: str, byte_range: str | None) -> tuple[bytes, dict[str, Any]]:
+        key = self._pack_key(run, name)
+        extra = {"Range": byte_range} if byte_range else {}
+        try:
+            resp = self.client.get_object(Bucket=self.loc.bucket, Key=key, **extra)
+            return resp["Body"].read(), resp
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise PackNotFoundError(f"no pack {self.loc.url(key)}") from None
+            raise StoreError(f"cannot read {self.loc.url(key)}: {e}") from None
+        except BotoCoreError as e:
+            raise StoreError(f"cannot read {self.loc.url(key)}: {e}") from None
+
+    def get_pack(self, run: str, name: str) -> bytes:
+        return self._get(run, name, None)[0]
+
+    def get_pack_range(self, run: str, name: str, start: int, end: int) -> bytes:
+        if start < 0 or end < start:
+            raise ValueError(f"not a byte range: [{start}, {end})")
+        if end == start:
+            return b""
+        return self._get(run, name, f"bytes={start}-{end - 1}")[0]
+
+    def get_pack_tail(self, run: str, name: str, length: int) -> tuple[bytes, int]:
+        body, resp = self._get(run, name, f"bytes=-{length}")
+        total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+        if not total.isdigit():  # a server that ignored the range sent the whole object
+            return body[-length:], len(body)
+        return body, int(total)
 
     # --- the run's settings ------------------------------------------------------------
     def get_run_file(self, run: str) -> bytes | None:

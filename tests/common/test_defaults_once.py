@@ -50,6 +50,7 @@ COINCIDENCES = {
     "status=200": "an HTTP status (a 200 whose body is garbage), not a count of characters",
     "restarts=5": "restarts of one of the consumer's loops in a window, not the launcher's start failures",
     "limit=200": "characters of one line status clips, not a snippet of an error",
+    "capacity=65536": "slots of export's duplicate table (producer/export/gates.py), not a pack's tail in bytes",
 }
 
 

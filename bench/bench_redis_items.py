@@ -1,0 +1,229 @@
+"""Redis bytes per item today (prompts inline), queued and finished, and the by-reference job's
+size: the baseline and the projection of issue 34.
+
+    python -m bench.bench_redis_items --items 200000
+    python -m bench.bench_redis_items --items 20000 --finish
+
+Builds N ShareGPT records whose user turns hold 1-4 KB of text (one item each in the default
+`regenerate` mode; real prose and code from bench/bench_packs.py's corpus), enqueues them with
+the real `producer enqueue` into a private redis-server, and reads `INFO memory` used_memory
+against the empty server's: the run queued. With --finish, the stand-in vLLM and one
+`consumer run --burst` answer every item (slowly here: each conversation's 1-4 turns are
+answered in turn, and the stand-in's prefill of 1-4 KB prompts is the limit, about 150 items/s
+on this machine), and the same is read again: the run finished (rq keeps
+a finished job, its payload included, for RESULT_TTL). Redis commands per item are
+`INFO stats` total_commands_processed over each phase. Where the bytes go is `MEMORY USAGE` of
+each key of the run (job hashes sampled).
+
+Then the job of a run by reference: the same rq job the producer makes (queue.prepare_data, as
+producer/jobwriter.py calls it, with rq's JSON serializer and the producer's zlib level), its
+one argument naming a pack, a block and a range of items instead of carrying them; 2,000 of
+them are enqueued into an empty server and measured the same way. That is a projection, not
+a run by reference (the producer does not write packs yet): its per-item figure is the job's
+bytes over its 32 items, beside what else today's run keeps per item. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+from rq import Retry
+
+from bench.bench_packs import SYSTEM, corpus
+from bench.common import BIN, start_redis, start_sim, table
+from genqueue.common import defaults
+from genqueue.common.keepers.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
+from genqueue.common.storage import pack_name
+
+
+def turn_pool(size: int, seed: int) -> list[str]:
+    """SIZE distinct user turns of 250-1,000 characters (one word in six swapped, as in bench_packs)."""
+    rng = random.Random(seed)
+    sentences = corpus()
+    words = [w for s in sentences[::7] for w in s.split()]
+    pool = []
+    for _ in range(size):
+        target, parts, n = rng.randint(250, 1000), [], 0
+        while n < target:
+            parts.append(" ".join(w if rng.random() > 1 / 6 else rng.choice(words) for w in rng.choice(sentences).split()))
+            n += len(parts[-1]) + 1
+        pool.append(" ".join(parts)[:target])
+    return pool
+
+
+def make_records(path: Path, n: int, seed: int = 0) -> int:
+    """N records whose user turns hold 1-4 KB in all; returns the characters of user text."""
+    rng = random.Random(seed)
+    pool = turn_pool(20_000, seed)
+    chars = 0
+    with open(path, "wb") as fh:
+        buf: list[bytes] = []
+        for i in range(n):
+            target, conv, got, t = rng.randint(1000, 4000), [], 0, 0
+            while got < target:
+                q = f"{rng.choice(pool)} ({i}.{t})"
+                conv += [{"from": "human", "value": q}, {"from": "gpt", "value": "An earlier answer."}]
+                got += len(q)
+                t += 1
+            chars += got
+            rec: dict[str, Any] = {"id": str(i), "conversations": conv}
+            if i % 5 == 0:
+                rec["system"] = SYSTEM
+            buf.append(orjson.dumps(rec))
+            if len(buf) >= 10_000:
+                fh.write(b"\n".join(buf) + b"\n")
+                buf = []
+        if buf:
+            fh.write(b"\n".join(buf) + b"\n")
+    return chars
+
+
+def used(conn: redis.Redis) -> int:
+    return int(conn.info("memory")["used_memory"])
+
+
+def commands(conn: redis.Redis) -> int:
+    return int(conn.info("stats")["total_commands_processed"])
+
+
+def breakdown(conn: redis.Redis, items: int, sample: int = 2000) -> list[tuple[str, int]]:
+    """Bytes of Redis by kind of key (MEMORY USAGE), job hashes and result streams sampled."""
+    kinds: dict[str, list[int]] = {}
+    for key in conn.scan_iter(count=10_000):
+        k = key.decode()
+        kind = ("rq job hash" if k.startswith("rq:job:") else "rq result stream" if k.startswith("rq:results:")
+                else "genqueue run " + k.split(":")[-1] if k.startswith("genqueue:run:")
+                else k.split(":")[0] + ":" + k.split(":")[1] if ":" in k else k)
+        kinds.setdefault(kind, []).append(0)
+        counts = kinds[kind]
+        if len(counts) <= sample:
+            counts[-1] = int(conn.memory_usage(key, samples=0) or 0)
+    out = []
+    for kind, sizes in kinds.items():
+        measured = sizes[:sample]
+        total = sum(measured) * len(sizes) / len(measured)
+        out.append((f"{kind} ({len(sizes):,} keys)", int(total)))
+    return sorted(out, key=lambda kv: -kv[1])
+
+
+#: What a job by reference could carry, as (its argument list, its meta): a pack's name, its
+#: block (offset, length, crc32) and the items' range; only the pack's number in the run and the
+#: block's in the pack; or those two numbers in the job's meta, with no argument at all.
+REFERENCES: dict[str, Any] = {
+    "args: named pack, block, range": lambda writer, j: (
+        [{"pack": pack_name(writer, j // 2048), "block": [8 + j * 40_000, 38_000, 2_876_543_210],
+          "items": [(j % 2048) * defaults.BATCH_SIZE, defaults.BATCH_SIZE]}], {"items": defaults.BATCH_SIZE}),
+    "args: pack number, block number": lambda writer, j: ([[j // 2048, j % 2048]], {"items": defaults.BATCH_SIZE}),
+    "meta: pack number, block number": lambda writer, j: ([], {"items": defaults.BATCH_SIZE,
+                                                                "pack": [j // 2048, j % 2048]}),
+}
+
+
+def reference_jobs(url: str, jobs: int = 2000) -> list[tuple[str, ...]]:
+    """Rows: for each REFERENCES shape and Redis's default hash encoding limit and a raised one,
+    used_memory per job, MEMORY USAGE of one job hash, its encoding and payload bytes, and the
+    bytes per item, of JOBS queued jobs that name BATCH_SIZE items instead of carrying them."""
+    conn = redis.Redis.from_url(url)
+    use_fast_job_compression()
+    rng = random.Random(3)
+    n = defaults.BATCH_SIZE
+    writer = os.urandom(16).hex()
+    default_limit = conn.config_get("hash-max-listpack-value")["hash-max-listpack-value"]
+    rows = [("reference", "hash-max-listpack-value", "bytes/job", "job hash", "encoding", "payload B", "bytes/item")]
+    for limit in (default_limit, "256"):
+        for shape, ref in REFERENCES.items():
+            conn.flushall()
+            conn.config_set("hash-max-listpack-value", limit)
+            queue = queue_for("ref", conn)
+            base = used(conn)
+            for start in range(0, jobs, 500):
+                datas = []
+                for j in range(start, min(start + 500, jobs)):
+                    keys = [rng.getrandbits(128).to_bytes(16).hex() for _ in range(n)]
+                    args, meta = ref(writer, j)
+                    datas.append(queue.prepare_data(TASK, args=args, job_id=job_id("ref", keys),
+                                                    description=job_description("ref", [{"index": j * n}]),
+                                                    retry=Retry(max=defaults.JOB_RETRIES),
+                                                    result_ttl=defaults.RESULT_TTL, timeout=-1, meta=meta))
+                queue.enqueue_many(datas)
+            per_job = (used(conn) - base) / jobs
+            one = conn.lindex(queue.key, 0)
+            assert one is not None
+            hkey = f"rq:job:{one.decode()}"
+            rows.append((shape, str(limit), f"{per_job:.0f}", str(conn.memory_usage(hkey, samples=0)),
+                         conn.object("encoding", hkey).decode(), str(conn.hstrlen(hkey, "data")),
+                         f"{per_job / n:.1f}"))
+    conn.config_set("hash-max-listpack-value", default_limit)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=200_000)
+    ap.add_argument("--finish", action="store_true", help="also answer every item and measure the finished run")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gq-bench-redis-items-"))
+    try:
+        data = work / "data.jsonl"
+        t0 = time.perf_counter()
+        chars = make_records(data, args.items)
+        print(f"built {args.items:,} records ({data.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr)
+        srv, url = start_redis(work)
+        conn = redis.Redis.from_url(url)
+        env = {**os.environ, "REDIS_URL": url}
+        empty, cmd0 = used(conn), commands(conn)
+        t0 = time.perf_counter()
+        out = subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", "bench", "--output", str(work / "out"),
+                              "--max-tokens", "64", "--rejects", str(work / "rej"), "--json"],
+                             env=env, check=True, capture_output=True)
+        enq_s = time.perf_counter() - t0
+        summary = orjson.loads(out.stdout)
+        print(f"enqueued in {enq_s:.0f} s", file=sys.stderr)
+        items = int(summary["items"])
+        queued, cmd1 = used(conn) - empty, commands(conn)
+        rows = [("phase", "items", "wall s", "Redis bytes", "bytes/item", "bytes/prompt byte", "commands/item")]
+        rows.append(("queued (inline)", f"{items:,}", f"{enq_s:.0f}", f"{queued:,}", f"{queued / items:.0f}",
+                     f"{queued / summary['prompt_chars']:.2f}", f"{(cmd1 - cmd0) / items:.3f}"))
+        parts = [("queued", breakdown(conn, items))]
+        if args.finish:
+            sim, endpoint = start_sim(["--slots", "100000", "--step-time", "0", "--mean-tokens", "8"], core=None)
+            t0 = time.perf_counter()
+            subprocess.run([str(BIN / "consumer"), "run", "--run", "bench", "--endpoint", endpoint, "--burst",
+                            "-c", "256", "--spool", str(work / "spool")], env=env, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            fin_s = time.perf_counter() - t0
+            sim.terminate()
+            finished, cmd2 = used(conn) - empty, commands(conn)
+            rows.append(("finished (inline)", f"{items:,}", f"{fin_s:.0f}", f"{finished:,}", f"{finished / items:.0f}",
+                         f"{finished / summary['prompt_chars']:.2f}", f"{(cmd2 - cmd1) / items:.3f}"))
+            parts.append(("finished", breakdown(conn, items)))
+        ref_rows = reference_jobs(url)
+        srv.terminate()
+        print(f"{items:,} items of {summary['prompt_chars'] / items:,.0f} prompt characters ({chars / args.items:,.0f} "
+              f"of user text per record), jobs of {defaults.BATCH_SIZE}; Redis {empty:,} bytes empty")
+        print(table(rows))
+        for phase, kinds in parts:
+            print(f"\nwhere the bytes go, {phase} (MEMORY USAGE; job hashes and result streams sampled)")
+            print(table([("key kind", "bytes", "bytes/item")]
+                        + [(k, f"{b:,}", f"{b / items:.1f}") for k, b in kinds]))
+        print(f"\nby reference (projection): rq jobs that name {defaults.BATCH_SIZE} items instead of carrying them, "
+              "2,000 queued into an empty server")
+        print(table(ref_rows))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
