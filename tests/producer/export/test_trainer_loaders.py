@@ -88,7 +88,12 @@ def records() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Exports:
+def exports(trainer_exports: Exports) -> Exports:
+    """The run of build_exports (made once a session: tests/producer/export/conftest.py)."""
+    return trainer_exports
+
+
+def build_exports(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Exports:
     """The run, exported in every format as conversation rows (the table below) and as
     generation rows (test_trainer_generation_rows.py)."""
     tmp = tmp_path_factory.mktemp("trainers")
