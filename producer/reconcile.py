@@ -42,8 +42,10 @@ from typing import Any
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.errors import UserError
 from genqueue.common.keepers.claims import Claims
 from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
 from genqueue.common.keepers.runs import RunStore
@@ -83,7 +85,13 @@ class QueueView:
 
 def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = defaults.CLAIM_GRACE) -> QueueView:
     """The view of RUN's queue. Call it holding the run's lock. Claim sets whose id starts with
-    OWN_PREFIX are this producer's own (all of them ended in their transaction)."""
+    OWN_PREFIX are this producer's own (all of them ended in their transaction). A run with jobs
+    by reference is refused (UserError): their items are in packs this view does not read yet,
+    so it would take them for lost and queue them twice (issue 34, docs/design.md)."""
+    if PackTable(conn, run).count():
+        raise UserError(f"run {run} has jobs by reference (`--prompts reference`), whose items this genqueue's "
+                        "reconcile cannot read yet: the enqueue stops at the first item already in the run; "
+                        "enqueue new items into another run (issue 34)")
     t0 = time.perf_counter()
     view = QueueView()
     claims = Claims(conn)
