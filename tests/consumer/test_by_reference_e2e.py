@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import shutil
+import time
 from pathlib import Path
 
 import orjson
@@ -19,28 +20,31 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
+from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
 
-def _enqueue(tmp_path: Path, redis_url: str, run: str, n: int, *extra: str) -> dict:
+def _enqueue(tmp_path: Path, redis_url: str, run: str, n: int, *extra: str, output: str | None = None,
+             env: dict[str, str] | None = None) -> dict:
     data = write_jsonl(tmp_path / f"{run}.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(n)])
-    proc = cli("producer", "enqueue", str(data), "--run", run, "--output", str(tmp_path / "out"), "--batch-size", "8",
-               "--max-tokens", "32", "--rejects", str(tmp_path / f"{run}.rej.jsonl"), "--json", *extra,
-               env={"REDIS_URL": redis_url})
+    proc = cli("producer", "enqueue", str(data), "--run", run, "--output", output or str(tmp_path / "out"),
+               "--batch-size", "8", "--max-tokens", "32", "--rejects", str(tmp_path / f"{run}.rej.jsonl"), "--json",
+               *extra, env={"REDIS_URL": redis_url, **(env or {})})
     summary: dict = orjson.loads(proc.stdout)
     return summary
 
 
-def _consume(tmp_path: Path, redis_url: str, sim: Sim, run: str, name: str) -> Proc:
+def _consume(tmp_path: Path, redis_url: str, sim: Sim, run: str, name: str,
+             env: dict[str, str] | None = None) -> Proc:
     return Proc("consumer", ["-v", "run", "--run", run, "--endpoint", sim.url, "-c", "16", "--burst",
                              "--shard-max-age", "0.5", "--spool", str(tmp_path / f"spool-{name}")],
-                tmp_path / f"{name}.log", env={"REDIS_URL": redis_url})
+                tmp_path / f"{name}.log", env={"REDIS_URL": redis_url, **(env or {})})
 
 
-def _export(tmp_path: Path, redis_url: str, run: str) -> dict:
+def _export(tmp_path: Path, redis_url: str, run: str, env: dict[str, str] | None = None) -> dict:
     proc = cli("producer", "export", "--run", run, "--output", str(tmp_path / f"{run}.export.jsonl"), "--json",
-               env={"REDIS_URL": redis_url}, check=False)
+               env={"REDIS_URL": redis_url, **(env or {})}, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary: dict = orjson.loads(proc.stdout.strip().splitlines()[-1])
     return summary
@@ -115,3 +119,69 @@ def test_a_missing_pack_fails_its_jobs_and_rq_requeue_runs_them_once_it_is_back(
     assert set(counts) == run_keys(conn, "gone") and len(counts) == 40 and max(counts.values()) == 1
     e = _export(tmp_path, redis_url, "gone")
     assert e["exported"] + e["truncated"] == e["enqueued"] == 40 and (e["missing"], e["failed"]) == (0, 0)
+
+
+def test_a_pack_the_store_cannot_serve_now_gives_its_jobs_back_not_failed(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """A StoreError (here: a directory where the pack's file should be, which the local store cannot
+    read) is the store's trouble, not the pack's: the jobs wait in their queue, none fails, and the
+    run completes once the pack reads again."""
+    s = _enqueue(tmp_path, redis_url, "wait", 24, "--prompts", "reference")
+    assert s["packs"] == 1
+    pack = next((tmp_path / "out" / "wait" / "packs").glob("*.gqpack"))
+    hidden = tmp_path / "hidden.gqpack"
+    shutil.move(pack, hidden)
+    pack.mkdir()
+    sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
+    try:
+        c = _consume(tmp_path, redis_url, sim, "wait", "c")
+        deadline = time.monotonic() + 30
+        while "cannot be fetched now" not in c.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # several attempts meanwhile
+        assert "cannot be fetched now" in c.output(), c.output()
+        assert queue_for("wait", conn).failed_job_registry.count == 0
+        pack.rmdir()
+        shutil.move(hidden, pack)
+        assert c.wait(60) == 0, c.output()
+    finally:
+        sim.stop()
+    counts = collections.Counter(r["key"] for r in read_results(tmp_path / "out", "wait"))
+    assert len(counts) == 24 and max(counts.values()) == 1
+    assert "pack_unreadable" not in c.output()
+
+
+def test_a_run_by_reference_on_s3(tmp_path: Path, redis_url: str, conn: redis.Redis, s3_server: S3Server) -> None:
+    env = dict(s3_server.env)
+    output = s3_server.url("runs/byref")
+    s = _enqueue(tmp_path, redis_url, "s3ref", 120, "--prompts", "reference", output=output, env=env)
+    assert s["prompts"] == "reference" and s["packs"] == 1
+    client = s3_server.client()
+    listed = client.list_objects_v2(Bucket=s3_server.bucket, Prefix="runs/byref/s3ref/packs/")
+    assert [o["Key"].rsplit("/", 1)[-1] for o in listed.get("Contents", [])] == \
+        list(PackTable(conn, "s3ref").names().values())
+    sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
+    try:
+        c = _consume(tmp_path, redis_url, sim, "s3ref", "c", env={**env, "GENQUEUE_S3_ABORT_AFTER": "0"})
+        assert c.wait(90) == 0, c.output()
+    finally:
+        sim.stop()
+    e = _export(tmp_path, redis_url, "s3ref", env=env)
+    assert e["enqueued"] == e["exported"] + e["truncated"] == e["records_read"] == 120
+    assert (e["missing"], e["failed"], e["duplicates_removed"], e["malformed_jobs"]) == (0, 0, 0, [])
+
+
+def test_a_second_enqueue_into_a_run_by_reference_is_refused_not_doubled(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """The reconcile cannot read packs yet: it refuses the run with one line instead of taking its
+    jobs by reference for lost and queueing their items again."""
+    s = _enqueue(tmp_path, redis_url, "twice", 16, "--prompts", "reference")
+    assert s["jobs"] == 2
+    data = tmp_path / "twice.jsonl"
+    for prompts in ("reference", "inline"):
+        proc = cli("producer", "enqueue", str(data), "--run", "twice", "--output", str(tmp_path / "out"),
+                   "--batch-size", "8", "--max-tokens", "32", "--rejects", str(tmp_path / "r.jsonl"),
+                   "--prompts", prompts, env={"REDIS_URL": redis_url}, check=False)
+        assert proc.returncode == 2 and "jobs by reference" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert queue_for("twice", conn).count == 2
