@@ -70,6 +70,7 @@ from genqueue.producer.ingest.sources import bind
 from genqueue.producer.jobwriter import JobWriter, Requeue, record_batches, same_record
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe
+from genqueue.producer.packitems import PackItems
 from genqueue.producer.reconcile import (
     DONE,
     FAILED,
@@ -319,7 +320,9 @@ class Enqueuer:
     def _take_view(self) -> None:
         assert self.writer is not None
         self.writer.lock.acquire()
-        self.view = take_view(self.writer.conn, self.run, self.writer.claim_prefix)
+        # jobs by reference (issue 34): their items are read from their packs
+        items_of = PackItems(self.writer.conn, self.run, self.settings.output).items_of
+        self.view = take_view(self.writer.conn, self.run, self.writer.claim_prefix, items_of=items_of)
         v = self.view
         self.queue_view = {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
                            "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,

@@ -51,3 +51,32 @@ def test_job_shapes() -> None:
         with pytest.raises(ValueError, match="no usable reference"):
             job_reference([], {}, meta)
     assert job_reference([], {"x": 1}, reference_meta(1, PackRef(1, 0))) is None  # kwargs: not a reference
+
+
+def test_rqjobs_reads_a_job_by_reference_only_through_items_of(conn: redis.Redis) -> None:
+    from genqueue.common.keepers.rqaccess import JobPlace
+    from genqueue.common.keepers.rqjobs import Depth, JobScan, read_jobs
+
+    q = queue_for("r", conn)
+    good = [{"key": f"{i:032x}", "index": i, "messages": [{"role": "user", "content": "q"}]} for i in range(2)]
+    q.enqueue_many([q.prepare_data(TASK, args=[], job_id="gq-ref", meta=reference_meta(2, PackRef(1, 0))),
+                    q.prepare_data(TASK, args=[], job_id="gq-nometa", meta={"items": 2})])
+    asked: list[PackRef] = []
+
+    def items_of(ref: PackRef) -> list:
+        asked.append(ref)
+        return good
+
+    scan = JobScan()
+    jobs = list(read_jobs(conn, "r", [JobPlace.QUEUED], scan=scan, items_of=items_of))
+    assert [(j.id, j.items, j.ref) for j in jobs] == [("gq-ref", good, PackRef(1, 0))] and asked == [PackRef(1, 0)]
+    assert "no usable reference" in scan.bad["gq-nometa"].reason
+    scan = JobScan()
+    assert list(read_jobs(conn, "r", [JobPlace.QUEUED], scan=scan)) == []  # no items_of: noted, never empty
+    assert "a job by reference (pack 1, block 0)" in scan.bad["gq-ref"].reason
+    scan = JobScan()  # headers only: both load as rq jobs
+    assert len(list(read_jobs(conn, "r", [JobPlace.QUEUED], scan=scan, depth=Depth.HEADERS))) == 2
+    assert not scan.bad
+    scan = JobScan()  # an item the pack holds that no reader can use
+    assert list(read_jobs(conn, "r", [JobPlace.QUEUED], scan=scan, items_of=lambda ref: [{"key": "x"}])) == []
+    assert "item 0 of pack 1 block 0" in scan.bad["gq-ref"].reason

@@ -171,17 +171,56 @@ def test_a_run_by_reference_on_s3(tmp_path: Path, redis_url: str, conn: redis.Re
     assert (e["missing"], e["failed"], e["duplicates_removed"], e["malformed_jobs"]) == (0, 0, 0, [])
 
 
-def test_a_second_enqueue_into_a_run_by_reference_is_refused_not_doubled(
+def test_the_reconcile_reads_jobs_by_reference_from_their_packs(
         tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
-    """The reconcile cannot read packs yet: it refuses the run with one line instead of taking its
-    jobs by reference for lost and queueing their items again."""
-    s = _enqueue(tmp_path, redis_url, "twice", 16, "--prompts", "reference")
+    """Enqueueing again into a run by reference: the reconcile reads the live jobs' items from
+    their packs, so nothing is queued twice; a grown input adds only its new items (inline here:
+    the modes mix); a job lost from rq is queued again, in a new pack; the run then completes
+    with every item once."""
+    s = _enqueue(tmp_path, redis_url, "again", 16, "--prompts", "reference")
+    assert (s["jobs"], s["packs"]) == (2, 1)
+    data = tmp_path / "again.jsonl"
+    q = queue_for("again", conn)
+
+    def enqueue(*extra: str) -> dict:
+        proc = cli("producer", "enqueue", str(data), "--run", "again", "--output", str(tmp_path / "out"),
+                   "--batch-size", "8", "--max-tokens", "32", "--rejects", str(tmp_path / "r.jsonl"), "--json",
+                   *extra, env={"REDIS_URL": redis_url})
+        out: dict = orjson.loads(proc.stdout)
+        return out
+
+    same = enqueue("--prompts", "reference")
+    assert (same["enqueued"], same["already_queued"], same["jobs"], same["packs"]) == (0, 16, 0, 0)
+    assert same["queue_view"]["live_items"] == 16 and same["queue_view"]["malformed_jobs"] == []
+    write_jsonl(data, [sharegpt(i, turns=1 + i % 2) for i in range(24)])
+    grown = enqueue()  # inline
+    assert (grown["enqueued"], grown["already_queued"], grown["jobs"], grown["prompts"]) == (8, 16, 1, "inline")
+    lost = q.job_ids[0]
+    conn.lrem(q.key, 0, lost)  # a job by reference lost from rq
+    back = enqueue("--prompts", "reference")
+    assert (back["requeued"], back["jobs"], back["packs"]) == (8, 1, 1) and q.count == 3
+    assert PackTable(conn, "again").count() == 2
+
+    sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
+    try:
+        c = _consume(tmp_path, redis_url, sim, "again", "c")
+        assert c.wait(60) == 0, c.output()
+    finally:
+        sim.stop()
+    counts = collections.Counter(r["key"] for r in read_results(tmp_path / "out", "again"))
+    assert set(counts) == run_keys(conn, "again") and len(counts) == 24 and max(counts.values()) == 1
+    e = _export(tmp_path, redis_url, "again")
+    assert e["exported"] + e["truncated"] == e["enqueued"] == 24 and (e["missing"], e["failed"]) == (0, 0)
+
+
+def test_a_reconcile_that_cannot_read_a_pack_stops_and_queues_nothing_twice(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    s = _enqueue(tmp_path, redis_url, "nopack", 16, "--prompts", "reference")
     assert s["jobs"] == 2
-    data = tmp_path / "twice.jsonl"
-    for prompts in ("reference", "inline"):
-        proc = cli("producer", "enqueue", str(data), "--run", "twice", "--output", str(tmp_path / "out"),
-                   "--batch-size", "8", "--max-tokens", "32", "--rejects", str(tmp_path / "r.jsonl"),
-                   "--prompts", prompts, env={"REDIS_URL": redis_url}, check=False)
-        assert proc.returncode == 2 and "jobs by reference" in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert queue_for("twice", conn).count == 2
+    next((tmp_path / "out" / "nopack" / "packs").glob("*.gqpack")).unlink()
+    proc = cli("producer", "enqueue", str(tmp_path / "nopack.jsonl"), "--run", "nopack", "--output",
+               str(tmp_path / "out"), "--batch-size", "8", "--max-tokens", "32", "--rejects", str(tmp_path / "r.jsonl"),
+               env={"REDIS_URL": redis_url}, check=False)
+    assert proc.returncode == 2 and "cannot be read" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert queue_for("nopack", conn).count == 2
