@@ -302,12 +302,13 @@ def job_status(conn: redis.Redis, job_id: str) -> str:
     return _text(raw) if raw else "gone"
 
 
-def job_payload(conn: redis.Redis, job_id: str) -> tuple[object, object] | None:
-    """A job's positional and keyword arguments as rq loads them, or None when the job is gone or
-    cannot be loaded (the end of a run's copies read the items of a job another consumer holds)."""
+def job_payload(conn: redis.Redis, job_id: str) -> tuple[object, object, object] | None:
+    """A job's positional and keyword arguments and its meta as rq loads them (job_reference
+    tells the shapes apart), or None when the job is gone or cannot be loaded (the end of a
+    run's copies read the items of a job another consumer holds)."""
     try:
         job = Job.fetch(job_id, connection=conn, serializer=SERIALIZER)
-        return job.args, job.kwargs
+        return job.args, job.kwargs, job.meta
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
         raise
     except Exception as e:  # noqa: BLE001 - a job rq cannot load is simply not copied

@@ -263,7 +263,7 @@ class Intake:
             try:
                 ref = job_reference(held.job.args, held.job.kwargs, held.job.meta)
                 items = parse_items(held.job.args, held.job.kwargs) if ref is None else \
-                    parse_items([await self._read_ref(run, ref)], None)
+                    parse_items([await self.read_reference(run, ref)], None)
             except ValueError as e:  # InvalidJob, or no usable reference
                 await self.acker.refuse(held, f"refused: {e}")
                 return True
@@ -290,7 +290,7 @@ class Intake:
             return True
         return False
 
-    async def _read_ref(self, run: str, ref: PackRef) -> list[object]:
+    async def read_reference(self, run: str, ref: PackRef) -> list[object]:
         """The raw items of the job by reference REF of RUN, from its pack. Raises PackUnreadable,
         StoreError."""
         name = await self.rq.call(PackTable(self.worker.connection, run).name_of, ref.pack)
