@@ -11,10 +11,12 @@ Errors: a pack that is not there raises PackNotFoundError, one that does not rea
 PackError (common/errors.py); both are the pack's fault, and its job fails with them (never a
 skip). A StoreError is the store's trouble now (an outage, a timeout): the job goes back to its
 queue. An index found bad is dropped from the cache, so the next read fetches it again.
+Thread-safe: the consumer reads from worker threads (the intake's, the end-of-run copies').
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -38,37 +40,47 @@ class PackReader:
         self._indexes: OrderedDict[tuple[str, str, str], PackIndex] = OrderedDict()
         self._cache = max(1, cache)
         self._tail = tail_bytes
+        self._lock = threading.Lock()  # the cache and the counters; no read is made holding it
         self.fetches = 0  # GETs made (tails, indexes, blocks): what a job by reference costs
         self.index_hits = 0  # blocks read with a cached index
 
     def _store(self, output: str) -> PackStore:
-        store = self._stores.get(output)
+        with self._lock:
+            store = self._stores.get(output)
         if store is None:
-            store = self._stores[output] = self._store_for(output)
+            store = self._store_for(output)
+            with self._lock:
+                store = self._stores.setdefault(output, store)
         return store
 
     def index(self, output: str, run: str, name: str) -> PackIndex:
         """The index of RUN's pack NAME at OUTPUT (cached). Raises PackNotFoundError, PackError,
         StoreError."""
         key = (output, run, name)
-        got = self._indexes.get(key)
-        if got is not None:
-            self._indexes.move_to_end(key)
-            self.index_hits += 1
-            return got
+        with self._lock:
+            got = self._indexes.get(key)
+            if got is not None:
+                self._indexes.move_to_end(key)
+                self.index_hits += 1
+                return got
         store = self._store(output)
         where = store.pack_location(run, name)
         tail, size = store.get_pack_tail(run, name, self._tail)
-        self.fetches += 1
+        self._count()
         found = index_from_tail(tail, size, where)
         if not isinstance(found, PackIndex):  # an index longer than the tail: one more GET
             raw = store.get_pack_range(run, name, found.index_offset, found.index_offset + found.index_length)
-            self.fetches += 1
+            self._count()
             found = parse_index(raw, found, where)
-        self._indexes[key] = found
-        while len(self._indexes) > self._cache:
-            self._indexes.popitem(last=False)
+        with self._lock:
+            self._indexes[key] = found
+            while len(self._indexes) > self._cache:
+                self._indexes.popitem(last=False)
         return found
+
+    def _count(self) -> None:
+        with self._lock:
+            self.fetches += 1
 
     def block(self, output: str, run: str, name: str, block: int) -> list[Item]:
         """The items of block number BLOCK of RUN's pack NAME at OUTPUT. Raises
@@ -80,9 +92,10 @@ class PackReader:
             raise PackRangeError(where, f"block {block} asked, the pack holds {len(index.blocks)}")
         entry = index.blocks[block]
         frame = store.get_pack_range(run, name, entry.offset, entry.end)
-        self.fetches += 1
+        self._count()
         try:
             return decode_block(frame, entry, where)
         except PackError:
-            self._indexes.pop((output, run, name), None)  # fetched again next time
+            with self._lock:
+                self._indexes.pop((output, run, name), None)  # fetched again next time
             raise
