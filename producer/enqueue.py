@@ -470,7 +470,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write
-    mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete)
+    mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete,
+                       by_reference=opts.prompts is PromptMode.REFERENCE)
     summary.redis_memory, summary.redis_estimate_bytes = mem.line(), mem.bytes
     summary.redis_free_bytes = mem.memory.free if mem.memory is not None else None
     if conn is not None:
