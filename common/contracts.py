@@ -59,6 +59,13 @@ class ReasoningForm(StrEnum):
     NONE = "none"
 
 
+class PromptMode(StrEnum):
+    """Where a run's jobs keep their items (`producer enqueue --prompts`, issue 34)."""
+
+    INLINE = "inline"  # in the job's argument, in Redis (rq's job hash)
+    REFERENCE = "reference"  # in packs in the run's output store; the job's meta names pack and block
+
+
 class ErrorClass(StrEnum):
     """The class of an error record (and of a failed job, at export)."""
 

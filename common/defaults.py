@@ -457,6 +457,11 @@ PACK_ZSTD_LEVEL = 3
 #: Bytes of a pack's end a reader fetches first, hoping to get its footer and whole index in one
 #: GET: 64 KiB holds the index of 3,000 blocks (20 bytes each), about 100,000 items.
 PACK_TAIL_BYTES = 64 * 1024
+#: Packs whose index a consumer keeps in memory (common/storage/packreader.py): an index is 20
+#: bytes a block (about 20 KB for a pack of 1,024 items), and a consumer reads the packs of
+#: jobs queued together, so a few cover the jobs it holds at once; each pack beyond costs one
+#: more tail GET.
+PACK_INDEX_CACHE = 8
 
 # producer/cost.py
 #: Characters a token, for the estimate from the original answers.

@@ -39,7 +39,7 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import redis
 
@@ -48,11 +48,12 @@ from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.marks import Marks
-from genqueue.common.keepers.rqaccess import job_payload
+from genqueue.common.keepers.rqaccess import PackRef, job_payload, job_reference
+from genqueue.common.storage import StoreError
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.rqthread import RqThread
-from genqueue.consumer.work.intake import InvalidJob, parse_items
+from genqueue.consumer.work.intake import PackUnreadable, parse_items
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,11 @@ class Hedger:
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
-                 stopped: Callable[[], set[str]], clock: Callable[[], float] = time.time) -> None:
+                 stopped: Callable[[], set[str]], clock: Callable[[], float] = time.time,
+                 read_reference: Callable[[str, PackRef], Awaitable[list[object]]] | None = None) -> None:
         self.rq = rq
+        # the items of a job by reference (issue 34): the intake's pack reader; None copies none of them
+        self._read_reference = read_reference
         self.conn = conn
         self.worker = worker
         self.dispatcher = dispatcher
@@ -217,7 +221,7 @@ class Hedger:
         sent = 0
         for offer, f in picks:
             if f.job_id not in payloads:
-                payloads[f.job_id] = await self._items_of(f.job_id)
+                payloads[f.job_id] = await self._items_of(run, f.job_id)
             item = next((it for it in payloads[f.job_id] or [] if it["key"] == f.key), None)
             if item is None or not copyable(ctx, item):
                 continue
@@ -234,13 +238,20 @@ class Hedger:
             log.info("run %s: its queue is empty and this engine has slots free: %d copies of items other "
                      "consumers hold sent (first result shipped wins)", run, sent)
 
-    async def _items_of(self, job_id: str) -> list[Item] | None:
+    async def _items_of(self, run: str, job_id: str) -> list[Item] | None:
         payload = await self.rq.call(job_payload, self.conn, job_id)
         if payload is None:
             return None
+        args, kwargs, meta = payload
         try:
-            return parse_items(*payload)
-        except InvalidJob:
+            ref = job_reference(args, kwargs, meta)
+            if ref is None:
+                return parse_items(args, kwargs)
+            if self._read_reference is None:
+                return None
+            return parse_items([await self._read_reference(run, ref)], None)
+        except (ValueError, PackUnreadable, StoreError) as e:  # not copied: its holder answers it
+            log.debug("run %s: job %s not copied (%s: %s)", run, job_id, type(e).__name__, e)
             return None
 
     def counts(self) -> dict[str, int]:

@@ -13,7 +13,7 @@ import orjson
 
 from genqueue.common import __version__, defaults
 from genqueue.common.cli import friendly_errors, redis_option, setup_logging
-from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
+from genqueue.common.contracts import HistoryReasoning, Mode, PromptMode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, check_variant_params, run_name_from_path
@@ -67,6 +67,7 @@ class EnqueueArgs(TypedDict):
     update_settings: bool
     priority: int | None
     dry_run: bool
+    prompts: str
 
 
 def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
@@ -127,6 +128,7 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
         shared_fs=options["shared_fs"],
         priority=options["priority"],
         output_check=not options["no_output_check"],
+        prompts=PromptMode(options["prompts"]),
     )
 
 
@@ -200,6 +202,11 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               help="The run's share of the fleet: consumers serve higher priorities first, equal ones evenly "
                    "(default 0 for a new run; given on an existing run, sets it; not part of the settings). "
                    "Change it later with `producer priority`.")
+@click.option("--prompts", type=click.Choice([m.value for m in PromptMode]), default=PromptMode.INLINE.value,
+              show_default=True,
+              help="Where the jobs keep their items: inline, in Redis; or reference, written once into packs in "
+                   "the run's output (<output>/<run>/packs/) with each job naming its pack and block, so Redis holds "
+                   "no prompt text.")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
@@ -311,6 +318,8 @@ def format_summary(s: Summary) -> str:
     rows += [
         ("items queued", queued),
         ("jobs", f"{s.jobs:,}"),
+        ("prompts", "inline (in the jobs, in Redis)" if s.prompts == PromptMode.INLINE else
+         f"{s.prompts} ({s.packs:,} pack(s) written to the run's output; the jobs name them)"),
         ("estimated output", f"{s.estimated_output_tokens:,} tokens (the original answers' characters / 4)"
          if s.estimated_output_tokens is not None else "- (the input has no original answers)"),
         ("time", f"{s.seconds:.1f} s"),

@@ -49,7 +49,7 @@ from typing import Any
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Item, RejectReason
+from genqueue.common.contracts import Item, PromptMode, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
@@ -57,7 +57,7 @@ from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import RunStore, key_digest
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
-from genqueue.common.storage import probe_output
+from genqueue.common.storage import probe_output, store_for
 from genqueue.producer import memplan
 from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.ingest.conversation import Conversation
@@ -70,6 +70,7 @@ from genqueue.producer.ingest.sources import bind
 from genqueue.producer.jobwriter import JobWriter, Requeue, record_batches, same_record
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe
+from genqueue.producer.packitems import PackItems
 from genqueue.producer.reconcile import (
     DONE,
     FAILED,
@@ -139,6 +140,9 @@ class Summary:
     redis_memory: str | None = None  # the estimate against what Redis has, for people
     redis_estimate_bytes: int | None = None
     redis_free_bytes: int | None = None  # under maxmemory; None: no limit, or not known
+    # where this enqueue's jobs keep their items (--prompts): in Redis, or in packs in the output
+    prompts: str = PromptMode.INLINE.value
+    packs: int = 0  # packs written (by reference)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -316,7 +320,9 @@ class Enqueuer:
     def _take_view(self) -> None:
         assert self.writer is not None
         self.writer.lock.acquire()
-        self.view = take_view(self.writer.conn, self.run, self.writer.claim_prefix)
+        # jobs by reference (issue 34): their items are read from their packs
+        items_of = PackItems(self.writer.conn, self.run, self.settings.output).items_of
+        self.view = take_view(self.writer.conn, self.run, self.writer.claim_prefix, items_of=items_of)
         v = self.view
         self.queue_view = {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
                            "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,
@@ -438,6 +444,8 @@ class EnqueueOptions:
     #: the settings the command line gave (common/settings.py's SETTING_NAMES): an existing
     #: run keeps its own for the others (runsetup.prepare); None: every one was given
     settings_given: frozenset[str] | None = None
+    #: where the jobs keep their items: inline (in Redis) or by reference (packs in the output)
+    prompts: PromptMode = PromptMode.INLINE
 
 
 def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
@@ -462,7 +470,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write
-    mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete)
+    mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete,
+                       by_reference=opts.prompts is PromptMode.REFERENCE)
     summary.redis_memory, summary.redis_estimate_bytes = mem.line(), mem.bytes
     summary.redis_free_bytes = mem.memory.free if mem.memory is not None else None
     if conn is not None:
@@ -524,7 +533,10 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     if progress is not None:
         records = progress(records)
     lock = RunLock(conn, run) if conn is not None else None
-    writer = JobWriter(run, conn, batch_size=batch_size, lock=lock) if conn is not None else None
+    summary.prompts = opts.prompts.value
+    pack_store = store_for(settings.output) if opts.prompts is PromptMode.REFERENCE and conn is not None else None
+    writer = JobWriter(run, conn, batch_size=batch_size, lock=lock, pack_store=pack_store) \
+        if conn is not None else None
     enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,
                    retry_failed=retry_failed)
     ended = False
@@ -542,6 +554,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
         if conn is not None:
             RunSources(conn, run).end_reading(summary.source)
         enq.fill(summary)
+        if writer is not None:
+            summary.packs = len(writer.pack_names)
         try:
             if rejects is not None and ended:
                 rejects.close()  # in place only now; otherwise enqueue_file removes its .partial
@@ -551,7 +565,8 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
             if store is not None and summary.records:
                 store.record_source(run, summary.source, summary.to_dict())
                 if setup is not None:
-                    setup.record_source(summary.source, summary.to_dict())
+                    setup.record_source(summary.source, summary.to_dict(),
+                                        packs=writer.pack_names if writer is not None else None)
     return summary
 
 

@@ -23,25 +23,46 @@ rq, or failed with --retry-failed) go through the same two steps, under the run'
 a claim set of this producer, fenced by the lock's token, then the same transaction enqueues
 them, WATCHing the lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
 transaction is dropped (the items stay in the run, for a later reconcile).
+
+By reference (`--prompts reference`, issue 34: a PACK_STORE is given), a slice's jobs carry no
+items: before the transaction, the slice's items are written as one pack (common/packs.py), one
+block per job, into the run's output store under a pack number the run's pack table gives out
+(common/keepers/packs.py); each job's `meta` names its pack and block (rqaccess.PackRef), and the
+transaction that queues the jobs also writes the table's entry naming the pack. A pack is
+written before any job names it; a transaction that never lands leaves a pack no job names.
+Job ids and descriptions are the same in both modes.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count
 
 import redis
+from redis.client import Pipeline
 from rq import Retry
+from rq.queue import EnqueueData
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, ReclaimLockLostError, Requeue
-from genqueue.common.keepers.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
+from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.rqaccess import (
+    TASK,
+    PackRef,
+    job_description,
+    job_id,
+    queue_for,
+    reference_meta,
+    use_fast_job_compression,
+)
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import RunLockedError, RunStore, key_digest
+from genqueue.common.packs import PackWriter
 from genqueue.common.redact import redact
+from genqueue.common.storage import PackStore, pack_name
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +105,12 @@ class JobWriter:
     """Claims and enqueues the items of one producer invocation."""
 
     def __init__(self, run: str, conn: redis.Redis, *, batch_size: int, retries: int = defaults.JOB_RETRIES,
-                 lock: RunLock | None = None) -> None:
+                 lock: RunLock | None = None, pack_store: PackStore | None = None) -> None:
         self.run = run
+        # By reference when given: where the slices' packs go (the run's output store).
+        self.pack_store = pack_store
+        self.packs = PackTable(conn, run)
+        self.pack_names: dict[int, str] = {}  # the packs this writer wrote and named, by number
         self.conn = conn
         self.store = RunStore(conn)
         self.queue = queue_for(run, conn)
@@ -154,24 +179,57 @@ class JobWriter:
         return codes, len(batches)
 
     def _commit(self, claim_id: str, batches: list[list[Item]], *, fenced: bool = False) -> None:
+        if self.pack_store is None:
+            datas = [
+                self.queue.prepare_data(
+                    TASK,
+                    args=[items],
+                    job_id=job_id(self.run, [it["key"] for it in items]),
+                    description=job_description(self.run, items),
+                    retry=Retry(max=self.retries),
+                    result_ttl=defaults.RESULT_TTL,
+                    timeout=-1,
+                    meta={"items": len(items)},
+                )
+                for items in batches
+            ]
+            self._transact(claim_id, datas, fenced=fenced)
+            return
+        number, name = self._write_pack(self.pack_store, batches)
         datas = [
             self.queue.prepare_data(
                 TASK,
-                args=[items],
+                args=[],
                 job_id=job_id(self.run, [it["key"] for it in items]),
                 description=job_description(self.run, items),
                 retry=Retry(max=self.retries),
                 result_ttl=defaults.RESULT_TTL,
                 timeout=-1,
-                meta={"items": len(items)},
+                meta=reference_meta(len(items), PackRef(number, block)),
             )
-            for items in batches
+            for block, items in enumerate(batches)
         ]
+        self._transact(claim_id, datas, fenced=fenced, also=lambda pipe: self.packs.stage(pipe, number, name))
+        self.pack_names[number] = name
+
+    def _write_pack(self, store: PackStore, batches: list[list[Item]]) -> tuple[int, str]:
+        """BATCHES as one pack in STORE (the run's output), a block per job, under a new pack
+        number; returns the number and the pack's name. Raises StoreError."""
+        writer = PackWriter()
+        for items in batches:
+            writer.add_block(items)
+        number = self.packs.allocate()
+        name = pack_name(self._claim_prefix, number)
+        store.put_pack(self.run, name, writer.finish())
+        return number, name
+
+    def _transact(self, claim_id: str, datas: list[EnqueueData], *, fenced: bool,
+                  also: Callable[[Pipeline], None] | None = None) -> None:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 # Fenced (a re-queue): the lock is WATCHed too, and must still be this producer's.
                 if not self.claims.enqueue(self.queue, datas, self.run, claim_id,
-                                          token=self.lock.token if fenced else None):
+                                          token=self.lock.token if fenced else None, also=also):
                     self.lock.lost = True
                     self.lock.check()  # raises: a re-queue holds the lock, and it is lost now
                 return

@@ -42,10 +42,12 @@ from typing import Any
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.errors import UserError
 from genqueue.common.keepers.claims import Claims
 from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
-from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
+from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs, scan_jobs
 from genqueue.common.keepers.runs import RunStore
 
 log = logging.getLogger(__name__)
@@ -81,9 +83,16 @@ class QueueView:
     malformed_jobs: list[dict[str, str]] = field(default_factory=list)
 
 
-def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = defaults.CLAIM_GRACE) -> QueueView:
+def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = defaults.CLAIM_GRACE,
+              items_of: ItemsOf | None = None) -> QueueView:
     """The view of RUN's queue. Call it holding the run's lock. Claim sets whose id starts with
-    OWN_PREFIX are this producer's own (all of them ended in their transaction)."""
+    OWN_PREFIX are this producer's own (all of them ended in their transaction). ITEMS_OF reads
+    the items of jobs by reference from their packs (producer/packitems.py); without it, a run
+    with such jobs is refused (UserError): the view would take them for lost and queue their
+    items twice (issue 34)."""
+    if items_of is None and PackTable(conn, run).count():
+        raise UserError(f"run {run} has jobs by reference (`--prompts reference`), whose items this reader cannot "
+                        "read: nothing more was queued")
     t0 = time.perf_counter()
     view = QueueView()
     claims = Claims(conn)
@@ -100,7 +109,7 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
         view.held_claims += 1
         view.live.update(int.from_bytes(d, "big") for d in claims.members(claim))
     scan = JobScan()
-    for job in read_jobs(conn, run, [*LIVE_PLACES, JobPlace.FAILED], scan=scan):
+    for job in read_jobs(conn, run, [*LIVE_PLACES, JobPlace.FAILED], scan=scan, items_of=items_of):
         into = view.failed if job.place is JobPlace.FAILED else view.live
         into.update(as_int(it["key"]) for it in job.items)
         if job.place is JobPlace.FAILED:

@@ -43,6 +43,7 @@ from typing import Any
 
 import redis
 
+from genqueue.common.contracts import PromptMode
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.runs import RunInfo, RunStore, conflict
@@ -156,16 +157,24 @@ class RunSetup:
             note(f"warning: {e}; the run is created without looking for its shards")
             return []
 
-    def record_source(self, source: str, summary: dict[str, Any]) -> None:
+    def record_source(self, source: str, summary: dict[str, Any], *, packs: dict[int, str] | None = None) -> None:
         """Add SOURCE's last summary to run.json (re-read first: another producer may have
-        added its own since). Best effort: Redis holds it too."""
+        added its own since), and PACKS, the packs its jobs by reference name (the run's mode
+        becomes `reference`). Best effort: Redis holds them too."""
         try:
             if self.unreachable is not None or not _output_exists(self.output):
                 return
             rf = _read(self.output, self.run, _log_note) or self.run_file
+            if rf is None and packs:  # the packs made the output directory: run.json goes beside them
+                info = RunStore(self.conn).require(self.run)
+                rf = RunFile(self.run, info.settings, info.created_at, info.version, info.fingerprints, {},
+                             info.placement, RunStore(self.conn).priorities([self.run])[self.run])
             if rf is None:
                 return
             rf.sources[source] = summary
+            if packs:
+                rf.prompts = PromptMode.REFERENCE
+                rf.packs.update(packs)
             write_run_file(self.output, rf)
         except StoreError as e:
             log.warning("could not add source %s to run.json of run %s: %s", source, self.run, e)

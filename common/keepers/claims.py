@@ -16,11 +16,12 @@ No other module builds a claim key (tests/test_redis_owners.py holds that).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 import redis
+from redis.client import Pipeline
 from rq import Queue
 from rq.queue import EnqueueData
 
@@ -252,12 +253,13 @@ class Claims:
         self.conn.delete(claim_key(run, claim_id))
 
     def enqueue(self, queue: Queue, jobs: Sequence[EnqueueData], run: str, claim_id: str, *,
-                token: str | None = None) -> bool:
+                token: str | None = None, also: Callable[[Pipeline], None] | None = None) -> bool:
         """Enqueue JOBS (made of the items claim CLAIM_ID holds) and delete the claim set, in one
         MULTI/EXEC WATCHing the claim set; fenced by TOKEN, the run's lock too, which must still
         hold it. Returns False, enqueueing nothing, when the lock no longer holds TOKEN. Raises
         WatchError, ConnectionError or TimeoutError when the transaction may not have landed (the
-        claim set, absent, says it did)."""
+        claim set, absent, says it did). ALSO queues more writes in the same MULTI (by reference:
+        the run's pack table entry that names the jobs' pack, common/keepers/packs.py)."""
         ckey = claim_key(run, claim_id)
         # WATCH: should the client be set to retry (a URL option, another default), redis-py raises
         # instead of re-sending a transaction whose reply it lost, which would queue every job twice.
@@ -270,6 +272,8 @@ class Claims:
                 pipe.watch(ckey)  # type: ignore[no-untyped-call]
             pipe.multi()
             queue.enqueue_many(jobs, pipeline=pipe)
+            if also is not None:
+                also(pipe)
             pipe.delete(ckey)
             pipe.execute()
         return True

@@ -84,11 +84,55 @@ def job_description(run: str, items: Sequence[Mapping[str, Any]]) -> str:
 
 
 def job_items(job_args: Any) -> list[Item]:
-    """The items a job carries, from its positional arguments."""
+    """The items an inline job carries, from its positional arguments (job_reference tells an
+    inline job from one by reference)."""
     if not isinstance(job_args, list | tuple) or len(job_args) != 1 or not isinstance(job_args[0], list):
         raise ValueError("job arguments are not a list of items")
     items: list[Item] = job_args[0]
     return items
+
+
+# --- jobs by reference (issue 34) --------------------------------------------------------
+#: The fields of a job's `meta` that name its items by reference: the pack's number in the
+#: run (common/keepers/packs.py's table names it) and the block's number in the pack. In `meta`,
+#: not the argument: rq keeps a job's hash compact only while each field is at most 64 bytes,
+#: which `meta` keeps and the payload with a function name and two numbers does not always
+#: (docs/design.md, "Prompts by reference").
+META_ITEMS = "items"
+META_PACK = "pack"
+META_BLOCK = "block"
+
+
+class PackRef(NamedTuple):
+    """Where a job by reference finds its items: block BLOCK of the run's pack number PACK."""
+
+    pack: int
+    block: int
+
+
+def reference_meta(items: int, ref: PackRef) -> dict[str, int]:
+    """The `meta` of a job by reference of ITEMS items at REF."""
+    return {META_ITEMS: items, META_PACK: ref.pack, META_BLOCK: ref.block}
+
+
+def job_reference(job_args: Any, job_kwargs: Any, meta: Any) -> PackRef | None:
+    """What shape a job is: None for an inline job (one argument, whatever it holds: the
+    item reader judges it), its PackRef for a job by reference (no argument, no keyword
+    argument, a pack and a block number in META). ValueError for a job with no argument and
+    no usable reference."""
+    if isinstance(job_args, list | tuple) and len(job_args) == 0 and not job_kwargs:
+        m = meta if isinstance(meta, dict) else {}
+        pack, block = _count(m.get(META_PACK), first=1), _count(m.get(META_BLOCK), first=0)
+        if pack is None or block is None:
+            raise ValueError(f"job has no items and no usable reference in its meta "
+                             f"({META_PACK}={m.get(META_PACK)!r}, {META_BLOCK}={m.get(META_BLOCK)!r})")
+        return PackRef(pack, block)
+    return None
+
+
+def _count(value: Any, *, first: int) -> int | None:
+    """VALUE when it is an integer at least FIRST (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= first else None
 
 
 class _FastZlib:
@@ -258,12 +302,13 @@ def job_status(conn: redis.Redis, job_id: str) -> str:
     return _text(raw) if raw else "gone"
 
 
-def job_payload(conn: redis.Redis, job_id: str) -> tuple[object, object] | None:
-    """A job's positional and keyword arguments as rq loads them, or None when the job is gone or
-    cannot be loaded (the end of a run's copies read the items of a job another consumer holds)."""
+def job_payload(conn: redis.Redis, job_id: str) -> tuple[object, object, object] | None:
+    """A job's positional and keyword arguments and its meta as rq loads them (job_reference
+    tells the shapes apart), or None when the job is gone or cannot be loaded (the end of a
+    run's copies read the items of a job another consumer holds)."""
     try:
         job = Job.fetch(job_id, connection=conn, serializer=SERIALIZER)
-        return job.args, job.kwargs
+        return job.args, job.kwargs, job.meta
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
         raise
     except Exception as e:  # noqa: BLE001 - a job rq cannot load is simply not copied

@@ -17,6 +17,11 @@ of 32 items in ~1.1 s, against ~0.6 s for the bare payloads). The header check r
 (_FAST: one round trip per batch, each job's data sent back only at ITEMS); a field not in the
 exact shape rq writes it is handed to rq's own Job.restore, which decides (the test
 test_the_fast_check_agrees_with_rqs_own_loader holds the two together).
+
+A job by reference (issue 34: no argument, its pack and block in its `meta`) has its items in a
+pack of the run's output, which no Redis read reaches: at ITEMS, a reader that passes
+`items_of` (a PackRef -> the block's items, producer/packitems.py) gets them checked like inline
+ones; one that does not gets the job noted ("a job by reference ..."), never silently empty.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -35,7 +40,16 @@ from rq.job import Job, JobStatus
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
-from genqueue.common.keepers.rqaccess import REASON_CHARS, SERIALIZER, TASKS, JobPlace, job_failure, place_members
+from genqueue.common.keepers.rqaccess import (
+    REASON_CHARS,
+    SERIALIZER,
+    TASKS,
+    JobPlace,
+    PackRef,
+    job_failure,
+    job_reference,
+    place_members,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +57,11 @@ _FETCH_BATCH = defaults.RQJOBS_FETCH_BATCH
 NAMED = defaults.RQJOBS_NAMED
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _PICKLE = b"\x80"
+#: _payload's answer for a payload with no argument: a job by reference, whose meta says the rest.
+_BY_REFERENCE = "by reference"
+
+#: Reads the items of a job by reference (a PackRef): raises when its pack cannot be read.
+ItemsOf = Callable[[PackRef], list[Item]]
 
 # KEYS: job hashes. ARGV[1]: '1' to return each payload; ARGV[2..]: the statuses rq knows.
 # Per job two values: 'ok' and its data ('' without ARGV[1]); 'gone' (no hash); 'nothash' and
@@ -139,6 +158,7 @@ class RunJob:
     id: str
     place: JobPlace
     items: list[Item]
+    ref: PackRef | None = None  # a job by reference: where its items came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +220,10 @@ CLEAR_REFUSED = "producer delete --run {run} --refused-only"
 
 
 def read_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace], *, scan: JobScan,
-              depth: Depth = Depth.ITEMS) -> Iterator[RunJob]:
+              depth: Depth = Depth.ITEMS, items_of: ItemsOf | None = None) -> Iterator[RunJob]:
     """The usable jobs of RUN in PLACES (ids read in one transaction; a job in two places is
-    read once, in the first), a batch of jobs per round trip. Every other entry goes to SCAN."""
+    read once, in the first), a batch of jobs per round trip. Every other entry goes to SCAN.
+    ITEMS_OF reads the items of a job by reference (module docstring)."""
     seen: set[str] = set()
     fast = conn.register_script(_FAST)
     args = ["1" if depth is Depth.ITEMS else "0", *(st.value for st in JobStatus)]
@@ -217,7 +238,7 @@ def read_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace], *, scan: 
             batch = ids[start:start + _FETCH_BATCH]
             out = fast(keys=[Job.key_for(j) for j in batch], args=args)
             for jid, verdict, data in zip(batch, out[::2], out[1::2], strict=True):
-                good = _verdict(conn, jid, place, verdict, data, depth, scan)
+                good = _verdict(conn, jid, place, verdict, data, depth, scan, items_of)
                 if good is not None:
                     yield good
 
@@ -236,7 +257,7 @@ def job_defect(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED
     """Why the job JOB_ID is no usable genqueue job (the reasons read_jobs gives), or None."""
     scan = JobScan()
     out = conn.register_script(_FAST)(keys=[Job.key_for(job_id)], args=["1", *(s.value for s in JobStatus)])
-    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan)
+    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan, None)
     return next(iter(scan.bad.values())).reason if scan.bad else None
 
 
@@ -267,7 +288,7 @@ def _member_id(member: object, place: JobPlace, scan: JobScan) -> str | None:
 
 
 def _verdict(conn: redis.Redis, jid: str, place: JobPlace, verdict: bytes, data: bytes, depth: Depth,
-             scan: JobScan) -> RunJob | None:
+             scan: JobScan, items_of: ItemsOf | None) -> RunJob | None:
     if verdict == b"gone":
         scan.note(jid, place, "no job hash (a dangling id)")
         return None
@@ -301,10 +322,37 @@ def _verdict(conn: redis.Redis, jid: str, place: JobPlace, verdict: bytes, data:
         scan.note(jid, place, "payload is a pickle; genqueue jobs are JSON")
         return None
     why, items = _payload(data)
+    if why == _BY_REFERENCE:
+        return _by_reference(conn, jid, place, scan, items_of)
     if why is not None:
         scan.note(jid, place, why)
         return None
     return RunJob(jid, place, items)
+
+
+def _by_reference(conn: redis.Redis, jid: str, place: JobPlace, scan: JobScan,
+                  items_of: ItemsOf | None) -> RunJob | None:
+    """The job JID with no argument: its reference from its meta, and its items through ITEMS_OF."""
+    raw = conn.hget(Job.key_for(jid), "meta")
+    try:
+        meta = orjson.loads(raw) if raw else {}
+        ref = job_reference([], {}, meta)
+    except (orjson.JSONDecodeError, ValueError) as e:
+        scan.note(jid, place, str(e)[:REASON_CHARS])
+        return None
+    if ref is None:
+        return None  # not reached: no argument and no keyword is a reference or an error
+    if items_of is None:
+        scan.note(jid, place, f"a job by reference (pack {ref.pack}, block {ref.block}): its items are in a pack, "
+                              "which this reader does not read")
+        return None
+    items = items_of(ref)
+    for n, item in enumerate(items):
+        why = item_defect(item)
+        if why is not None:
+            scan.note(jid, place, f"item {n} of pack {ref.pack} block {ref.block}: {why}")
+            return None
+    return RunJob(jid, place, items, ref)
 
 
 def _payload(data: bytes) -> tuple[str | None, list[Item]]:
@@ -320,6 +368,8 @@ def _payload(data: bytes) -> tuple[str | None, list[Item]]:
         return f"names {str(func)[:80]!r}, not genqueue's task", []
     if kwargs:
         return "has keyword arguments; genqueue jobs carry one list of items", []
+    if isinstance(args, list) and not args:
+        return _BY_REFERENCE, []
     if not isinstance(args, list) or len(args) != 1 or not isinstance(args[0], list):
         return "arguments are not a list of items", []
     items = args[0]

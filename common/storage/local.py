@@ -7,6 +7,7 @@ complete shard, and a manifest that exists vouches for a shard already in place.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -152,7 +153,8 @@ class LocalStore:
             os.replace(tmp, path)
             fsync_dir(path.parent)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # its directory may be what failed (not one, unreadable)
+                tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write {path}: {e.strerror}") from None
         return str(path)
 

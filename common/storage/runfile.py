@@ -12,7 +12,11 @@ input source is added; read by the producer when the run is not in Redis. One JS
 had, oldest first; `output_host` and `shared_fs` where a local output lives
 (common/placement.py); `priority` the run's share of the fleet (`producer enqueue --priority`,
 `producer priority`: not part of the recipe, so a run re-created from run.json keeps it; a
-run.json written before it had one reads 0). The shards beside it hold every record's key, so the done and failed marks
+run.json written before it had one reads 0); `prompts` where the run's jobs keep their items
+(`inline`, or `reference` once any enqueue of it used `--prompts reference`: absent reads
+inline) and `packs` the packs its jobs by reference name, by pack number (as the run's pack
+table in Redis, common/keepers/packs.py), so a run re-created after a Redis loss knows its packs.
+The shards beside it hold every record's key, so the done and failed marks
 can be rebuilt from them (producer/reconcile.py).
 """
 
@@ -24,6 +28,7 @@ from typing import Any, cast
 
 import orjson
 
+from genqueue.common.contracts import PromptMode
 from genqueue.common.placement import Placement
 from genqueue.common.settings import FingerprintEntry, RunSettings, fingerprint_entry
 from genqueue.common.storage.base import OutputStore, StoreError
@@ -44,6 +49,8 @@ class RunFile:
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     placement: Placement = field(default_factory=Placement)
     priority: int = 0
+    prompts: PromptMode = PromptMode.INLINE
+    packs: dict[int, str] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -54,7 +61,8 @@ class RunFile:
             "run": self.run, "settings": self.settings.to_dict(), "fingerprint": self.fingerprint,
             "created_at": self.created_at, "version": self.version, "fingerprints": self.fingerprints,
             "sources": self.sources, "written_at": time.time(), **self.placement.fields(),
-            "priority": self.priority,
+            "priority": self.priority, "prompts": self.prompts.value,
+            "packs": {str(n): name for n, name in sorted(self.packs.items())},
         }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
     @classmethod
@@ -69,7 +77,8 @@ class RunFile:
                        version=str(data.get("version", "?")),
                        fingerprints=fingerprints or [fingerprint_entry(settings, float(data["created_at"]))],
                        sources=dict(data.get("sources") or {}), placement=Placement.from_fields(data),
-                       priority=_priority(data.get("priority")))
+                       priority=_priority(data.get("priority")), prompts=PromptMode(data.get("prompts", "inline")),
+                       packs={int(n): str(name) for n, name in dict(data.get("packs") or {}).items()})
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise RunFileError(f"{where} is not a genqueue run file ({type(e).__name__}: {e})") from None
 

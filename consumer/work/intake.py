@@ -4,6 +4,16 @@ A job whose payload genqueue cannot use is failed (or, when rq cannot even load 
 dropped from the queue) with its reason, and the consumer serves on: a malformed job must
 never crash a consumer, or it would walk through the whole fleet as its lease expires and
 it is swept to the next one.
+
+A job carries its items in its argument (inline) or names them by reference: no argument, and
+its `meta` naming a pack of the run and a block of it (issue 34; rqaccess.job_reference tells
+the two apart). Those items are read from the pack in the run's output store (PackReader: its
+index once, then one ranged GET of the block) and checked like inline ones. A pack that is not
+there or does not read (PackNotFoundError, PackError), or a pack number the run's table does not
+name, fails the job for good with the reason `pack_unreadable: ...` (JOB_FAILURE_PACK): rq's
+failed registry holds it, and `rq requeue` runs it again once the pack is back. A store that
+cannot be reached now (StoreError) is no fault of the job: it goes back to its queue without
+spending a retry, and the run is not asked again for DRY_RETRY seconds.
 """
 
 from __future__ import annotations
@@ -16,9 +26,14 @@ from collections.abc import Awaitable, Callable
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
+from genqueue.common.errors import PackError
 from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.marks import Marks
-from genqueue.common.keepers.rqaccess import job_counts, queue_for
+from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.rqaccess import PackRef, job_counts, job_reference, queue_for
+from genqueue.common.storage import PackNotFoundError, PackStore, StoreError
+from genqueue.common.storage import store_for as default_store_for
+from genqueue.common.storage.packreader import PackReader
 from genqueue.consumer.guards.stop import Stopped, until
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
@@ -41,8 +56,17 @@ TAIL_WINDOW = defaults.INTAKE_TAIL_WINDOW
 #: GENQUEUE_TAIL_BALANCE=0 turns both off, to measure what they buy (bench/bench_fleet.py).
 TAIL_BALANCE = os.environ.get("GENQUEUE_TAIL_BALANCE", "1") != "0"
 
+#: The reason a job by reference whose pack cannot be read fails with (module docstring).
+JOB_FAILURE_PACK = "pack_unreadable"
+
+
 class InvalidJob(ValueError):
     """A job naming genqueue's task whose arguments are not a list of valid items."""
+
+
+class PackUnreadable(Exception):
+    """A job by reference whose items cannot be read: its pack is not there, does not read, or
+    its number is not in the run's pack table."""
 
 
 def parse_items(args: object, kwargs: object, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
@@ -70,8 +94,10 @@ class Intake:
                  poll_interval: float, wake: asyncio.Event, stopping: asyncio.Event,
                  on_complete: Callable[[str], Awaitable[object]],
                  on_runs: Callable[[list[str]], None] = lambda runs: None,
-                 has_room: Callable[[], bool] = lambda: True) -> None:
+                 has_room: Callable[[], bool] = lambda: True,
+                 pack_store_for: Callable[[str], PackStore] = default_store_for) -> None:
         self.rq = rq
+        self.packs = PackReader(pack_store_for)
         self.worker = worker
         self.book = book
         self.acker = acker
@@ -235,9 +261,20 @@ class Intake:
             self._dry.pop(run, None)
             self._fed_at[run] = time.monotonic()
             try:
-                items = parse_items(held.job.args, held.job.kwargs)
-            except InvalidJob as e:
+                ref = job_reference(held.job.args, held.job.kwargs, held.job.meta)
+                items = parse_items(held.job.args, held.job.kwargs) if ref is None else \
+                    parse_items([await self.read_reference(run, ref)], None)
+            except ValueError as e:  # InvalidJob, or no usable reference
                 await self.acker.refuse(held, f"refused: {e}")
+                return True
+            except PackUnreadable as e:
+                await self.acker.refuse(held, f"{JOB_FAILURE_PACK}: {e}")
+                return True
+            except StoreError as e:  # the store now, not the pack: the job waits for it in its queue
+                log.warning("job %s of run %s: its pack cannot be fetched now (%s); given back, the run is "
+                            "asked again in %.0f s", held.id, run, e, DRY_RETRY)
+                await self.acker.give_back_held([held])
+                self._dry[run] = time.monotonic()
                 return True
             attempt = held.attempt
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
@@ -252,6 +289,21 @@ class Intake:
             self.wake.set()
             return True
         return False
+
+    async def read_reference(self, run: str, ref: PackRef) -> list[object]:
+        """The raw items of the job by reference REF of RUN, from its pack. Raises PackUnreadable,
+        StoreError."""
+        name = await self.rq.call(PackTable(self.worker.connection, run).name_of, ref.pack)
+        if name is None:
+            raise PackUnreadable(f"pack number {ref.pack} is not in run {run}'s pack table")
+        output = self.served.contexts[run].settings.output
+        try:
+            items: list[object] = list(await asyncio.to_thread(self.packs.block, output, run, name, ref.block))
+        except PackNotFoundError as e:
+            raise PackUnreadable(f"{e}") from None
+        except PackError as e:
+            raise PackUnreadable(f"{type(e).__name__}: {e}") from None
+        return items
 
     async def _skip_shipped(self, js: JobState[Held]) -> None:
         """A job that runs again (after a crash, a sweep, a requeue) skips the items whose

@@ -560,3 +560,43 @@ def test_a_copy_that_raised_counts_as_lost_like_one_that_ended_in_an_error() -> 
         assert d.copies_lost == 1 and ("r", item(8)["key"]) in d.copies_failed
 
     asyncio.run(scenario())
+
+
+def test_items_of_a_job_by_reference_are_copied_through_the_pack_reader(redis_url):
+    """Issue 34: a job by reference carries no items; the copies read them through the intake's
+    pack reader (read_reference), and without one copy none of them (its holder answers them)."""
+    from rq import Queue
+
+    from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, PackRef, reference_meta
+    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.rqthread import RqThread
+
+    conn = redis.Redis.from_url(redis_url)
+    q = Queue("byref-elsewhere", connection=conn, serializer=SERIALIZER)
+    q.enqueue_many([q.prepare_data(TASK, args=[], job_id="gq-byref", meta=reference_meta(2, PackRef(3, 1)))])
+    k7, k8 = item(7)["key"], item(8)["key"]
+    asked: list[tuple[str, PackRef]] = []
+
+    async def read_reference(run: str, ref: PackRef) -> list[object]:
+        asked.append((run, ref))
+        return [item(7), item(8)]
+
+    async def scenario(reader: Any) -> int:
+        rq = RqThread()
+        d = Dispatcher(Book(), Limiter(4), FakeGate(), FakeOutbox(), HangingGenerator(),  # type: ignore[arg-type]
+                       on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
+                       low_water=lambda: 4)
+        Flights(conn, "r").offer("other", 10.0, [Flight("gq-byref", k7, None), Flight("gq-byref", k8, None)])
+        h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
+                   stopped=set, read_reference=reader)
+        h.rate.observe(100, 1.0)
+        await h.look()
+        sent = h.copies_sent
+        d.cancel_copies()
+        await _until(lambda: not d.copies, "the copies ended")
+        await h._give_back()
+        rq.close()
+        return sent
+
+    assert asyncio.run(scenario(None)) == 0
+    assert asyncio.run(scenario(read_reference)) == 2 and asked == [("r", PackRef(3, 1))]

@@ -29,10 +29,12 @@ def _consumer(tmp_path, redis_url, sim, name):
 
 
 @pytest.mark.slow
-def test_a_killed_consumer_costs_at_most_its_work_in_flight(tmp_path, redis_url, conn):
+@pytest.mark.parametrize("prompts", ["inline", "reference"])  # issue 34: the items in the job, or in packs
+def test_a_killed_consumer_costs_at_most_its_work_in_flight(tmp_path, redis_url, conn, prompts):
     data = write_jsonl(tmp_path / "crash.jsonl", [sharegpt(i) for i in range(1000)])
     cli("producer", "enqueue", str(data), "--run", "crash", "--output", str(tmp_path / "out"), "--batch-size", "16",
-        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url})
+        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), "--prompts", prompts,
+        env={"REDIS_URL": redis_url})
     sim = Sim(tmp_path, "--slots", "32", "--step-time", "0.02", "--mean-tokens", "30")
     try:
         first = _consumer(tmp_path, redis_url, sim, "first")
@@ -57,7 +59,7 @@ def test_a_killed_consumer_costs_at_most_its_work_in_flight(tmp_path, redis_url,
     counts = collections.Counter(r["key"] for r in recs)
     assert run_keys(conn, "crash") <= set(counts), "every item has a record"
     duplicates = sum(n - 1 for n in counts.values())
-    print(f"in flight at the kill: {in_flight}; open shards left: {written_last_window}; "
+    print(f"{prompts}: in flight at the kill: {in_flight}; open shards left: {written_last_window}; "
           f"duplicate records: {duplicates}; records {len(recs)} for {len(counts)} items")
     assert "already shipped" in second.output() or duplicates == 0
     assert duplicates <= in_flight, f"{duplicates} duplicates for {in_flight} requests in flight at the kill"
