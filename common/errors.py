@@ -82,6 +82,13 @@ class PackRangeError(PackError):
     """A range of items the pack does not hold (a job naming items past its end)."""
 
 
+class JobItemsUnreadableError(GenqueueError):
+    """The items of a job by reference cannot be read now (its pack is gone or garbled, or the
+    store does not answer), for a reader that can go on without them: export notes the job among
+    the entries it could not read (their items stay missing, never silently counted), where the
+    reconcile, which would queue them twice, stops instead (a UserError)."""
+
+
 class EndpointError(GenqueueError):
     """Trouble talking to the generation endpoint."""
 

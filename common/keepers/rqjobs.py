@@ -40,6 +40,7 @@ from rq.job import Job, JobStatus
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
+from genqueue.common.errors import JobItemsUnreadableError
 from genqueue.common.keepers.rqaccess import (
     REASON_CHARS,
     SERIALIZER,
@@ -346,7 +347,11 @@ def _by_reference(conn: redis.Redis, jid: str, place: JobPlace, scan: JobScan,
         scan.note(jid, place, f"a job by reference (pack {ref.pack}, block {ref.block}): its items are in a pack, "
                               "which this reader does not read")
         return None
-    items = items_of(ref)
+    try:
+        items = items_of(ref)
+    except JobItemsUnreadableError as e:  # a reader that goes on without them: noted, never empty
+        scan.note(jid, place, f"a job by reference (pack {ref.pack}, block {ref.block}): {e}"[:REASON_CHARS])
+        return None
     for n, item in enumerate(items):
         why = item_defect(item)
         if why is not None:

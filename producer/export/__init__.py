@@ -12,5 +12,5 @@ reads, and accounts for every item of the run (done, partial, failed, refused, m
 - parity.py / hf_render.py / parity_command.py: `producer parity`, the recorded prompt ids
   against the model's tokenizer and chat template.
 
-May import: genqueue.common, genqueue.producer.outfiles, genqueue.producer.rungone, genqueue.producer.ingest.sources
+May import: genqueue.common, genqueue.producer.outfiles, genqueue.producer.packitems, genqueue.producer.rungone, genqueue.producer.ingest.sources
 """

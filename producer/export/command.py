@@ -51,6 +51,7 @@ from genqueue.producer.export.formats import FORMATS, ExportFormat, RowLayout, S
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.export.stage import WEIGHT_COLUMN
 from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
+from genqueue.producer.packitems import PackItems, Unreadable
 from genqueue.producer.rungone import run_gone
 
 if TYPE_CHECKING:
@@ -300,7 +301,9 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     plan = export_plan(options, info, files, outcomes)
     source = source_for(info.settings.output, run, tmpdir=str(plan.workdir))
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
-        result = Exporter(conn, run, source, plan, progress=progress).export()
+        # jobs by reference (issue 34): their failed and missing items read from the run's packs
+        packs = PackItems(conn, run, info.settings.output, unreadable=Unreadable.NOTE)
+        result = Exporter(conn, run, source, plan, progress=progress, items_of=packs.items_of).export()
     card_images = options["card_images"]
     side_file = FORMATS[plan.fmt].side_file
     if side_file is not None:

@@ -83,7 +83,7 @@ from genqueue.common.errors import UserError
 from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
 from genqueue.common.keepers.marks import record_tool_turns
 from genqueue.common.keepers.rqaccess import JobPlace, refused_jobs
-from genqueue.common.keepers.rqjobs import JobScan, failed_reason, read_jobs
+from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, failed_reason, read_jobs
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
@@ -280,8 +280,9 @@ class Exporter:
     """Exports one run from SOURCE as PLAN says; see the module docstring."""
 
     def __init__(self, conn: redis.Redis, run: str, source: ShardSource, plan: ExportPlan, *,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, items_of: ItemsOf | None = None) -> None:
         self.conn = conn
+        self.items_of = items_of  # the items of jobs by reference (issue 34), for failed and missing items
         self.run = run
         self.source = source
         self.plan = plan
@@ -676,7 +677,7 @@ class Exporter:
         consumer) and that no shard holds are permanently failed, not missing: each gets an
         error record with rq's reason. `rq requeue` brings them back; a later export sees them.
         Entries that are no usable job are noted in the scan (rqjobs), not exported."""
-        for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan):
+        for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan, items_of=self.items_of):
             reason = failed_reason(self.conn, job.id)
             digests = [bytes.fromhex(it["key"]) for it in job.items]
             present = ScratchSet(self.conn, seen_key).members(digests)
@@ -703,7 +704,7 @@ class Exporter:
     def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:
         r = self.result
         r.enqueued, r.missing, r.unexpected = coverage(self.conn, self.run, seen_key, missing_key, missing_path,
-                                                       self.scan)
+                                                       self.scan, self.items_of)
         if r.unexpected:
             log.warning("%d keys in the shards were never enqueued in run %s (an older run of the same "
                         "name?); they are exported too", r.unexpected, self.run)

@@ -17,30 +17,31 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.keepers.exportsets import ExportSets, ScratchKeys, ScratchSet
 from genqueue.common.keepers.rqaccess import JobPlace
-from genqueue.common.keepers.rqjobs import JobScan, read_jobs, scan_jobs
+from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs, scan_jobs
 
 _WRITE_BUFFER = defaults.COVERAGE_WRITE_BUFFER
 
 
 def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missing_path: Path,
-             scan: JobScan) -> tuple[int, int, int]:
+             scan: JobScan, items_of: ItemsOf | None = None) -> tuple[int, int, int]:
     """(enqueued, missing, unexpected) for RUN, with the missing file written to MISSING_PATH.
     Unexpected: keys with records that the run never enqueued (an older run of that name).
     Every job of the run is checked (its payload too when items are missing), the bad ones
-    noted in SCAN."""
+    noted in SCAN. ITEMS_OF reads the items of jobs by reference (their packs)."""
     enqueued, seen, missing = ExportSets(conn, run, ScratchKeys(seen_key, missing_key)).coverage()
     with open(missing_path, "wb", buffering=_WRITE_BUFFER) as fh:
         if missing:
-            _write_missing(conn, run, fh, missing_key, scan)
+            _write_missing(conn, run, fh, missing_key, scan, items_of)
         else:  # nothing to look up in the jobs: check what rq needs to load them, cheaply
             scan_jobs(conn, run, scan=scan)
     return enqueued, missing, seen - (enqueued - missing)
 
 
-def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str, scan: JobScan) -> None:
+def _write_missing(conn: redis.Redis, run: str, fh: IO[bytes], missing_key: str, scan: JobScan,
+                   items_of: ItemsOf | None) -> None:
     """Items still in a job rq holds first, with their provenance (each taken out of the
     temporary set as it is written); then the keys no job holds."""
-    for job in read_jobs(conn, run, list(JobPlace), scan=scan):
+    for job in read_jobs(conn, run, list(JobPlace), scan=scan, items_of=items_of):
         items = job.items
         digests = [bytes.fromhex(it["key"]) for it in items]
         flags = ScratchSet(conn, missing_key).members(digests)

@@ -96,6 +96,15 @@ def test_an_inline_run_is_unchanged_and_says_so(tmp_path: Path, redis_url: str, 
     assert PackTable(conn, "inl").count() == 0 and not (tmp_path / "out" / "inl" / "packs").exists()
 
 
+def _export_any(tmp_path: Path, redis_url: str, run: str) -> dict:
+    """`producer export --json` whatever its exit (1 when items are missing or failed)."""
+    proc = cli("producer", "export", "--run", run, "--output", str(tmp_path / f"{run}.export.jsonl"), "--json",
+               env={"REDIS_URL": redis_url}, check=False)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    summary: dict = orjson.loads(proc.stdout.strip().splitlines()[-1])
+    return summary
+
+
 def test_a_missing_pack_fails_its_jobs_and_rq_requeue_runs_them_once_it_is_back(
         tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     s = _enqueue(tmp_path, redis_url, "gone", 40, "--prompts", "reference")
@@ -113,7 +122,15 @@ def test_a_missing_pack_fails_its_jobs_and_rq_requeue_runs_them_once_it_is_back(
         assert why.startswith("pack_unreadable: ") and pack.name in why
         assert not read_results(tmp_path / "out", "gone"), "nothing was answered, nothing skipped in silence"
 
+        # export meanwhile: with the pack still gone its jobs are named as unreadable and their
+        # items missing; once it is back, they are failed (job_failed, with rq's reason), not missing
+        gone = _export_any(tmp_path, redis_url, "gone")
+        assert (gone["missing"], gone["failed"]) == (40, 0), gone
+        assert len(gone["malformed_jobs"]) == 5 and all(
+            "its items cannot be read" in j["reason"] and pack.name in j["reason"] for j in gone["malformed_jobs"])
         shutil.move(hidden, pack)
+        back = _export_any(tmp_path, redis_url, "gone")
+        assert (back["missing"], back["failed"], back["failed_by_class"]) == (0, 40, {"job_failed": 40}), back
         cli("rq", "requeue", "-u", redis_url, "--queue", "genqueue.gone", "--all")
         second = _consume(tmp_path, redis_url, sim, "gone", "second")
         assert second.wait(60) == 0, second.output()
