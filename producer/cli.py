@@ -206,7 +206,8 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               show_default=True,
               help="Where the jobs keep their items: inline, in Redis; or reference, written once into packs in "
                    "the run's output (<output>/<run>/packs/) with each job naming its pack and block, so Redis holds "
-                   "no prompt text.")
+                   "no prompt text. A preview: an output that cannot be read while consumers fetch packs is not "
+                   "yet a paused state (see docs/design.md).")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
