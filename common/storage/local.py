@@ -119,18 +119,7 @@ class LocalStore:
             raise StoreError(f"cannot read {path}: {e.strerror}") from None
 
     def put_run_file(self, run: str, data: bytes) -> str:
-        path = self.root / run_settings_name(run)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            fsync_file(tmp)
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot write {path}: {e.strerror}") from None
-        return str(path)
+        return _put_whole(self.root / run_settings_name(run), data)
 
     # --- packs (issue 34) ------------------------------------------------------------
     def _pack_path(self, run: str, name: str) -> Path:
@@ -144,19 +133,7 @@ class LocalStore:
     def put_pack(self, run: str, name: str, data: bytes) -> str:
         """Written to a temporary name, fsynced, renamed into place: a pack name that exists is
         a whole pack."""
-        path = self._pack_path(run, name)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            fsync_file(tmp)
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-        except OSError as e:
-            with contextlib.suppress(OSError):  # its directory may be what failed (not one, unreadable)
-                tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot write {path}: {e.strerror}") from None
-        return str(path)
+        return _put_whole(self._pack_path(run, name), data)
 
     def get_pack(self, run: str, name: str) -> bytes:
         path = self._pack_path(run, name)
@@ -282,3 +259,20 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _put_whole(path: Path, data: bytes) -> str:
+    """DATA written to a temporary name beside PATH, fsynced, renamed into place (a name that
+    exists holds the whole file); StoreError, in one line, when it cannot be."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):  # its directory may be what failed (not one, unreadable)
+            tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {path}: {e.strerror}") from None
+    return str(path)

@@ -30,10 +30,10 @@ PACKS_DIR = "packs"
 PACK_SUFFIX = ".gqpack"
 
 # A worker name: anything a file or object name can hold, without a path separator.
-_SHARD = re.compile(r"(?P<worker>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(SHARD_SUFFIX))
+_SHARD = re.compile(r"(?P<owner>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(SHARD_SUFFIX))
 
 
-_PACK = re.compile(r"(?P<writer>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(PACK_SUFFIX))
+_PACK = re.compile(r"(?P<owner>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(PACK_SUFFIX))
 
 
 class ShardName(NamedTuple):
@@ -45,23 +45,35 @@ class ShardName(NamedTuple):
 
 def shard_name(worker: str, seq: int) -> str:
     """The name of WORKER's shard number SEQ (1-based): `<worker>-<seq:06d>.jsonl`."""
-    if not worker or "/" in worker or "\\" in worker or "\x00" in worker:
-        raise ValueError(f"not a usable worker name for a shard: {worker!r}")
-    if seq < 0:
-        raise ValueError(f"shard sequence numbers are not negative: {seq}")
-    return f"{worker}-{seq:06d}{SHARD_SUFFIX}"
+    return _numbered(worker, seq, SHARD_SUFFIX, "shard", "worker")
 
 
 def parse_shard_name(name: str) -> ShardName | None:
     """The worker and sequence number of a shard NAME; None for any name shard_name cannot make
     (a manifest, a temporary file, a stray file someone put there)."""
-    m = _SHARD.fullmatch(name)
+    found = _parse_numbered(_SHARD, name)
+    return None if found is None else ShardName(*found)
+
+
+def _numbered(owner: str, seq: int, suffix: str, what: str, whose: str) -> str:
+    """`<owner>-<seq:06d><suffix>`, the one naming rule of shards and packs (OWNER: a file or
+    object name's part without a path separator)."""
+    if not owner or "/" in owner or "\\" in owner or "\x00" in owner:
+        raise ValueError(f"not a usable {whose} name for a {what}: {owner!r}")
+    if seq < 0:
+        raise ValueError(f"{what} sequence numbers are not negative: {seq}")
+    return f"{owner}-{seq:06d}{suffix}"
+
+
+def _parse_numbered(pattern: re.Pattern[str], name: str) -> tuple[str, int] | None:
+    """(owner, seq) of a NAME _numbered made (PATTERN: its suffix's); None for any other."""
+    m = pattern.fullmatch(name)
     if m is None:
         return None
     seq = int(m["seq"])
     if f"{seq:06d}" != m["seq"]:  # 0001234: padded past six digits, not ours
         return None
-    return ShardName(m["worker"], seq)
+    return m["owner"], seq
 
 
 def manifest_name(shard: str) -> str:
@@ -106,22 +118,13 @@ class PackName(NamedTuple):
 
 def pack_name(writer: str, seq: int) -> str:
     """The name of WRITER's pack number SEQ: `<writer>-<seq:06d>.gqpack`."""
-    if not writer or "/" in writer or "\\" in writer or "\x00" in writer:
-        raise ValueError(f"not a usable writer name for a pack: {writer!r}")
-    if seq < 0:
-        raise ValueError(f"pack sequence numbers are not negative: {seq}")
-    return f"{writer}-{seq:06d}{PACK_SUFFIX}"
+    return _numbered(writer, seq, PACK_SUFFIX, "pack", "writer")
 
 
 def parse_pack_name(name: str) -> PackName | None:
     """The writer and sequence number of a pack NAME; None for any name pack_name cannot make."""
-    m = _PACK.fullmatch(name)
-    if m is None:
-        return None
-    seq = int(m["seq"])
-    if f"{seq:06d}" != m["seq"]:
-        return None
-    return PackName(m["writer"], seq)
+    found = _parse_numbered(_PACK, name)
+    return None if found is None else PackName(*found)
 
 
 def packs_prefix(run: str) -> str:

@@ -188,17 +188,11 @@ class SpecCategory(Figures):
     category: str
 
 
-class SpecEngine(TypedDict):
+class SpecEngine(Figures):
     """One consumer's acceptance on the run: what it wrote, shipped or not (its snapshot's `spec`)."""
 
     worker: str
     live: bool
-    answers: int
-    steps: int
-    drafted: int
-    accepted: int
-    rate: float | None
-    mean_length: float | None
 
 
 class SpecWeakest(TypedDict):
@@ -212,16 +206,10 @@ class SpecWeakest(TypedDict):
     line: str  # "drafter weakest on source weak.jsonl: 35% vs 70% overall"
 
 
-class SpeculationView(TypedDict):
+class SpeculationView(Figures):
     """The run's speculative-decoding acceptance: overall and per facet (source, variant, turn,
     length: a row per category) from the answers shipped, counted once per item, and per engine."""
 
-    answers: int
-    steps: int
-    drafted: int
-    accepted: int
-    rate: float | None
-    mean_length: float | None
     by: dict[str, list[SpecCategory]]  # facet -> its categories
     weakest: SpecWeakest | None
     engines: list[SpecEngine]

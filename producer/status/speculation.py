@@ -54,13 +54,9 @@ def speculation_view(table: AcceptanceTable, engines: list[tuple[str, bool, Spec
                    "overall_rate": round(base, 4), "line": line}
     rows: list[SpecEngine] = []
     for worker, live, s in engines:
-        f = _figures(worker, Tally(s["answers"], s["steps"], s["drafted"], s["accepted"]))
-        rows.append({"worker": worker, "live": live, "answers": f["answers"], "steps": f["steps"],
-                     "drafted": f["drafted"], "accepted": f["accepted"], "rate": f["rate"],
-                     "mean_length": f["mean_length"]})
-    o = _figures("", table.overall)
-    return {"answers": o["answers"], "steps": o["steps"], "drafted": o["drafted"], "accepted": o["accepted"],
-            "rate": o["rate"], "mean_length": o["mean_length"], "by": by, "weakest": weakest, "engines": rows}
+        t = Tally(s["answers"], s["steps"], s["drafted"], s["accepted"])
+        rows.append({"worker": worker, "live": live, **figures(t)})
+    return {**figures(table.overall), "by": by, "weakest": weakest, "engines": rows}
 
 
 def _pct(x: float | None) -> str:
