@@ -28,6 +28,7 @@ import orjson
 import redis
 
 from bench.common import BIN, start_redis, table
+from genqueue.common.keepers.items import IN_RUN, ItemTable
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but which "
          "model data system function value error output input process memory network query result token "
@@ -99,7 +100,7 @@ def build(out: Path, n: int, dup_rate: float, seed: int = 0) -> tuple[int, int]:
 
 
 def setup_run(url: str, out: Path, n: int) -> None:
-    from genqueue.common.keepers.runs import RunStore, run_key
+    from genqueue.common.keepers.runs import RunStore
     from genqueue.common.keepers.runsources import RunSources
     from genqueue.common.settings import RunSettings
 
@@ -109,7 +110,7 @@ def setup_run(url: str, out: Path, n: int) -> None:
     store.record_source(RUN, "data.jsonl", {"records": n})
     RunSources(conn, RUN).assign("data.jsonl")
     for start in range(0, n, 50_000):
-        conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(f"{i:032x}") for i in range(start, min(n, start + 50_000))])
+        ItemTable(conn, RUN).change([bytes.fromhex(f"{i:032x}") for i in range(start, min(n, start + 50_000))], add=IN_RUN)
 
 
 def export_cmd() -> list[str]:

@@ -5,7 +5,7 @@ done marks cost in Redis.
 
 Builds N ShareGPT records (bench_producer's), enqueues them as a user does against a private
 redis-server, then makes the run finished the way consumers leave it: every job consumed (the
-queue emptied) and every item marked done (the `genqueue:run:<run>:done` set, 16-byte digests).
+queue emptied) and every item marked done (its DONE bit in the run's item table).
 Then it times:
 
 - re-run on the finished run: nothing to do (every item is already_done): the input is the one
@@ -31,6 +31,7 @@ import redis
 
 from bench.bench_producer import make_records, producer
 from bench.common import start_redis
+from genqueue.common.keepers.items import DONE, ItemTable, bucket_key
 
 
 def main() -> None:
@@ -53,9 +54,10 @@ def main() -> None:
         n = first["items"]
         # Finished: every job consumed, every item's result shipped (the consumers' done marks).
         before = conn.info("memory")["used_memory"]
-        conn.sunionstore("genqueue:run:fin:done", ["genqueue:run:fin:keys"])
+        ItemTable(conn, "fin").change(list(ItemTable(conn, "fin").digests()), add=DONE)
         marks = conn.info("memory")["used_memory"] - before
-        keys_set = conn.memory_usage("genqueue:run:fin:keys") or 0
+        table = ItemTable(conn, "fin")
+        keys_set = sum(conn.memory_usage(bucket_key("fin", b), samples=0) or 0 for b in range(table.buckets()))
         conn.delete("rq:queue:genqueue.fin")
         again, again_s = producer(*common, "--run", "fin", env=env)
         assert again["already_done"] == first["enqueued"] and again["input_unchanged"], again
@@ -81,7 +83,7 @@ def main() -> None:
             ("re-run after rq empty (every item queued again)",
              f"{lost_s:.1f} s (queue view {lost['queue_view']['seconds']:.1f} s)"),
             ("Redis: done marks", f"{marks / 1e6:.1f} MB = {marks / n:.0f} B/item"),
-            ("Redis: the run's keys set", f"{keys_set / 1e6:.1f} MB = {keys_set / n:.0f} B/item"),
+            ("Redis: the run's item table (items, done and failed)", f"{keys_set / 1e6:.1f} MB = {keys_set / n:.0f} B/item"),
         ]
         w = max(len(k) for k, _ in rows)
         print("\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))

@@ -43,8 +43,18 @@ from rq import Retry
 from bench.bench_packs import SYSTEM, corpus
 from bench.common import BIN, start_redis, start_sim, table
 from genqueue.common import defaults
-from genqueue.common.keepers.rqaccess import TASK, job_description, job_id, queue_for, use_fast_job_compression
+from genqueue.common.keepers.marks import Marks, ShardMarks
+from genqueue.common.keepers.rqaccess import (
+    TASK,
+    JobPlace,
+    job_description,
+    job_id,
+    queue_for,
+    use_fast_job_compression,
+)
+from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.storage import pack_name
+from genqueue.producer.packitems import PackItems
 
 
 def turn_pool(size: int, seed: int) -> list[str]:
@@ -103,6 +113,7 @@ def breakdown(conn: redis.Redis, items: int, sample: int = 2000) -> list[tuple[s
     for key in conn.scan_iter(count=10_000):
         k = key.decode()
         kind = ("rq job hash" if k.startswith("rq:job:") else "rq result stream" if k.startswith("rq:results:")
+                else "genqueue run item table buckets" if k.startswith("genqueue:run:") and ":items:" in k
                 else "genqueue run " + k.split(":")[-1] if k.startswith("genqueue:run:")
                 else k.split(":")[0] + ":" + k.split(":")[1] if ":" in k else k)
         kinds.setdefault(kind, []).append(0)
@@ -168,61 +179,139 @@ def reference_jobs(url: str, jobs: int = 2000) -> list[tuple[str, ...]]:
     return rows
 
 
+def emulate_finish(conn: redis.Redis, run: str, output: str) -> None:
+    """What a finished run leaves in Redis, without answering every item: each job's items
+    marked done by the consumers' own marking script (Marks.mark_shipped, one call per 4,096
+    items, as shards ship), and every job gone, as RESULT_TTL after it finished (the consumer's
+    sweep cleans the finished registry). Checked against a real finish (--finish) at 20,000."""
+    marks = ShardMarks()
+    for job in read_jobs(conn, run, [JobPlace.QUEUED], scan=JobScan(),
+                         items_of=PackItems(conn, run, output).items_of):
+        for it in job.items:
+            marks.add_record({"key": it["key"], "outcome": "finished", "turns": [{"content": "a"}]})
+        if len(marks.done) >= 4096:
+            Marks(conn, run).mark_shipped(marks)
+            marks = ShardMarks()
+    Marks(conn, run).mark_shipped(marks)
+    queue_for(run, conn).empty()
+
+
+def phase_row(label: str, items: int, secs: float, bytes_: int, prompt_chars: int, cmds: int) -> tuple[str, ...]:
+    return (label, f"{items:,}", f"{secs:.0f}", f"{bytes_:,}", f"{bytes_ / items:.1f}",
+            f"{bytes_ / prompt_chars:.3f}", f"{cmds / items:.3f}")
+
+
+def measure(work: Path, data: Path, mode: str, finish: str) -> tuple[list[tuple[str, ...]], list[tuple[str, list[tuple[str, int]]]], int, int]:
+    """One run of DATA enqueued with `--prompts MODE` into a fresh redis-server: its rows, where
+    the bytes go, its items and Redis's empty baseline."""
+    (work / f"redis-{mode}").mkdir()
+    srv, url = start_redis(work / f"redis-{mode}")
+    try:
+        conn = redis.Redis.from_url(url)
+        env = {**os.environ, "REDIS_URL": url}
+        out_dir = str(work / f"out-{mode}")
+        empty, cmd0 = used(conn), commands(conn)
+        t0 = time.perf_counter()
+        out = subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", "bench", "--output", out_dir,
+                              "--max-tokens", "64", "--rejects", str(work / f"rej-{mode}"), "--json",
+                              "--prompts", mode], env=env, check=True, capture_output=True)
+        enq_s = time.perf_counter() - t0
+        summary = orjson.loads(out.stdout)
+        print(f"{mode}: enqueued in {enq_s:.0f} s", file=sys.stderr)
+        items, chars = int(summary["items"]), int(summary["prompt_chars"])
+        queued, cmd1 = used(conn) - empty, commands(conn)
+        rows = [phase_row(f"queued ({mode})", items, enq_s, queued, chars, cmd1 - cmd0)]
+        parts = [(f"queued, {mode}", breakdown(conn, items))]
+        if finish == "real":
+            sim, endpoint = start_sim(["--slots", "100000", "--step-time", "0", "--mean-tokens", "8"], core=None)
+            t0 = time.perf_counter()
+            subprocess.run([str(BIN / "consumer"), "run", "--run", "bench", "--endpoint", endpoint, "--burst",
+                            "-c", "256", "--spool", str(work / f"spool-{mode}")], env=env, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            fin_s = time.perf_counter() - t0
+            sim.terminate()
+            cmd2 = commands(conn)
+            rows.append(phase_row(f"finished ({mode})", items, fin_s, used(conn) - empty, chars, cmd2 - cmd1))
+            parts.append((f"finished, {mode}", breakdown(conn, items)))
+            # what RESULT_TTL does next: the finished jobs expire, the sweep cleans their registry
+            for key in conn.scan_iter(match="rq:job:*", count=10_000):
+                conn.delete(key)
+            for key in conn.scan_iter(match="rq:results:*", count=10_000):
+                conn.delete(key)
+            queue_for("bench", conn).finished_job_registry.cleanup(time.time() + 2 * defaults.RESULT_TTL)
+            label = f"finished, after RESULT_TTL ({mode})"
+        elif finish == "emulated":
+            t0 = time.perf_counter()
+            emulate_finish(conn, "bench", out_dir)
+            fin_s = time.perf_counter() - t0
+            label = f"finished, emulated ({mode})"
+        else:
+            return rows, parts, items, empty
+        cmd3 = commands(conn)
+        after = used(conn) - empty
+        rows.append(phase_row(label, items, fin_s, after, chars, cmd3 - cmd1))
+        parts.append((label, breakdown(conn, items)))
+        return rows, parts, items, empty
+    finally:
+        srv.terminate()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=200_000)
-    ap.add_argument("--finish", action="store_true", help="also answer every item and measure the finished run")
+    ap.add_argument("--prompts", choices=["inline", "reference", "both"], default="both")
+    ap.add_argument("--finish", choices=["no", "real", "emulated"], default="no",
+                    help="also measure the run finished: answered by the stand-in (real, slow) or marked (emulated)")
+    ap.add_argument("--short", action="store_true",
+                    help="records of one short turn (by reference the prompt's size does not reach Redis)")
+    ap.add_argument("--projection", action="store_true", help="also print the by-reference job shapes measured")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gq-bench-redis-items-"))
     try:
         data = work / "data.jsonl"
         t0 = time.perf_counter()
-        chars = make_records(data, args.items)
+        chars = make_short(data, args.items) if args.short else make_records(data, args.items)
         print(f"built {args.items:,} records ({data.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr)
-        srv, url = start_redis(work)
-        conn = redis.Redis.from_url(url)
-        env = {**os.environ, "REDIS_URL": url}
-        empty, cmd0 = used(conn), commands(conn)
-        t0 = time.perf_counter()
-        out = subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", "bench", "--output", str(work / "out"),
-                              "--max-tokens", "64", "--rejects", str(work / "rej"), "--json"],
-                             env=env, check=True, capture_output=True)
-        enq_s = time.perf_counter() - t0
-        summary = orjson.loads(out.stdout)
-        print(f"enqueued in {enq_s:.0f} s", file=sys.stderr)
-        items = int(summary["items"])
-        queued, cmd1 = used(conn) - empty, commands(conn)
-        rows = [("phase", "items", "wall s", "Redis bytes", "bytes/item", "bytes/prompt byte", "commands/item")]
-        rows.append(("queued (inline)", f"{items:,}", f"{enq_s:.0f}", f"{queued:,}", f"{queued / items:.0f}",
-                     f"{queued / summary['prompt_chars']:.2f}", f"{(cmd1 - cmd0) / items:.3f}"))
-        parts = [("queued", breakdown(conn, items))]
-        if args.finish:
-            sim, endpoint = start_sim(["--slots", "100000", "--step-time", "0", "--mean-tokens", "8"], core=None)
-            t0 = time.perf_counter()
-            subprocess.run([str(BIN / "consumer"), "run", "--run", "bench", "--endpoint", endpoint, "--burst",
-                            "-c", "256", "--spool", str(work / "spool")], env=env, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            fin_s = time.perf_counter() - t0
-            sim.terminate()
-            finished, cmd2 = used(conn) - empty, commands(conn)
-            rows.append(("finished (inline)", f"{items:,}", f"{fin_s:.0f}", f"{finished:,}", f"{finished / items:.0f}",
-                         f"{finished / summary['prompt_chars']:.2f}", f"{(cmd2 - cmd1) / items:.3f}"))
-            parts.append(("finished", breakdown(conn, items)))
-        ref_rows = reference_jobs(url)
-        srv.terminate()
-        print(f"{items:,} items of {summary['prompt_chars'] / items:,.0f} prompt characters ({chars / args.items:,.0f} "
-              f"of user text per record), jobs of {defaults.BATCH_SIZE}; Redis {empty:,} bytes empty")
+        rows: list[tuple[str, ...]] = [("phase", "items", "wall s", "Redis bytes", "bytes/item", "bytes/prompt byte",
+                                        "commands/item")]
+        parts: list[tuple[str, list[tuple[str, int]]]] = []
+        modes = ["inline", "reference"] if args.prompts == "both" else [args.prompts]
+        items = empty = 0
+        for mode in modes:
+            r, p, items, empty = measure(work, data, mode, args.finish)
+            rows += r
+            parts += p
+        print(f"{items:,} items ({chars / args.items:,.0f} characters of user text per record), jobs of "
+              f"{defaults.BATCH_SIZE}; Redis {empty:,} bytes empty; RESULT_TTL {defaults.RESULT_TTL} s")
         print(table(rows))
         for phase, kinds in parts:
             print(f"\nwhere the bytes go, {phase} (MEMORY USAGE; job hashes and result streams sampled)")
             print(table([("key kind", "bytes", "bytes/item")]
                         + [(k, f"{b:,}", f"{b / items:.1f}") for k, b in kinds]))
-        print(f"\nby reference (projection): rq jobs that name {defaults.BATCH_SIZE} items instead of carrying them, "
-              "2,000 queued into an empty server")
-        print(table(ref_rows))
+        if args.projection:
+            (work / "redis-projection").mkdir()
+            srv, url = start_redis(work / "redis-projection")
+            try:
+                print(f"\nby reference, job shapes: rq jobs that name {defaults.BATCH_SIZE} items instead of "
+                      "carrying them, 2,000 queued into an empty server")
+                print(table(reference_jobs(url)))
+            finally:
+                srv.terminate()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def make_short(path: Path, n: int) -> int:
+    """N records of one user turn of about 60 characters each; returns the characters."""
+    chars = 0
+    with open(path, "wb") as fh:
+        for start in range(0, n, 10_000):
+            lines = [orjson.dumps({"id": str(i), "conversations": [{"from": "human", "value": f"Question {i}: say why."}]})
+                     for i in range(start, min(n, start + 10_000))]
+            chars += sum(len(f"Question {i}: say why.") for i in range(start, min(n, start + 10_000)))
+            fh.write(b"\n".join(lines) + b"\n")
+    return chars
 
 
 if __name__ == "__main__":

@@ -82,8 +82,12 @@ OUTPUT = "./genqueue-out"
 #: Retry budget of a job: how many times an abandoned or failed job goes back to the queue.
 JOB_RETRIES = 3
 
-#: How long rq keeps a finished job (and its small manifest) before it expires.
-RESULT_TTL = 24 * 3600
+#: How long rq keeps a finished job (and its small manifest) before it expires: long enough for
+#: `rq info` and rq-dashboard to show what just finished, short enough that a finished run's jobs
+#: do not stay in Redis (24 h was most of a finished run's Redis: 1,431 B an item inline, 600 B
+#: a job by reference, BENCHMARKS.md "Redis bytes per item"). Nothing of genqueue reads a
+#: finished job: the marks and the shards say what is done.
+RESULT_TTL = 600
 
 #: Prefix of every Redis key genqueue owns (rq's own keys keep rq's prefix).
 KEY_PREFIX = "genqueue"
@@ -378,6 +382,20 @@ EXPORTSETS_SCAN = 10_000
 FLIGHTS_OFFER_TTL = 3.0
 #: Seconds the claims of a run's copies are kept after the last claim.
 FLIGHTS_CLAIMS_TTL = 600
+
+# common/keepers/items.py
+#: A run's item table has about one bucket hash per this many items (a power of two of buckets,
+#: fixed when the run is made): Redis keeps a hash a listpack, about 23 bytes an item, while it
+#: holds at most hash-max-listpack-entries (128 by default) entries; 64 leaves room for a
+#: bucket fuller than the mean (BENCHMARKS.md, "Redis bytes per item").
+ITEMS_PER_BUCKET = 64
+#: Buckets of a run whose first writer did not say its size (a rebuild, a consumer's mark).
+ITEMS_DEFAULT_BUCKETS = 1024
+#: The items a run is sized for when its first enqueue reads an input of unknown size (stdin,
+#: a compressed file): about a million (16,384 buckets).
+ITEMS_UNKNOWN_SIZE = 1_000_000
+#: Buckets an export's coverage reads per script call (Redis is never held long).
+ITEMS_SCAN_BUCKETS = 64
 
 # common/keepers/marks.py
 #: Digests written per round trip when marks are rebuilt.

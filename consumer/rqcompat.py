@@ -301,6 +301,9 @@ class GenWorker(BaseWorker):
             # As rq's own workers do under this lock: a dead (SIGKILLed) consumer leaves rq's
             # worker sets once its hash has expired (a lease and a minute without a heartbeat).
             worker_registration.clean_worker_registry(queue)
+            # and the finished registry's entries of jobs expired after RESULT_TTL (rq's workers
+            # clean it in their maintenance; a finished run's zset would keep a member a job)
+            queue.finished_job_registry.cleanup(cutoff)
             return len(expired) + self._reclaim_intermediate(queue)
         finally:
             self.connection.delete(queue.registry_cleaning_key)

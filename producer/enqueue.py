@@ -51,6 +51,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, PromptMode, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
 from genqueue.common.keepers.runlock import RunLock
@@ -477,6 +478,9 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     if conn is not None:
         log.info("run %s: Redis memory %s", run, mem.line())
         memplan.refuse_unfit(mem, run)
+        # the run's item table sized for the whole input (fixed by a run's first enqueue;
+        # an input of unknown size gets the size of one whose first records were all it held)
+        ItemTable(conn, run).ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
     if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):

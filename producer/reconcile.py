@@ -44,7 +44,8 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.claims import Claims
-from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN
+from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs, scan_jobs

@@ -11,6 +11,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from genqueue.common.keepers.items import ItemTable
 from genqueue.producer.cli import main as producer
 from tests.conftest import sharegpt, write_jsonl
 
@@ -129,5 +130,5 @@ def test_a_consumer_serves_on_beside_a_run_whose_record_is_garbage(tmp_path: Pat
         sim.stop()
     assert done.returncode == 4, done.stderr  # --burst: a run it could not serve (ExitCode.PREFLIGHT)
     assert "not serving run bad" in done.stderr and "Traceback" not in done.stderr
-    assert conn.scard("genqueue:run:good:done") == 5
+    assert ItemTable(conn, "good").counts().done == 5
     assert alone.returncode == 2 and "error: run bad's record in Redis" in alone.stderr, alone.stderr

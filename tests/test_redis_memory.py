@@ -15,6 +15,7 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common.keepers.items import ItemTable
 from tests.conftest import RedisServer, cli, free_port, http_text, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
@@ -106,7 +107,7 @@ def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_fi
     again = cli(*args, "--json", env=env)
     summary = orjson.loads(again.stdout)
     assert summary["complete"], summary
-    assert conn.scard("genqueue:run:fill:keys") == n
+    assert ItemTable(conn, "fill").counts().in_run == n
     assert conn.llen("rq:queue:genqueue.fill") == n // 32, "every item in exactly one job: none queued twice"
 
 
@@ -123,17 +124,17 @@ def test_redis_full_mid_run_pauses_the_consumer_and_it_completes_once_memory_is_
                                  "-c", "8", "--shard-max-age", "0.5", "--spool", str(tmp_path / "spool"),
                                  "--metrics-port", str(mport)], tmp_path / "c.log", env=env)
     try:
-        wait_for(lambda: conn.scard("genqueue:run:mid:done") >= 16, 60, "some items done")
+        wait_for(lambda: ItemTable(conn, "mid").counts().done >= 16, 60, "some items done")
         conn.config_set("maxmemory", max(_used(conn) // 2, 1 << 20))  # writes refused from now on
         wait_for(lambda: "Redis is full" in consumer.output(), 30, "the consumer to see Redis full")
-        done_at_full = conn.scard("genqueue:run:mid:done")
+        done_at_full = ItemTable(conn, "mid").counts().done
         time.sleep(4 * 3)  # four leases: every lease runs out while renewals are refused
         assert consumer.p.poll() is None, consumer.output()[-3000:]
         metrics = http_text(f"http://127.0.0.1:{mport}/metrics", timeout=2) or ""
         assert 'genqueue_paused{reason="redis_full"} 1.0' in metrics, metrics[-2000:]
         status = cli("producer", "status", "--run", "mid", env=env)
         assert status.stdout.startswith("Redis is full: used"), status.stdout[:500]
-        assert conn.scard("genqueue:run:mid:done") == done_at_full, "nothing was written while full"
+        assert ItemTable(conn, "mid").counts().done == done_at_full, "nothing was written while full"
         conn.config_set("maxmemory", 0)
         assert consumer.wait(120) == 0, consumer.output()[-3000:]
     finally:

@@ -26,7 +26,7 @@ from rq import Queue
 from rq.queue import EnqueueData
 
 from genqueue.common import defaults
-from genqueue.common.keepers.marks import Marks
+from genqueue.common.keepers.items import LUA_ITEMS, table_key
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
 
 
@@ -56,34 +56,33 @@ class Requeue(IntEnum):
 #: The error the re-claim script answers when the caller's token no longer holds the lock.
 LOCK_LOST = "GENQUEUE_LOCK_LOST"
 
-# KEYS: the run's keys set, this re-claim's claim set, the done set, the failed set, the lock.
-# ARGV: the claim set's TTL, the lock token, 1 to take items with an error record, the digests.
-# Refused, before any write, unless the lock holds the token. A digest is this re-claim's
-# (1) when an earlier send of it took it, or when it is in the run, not done and (unless
-# retried) not failed; else 0 (not in the run, or repeated), 2 (done) or 3 (failed).
+# KEYS: the run's item table, this re-claim's claim set, the lock. ARGV: the claim set's TTL,
+# the lock token, 1 to take items with an error record, the digests. Refused, before any write,
+# unless the lock holds the token. A digest is this re-claim's (1) when an earlier send of it
+# took it, or when it is in the run, not done and (unless retried) not failed; else 0 (not in
+# the run, or repeated), 2 (done) or 3 (failed).
 _RECLAIM = """
-if redis.call('GET', KEYS[5]) ~= ARGV[2] then
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then
   return redis.error_reply('""" + LOCK_LOST + """')
 end
-""" + LUA_CALL_IN_PARTS + """local digests = {}
+""" + LUA_CALL_IN_PARTS + LUA_ITEMS + """local tab = items_table(KEYS[1], false)
+local digests = {}
 for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
-local in_run = call('SMISMEMBER', KEYS[1], digests)
-local done = call('SMISMEMBER', KEYS[3], digests)
-local failed = call('SMISMEMBER', KEYS[4], digests)
 local mine = {}
 if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
 local out, add, seen = {}, {}, {}
 for i, d in ipairs(digests) do
   local code = 0
+  local st = state_of(tab, d)
   if seen[d] then
     code = 0
   elseif mine[i] == 1 then
     code = 1
-  elseif in_run[i] == 0 then
+  elseif bit.band(st, 1) == 0 then
     code = 0
-  elseif done[i] == 1 then
+  elseif bit.band(st, 2) ~= 0 then
     code = 2
-  elseif failed[i] == 1 and ARGV[3] ~= '1' then
+  elseif bit.band(st, 4) ~= 0 and ARGV[3] ~= '1' then
     code = 3
   else
     code = 1
@@ -115,7 +114,7 @@ class Reclaim:
                  digests: list[bytes]) -> list[Requeue]:
         """What became of each digest (one round trip, safe to send twice). Raises
         ReclaimLockLostError, writing nothing, when the lock no longer holds TOKEN."""
-        keys = [run_key(run, "keys"), claim_key(run, claim_id), Marks.done_key(run), Marks.failed_key(run), lock_key(run)]
+        keys = [table_key(run), claim_key(run, claim_id), lock_key(run)]
         try:
             raw = self._script(keys=keys, args=[ttl, token, int(retry_failed), *digests])
         except redis.exceptions.ResponseError as e:
@@ -128,42 +127,39 @@ class Reclaim:
 #: The error the claim script answers while another producer holds the run's lock.
 LOCKED = "GENQUEUE_LOCKED"
 
-# KEYS: the run's keys set, the claim set, the run's lock. ARGV: the claim set's TTL, the
+# KEYS: the run's item table, the claim set, the run's lock. ARGV: the claim set's TTL, the
 # caller's lock token ('' for none), then the digests. Refused, before any write, while the
 # lock is held by another token. A digest is this claim's when it was not in the run (then it
-# is added to both sets), or when an earlier send of this script claimed it. Whole-list
-# commands, in parts of 4096 (Lua's unpack limit), keep it to a few commands per slice rather
-# than a few per item.
+# is put in the run, IN_RUN, and in the claim set), or when an earlier send of this script
+# claimed it. The claim set is written with whole-list commands, in parts of 4096 (Lua's
+# unpack limit); the table an entry at a time (each digest has its own bucket).
 _CLAIM = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[2] then
   return redis.error_reply('GENQUEUE_LOCKED ' .. holder)
 end
-""" + LUA_CALL_IN_PARTS + """local digests = {}
-for i = 3, #ARGV do digests[#digests + 1] = ARGV[i] end
-local in_run = call('SMISMEMBER', KEYS[1], digests)
+""" + LUA_CALL_IN_PARTS + LUA_ITEMS + """local tab = items_table(KEYS[1], true)
 local won, new, again, seen = {}, {}, {}, {}
-for i, d in ipairs(digests) do
-  won[i] = 0
+for i = 3, #ARGV do
+  local d, j = ARGV[i], i - 2
+  won[j] = 0
   if not seen[d] then
     seen[d] = true
-    if in_run[i] == 0 then
+    if bit.band(change(tab, d, 1, 0), 1) == 0 then
       new[#new + 1] = d
-      won[i] = 1
+      won[j] = 1
     else
-      again[#again + 1] = i
+      again[#again + 1] = j
     end
   end
 end
-if #new > 0 then
-  call('SADD', KEYS[1], new)
-  call('SADD', KEYS[2], new)
-end
+flush(tab)
+if #new > 0 then call('SADD', KEYS[2], new) end
 if #again > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   local ask = {}
-  for j, i in ipairs(again) do ask[j] = digests[i] end
+  for k, j in ipairs(again) do ask[k] = ARGV[j + 2] end
   local mine = call('SMISMEMBER', KEYS[2], ask)
-  for j, i in ipairs(again) do won[i] = mine[j] end
+  for k, j in ipairs(again) do won[j] = mine[k] end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('EXPIRE', KEYS[2], ARGV[1])
@@ -171,12 +167,12 @@ end
 return won
 """
 
-# KEYS: the run's keys set, the claim set. Removes the claimed digests from the run again.
-_RELEASE = """
+# KEYS: the run's item table, the claim set. Takes the claimed digests out of the run again.
+_RELEASE = LUA_ITEMS + """
+local tab = items_table(KEYS[1], true)
 local held = redis.call('SMEMBERS', KEYS[2])
-for i = 1, #held, 4096 do
-  redis.call('SREM', KEYS[1], unpack(held, i, math.min(i + 4095, #held)))
-end
+for _, d in ipairs(held) do change(tab, d, 0, 1) end
+flush(tab)
 redis.call('DEL', KEYS[2])
 return #held
 """
@@ -201,7 +197,7 @@ class Claims:
         if not digests:
             return []
         try:
-            won = self._claim(keys=[run_key(run, "keys"), claim_key(run, claim_id), lock_key(run)],
+            won = self._claim(keys=[table_key(run), claim_key(run, claim_id), lock_key(run)],
                               args=[defaults.CLAIM_TTL, token or "", *digests])
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(LOCKED):
@@ -212,7 +208,7 @@ class Claims:
     def release(self, run: str, claim_id: str) -> int:
         """Give back what a claim holds, when its items could not be enqueued (an error, Ctrl-C):
         a later enqueue queues them. Returns how many items it held."""
-        return int(self._release(keys=[run_key(run, "keys"), claim_key(run, claim_id)]))
+        return int(self._release(keys=[table_key(run), claim_key(run, claim_id)]))
 
     def reclaim(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
                 digests: list[bytes]) -> list[Requeue]:

@@ -2,7 +2,7 @@
 run's keys it found no record of (missing), computed by Redis whatever their number.
 
 Keys: genqueue:run:<run>:export:<id>:seen     set  16-byte digests of the keys written
-      genqueue:run:<run>:export:<id>:missing  set  the run's keys set minus seen (SDIFFSTORE)
+      genqueue:run:<run>:export:<id>:missing  set  the run's items minus seen (ItemTable.fill_missing)
 Both expire after TEMP_KEY_TTL, so an export killed midway leaves nothing for long; the export
 deletes them when it ends.
 """
@@ -16,6 +16,7 @@ from typing import NamedTuple
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.runs import run_key
 
 TEMP_KEY_TTL = defaults.EXPORTSETS_TEMP_KEY_TTL
@@ -28,7 +29,7 @@ class ScratchKeys(NamedTuple):
 
 
 class Coverage(NamedTuple):
-    """How the export's seen set compares with the run's keys set."""
+    """How the export's seen set compares with the run's items."""
 
     enqueued: int  # the run's items
     seen: int  # keys the export wrote
@@ -79,13 +80,13 @@ class ExportSets:
         return ScratchKeys(seen, seen.removesuffix(":seen") + ":missing")
 
     def coverage(self) -> Coverage:
-        """Fill the missing set with the run's keys the seen set lacks; the three counts."""
+        """Fill the missing set with the run's items the seen set lacks; the three counts."""
         conn, keys = self.conn, self.keys
-        items = run_key(self.run, "keys")
-        enqueued = int(conn.scard(items))
+        table = ItemTable(conn, self.run)
+        enqueued = table.counts().in_run
         seen = int(conn.scard(keys.seen))
-        missing = int(conn.sdiffstore(keys.missing, [items, keys.seen]))
-        conn.expire(keys.missing, TEMP_KEY_TTL)
+        conn.delete(keys.missing)
+        missing = table.fill_missing(keys.seen, keys.missing, TEMP_KEY_TTL)
         return Coverage(enqueued, seen, missing)
 
     def drop(self) -> None:

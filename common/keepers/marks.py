@@ -1,21 +1,22 @@
 """The mark store: the one owner of which items of a run have a record in a shipped shard.
 
-Every read and write of the done and failed marks goes through its class, Marks(conn, run), Lua included:
+Every read and write of the done and failed marks goes through its class, Marks(conn, run), Lua included
+(they are bits of the run's item table, common/keepers/items.py, whose layout that module owns):
 marking a shipped shard (and bumping its per-outcome counters), the consumer's look-up of a
 job's items, the producer's item states and re-claim, the counts, and the rebuild from the
 shards. Nothing outside it spells the keys' layout or the counters' names in a command, so a
 change of how the marks are stored is a change of this file (and its tests) alone: status
 reads `Marks.progress`, `producer runs` reads `Marks.totals`, and the counters' names are SHIPPED_*.
 
-When a shard is shipped, the keys of the records it holds are added to the run's `done` set
-(results) or `failed` set (error records), in one round trip, before any job is acked on it.
+When a shard is shipped, the items of the records it holds are marked DONE (results) or FAILED
+(error records) in the run's item table, in one round trip, before any job is acked on it.
 A job that runs again (after a crash, a sweep, a requeue) skips the items already marked:
 their records are shipped already. The marks are an optimisation over the truth, which stays
 in the shipped shards: if they are lost (Redis flushed), nothing breaks, work is only redone.
 
-Keys (16-byte digests of the item keys, as in genqueue:run:<run>:keys):
-  genqueue:run:<run>:done     set   items with a result record in a shipped shard
-  genqueue:run:<run>:failed   set   items with an error record in a shipped shard
+Until issue 34 the marks were two sets of 16-byte digests (`genqueue:run:<run>:done` and
+`:failed`), 80 bytes of Redis an item each; they are two bits of an item's entry now, and the
+counts status reads are kept beside them by the same scripts.
 
 With the marks, in the same script, each item newly marked adds one to its outcome's counter
 (`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats), and a regenerate
@@ -25,9 +26,9 @@ and its tool-turn counts are export's (`record_tool_turns` is the one rule for b
 speculative-decoding figures by category go to the run's tallies the same way, once per item
 (common/keepers/spectally.py).
 
-The producer's reads (`Marks.item_states`, `Marks.all_done`) read the marks beside the run's keys set
-(common/keepers/runs.py) in one script each; its re-claim, which reads the marks too but writes
-a claim set, is the claims keeper's (common/keepers/claims.py `Reclaim`).
+The producer's reads (`Marks.item_states`, `Marks.all_done`) read the item table in one call
+each; its re-claim, which reads the marks too but writes a claim set, is the claims keeper's
+(common/keepers/claims.py `Reclaim`).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Note, ToolTurns
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, LUA_ITEMS, ItemTable, counts_of, table_key
 from genqueue.common.keepers.redismem import pipeline_read
-from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, key_digest, run_key
+from genqueue.common.keepers.runs import key_digest, run_key
 from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -64,17 +66,22 @@ SHIPPED_TURNS = "shipped_turns"
 SHIPPED_TOOLS = "shipped_tools_"
 
 
-#: Marks the digests in ARGV (digest, counter name, turns, tool-turns counter name, acceptance
-#: tallies, ...) in KEYS[1] (done) or, with KEYS[4] (done) given, KEYS[1] (failed); each newly
-#: marked one adds 1 to its counter in KEYS[2], its regenerated turns to `shipped_turns`, 1 to
-#: its tool-turns counter, if any, and its tallies to KEYS[3] (common/keepers/spectally.py; an
-#: error record has none, and one of an item that has a result already counts nowhere).
-_MARK = """
+#: Marks the items in ARGV: ARGV[1] the state bits to set (DONE or FAILED, with IN_RUN when a
+#: rebuild puts the items in the run too), then per item (digest, counter name, turns,
+#: tool-turns counter name, acceptance tallies), in the run's item table KEYS[1]; each item newly
+#: marked adds 1 to its counter in KEYS[2] (unless it is an error record of an item with a
+#: result already: that counts nowhere), its regenerated turns to `shipped_turns`, 1 to its
+#: tool-turns counter, if any, and its tallies to KEYS[3] (common/keepers/spectally.py).
+_MARK = LUA_ITEMS + """
 local added = 0
-""" + LUA_INIT + """for i = 1, #ARGV, 5 do
-  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then
+""" + LUA_INIT + """local tab = items_table(KEYS[1], true)
+local bits = tonumber(ARGV[1])
+local mark = bit.band(bits, 6)
+for i = 2, #ARGV, 5 do
+  local old = change(tab, ARGV[i], bits, 0)
+  if bit.band(old, mark) == 0 then
     added = added + 1""" + LUA_ADD.format(arg="ARGV[i + 4]") + """
-    if ARGV[i + 1] ~= '' and (KEYS[4] == nil or redis.call('SISMEMBER', KEYS[4], ARGV[i]) == 0) then
+    if ARGV[i + 1] ~= '' and (mark == 2 or bit.band(old, 2) == 0) then
       redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
       if ARGV[i + 2] ~= '0' then
         redis.call('HINCRBY', KEYS[2], '""" + SHIPPED_TURNS + """', ARGV[i + 2])
@@ -85,6 +92,7 @@ local added = 0
     end
   end
 end
+flush(tab)
 """ + LUA_FLUSH + """return added
 """
 
@@ -188,23 +196,6 @@ class Mark(StrEnum):
     FAILED = "failed"
 
 
-# --- the producer's reads: item states, all done, counts -----------------------------------
-#: Bits of an item's state (item_states): in the run's keys set, DONE, FAILED.
-IN_RUN, DONE, FAILED = 1, 2, 4
-
-# KEYS: the run's keys set, done set, failed set. ARGV: digests. One byte per digest, '0' + its
-# state bits: the digests go to Redis once (not once per set), and the answer is one string (not
-# three integers per item): a tenth of the client's CPU of three SMISMEMBERs.
-_STATES = LUA_CALL_IN_PARTS + """
-local a = call('SMISMEMBER', KEYS[1], ARGV)
-local b = call('SMISMEMBER', KEYS[2], ARGV)
-local c = call('SMISMEMBER', KEYS[3], ARGV)
-local out = {}
-for i = 1, #ARGV do out[i] = string.char(48 + a[i] + 2 * b[i] + 4 * c[i]) end
-return table.concat(out)
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class Progress:
     """A run's items and marks read at one moment, with the counters the marking script bumps
@@ -241,33 +232,27 @@ class Rebuilt:
 
 
 class Marks:
-    """RUN's done and failed marks on CONN: their keys, the marking of a shipped shard, the
-    look-ups, the producer's reads and the rebuild from the shipped shards."""
+    """RUN's done and failed marks on CONN (in its item table, common/keepers/items.py): the
+    marking of a shipped shard, the look-ups, the producer's reads and the rebuild from the
+    shipped shards."""
 
     def __init__(self, conn: redis.Redis, run: str) -> None:
         self.conn = conn
         self.run = run
-
-    @staticmethod
-    def done_key(run: str) -> str:
-        return run_key(run, "done")
-
-    @staticmethod
-    def failed_key(run: str) -> str:
-        return run_key(run, "failed")
+        self.table = ItemTable(conn, run)
 
     # --- the consumers' writes and look-ups ------------------------------------------------
-    def _send(self, p: Any, marks: ShardMarks) -> None:
+    def _send(self, p: Any, marks: ShardMarks, *, in_run: bool = False) -> None:
         """Queue on pipeline P the marking script's calls for MARKS: the results first, then the
-        error records (one of an item with a result counts nowhere)."""
-        run = self.run
-        stats, spec = run_key(run, "stats"), SpecTallies.key(run)
+        error records (one of an item with a result counts nowhere). IN_RUN: put the items in
+        the run too (a rebuild)."""
+        run, also = self.run, IN_RUN if in_run else 0
+        keys = (table_key(run), run_key(run, "stats"), SpecTallies.key(run))
         if marks.done:
-            p.eval(_MARK, 3, self.done_key(run), stats, spec,
+            p.eval(_MARK, 3, *keys, DONE | also,
                    *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec))
         if marks.failed:
-            p.eval(_MARK, 4, self.failed_key(run), stats, spec, self.done_key(run),
-                   *_quads(marks.failed, marks.failed_kind))
+            p.eval(_MARK, 3, *keys, FAILED | also, *_quads(marks.failed, marks.failed_kind))
 
     def mark_shipped(self, marks: ShardMarks, *, stamp: tuple[str, int, int] | None = None) -> int | None:
         """Record MARKS of a shipped shard of the run (one round trip). STAMP (key, value, expiry
@@ -286,80 +271,53 @@ class Marks:
     def marks_of(self, item_keys: list[str]) -> list[Mark | None]:
         """For each item key, whether a shipped shard already holds its result (DONE), only an
         error record (FAILED), or nothing (None). One round trip."""
-        if not item_keys:
-            return []
-        digests = [key_digest(k) for k in item_keys]
-        with self.conn.pipeline(transaction=False) as p:
-            p.smismember(self.done_key(self.run), digests)
-            p.smismember(self.failed_key(self.run), digests)
-            done, failed = p.execute()
-        return [Mark.DONE if d else Mark.FAILED if f else None for d, f in zip(done, failed, strict=True)]
+        states = self.table.states([key_digest(k) for k in item_keys])
+        return [Mark.DONE if s & DONE else Mark.FAILED if s & FAILED else None for s in states]
 
     def done_of(self, item_keys: list[str]) -> set[str]:
         """The item keys whose result a shipped shard already holds (marked DONE). One round trip."""
-        if not item_keys:
-            return set()
-        found = self.conn.smismember(self.done_key(self.run), [key_digest(k) for k in item_keys])
-        return {k for k, d in zip(item_keys, found, strict=True) if d}
+        states = self.table.states([key_digest(k) for k in item_keys])
+        return {k for k, s in zip(item_keys, states, strict=True) if s & DONE}
 
     # --- the producer's reads: item states, all done, counts -------------------------------
     def item_states(self, digests: list[bytes]) -> bytes:
         """Each item's state bits (IN_RUN, DONE, FAILED), one byte per digest, in one round trip."""
-        if not digests:
-            return b""
-        run = self.run
-        raw = self.conn.register_script(_STATES)(keys=[run_key(run, "keys"), self.done_key(run),
-                                                       self.failed_key(run)], args=digests)
-        return bytes(b - 48 for b in raw)
+        return self.table.states(digests)
 
     def all_done(self) -> bool:
-        """Whether every item in the run's keys set is DONE (one round trip). False when Redis
-        cannot say (before 7.0 it has no SINTERCARD)."""
-        run = self.run
-        with self.conn.pipeline(transaction=False) as p:
-            p.scard(run_key(run, "keys"))
-            p.sintercard(2, [run_key(run, "keys"), self.done_key(run)])
-            items, done = p.execute(raise_on_error=False)
-        return not isinstance(done, Exception) and int(items) == int(done)
+        """Whether every item in the run is DONE (one round trip)."""
+        c = self.table.counts()
+        return c.in_run == c.in_run_done
 
     def progress(self) -> Progress:
-        """The run's Progress, in one transaction: the marks and the outcome counters the same
-        script bumps are read at one moment, so they agree."""
+        """The run's Progress, in one transaction: the marks' counts and the outcome counters the
+        same script bumps are read at one moment, so they agree."""
         run = self.run
 
         def build(p: Any) -> None:
-            p.scard(run_key(run, "keys"))
-            p.scard(self.done_key(run))
-            p.scard(self.failed_key(run))
-            p.sintercard(2, [self.failed_key(run), self.done_key(run)])
+            p.hgetall(table_key(run))
             p.hgetall(run_key(run, "stats"))
 
         # a full Redis refuses MULTI
-        items, done, failed, both, raw = pipeline_read(self.conn, build, raise_on_error=False)
-        if isinstance(both, Exception):  # Redis before 7.0: no SINTERCARD
-            both = 0
+        table, raw = pipeline_read(self.conn, build, raise_on_error=False)
+        c = counts_of(table)
         stats: dict[str, int] = {}
         for k, v in (raw.items() if isinstance(raw, dict) else []):
             try:
                 stats[k.decode() if isinstance(k, bytes) else str(k)] = int(v)
             except ValueError:  # garbage in the hash: left out, as RunStore.stats does
                 continue
-        return Progress(int(items), int(done), int(failed), int(both), stats)
+        return Progress(c.in_run, c.done, c.failed, c.failed_done, stats)
 
     def totals(self) -> tuple[int, int, int]:
-        """The sizes of the run's keys set and of its done and failed marks as stored (an item
-        may be in both marks), one round trip: `producer runs`' figures."""
-        run = self.run
-        with self.conn.pipeline(transaction=False) as p:
-            p.scard(run_key(run, "keys"))
-            p.scard(self.done_key(run))
-            p.scard(self.failed_key(run))
-            items, done, failed = p.execute()
-        return int(items), int(done), int(failed)
+        """The run's items and its done and failed marks as stored (an item may be in both
+        marks), one round trip: `producer runs`' figures."""
+        c = self.table.counts()
+        return c.in_run, c.done, c.failed
 
     # --- after a Redis loss (or a rewind): the marks, from the shipped shards --------------
     def rebuild(self, store: ShardStore) -> Rebuilt:
-        """Rebuild the run's DONE and FAILED marks, and its keys set, from every record of its
+        """Rebuild the run's DONE and FAILED marks, and its items (IN_RUN), from every record of its
         shipped shards (streamed: memory holds one batch of digests). The marks are written by
         the marking script the consumers ship with, so each item newly marked bumps the counters
         it would have bumped when its shard shipped (outcome or error class, turns, tool turns):
@@ -375,14 +333,17 @@ class Marks:
             if not batch.done and not batch.failed:
                 return
             with conn.pipeline(transaction=False) as p:
-                self._send(p, batch)
-                p.sadd(run_key(run, "keys"), *batch.done, *batch.failed)
+                self._send(p, batch, in_run=True)
                 p.execute()
             batch = ShardMarks()
 
-        for shard in store.list_shards(run):
+        shards = list(store.list_shards(run))
+        manifests = [read_manifest(store, run, shard) for shard in shards]
+        # the table's size, if Redis has none yet: the shipped records, and room for the items
+        # still to come (a rebuilt run is one being worked on)
+        self.table.ensure(sum(m["records"] for m in manifests if m is not None) * 3 // 2)
+        for shard, manifest in zip(shards, manifests, strict=True):
             out.shards += 1
-            manifest = read_manifest(store, run, shard)
             lines = 0
             with store.open(run, shard.name) as fh:
                 for line in fh:
@@ -404,9 +365,7 @@ class Marks:
                 log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines,
                             manifest["records"])
         flush()
-        with conn.pipeline(transaction=False) as p:
-            p.scard(self.done_key(run))
-            p.scard(self.failed_key(run))
-            out.done, out.failed = (int(n) for n in p.execute())
+        c = self.table.counts()
+        out.done, out.failed = c.done, c.failed
         out.seconds = time.perf_counter() - t0
         return out

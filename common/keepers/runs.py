@@ -11,7 +11,8 @@ Keys (all under genqueue:, rq's own keys keep rq's prefix):
                                       (common/placement.py); priority: the run's share of the fleet
                                       (an integer, higher first, absent = 0; not part of the recipe,
                                       so not in the fingerprint; consumers read it every few seconds)
-  genqueue:run:<run>:keys       set   16-byte digests of every item key claimed (idempotence)
+  genqueue:run:<run>:itemtable  hash  the run's item table: its items, done and failed, as state
+  genqueue:run:<run>:items:<b>  hash  bits of their 16-byte digests, in buckets (common/keepers/items.py)
   genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
                                       the transaction that enqueues them deletes it (below)
   genqueue:run:<run>:sources    hash  source id -> JSON summary of its last enqueue
@@ -19,11 +20,11 @@ Keys (all under genqueue:, rq's own keys keep rq's prefix):
   genqueue:run:<run>:lock       str   the producer that holds the run's lock (common/keepers/runlock.py)
 
 Claims: producers racing on one run (the same input started twice) must queue each item once.
-An item belongs to the producer whose SADD into the run's keys set added it; the claim script
-does that SADD for a whole slice of items at once and notes what it won in the claim set, so a
+An item belongs to the producer that put it in the run's item table (its IN_RUN bit); the claim
+script does that for a whole slice of items at once and notes what it won in the claim set, so a
 client that re-sends the script after a lost reply gets the same answer. A producer killed
 between its claim and the transaction that enqueues the claimed items (and deletes the claim
-set) leaves those items in the keys set and in no job: the claim set names them until CLAIM_TTL.
+set) leaves those items in the run and in no job: the claim set names them until CLAIM_TTL.
 """
 
 from __future__ import annotations
@@ -237,14 +238,10 @@ class RunStore:
         """Every run, oldest first."""
         return [_text(n) for n in self.conn.zrange(RUNS, 0, -1)]
 
-    def known_keys(self, run: str, digests: list[bytes]) -> list[bool]:
-        """For each digest, whether the run already holds that item."""
-        if not digests:
-            return []
-        return [bool(x) for x in self.conn.smismember(run_key(run, "keys"), digests)]
-
     def item_count(self, run: str) -> int:
-        return int(self.conn.scard(run_key(run, "keys")))
+        from genqueue.common.keepers.items import ItemTable  # items.py builds on this module's keys
+
+        return ItemTable(self.conn, run).counts().in_run
 
     def record_source(self, run: str, source: str, summary: dict[str, Any]) -> None:
         self.conn.hset(run_key(run, "sources"), source, orjson.dumps(summary))
@@ -284,9 +281,10 @@ class RunStore:
 
     # --- reads and writes of a run's record for the producer's reconcile and the consumers -----
     def add_keys(self, run: str, digests: list[bytes]) -> None:
-        """Put DIGESTS in RUN's keys set (items a consumer marked that this producer had not claimed)."""
-        if digests:
-            self.conn.sadd(run_key(run, "keys"), *digests)
+        """Put DIGESTS in RUN (items a consumer marked that this producer had not claimed)."""
+        from genqueue.common.keepers.items import IN_RUN, ItemTable
+
+        ItemTable(self.conn, run).change(digests, add=IN_RUN)
 
     def source_summary(self, run: str, source: str) -> object:
         """SOURCE's last enqueue summary as stored (any JSON; None when there is none). Raises

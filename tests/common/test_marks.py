@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeue, claim_key
-from genqueue.common.keepers.marks import DONE, FAILED, IN_RUN, Marks, ShardMarks, marks_of_file
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
+from genqueue.common.keepers.marks import Marks, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest, lock_key, run_key
 
 RUN = "m"
@@ -31,7 +32,7 @@ def shipped(conn: redis.Redis, done: list[int], failed: list[int]) -> None:
 
 
 def test_item_states_and_all_done(conn: redis.Redis) -> None:
-    conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(3)))
+    ItemTable(conn, RUN).change([*(key_digest(key(i)) for i in range(3))], add=IN_RUN)
     shipped(conn, done=[0, 5], failed=[1])
     states = Marks(conn, RUN).item_states([key_digest(key(i)) for i in (0, 1, 2, 5)])
     assert list(states) == [IN_RUN | DONE, IN_RUN | FAILED, IN_RUN, DONE]
@@ -42,7 +43,7 @@ def test_item_states_and_all_done(conn: redis.Redis) -> None:
 
 
 def test_progress_reads_the_marks_with_their_counters(conn: redis.Redis) -> None:
-    conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(4)))
+    ItemTable(conn, RUN).change([*(key_digest(key(i)) for i in range(4))], add=IN_RUN)
     shipped(conn, done=[0, 1], failed=[1, 2])
     conn.hset(run_key(RUN, "stats"), "garbage", "x")
     p = Marks(conn, RUN).progress()
@@ -52,7 +53,7 @@ def test_progress_reads_the_marks_with_their_counters(conn: redis.Redis) -> None
 
 
 def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
-    conn.sadd(run_key(RUN, "keys"), *(key_digest(key(i)) for i in range(4)))
+    ItemTable(conn, RUN).change([*(key_digest(key(i)) for i in range(4))], add=IN_RUN)
     shipped(conn, done=[0], failed=[1])
     conn.set(lock_key(RUN), "tok")
     reclaim = Reclaim(conn)
@@ -67,7 +68,7 @@ def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
 
 
 def test_the_reclaim_writes_nothing_without_the_lock(conn: redis.Redis) -> None:
-    conn.sadd(run_key(RUN, "keys"), key_digest(key(1)))
+    ItemTable(conn, RUN).change([key_digest(key(1))], add=IN_RUN)
     conn.set(lock_key(RUN), "someone else")
     with pytest.raises(ReclaimLockLostError):
         Reclaim(conn)(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=[key_digest(key(1))])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from genqueue.common.keepers.items import ItemTable
 from tests.conftest import BIN, free_port, http_text
 
 
@@ -96,4 +97,4 @@ def read_results(out: Path, run: str) -> list[dict]:
 
 
 def run_keys(conn, run: str) -> set[str]:
-    return {k.hex() for k in conn.smembers(f"genqueue:run:{run}:keys")}
+    return {k.hex() for k in ItemTable(conn, run).digests()}

@@ -19,6 +19,7 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import JobPlace
@@ -65,24 +66,24 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
     procs: list[Proc] = []
     try:
         procs = [_consumer(tmp_path, server.url, sim, name) for name in ("c1", "c2")]
-        wait_for(lambda: conn.scard(Marks.done_key("rw")) >= 600, 60, "600 items shipped")
+        wait_for(lambda: ItemTable(conn, "rw").counts().done >= 600, 60, "600 items shipped")
         with conn.pipeline() as p:  # one MULTI: the count is the snapshot's
-            p.scard(Marks.done_key("rw"))
+            p.hget(ItemTable(conn, "rw").key, "done")
             p.bgsave()
-            at_snapshot = int(p.execute()[0])
+            at_snapshot = int(p.execute()[0] or 0)
         wait_for(lambda: conn.info("persistence")["rdb_bgsave_in_progress"] == 0, 30, "the snapshot")
         assert conn.info("persistence")["rdb_last_bgsave_status"] == "ok"
         time.sleep(WINDOW)
         with conn.pipeline() as p:
-            p.scard(Marks.done_key("rw"))
+            p.hget(ItemTable(conn, "rw").key, "done")
             p.lastsave()
-            at_crash = int(p.execute()[0])
+            at_crash = int(p.execute()[0] or 0)
         held = _held(conn)
         server.kill()
         time.sleep(1.0)
         server.start()
         conn = redis.Redis.from_url(server.url)
-        restored = int(conn.scard(Marks.done_key("rw")))
+        restored = int(ItemTable(conn, "rw").counts().done)
         for proc in procs:
             assert proc.wait(180) == 0, proc.output()
     finally:

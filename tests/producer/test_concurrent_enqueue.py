@@ -14,6 +14,7 @@ import pytest
 import redis
 from rq.job import Job
 
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
 from genqueue.producer.enqueue import SLICE_ITEMS
 from tests.conftest import BIN, sharegpt
@@ -105,7 +106,7 @@ def test_racing_producers_enqueue_each_item_exactly_once(redis_url: str, conn: r
             items = job.args[0]
             sizes.append(len(items))
             keys += [it["key"] for it in items]
-        assert len(keys) == len(set(keys)) == distinct == conn.scard(f"genqueue:run:{run}:keys")
+        assert len(keys) == len(set(keys)) == distinct == ItemTable(conn, run).counts().in_run
         # Batching as one producer does it, except that a slice a producer only partly won ends in
         # a short job: at most one per slice each producer wrote.
         assert all(n <= BATCH for n in sizes) and len(ids) >= math.ceil(distinct / BATCH)

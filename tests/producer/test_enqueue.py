@@ -13,6 +13,7 @@ import pytest
 import redis
 from rq.job import Job
 
+from genqueue.common.keepers.items import DONE, ItemTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, queue_for
 from tests.conftest import cli, sharegpt, write_jsonl
 
@@ -53,7 +54,7 @@ def test_rerun_is_idempotent_even_after_jobs_finished(tmp_path: Path, redis_url:
     _, first = enqueue_json(redis_url, *args)
     q = queue_for("idem", conn)
     conn.delete(q.key)  # as if every job had been consumed and expired:
-    conn.sunionstore("genqueue:run:idem:done", ["genqueue:run:idem:keys"])  # their results shipped (done marks)
+    ItemTable(conn, "idem").change(list(ItemTable(conn, "idem").digests()), add=DONE)  # their results shipped (done marks)
     _, again = enqueue_json(redis_url, *args)
     assert first["enqueued"] == 50 and again["enqueued"] == 0 and again["already_enqueued"] == 50
     assert again["jobs"] == 0 and q.count == 0 and balanced(again)

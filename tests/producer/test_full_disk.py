@@ -18,7 +18,8 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from tests.conftest import cli, small_tmpfs, write_jsonl
 from tests.producer.export.test_export import RUN, error, key, success, write_shard
@@ -80,8 +81,8 @@ def big_run(tmp_path: Path, conn: redis.Redis) -> Path:
             rec["outcome"] = "cut_in_thinking"
         recs.append(rec)
     write_shard(out, "w1-000001.jsonl", recs)
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(N)])
-    conn.sadd(run_key(RUN, "keys"), *[os.urandom(16) for _ in range(MISSING)])
+    ItemTable(conn, RUN).change([bytes.fromhex(key(i)) for i in range(N)], add=IN_RUN)
+    ItemTable(conn, RUN).change([os.urandom(16) for _ in range(MISSING)], add=IN_RUN)
     return out
 
 

@@ -17,6 +17,7 @@ from redis.retry import Retry
 
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, claim_key
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.runs import key_digest, run_key
@@ -47,7 +48,7 @@ def test_a_claim_sent_twice_gets_the_same_answer(conn: redis.Redis) -> None:
     assert store.claim(RUN, "b", digests) == [False] * 5
     assert 0 < conn.ttl(claim_key(RUN, "a")) <= 7 * 24 * 3600
     assert store.release(RUN, "a") == 5
-    assert conn.scard(run_key(RUN, "keys")) == 0 and not conn.exists(claim_key(RUN, "a"))
+    assert ItemTable(conn, RUN).counts().in_run == 0 and not conn.exists(claim_key(RUN, "a"))
     assert store.claim(RUN, "b", digests) == [True] * 5
 
 
@@ -101,7 +102,7 @@ def test_an_interrupt_between_claim_and_enqueue_gives_the_claim_back(conn: redis
     monkeypatch.setattr(w, "_commit", interrupted)
     with pytest.raises(KeyboardInterrupt):
         w.write(items(4))
-    assert conn.scard(run_key(RUN, "keys")) == 0 and conn.keys(run_key(RUN, "claim:*")) == []
+    assert ItemTable(conn, RUN).counts().in_run == 0 and conn.keys(run_key(RUN, "claim:*")) == []
     monkeypatch.undo()
     assert JobWriter(RUN, conn, batch_size=2).write(items(4)) == ([True] * 4, 2)  # a new run of it queues them
 
@@ -123,7 +124,7 @@ w.write(items(5))
     assert proc.returncode == 9, proc.stderr
     [ckey] = conn.keys(run_key(RUN, "claim:*"))
     held = conn.smembers(ckey)
-    assert held == {key_digest(it["key"]) for it in items(5)} == conn.smembers(run_key(RUN, "keys"))
+    assert held == {key_digest(it["key"]) for it in items(5)} == ItemTable(conn, RUN).digests()
     assert queue_for(RUN, conn).count == 0
 
 
@@ -209,4 +210,4 @@ def test_a_claim_counts_a_repeated_digest_once_and_takes_big_slices(conn: redis.
     assert store.claim(RUN, "a", [d[0], d[1], d[0], d[2]]) == [True, True, False, True]
     assert store.claim(RUN, "a", [d[0], d[1], d[0], d[2]]) == [True, True, False, True]  # sent again
     many = [key_digest(f"{i:032x}") for i in range(10, 20_010)]  # past Lua's unpack limit
-    assert store.claim(RUN, "b", many) == [True] * 20_000 and conn.scard(run_key(RUN, "keys")) == 20_003
+    assert store.claim(RUN, "b", many) == [True] * 20_000 and ItemTable(conn, RUN).counts().in_run == 20_003

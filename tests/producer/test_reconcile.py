@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.marks import Marks
+from genqueue.common.keepers.items import DONE, FAILED, ItemTable
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, queue_for
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runlock import LockLostError, RunLock
@@ -54,7 +54,7 @@ def queued_item_keys(conn: redis.Redis, run: str) -> list[str]:
 
 
 def item_keys(conn: redis.Redis, run: str) -> set[str]:
-    return {d.hex() for d in conn.smembers(run_key(run, "keys"))}
+    return {d.hex() for d in ItemTable(conn, run).digests()}
 
 
 def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
@@ -65,8 +65,8 @@ def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_
     assert again["already_queued"] == 300 and again["jobs"] == 0 and again["items"] == 0
     # A third of the run has results (done marks), a few have only error records.
     keys = sorted(item_keys(conn, "empty"))
-    conn.sadd(Marks.done_key("empty"), *[key_digest(k) for k in keys[:100]])
-    conn.sadd(Marks.failed_key("empty"), *[key_digest(k) for k in keys[100:110]])
+    ItemTable(conn, "empty").change([key_digest(k) for k in keys[:100]], add=DONE)
+    ItemTable(conn, "empty").change([key_digest(k) for k in keys[100:110]], add=FAILED)
     cli("rq", "empty", "-u", redis_url, "genqueue.empty")  # as README says; the queue is gone
     assert queue_for("empty", conn).count == 0
     s = enqueue(redis_url, data, "empty")
@@ -208,8 +208,8 @@ def test_a_finished_run_with_an_unchanged_input_is_not_read_again(tmp_path: Path
     assert first["complete"] and first["input_digest"] and not first["input_unchanged"]
     s = enqueue(redis_url, data, "unch")  # items still queued: read and reconciled
     assert not s["input_unchanged"] and s["already_queued"] == 501
-    conn.sunionstore(Marks.done_key("unch"), [run_key("unch", "keys")])  # every item's result shipped
-    conn.sadd(Marks.failed_key("unch"), key_digest(min(item_keys(conn, "unch"))))  # and an old error record
+    ItemTable(conn, "unch").change(list(ItemTable(conn, "unch").digests()), add=DONE)  # every item's result shipped
+    ItemTable(conn, "unch").change([key_digest(min(item_keys(conn, "unch")))], add=FAILED)  # and an old error record
     fast = enqueue(redis_url, data, "unch")
     full = enqueue(redis_url, data, "unch", "--retry-failed")  # reads the input: nothing to retry
     assert fast["input_unchanged"] and not full["input_unchanged"]
@@ -218,9 +218,9 @@ def test_a_finished_run_with_an_unchanged_input_is_not_read_again(tmp_path: Path
         "duplicates": 0, "rejected": 1}
     assert fast["rejected_by_reason"] == {"invalid_json": 1} and fast["items"] == 0
     # one item not done, another setting, or another input: read in full again
-    conn.srem(Marks.done_key("unch"), key_digest(sorted(item_keys(conn, "unch"))[1]))
+    ItemTable(conn, "unch").change([key_digest(sorted(item_keys(conn, "unch"))[1])], clear=DONE)
     assert not enqueue(redis_url, data, "unch")["input_unchanged"]
-    conn.sunionstore(Marks.done_key("unch"), [run_key("unch", "keys")])
+    ItemTable(conn, "unch").change(list(ItemTable(conn, "unch").digests()), add=DONE)
     assert enqueue(redis_url, data, "unch")["input_unchanged"]
     assert not enqueue(redis_url, data, "unch", "--max-record-bytes", "100000")["input_unchanged"]
     data.write_bytes(data.read_bytes() + orjson.dumps(sharegpt(1000)) + b"\n")
@@ -235,7 +235,7 @@ def test_the_table_of_an_unchanged_input_says_it_was_not_read(tmp_path: Path, re
     args = ("enqueue", str(data), "--run", "tab", "--rejects", os.devnull)
     first = cli("producer", *args, env=env).stdout
     assert re.search(r"^records read +11$", first, re.MULTILINE), first
-    conn.sunionstore(Marks.done_key("tab"), [run_key("tab", "keys")])  # every item's result shipped
+    ItemTable(conn, "tab").change(list(ItemTable(conn, "tab").digests()), add=DONE)  # every item's result shipped
     again = cli("producer", *args, env=env).stdout
     # not "records read 11": the records were not read, and the table says whose counts it shows
     assert re.search(r"^records read +0  \(the file is unchanged since its last complete enqueue and every item "

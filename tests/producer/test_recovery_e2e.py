@@ -23,7 +23,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.keepers.marks import Marks
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.runs import RunStore
 from tests.conftest import cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
@@ -65,7 +65,7 @@ def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: red
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.01", "--mean-tokens", "20")
     try:
         c1 = consumer(tmp_path, redis_url, sim, "emp", "c1", "--burst")
-        wait_for(lambda: conn.scard(Marks.done_key("emp")) >= 100, 120, "nothing shipped")
+        wait_for(lambda: ItemTable(conn, "emp").counts().done >= 100, 120, "nothing shipped")
         assert sim.proc is not None
         sim.proc.p.send_signal(signal.SIGSTOP)  # c1's jobs stay held (its requests wait) while the
         try:                                    # producer runs, however slowly it starts
@@ -101,7 +101,7 @@ def test_redis_flushed_mid_run_comes_back_from_s3(tmp_path: Path, redis_url: str
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.01", "--mean-tokens", "20")
     try:
         c1 = consumer(tmp_path, redis_url, sim, "fl", "c1", env=env)
-        wait_for(lambda: conn.scard(Marks.done_key("fl")) >= 150, 120, "nothing shipped")
+        wait_for(lambda: ItemTable(conn, "fl").counts().done >= 150, 120, "nothing shipped")
         conn.flushall()  # Redis lost everything: the run, its queue and jobs, the marks
         wait_for(lambda: "gone from Redis" in c1.output(), 60, "the consumer did not notice")
         c1.signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ import pytest
 import redis
 from rq.job import Job
 
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, refused_key
 from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
@@ -57,7 +58,7 @@ def test_refused_jobs_are_counted_named_and_cleared(tmp_path: Path, redis_url: s
                                  str(port), "--spool", str(tmp_path / "spool")], tmp_path / "c.log", env=env)
     try:
         wait_for(lambda: metric(port, "genqueue_refused_jobs", "rf") == 3.0, 60, "genqueue_refused_jobs 3")
-        wait_for(lambda: conn.scard("genqueue:run:rf:done") == 8, 60, "the genuine run done")
+        wait_for(lambda: ItemTable(conn, "rf").counts().done == 8, 60, "the genuine run done")
     finally:
         consumer.kill()
         sim.stop()

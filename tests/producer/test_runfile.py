@@ -13,6 +13,7 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.runs import RunStore, key_digest, run_key
@@ -97,9 +98,9 @@ def test_options_left_out_keep_an_existing_runs_settings(tmp_path: Path, redis_u
     assert (sp.temperature, sp.seed, sp.max_tokens) == (0.3, 7, 2048) and updated.fingerprint != made["fingerprint"]
     # one item failed for good, the others are done
     cli("rq", "empty", "-u", redis_url, "genqueue.data")
-    keys = sorted(conn.smembers(run_key("data", "keys")))
-    conn.sadd(Marks.done_key("data"), *keys[1:])
-    conn.sadd(Marks.failed_key("data"), keys[0])
+    keys = sorted(ItemTable(conn, "data").digests())
+    ItemTable(conn, "data").change([*keys[1:]], add=DONE)
+    ItemTable(conn, "data").change([keys[0]], add=FAILED)
     # README's `producer enqueue data.jsonl --retry-failed`, as written (no --output: the run's own)
     proc = cli("producer", "enqueue", "data.jsonl", "--retry-failed", "--json", "--rejects", os.devnull,
                env={"REDIS_URL": redis_url}, cwd=tmp_path, check=False)
@@ -147,7 +148,7 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     data = write_jsonl(tmp_path / "lost.jsonl", [sharegpt(i) for i in range(100)])
     first, _ = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3")
     info = RunStore(conn).require("lost")
-    keys = sorted(d.hex() for d in conn.smembers(run_key("lost", "keys")))
+    keys = sorted(d.hex() for d in ItemTable(conn, "lost").digests())
     # 60 results and 5 error records shipped, one item with both (retried), then Redis is lost
     recs = [{"key": k, "index": 0, "content": "x"} for k in keys[:60]]
     recs += [{"key": k, "index": 0, "error": {"class": "permanent"}} for k in [*keys[60:65], keys[0]]]
@@ -166,12 +167,12 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     assert (s["already_done"], s["already_failed"], s["enqueued"]) == (60, 5, 35), s
     back = RunStore(conn).require("lost")
     assert (back.settings, back.created_at, back.fingerprints) == (info.settings, info.created_at, info.fingerprints)
-    assert conn.scard(Marks.done_key("lost")) == 60 and conn.scard(Marks.failed_key("lost")) == 6
-    assert conn.scard(run_key("lost", "keys")) == 100
+    assert ItemTable(conn, "lost").counts().done == 60 and ItemTable(conn, "lost").counts().failed == 6
+    assert ItemTable(conn, "lost").counts().in_run == 100
     st = run_status(conn, "lost")
     assert (st["items"], st["items_done"], st["items_failed"]) == (100, 60, 5)  # failed: error record, no result
     assert RunStore(conn).names() == ["lost"]
-    assert conn.smismember(run_key("lost", "keys"), [key_digest(keys[0])]) == [1]
+    assert [int(bool(s & IN_RUN)) for s in ItemTable(conn, "lost").states([key_digest(keys[0])])] == [1]
 
 
 def _figures(conn: redis.Redis, run: str) -> tuple[dict[str, int], list[str]]:
@@ -192,7 +193,7 @@ def test_a_rebuild_after_a_redis_loss_recounts_outcomes_turns_and_tool_turns(
     out.mkdir()
     data = write_jsonl(tmp_path / "tools.jsonl", [sharegpt(i) for i in range(10)])
     enqueue(redis_url, data, "tl", str(out), "--multi-turn", "regenerate")
-    keys = sorted(d.hex() for d in conn.smembers(run_key("tl", "keys")))
+    keys = sorted(d.hex() for d in ItemTable(conn, "tl").digests())
     spliced = [{"turn": 0, "tool_results_spliced": True}, {"turn": 0, "step": 1}]
     diverged = {"note": "tool_call_diverged", "stopped": {"turn": 0, "reason": "tool_call_diverged"}}
     recs: list[dict[str, Any]] = [{"key": k, "outcome": "finished", "turns": spliced} for k in keys[:3]]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.keepers.runsources import RunSources
@@ -62,10 +63,10 @@ def test_status_of_a_run_in_known_state(conn: redis.Redis) -> None:
     store = RunStore(conn)
     settings = RunSettings()
     store.create_or_check("known", settings)
-    conn.sadd(run_key("known", "keys"), *[key_digest(f"{i:032x}") for i in range(1000)])
+    ItemTable(conn, "known").change([key_digest(f"{i:032x}") for i in range(1000)], add=IN_RUN)
     # progress comes from the marks the consumers write when a shard ships
-    conn.sadd(run_key("known", "done"), *[key_digest(f"{i:032x}") for i in range(380)])
-    conn.sadd(run_key("known", "failed"), *[key_digest(f"{i:032x}") for i in range(380, 400)])
+    ItemTable(conn, "known").change([key_digest(f"{i:032x}") for i in range(380)], add=DONE)
+    ItemTable(conn, "known").change([key_digest(f"{i:032x}") for i in range(380, 400)], add=FAILED)
     store.record_source("known", "/data/x.jsonl", {"records": 1010, "rejected_by_reason": {"invalid_json": 10}})
     conn.hset(run_key("known", "stats"), mapping={"items_done": 380, "items_failed": 20, "completion_tokens": 190_000,
                                                    "prompt_tokens": 40_000, "outcome_finished": 370,

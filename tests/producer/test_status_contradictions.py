@@ -12,8 +12,9 @@ import redis
 
 from genqueue.common import __version__
 from genqueue.common.contracts import ConsumerInfo
+from genqueue.common.keepers.items import FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
-from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
+from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.doctor import ConsumerView, Sample, diagnose
 from genqueue.consumer.telemetry import Telemetry, progress_line
@@ -25,7 +26,7 @@ KEYS = [f"{i:032x}" for i in range(12)]
 
 def _run(conn: redis.Redis) -> None:
     RunStore(conn).create_or_check(RUN, RunSettings())
-    conn.sadd(run_key(RUN, "keys"), *[key_digest(k) for k in KEYS])
+    ItemTable(conn, RUN).change([key_digest(k) for k in KEYS], add=IN_RUN)
 
 
 def _consumer(conn: redis.Redis, name: str = "c1", spool: str = "/spool/a", skew: float = 0.0) -> Model:
@@ -179,6 +180,6 @@ def test_complete_only_when_no_item_failed(conn: redis.Redis) -> None:
                     if x.startswith("progress"))
     assert "run complete" not in progress and "NOT complete: 4 items failed" in progress, progress
     _run(conn)
-    conn.srem(run_key(RUN, "failed"), *[key_digest(k) for k in KEYS[8:]])
+    ItemTable(conn, RUN).change([key_digest(k) for k in KEYS[8:]], clear=FAILED)
     _ship(conn, KEYS[8:])
     assert "run complete" in format_status(run_status(conn, RUN), color=False)

@@ -39,9 +39,10 @@ from rq.queue import Queue
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 
 from genqueue.common.contracts import ConsumerInfo, ErrorClass, Outcome, Record
+from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.rqaccess import queue_name
-from genqueue.common.keepers.runs import RunStore, key_digest, run_key
+from genqueue.common.keepers.runs import RunStore, key_digest
 from genqueue.common.keepers.snapshots import STALE_AFTER
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.admission import AdmissionSnapshot
@@ -149,7 +150,7 @@ class StatusMachine(RuleBasedStateMachine):
         RunStore(self.conn).create_or_check(RUN, RunSettings())
         self.queued: list[Job] = [Job(f"job-{j}", [f"{j:02d}{i:030x}" for i in range(PER_JOB)]) for j in range(JOBS)]
         keys = [k for job in self.queued for k in job.keys]
-        self.conn.sadd(run_key(RUN, "keys"), *[key_digest(k) for k in keys])
+        ItemTable(self.conn, RUN).change([key_digest(k) for k in keys], add=IN_RUN)
         self.conn.rpush(self._queue_key(), *[job.id for job in self.queued])
 
     def _queue_key(self) -> str:

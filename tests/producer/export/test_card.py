@@ -14,7 +14,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.records import sum_usage
 from genqueue.producer.export import cardplots
@@ -67,7 +68,7 @@ N = 12
 def run(tmp_path: Path, conn: redis.Redis) -> Path:
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out), model="tiny-model"))
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(_key(i)) for i in range(N)])
+    ItemTable(conn, RUN).change([bytes.fromhex(_key(i)) for i in range(N)], add=IN_RUN)
     d = out / RUN / "shards"
     d.mkdir(parents=True)
     data = b"".join(orjson.dumps(_record(i)) + b"\n" for i in range(N))

@@ -14,6 +14,7 @@ import zstandard
 from click.testing import CliRunner, Result
 
 from genqueue.common.contracts import Mode
+from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.command import export_command, stem
@@ -78,7 +79,7 @@ def run_dir(tmp_path: Path, conn: redis.Redis) -> Path:
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
     RunStore(conn).record_source(RUN, "data.jsonl", {"records": 10})
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(10)])
+    ItemTable(conn, RUN).change([bytes.fromhex(key(i)) for i in range(10)], add=IN_RUN)
     write_shard(out, "w2-000001.jsonl", [success(7), success(6), success(5, attempt=2, tag="-late"),
                                          error(8, attempt=2, message="second"), regenerated(4)])
     write_shard(out, "w1-000001.jsonl", [success(3), success(2), success(1), success(0), error(5),
@@ -162,7 +163,7 @@ def test_each_mode_turns_order_and_small_partitions(tmp_path: Path, conn: redis.
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out), multi_turn=Mode.EACH))
     keys = [key(i, t) for i in range(300) for t in range(3)]
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(k) for k in keys])
+    ItemTable(conn, RUN).change([bytes.fromhex(k) for k in keys], add=IN_RUN)
     recs = [success(i, turn=t) for i in range(300) for t in range(3)]
     write_shard(out, "a-000001.jsonl", recs[::-1][:500])  # reversed, split over two shards
     write_shard(out, "a-000002.jsonl", recs[::-1][400:])  # 100 duplicates
@@ -257,7 +258,7 @@ def test_the_original_beats_an_end_of_run_copy_that_ended_first(tmp_path: Path, 
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
     RunStore(conn).record_source(RUN, "data.jsonl", {"records": 3})
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(3)])
+    ItemTable(conn, RUN).change([bytes.fromhex(key(i)) for i in range(3)], add=IN_RUN)
     cut = {**success(1, finished=100.0, tag="-cut"), "finish_reason": "length", "outcome": "cut_in_answer"}
     write_shard(out, "slow-000001.jsonl", [success(0, finished=100.0, tag="-original"), cut])
     write_shard(out, "fast-000001.jsonl", [{**success(i, finished=10.0, tag="-copy"), "copy": True} for i in range(3)])

@@ -13,7 +13,8 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.command import export_command
 from genqueue.producer.export.formats import ExportFormat, RowLayout, acceptance, to_batch, to_openai, to_tokens
@@ -74,7 +75,7 @@ RATES = {0: 24, 1: 24, 2: 24, 3: 24, 4: 24, 5: 3, 6: 6, 7: 9, 8: 12, 9: 15}
 def spec_run(tmp_path: Path, conn: redis.Redis) -> Path:
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(11)])
+    ItemTable(conn, RUN).change([bytes.fromhex(key(i)) for i in range(11)], add=IN_RUN)
     recs = []
     for i, accepted in RATES.items():
         rec = with_spec(success(i), 10, accepted)
@@ -180,7 +181,7 @@ def test_group_samples_with_selection_groups_what_is_kept(tmp_path: Path, conn: 
             rec["key"] = f"{i:016x}{sample:016x}"
             rec["sample"] = sample
             recs.append(rec)
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(r["key"]) for r in recs])
+    ItemTable(conn, RUN).change([bytes.fromhex(r["key"]) for r in recs], add=IN_RUN)
     write_shard(out, "w1-000001.jsonl", recs)
     res = export(tmp_path, redis_url, "-o", str(tmp_path / "g.jsonl"), "--group-samples", "--rows", "conversation",
                  "--weight-by-acceptance",
@@ -204,7 +205,7 @@ def test_a_run_without_figures_exports_as_before_and_refuses_selection(tmp_path:
                                                                         redis_url: str) -> None:
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(3)])
+    ItemTable(conn, RUN).change([bytes.fromhex(key(i)) for i in range(3)], add=IN_RUN)
     write_shard(out, "w1-000001.jsonl", [success(i) for i in range(3)])
     res = export(tmp_path, redis_url, "-o", str(tmp_path / "d.jsonl"), "--json")
     assert res.exit_code == 0

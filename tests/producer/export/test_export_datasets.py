@@ -23,7 +23,8 @@ from click.testing import CliRunner
 from openai.types.chat import ChatCompletion
 
 from genqueue.common.contracts import ExitCode
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import parquet as export_parquet
 from genqueue.producer.export.command import export_command
@@ -151,7 +152,7 @@ def test_records_written_before_partial_existed_export_as_partial(tmp_path: Path
     old = [_answer(0, "finished"), _answer(1, "finished"), _answer(2, "finished")]
     old[1]["stopped"] = {"turn": 1, "reason": "error", "error": {"class": "transient_exhausted"}}
     old[2]["stopped"] = {"turn": 1, "reason": "cut_in_answer", "dropped": True}
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(r["key"]) for r in old])
+    ItemTable(conn, RUN).change([bytes.fromhex(r["key"]) for r in old], add=IN_RUN)
     _shard(out, RUN, "w-000001.jsonl", old)
     s = orjson.loads(export({"REDIS_URL": redis_url}, "--run", RUN, "-o", str(tmp_path / "d.jsonl"), "--json",
                             "--allow-partial").stdout)
@@ -193,7 +194,7 @@ def cut_run(tmp_path: Path, conn: redis.Redis) -> Path:
     in its thinking once and finished on a later attempt."""
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(_key(i)) for i in range(5)])
+    ItemTable(conn, RUN).change([bytes.fromhex(_key(i)) for i in range(5)], add=IN_RUN)
     _shard(out, RUN, "w-000001.jsonl", [_answer(0, "finished"), _answer(1, "cut_in_thinking"),
                                         _answer(2, "no_answer"), _answer(3, "cut_in_answer", content="answer 3 is"),
                                         _answer(4, "cut_in_thinking")])
@@ -254,7 +255,7 @@ def test_parquet_streams_row_groups_and_reads_back_everywhere(tmp_path: Path, co
         if i % 3:  # speculative-decoding figures on two rows in three: `acceptance` there, absent (null) elsewhere
             rec["spec"] = {"k": 3, "steps": 4, "drafted": 12, "accepted": i % 13, "hist": [0, 0, 0, 4]}
         recs.append(rec)
-    conn.sadd(run_key(run, "keys"), *[bytes.fromhex(r["key"]) for r in recs])
+    ItemTable(conn, run).change([bytes.fromhex(r["key"]) for r in recs], add=IN_RUN)
     _shard(out, run, "w-000001.jsonl", recs[::2])
     _shard(out, run, "w-000002.jsonl", recs[1::2])
     monkeypatch.setattr(export_parquet, "ROW_GROUP_BYTES", 16_000)  # many row groups from a small run

@@ -10,7 +10,8 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.core import Exporter, ExportPlan
 from genqueue.producer.export.formats import ExportFormat
@@ -41,7 +42,7 @@ def gated(tmp_path: Path, conn: redis.Redis) -> Path:
     out = tmp_path / "out"
     RunStore(conn).create_or_check(RUN, RunSettings(output=str(out)))
     RunStore(conn).record_source(RUN, "data.jsonl", {"records": 9})
-    conn.sadd(run_key(RUN, "keys"), *[bytes.fromhex(key(i)) for i in range(9)])
+    ItemTable(conn, RUN).change([bytes.fromhex(key(i)) for i in range(9)], add=IN_RUN)
     recs = planted()
     write_shard(out, "w1-000001.jsonl", recs[:5])
     write_shard(out, "w2-000001.jsonl", [*recs[5:], success(7, attempt=2)])
@@ -116,7 +117,7 @@ def each_run(tmp_path: Path, conn: redis.Redis) -> Path:
     first["messages"] = [{"role": "user", "content": "u0"}]
     second["messages"] = [{"role": "user", "content": "u0"}, {"role": "assistant", "content": "the input's a0"},
                           {"role": "user", "content": "u1"}]
-    conn.sadd(run_key(RUN, "keys"), bytes.fromhex(key(0, 0)), bytes.fromhex(key(0, 1)))
+    ItemTable(conn, RUN).change([bytes.fromhex(key(0, 0)), bytes.fromhex(key(0, 1))], add=IN_RUN)
     write_shard(out, "w1-000001.jsonl", [first, second])
     return tmp_path
 

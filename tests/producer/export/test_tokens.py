@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
 from genqueue.producer.export.formats import NoTokenIdsError, to_tokens
@@ -158,7 +159,7 @@ def test_a_record_without_ids_in_a_token_ids_run_stops_the_export_in_one_line(tm
                          for i in range(2)]
     with_ids, without = rows
     with_ids["token_ids"] = {"prompt": [1, 2], "completion": [3]}
-    conn.sadd(run_key("mixed", "keys"), *[bytes.fromhex(r["key"]) for r in (with_ids, without)])
+    ItemTable(conn, "mixed").change([bytes.fromhex(r["key"]) for r in (with_ids, without)], add=IN_RUN)
     shards = out / "mixed" / "shards"
     shards.mkdir(parents=True)
     (shards / "w-000001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (with_ids, without)))

@@ -1,0 +1,244 @@
+"""A run's item table: which items are in the run, done and failed, in a few bytes an item.
+
+Every item of a run has one entry, its 16-byte digest (common/keepers/runs.py `key_digest`) ->
+its state bits (IN_RUN: a producer claimed it; DONE: a shipped shard holds its result; FAILED:
+a shipped shard holds an error record of it), in one of the run's bucket hashes:
+
+  genqueue:run:<run>:items:<bucket hex>  hash  digest -> state bits (1-7)
+  genqueue:run:<run>:itemtable           hash  buckets: how many bucket hashes (set once), and
+                                               the counts of the states: in_run, done, failed,
+                                               failed_done, in_run_done
+
+Why buckets of hashes and not three sets (the run's keys, done and failed sets until issue 34):
+a set of 16-byte members costs about 80 bytes of Redis a member, three of them 240 an item once
+done; a small hash is stored as a listpack, its entries packed one after another, about 23 bytes
+an item for all three states (measured: BENCHMARKS.md, "Redis bytes per item"). A hash stays a
+listpack while it holds at most `hash-max-listpack-entries` entries (128 by default), so a run
+has about one bucket per ITEMS_PER_BUCKET items, their number chosen once, from the size the
+first writer expects (ItemTable.ensure; ITEMS_DEFAULT_BUCKETS when nobody said), and never
+changed: an item's bucket is its digest's first four bytes modulo that number. A run that grows
+far past what it expected keeps working; its buckets become hashtables (the memory of sets).
+
+The counts are kept by the same scripts that change the states, in the same call, so they agree
+with the states at every moment (status reads them in O(1) instead of counting the sets). Every
+script that reads or writes the table includes LUA_ITEMS (the bucket of a digest, a state, a
+change of state with its counts); the claims keeper's and the marks keeper's scripts are the
+writers, this module's the readers. The scripts reach the bucket hashes by names they build
+from the table's key, which a single Redis allows (rq needs one Redis, not a cluster, too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import redis
+
+from genqueue.common import defaults
+from genqueue.common.keepers.runs import run_key
+
+#: An item's state bits.
+IN_RUN, DONE, FAILED = 1, 2, 4
+
+ITEMS_PER_BUCKET = defaults.ITEMS_PER_BUCKET
+DEFAULT_BUCKETS = defaults.ITEMS_DEFAULT_BUCKETS
+MAX_BUCKETS = 1 << 24
+
+#: The table's fields that count states (the scripts keep them).
+COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
+
+# The Lua shared by every script of the table. T is the table's key (the script's KEYS[n]); the
+# bucket hashes are named from it. B is read once per call; a writer that finds none sets
+# DEFAULT_BUCKETS (`ensure` first, with a size, is the rule; this is the fallback). `change`
+# sets ADD's bits and clears CLEAR's, deleting an entry left with none, and keeps the counts in
+# `delta`, which `flush` writes in one HINCRBY each at the end of the call.
+LUA_ITEMS = """
+local function items_table(T, write)
+  local tab = {key = T, prefix = string.sub(T, 1, #T - 9) .. 'items:'}
+  local b = redis.call('HGET', T, 'buckets')
+  if not b and write then
+    redis.call('HSETNX', T, 'buckets', '""" + str(DEFAULT_BUCKETS) + """')
+    b = redis.call('HGET', T, 'buckets')
+  end
+  tab.n = tonumber(b or '0') or 0
+  tab.delta = {in_run = 0, done = 0, failed = 0, failed_done = 0, in_run_done = 0}
+  return tab
+end
+local function bucket_of(tab, d)
+  local b1, b2, b3, b4 = string.byte(d, 1, 4)
+  return tab.prefix .. string.format('%x', ((((b1 or 0) * 256 + (b2 or 0)) * 256 + (b3 or 0)) * 256 + (b4 or 0)) % tab.n)
+end
+local function state_of(tab, d)
+  if tab.n == 0 then return 0 end
+  return tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0
+end
+local function count(tab, s, n)
+  local dl = tab.delta
+  local inr, dn, fl = bit.band(s, 1) ~= 0, bit.band(s, 2) ~= 0, bit.band(s, 4) ~= 0
+  if inr then dl.in_run = dl.in_run + n end
+  if dn then dl.done = dl.done + n end
+  if fl then dl.failed = dl.failed + n end
+  if fl and dn then dl.failed_done = dl.failed_done + n end
+  if inr and dn then dl.in_run_done = dl.in_run_done + n end
+end
+local function change(tab, d, add, clear)
+  local k = bucket_of(tab, d)
+  local old = tonumber(redis.call('HGET', k, d) or '0') or 0
+  local new = bit.bor(bit.band(old, bit.bnot(clear)), add)
+  if new ~= old then
+    if new == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, new) end
+    count(tab, old, -1)
+    count(tab, new, 1)
+  end
+  return old
+end
+local function flush(tab)
+  for f, n in pairs(tab.delta) do
+    if n ~= 0 then redis.call('HINCRBY', tab.key, f, n) end
+  end
+end
+"""
+
+# KEYS: the table. ARGV: digests. One byte per digest, '0' + its state bits: the answer is one
+# string, not three integers an item.
+_STATES = LUA_ITEMS + """
+local tab = items_table(KEYS[1], false)
+local out = {}
+for i = 1, #ARGV do out[i] = string.char(48 + state_of(tab, ARGV[i])) end
+return table.concat(out)
+"""
+
+# KEYS: the table. ARGV: bits to set, bits to clear, then digests. Returns how many changed.
+_CHANGE = LUA_ITEMS + """
+local tab = items_table(KEYS[1], true)
+local add, clear, changed = tonumber(ARGV[1]), tonumber(ARGV[2]), 0
+for i = 3, #ARGV do
+  local old = change(tab, ARGV[i], add, clear)
+  if bit.bor(bit.band(old, bit.bnot(clear)), add) ~= old then changed = changed + 1 end
+end
+flush(tab)
+return changed
+"""
+
+# KEYS: the table, the export's seen set, its missing set. ARGV: the first bucket, the bucket
+# after the last, the TTL of the missing set. Adds to the missing set every digest in the run
+# (IN_RUN) of those buckets that the seen set lacks; returns how many it added.
+_MISSING = """
+local T = KEYS[1]
+local prefix = string.sub(T, 1, #T - 9) .. 'items:'
+local added = 0
+for b = tonumber(ARGV[1]), tonumber(ARGV[2]) - 1 do
+  local flat = redis.call('HGETALL', prefix .. string.format('%x', b))
+  for i = 1, #flat, 2 do
+    local s = tonumber(flat[i + 1]) or 0
+    if bit.band(s, 1) ~= 0 and redis.call('SISMEMBER', KEYS[2], flat[i]) == 0 then
+      added = added + redis.call('SADD', KEYS[3], flat[i])
+    end
+  end
+end
+if added > 0 then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
+return added
+"""
+
+_MISSING_BUCKETS = defaults.ITEMS_SCAN_BUCKETS
+
+
+class ItemCounts(NamedTuple):
+    """The table's counts of states (each kept by the scripts that change the states)."""
+
+    in_run: int
+    done: int  # whether or not in the run
+    failed: int  # whether or not done too
+    failed_done: int
+    in_run_done: int
+
+
+def table_key(run: str) -> str:
+    return run_key(run, "itemtable")
+
+
+def bucket_key(run: str, bucket: int) -> str:
+    return run_key(run, f"items:{bucket:x}")
+
+
+def buckets_for(expected_items: int) -> int:
+    """The number of buckets for a run of about EXPECTED_ITEMS items: a power of two giving at
+    most ITEMS_PER_BUCKET items a bucket (1 for a small run, MAX_BUCKETS at most)."""
+    n = 1
+    while n * ITEMS_PER_BUCKET < expected_items and n < MAX_BUCKETS:
+        n *= 2
+    return n
+
+
+def counts_of(raw: object) -> ItemCounts:
+    """The counts in a table hash as read (HGETALL), 0 for a field missing or not an integer."""
+    got: dict[str, int] = {}
+    for k, v in (raw.items() if isinstance(raw, dict) else []):
+        name = k.decode() if isinstance(k, bytes) else str(k)
+        try:
+            got[name] = int(v)
+        except ValueError:
+            continue
+    return ItemCounts(*(got.get(f, 0) for f in COUNTS))
+
+
+class ItemTable:
+    """RUN's item table on CONN: its size, the states of items, setting and clearing their bits
+    outside the claim and mark scripts, the counts, and the digests it holds."""
+
+    def __init__(self, conn: redis.Redis, run: str) -> None:
+        self.conn = conn
+        self.run = run
+        self.key = table_key(run)
+
+    def ensure(self, expected_items: int) -> int:
+        """Fix the number of buckets for a run of about EXPECTED_ITEMS items, unless it is fixed
+        already (the first writer decides, once); returns the number in force."""
+        with self.conn.pipeline(transaction=False) as p:
+            p.hsetnx(self.key, "buckets", buckets_for(expected_items))
+            p.hget(self.key, "buckets")
+            _, n = p.execute()
+        return int(n)
+
+    def buckets(self) -> int:
+        """How many buckets the table has (0: none fixed yet, nothing written)."""
+        raw = self.conn.hget(self.key, "buckets")
+        try:
+            return int(raw) if raw is not None else 0
+        except ValueError:
+            return 0
+
+    def states(self, digests: list[bytes]) -> bytes:
+        """Each digest's state bits, one byte a digest, in one round trip."""
+        if not digests:
+            return b""
+        raw = self.conn.register_script(_STATES)(keys=[self.key], args=digests)
+        return bytes(b - 48 for b in raw)
+
+    def change(self, digests: list[bytes], *, add: int = 0, clear: int = 0) -> int:
+        """Set ADD's bits and clear CLEAR's in each of DIGESTS (counts kept); how many changed."""
+        if not digests:
+            return 0
+        return int(self.conn.register_script(_CHANGE)(keys=[self.key], args=[add, clear, *digests]))
+
+    def counts(self) -> ItemCounts:
+        return counts_of(self.conn.hgetall(self.key))
+
+    def each(self) -> Iterator[tuple[bytes, int]]:
+        """Every (digest, state) the table holds, bucket by bucket (for tests and tools)."""
+        for b in range(self.buckets()):
+            for d, s in self.conn.hgetall(bucket_key(self.run, b)).items():
+                yield (d if isinstance(d, bytes) else d.encode()), int(s)
+
+    def digests(self, bits: int = IN_RUN) -> set[bytes]:
+        """The digests with every one of BITS set (for tests and tools: it holds them all)."""
+        return {d for d, s in self.each() if s & bits == bits}
+
+    def fill_missing(self, seen_key: str, missing_key: str, ttl: int) -> int:
+        """Add to MISSING_KEY every digest in the run that SEEN_KEY lacks (the export's coverage),
+        a range of buckets a call so Redis is never held long; how many were added."""
+        n, added = self.buckets(), 0
+        script = self.conn.register_script(_MISSING)
+        for lo in range(0, n, _MISSING_BUCKETS):
+            added += int(script(keys=[self.key, seen_key, missing_key], args=[lo, min(n, lo + _MISSING_BUCKETS), ttl]))
+        return added

@@ -1,0 +1,117 @@
+"""The run's item table against a real Redis: its size, its counts kept by every script that
+changes a state (claims, release, marks, rebuild's in-run marks), its encoding, and the
+export's missing set read from it."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import redis
+
+from genqueue.common.keepers.claims import Claims, claim_key
+from genqueue.common.keepers.items import (
+    DONE,
+    FAILED,
+    IN_RUN,
+    ITEMS_PER_BUCKET,
+    ItemCounts,
+    ItemTable,
+    bucket_key,
+    buckets_for,
+)
+from genqueue.common.keepers.marks import Marks, ShardMarks
+
+RUN = "it"
+
+
+def model_counts(states: dict[bytes, int]) -> ItemCounts:
+    s = list(states.values())
+    return ItemCounts(sum(1 for x in s if x & IN_RUN), sum(1 for x in s if x & DONE), sum(1 for x in s if x & FAILED),
+                      sum(1 for x in s if x & FAILED and x & DONE), sum(1 for x in s if x & IN_RUN and x & DONE))
+
+
+def test_buckets_are_sized_once_for_the_run() -> None:
+    assert buckets_for(0) == buckets_for(ITEMS_PER_BUCKET) == 1
+    assert buckets_for(ITEMS_PER_BUCKET + 1) == 2
+    assert buckets_for(1_000_000) == 16_384 and 1_000_000 / 16_384 <= ITEMS_PER_BUCKET
+
+
+def test_the_first_writer_fixes_the_size(conn: redis.Redis) -> None:
+    table = ItemTable(conn, RUN)
+    assert table.buckets() == 0 and table.states([os.urandom(16)]) == b"\x00"  # nothing yet: no bucket read
+    assert table.ensure(10_000) == 256
+    assert table.ensure(10) == 256  # fixed: a later enqueue's size changes nothing
+    other = ItemTable(conn, "other")
+    other.change([os.urandom(16)], add=IN_RUN)  # a writer that said no size: the default
+    assert other.buckets() == 1024
+
+
+def test_counts_follow_every_change_of_state(conn: redis.Redis) -> None:
+    """Random claims, releases, marks (results and error records) and direct changes, against a
+    model: the counts the scripts keep are the model's at every step, and so is each state."""
+    rng = random.Random(7)
+    table, claims, marks = ItemTable(conn, RUN), Claims(conn), Marks(conn, RUN)
+    table.ensure(200)
+    pool = [os.urandom(16) for _ in range(300)]
+    model: dict[bytes, int] = {}
+    for step in range(120):
+        picked = rng.sample(pool, rng.randint(1, 40))
+        op = rng.choice(["claim", "release", "done", "failed", "add", "clear"])
+        if op == "claim":
+            won = claims.claim(RUN, f"c{step}", picked)
+            for d, w in zip(picked, won, strict=True):
+                assert w == (not model.get(d, 0) & IN_RUN)
+                model[d] = model.get(d, 0) | IN_RUN
+            if rng.random() < 0.5:  # given back: those it won leave the run again
+                for d in conn.smembers(claim_key(RUN, f"c{step}")):
+                    model[bytes(d)] &= ~IN_RUN
+                claims.release(RUN, f"c{step}")
+        elif op in ("done", "failed"):
+            sm = ShardMarks()
+            for d in picked:
+                sm.add(d.hex(), error=op == "failed", kind="x")
+                model[d] = model.get(d, 0) | (DONE if op == "done" else FAILED)
+            marks.mark_shipped(sm)
+        elif op == "add":
+            table.change(picked, add=IN_RUN)
+            for d in picked:
+                model[d] = model.get(d, 0) | IN_RUN
+        else:
+            table.change(picked, clear=FAILED)
+            for d in picked:
+                model[d] = model.get(d, 0) & ~FAILED
+        model = {d: s for d, s in model.items() if s}
+        assert table.counts() == model_counts(model), (step, op)
+    assert dict(table.each()) == model
+    assert list(table.states(pool)) == [model.get(d, 0) for d in pool]
+    p = marks.progress()
+    c = model_counts(model)
+    assert (p.items, p.done, p.failed, p.failed_and_done) == (c.in_run, c.done, c.failed, c.failed_done)
+    assert marks.all_done() == (c.in_run == c.in_run_done)
+
+
+def test_a_run_of_its_size_stays_in_listpacks_and_a_grown_one_still_works(conn: redis.Redis) -> None:
+    table = ItemTable(conn, RUN)
+    table.ensure(5_000)
+    digests = [os.urandom(16) for _ in range(5_000)]
+    for i in range(0, 5_000, 1_000):
+        table.change(digests[i:i + 1_000], add=IN_RUN)
+    assert {conn.object("encoding", bucket_key(RUN, b)) for b in range(table.buckets())} == {b"listpack"}
+    more = [os.urandom(16) for _ in range(20_000)]  # four times what it was sized for
+    for i in range(0, 20_000, 5_000):
+        table.change(more[i:i + 5_000], add=IN_RUN | DONE)
+    assert table.counts() == ItemCounts(25_000, 20_000, 0, 0, 20_000)
+    assert set(table.states(digests + more)) == {IN_RUN, IN_RUN | DONE}
+
+
+def test_the_missing_set_is_the_run_minus_what_the_export_saw(conn: redis.Redis) -> None:
+    table = ItemTable(conn, RUN)
+    table.ensure(3_000)
+    digests = [os.urandom(16) for _ in range(3_000)]
+    table.change(digests, add=IN_RUN)
+    table.change([os.urandom(16) for _ in range(50)], add=DONE)  # marks of items never in the run
+    conn.sadd("seen", *digests[:2_500])
+    assert table.fill_missing("seen", "missing", 60) == 500
+    assert {bytes(d) for d in conn.smembers("missing")} == set(digests[2_500:])
+    assert 0 < conn.ttl("missing") <= 60
