@@ -18,6 +18,7 @@ import redis
 from rq.job import Job
 
 from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
 from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
@@ -274,10 +275,11 @@ def test_a_pack_that_cannot_be_written_queues_nothing_and_the_same_command_queue
     assert (s["enqueued"], s["jobs"], s["packs"]) == (20, 3, 1) and queue_for("nowrite", conn).count == 3
 
 
-def _status(redis_url: str, run: str, env: dict[str, str]) -> dict:
-    proc = cli("producer", "status", "--run", run, "--json", env={"REDIS_URL": redis_url, **env})
-    report: dict = orjson.loads(proc.stdout)
-    return report
+def _paused(conn: redis.Redis) -> dict[str, str]:
+    """The pause reasons in the one consumer's last snapshot (what `producer status` reads)."""
+    reports = Snapshots(conn).reports(time.time())
+    assert len(reports) <= 1, reports
+    return dict(reports[0].get("paused") or {}) if reports else {}
 
 
 def test_an_s3_outage_while_a_run_by_reference_is_consumed_is_a_paused_state_and_loses_nothing(
@@ -302,16 +304,14 @@ def test_an_s3_outage_while_a_run_by_reference_is_consumed_is_a_paused_state_and
         assert q.finished_job_registry.count >= 2, c.output()
         s3_server.stop()
         t_down = time.monotonic()
-        seen: dict = {}
-        metric = ""
-        while time.monotonic() - t_down < 25 and not (seen and 'reason="packs_unreachable"} 1.0' in metric):
+        detail, metric = "", ""
+        while time.monotonic() - t_down < 25 and not (detail and 'reason="packs_unreachable"} 1.0' in metric):
             assert q.failed_job_registry.count == 0 and c.p.poll() is None, c.output()[-3000:]
-            mine = [x for x in _status(redis_url, run, env)["consumers"] if "packs_unreachable" in x["paused"]]
-            seen = mine[0] if mine else {}
+            detail = _paused(conn).get("packs_unreachable", "")  # the consumer's snapshot in Redis
             metric = http_text(f"http://127.0.0.1:{port}/metrics", timeout=2) or ""
-        assert seen, c.output()[-3000:]
-        detail = seen["paused_detail"]["packs_unreachable"]
-        assert detail.startswith(f"run {run}: packs unreachable since ") and "failed read" in detail, detail
+            time.sleep(0.1)
+        assert detail.startswith(f"run {run}: packs unreachable since ") and "failed read" in detail, \
+            detail + c.output()[-3000:]
         assert 'genqueue_paused{reason="packs_unreachable"} 1.0' in metric
         text = cli("producer", "status", "--run", run, "--wide", env={"REDIS_URL": redis_url, **env}).stdout
         assert "(paused: packs_unreachable)" in text and f"run {run}: packs unreachable since" in text, text
@@ -330,8 +330,7 @@ def test_an_s3_outage_while_a_run_by_reference_is_consumed_is_a_paused_state_and
     assert log.count("packs cannot be read now") == 1, "one line where the outage starts, not one per job"
     assert log.count("packs_unreachable over") == 1 and "a pack reads again" in log
     assert "pack_unreadable" not in log
-    final = _status(redis_url, run, env)["consumers"]
-    assert len(final) == 1 and "packs_unreachable" not in final[0]["paused"], final  # its last snapshot
+    assert "packs_unreachable" not in _paused(conn), "its last snapshot: the pause ended"
     assert q.failed_job_registry.count == 0 and conn.zcard(q.finished_job_registry.key) == 20
     e = _export(tmp_path, redis_url, run, env=env)
     assert e["enqueued"] == e["exported"] + e["truncated"] == e["records_read"] == 160
