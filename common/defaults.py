@@ -219,6 +219,13 @@ MAX_ITEM_CHARS = 16 * 1024 * 1024
 #: waited this long (seconds): shards are sealed every SHARD_MAX_AGE, so minutes means the store
 #: is refusing them, not that it is slow.
 SHIP_WAIT_WARN = 300.0
+#: The store backoff: a failed ship is retried after a full-jitter wait (common/backoff.py) from
+#: STORE_BACKOFF_BASE seconds, doubling STORE_BACKOFF_DOUBLINGS times at most, never above
+#: STORE_BACKOFF_CAP (consumer/shipping/outbox.py); the intake asks a run whose packs the output
+#: store cannot serve now (the `packs_unreachable` pause) again after the same wait.
+STORE_BACKOFF_BASE = 0.5
+STORE_BACKOFF_CAP = 15.0
+STORE_BACKOFF_DOUBLINGS = 6
 
 #: The failure-storm breaker (consumer/guards/breaker.py) pauses a run when its first BREAKER_FIRST_N
 #: items all fail with the same message (any class: a 400, a 5xx past its attempts, a bad

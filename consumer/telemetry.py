@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, start_http_server
@@ -208,8 +209,21 @@ def serve_metrics(port: int | None) -> None:
     log.info("Prometheus metrics on :%d/metrics", port)
 
 
+class PauseReason(StrEnum):
+    """Why a consumer is paused (its snapshot's `paused`, `genqueue_paused{reason}`; docs/metrics.md).
+    A snapshot's keys are the plain values: orjson writes no str subclass as a key."""
+
+    ENDPOINT_DOWN = "endpoint_down"
+    SPOOL_FULL = "spool_full"
+    SPOOL_DISK = "spool_disk"
+    REDIS_UNREACHABLE = "redis_unreachable"
+    REDIS_FULL = "redis_full"
+    #: the output store cannot serve a run's packs now (consumer/work/intake.py's PackOutages)
+    PACKS_UNREACHABLE = "packs_unreachable"
+
+
 #: Every pause reason a consumer knows, so each has a series from the start.
-PAUSE_REASONS = ("endpoint_down", "spool_full", "spool_disk", "redis_unreachable", "redis_full")
+PAUSE_REASONS = tuple(r.value for r in PauseReason)
 
 
 PROGRESS_EVERY = defaults.TELEMETRY_PROGRESS_EVERY

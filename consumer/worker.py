@@ -61,10 +61,10 @@ from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
 from genqueue.consumer.shipping.outbox import Outbox
 from genqueue.consumer.shipping.shards import SpoolBusyError, leftover_shards, lock_spool, release_spool
-from genqueue.consumer.telemetry import Parts, Telemetry
+from genqueue.consumer.telemetry import Parts, PauseReason, Telemetry
 from genqueue.consumer.work.acker import Acker
 from genqueue.consumer.work.book import Book
-from genqueue.consumer.work.intake import Intake
+from genqueue.consumer.work.intake import Intake, PackOutages
 from genqueue.consumer.work.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -238,20 +238,26 @@ class Consumer:
         leases = Leases(self.rq, self.worker, self.book, lease=cfg.lease, runs=served.names,
                         on_swept=self.wake.set)
 
+        outages = PackOutages()
+
         def paused() -> dict[str, str]:
-            reasons: dict[str, str] = {}
+            reasons: dict[str, str] = {}  # keyed by the plain values: a snapshot is written by orjson
             if gate.paused:
-                reasons["endpoint_down"] = f"endpoint {cfg.endpoint} is down"
+                reasons[PauseReason.ENDPOINT_DOWN.value] = f"endpoint {cfg.endpoint} is down"
             if self.outbox.disk_error is not None:
-                reasons["spool_disk"] = self.outbox.disk_error
+                reasons[PauseReason.SPOOL_DISK.value] = self.outbox.disk_error
             elif self.outbox.full():
-                reasons["spool_full"] = f"{self.outbox.spool_bytes} unshipped bytes in the spool"
+                reasons[PauseReason.SPOOL_FULL.value] = f"{self.outbox.spool_bytes} unshipped bytes in the spool"
             rq = self.rq.snapshot()
             if rq.unreachable_since is not None:
-                reasons["redis_unreachable"] = "Redis is unreachable"
+                reasons[PauseReason.REDIS_UNREACHABLE.value] = "Redis is unreachable"
             if rq.full_since is not None:
-                reasons["redis_full"] = ("Redis is full (at its maxmemory): writes wait, jobs held, results in the "
-                                         "spool; goes on once memory is freed")
+                reasons[PauseReason.REDIS_FULL.value] = (
+                    "Redis is full (at its maxmemory): writes wait, jobs held, results in the spool; goes on once "
+                    "memory is freed")
+            packs = outages.reason()
+            if packs is not None:
+                reasons[PauseReason.PACKS_UNREACHABLE.value] = packs
             for run, why in served.snapshot().refused.items():
                 reasons[f"run {run}"] = why
             return reasons
@@ -272,7 +278,7 @@ class Consumer:
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
                         wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
                         on_runs=self.outbox.unpark,
-                        has_room=dispatcher.room_for_work)
+                        has_room=dispatcher.room_for_work, outages=outages)
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
                               stopped=lambda: set(served.paused) | set(served.vanished),

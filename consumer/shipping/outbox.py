@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from genqueue.common.backoff import compute_backoff
+from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Record
 from genqueue.common.keepers.marks import ShardMarks, marks_of_file
 from genqueue.common.redact import redact
@@ -230,7 +230,7 @@ class Outbox:
             except Exception as e:
                 if self.stopping_hard:
                     raise
-                delay = compute_backoff(min(attempt, 6), base=0.5, cap=15.0)
+                delay = store_backoff(attempt + 1)
                 self.last_error = redact(f"{type(e).__name__}: {e}")[:500]
                 self.last_error_at = time.time()
                 self.stats["ship_failures"] += 1

@@ -13,7 +13,16 @@ there or does not read (PackNotFoundError, PackError), or a pack number the run'
 name, fails the job for good with the reason `pack_unreadable: ...` (JOB_FAILURE_PACK): rq's
 failed registry holds it, and `rq requeue` runs it again once the pack is back. A store that
 cannot be reached now (StoreError) is no fault of the job: it goes back to its queue without
-spending a retry, and the run is not asked again for DRY_RETRY seconds.
+spending a retry, nothing fails, and the run is in a pack outage (PackOutages): the consumer's
+`packs_unreachable` pause reason (`producer status`, `genqueue_paused`) says since when and why,
+a log line says where it starts and another where it ends, and the run's queue is asked again
+after the store backoff (common/backoff.py's store_backoff, as shipping waits), longer with each
+failed read in a row. The first pack of the run read ends it; so does the run leaving the served
+runs, or its queue found empty (nothing left here to prove the store by).
+
+A pack's number turns into its name by the run's pack table (PackTable) once per run and
+number: a name never changes once written, so it is kept (PackNames); a number the table lacks
+is asked again at its next job, never kept as missing.
 """
 
 from __future__ import annotations
@@ -23,17 +32,22 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from genqueue.common import defaults
+from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.errors import PackError
 from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import PackRef, job_counts, job_reference, queue_for
+from genqueue.common.redact import redact
 from genqueue.common.storage import PackNotFoundError, PackStore, StoreError
 from genqueue.common.storage import store_for as default_store_for
 from genqueue.common.storage.packreader import PackReader
+from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.guards.stop import Stopped, until
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
@@ -69,6 +83,73 @@ class PackUnreadable(Exception):
     its number is not in the run's pack table."""
 
 
+@dataclass
+class PackOutage:
+    """A run whose packs the output store cannot serve now: its last pack read raised StoreError."""
+
+    since: float  # time.time() of the first failed read
+    began: float  # time.monotonic() of it
+    error: str  # the last failure, redacted
+    failures: int = 0  # failed reads in a row
+    retry_in: float = 0.0  # seconds before the run's queue is asked again (store_backoff)
+
+
+class PackOutages:
+    """The runs in a pack outage here (the `packs_unreachable` pause reason), per run."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, PackOutage] = {}
+
+    def failed(self, run: str, error: str) -> PackOutage:
+        """A read of RUN's packs failed now with ERROR; its outage (new or longer)."""
+        outage = self.runs.get(run)
+        if outage is None:
+            outage = self.runs[run] = PackOutage(time.time(), time.monotonic(), error)
+        outage.error = error
+        outage.failures += 1
+        outage.retry_in = store_backoff(outage.failures)
+        return outage
+
+    def end(self, run: str) -> PackOutage | None:
+        """RUN's outage is over (a pack read, or nothing left to read): the outage it ended, if any."""
+        return self.runs.pop(run, None)
+
+    def reason(self) -> str | None:
+        """The pause reason's text, or None with every run's packs readable."""
+        if not self.runs:
+            return None
+        return "; ".join(
+            f"run {run}: packs unreachable since {datetime.fromtimestamp(o.since, UTC):%Y-%m-%d %H:%M:%S} UTC "
+            f"({o.failures} failed read{'s' if o.failures != 1 else ''} in a row): {o.error}"
+            for run, o in sorted(self.runs.items()))
+
+
+class PackNames:
+    """Pack number -> name per run, as the run's pack table has them (PackTable.name_of): a name
+    never changes once written, so each is asked once a run; a number the table lacks is not kept
+    (its next job asks again). Kept per served context: a run re-created, resumed or with new
+    settings is served under a new one, and asks again."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[RunContext, dict[int, str]]] = {}
+        self.table_reads = 0  # HGETs of a pack table: what the cache saves
+
+    def known(self, ctx: RunContext, number: int) -> str | None:
+        kept = self._runs.get(ctx.run)
+        return kept[1].get(number) if kept is not None and kept[0] is ctx else None
+
+    def keep(self, ctx: RunContext, number: int, name: str) -> None:
+        kept = self._runs.get(ctx.run)
+        if kept is None or kept[0] is not ctx:
+            kept = self._runs[ctx.run] = (ctx, {})
+        kept[1][number] = name
+
+    def keep_only(self, runs: set[str]) -> None:
+        """Forget the runs not in RUNS (no longer served here)."""
+        for run in set(self._runs) - runs:
+            del self._runs[run]
+
+
 def parse_items(args: object, kwargs: object, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
     """The items a job carries, each read through the contract's typed reader (contracts.parse_item:
     the producer writes them; anything else put on the queue by hand is checked here, once,
@@ -95,9 +176,12 @@ class Intake:
                  on_complete: Callable[[str], Awaitable[object]],
                  on_runs: Callable[[list[str]], None] = lambda runs: None,
                  has_room: Callable[[], bool] = lambda: True,
-                 pack_store_for: Callable[[str], PackStore] = default_store_for) -> None:
+                 pack_store_for: Callable[[str], PackStore] = default_store_for,
+                 outages: PackOutages | None = None) -> None:
         self.rq = rq
         self.packs = PackReader(pack_store_for)
+        self.pack_names = PackNames()
+        self.outages = outages if outages is not None else PackOutages()
         self.worker = worker
         self.book = book
         self.acker = acker
@@ -146,6 +230,9 @@ class Intake:
                         if js.run == run:
                             self.book.abandon(js)
                 self.book.set_priorities(self.served.priorities)
+                self.pack_names.keep_only(set(self.served.contexts))
+                for run in set(self.outages.runs) - set(runs):  # not served here now: nothing to prove
+                    self._outage_over(run, "the run is not served here now")
                 self._on_runs(runs)
                 last_resolve = time.monotonic()
             wanted = self.wanted(runs)
@@ -203,7 +290,11 @@ class Intake:
 
     def _retry(self, run: str, now: float) -> float:
         """Seconds before an empty queue is asked again: at each poll while the run's last jobs
-        are being given back and taken (one was taken lately), else DRY_RETRY."""
+        are being given back and taken (one was taken lately), else DRY_RETRY. A run in a pack
+        outage is asked again after the store backoff (its jobs given back are no work to take)."""
+        outage = self.outages.runs.get(run)
+        if outage is not None:
+            return max(self.poll_interval, outage.retry_in)
         if TAIL_BALANCE and now - self._fed_at.get(run, -TAIL_WINDOW) < TAIL_WINDOW:
             return self.poll_interval
         return max(self.poll_interval, DRY_RETRY)
@@ -255,6 +346,8 @@ class Intake:
                 return True
             if held is None:
                 self._dry[run] = self._empty_at[run] = time.monotonic()
+                if run in self.outages.runs:
+                    self._outage_over(run, "its queue is empty here: no pack left to read")
                 if TAIL_BALANCE and not self.book.pending_of(run) and self._has_room():
                     await self.rq.call(self._call_for_work, run)
                 continue
@@ -270,11 +363,12 @@ class Intake:
             except PackUnreadable as e:
                 await self.acker.refuse(held, f"{JOB_FAILURE_PACK}: {e}")
                 return True
-            except StoreError as e:  # the store now, not the pack: the job waits for it in its queue
-                log.warning("job %s of run %s: its pack cannot be fetched now (%s); given back, the run is "
-                            "asked again in %.0f s", held.id, run, e, DRY_RETRY)
-                await self.acker.give_back_held([held])
+            except StoreError:  # the store now, not the pack: the job waits for it in its queue
+                await self.acker.give_back_held([held])  # no retry spent; the outage is said in read_reference
                 self._dry[run] = time.monotonic()
+                outage = self.outages.runs.get(run)
+                log.debug("job %s of run %s: its pack cannot be fetched now; given back, the run is asked again "
+                          "in %.1f s", held.id, run, outage.retry_in if outage is not None else DRY_RETRY)
                 return True
             attempt = held.attempt
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
@@ -292,18 +386,38 @@ class Intake:
 
     async def read_reference(self, run: str, ref: PackRef) -> list[object]:
         """The raw items of the job by reference REF of RUN, from its pack. Raises PackUnreadable,
-        StoreError."""
-        name = await self.rq.call(PackTable(self.worker.connection, run).name_of, ref.pack)
+        StoreError (after noting the run's pack outage: PackOutages). The end-of-run copies read
+        through here too (consumer/hedge.py)."""
+        ctx = self.served.contexts[run]
+        name = self.pack_names.known(ctx, ref.pack)
         if name is None:
-            raise PackUnreadable(f"pack number {ref.pack} is not in run {run}'s pack table")
-        output = self.served.contexts[run].settings.output
+            self.pack_names.table_reads += 1
+            name = await self.rq.call(PackTable(self.worker.connection, run).name_of, ref.pack)
+            if name is None:
+                raise PackUnreadable(f"pack number {ref.pack} is not in run {run}'s pack table")
+            self.pack_names.keep(ctx, ref.pack, name)
+        output = ctx.settings.output
         try:
             items: list[object] = list(await asyncio.to_thread(self.packs.block, output, run, name, ref.block))
         except PackNotFoundError as e:
             raise PackUnreadable(f"{e}") from None
         except PackError as e:
             raise PackUnreadable(f"{type(e).__name__}: {e}") from None
+        except StoreError as e:
+            outage = self.outages.failed(run, redact(f"{type(e).__name__}: {e}")[:500])
+            if outage.failures == 1:
+                log.warning("run %s: its packs cannot be read now (%s); paused for its jobs by reference "
+                            "(packs_unreachable): they go back to their queue, no retry spent, nothing failed, and "
+                            "the queue is asked again with the store backoff until a pack reads", run, outage.error)
+            raise
+        self._outage_over(run, "a pack reads again")
         return items
+
+    def _outage_over(self, run: str, why: str) -> None:
+        outage = self.outages.end(run)
+        if outage is not None:
+            log.warning("run %s: packs_unreachable over after %.1f s and %d failed read(s) in a row: %s",
+                        run, time.monotonic() - outage.began, outage.failures, why)
 
     async def _skip_shipped(self, js: JobState[Held]) -> None:
         """A job that runs again (after a crash, a sweep, a requeue) skips the items whose

@@ -291,6 +291,8 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
                          width))
     for c in r["consumers"]:
         lines += [fit(_consumer_line(c), width), fit("      " + engine_text(c["engine"]), width)]
+        if packs := c["paused_detail"].get("packs_unreachable"):  # why its jobs by reference go back
+            lines.append(fit("      " + packs, width))
         if copies := copies_text(c["copies"]):
             lines.append(fit("      " + copies, width))
         e = c["engine"]

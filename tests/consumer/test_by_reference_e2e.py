@@ -7,6 +7,7 @@ and rq's own `rq requeue` runs it again once the pack is back."""
 from __future__ import annotations
 
 import collections
+import re
 import shutil
 import time
 from pathlib import Path
@@ -17,8 +18,9 @@ import redis
 from rq.job import Job
 
 from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
@@ -36,9 +38,9 @@ def _enqueue(tmp_path: Path, redis_url: str, run: str, n: int, *extra: str, outp
 
 
 def _consume(tmp_path: Path, redis_url: str, sim: Sim, run: str, name: str,
-             env: dict[str, str] | None = None) -> Proc:
-    return Proc("consumer", ["-v", "run", "--run", run, "--endpoint", sim.url, "-c", "16", "--burst",
-                             "--shard-max-age", "0.5", "--spool", str(tmp_path / f"spool-{name}")],
+             env: dict[str, str] | None = None, extra: tuple[str, ...] = ("-c", "16")) -> Proc:
+    return Proc("consumer", ["-v", "run", "--run", run, "--endpoint", sim.url, "--burst",
+                             "--shard-max-age", "0.5", "--spool", str(tmp_path / f"spool-{name}"), *extra],
                 tmp_path / f"{name}.log", env={"REDIS_URL": redis_url, **(env or {})})
 
 
@@ -157,10 +159,10 @@ def test_a_pack_the_store_cannot_serve_now_gives_its_jobs_back_not_failed(
     try:
         c = _consume(tmp_path, redis_url, sim, "wait", "c")
         deadline = time.monotonic() + 30
-        while "cannot be fetched now" not in c.output() and time.monotonic() < deadline:
+        while "packs cannot be read now" not in c.output() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)  # several attempts meanwhile
-        assert "cannot be fetched now" in c.output(), c.output()
+        assert "packs cannot be read now" in c.output(), c.output()
         assert queue_for("wait", conn).failed_job_registry.count == 0
         pack.rmdir()
         shutil.move(hidden, pack)
@@ -169,7 +171,12 @@ def test_a_pack_the_store_cannot_serve_now_gives_its_jobs_back_not_failed(
         sim.stop()
     counts = collections.Counter(r["key"] for r in read_results(tmp_path / "out", "wait"))
     assert len(counts) == 24 and max(counts.values()) == 1
-    assert "pack_unreadable" not in c.output()
+    log = c.output()
+    assert "pack_unreadable" not in log
+    # one line where the outage starts, one where it ends, whatever the attempts in between
+    assert log.count("packs cannot be read now") == 1 and log.count("packs_unreachable over") == 1, log
+    tries = re.search(r"packs_unreachable over after [0-9.]+ s and (\d+) failed read", log)
+    assert tries and int(tries[1]) >= 2, log
 
 
 def test_a_run_by_reference_on_s3(tmp_path: Path, redis_url: str, conn: redis.Redis, s3_server: S3Server) -> None:
@@ -266,3 +273,66 @@ def test_a_pack_that_cannot_be_written_queues_nothing_and_the_same_command_queue
     proc = cli(*args, "--json", env={"REDIS_URL": redis_url})
     s = orjson.loads(proc.stdout)
     assert (s["enqueued"], s["jobs"], s["packs"]) == (20, 3, 1) and queue_for("nowrite", conn).count == 3
+
+
+def _paused(conn: redis.Redis) -> dict[str, str]:
+    """The pause reasons in the one consumer's last snapshot (what `producer status` reads)."""
+    reports = Snapshots(conn).reports(time.time())
+    assert len(reports) <= 1, reports
+    return dict(reports[0].get("paused") or {}) if reports else {}
+
+
+def test_an_s3_outage_while_a_run_by_reference_is_consumed_is_a_paused_state_and_loses_nothing(
+        tmp_path: Path, redis_url: str, conn: redis.Redis, s3_server: S3Server) -> None:
+    """S3 stopped while one consumer takes a run by reference from it: the consumer says it is
+    paused with packs_unreachable (its snapshot, `producer status`, genqueue_paused) for as long
+    as the packs cannot be read, gives their jobs back (none fails, none spends a retry), and
+    once S3 is back every item is done exactly once (export's coverage, no duplicates)."""
+    env = dict(s3_server.env)
+    run = "s3out"
+    s = _enqueue(tmp_path, redis_url, run, 160, "--prompts", "reference", output=s3_server.url("runs/out"), env=env)
+    assert (s["packs"], s["jobs"]) == (1, 20)
+    q = queue_for(run, conn)
+    port = free_port()
+    sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.01", "--mean-tokens", "16")
+    c = _consume(tmp_path, redis_url, sim, run, "c", env={**env, "GENQUEUE_S3_ABORT_AFTER": "0"},
+                 extra=("-c", "8", "--metrics-port", str(port)))
+    try:
+        deadline = time.monotonic() + 30
+        while q.finished_job_registry.count < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert q.finished_job_registry.count >= 2, c.output()
+        s3_server.stop()
+        t_down = time.monotonic()
+        detail, metric = "", ""
+        while time.monotonic() - t_down < 25 and not (detail and 'reason="packs_unreachable"} 1.0' in metric):
+            assert q.failed_job_registry.count == 0 and c.p.poll() is None, c.output()[-3000:]
+            detail = _paused(conn).get("packs_unreachable", "")  # the consumer's snapshot in Redis
+            metric = http_text(f"http://127.0.0.1:{port}/metrics", timeout=2) or ""
+            time.sleep(0.1)
+        assert detail.startswith(f"run {run}: packs unreachable since ") and "failed read" in detail, \
+            detail + c.output()[-3000:]
+        assert 'genqueue_paused{reason="packs_unreachable"} 1.0' in metric
+        text = cli("producer", "status", "--run", run, "--wide", env={"REDIS_URL": redis_url, **env}).stdout
+        assert "(paused: packs_unreachable)" in text and f"run {run}: packs unreachable since" in text, text
+        down_for = time.monotonic() - t_down
+        time.sleep(max(0.0, 3.0 - down_for))  # jobs keep being given back meanwhile
+        assert q.failed_job_registry.count == 0, "a store outage fails no job"
+        s3_server.start()
+        t_up = time.monotonic()
+        assert c.wait(90) == 0, c.output()[-3000:]
+        took = time.monotonic() - t_up
+    finally:
+        if c.p.poll() is None:
+            c.kill()
+        sim.stop()
+    log = c.output()
+    assert log.count("packs cannot be read now") == 1, "one line where the outage starts, not one per job"
+    assert log.count("packs_unreachable over") == 1 and "a pack reads again" in log
+    assert "pack_unreadable" not in log
+    assert "packs_unreachable" not in _paused(conn), "its last snapshot: the pause ended"
+    assert q.failed_job_registry.count == 0 and conn.zcard(q.finished_job_registry.key) == 20
+    e = _export(tmp_path, redis_url, run, env=env)
+    assert e["enqueued"] == e["exported"] + e["truncated"] == e["records_read"] == 160
+    assert (e["missing"], e["failed"], e["duplicates_removed"], e["malformed_jobs"]) == (0, 0, 0, [])
+    print(f"paused state seen {down_for:.1f} s after S3 stopped; done {took:.1f} s after it was back")
