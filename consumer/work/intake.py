@@ -33,6 +33,7 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import PackRef, job_counts, job_reference, queue_for
 from genqueue.common.storage import PackNotFoundError, PackStore, StoreError
 from genqueue.common.storage import store_for as default_store_for
+from genqueue.common.storage.packcache import PackCache
 from genqueue.common.storage.packreader import PackReader
 from genqueue.consumer.guards.stop import Stopped, until
 from genqueue.consumer.rqcompat import GenWorker, Held
@@ -95,9 +96,10 @@ class Intake:
                  on_complete: Callable[[str], Awaitable[object]],
                  on_runs: Callable[[list[str]], None] = lambda runs: None,
                  has_room: Callable[[], bool] = lambda: True,
-                 pack_store_for: Callable[[str], PackStore] = default_store_for) -> None:
+                 pack_store_for: Callable[[str], PackStore] = default_store_for,
+                 pack_cache: PackCache | None = None) -> None:
         self.rq = rq
-        self.packs = PackReader(pack_store_for)
+        self.packs = PackReader(pack_store_for, disk=pack_cache)
         self.worker = worker
         self.book = book
         self.acker = acker
