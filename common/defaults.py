@@ -487,6 +487,27 @@ PACK_TAIL_BYTES = 64 * 1024
 #: jobs queued together, so a few cover the jobs it holds at once; each pack beyond costs one
 #: more tail GET.
 PACK_INDEX_CACHE = 8
+#: Where a consumer keeps whole packs it fetched (common/storage/packcache.py): one directory per
+#: user and host, so every consumer of the host (`consumer launch` starts one per GPU) reads
+#: what another fetched. `consumer run --pack-cache DIR`; `~` is the user's home.
+PACK_CACHE_DIR = "~/.cache/genqueue/packs"
+#: Bytes of packs the cache keeps before it removes the least recently used: about 1,000 packs of
+#: 1,024 items of 1-4 KB (2 MB each), a run's next million items. 0 turns the cache off (a
+#: ranged GET per job, as without a disk).
+PACK_CACHE_BYTES = 2 * 1024 ** 3
+#: Seconds after which a half-written temporary file in the pack cache (its fetcher died before
+#: renaming it into place) is removed by the next fetch's sweep: no live fetch takes this long.
+PACK_CACHE_TEMP_AGE = 600.0
+#: Seconds a consumer waits for another consumer of the host fetching the same pack (its lock
+#: file in the pack cache) before it fetches the pack itself: a fetch of a few MB takes well under
+#: a second; a lock whose process is dead is taken over at once.
+PACK_CACHE_LOCK_WAIT = 30.0
+#: Seconds between a waiting consumer's looks for the pack another is fetching (a fetch takes
+#: tens of milliseconds on a near store, so a look costs little of the wait).
+PACK_CACHE_LOCK_POLL = 0.01
+#: Locks one consumer process's threads take, striped over the packs they fetch (a lock per pack
+#: would grow without bound; two packs sharing a stripe only wait on each other's fetch).
+PACK_CACHE_STRIPES = 64
 
 # producer/cost.py
 #: Characters a token, for the estimate from the original answers.

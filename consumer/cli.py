@@ -70,6 +70,14 @@ def _talk(verbose: int, quiet: bool) -> None:
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
               show_envvar=True,
               help="Serve Prometheus metrics on this port (default: off).")
+@click.option("--pack-cache", default=defaults.PACK_CACHE_DIR, show_default=True, envvar="GENQUEUE_PACK_CACHE",
+              show_envvar=True,
+              help="Directory of the host's cache of whole packs (runs enqueued with --prompts reference): every "
+                   "consumer of the host given the same one reads a pack another fetched.")
+@click.option("--pack-cache-bytes", type=click.IntRange(0), default=defaults.PACK_CACHE_BYTES, show_default=True,
+              envvar="GENQUEUE_PACK_CACHE_BYTES", show_envvar=True,
+              help="Bytes of packs the cache keeps (least recently used out); 0 turns it off: one ranged GET "
+                   "of the store per job instead.")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
 @redis_option

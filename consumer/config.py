@@ -36,6 +36,8 @@ class RunOptions(ConsumerArgs):
     endpoint_wait: float
     metrics_port: int | None
     redis_url: str
+    pack_cache: str
+    pack_cache_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,8 @@ class ConsumerConfig:
     endpoint_wait: float = defaults.ENDPOINT_WAIT
     telemetry_interval: float = defaults.TELEMETRY_INTERVAL
     shared_fs: bool = False  # local outputs are a filesystem every node shares (common/placement.py)
+    pack_cache: str = defaults.PACK_CACHE_DIR  # the host's disk cache of whole packs (common/storage/packcache.py)
+    pack_cache_bytes: int = defaults.PACK_CACHE_BYTES  # its bound; 0: no disk cache, a ranged GET per job
 
     @classmethod
     def from_options(cls, options: RunOptions) -> ConsumerConfig:
@@ -94,7 +98,8 @@ class ConsumerConfig:
                    request_timeout=options["request_timeout"], max_attempts=options["max_attempts"],
                    shard_max_bytes=options["shard_max_bytes"], shard_max_age=options["shard_max_age"],
                    spool_limit=options["spool_limit"], metrics_port=options["metrics_port"],
-                   endpoint_wait=options["endpoint_wait"], shared_fs=options["shared_fs"])
+                   endpoint_wait=options["endpoint_wait"], shared_fs=options["shared_fs"],
+                   pack_cache=options["pack_cache"], pack_cache_bytes=options["pack_cache_bytes"])
 
 
 def check_endpoint(url: str) -> str:

@@ -95,6 +95,8 @@ SHIP_FAILURES = Gauge("genqueue_ship_failures", "Failed shard uploads since star
 LIMIT = Gauge("genqueue_concurrency_limit", "In-flight limit now (with --concurrency auto: the steered target)")
 JOBS = Gauge("genqueue_jobs", "Job endings since start", ["ending"])
 COPIES = Gauge("genqueue_copies", "End-of-run copies since start (consumer/hedge.py)", ["kind"])
+PACK_READS = Gauge("genqueue_pack_reads", "Reading jobs by reference since start (common/storage/packreader.py): "
+                   "GETs, bytes fetched, disk cache hits and misses", ["kind"])
 #: The engine's readings the consumer exports, one gauge each (common.contracts.ENGINE_READINGS):
 #: those that read 0 without a reading, and those with no sample then
 ENGINE_GAUGES: dict[str, Gauge] = {r.key: Gauge(r.exported.name, r.exported.help) for r in ENGINE_READINGS
@@ -330,6 +332,7 @@ class Parts:
     stopping: Callable[[], bool]
     retries: Callable[[], dict[RetryKind, int]]
     copies: Callable[[], dict[str, int]] = dict  # the end of a run's copies (consumer/hedge.py)
+    packs: Callable[[], dict[str, int]] = dict  # reading jobs by reference (PackReader.counts)
     backing_off: Callable[[], int] = int  # requests in flight sleeping before a retry (0 by default)
 
 
@@ -485,6 +488,8 @@ class Telemetry:
             JOBS.labels(ending).set(n)
         for kind, n in snap["copies"].items():
             COPIES.labels(kind).set(n)
+        for kind, n in self.parts.packs().items():
+            PACK_READS.labels(kind).set(n)
         self._run_series = set_run_gauges(snap["runs"], self._run_series)
         set_engine_gauges(snap["engine"])
         for kind, n in self.parts.retries().items():

@@ -44,6 +44,7 @@ from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.storage import ShardStore
 from genqueue.common.storage import store_for as default_store_for
+from genqueue.common.storage.packcache import PackCache
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
@@ -110,6 +111,7 @@ class Consumer:
         self._registered = False  # an rq worker in Redis: its stop is reported
         self._shipped_seq: dict[str, int] = {}  # run -> the last of our shards shipped (in order)
         self._hedger: Hedger | None = None
+        self._intake: Intake | None = None
 
     # --- wiring callbacks ----------------------------------------------------------
     async def _output_of(self, run: str) -> str | None:
@@ -267,6 +269,7 @@ class Consumer:
             outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
             stopping=self.stopping.is_set, retries=lambda: dict(gen.failures),
             copies=lambda: self._hedger.counts() if self._hedger is not None else {},
+            packs=lambda: self._intake.packs.counts() if self._intake is not None else {},
             backing_off=lambda: gen.backing_off))
         self._telemetry, self._served = telemetry, served
         telemetry.only_run, telemetry.spool = cfg.run, os.path.abspath(cfg.spool)
@@ -278,7 +281,10 @@ class Consumer:
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
                         wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
                         on_runs=self.outbox.unpark,
-                        has_room=dispatcher.room_for_work, outages=outages)
+                        has_room=dispatcher.room_for_work, outages=outages,
+                        pack_cache=PackCache(cfg.pack_cache, max_bytes=cfg.pack_cache_bytes)
+                        if cfg.pack_cache_bytes > 0 else None)
+        self._intake = intake
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
                               stopped=lambda: set(served.paused) | set(served.vanished),

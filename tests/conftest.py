@@ -29,6 +29,13 @@ BIN = Path(sys.executable).parent
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The consumers the suite starts share one pack cache of this session's (not the user's
+# ~/.cache/genqueue/packs, which a suite would fill with packs of runs that no longer exist).
+if "GENQUEUE_PACK_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["GENQUEUE_PACK_CACHE"] = tempfile.mkdtemp(prefix="gq-test-packs-")
+
 
 @contextlib.contextmanager
 def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:

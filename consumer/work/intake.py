@@ -46,6 +46,7 @@ from genqueue.common.keepers.rqaccess import PackRef, job_counts, job_reference,
 from genqueue.common.redact import redact
 from genqueue.common.storage import PackNotFoundError, PackStore, StoreError
 from genqueue.common.storage import store_for as default_store_for
+from genqueue.common.storage.packcache import PackCache
 from genqueue.common.storage.packreader import PackReader
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.guards.stop import Stopped, until
@@ -177,9 +178,9 @@ class Intake:
                  on_runs: Callable[[list[str]], None] = lambda runs: None,
                  has_room: Callable[[], bool] = lambda: True,
                  pack_store_for: Callable[[str], PackStore] = default_store_for,
-                 outages: PackOutages | None = None) -> None:
+                 outages: PackOutages | None = None, pack_cache: PackCache | None = None) -> None:
         self.rq = rq
-        self.packs = PackReader(pack_store_for)
+        self.packs = PackReader(pack_store_for, disk=pack_cache)
         self.pack_names = PackNames()
         self.outages = outages if outages is not None else PackOutages()
         self.worker = worker
