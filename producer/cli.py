@@ -342,8 +342,12 @@ def _records_rows(s: Summary) -> list[tuple[str, str]]:
     and the counts below it are those of the last complete enqueue of the same file."""
     if not s.input_unchanged:
         return [("records read", f"{s.records:,}")]
-    why = "the file is unchanged since its last complete enqueue and every item of the run is done"
-    return [("records read", f"0  ({why}: not read again)"), ("records at last read", f"{s.records:,}")]
+    if s.items_in_run is None:
+        why = "the file is unchanged since its last complete enqueue and every item of the run is done"
+        return [("records read", f"0  ({why}: not read again)"), ("records at last read", f"{s.records:,}")]
+    why = "the file is unchanged since its last complete enqueue and no item of the run is lost"
+    said = f"0  ({why}: not read again; each record's item as the run's item table and queue say)"
+    return [("records read", said), ("records at last read", f"{s.records:,}")]
 
 
 def _register() -> None:

@@ -26,13 +26,18 @@ output holds, when Redis lost the run: runsetup.py): a mistyped path or option l
 behind. Items are claimed only right before their jobs are enqueued (jobwriter), so a record's
 bucket is settled when its items are written; one byte per record keeps it.
 
-Cost: a re-run reads its input and asks Redis three set memberships per item (one round trip
-per chunk of records); the queue view (every live job's payload) is read only when an item in
-the run is not done, once, under the run's lock (common/keepers/runlock.py). When nothing can need doing
-it reads nothing: the input file is byte for byte the one of this source's last complete enqueue
-(same digest), made into items the same way (settings, options), and every item of the run is
-done; then every record that was not rejected is already_done, and the summary says
-`input_unchanged` (a digest of the file, a second or two per GB, instead of converting it).
+Cost: a re-run reads its input and asks Redis each item's state in the run's item table (one
+round trip per chunk of records); the queue view (every live job's payload) is read only when
+an item in the run is not done, once, under the run's lock (common/keepers/runlock.py). When
+nothing can need doing it reads nothing: the input file is byte for byte the one of this
+source's last complete enqueue (same digest), made into items the same way (settings, options),
+and either every item of the run is done (then every record that was not rejected is
+already_done), or none of them is lost: under the lock, every item that is not done is queued
+(a live job, a young claim) or failed, as the queue view and the item table say, where each
+record is one item of the run (its only source, no duplicates), each record then counted by its
+item's state (issue 34: a hundred million items read from Redis, not 300 GB of input). The
+summary says `input_unchanged` (a digest of the file, a second or two per GB, instead of
+converting it).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -81,8 +87,9 @@ from genqueue.producer.reconcile import (
     as_int,
     derivation,
     input_digest,
+    items_in_run,
+    same_input,
     take_view,
-    unchanged_input,
 )
 from genqueue.producer.runsetup import Note, RunSetup, prepare
 
@@ -127,6 +134,9 @@ class Summary:
     settings_updated: dict[str, Any] | None = None  # from, to (fingerprints), changed
     queue_view: dict[str, Any] | None = None  # what the reconcile read of the queue, when it had to
     input_unchanged: bool = False  # the input was not read: see the module docstring ("Cost")
+    #: when the input was not read while items are still to do: the run's items done, queued and
+    #: failed as its item table and the queue view say (reconcile.items_in_run)
+    items_in_run: dict[str, float] | None = None
     input_digest: str | None = None  # blake2b of the input file (None for stdin)
     derivation: str | None = None  # what made its items: the settings, the reading options
     complete: bool = False  # the whole input was read
@@ -324,11 +334,7 @@ class Enqueuer:
         # jobs by reference (issue 34): their items are read from their packs
         items_of = PackItems(self.writer.conn, self.run, self.settings.output).items_of
         self.view = take_view(self.writer.conn, self.run, self.writer.claim_prefix, items_of=items_of)
-        v = self.view
-        self.queue_view = {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
-                           "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,
-                           "claimed_items_taken_over": v.taken_over_items, "seconds": round(v.seconds, 3),
-                           "malformed_jobs": v.malformed_jobs}
+        self.queue_view = view_summary(self.view)
 
     def _drain(self) -> None:
         """Write what longest-first ordering held back, longest first; then the rest."""
@@ -530,7 +536,7 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
         summary.input_digest = input_digest(path)
         summary.derivation = derivation(summary.fingerprint, opts.max_record_bytes, repr(origin))
         if (setup is not None and setup.existing is not None and not retry_failed and not summary.settings_updated
-                and _unchanged(conn, run, summary)):
+                and _unchanged(conn, run, summary, settings.output)):
             summary.seconds = round(time.perf_counter() - started, 3)
             RunStore(conn).record_source(run, summary.source, summary.to_dict())
             return summary
@@ -574,12 +580,40 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     return summary
 
 
-def _unchanged(conn: redis.Redis, run: str, summary: Summary) -> bool:
-    """Fill SUMMARY as a full reconcile would (every record not rejected is already_done) when
-    its input need not be read (reconcile.unchanged_input); return whether it did."""
-    prev = unchanged_input(conn, run, summary.source, summary.input_digest, summary.derivation)
+def _unchanged(conn: redis.Redis, run: str, summary: Summary, output: str) -> bool:
+    """Fill SUMMARY as a full reconcile would when its input need not be read, and return
+    whether it did: the input is the one its source's last complete enqueue read, made into
+    items the same way (reconcile.same_input), and either every item of the run is done, or,
+    under the run's lock, none is lost (reconcile.items_in_run: each done, queued or failed, as
+    the item table and the queue view say; the jobs by reference read from their packs in
+    OUTPUT) and each of the source's records is one item of the run (then the records are
+    split by their items' states). An item lost needs the input: then it is read."""
+    prev = same_input(conn, run, summary.source, summary.input_digest, summary.derivation)
     if prev is None:
         return False
+    if not Marks(conn, run).all_done():
+        # The records are accounted for by their items' states only where an item is a record:
+        # this source alone in the run, and its last read counted as many items as records
+        # kept (no duplicates); else the input is read.
+        kept = int(prev["records"]) - int(prev["rejected"])
+        if set(RunStore(conn).sources(run)) != {summary.source} or int(prev.get("duplicates", 0)):
+            return False
+        lock = RunLock(conn, run)
+        lock.acquire()
+        try:
+            view = take_view(conn, run, uuid.uuid4().hex, items_of=PackItems(conn, run, output).items_of)
+            counted = items_in_run(conn, run, view)
+        finally:
+            lock.release()
+        if counted.lost:
+            log.info("run %s: %d items are in the run, not done and in no job: the input is read to queue them again",
+                     run, counted.lost)
+            return False
+        if counted.done + counted.queued + counted.failed != kept:  # not an item a record: read
+            return False
+        summary.queue_view = view_summary(view)
+        summary.items_in_run = {"done": counted.done, "queued": counted.queued, "failed": counted.failed,
+                                "seconds": round(counted.seconds, 3)}
     summary.records = int(prev["records"])
     summary.rejected = int(prev["rejected"])
     summary.rejected_by_reason = dict(prev["rejected_by_reason"])
@@ -587,9 +621,23 @@ def _unchanged(conn: redis.Redis, run: str, summary: Summary) -> bool:
         setattr(summary, k, int(prev.get(k, 0)))
     est = prev.get("estimated_output_tokens")
     summary.estimated_output_tokens = est if isinstance(est, int) else None
-    summary.already_done = summary.already_enqueued = summary.records - summary.rejected
+    summary.already_enqueued = summary.records - summary.rejected
+    if summary.items_in_run is None:  # every item done: so is every record's
+        summary.already_done = summary.already_enqueued
+    else:  # an item a record (above)
+        summary.already_done = int(summary.items_in_run["done"])
+        summary.already_queued = int(summary.items_in_run["queued"])
+        summary.already_failed = int(summary.items_in_run["failed"])
     summary.input_unchanged = summary.complete = True
     return True
+
+
+def view_summary(v: QueueView) -> dict[str, Any]:
+    """What the summary's `queue_view` says of the view V."""
+    return {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
+            "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,
+            "claimed_items_taken_over": v.taken_over_items, "seconds": round(v.seconds, 3),
+            "malformed_jobs": v.malformed_jobs}
 
 
 def _filled_line(conn: redis.Redis, summary: Summary) -> str:

@@ -25,9 +25,13 @@ After a Redis loss the marks are rebuilt from the shipped shards first
 (common/keepers/marks.py Marks.rebuild): every record's key, streamed shard by shard; error records are FAILED;
 each item newly marked bumps its counters (outcome, turns, tool turns) as when its shard shipped.
 
-And when nothing can need doing, the input is not read at all (`unchanged_input`): the same
-bytes as its source's last complete enqueue, made into items the same way, and every item of
-the run done.
+And when nothing can need doing, the input is not read at all: the same bytes as its source's
+last complete enqueue, made into items the same way (`same_input`), and either every item of the
+run done (`unchanged_input`: no lock, no view), or, under the lock, every item of the run done,
+queued or failed as the view and the item table say (`items_in_run`: none lost, issue 34 step 6;
+where an item is a record: the only source of the run, no duplicates, as many items as records).
+Only an item that is in the run, not done and in no job needs the input (its prompt is there):
+then the input is read as above.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.claims import Claims
-from genqueue.common.keepers.items import DONE, FAILED, IN_RUN
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
@@ -144,16 +148,62 @@ def derivation(fingerprint: str, max_record_bytes: int, origin: str) -> str:
     return hashlib.blake2b(f"{fingerprint}|{max_record_bytes}|{origin}".encode(), digest_size=16).hexdigest()
 
 
-def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None,
-                    derived: str | None) -> dict[str, Any] | None:
-    """The summary of SOURCE's last enqueue into RUN when reading the input again cannot change
-    anything: that enqueue read the whole input, the input has the same DIGEST and is made into
-    items the same way (DERIVED), and every item of the run is done (so are this input's: its
-    complete enqueue put them all in the run). Else None: read it."""
+def same_input(conn: redis.Redis, run: str, source: str, digest: str | None,
+               derived: str | None) -> dict[str, Any] | None:
+    """The summary of SOURCE's last enqueue into RUN when that enqueue read the whole input, the
+    input has the same DIGEST and is made into items the same way (DERIVED): every item of this
+    input is in the run already, so reading it again can only find items that are not done and
+    in no job (lost). Else None."""
     if digest is None:
         return None
     prev = RunStore(conn).source_summary(run, source)
     if (not isinstance(prev, dict) or not prev.get("complete") or prev.get("input_digest") != digest
             or prev.get("derivation") != derived):
         return None
-    return prev if Marks(conn, run).all_done() else None
+    return prev
+
+
+def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None,
+                    derived: str | None) -> dict[str, Any] | None:
+    """The summary of SOURCE's last enqueue into RUN when reading the input again cannot change
+    anything because every item of the run is done (same_input, and Marks.all_done). Else None."""
+    prev = same_input(conn, run, source, digest, derived)
+    return prev if prev is not None and Marks(conn, run).all_done() else None
+
+
+@dataclass(slots=True)
+class ItemsInRun:
+    """The run's items as its item table and a queue view say, without the input (issue 34,
+    step 6): done; queued (in a live job or another producer's young claim); failed (an error
+    record or a failed job, and not retried); lost (none of those: only the input can queue
+    them again)."""
+
+    done: int = 0
+    queued: int = 0
+    failed: int = 0
+    lost: int = 0
+    seconds: float = 0.0
+
+
+def items_in_run(conn: redis.Redis, run: str, view: QueueView) -> ItemsInRun:
+    """Every item of RUN (IN_RUN in its item table) sorted by the view, as the reconcile would
+    sort it reading the input (Enqueuer._settle): the table is read a range of buckets a round
+    trip, memory holds the view only."""
+    t0 = time.perf_counter()
+    out = ItemsInRun()
+    live, failed = view.live, view.failed
+    for d, st in ItemTable(conn, run).each():
+        if not st & IN_RUN:
+            continue
+        if st & DONE:
+            out.done += 1
+            continue
+        k = int.from_bytes(d, "big")
+        if k in live:
+            out.queued += 1
+        elif st & FAILED or k in failed:
+            out.failed += 1
+        else:
+            out.lost += 1
+    out.seconds = time.perf_counter() - t0
+    return out

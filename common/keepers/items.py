@@ -225,10 +225,16 @@ class ItemTable:
         return counts_of(self.conn.hgetall(self.key))
 
     def each(self) -> Iterator[tuple[bytes, int]]:
-        """Every (digest, state) the table holds, bucket by bucket (for tests and tools)."""
-        for b in range(self.buckets()):
-            for d, s in self.conn.hgetall(bucket_key(self.run, b)).items():
-                yield (d if isinstance(d, bytes) else d.encode()), int(s)
+        """Every (digest, state) the table holds, a range of buckets a round trip."""
+        n = self.buckets()
+        for lo in range(0, n, _MISSING_BUCKETS):
+            with self.conn.pipeline(transaction=False) as p:
+                for b in range(lo, min(n, lo + _MISSING_BUCKETS)):
+                    p.hgetall(bucket_key(self.run, b))
+                parts = p.execute()
+            for part in parts:
+                for d, st in part.items():
+                    yield (d if isinstance(d, bytes) else d.encode()), int(st)
 
     def digests(self, bits: int = IN_RUN) -> set[bytes]:
         """The digests with every one of BITS set (for tests and tools: it holds them all)."""

@@ -206,7 +206,7 @@ def test_a_finished_run_with_an_unchanged_input_is_not_read_again(tmp_path: Path
     data.write_bytes(b"\n".join(lines) + b"\n")
     first = enqueue(redis_url, data, "unch")
     assert first["complete"] and first["input_digest"] and not first["input_unchanged"]
-    s = enqueue(redis_url, data, "unch")  # items still queued: read and reconciled
+    s = enqueue(redis_url, data, "unch")  # items still queued: the input has a duplicate record, so it is read
     assert not s["input_unchanged"] and s["already_queued"] == 501
     ItemTable(conn, "unch").change(list(ItemTable(conn, "unch").digests()), add=DONE)  # every item's result shipped
     ItemTable(conn, "unch").change([key_digest(min(item_keys(conn, "unch")))], add=FAILED)  # and an old error record
@@ -217,7 +217,7 @@ def test_a_finished_run_with_an_unchanged_input_is_not_read_again(tmp_path: Path
         "enqueued": 0, "retried_failed": 0, "already_queued": 0, "already_failed": 0, "already_done": 501,
         "duplicates": 0, "rejected": 1}
     assert fast["rejected_by_reason"] == {"invalid_json": 1} and fast["items"] == 0
-    # one item not done, another setting, or another input: read in full again
+    # one item not done (and its record a duplicate's), another setting, or another input: read in full again
     ItemTable(conn, "unch").change([key_digest(sorted(item_keys(conn, "unch"))[1])], clear=DONE)
     assert not enqueue(redis_url, data, "unch")["input_unchanged"]
     ItemTable(conn, "unch").change(list(ItemTable(conn, "unch").digests()), add=DONE)
@@ -242,3 +242,41 @@ def test_the_table_of_an_unchanged_input_says_it_was_not_read(tmp_path: Path, re
                      r"of the run is done: not read again\)$", again, re.MULTILINE), again
     assert re.search(r"^records at last read +11$", again, re.MULTILINE), again
     assert re.search(r"^  already done +11$", again, re.MULTILINE), again
+
+
+@pytest.mark.parametrize("mode", ["inline", "reference"])
+def test_an_unchanged_input_with_nothing_lost_is_not_read_again(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                                mode: str) -> None:
+    """Issue 34, step 6: the input is not read while every item of the run is done, queued or
+    failed, whatever the mode (by reference the live jobs' items are read from their packs); one
+    item lost (in the run, not done, in no job) and it is read, and only that item queued."""
+    run = f"nl{mode[:3]}"
+    data = write_jsonl(tmp_path / "n.jsonl", [sharegpt(i) for i in range(300)] + [{"conversations": []}])
+    out = tmp_path / "out"
+    first = enqueue(redis_url, data, run, "--prompts", mode, output=out)
+    assert first["enqueued"] == 300 and first["rejected"] == 1
+    again = enqueue(redis_url, data, run, "--prompts", mode, output=out)  # all queued: nothing lost
+    assert again["input_unchanged"] and again["items"] == 0
+    assert {b: again[b] for b in BUCKETS} == {"enqueued": 0, "retried_failed": 0, "already_queued": 300,
+                                              "already_failed": 0, "already_done": 0, "duplicates": 0, "rejected": 1}
+    assert again["items_in_run"]["queued"] == 300 and again["queue_view"]["live_items"] == 300
+    # some done, some with an error record but still in a live job (queued: the job runs again)
+    keys = sorted(item_keys(conn, run))
+    ItemTable(conn, run).change([key_digest(k) for k in keys[:200]], add=DONE)
+    ItemTable(conn, run).change([key_digest(k) for k in keys[200:210]], add=FAILED)
+    split = enqueue(redis_url, data, run, "--prompts", mode, output=out)
+    assert split["input_unchanged"]
+    assert (split["already_done"], split["already_failed"], split["already_queued"]) == (200, 0, 100)
+    # the queue lost (a consumer took the jobs, Redis dropped them): each not-done item is lost
+    queue_for(run, conn).empty()
+    ItemTable(conn, run).change([key_digest(k) for k in keys[210:]], add=DONE)  # all done but ten failed
+    failed = enqueue(redis_url, data, run, "--prompts", mode, output=out)
+    assert failed["input_unchanged"] and (failed["already_done"], failed["already_failed"]) == (290, 10)
+    ItemTable(conn, run).change([key_digest(keys[299])], clear=DONE)  # and one lost
+    lost = enqueue(redis_url, data, run, "--prompts", mode, output=out)
+    assert not lost["input_unchanged"] and lost["requeued"] == 1 and lost["items"] == 1
+    assert lost["already_done"] == 289 and lost["already_failed"] == 10
+    # a second source in the run: its records are not one item of the run each; read
+    other = write_jsonl(tmp_path / "o.jsonl", [sharegpt(i) for i in range(1000, 1010)])
+    enqueue(redis_url, other, run, "--prompts", mode, output=out)
+    assert not enqueue(redis_url, data, run, "--prompts", mode, output=out)["input_unchanged"]
