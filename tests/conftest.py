@@ -219,12 +219,15 @@ both_modes_reference_slow = pytest.mark.parametrize(
     "prompts_mode", [INLINE, pytest.param(BY_REFERENCE, marks=pytest.mark.slow)], ids=str)
 
 
-def items_of_job(conn: redis.Redis, run: str, output: str | Path, job: Any) -> list[dict[str, Any]]:
+def items_of_job(conn: redis.Redis, run: str, output: str | Path, job: Any, packs: Any = None) -> list[dict[str, Any]]:
     """The items of rq JOB of RUN in either mode: its argument inline, its block of its pack in
-    the run's OUTPUT by reference (read as the producer's readers read it)."""
+    the run's OUTPUT by reference (read as the producer's readers read it; PACKS, a PackItems of
+    the run, to keep its indexes over many jobs)."""
     from genqueue.common.keepers.rqaccess import job_items, job_reference
     from genqueue.producer.packitems import PackItems
 
     ref = job_reference(job.args, job.kwargs, job.meta)
-    items = job_items(job.args) if ref is None else PackItems(conn, run, str(output)).items_of(ref)
+    if ref is None:
+        return [dict(it) for it in job_items(job.args)]
+    items = (packs if packs is not None else PackItems(conn, run, str(output))).items_of(ref)
     return [dict(it) for it in items]
