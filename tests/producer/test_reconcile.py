@@ -161,13 +161,13 @@ def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, 
                                                                   conn: redis.Redis, prompts_mode: Prompts) -> None:
     records = [sharegpt(i) for i in range(4000)]
     data = write_jsonl(tmp_path / "race.jsonl", records[:2000])
-    out = tmp_path / "out"
-    enqueue(redis_url, data, "rrace", *prompts_mode.args, output=out)
+    output = tmp_path / "out"
+    enqueue(redis_url, data, "rrace", *prompts_mode.args, output=output)
     cli("rq", "empty", "-u", redis_url, "genqueue.rrace")
     write_jsonl(data, records)  # the input grew meanwhile: half lost from rq, half new
     env = {**os.environ, "REDIS_URL": redis_url}
     procs = [subprocess.Popen([str(BIN / "producer"), "enqueue", str(data), "--run", "rrace", "--batch-size", "8",
-                               "--json", "--rejects", os.devnull, "--output", str(out), *prompts_mode.args],
+                               "--json", "--rejects", os.devnull, "--output", str(output), *prompts_mode.args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=env) for _ in range(4)]
     summaries = []
@@ -177,7 +177,7 @@ def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, 
         summaries.append(orjson.loads(out))
     assert sum(s["requeued"] for s in summaries) == 2000
     assert sum(s["items"] for s in summaries) == 4000
-    queued = queued_item_keys(conn, "rrace", out)
+    queued = queued_item_keys(conn, "rrace", output)
     assert len(queued) == len(set(queued)) == 4000
     assert conn.keys(run_key("rrace", "claim:*")) == [] and conn.get(lock_key("rrace")) is None
     print(f"items queued per producer ({prompts_mode}):", sorted(s["items"] for s in summaries))
