@@ -161,6 +161,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--limit-seconds", type=float, default=600.0, help="give up (and fail) after this long")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--prompts", choices=["inline", "reference"], default="inline",
+                    help="where the jobs keep their items (producer enqueue --prompts; issue 34)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gq-chaos-"))
@@ -184,9 +186,10 @@ def main() -> int:
         make_data(data, args.items, args.seed)
         enq = subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", "chaos", "--batch-size", "8",
                               "--output", s3.url("chaos-out"), "--max-tokens", "200", "--json",
-                              "--rejects", str(work / "rejects.jsonl")], env=env, capture_output=True, text=True,
-                             check=True)
+                              "--rejects", str(work / "rejects.jsonl"), "--prompts", args.prompts], env=env,
+                             capture_output=True, text=True, check=True)
         summary = json.loads(enq.stdout)
+        figures["prompts"] = summary["prompts"]
         figures["records_read"] = summary["records"]
         figures["enqueued"] = summary["items"]
         log(f"enqueued {summary['items']} items in {summary['jobs']} jobs")

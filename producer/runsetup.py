@@ -46,6 +46,7 @@ import redis
 from genqueue.common.contracts import PromptMode
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.marks import Marks
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.runs import RunInfo, RunStore, conflict
 from genqueue.common.placement import Placement, this_host
 from genqueue.common.settings import RunSettings, check_update, check_variant_params
@@ -88,6 +89,7 @@ class RunSetup:
             placement = Placement.new(self.settings.output, shared_fs=self.shared_fs or rf.placement.shared_fs)
             if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints, placement):
                 self.outcome["recreated_run"] = True
+                PackTable(self.conn, self.run).restore(rf.packs)  # by reference: its packs found again
                 if priority is None and rf.priority:
                     priority = rf.priority
                     note(f"note: run {self.run}: priority {rf.priority}, as its run.json kept it")
@@ -135,6 +137,8 @@ class RunSetup:
                 sources = current.sources if current is not None else {}
                 self.run_file = RunFile(self.run, info.settings, info.created_at, info.version, info.fingerprints,
                                         sources, info.placement, level)
+                if current is not None:  # the mode and packs the enqueues by reference wrote stay named
+                    self.run_file.prompts, self.run_file.packs = current.prompts, current.packs
                 write_run_file(self.output, self.run_file)
             else:
                 self.run_file = current

@@ -14,11 +14,15 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import redis
+
+from genqueue.common.contracts import PromptMode
 
 BIN = Path(sys.executable).parent
 
@@ -185,3 +189,52 @@ def sharegpt(i: int, turns: int = 1, system: str | None = None) -> dict[str, obj
     if system is not None:
         rec["system"] = system
     return rec
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Where a test's enqueue puts the items (issue 34: every fault test passes in both modes):
+    ARGS go to `producer enqueue`; the mode is named explicitly, whatever the default is."""
+
+    mode: PromptMode
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return ("--prompts", self.mode.value)
+
+    @property
+    def by_reference(self) -> bool:
+        return self.mode is PromptMode.REFERENCE
+
+    def __str__(self) -> str:
+        return self.mode.value
+
+
+INLINE, BY_REFERENCE = Prompts(PromptMode.INLINE), Prompts(PromptMode.REFERENCE)
+
+
+@pytest.fixture(params=[INLINE, BY_REFERENCE], ids=str)
+def prompts_mode(request: pytest.FixtureRequest) -> Prompts:
+    """Both modes, for a test quick enough to run twice in the default suite."""
+    mode: Prompts = request.param
+    return mode
+
+
+#: Both modes, the by-reference variant in the slow tier (`scripts/test -m slow`): for a test that
+#: takes more than a few seconds, so the default suite stays as long as it is.
+both_modes_reference_slow = pytest.mark.parametrize(
+    "prompts_mode", [INLINE, pytest.param(BY_REFERENCE, marks=pytest.mark.slow)], ids=str)
+
+
+def items_of_job(conn: redis.Redis, run: str, output: str | Path, job: Any, packs: Any = None) -> list[dict[str, Any]]:
+    """The items of rq JOB of RUN in either mode: its argument inline, its block of its pack in
+    the run's OUTPUT by reference (read as the producer's readers read it; PACKS, a PackItems of
+    the run, to keep its indexes over many jobs)."""
+    from genqueue.common.keepers.rqaccess import job_items, job_reference
+    from genqueue.producer.packitems import PackItems
+
+    ref = job_reference(job.args, job.kwargs, job.meta)
+    if ref is None:
+        return [dict(it) for it in job_items(job.args)]
+    items = (packs if packs is not None else PackItems(conn, run, str(output))).items_of(ref)
+    return [dict(it) for it in items]

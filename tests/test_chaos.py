@@ -13,18 +13,18 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.slow
 @pytest.mark.timeout(660)  # the run's own bounds: --limit-seconds 420, killed at 600; the suite's 300 s would cut it
-def test_nothing_is_lost_under_kills_restarts_and_outages(tmp_path):
+def test_nothing_is_lost_under_kills_restarts_and_outages(tmp_path, prompts_mode):
     pytest.importorskip("tests.s3server")
     from tests.s3server import weed_binary
 
     if weed_binary() is None:
         pytest.skip("SeaweedFS is not installed")
     proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--workdir", str(tmp_path / "chaos"),
-                           "--limit-seconds", "420"], capture_output=True, text=True, timeout=600)
+                           "--limit-seconds", "420", *prompts_mode.args], capture_output=True, text=True, timeout=600)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     figures = json.loads(proc.stdout)
     assert proc.returncode == 0, (figures, proc.stderr[-3000:])
-    assert figures["invariants"] == "hold"
+    assert figures["invariants"] == "hold" and figures["prompts"] == prompts_mode.mode
     assert figures["kills"] >= 5 and figures["redis_restarts"] == 2
     assert figures["missing"] == 0
     # A job abandoned by kill after kill until its retries ran out is failed in rq; export

@@ -16,7 +16,17 @@ import pytest
 import redis
 
 from genqueue.common.keepers.items import ItemTable
-from tests.conftest import RedisServer, cli, free_port, http_text, sharegpt, wait_for, write_jsonl
+from genqueue.common.keepers.marks import Marks
+from tests.conftest import (
+    RedisServer,
+    both_modes_reference_slow,
+    cli,
+    free_port,
+    http_text,
+    sharegpt,
+    wait_for,
+    write_jsonl,
+)
 from tests.consumer.e2e import Proc, Sim
 
 pytestmark = pytest.mark.integration
@@ -88,14 +98,19 @@ def test_a_run_that_does_not_fit_is_refused_with_the_numbers_before_anything_is_
     print(f"\nestimate {summary['redis_estimate_bytes']:,} bytes for 20,000 items; used after: {_used(conn):,}")
 
 
-def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_finishes_it(tmp_path, server):
+@both_modes_reference_slow
+def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_finishes_it(tmp_path, server,
+                                                                                          prompts_mode):
     conn = redis.Redis.from_url(server.url)
     env = {"REDIS_URL": server.url}
-    n = 20_000
+    n = 40_000 if prompts_mode.by_reference else 20_000
     data = tmp_path / "fill.jsonl.gz"  # compressed: the up-front estimate sees only its first records
     data.write_bytes(gzip.compress(b"".join(orjson.dumps(sharegpt(i)) + b"\n" for i in range(n))))
-    conn.config_set("maxmemory", _used(conn) + (3 << 20))
-    args = ["producer", "enqueue", str(data), "--run", "fill", "--output", str(tmp_path / "out"), "--batch-size", "32"]
+    # by reference Redis holds no prompt text (about 105 bytes an item): more items, in less room,
+    # yet more than the estimate of the first records asks (1.2 MB for 4,096 items)
+    conn.config_set("maxmemory", _used(conn) + ((2 << 20) if prompts_mode.by_reference else (3 << 20)))
+    args = ["producer", "enqueue", str(data), "--run", "fill", "--output", str(tmp_path / "out"), "--batch-size", "32",
+            *prompts_mode.args]
     first = cli(*args, env=env, check=False)
     assert first.returncode == 1, (first.stdout, first.stderr)
     last = first.stderr.strip().splitlines()[-1]
@@ -107,17 +122,18 @@ def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_fi
     again = cli(*args, "--json", env=env)
     summary = orjson.loads(again.stdout)
     assert summary["complete"], summary
-    assert ItemTable(conn, "fill").counts().in_run == n
+    assert Marks(conn, "fill").progress().items == ItemTable(conn, "fill").counts().in_run == n
     assert conn.llen("rq:queue:genqueue.fill") == n // 32, "every item in exactly one job: none queued twice"
 
 
-def test_redis_full_mid_run_pauses_the_consumer_and_it_completes_once_memory_is_raised(tmp_path, server):
+@both_modes_reference_slow
+def test_redis_full_mid_run_pauses_the_consumer_and_it_completes_once_memory_is_raised(tmp_path, server, prompts_mode):
     conn = redis.Redis.from_url(server.url)
     env = {"REDIS_URL": server.url}
     n = 240
     data = write_jsonl(tmp_path / "mid.jsonl", [sharegpt(i) for i in range(n)])
     cli("producer", "enqueue", str(data), "--run", "mid", "--output", str(tmp_path / "out"), "--batch-size", "4",
-        "--max-tokens", "400", env=env)
+        "--max-tokens", "400", *prompts_mode.args, env=env)
     sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.02", "--mean-tokens", "40")
     mport = free_port()
     consumer = Proc("consumer", ["-v", "run", "--run", "mid", "--endpoint", sim.url, "--burst", "--lease", "3",
@@ -149,4 +165,4 @@ def test_redis_full_mid_run_pauses_the_consumer_and_it_completes_once_memory_is_
     assert (e["exported"], e["missing"], e["failed"]) == (n, 0, 0), e
     keys = [orjson.loads(line)["key"] for line in (tmp_path / "mid.out.jsonl").read_bytes().splitlines()]
     assert len(keys) == len(set(keys)) == n
-    print(f"\nfull at {done_at_full} of {n} done; export removed {e['duplicates_removed']} duplicates")
+    print(f"\n{prompts_mode}: full at {done_at_full} of {n} done; export removed {e['duplicates_removed']} duplicates")

@@ -41,12 +41,12 @@ def held_ids(conn) -> set[str]:
 
 
 def test_a_consumer_of_two_runs_is_seen_by_rq_info_and_the_dashboard_with_every_job_it_holds(
-        tmp_path, redis_url, conn):
+        tmp_path, redis_url, conn, prompts_mode):
     env = {"REDIS_URL": redis_url}
     for n, run in enumerate(RUNS):
         data = write_jsonl(tmp_path / f"{run}.jsonl", [sharegpt(100 * n + i) for i in range(2 * JOBS_PER_RUN)])
         cli("producer", "enqueue", str(data), "--run", run, "--batch-size", "2", "--output", str(tmp_path / "out"),
-            "--rejects", str(tmp_path / f"rej-{run}"), env=env)
+            "--rejects", str(tmp_path / f"rej-{run}"), *prompts_mode.args, env=env)
     # minutes per answer (the 64-token probe of each run takes seconds): every job stays held
     sim = Sim(tmp_path, "--step-time", "0.1", "--mean-tokens", "4000")
     consumer = Proc("consumer", ["run", "--endpoint", sim.url, "-c", "8", "--drain-timeout", "2",

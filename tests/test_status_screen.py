@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from genqueue.producer.status import run_status
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import INLINE, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
 pytestmark = pytest.mark.integration
@@ -28,10 +28,10 @@ pytestmark = pytest.mark.integration
 BIG, TINY = 400, 2
 
 
-def _enqueue(tmp: Path, redis_url: str, run: str, records: list[Any]) -> None:
+def _enqueue(tmp: Path, redis_url: str, run: str, records: list[Any], prompts: Prompts = INLINE) -> None:
     data = write_jsonl(tmp / f"{run}.jsonl", [*records, "not an object"])
     cli("producer", "enqueue", str(data), "--run", run, "--output", str(tmp / "out"), "--batch-size", "8",
-        "--max-tokens", "256", "--temperature", "0.7", "--rejects", str(tmp / f"{run}.rej.jsonl"),
+        "--max-tokens", "256", "--temperature", "0.7", "--rejects", str(tmp / f"{run}.rej.jsonl"), *prompts.args,
         env={"REDIS_URL": redis_url})
 
 
@@ -80,12 +80,14 @@ def check_identities(r: dict[str, Any]) -> None:
         assert r["eta_s"] == 0.0
 
 
-def test_two_runs_two_consumers_each_run_its_own_figures(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+@both_modes_reference_slow  # issue 34: the five questions hold by reference too
+def test_two_runs_two_consumers_each_run_its_own_figures(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                         prompts_mode: Prompts) -> None:
     sim = Sim(tmp_path, "--slots", "64", "--step-time", "0.008", "--mean-tokens", "60")
     procs: list[Proc] = []
     try:
-        _enqueue(tmp_path, redis_url, "big", [sharegpt(i, turns=1 + i % 3) for i in range(BIG)])
-        _enqueue(tmp_path, redis_url, "tiny", [sharegpt(i) for i in range(TINY)])
+        _enqueue(tmp_path, redis_url, "big", [sharegpt(i, turns=1 + i % 3) for i in range(BIG)], prompts_mode)
+        _enqueue(tmp_path, redis_url, "tiny", [sharegpt(i) for i in range(TINY)], prompts_mode)
         procs = [_consumer(tmp_path, redis_url, sim, "both"), _consumer(tmp_path, redis_url, sim, "bigonly",
                                                                       "--run", "big")]
         env = {"REDIS_URL": redis_url}

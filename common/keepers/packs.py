@@ -19,6 +19,8 @@ step of issue 34 may remove.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import redis
 from redis.client import Pipeline
 
@@ -62,6 +64,26 @@ class PackTable:
                 out[int(ks)] = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
         return dict(sorted(out.items()))
 
+    def restore(self, packs: Mapping[int, str]) -> int:
+        """Name again each of PACKS (run.json's, number -> name) the table lacks, and give numbers
+        out from past the highest of them (module docstring). Returns the entries named again."""
+        if not packs:
+            return 0
+        with self.conn.pipeline(transaction=False) as p:
+            for number, name in packs.items():
+                p.hsetnx(self.key(self.run), str(number), name)
+            added = sum(int(x) for x in p.execute())
+        self.conn.eval(_AT_LEAST, 1, self.seq_key(self.run), max(packs))
+        return added
+
     def count(self) -> int:
         """How many packs the run's table names (0: every job of the run is inline)."""
         return int(self.conn.hlen(self.key(self.run)))
+
+
+#: SET KEYS[1] to ARGV[1] unless it holds a larger number already (racing producers' INCRs kept).
+_AT_LEAST = """
+local n = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if n < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 0
+"""

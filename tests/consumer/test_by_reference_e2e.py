@@ -20,6 +20,7 @@ from rq.job import Job
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
+from genqueue.common.packs import read_index
 from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
@@ -142,6 +143,55 @@ def test_a_missing_pack_fails_its_jobs_and_rq_requeue_runs_them_once_it_is_back(
     assert set(counts) == run_keys(conn, "gone") and len(counts) == 40 and max(counts.values()) == 1
     e = _export(tmp_path, redis_url, "gone")
     assert e["exported"] + e["truncated"] == e["enqueued"] == 40 and (e["missing"], e["failed"]) == (0, 0)
+
+
+@pytest.mark.slow  # over 10 s: two consumers' starts and three exports
+def test_a_corrupt_block_fails_only_its_job_and_rq_requeue_runs_it_once_the_pack_is_mended(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """One byte flipped in the frame of a pack's first block: that block's job fails as
+    pack_unreadable (its items never skipped in silence), the others complete; export names the
+    job it cannot read; once the pack's bytes are good again its items are failed, not missing,
+    `rq requeue` runs the job, and every item is exported once."""
+    s = _enqueue(tmp_path, redis_url, "bad", 40, "--prompts", "reference")
+    assert (s["packs"], s["jobs"]) == (1, 5)
+    pack = next((tmp_path / "out" / "bad" / "packs").glob("*.gqpack"))
+    good = pack.read_bytes()
+    first = read_index(good, pack.name).blocks[0]
+    assert first.count == 8
+    spoilt = bytearray(good)
+    spoilt[first.offset + first.length // 2] ^= 0xFF
+    pack.write_bytes(bytes(spoilt))
+    sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
+    try:
+        c = _consume(tmp_path, redis_url, sim, "bad", "first")
+        c.wait(60)
+        q = queue_for("bad", conn)
+        failed = q.failed_job_registry.get_job_ids()
+        assert len(failed) == 1 and q.finished_job_registry.count == 4, c.output()
+        job = Job.fetch(failed[0], connection=conn, serializer=SERIALIZER)
+        assert job.meta["block"] == 0
+        why = job_failure(job) or ""
+        assert why.startswith("pack_unreadable: ") and pack.name in why, why
+        answered = {r["key"] for r in read_results(tmp_path / "out", "bad")}
+        assert len(answered) == 32, "the other four jobs' items, and none of the spoilt block's"
+        # export reads the same spoilt block: the job named as unreadable, its 8 items missing;
+        # with the pack mended they are failed (job_failed, rq's reason), not missing
+        e = _export_any(tmp_path, redis_url, "bad")
+        assert (e["missing"], e["failed"], len(e["malformed_jobs"])) == (8, 0, 1), e
+        assert "its items cannot be read" in e["malformed_jobs"][0]["reason"], e["malformed_jobs"]
+        pack.write_bytes(good)
+        e = _export_any(tmp_path, redis_url, "bad")
+        assert (e["missing"], e["failed"], e["failed_by_class"]) == (0, 8, {"job_failed": 8}), e
+        cli("rq", "requeue", "-u", redis_url, "--queue", "genqueue.bad", "--all")
+        again = _consume(tmp_path, redis_url, sim, "bad", "second")
+        assert again.wait(60) == 0, again.output()
+    finally:
+        sim.stop()
+    counts = collections.Counter(r["key"] for r in read_results(tmp_path / "out", "bad"))
+    assert len(counts) == 40 and max(counts.values()) == 1
+    e = _export(tmp_path, redis_url, "bad")
+    assert e["exported"] + e["truncated"] == e["enqueued"] == 40 and (e["missing"], e["failed"]) == (0, 0)
+    assert e["duplicates_removed"] == 0
 
 
 def test_a_pack_the_store_cannot_serve_now_gives_its_jobs_back_not_failed(

@@ -27,7 +27,8 @@ from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runs import run_key
 from genqueue.consumer.guards.rewind import Rebuild, Rewind
 from genqueue.consumer.rqthread import RqThread
-from tests.conftest import RedisServer, cli, sharegpt, wait_for, write_jsonl
+from genqueue.producer.packitems import PackItems
+from tests.conftest import Prompts, RedisServer, cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 
 pytestmark = pytest.mark.integration
@@ -42,26 +43,29 @@ def _consumer(tmp_path: Path, url: str, sim: Sim, name: str) -> Proc:
                 tmp_path / f"{name}.log", env={"REDIS_URL": url})
 
 
-def _held(conn: redis.Redis) -> int:
+def _held(conn: redis.Redis, out: Path) -> int:
     """Items in flight now, in the sense a crash costs: dequeued and not yet shipped (jobs in rq's
     started registry or dequeuing list, less their items already marked done). This counts the
     items generated and waiting in an outbox for their shard too, which the consumers' snapshots
     (in flight and waiting for a slot, published every 2 s) leave out: a crash costs those as well
     when their shards land after the rebuild read the output (the cause of a flaky bound)."""
-    jobs = list(read_jobs(conn, "rw", (JobPlace.DEQUEUING, JobPlace.STARTED), scan=JobScan()))
+    jobs = list(read_jobs(conn, "rw", (JobPlace.DEQUEUING, JobPlace.STARTED), scan=JobScan(),
+                          items_of=PackItems(conn, "rw", str(out)).items_of))  # by reference: from the packs
     keys = [item["key"] for job in jobs for item in job.items]
     return len(keys) - len(Marks(conn, "rw").done_of(keys)) if keys else 0
 
 
 @pytest.mark.slow
-def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp_path: Path) -> None:
+def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp_path: Path,
+                                                                             prompts_mode: Prompts) -> None:
     (tmp_path / "redis").mkdir()
     server = RedisServer(tmp_path / "redis")
     server.start()
     conn = redis.Redis.from_url(server.url)
     data = write_jsonl(tmp_path / "rw.jsonl", [sharegpt(i) for i in range(ITEMS)])
     cli("producer", "enqueue", str(data), "--run", "rw", "--output", str(tmp_path / "out"), "--batch-size", "16",
-        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": server.url})
+        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), *prompts_mode.args,
+        env={"REDIS_URL": server.url})
     sim = Sim(tmp_path, "--slots", "64", "--step-time", "0.01", "--mean-tokens", "20")
     procs: list[Proc] = []
     try:
@@ -78,7 +82,7 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
             p.hget(ItemTable(conn, "rw").key, "done")
             p.lastsave()
             at_crash = int(p.execute()[0] or 0)
-        held = _held(conn)
+        held = _held(conn, tmp_path / "out")
         server.kill()
         time.sleep(1.0)
         server.start()
@@ -102,7 +106,7 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
     counts = collections.Counter(r["key"] for r in read_results(tmp_path / "out", "rw"))
     twice = sum(n - 1 for n in counts.values())
     window = at_crash - at_snapshot
-    print(f"\nrewind: {at_snapshot} items marked at the snapshot ({restored} after the restart), {window} shipped "
+    print(f"\nrewind ({prompts_mode}): {at_snapshot} items marked at the snapshot ({restored} after the restart), {window} shipped "
           f"in the {WINDOW:.0f} s lost window, {held} in flight (dequeued, not shipped) at the crash; generated twice: "
           f"{twice} (export removed {e['duplicates_removed']} duplicates)")
     assert "Redis holds older data than this consumer wrote" in logs, logs

@@ -15,7 +15,17 @@ import orjson
 import pytest
 import redis
 
-from tests.conftest import RedisServer, cli, free_port, sharegpt, wait_for, write_jsonl
+from tests.conftest import (
+    INLINE,
+    Prompts,
+    RedisServer,
+    both_modes_reference_slow,
+    cli,
+    free_port,
+    sharegpt,
+    wait_for,
+    write_jsonl,
+)
 from tests.consumer.e2e import Proc, Sim
 from tests.consumer.test_disk_full import small_fs  # noqa: F401 - a fixture
 
@@ -76,11 +86,11 @@ def assert_given_back(conn: redis.Redis, run: str, jobs: int) -> None:
 
 
 def busy(tmp_path: Path, redis_url: str, conn: redis.Redis, run: str, *extra: str,
-         sim_args: tuple[str, ...] = ("--slots", "8", "--step-time", "0.05", "--mean-tokens", "200")
-         ) -> tuple[Sim, Proc]:
+         sim_args: tuple[str, ...] = ("--slots", "8", "--step-time", "0.05", "--mean-tokens", "200"),
+         prompts: Prompts = INLINE) -> tuple[Sim, Proc]:
     """A consumer holding jobs of RUN (80 items, 10 jobs) with requests on a slow stand-in (held
     jobs alone are not enough: a drain before the first request is sent ends at once)."""
-    enqueue(tmp_path, redis_url, run, 80)
+    enqueue(tmp_path, redis_url, run, 80, *prompts.args)
     sim = Sim(tmp_path, *sim_args)
     c = start(tmp_path, redis_url, sim.url, "--run", run, "-c", "8", *extra)
     wait_for(lambda: held(conn, run) > 0 and sim.running() > 0, 30, "jobs held and requests running")
@@ -88,8 +98,8 @@ def busy(tmp_path: Path, redis_url: str, conn: redis.Redis, run: str, *extra: st
 
 
 @pytest.mark.slow
-def test_endpoint_killed_just_before_the_signal(tmp_path, redis_url, conn):
-    sim, c = busy(tmp_path, redis_url, conn, "dead")
+def test_endpoint_killed_just_before_the_signal(tmp_path, redis_url, conn, prompts_mode):
+    sim, c = busy(tmp_path, redis_url, conn, "dead", prompts=prompts_mode)
     sim.stop()
     code, took = stop_within(c, DRAIN + SLACK + 10)
     log = c.output()
@@ -100,8 +110,8 @@ def test_endpoint_killed_just_before_the_signal(tmp_path, redis_url, conn):
 
 
 @pytest.mark.slow
-def test_endpoint_down_pause(tmp_path, redis_url, conn):
-    sim, c = busy(tmp_path, redis_url, conn, "down")
+def test_endpoint_down_pause(tmp_path, redis_url, conn, prompts_mode):
+    sim, c = busy(tmp_path, redis_url, conn, "down", prompts=prompts_mode)
     sim.stop()
     wait_for(lambda: "endpoint_down" in paused(conn), 30, "the endpoint_down pause")
     code, took = stop_within(c, DRAIN + SLACK + 10)
@@ -110,8 +120,8 @@ def test_endpoint_down_pause(tmp_path, redis_url, conn):
 
 
 @pytest.mark.slow
-def test_spool_full_pause_with_an_unreachable_output(tmp_path, redis_url, conn):
-    enqueue(tmp_path, redis_url, "full", 80)
+def test_spool_full_pause_with_an_unreachable_output(tmp_path, redis_url, conn, prompts_mode):
+    enqueue(tmp_path, redis_url, "full", 80, *prompts_mode.args)
     shards = tmp_path / "out" / "full" / "shards"  # a file where the shards go: every ship fails
     shutil.rmtree(shards, ignore_errors=True)
     shards.parent.mkdir(parents=True, exist_ok=True)
@@ -132,13 +142,13 @@ def test_spool_full_pause_with_an_unreachable_output(tmp_path, redis_url, conn):
 
 
 @pytest.mark.slow
-def test_redis_unreachable_pause(tmp_path):
+def test_redis_unreachable_pause(tmp_path, prompts_mode):
     server = RedisServer(tmp_path, appendonly=True)
     server.start()
     conn = redis.Redis.from_url(server.url)
     sim = None
     try:
-        sim, c = busy(tmp_path, server.url, conn, "nored")
+        sim, c = busy(tmp_path, server.url, conn, "nored", prompts=prompts_mode)
         server.stop()
         wait_for(lambda: "Redis unreachable" in c.output(), 30, "the consumer to find Redis unreachable")
         code, took = stop_within(c, DRAIN + SLACK + 10)
@@ -170,8 +180,9 @@ def test_spool_disk_pause(tmp_path, redis_url, conn, small_fs):  # noqa: F811 - 
     assert_given_back(conn, "disk", 10)
 
 
-def test_shipping_leftovers_at_start(tmp_path, redis_url, conn):
-    enqueue(tmp_path, redis_url, "left", 80)
+@both_modes_reference_slow
+def test_shipping_leftovers_at_start(tmp_path, redis_url, conn, prompts_mode):
+    enqueue(tmp_path, redis_url, "left", 80, *prompts_mode.args)
     shards = tmp_path / "out" / "left" / "shards"  # every ship fails: shards stay in the spool
     shutil.rmtree(shards, ignore_errors=True)
     shards.parent.mkdir(parents=True, exist_ok=True)
@@ -229,8 +240,8 @@ def test_waiting_for_redis_at_start(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_signal_ends_it_at_once(tmp_path, redis_url, conn):
-    sim, c = busy(tmp_path, redis_url, conn, "twice", "--drain-timeout", "60")
+def test_a_second_signal_ends_it_at_once(tmp_path, redis_url, conn, prompts_mode):
+    sim, c = busy(tmp_path, redis_url, conn, "twice", "--drain-timeout", "60", prompts=prompts_mode)
     try:
         c.signal(signal.SIGTERM)
         wait_for(lambda: "draining for up to 60 s" in c.output(), 10, "the drain line")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,7 +18,8 @@ from rq.job import Job
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
 from genqueue.producer.enqueue import SLICE_ITEMS
-from tests.conftest import BIN, sharegpt
+from genqueue.producer.packitems import PackItems
+from tests.conftest import BIN, Prompts, items_of_job, sharegpt
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +44,13 @@ def dataset() -> tuple[bytes, int]:
     return b"\n".join(lines) + b"\n", distinct
 
 
-def race(redis_url: str, conn: redis.Redis, data: bytes, run: str) -> list[dict[str, Any]]:
+def race(redis_url: str, conn: redis.Redis, data: bytes, run: str, *extra: str) -> list[dict[str, Any]]:
     """Start PRODUCERS `producer enqueue -` on RUN; once every one is connected to Redis (and so
     waiting on its stdin), give them all the same input at once."""
     env = {**os.environ, "REDIS_URL": redis_url}
     procs = [
         subprocess.Popen([str(BIN / "producer"), "enqueue", "-", "--run", run, "--batch-size", str(BATCH), "--json",
-                          "--rejects", os.devnull], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          "--rejects", os.devnull, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env)
         for _ in range(PRODUCERS)
     ]
@@ -78,7 +80,8 @@ def race(redis_url: str, conn: redis.Redis, data: bytes, run: str) -> list[dict[
 
 
 @pytest.mark.slow
-def test_racing_producers_enqueue_each_item_exactly_once(redis_url: str, conn: redis.Redis) -> None:
+def test_racing_producers_enqueue_each_item_exactly_once(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                         prompts_mode: Prompts) -> None:
     data, distinct = dataset()
     slice_items = max(BATCH, SLICE_ITEMS - SLICE_ITEMS % BATCH)
     winners_per_round: list[list[int]] = []
@@ -86,7 +89,7 @@ def test_racing_producers_enqueue_each_item_exactly_once(redis_url: str, conn: r
         conn.flushall()
         run = f"race{round_}"
         started = time.monotonic()
-        summaries = race(redis_url, conn, data, run)
+        summaries = race(redis_url, conn, data, run, "--output", str(tmp_path / "out"), *prompts_mode.args)
         elapsed = time.monotonic() - started
         for s in summaries:
             assert s["records"] == RECORDS
@@ -101,9 +104,10 @@ def test_racing_producers_enqueue_each_item_exactly_once(redis_url: str, conn: r
         assert len(ids) == len(set(ids)) == sum(s["jobs"] for s in summaries)
         keys: list[str] = []
         sizes: list[int] = []
+        packs = PackItems(conn, run, str(tmp_path / "out"))
         for job in Job.fetch_many(ids, connection=conn, serializer=SERIALIZER):
             assert job is not None
-            items = job.args[0]
+            items = items_of_job(conn, run, tmp_path / "out", job, packs)
             sizes.append(len(items))
             keys += [it["key"] for it in items]
         assert len(keys) == len(set(keys)) == distinct == ItemTable(conn, run).counts().in_run
@@ -114,7 +118,7 @@ def test_racing_producers_enqueue_each_item_exactly_once(redis_url: str, conn: r
         assert sum(n < BATCH for n in sizes) <= slices
         assert conn.keys(f"genqueue:run:{run}:claim:*") == []  # every claim ended in its jobs
         winners_per_round.append(sorted(s["items"] for s in summaries))
-        print(f"round {round_}: items per producer {winners_per_round[-1]}, jobs {len(ids)} "
+        print(f"round {round_} ({prompts_mode}): items per producer {winners_per_round[-1]}, jobs {len(ids)} "
               f"(one producer alone: {math.ceil(distinct / BATCH)}), {elapsed:.1f} s")
     # The producers did race: in some round more than one of them won items.
     assert any(sum(n > 0 for n in w) > 1 for w in winners_per_round), winners_per_round

@@ -15,7 +15,7 @@ from rq.job import Job
 
 from genqueue.common.keepers.items import DONE, ItemTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, queue_for
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import Prompts, both_modes_reference_slow, cli, items_of_job, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +32,19 @@ def balanced(s: Summary) -> bool:
     return bool(s["records"] == s["enqueued"] + s["already_enqueued"] + s["duplicates"] + s["rejected"])
 
 
-def test_enqueue_then_rq_info_sees_the_jobs(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+def test_enqueue_then_rq_info_sees_the_jobs(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                            prompts_mode: Prompts) -> None:
     data = write_jsonl(tmp_path / "data.jsonl", [sharegpt(i, turns=2) for i in range(100)])
-    _, s = enqueue_json(redis_url, str(data), "--batch-size", "16", "--rejects", str(tmp_path / "r.jsonl"))
+    _, s = enqueue_json(redis_url, str(data), "--batch-size", "16", "--rejects", str(tmp_path / "r.jsonl"),
+                        "--output", str(tmp_path / "out"), *prompts_mode.args)
     assert s["run"] == "data" and s["records"] == 100 and s["enqueued"] == 100 and s["items"] == 100
-    assert s["jobs"] == 7 and balanced(s)
+    assert s["jobs"] == 7 and balanced(s) and s["prompts"] == prompts_mode.mode
     q = queue_for("data", conn)
     assert q.count == 7
     job = Job.fetch(q.job_ids[0], connection=conn, serializer=SERIALIZER)
-    assert job.func_name == TASK and len(job.args[0]) == 16 and job.retries_left == 3
+    assert job.func_name == TASK and job.retries_left == 3
+    assert len(items_of_job(conn, "data", tmp_path / "out", job)) == 16 and job.meta["items"] == 16
+    assert (job.args == []) == prompts_mode.by_reference
     raw = conn.hget(f"rq:job:{job.id}", "data")
     assert isinstance(raw, bytes)
     assert b"\x80" not in raw[:2] and not raw.startswith(b"\x80\x05")  # not a pickle
@@ -48,9 +52,11 @@ def test_enqueue_then_rq_info_sees_the_jobs(tmp_path: Path, redis_url: str, conn
     assert "genqueue.data" in info.stdout and "7" in info.stdout
 
 
-def test_rerun_is_idempotent_even_after_jobs_finished(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+def test_rerun_is_idempotent_even_after_jobs_finished(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                     prompts_mode: Prompts) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", [sharegpt(i) for i in range(50)])
-    args = (str(data), "--run", "idem", "--batch-size", "10", "--rejects", str(tmp_path / "r.jsonl"))
+    args = (str(data), "--run", "idem", "--batch-size", "10", "--rejects", str(tmp_path / "r.jsonl"),
+            "--output", str(tmp_path / "out"), *prompts_mode.args)
     _, first = enqueue_json(redis_url, *args)
     q = queue_for("idem", conn)
     conn.delete(q.key)  # as if every job had been consumed and expired:
@@ -74,7 +80,7 @@ def test_conflicting_settings_are_refused(tmp_path: Path, redis_url: str) -> Non
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_accounting_identity_and_rejects_file(tmp_path: Path, redis_url: str) -> None:
+def test_accounting_identity_and_rejects_file(tmp_path: Path, redis_url: str, prompts_mode: Prompts) -> None:
     lines = [orjson.dumps(sharegpt(i)).decode() for i in range(10)]
     lines += [lines[0], "", "   ", "{broken", "[1,2]", '{"conversations": []}',
               '{"conversations": [{"from": "gpt", "value": "hi"}]}',
@@ -83,7 +89,9 @@ def test_accounting_identity_and_rejects_file(tmp_path: Path, redis_url: str) ->
     data = tmp_path / "mixed.jsonl"
     data.write_text("\ufeff" + "\r\n".join(lines) + "\r\n")
     rej = tmp_path / "rej.jsonl"
-    _, s = enqueue_json(redis_url, str(data), "--max-prompt-chars", "200", "--rejects", str(rej))
+    _, s = enqueue_json(redis_url, str(data), "--max-prompt-chars", "200", "--rejects", str(rej),
+                        "--output", str(tmp_path / "out"), *prompts_mode.args)
+    assert s["prompts"] == prompts_mode.mode and s["packs"] == (1 if prompts_mode.by_reference else 0)
     assert s["records"] == 17 and s["duplicates"] == 1 and s["enqueued"] == 10 and s["rejected"] == 6
     assert s["rejected_by_reason"] == {"invalid_json": 1, "not_object": 1, "empty_conversation": 1,
                                        "no_user_turn": 1, "unknown_role": 1, "too_long": 1}
@@ -118,10 +126,12 @@ def test_user_mistakes_are_one_line_errors(tmp_path: Path, redis_url: str) -> No
     assert proc.returncode == 2 and "nosuchrun" in proc.stderr
 
 
-def test_status_of_a_fresh_run(tmp_path: Path, redis_url: str) -> None:
+@both_modes_reference_slow
+def test_status_of_a_fresh_run(tmp_path: Path, redis_url: str, prompts_mode: Prompts) -> None:
     records: list[object] = [sharegpt(i) for i in range(40)]
     data = write_jsonl(tmp_path / "st.jsonl", [*records, {"bad": 1}])
-    enqueue_json(redis_url, str(data), "--batch-size", "8", "--rejects", str(tmp_path / "r.jsonl"))
+    enqueue_json(redis_url, str(data), "--batch-size", "8", "--rejects", str(tmp_path / "r.jsonl"),
+                 "--output", str(tmp_path / "out"), *prompts_mode.args)
     st = orjson.loads(cli("producer", "status", "--run", "st", "--json", env={"REDIS_URL": redis_url}).stdout)
     assert st["items"] == 40 and st["jobs"]["queued"] == 5 and st["rejected"] == 1
     assert st["rejected_by_reason"] == {"no_conversation": 1} and st["records"] == 41

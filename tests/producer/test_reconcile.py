@@ -25,7 +25,8 @@ from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runlock import LockLostError, RunLock
 from genqueue.common.keepers.runs import key_digest, lock_key, run_key
 from genqueue.producer.jobwriter import JobWriter
-from tests.conftest import BIN, cli, sharegpt, write_jsonl
+from genqueue.producer.packitems import PackItems
+from tests.conftest import BIN, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -48,20 +49,28 @@ def enqueue(redis_url: str, data: Path, run: str, *extra: str, check: bool = Tru
     return s
 
 
-def queued_item_keys(conn: redis.Redis, run: str) -> list[str]:
-    """The item keys of every live job of RUN, with repeats (an item twice in the queue is a bug)."""
-    return [it["key"] for job in read_jobs(conn, run, LIVE_PLACES, scan=JobScan()) for it in job.items]
+def queued_item_keys(conn: redis.Redis, run: str, output: Path | None = None) -> list[str]:
+    """The item keys of every live job of RUN, with repeats (an item twice in the queue is a bug);
+    jobs by reference read from their packs in OUTPUT."""
+    items_of = None if output is None else PackItems(conn, run, str(output)).items_of
+    scan = JobScan()
+    keys = [it["key"] for job in read_jobs(conn, run, LIVE_PLACES, scan=scan, items_of=items_of) for it in job.items]
+    assert scan.count == 0, scan.to_list()  # a job whose items were not read would pass for one without items
+    return keys
 
 
 def item_keys(conn: redis.Redis, run: str) -> set[str]:
     return {d.hex() for d in ItemTable(conn, run).digests()}
 
 
-def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                          prompts_mode: Prompts) -> None:
     data = write_jsonl(tmp_path / "e.jsonl", [sharegpt(i) for i in range(300)])
-    first = enqueue(redis_url, data, "empty")
+    out = tmp_path / "out"
+    first = enqueue(redis_url, data, "empty", *prompts_mode.args, output=out)
     assert first["enqueued"] == 300 and first["queue_view"] is None  # a new run: no view needed
-    again = enqueue(redis_url, data, "empty")
+    assert first["prompts"] == prompts_mode.mode
+    again = enqueue(redis_url, data, "empty", *prompts_mode.args, output=out)
     assert again["already_queued"] == 300 and again["jobs"] == 0 and again["items"] == 0
     # A third of the run has results (done marks), a few have only error records.
     keys = sorted(item_keys(conn, "empty"))
@@ -69,26 +78,27 @@ def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_
     ItemTable(conn, "empty").change([key_digest(k) for k in keys[100:110]], add=FAILED)
     cli("rq", "empty", "-u", redis_url, "genqueue.empty")  # as README says; the queue is gone
     assert queue_for("empty", conn).count == 0
-    s = enqueue(redis_url, data, "empty")
+    s = enqueue(redis_url, data, "empty", *prompts_mode.args, output=out)
     assert (s["enqueued"], s["already_done"], s["already_failed"], s["already_queued"]) == (190, 100, 10, 0), s
     assert s["items"] == s["requeued"] == 190 and s["queue_view"]["live_jobs"] == 0
-    queued = queued_item_keys(conn, "empty")
+    queued = queued_item_keys(conn, "empty", out)
     assert len(queued) == len(set(queued)) == 190 and set(queued) == set(keys[110:])
     assert conn.get(lock_key("empty")) is None, "the lock is released"
     # --retry-failed takes the ten back, once; a run with nothing to do queues nothing
-    r = enqueue(redis_url, data, "empty", "--retry-failed")
+    r = enqueue(redis_url, data, "empty", "--retry-failed", *prompts_mode.args, output=out)
     assert (r["retried_failed"], r["retried"], r["already_queued"], r["already_done"]) == (10, 10, 190, 100), r
     assert r["enqueued"] == 0
-    r2 = enqueue(redis_url, data, "empty", "--retry-failed")
+    r2 = enqueue(redis_url, data, "empty", "--retry-failed", *prompts_mode.args, output=out)
     assert r2["already_queued"] == 200 and r2["items"] == 0
-    queued = queued_item_keys(conn, "empty")
+    queued = queued_item_keys(conn, "empty", out)
     assert len(queued) == len(set(queued)) == 200
 
 
 def test_items_of_jobs_rq_gave_up_on_are_failed_until_retried(tmp_path: Path, redis_url: str,
-                                                              conn: redis.Redis) -> None:
+                                                              conn: redis.Redis, prompts_mode: Prompts) -> None:
     data = write_jsonl(tmp_path / "f.jsonl", [sharegpt(i) for i in range(40)])
-    enqueue(redis_url, data, "gaveup")
+    out = tmp_path / "out"
+    enqueue(redis_url, data, "gaveup", *prompts_mode.args, output=out)
     q = queue_for("gaveup", conn)
     job_ids = q.job_ids
     failed_job = q.fetch_job(job_ids[0])
@@ -97,18 +107,22 @@ def test_items_of_jobs_rq_gave_up_on_are_failed_until_retried(tmp_path: Path, re
         q.remove(failed_job.id, pipeline=p)
         q.failed_job_registry.add(failed_job, pipeline=p, exc_string="abandoned 4 times")
         p.execute()
-    s = enqueue(redis_url, data, "gaveup")
+    s = enqueue(redis_url, data, "gaveup", *prompts_mode.args, output=out)
     assert (s["already_failed"], s["already_queued"], s["items"]) == (8, 32, 0), s
-    r = enqueue(redis_url, data, "gaveup", "--retry-failed")
+    r = enqueue(redis_url, data, "gaveup", "--retry-failed", *prompts_mode.args, output=out)
     assert (r["retried_failed"], r["already_queued"]) == (8, 32), r
-    queued = queued_item_keys(conn, "gaveup")
+    queued = queued_item_keys(conn, "gaveup", out)
     assert len(queued) == len(set(queued)) == 40
 
 
+@both_modes_reference_slow
 def test_a_claim_left_by_a_killed_producer_is_taken_over_after_its_grace(tmp_path: Path, redis_url: str,
-                                                                          conn: redis.Redis) -> None:
+                                                                          conn: redis.Redis,
+                                                                          prompts_mode: Prompts) -> None:
     # jobwriter.py's window: a producer SIGKILLed between its claim and its transaction.
     data = write_jsonl(tmp_path / "k.jsonl", [sharegpt(i) for i in range(3000)])
+    out = tmp_path / "out"
+    mode = [*prompts_mode.args, "--output", str(out)]
     script = f"""
 import os, sys
 from genqueue.producer import jobwriter
@@ -120,38 +134,41 @@ def commit(self, *a, **k):
     return real(self, *a, **k)
 jobwriter.JobWriter._commit = commit
 from genqueue.producer.cli import main
-main(["enqueue", {str(data)!r}, "--run", "killed", "--batch-size", "8", "--rejects", os.devnull])
+main(["enqueue", {str(data)!r}, "--run", "killed", "--batch-size", "8", "--rejects", os.devnull, *{mode!r}])
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "REDIS_URL": redis_url})
     assert proc.returncode == 9, proc.stderr
     [claim] = conn.keys(run_key("killed", "claim:*"))
     claimed = {d.hex() for d in conn.smembers(claim)}
-    assert len(claimed) == 1024 and len(queued_item_keys(conn, "killed")) == 1024
+    assert len(claimed) == 1024 and len(queued_item_keys(conn, "killed", out)) == 1024
     # At once: the claim may be a live producer's, about to enqueue; its items are left to it.
-    s = enqueue(redis_url, data, "killed")
+    s = enqueue(redis_url, data, "killed", *prompts_mode.args, output=out)
     assert (s["enqueued"], s["already_queued"]) == (952, 2048), s
     assert s["queue_view"]["claims_held_by_others"] == 1 and conn.exists(claim)
     # Past the grace period it is an orphan: taken over, its items queued, once.
     conn.expire(claim, defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)
-    s = enqueue(redis_url, data, "killed")
+    s = enqueue(redis_url, data, "killed", *prompts_mode.args, output=out)
     assert (s["enqueued"], s["requeued"], s["already_queued"]) == (1024, 1024, 1976), s
     assert s["queue_view"]["claims_taken_over"] == 1 and not conn.exists(claim)
-    queued = queued_item_keys(conn, "killed")
+    queued = queued_item_keys(conn, "killed", out)
     assert len(queued) == len(set(queued)) == 3000 and set(queued) == item_keys(conn, "killed")
-    assert enqueue(redis_url, data, "killed")["already_queued"] == 3000
+    assert enqueue(redis_url, data, "killed", *prompts_mode.args, output=out)["already_queued"] == 3000
 
 
+@both_modes_reference_slow
 def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, redis_url: str,
-                                                                  conn: redis.Redis) -> None:
+                                                                  conn: redis.Redis, prompts_mode: Prompts) -> None:
     records = [sharegpt(i) for i in range(4000)]
     data = write_jsonl(tmp_path / "race.jsonl", records[:2000])
-    enqueue(redis_url, data, "rrace")
+    output = tmp_path / "out"
+    enqueue(redis_url, data, "rrace", *prompts_mode.args, output=output)
     cli("rq", "empty", "-u", redis_url, "genqueue.rrace")
     write_jsonl(data, records)  # the input grew meanwhile: half lost from rq, half new
     env = {**os.environ, "REDIS_URL": redis_url}
     procs = [subprocess.Popen([str(BIN / "producer"), "enqueue", str(data), "--run", "rrace", "--batch-size", "8",
-                               "--json", "--rejects", os.devnull], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               "--json", "--rejects", os.devnull, "--output", str(output), *prompts_mode.args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=env) for _ in range(4)]
     summaries = []
     for p in procs:
@@ -160,10 +177,10 @@ def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, 
         summaries.append(orjson.loads(out))
     assert sum(s["requeued"] for s in summaries) == 2000
     assert sum(s["items"] for s in summaries) == 4000
-    queued = queued_item_keys(conn, "rrace")
+    queued = queued_item_keys(conn, "rrace", output)
     assert len(queued) == len(set(queued)) == 4000
     assert conn.keys(run_key("rrace", "claim:*")) == [] and conn.get(lock_key("rrace")) is None
-    print("items queued per producer:", sorted(s["items"] for s in summaries))
+    print(f"items queued per producer ({prompts_mode}):", sorted(s["items"] for s in summaries))
 
 
 def test_producers_wait_for_the_lock_and_a_lost_lock_requeues_nothing(tmp_path: Path, redis_url: str,

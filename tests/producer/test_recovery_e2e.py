@@ -25,7 +25,7 @@ import redis
 
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.runs import RunStore
-from tests.conftest import cli, sharegpt, wait_for, write_jsonl
+from tests.conftest import Prompts, both_modes_reference_slow, cli, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
@@ -57,11 +57,11 @@ def export(redis_url: str, run: str, out: Path, env: dict[str, str] | None = Non
 
 
 @pytest.mark.slow
-def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: redis.Redis, prompts_mode: Prompts) -> None:
     out = tmp_path / "out"
     out.mkdir()
     data = write_jsonl(tmp_path / "emp.jsonl", [sharegpt(i) for i in range(600)])
-    enqueue(redis_url, data, "emp", str(out), "--max-tokens", "64")
+    enqueue(redis_url, data, "emp", str(out), "--max-tokens", "64", *prompts_mode.args)
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.01", "--mean-tokens", "20")
     try:
         c1 = consumer(tmp_path, redis_url, sim, "emp", "c1", "--burst")
@@ -71,7 +71,7 @@ def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: red
         try:                                    # producer runs, however slowly it starts
             cli("rq", "empty", "-u", redis_url, "genqueue.emp")  # while c1 still holds jobs
             shipped_before = {r["key"] for r in read_results(out, "emp")}
-            s = enqueue(redis_url, data, "emp", str(out), "--max-tokens", "64")
+            s = enqueue(redis_url, data, "emp", str(out), "--max-tokens", "64", *prompts_mode.args)
         finally:
             sim.proc.p.send_signal(signal.SIGCONT)
         assert s["records"] == 600 and s["already_done"] >= len(shipped_before) - 16
@@ -84,7 +84,7 @@ def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: red
     counts = collections.Counter(r["key"] for r in read_results(out, "emp"))
     assert set(counts) == run_keys(conn, "emp") and len(counts) == 600
     twice = [k for k, n in counts.items() if n > 1]
-    print(f"rq empty mid-run: {len(shipped_before)} items shipped before it, {s['requeued']} re-queued, "
+    print(f"rq empty mid-run ({prompts_mode}): {len(shipped_before)} items shipped before it, {s['requeued']} re-queued, "
           f"{s['already_queued']} held by the consumer, items generated twice: {len(twice)}")
     assert not twice, "no item is generated twice"
     e = export(redis_url, "emp", tmp_path / "emp.out.jsonl")
@@ -93,11 +93,11 @@ def test_rq_empty_mid_run_then_enqueue(tmp_path: Path, redis_url: str, conn: red
 
 @pytest.mark.slow
 def test_redis_flushed_mid_run_comes_back_from_s3(tmp_path: Path, redis_url: str, conn: redis.Redis,
-                                                  s3_server: S3Server) -> None:  # noqa: F811
+                                                  s3_server: S3Server, prompts_mode: Prompts) -> None:  # noqa: F811
     data = write_jsonl(tmp_path / "fl.jsonl", [sharegpt(i) for i in range(600)])
     url = s3_server.url("runs/flush")
     env = {**s3_server.env, "GENQUEUE_S3_ABORT_AFTER": "0"}
-    first = enqueue(redis_url, data, "fl", url, "--max-tokens", "64", env=env)
+    first = enqueue(redis_url, data, "fl", url, "--max-tokens", "64", *prompts_mode.args, env=env)
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.01", "--mean-tokens", "20")
     try:
         c1 = consumer(tmp_path, redis_url, sim, "fl", "c1", env=env)
@@ -107,7 +107,7 @@ def test_redis_flushed_mid_run_comes_back_from_s3(tmp_path: Path, redis_url: str
         c1.signal(signal.SIGTERM)
         assert c1.wait(90) == 0, c1.output()
         left = sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "spool").rglob("*.jsonl*"))
-        s = enqueue(redis_url, data, "fl", url, "--max-tokens", "64", env=env)
+        s = enqueue(redis_url, data, "fl", url, "--max-tokens", "64", *prompts_mode.args, env=env)
         assert "was not in Redis: re-created from s3://" in s["stderr"] and s["recreated_run"]
         assert s["fingerprint"] == first["fingerprint"] and s["marks_rebuilt"]["done"] == s["already_done"] > 0
         assert s["enqueued"] + s["already_done"] == 600, s
@@ -118,14 +118,16 @@ def test_redis_flushed_mid_run_comes_back_from_s3(tmp_path: Path, redis_url: str
     e = export(redis_url, "fl", tmp_path / "fl.out.jsonl", env=env)
     assert (e["exported"], e["missing"], e["failed"]) == (600, 0, 0), e
     dup = e["duplicates_removed"]
-    print(f"FLUSHALL mid-run: {s['already_done']} items done before it (marks rebuilt from "
+    print(f"FLUSHALL mid-run ({prompts_mode}): {s['already_done']} items done before it (marks rebuilt from "
           f"{s['marks_rebuilt']['shards']} shards), {s['enqueued']} queued again, {left} records left in the spool, "
           f"duplicate records: {dup}")
     assert dup <= left + 16, "duplicates are bounded by what was not shipped when Redis was lost"
     assert RunStore(conn).require("fl").created_at == RunStore(conn).require("fl").fingerprints[0]["since"]
 
 
-def test_retry_failed_brings_back_items_failed_for_good(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+@both_modes_reference_slow
+def test_retry_failed_brings_back_items_failed_for_good(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                        prompts_mode: Prompts) -> None:
     out = tmp_path / "out"
     out.mkdir()
     long = "word " * 200  # ~250 tokens to the stand-in: too long for a context of 200
@@ -133,17 +135,17 @@ def test_retry_failed_brings_back_items_failed_for_good(tmp_path: Path, redis_ur
     for i in range(3, 200, 5):
         records[i]["conversations"][0]["value"] += long  # type: ignore[index]
     data = write_jsonl(tmp_path / "rf.jsonl", records)
-    enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32")
+    enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32", *prompts_mode.args)
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "10", "--max-model-len", "200")
     try:
         assert consumer(tmp_path, redis_url, sim, "rf", "c1", "--burst").wait(180) == 7  # ExitCode.FAILED_ITEMS
     finally:
         sim.stop()
-    s = enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32")
+    s = enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32", *prompts_mode.args)
     assert (s["already_failed"], s["already_done"], s["items"]) == (40, 160, 0), s
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "10", "--max-model-len", "4096")
     try:
-        r = enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32", "--retry-failed")
+        r = enqueue(redis_url, data, "rf", str(out), "--max-tokens", "32", "--retry-failed", *prompts_mode.args)
         assert (r["retried_failed"], r["retried"], r["already_done"]) == (40, 40, 160), r
         assert consumer(tmp_path, redis_url, sim, "rf", "c2", "--burst").wait(180) == 0
     finally:

@@ -15,11 +15,12 @@ import redis
 
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.runs import RunStore, key_digest, run_key
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from genqueue.producer.status import format_status, run_status
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import Prompts, cli, sharegpt, write_jsonl
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
@@ -142,11 +143,14 @@ def ship(store: LocalStore, run: str, seq: int, records: list[dict[str, Any]], t
                            len(records)))
 
 
-def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                      prompts_mode: Prompts) -> None:
     out = tmp_path / "out"
     out.mkdir()
     data = write_jsonl(tmp_path / "lost.jsonl", [sharegpt(i) for i in range(100)])
-    first, _ = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3")
+    first, _ = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3", *prompts_mode.args)
+    packs_before = PackTable(conn, "lost").names()
+    assert len(packs_before) == first["packs"] == (1 if prompts_mode.by_reference else 0)
     info = RunStore(conn).require("lost")
     keys = sorted(d.hex() for d in ItemTable(conn, "lost").digests())
     # 60 results and 5 error records shipped, one item with both (retried), then Redis is lost
@@ -160,7 +164,7 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     line = one_line_error(err)  # the output remembers the run's settings
     assert s["returncode"] == 2 and "is not in Redis" in line and "sampling.temperature" in line
     assert conn.dbsize() == 0
-    s, err = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3")
+    s, err = enqueue(redis_url, data, "lost", str(out), "--temperature", "0.3", *prompts_mode.args)
     assert f"run lost was not in Redis: re-created from {out / 'lost' / 'run.json'}" in err, err
     assert s["recreated_run"] and not s["created_run"] and s["fingerprint"] == first["fingerprint"]
     assert s["marks_rebuilt"] == {"shards": 2, "records": 66, "done": 60, "failed": 6}
@@ -173,6 +177,26 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     assert (st["items"], st["items_done"], st["items_failed"]) == (100, 60, 5)  # failed: error record, no result
     assert RunStore(conn).names() == ["lost"]
     assert [int(bool(s & IN_RUN)) for s in ItemTable(conn, "lost").states([key_digest(keys[0])])] == [1]
+    # by reference: the packs are re-found from run.json, the first enqueue's beside the new one's
+    packs = PackTable(conn, "lost").names()
+    assert len(packs) == len(packs_before) + s["packs"] and packs.items() >= packs_before.items(), packs
+    rf = orjson.loads((out / "lost" / "run.json").read_bytes())
+    assert {int(k): v for k, v in rf.get("packs", {}).items()} == packs
+    assert sorted(p.name for p in (out / "lost" / "packs").glob("*.gqpack")) == sorted(packs.values())
+
+
+def test_run_json_keeps_its_packs_when_the_settings_change(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """run.json is written again when the run's settings change: the mode and the packs the
+    enqueues by reference named stay in it (a Redis loss after that would lose them)."""
+    out = tmp_path / "out"
+    data = write_jsonl(tmp_path / "upd.jsonl", [sharegpt(i) for i in range(20)])
+    enqueue(redis_url, data, "upd", str(out), "--prompts", "reference")
+    packs = {str(n): name for n, name in PackTable(conn, "upd").names().items()}
+    assert len(packs) == 1
+    s, _ = enqueue(redis_url, data, "upd", str(out), "--max-tokens", "99", "--update-settings")
+    assert s["settings_updated"] is not None
+    rf = orjson.loads((out / "upd" / "run.json").read_bytes())
+    assert (rf["prompts"], rf["packs"]) == ("reference", packs)
 
 
 def _figures(conn: redis.Redis, run: str) -> tuple[dict[str, int], list[str]]:

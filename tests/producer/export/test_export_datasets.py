@@ -31,7 +31,7 @@ from genqueue.producer.export.command import export_command
 from genqueue.producer.export.core import Exporter, ExportPlan
 from genqueue.producer.export.formats import ExportFormat, RowLayout
 from genqueue.producer.export.sources import source_for
-from tests.conftest import BIN, cli, sharegpt, write_jsonl
+from tests.conftest import BIN, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.producer.export import loaders
 
@@ -69,13 +69,14 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 # --- provenance: two files, one run ----------------------------------------------------------
+@both_modes_reference_slow  # issue 34: the missing items' provenance read from their packs too
 def test_two_files_export_in_source_order_with_ids_and_missing_lists_provenance(
-        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+        tmp_path: Path, redis_url: str, conn: redis.Redis, prompts_mode: Prompts) -> None:
     env = {"REDIS_URL": redis_url}
     a = write_jsonl(tmp_path / "a.jsonl", [sharegpt(i) for i in range(30)])  # ids r0.. (sharegpt's `id`)
     b = write_jsonl(tmp_path / "b.jsonl", [{"uid": f"b-{i}", "messages": [{"role": "user", "content": f"b asks {i}"}]}
                                            for i in range(25)])
-    out = ["--output", str(tmp_path / "out")]
+    out = ["--output", str(tmp_path / "out"), *prompts_mode.args]
     assert enqueue(env, a, "two", *out)["enqueued"] == 30
     assert enqueue(env, b, "two", "--id-field", "uid", *out)["enqueued"] == 25
     generate(tmp_path, env, "two", "--slots", "16", "--mean-tokens", "30")

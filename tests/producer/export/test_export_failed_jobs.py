@@ -11,16 +11,17 @@ import redis
 from genqueue.common.contracts import ErrorClass
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.consumer.rqcompat import GenWorker
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import Prompts, cli, items_of_job, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
 
 
-def test_failed_job_items_are_listed_as_failed(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+def test_failed_job_items_are_listed_as_failed(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                               prompts_mode: Prompts) -> None:
     env = {"REDIS_URL": redis_url}
     data = write_jsonl(tmp_path / "fj.jsonl", [sharegpt(i) for i in range(6)])
     cli("producer", "enqueue", str(data), "--batch-size", "3", "--multi-turn", "last", "--output",
-        str(tmp_path / "out"), "--rejects", str(tmp_path / "r"), env=env)
+        str(tmp_path / "out"), "--rejects", str(tmp_path / "r"), *prompts_mode.args, env=env)
     q = queue_for("fj", conn)
     w = GenWorker([q], conn, lease=30)
     w.start()
@@ -32,14 +33,14 @@ def test_failed_job_items_are_listed_as_failed(tmp_path: Path, redis_url: str, c
     shard_dir.mkdir(parents=True)
     recs = [{"key": it["key"], "index": it["index"], "turn": it["turn"], "run": "fj", "messages": it["messages"],
              "content": "ok", "reasoning": None, "finish_reason": "stop", "outcome": "finished", "attempt": 1,
-             "timings": {"finished_at": 1.0}} for it in done.job.args[0]]
+             "timings": {"finished_at": 1.0}} for it in items_of_job(conn, "fj", tmp_path / "out", done.job)]
     (shard_dir / "w-000001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
     proc = cli("producer", "export", "--run", "fj", "--output", str(tmp_path / "fj.out.jsonl"), "--json",
                "--max-failed", "3", env=env)
     r = orjson.loads(proc.stdout)
     assert (r["enqueued"], r["exported"], r["failed"], r["missing"], r["failed_jobs"]) == (6, 3, 3, 0, 1)
     errors = [orjson.loads(x) for x in (tmp_path / "fj.out.errors.jsonl").read_bytes().splitlines()]
-    assert {e["key"] for e in errors} == {it["key"] for it in gave_up.job.args[0]}
+    assert {e["key"] for e in errors} == {it["key"] for it in items_of_job(conn, "fj", tmp_path / "out", gave_up.job)}
     assert all(e["error"]["class"] == ErrorClass.JOB_FAILED and "abandoned 4 times" in e["error"]["message"] for e in errors)
 
 
