@@ -201,7 +201,7 @@ def phase_row(label: str, items: int, secs: float, bytes_: int, prompt_chars: in
             f"{bytes_ / prompt_chars:.3f}", f"{cmds / items:.3f}")
 
 
-def measure(work: Path, data: Path, mode: str, finish: str) -> tuple[list[tuple[str, ...]], list[tuple[str, list[tuple[str, int]]]], int, int]:
+def measure(work: Path, data: Path, mode: str, finish: str, batch: list[str]) -> tuple[list[tuple[str, ...]], list[tuple[str, list[tuple[str, int]]]], int, int]:
     """One run of DATA enqueued with `--prompts MODE` into a fresh redis-server: its rows, where
     the bytes go, its items and Redis's empty baseline."""
     (work / f"redis-{mode}").mkdir()
@@ -214,7 +214,7 @@ def measure(work: Path, data: Path, mode: str, finish: str) -> tuple[list[tuple[
         t0 = time.perf_counter()
         out = subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", "bench", "--output", out_dir,
                               "--max-tokens", "64", "--rejects", str(work / f"rej-{mode}"), "--json",
-                              "--prompts", mode], env=env, check=True, capture_output=True)
+                              "--prompts", mode, *batch], env=env, check=True, capture_output=True)
         enq_s = time.perf_counter() - t0
         summary = orjson.loads(out.stdout)
         print(f"{mode}: enqueued in {enq_s:.0f} s", file=sys.stderr)
@@ -264,6 +264,7 @@ def main() -> None:
                     help="also measure the run finished: answered by the stand-in (real, slow) or marked (emulated)")
     ap.add_argument("--short", action="store_true",
                     help="records of one short turn (by reference the prompt's size does not reach Redis)")
+    ap.add_argument("--batch-size", type=int, default=0, help="items per job (default: the producer's)")
     ap.add_argument("--projection", action="store_true", help="also print the by-reference job shapes measured")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gq-bench-redis-items-"))
@@ -279,11 +280,12 @@ def main() -> None:
         modes = ["inline", "reference"] if args.prompts == "both" else [args.prompts]
         items = empty = 0
         for mode in modes:
-            r, p, items, empty = measure(work, data, mode, args.finish)
+            r, p, items, empty = measure(work, data, mode, args.finish,
+                                         ["--batch-size", str(args.batch_size)] if args.batch_size else [])
             rows += r
             parts += p
         print(f"{items:,} items ({chars / args.items:,.0f} characters of user text per record), jobs of "
-              f"{defaults.BATCH_SIZE}; Redis {empty:,} bytes empty; RESULT_TTL {defaults.RESULT_TTL} s")
+              f"{args.batch_size or 'the default'}; Redis {empty:,} bytes empty; RESULT_TTL {defaults.RESULT_TTL} s")
         print(table(rows))
         for phase, kinds in parts:
             print(f"\nwhere the bytes go, {phase} (MEMORY USAGE; job hashes and result streams sampled)")

@@ -532,23 +532,31 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
         summary.marks_rebuilt = setup.outcome.get("marks_rebuilt")
         summary.settings_updated = setup.outcome.get("settings_updated")
     origin = bind(opts.origin, path, summary.source, run, settings, conn)
-    if conn is not None:
+    lock = RunLock(conn, run) if conn is not None else None
+    view: QueueView | None = None  # taken by the check below, under the lock, when it read no input
+    if conn is not None and lock is not None:
         summary.input_digest = input_digest(path)
         summary.derivation = derivation(summary.fingerprint, opts.max_record_bytes, repr(origin))
-        if (setup is not None and setup.existing is not None and not retry_failed and not summary.settings_updated
-                and _unchanged(conn, run, summary, settings.output)):
-            summary.seconds = round(time.perf_counter() - started, 3)
-            RunStore(conn).record_source(run, summary.source, summary.to_dict())
-            return summary
+        if setup is not None and setup.existing is not None and not retry_failed and not summary.settings_updated:
+            try:
+                unchanged, view = _unchanged(conn, run, summary, settings.output, lock)
+            except BaseException:
+                lock.release()
+                raise
+            if unchanged:
+                summary.seconds = round(time.perf_counter() - started, 3)
+                RunStore(conn).record_source(run, summary.source, summary.to_dict())
+                return summary
     if progress is not None:
         records = progress(records)
-    lock = RunLock(conn, run) if conn is not None else None
     summary.prompts = opts.prompts.value
     pack_store = store_for(settings.output) if opts.prompts is PromptMode.REFERENCE and conn is not None else None
     writer = JobWriter(run, conn, batch_size=batch_size, lock=lock, pack_store=pack_store) \
         if conn is not None else None
     enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,
                    retry_failed=retry_failed)
+    if view is not None:  # the view the check took stands: the lock was held since (it took over claims)
+        enq.view, enq.queue_view = view, view_summary(view)
     ended = False
     if conn is not None:
         RunSources(conn, run).start_reading(summary.source, time.time())
@@ -580,37 +588,36 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
     return summary
 
 
-def _unchanged(conn: redis.Redis, run: str, summary: Summary, output: str) -> bool:
-    """Fill SUMMARY as a full reconcile would when its input need not be read, and return
-    whether it did: the input is the one its source's last complete enqueue read, made into
-    items the same way (reconcile.same_input), and either every item of the run is done, or,
-    under the run's lock, none is lost (reconcile.items_in_run: each done, queued or failed, as
-    the item table and the queue view say; the jobs by reference read from their packs in
-    OUTPUT) and each of the source's records is one item of the run (then the records are
-    split by their items' states). An item lost needs the input: then it is read."""
+def _unchanged(conn: redis.Redis, run: str, summary: Summary, output: str,
+               lock: RunLock) -> tuple[bool, QueueView | None]:
+    """Fill SUMMARY as a full reconcile would when its input need not be read, and say whether
+    it did: the input is the one its source's last complete enqueue read, made into items the
+    same way (reconcile.same_input), and either every item of the run is done, or, under the
+    run's LOCK, none is lost (reconcile.items_in_run: each done, queued or failed, as the item
+    table and the queue view say; the jobs by reference read from their packs in OUTPUT) and
+    each of the source's records is one item of the run (then the records are split by their
+    items' states). An item lost needs the input: then the input is read, and the view taken
+    here is returned with the LOCK still held (the view stays true while it is held, and it may
+    have taken over claims), for the reconcile to use instead of taking another."""
     prev = same_input(conn, run, summary.source, summary.input_digest, summary.derivation)
     if prev is None:
-        return False
+        return False, None
     if not Marks(conn, run).all_done():
         # The records are accounted for by their items' states only where an item is a record:
         # this source alone in the run, and its last read counted as many items as records
         # kept (no duplicates); else the input is read.
         kept = int(prev["records"]) - int(prev["rejected"])
         if set(RunStore(conn).sources(run)) != {summary.source} or int(prev.get("duplicates", 0)):
-            return False
-        lock = RunLock(conn, run)
+            return False, None
         lock.acquire()
-        try:
-            view = take_view(conn, run, uuid.uuid4().hex, items_of=PackItems(conn, run, output).items_of)
-            counted = items_in_run(conn, run, view)
-        finally:
-            lock.release()
-        if counted.lost:
-            log.info("run %s: %d items are in the run, not done and in no job: the input is read to queue them again",
-                     run, counted.lost)
-            return False
-        if counted.done + counted.queued + counted.failed != kept:  # not an item a record: read
-            return False
+        view = take_view(conn, run, uuid.uuid4().hex, items_of=PackItems(conn, run, output).items_of)
+        counted = items_in_run(conn, run, view)
+        if counted.lost or counted.done + counted.queued + counted.failed != kept:
+            if counted.lost:
+                log.info("run %s: %d items are in the run, not done and in no job: the input is read to queue them "
+                         "again", run, counted.lost)
+            return False, view
+        lock.release()
         summary.queue_view = view_summary(view)
         summary.items_in_run = {"done": counted.done, "queued": counted.queued, "failed": counted.failed,
                                 "seconds": round(counted.seconds, 3)}
@@ -629,7 +636,7 @@ def _unchanged(conn: redis.Redis, run: str, summary: Summary, output: str) -> bo
         summary.already_queued = int(summary.items_in_run["queued"])
         summary.already_failed = int(summary.items_in_run["failed"])
     summary.input_unchanged = summary.complete = True
-    return True
+    return True, None
 
 
 def view_summary(v: QueueView) -> dict[str, Any]:

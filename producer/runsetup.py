@@ -89,7 +89,7 @@ class RunSetup:
             placement = Placement.new(self.settings.output, shared_fs=self.shared_fs or rf.placement.shared_fs)
             if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints, placement):
                 self.outcome["recreated_run"] = True
-                PackTable(self.conn, self.run).restore(rf.packs)  # by reference: its packs found again
+                PackTable(self.conn, self.run).put_back(rf.packs)  # by reference: its packs found again
                 if priority is None and rf.priority:
                     priority = rf.priority
                     note(f"note: run {self.run}: priority {rf.priority}, as its run.json kept it")

@@ -64,7 +64,7 @@ class PackTable:
                 out[int(ks)] = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
         return dict(sorted(out.items()))
 
-    def restore(self, packs: Mapping[int, str]) -> int:
+    def put_back(self, packs: Mapping[int, str]) -> int:
         """Name again each of PACKS (run.json's, number -> name) the table lacks, and give numbers
         out from past the highest of them (module docstring). Returns the entries named again."""
         if not packs:

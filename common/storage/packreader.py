@@ -36,9 +36,9 @@ from typing import IO
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.errors import PackError, PackRangeError
-from genqueue.common.packs import BlockEntry, PackIndex, decode_block, index_from_tail, parse_index
+from genqueue.common.packs import BlockEntry, PackIndex, decode_block, index_from_tail, parse_index, read_index
 from genqueue.common.storage.base import PackStore
-from genqueue.common.storage.packcache import PackCache, verify_pack
+from genqueue.common.storage.packcache import PackCache
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +206,13 @@ class PackReader:
 
     def _fetch_whole(self, disk: PackCache, store: PackStore, key: tuple[str, str, str], path: Path, block: int,
                      where: str) -> list[Item]:
-        """Fetch the pack whole, check it, put it in the cache, and read BLOCK from memory."""
+        """Fetch the pack whole, check its frame (header, footer, index), put it in the cache, and
+        read BLOCK from memory. A block whose crc32 does not match fails its own job only (as a
+        ranged read of it would): the other blocks of the pack are good, and are read from the
+        cached file (which a bad read of that block removes and fetches again, at most once a
+        job of that block)."""
         data = self._fetched(store.get_pack(key[1], key[2]), whole=True)
-        index = verify_pack(data, where)  # a pack bad in the store: the pack's fault, never cached
+        index = read_index(data, where)  # a pack whose frame is bad: the pack's fault, never cached
         self._remember(key, index)
         disk.keep(path, data)
         entry = _entry(index, block, where)

@@ -16,7 +16,7 @@ import pytest
 
 from genqueue.common import packs
 from genqueue.common.contracts import Item
-from genqueue.common.errors import PackCorruptError, PackRangeError
+from genqueue.common.errors import PackCorruptError, PackError, PackRangeError
 from genqueue.common.storage import LocalStore, PackNotFoundError, PackStore, StoreError, store_for
 from genqueue.common.storage.packcache import PackCache, verify_pack
 from genqueue.common.storage.packreader import PackReader
@@ -239,21 +239,29 @@ def test_a_block_gone_bad_after_its_index_was_read_is_fetched_again(tmp_path: Pa
     assert reader.counts()["whole_fetches"] == 2
 
 
-def test_a_pack_bad_in_the_store_fails_as_without_the_cache_and_is_not_kept(tmp_path: Path) -> None:
+def test_a_block_bad_in_the_store_fails_its_job_only_as_without_the_cache(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "out")
     data = bytearray(pack_of([items(4), items(4, 4)]))
-    data[packs.HEADER.size + 5] ^= 0xFF
+    data[packs.HEADER.size + 5] ^= 0xFF  # in block 0
     store.put_pack("r", "w-000001.gqpack", bytes(data))
     reader = PackReader(lambda out: store, disk=PackCache(tmp_path / "cache"))
+    assert reader.block("out", "r", "w-000001.gqpack", 1) == items(4, 4)  # the other block reads
     with pytest.raises(PackCorruptError):
-        reader.block("out", "r", "w-000001.gqpack", 1)  # another block: the whole pack is checked
-    assert cached(tmp_path / "cache") == []
+        reader.block("out", "r", "w-000001.gqpack", 0)  # from the cached file, then fetched again: still bad
+    assert len(cached(tmp_path / "cache")) == 1  # the pack stays: its other blocks are good
+    assert reader.block("out", "r", "w-000001.gqpack", 1) == items(4, 4)
+    frame_bad = bytearray(pack_of([items(4)]))
+    frame_bad[-3] ^= 0xFF  # in the footer: nothing of it reads, nothing kept
+    store.put_pack("r", "w-000002.gqpack", bytes(frame_bad))
+    with pytest.raises(PackError):
+        reader.block("out", "r", "w-000002.gqpack", 0)
+    assert len(cached(tmp_path / "cache")) == 1
     name, _ = put(store, "r", 2)
     with pytest.raises(PackRangeError, match="block 4 asked"):
         reader.block("out", "r", name, 4)
     with pytest.raises(PackRangeError):  # from the cached file too, which stays
         reader.block("out", "r", name, 9)
-    assert len(cached(tmp_path / "cache")) == 1
+    assert len(cached(tmp_path / "cache")) == 2
 
 
 # --- the key ----------------------------------------------------------------------------

@@ -26,11 +26,11 @@ def test_numbers_are_unique_however_many_producers_race(conn: redis.Redis) -> No
 
 def test_restore_names_the_packs_again_and_numbers_go_on_past_them(conn: redis.Redis) -> None:
     table = PackTable(conn, "r")
-    assert table.restore({}) == 0 and table.count() == 0
-    assert table.restore({1: "a-000001.gqpack", 3: "b-000001.gqpack"}) == 2
+    assert table.put_back({}) == 0 and table.count() == 0
+    assert table.put_back({1: "a-000001.gqpack", 3: "b-000001.gqpack"}) == 2
     assert table.names() == {1: "a-000001.gqpack", 3: "b-000001.gqpack"} and table.allocate() == 4
     # what the table holds wins, and the numbers never go back
-    assert table.restore({1: "other.gqpack", 2: "c-000001.gqpack"}) == 1
+    assert table.put_back({1: "other.gqpack", 2: "c-000001.gqpack"}) == 1
     assert table.name_of(1) == "a-000001.gqpack" and table.name_of(2) == "c-000001.gqpack"
     assert table.allocate() == 5
 

@@ -18,8 +18,8 @@ import redis
 from rq.job import Job
 
 from genqueue.common.keepers.packs import PackTable
-from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
+from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.packs import read_index
 from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
@@ -345,8 +345,10 @@ def test_an_s3_outage_while_a_run_by_reference_is_consumed_is_a_paused_state_and
     q = queue_for(run, conn)
     port = free_port()
     sim = Sim(tmp_path, "--slots", "8", "--step-time", "0.01", "--mean-tokens", "16")
+    # without the host's disk cache: a cached pack reads through an outage (one GET a pack, then
+    # the disk), so each job's ranged GET is what meets the outage here
     c = _consume(tmp_path, redis_url, sim, run, "c", env={**env, "GENQUEUE_S3_ABORT_AFTER": "0"},
-                 extra=("-c", "8", "--metrics-port", str(port)))
+                 extra=("-c", "8", "--metrics-port", str(port), "--pack-cache-bytes", "0"))
     try:
         deadline = time.monotonic() + 30
         while q.finished_job_registry.count < 2 and time.monotonic() < deadline:
