@@ -145,7 +145,7 @@ for i = 3, #ARGV do
   won[j] = 0
   if not seen[d] then
     seen[d] = true
-    if bit.band(change(tab, d, 1, 0), 1) == 0 then
+    if bit.band(add_in_run(tab, d), 1) == 0 then
       new[#new + 1] = d
       won[j] = 1
     else

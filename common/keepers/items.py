@@ -51,7 +51,8 @@ COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
 # bucket hashes are named from it. B is read once per call; a writer that finds none sets
 # DEFAULT_BUCKETS (`ensure` first, with a size, is the rule; this is the fallback). `change`
 # sets ADD's bits and clears CLEAR's, deleting an entry left with none, and keeps the counts in
-# `delta`, which `flush` writes in one HINCRBY each at the end of the call.
+# `delta`, which `flush` writes in one HINCRBY each at the end of the call; `add_in_run` is
+# `change(tab, d, IN_RUN, 0)` in one HSETNX for an item new to the table (the claim's case).
 LUA_ITEMS = """
 local function items_table(T, write)
   local tab = {key = T, prefix = string.sub(T, 1, #T - 9) .. 'items:'}
@@ -89,6 +90,20 @@ local function change(tab, d, add, clear)
     if new == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, new) end
     count(tab, old, -1)
     count(tab, new, 1)
+  end
+  return old
+end
+local function add_in_run(tab, d)
+  local k = bucket_of(tab, d)
+  if redis.call('HSETNX', k, d, 1) == 1 then
+    count(tab, 1, 1)
+    return 0
+  end
+  local old = tonumber(redis.call('HGET', k, d) or '0') or 0
+  if bit.band(old, 1) == 0 then
+    redis.call('HSET', k, d, bit.bor(old, 1))
+    count(tab, old, -1)
+    count(tab, bit.bor(old, 1), 1)
   end
   return old
 end
