@@ -35,14 +35,15 @@ REDIS_RETRIES = 0
 
 # Redis memory (common/keepers/redismem.py): what a run takes, measured with `INFO memory` (used_memory
 # before and after `producer enqueue` of 20,000 items, jobs compressed as rq stores them).
-#: Bytes of Redis per queued item besides its prompt text: 179 measured for 7-character prompts
-#: (the job hash, its place in the queue, the item's key in the run's sets).
-REDIS_BYTES_PER_ITEM = 180
+#: Bytes of Redis per queued item besides its prompt text: 113 measured for 24-character prompts
+#: at 100,000 items (the job hash and its place in the queue, 89; the item's entry in the run's
+#: item table, 24: common/keepers/items.py; 179 before it, with the run's keys set). Once done an
+#: item adds nothing that lasts: its done mark is a bit of its entry, its finished job is kept
+#: RESULT_TTL (ten minutes), within the headroom below (136 more an item before issue 34).
+REDIS_BYTES_PER_ITEM = 120
 #: Bytes of Redis per byte of prompt text: 0.42 measured on 1,748-character prompts of varied
 #: words, 0.51 on 628-byte items (issue 34); the upper end, since prose compresses less in a job.
 REDIS_BYTES_PER_PROMPT_BYTE = 0.5
-#: Bytes an item adds once done (its done mark and shipped key; issue 34, on a 1M-item run).
-REDIS_BYTES_PER_DONE_ITEM = 136
 #: Share of maxmemory a new run may not take: kept for the consumers' leases, snapshots, rq's
 #: registries and the results' manifests, which grow with the run and cannot be estimated up front.
 REDIS_MEMORY_HEADROOM = 0.1

@@ -112,7 +112,7 @@ def check_policy(conn: redis.Redis, *, warn: Callable[[str], None]) -> Memory | 
 
 def run_bytes(items: int, prompt_bytes: int) -> int:
     """Redis bytes ITEMS queued items of PROMPT_BYTES prompt text in all take, once done."""
-    per_item = defaults.REDIS_BYTES_PER_ITEM + defaults.REDIS_BYTES_PER_DONE_ITEM
+    per_item = defaults.REDIS_BYTES_PER_ITEM
     return int(items * per_item + prompt_bytes * defaults.REDIS_BYTES_PER_PROMPT_BYTE)
 
 

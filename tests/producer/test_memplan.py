@@ -19,6 +19,6 @@ def test_by_reference_the_estimate_counts_no_prompt_text(tmp_path: Path) -> None
     settings = RunSettings(output=str(tmp_path / "out"))
     inline = memplan.plan(str(data), head, "r", settings, None, None, complete=complete)
     ref = memplan.plan(str(data), head, "r", settings, None, None, complete=complete, by_reference=True)
-    per_item = defaults.REDIS_BYTES_PER_ITEM + defaults.REDIS_BYTES_PER_DONE_ITEM
+    per_item = defaults.REDIS_BYTES_PER_ITEM
     assert inline.items == ref.items == 50
     assert ref.bytes == 50 * per_item and inline.bytes > ref.bytes + 50 * 3000 * defaults.REDIS_BYTES_PER_PROMPT_BYTE - 1
