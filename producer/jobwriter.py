@@ -10,7 +10,7 @@ holds fills jobs of its own. Under a race a slice's last job may be short, so a 
 have up to N-1 short jobs per slice more than one fed once.
 
 The one window: a producer killed (SIGKILL, power loss) after its claim and before its
-transaction leaves the slice's won items in the run's keys set and in no job. Their claim set
+transaction leaves the slice's won items in the run (its item table) and in no job. Their claim set
 (`genqueue:run:<run>:claim:<id>`, kept CLAIM_TTL) still names them; see common/keepers/claims.py. An error or
 Ctrl-C in that window releases the claim instead, so running the command again queues them.
 The next `producer enqueue` of the run closes the window: once the claim set is older than

@@ -1,8 +1,8 @@
-"""What `producer enqueue` knows of a run's items beyond its keys set: the reconcile.
+"""What `producer enqueue` knows of a run's items beyond its item table: the reconcile.
 
 Re-running `producer enqueue` on a run enqueues exactly the items of its input that have no
 shipped result and are not queued, held or scheduled in rq. For each item it reads (one round
-trip per chunk of records) whether it is in the run's keys set, DONE (a shipped shard holds its
+trip per chunk of records) whether it is in the run (its item table), DONE (a shipped shard holds its
 result) or FAILED (only an error record); an item that is in the run and not done is then looked
 up in a view of the queue (QueueView), taken once, under the run's lock (common/keepers/runlock.py):
 
@@ -62,7 +62,7 @@ __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "der
            "take_view", "unchanged_input"]
 
 def add_to_run(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
-    """Put items that have marks but are not in the run's keys set into it (marks shipped by
+    """Put items that have marks but are not in the run into it (marks shipped by
     consumers after a Redis loss, before this producer read their records)."""
     RunStore(conn).add_keys(run, digests)
 

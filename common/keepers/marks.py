@@ -201,7 +201,7 @@ class Progress:
     """A run's items and marks read at one moment, with the counters the marking script bumps
     (and the run's other counters: its whole stats hash, garbage fields left out)."""
 
-    items: int  # in the run's keys set
+    items: int  # in the run (IN_RUN in its item table)
     done: int
     failed: int  # items with an error record, whether or not they have a result too
     failed_and_done: int  # an error record, then a result on a later attempt (0: Redis before 7.0)

@@ -3,7 +3,7 @@ consumer last reported (rates, in flight, shipping, its engine's own metrics).
 
 Progress comes from the done marks the consumers write when a shard ships (common/keepers/marks.py):
 an item is done iff a shipped shard holds its result, failed iff one holds only an error record
-for it, of the items in the run's keys set; rates and the tokens per item the ETA assumes come
+for it, of the items in the run's item table; rates and the tokens per item the ETA assumes come
 from the consumers' counters. A paused run (common/keepers/pause.py) is said on the first line, in red.
 A run whose settings were changed (`producer enqueue --update-settings`) shows every fingerprint
 it has had.
