@@ -33,6 +33,7 @@ FULL = {
     "locality": ["bench.bench_locality", "--conversations", "300"],
     "packs": ["bench.bench_packs", "--items", "16384"],
     "redis_items": ["bench.bench_redis_items", "--items", "200000", "--finish"],
+    "producer_packs": ["bench.bench_producer_packs", "--items", "200000"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
@@ -49,6 +50,7 @@ QUICK = {
     "locality": ["bench.bench_locality", "--conversations", "24", "--step-time", "0.0005", "--mean-tokens", "10"],
     "packs": ["bench.bench_packs", "--items", "512", "--reads", "20"],
     "redis_items": ["bench.bench_redis_items", "--items", "500", "--finish"],
+    "producer_packs": ["bench.bench_producer_packs", "--items", "500"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm"}
@@ -64,6 +66,7 @@ TITLES = {
     "locality": "Prefix-cache locality: each-mode turns, prefill tokens computed against requested",
     "packs": "Packs: the format of prompts by reference (issue 34)",
     "redis_items": "Redis bytes per item, inline (baseline) and by reference (projection; issue 34)",
+    "producer_packs": "Producer by reference, packs on S3 (issue 34)",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
 

@@ -567,6 +567,15 @@ MEMPLAN_SAMPLE_RECORDS = 4096
 #: Bytes of input looked at at most (records of megabytes each would otherwise be held by thousands).
 MEMPLAN_SAMPLE_BYTES = 16 << 20
 
+#: `producer enqueue --prompts auto` queues a run by reference (prompts in packs in the output,
+#: issue 34) from this many items (the input's estimate), inline below it. Inline costs about
+#: 1,700 B of Redis an item at 1-4 KB conversations (BENCHMARKS.md, "Redis bytes per item"),
+#: by reference about 100 (the job's 20 B and the run's keys set): at 200,000 items inline takes
+#: about 340 MB, by reference 20. Below that, inline's Redis is small on any host and it has the
+#: fewer moving parts (no pack written before its jobs, none fetched before an item is answered);
+#: above it inline's Redis grows past what a small Redis holds (a million items: 1.7 GB).
+PROMPTS_REFERENCE_FROM = 200_000
+
 # producer/order.py
 #: Cost classes are this factor apart.
 ORDER_STEP = 1.2
