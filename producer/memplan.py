@@ -57,6 +57,7 @@ class MemoryPlan:
     whole: bool  # the estimate covers the whole input (False: only the records looked at)
     memory: Memory | None  # INFO memory (None: Redis does not answer INFO, or was not asked)
     asked: bool = True  # False: a dry run, Redis not asked
+    by_reference: bool = False  # the jobs hold no prompt text (bytes counts none)
 
     @property
     def room(self) -> int | None:
@@ -148,7 +149,8 @@ def plan(path: str, head: list[RawRecord], run: str, settings: RunSettings, orig
     new = max(est.items - have, 0)
     memory = read_memory(conn) if conn is not None else None
     prompt_bytes = 0 if by_reference else round(new * est.prompt_chars)
-    return MemoryPlan(new, run_bytes(new, prompt_bytes), est.whole, memory, asked=conn is not None)
+    return MemoryPlan(new, run_bytes(new, prompt_bytes), est.whole, memory, asked=conn is not None,
+                      by_reference=by_reference)
 
 
 class PromptsAsked(StrEnum):
@@ -240,9 +242,12 @@ def refuse_unfit(p: MemoryPlan, run: str) -> None:
     if free is None or p.bytes <= free:
         return
     assert p.memory is not None
+    ref = run_bytes(p.items, 0)
+    other = "" if p.by_reference or ref > free else \
+        f", or queue it by reference (`--prompts reference`: about {size(ref)} of Redis, the prompts in packs)"
     raise RedisFullError(
         f"run {run} needs about {size(p.bytes)} of Redis ({p.items:,} items), but Redis has {size(free)} to give "
         f"(used {size(p.memory.used)} of maxmemory {size(p.memory.maxmemory)}, "
         f"{defaults.REDIS_MEMORY_HEADROOM:.0%} kept for the consumers): "
-        f"nothing was written; raise maxmemory (`redis-cli CONFIG SET maxmemory ...`), free memory, or enqueue "
-        "a smaller input")
+        f"nothing was written; raise maxmemory (`redis-cli CONFIG SET maxmemory ...`), free memory{other}, or "
+        "enqueue a smaller input")
