@@ -34,6 +34,7 @@ FULL = {
     "packs": ["bench.bench_packs", "--items", "16384"],
     "redis_items": ["bench.bench_redis_items", "--items", "200000", "--finish"],
     "packcache": ["bench.bench_packcache", "--packs", "16"],
+    "producer_packs": ["bench.bench_producer_packs", "--items", "200000"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
@@ -51,6 +52,7 @@ QUICK = {
     "packs": ["bench.bench_packs", "--items", "512", "--reads", "20"],
     "redis_items": ["bench.bench_redis_items", "--items", "500", "--finish"],
     "packcache": ["bench.bench_packcache", "--packs", "2", "--items-per-pack", "128"],
+    "producer_packs": ["bench.bench_producer_packs", "--items", "500"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm"}
@@ -67,6 +69,7 @@ TITLES = {
     "packs": "Packs: the format of prompts by reference (issue 34)",
     "redis_items": "Redis bytes per item, inline (baseline) and by reference (projection; issue 34)",
     "packcache": "Pack cache, 4 consumers on one host (issue 34)",
+    "producer_packs": "Producer by reference, packs on S3 (issue 34)",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
 

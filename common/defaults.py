@@ -55,6 +55,12 @@ REDIS_FULL_SWEEP_HOLD = 1.0
 #: Items per rq job. Small enough that a killed consumer re-does little, large enough that
 #: Redis round trips per completion stay far below one.
 BATCH_SIZE = 32
+#: Items per rq job by reference (`--prompts reference`): a job names its block of a pack and
+#: costs about 600 B of Redis whatever it names, so 128 items a job keep a queued run by
+#: reference at about 29 B an item (the item table's 23.5 and the job's 5) where 32 would be 47
+#: (BENCHMARKS.md, "Redis bytes per item"); a crash still redoes only what was in flight (the
+#: items already shipped are skipped), and a block of 128 is one ranged read of ~130 KB.
+BATCH_SIZE_REFERENCE = 128
 
 #: How a multi-turn conversation becomes items; regenerate makes every assistant token the target's.
 MULTI_TURN = Mode.REGENERATE
@@ -613,6 +619,15 @@ JOBWRITER_COMMIT_ATTEMPTS = 3
 MEMPLAN_SAMPLE_RECORDS = 4096
 #: Bytes of input looked at at most (records of megabytes each would otherwise be held by thousands).
 MEMPLAN_SAMPLE_BYTES = 16 << 20
+
+#: `producer enqueue --prompts auto` queues a run by reference (prompts in packs in the output,
+#: issue 34) from this many items (the input's estimate), inline below it. Inline costs about
+#: 1,700 B of Redis an item at 1-4 KB conversations (BENCHMARKS.md, "Redis bytes per item"),
+#: by reference about 100 (the job's 20 B and the run's keys set): at 200,000 items inline takes
+#: about 340 MB, by reference 20. Below that, inline's Redis is small on any host and it has the
+#: fewer moving parts (no pack written before its jobs, none fetched before an item is answered);
+#: above it inline's Redis grows past what a small Redis holds (a million items: 1.7 GB).
+PROMPTS_REFERENCE_FROM = 200_000
 
 # producer/order.py
 #: Cost classes are this factor apart.

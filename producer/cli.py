@@ -21,6 +21,7 @@ from genqueue.common.variants import normalised, parse_variant
 from genqueue.producer.enqueue import EnqueueOptions, Summary, enqueue_file
 from genqueue.producer.ingest.items import Origin
 from genqueue.producer.ingest.reader import RawRecord
+from genqueue.producer.memplan import PromptsAsked
 
 #: A run's priority: any integer in a range no one needs to leave.
 PRIORITY = click.IntRange(-1_000_000, 1_000_000)
@@ -40,7 +41,7 @@ class EnqueueArgs(TypedDict):
 
     run_name: str | None
     multi_turn: str
-    batch_size: int
+    batch_size: int | None
     model: str | None
     temperature: float
     top_p: float
@@ -68,6 +69,7 @@ class EnqueueArgs(TypedDict):
     priority: int | None
     dry_run: bool
     prompts: str
+    prompts_reference_from: int
 
 
 def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
@@ -128,7 +130,8 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
         shared_fs=options["shared_fs"],
         priority=options["priority"],
         output_check=not options["no_output_check"],
-        prompts=PromptMode(options["prompts"]),
+        prompts=PromptsAsked(options["prompts"]),
+        prompts_reference_from=options["prompts_reference_from"],
     )
 
 
@@ -137,8 +140,8 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
 @click.option("--run", "run_name", help="Run name (default: the file's base name).")
 @click.option("--multi-turn", type=click.Choice([m.value for m in Mode]), default=defaults.MULTI_TURN.value,
               show_default=True, help="How multi-turn conversations become items (see README).")
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=defaults.BATCH_SIZE, show_default=True,
-              help="Items per rq job.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=None,
+              help=f"Items per rq job [default: {defaults.BATCH_SIZE} inline, {defaults.BATCH_SIZE_REFERENCE} by reference].")
 @click.option("--model", help="Model to request (default: whatever the consumers' endpoints serve).")
 @click.option("--temperature", type=float, default=defaults.TEMPERATURE, show_default=True, help=">= 0.")
 @click.option("--top-p", type=float, default=defaults.TOP_P, show_default=True, help="In (0, 1].")
@@ -202,12 +205,16 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
               help="The run's share of the fleet: consumers serve higher priorities first, equal ones evenly "
                    "(default 0 for a new run; given on an existing run, sets it; not part of the settings). "
                    "Change it later with `producer priority`.")
-@click.option("--prompts", type=click.Choice([m.value for m in PromptMode]), default=PromptMode.INLINE.value,
+@click.option("--prompts", type=click.Choice([m.value for m in PromptsAsked]), default=PromptsAsked.AUTO.value,
               show_default=True,
               help="Where the jobs keep their items: inline, in Redis; or reference, written once into packs in "
                    "the run's output (<output>/<run>/packs/) with each job naming its pack and block, so Redis holds "
-                   "no prompt text. A preview: an output that cannot be read while consumers fetch packs is not "
-                   "yet a paused state (see docs/design.md).")
+                   "no prompt text. auto: the run's mode if an earlier enqueue gave it one, else reference from "
+                   "--prompts-reference-from items (estimated from the input's size), inline below it or when "
+                   "the size is not known (stdin, a compressed file). The summary says which, and why.")
+@click.option("--prompts-reference-from", type=click.IntRange(1), default=defaults.PROMPTS_REFERENCE_FROM,
+              show_default=True, metavar="N",
+              help="--prompts auto queues a new run by reference from N items (the input's estimate).")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option
@@ -319,8 +326,7 @@ def format_summary(s: Summary) -> str:
     rows += [
         ("items queued", queued),
         ("jobs", f"{s.jobs:,}"),
-        ("prompts", "inline (in the jobs, in Redis)" if s.prompts == PromptMode.INLINE else
-         f"{s.prompts} ({s.packs:,} pack(s) written to the run's output; the jobs name them)"),
+        ("prompts", _prompts_row(s)),
         ("estimated output", f"{s.estimated_output_tokens:,} tokens (the original answers' characters / 4)"
          if s.estimated_output_tokens is not None else "- (the input has no original answers)"),
         ("time", f"{s.seconds:.1f} s"),
@@ -335,6 +341,14 @@ def format_summary(s: Summary) -> str:
         rows.append(("malformed jobs", malformed_line(s.queue_view["malformed_jobs"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _prompts_row(s: Summary) -> str:
+    """Where the jobs keep their items, and why: `reference (auto: ~1,200,000 items >= 200,000; ...)`."""
+    why = f"{s.prompts_choice['why']}; " if s.prompts_choice else ""
+    if s.prompts == PromptMode.INLINE:
+        return f"inline ({why}in the jobs, in Redis)"
+    return f"{s.prompts} ({why}{s.packs:,} pack(s) written to the run's output; the jobs name them)"
 
 
 def _records_rows(s: Summary) -> list[tuple[str, str]]:

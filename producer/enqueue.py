@@ -26,6 +26,11 @@ output holds, when Redis lost the run: runsetup.py): a mistyped path or option l
 behind. Items are claimed only right before their jobs are enqueued (jobwriter), so a record's
 bucket is settled when its items are written; one byte per record keeps it.
 
+Where the jobs keep their items (`--prompts`, issue 34) is settled with the Redis estimate,
+before anything is written (memplan.choose_prompts): inline in Redis, or by reference in packs
+in the run's output; `auto` keeps the run's mode, else chooses by the input's estimated size.
+The summary's `prompts` and `prompts_choice` say which and why.
+
 Cost: a re-run reads its input and asks Redis each item's state in the run's item table (one
 round trip per chunk of records); the queue view (every live job's payload) is read only when
 an item in the run is not done, once, under the run's lock (common/keepers/runlock.py). When
@@ -75,6 +80,7 @@ from genqueue.producer.ingest.reader import RawRecord, iter_records
 from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
 from genqueue.producer.ingest.sources import bind
 from genqueue.producer.jobwriter import JobWriter, Requeue, record_batches, same_record
+from genqueue.producer.memplan import PromptsAsked
 from genqueue.producer.order import LongestFirst
 from genqueue.producer.outfiles import OUTPUT_DIR, probe
 from genqueue.producer.packitems import PackItems
@@ -153,6 +159,9 @@ class Summary:
     redis_free_bytes: int | None = None  # under maxmemory; None: no limit, or not known
     # where this enqueue's jobs keep their items (--prompts): in Redis, or in packs in the output
     prompts: str = PromptMode.INLINE.value
+    # and why (memplan.PromptsChoice.fields): asked (auto, inline, reference), reason (a
+    # memplan.PromptsReason), estimated_items, reference_from, why (the summary's words)
+    prompts_choice: dict[str, Any] | None = None
     packs: int = 0  # packs written (by reference)
 
     def to_dict(self) -> dict[str, Any]:
@@ -429,7 +438,8 @@ def _bucket(flags: int) -> str:
 class EnqueueOptions:
     """How one enqueue reads its input and queues it; the recipe is the run's RunSettings."""
 
-    batch_size: int = defaults.BATCH_SIZE
+    #: items per rq job (None: BATCH_SIZE inline, BATCH_SIZE_REFERENCE by reference)
+    batch_size: int | None = None
     #: where rejected records are written (None: nowhere)
     rejects_path: str | None = None
     max_record_bytes: int = defaults.MAX_RECORD_BYTES
@@ -451,8 +461,11 @@ class EnqueueOptions:
     #: the settings the command line gave (common/settings.py's SETTING_NAMES): an existing
     #: run keeps its own for the others (runsetup.prepare); None: every one was given
     settings_given: frozenset[str] | None = None
-    #: where the jobs keep their items: inline (in Redis) or by reference (packs in the output)
-    prompts: PromptMode = PromptMode.INLINE
+    #: where the jobs keep their items: inline (in Redis), by reference (packs in the output), or
+    #: auto: the run's mode, else by the input's size (memplan.choose_prompts)
+    prompts: PromptsAsked = PromptsAsked.AUTO
+    #: auto queues by reference from this many items of the input's estimate
+    prompts_reference_from: int = defaults.PROMPTS_REFERENCE_FROM
 
 
 def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
@@ -477,8 +490,13 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write
+    est = memplan.estimate(path, head, settings, opts.origin, complete=complete)
+    has = memplan.run_mode(conn, run, in_redis=setup.existing is not None, run_file=setup.run_file) \
+        if conn is not None and setup is not None else None
+    choice = memplan.choose_prompts(opts.prompts, est, has, reference_from=opts.prompts_reference_from)
+    summary.prompts, summary.prompts_choice = choice.mode.value, choice.fields()
     mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete,
-                       by_reference=opts.prompts is PromptMode.REFERENCE)
+                       by_reference=choice.mode is PromptMode.REFERENCE, est=est)
     summary.redis_memory, summary.redis_estimate_bytes = mem.line(), mem.bytes
     summary.redis_free_bytes = mem.memory.free if mem.memory is not None else None
     if conn is not None:
@@ -500,7 +518,7 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     try:
         order = LongestFirst(opts.tmp_dir) if opts.longest_first else None
         return _enqueue(path, records, summary, run, settings, conn, setup, opts, started=started, rejects=rejects,
-                        progress=progress, order=order, note=note)
+                        progress=progress, order=order, note=note, prompts=choice.mode)
     except WriteFailedError as e:
         done = "nothing was queued" if not summary.items else \
             f"{summary.items:,} items were queued before it and stay queued"
@@ -519,9 +537,12 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
 def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str, settings: RunSettings,
              conn: redis.Redis | None, setup: RunSetup | None, opts: EnqueueOptions, *, started: float,
              rejects: RejectsWriter | None, progress: Callable[[Iterator[RawRecord]], Iterator[RawRecord]] | None,
-             order: LongestFirst | None, note: Note | None) -> Summary:
-    """enqueue_file once its input is checked and its side files are open."""
-    batch_size, priority, retry_failed = opts.batch_size, opts.priority, opts.retry_failed
+             order: LongestFirst | None, note: Note | None, prompts: PromptMode) -> Summary:
+    """enqueue_file once its input is checked and its side files are open; PROMPTS: where the
+    jobs keep their items, as chosen."""
+    batch_size = opts.batch_size or (defaults.BATCH_SIZE_REFERENCE if prompts is PromptMode.REFERENCE
+                                      else defaults.BATCH_SIZE)
+    priority, retry_failed = opts.priority, opts.retry_failed
     store = RunStore(conn) if conn is not None else None
     if setup is not None and store is not None:
         info = setup.apply(note or _log_note, priority)  # the priority is set before the first job
@@ -549,8 +570,7 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
                 return summary
     if progress is not None:
         records = progress(records)
-    summary.prompts = opts.prompts.value
-    pack_store = store_for(settings.output) if opts.prompts is PromptMode.REFERENCE and conn is not None else None
+    pack_store = store_for(settings.output) if prompts is PromptMode.REFERENCE and conn is not None else None
     writer = JobWriter(run, conn, batch_size=batch_size, lock=lock, pack_store=pack_store) \
         if conn is not None else None
     enq = Enqueuer(run, settings, writer, batch_size=batch_size, rejects=rejects, order=order, origin=origin,

@@ -1,11 +1,18 @@
-"""How much Redis memory an enqueue will take, known before it writes anything.
+"""How big a run an enqueue makes, known before it writes anything: the Redis memory it will
+take, and where its jobs keep their items (`--prompts auto`).
 
 The input's first records are converted as the enqueue will convert them (nothing is written),
 which gives items per input byte and prompt bytes per item; the input's whole size (a plain
-file's bytes, a Parquet file's rows) scales that to the whole input; the items the run holds
-already are taken off; common/redismem.run_bytes turns items and prompt bytes into Redis bytes
+file's bytes, a Parquet file's rows) scales that to the whole input (`estimate`); the items the
+run holds already are taken off; common/redismem.run_bytes turns items and prompt bytes into Redis bytes
 (the per-item figures measured in common/defaults.py). A compressed file or stdin has no size
 to scale by: the estimate is then of the records looked at only, and says so.
+
+`choose_prompts`: `--prompts inline|reference` is taken as given; `auto` (the default) keeps
+the mode of a run that has one (an earlier enqueue's: its pack table, its sources' summaries,
+or its run.json when Redis lost it), and otherwise queues by reference from
+PROMPTS_REFERENCE_FROM items of the input's estimate, inline below it or when the size is not
+known (stdin, a compressed file not read whole).
 """
 
 from __future__ import annotations
@@ -15,13 +22,18 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.contracts import PromptMode
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.redismem import Memory, RedisFullError, read_memory, room, run_bytes, size
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
+from genqueue.common.storage.runfile import RunFile
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import Origin, make_items
 from genqueue.producer.ingest.reader import RawRecord
@@ -45,6 +57,7 @@ class MemoryPlan:
     whole: bool  # the estimate covers the whole input (False: only the records looked at)
     memory: Memory | None  # INFO memory (None: Redis does not answer INFO, or was not asked)
     asked: bool = True  # False: a dry run, Redis not asked
+    by_reference: bool = False  # the jobs hold no prompt text (bytes counts none)
 
     @property
     def room(self) -> int | None:
@@ -95,13 +108,18 @@ def _input_scale(path: str, head: list[RawRecord], complete: bool) -> float | No
         return None
 
 
-def plan(path: str, head: list[RawRecord], run: str, settings: RunSettings, origin: Origin | None,
-         conn: redis.Redis | None, *, complete: bool = False, by_reference: bool = False) -> MemoryPlan:
-    """The Redis memory an enqueue of PATH (its first records HEAD; COMPLETE: all of them) into
-    RUN will take. BY_REFERENCE (`--prompts reference`): the jobs hold no prompt text (it goes
-    to packs in the output), so only the bytes per item count (an upper bound: 47 B an item
-    measured by reference at 1M items of 1-4 KB in jobs of 32, against 120 inline besides the
-    prompt)."""
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The items the whole input makes, from its first records."""
+
+    items: int  # of the whole input (whole), or of the records looked at only
+    prompt_chars: float  # prompt characters an item, on average
+    whole: bool  # the estimate covers the whole input (False: stdin or a compressed file, not read whole)
+
+
+def estimate(path: str, head: list[RawRecord], settings: RunSettings, origin: Origin | None, *,
+             complete: bool = False) -> Estimate:
+    """The items PATH (its first records HEAD; COMPLETE: all of them) makes under SETTINGS."""
     origin = origin or Origin()
     items = prompt = 0
     for rec in head:
@@ -114,14 +132,108 @@ def plan(path: str, head: list[RawRecord], run: str, settings: RunSettings, orig
         items += len(made)
         prompt += sum(len(m.get("content") or "") for it in made for m in it["messages"])
     scale = _input_scale(path, head, complete)
-    whole = scale is not None
-    total = round(items * (scale or 1.0))
+    return Estimate(round(items * (scale or 1.0)), prompt / items if items else 0.0, scale is not None)
+
+
+def plan(path: str, head: list[RawRecord], run: str, settings: RunSettings, origin: Origin | None,
+         conn: redis.Redis | None, *, complete: bool = False, by_reference: bool = False,
+         est: Estimate | None = None) -> MemoryPlan:
+    """The Redis memory an enqueue of PATH (its first records HEAD; COMPLETE: all of them) into
+    RUN will take (EST: its estimate, when made already). BY_REFERENCE (`--prompts reference`):
+    the jobs hold no prompt text (it goes to packs in the output), so only the bytes per item
+    count (an upper bound: 47 B an item measured by reference at 1M items of 1-4 KB in jobs of
+    32, against 120 inline besides the prompt)."""
+    if est is None:
+        est = estimate(path, head, settings, origin, complete=complete)
     have = RunStore(conn).item_count(run) if conn is not None else 0
-    new = max(total - have, 0)
-    per_prompt = prompt / items if items else 0.0
+    new = max(est.items - have, 0)
     memory = read_memory(conn) if conn is not None else None
-    prompt_bytes = 0 if by_reference else round(new * per_prompt)
-    return MemoryPlan(new, run_bytes(new, prompt_bytes), whole, memory, asked=conn is not None)
+    prompt_bytes = 0 if by_reference else round(new * est.prompt_chars)
+    return MemoryPlan(new, run_bytes(new, prompt_bytes), est.whole, memory, asked=conn is not None,
+                      by_reference=by_reference)
+
+
+class PromptsAsked(StrEnum):
+    """What `producer enqueue --prompts` asks for: a mode, or auto (choose_prompts)."""
+
+    AUTO = "auto"
+    INLINE = "inline"
+    REFERENCE = "reference"
+
+
+class PromptsReason(StrEnum):
+    """Why an enqueue's jobs keep their items where they do (`prompts_choice.reason` in --json)."""
+
+    GIVEN = "given"  # --prompts inline|reference
+    RUN = "run"  # auto: the run's own mode, which an earlier enqueue of it chose
+    SIZE = "size"  # auto: the input's estimated items against PROMPTS_REFERENCE_FROM
+    SIZE_UNKNOWN = "size_unknown"  # auto: stdin or a compressed file, its size not known: inline
+
+
+@dataclass(frozen=True, slots=True)
+class PromptsChoice:
+    """Where this enqueue's jobs keep their items, and why."""
+
+    mode: PromptMode
+    asked: PromptsAsked
+    reason: PromptsReason
+    estimated_items: int | None  # the input's items as auto estimated them (None: not estimated)
+    reference_from: int  # auto's threshold (PROMPTS_REFERENCE_FROM, or --prompts-reference-from)
+
+    def why(self) -> str:
+        """For people: `auto: ~1,200,000 items >= 200,000`."""
+        if self.reason is PromptsReason.GIVEN:
+            return f"--prompts {self.asked.value}"
+        if self.reason is PromptsReason.RUN:
+            how = "by reference" if self.mode is PromptMode.REFERENCE else "inline"
+            return f"auto: the run's mode, kept (an earlier enqueue queued it {how})"
+        if self.reason is PromptsReason.SIZE_UNKNOWN:
+            return (f"auto: the input's size is not known (stdin or compressed; ~{self.estimated_items or 0:,} items "
+                    "in the records looked at): inline unless --prompts reference")
+        rel = ">=" if self.mode is PromptMode.REFERENCE else "<"
+        return f"auto: ~{self.estimated_items or 0:,} items {rel} {self.reference_from:,}"
+
+    def fields(self) -> dict[str, Any]:
+        """For --json (`prompts_choice`)."""
+        return {"asked": self.asked.value, "reason": self.reason.value, "estimated_items": self.estimated_items,
+                "reference_from": self.reference_from, "why": self.why()}
+
+
+def run_mode(conn: redis.Redis, run: str, *, in_redis: bool, run_file: RunFile | None) -> PromptMode | None:
+    """RUN's mode as its earlier enqueues left it (None: it has none yet). By reference once any
+    enqueue of it was (run.json's rule): the run has packs, or a source's summary says so;
+    inline when it has sources, or items, and none by reference. IN_REDIS: the run is in Redis
+    (else RUN_FILE, its run.json, says, when Redis lost it)."""
+    if in_redis:
+        store = RunStore(conn)
+        sources = store.sources(run)
+        if PackTable(conn, run).count() or _by_reference(sources):
+            return PromptMode.REFERENCE
+        return PromptMode.INLINE if sources or store.item_count(run) else None
+    if run_file is None:
+        return None
+    if run_file.prompts is PromptMode.REFERENCE or run_file.packs or _by_reference(run_file.sources):
+        return PromptMode.REFERENCE
+    return PromptMode.INLINE if run_file.sources else None
+
+
+def _by_reference(sources: dict[str, dict[str, Any]]) -> bool:
+    return any(s.get("prompts") == PromptMode.REFERENCE.value for s in sources.values() if isinstance(s, dict))
+
+
+def choose_prompts(asked: PromptsAsked, est: Estimate, has: PromptMode | None, *,
+                   reference_from: int = defaults.PROMPTS_REFERENCE_FROM) -> PromptsChoice:
+    """Where the jobs keep their items: ASKED when it names a mode; for auto, the run's mode HAS
+    when it has one, else by reference from REFERENCE_FROM items of EST (inline when EST is not
+    of the whole input)."""
+    if asked is not PromptsAsked.AUTO:
+        return PromptsChoice(PromptMode(asked.value), asked, PromptsReason.GIVEN, None, reference_from)
+    if has is not None:
+        return PromptsChoice(has, asked, PromptsReason.RUN, est.items, reference_from)
+    if not est.whole:
+        return PromptsChoice(PromptMode.INLINE, asked, PromptsReason.SIZE_UNKNOWN, est.items, reference_from)
+    mode = PromptMode.REFERENCE if est.items >= reference_from else PromptMode.INLINE
+    return PromptsChoice(mode, asked, PromptsReason.SIZE, est.items, reference_from)
 
 
 def refuse_unfit(p: MemoryPlan, run: str) -> None:
@@ -130,9 +242,12 @@ def refuse_unfit(p: MemoryPlan, run: str) -> None:
     if free is None or p.bytes <= free:
         return
     assert p.memory is not None
+    ref = run_bytes(p.items, 0)
+    other = "" if p.by_reference or ref > free else \
+        f", or queue it by reference (`--prompts reference`: about {size(ref)} of Redis, the prompts in packs)"
     raise RedisFullError(
         f"run {run} needs about {size(p.bytes)} of Redis ({p.items:,} items), but Redis has {size(free)} to give "
         f"(used {size(p.memory.used)} of maxmemory {size(p.memory.maxmemory)}, "
         f"{defaults.REDIS_MEMORY_HEADROOM:.0%} kept for the consumers): "
-        f"nothing was written; raise maxmemory (`redis-cli CONFIG SET maxmemory ...`), free memory, or enqueue "
-        "a smaller input")
+        f"nothing was written; raise maxmemory (`redis-cli CONFIG SET maxmemory ...`), free memory{other}, or "
+        "enqueue a smaller input")

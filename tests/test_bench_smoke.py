@@ -18,6 +18,7 @@ def test_benchmark_suite_runs_at_smoke_sizes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
     for title in ("Saturation", "Cost", "Producer", "Export", "Longest first", "Client CPU", "2b. Consumer CPU",
-                  "Fleet end of run", "Prefix-cache locality", "Pack cache"):
+                  "Fleet end of run", "Prefix-cache locality", "Pack cache",
+                  "Producer by reference, packs on S3"):
         assert title in text, title
     assert "FAILED" not in text

@@ -271,7 +271,7 @@ def test_the_reconcile_reads_jobs_by_reference_from_their_packs(
     assert (same["enqueued"], same["already_queued"], same["jobs"], same["packs"]) == (0, 16, 0, 0)
     assert same["queue_view"]["live_items"] == 16 and same["queue_view"]["malformed_jobs"] == []
     write_jsonl(data, [sharegpt(i, turns=1 + i % 2) for i in range(24)])
-    grown = enqueue()  # inline
+    grown = enqueue("--prompts", "inline")  # given: the modes mix (auto would keep the run's, by reference)
     assert (grown["enqueued"], grown["already_queued"], grown["jobs"], grown["prompts"]) == (8, 16, 1, "inline")
     lost = q.job_ids[0]
     conn.lrem(q.key, 0, lost)  # a job by reference lost from rq

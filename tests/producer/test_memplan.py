@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from genqueue.common import defaults
+from genqueue.common.keepers.redismem import Memory, RedisFullError
 from genqueue.common.settings import RunSettings
 from genqueue.producer import memplan
 from genqueue.producer.ingest.reader import iter_records
@@ -22,3 +25,24 @@ def test_by_reference_the_estimate_counts_no_prompt_text(tmp_path: Path) -> None
     per_item = defaults.REDIS_BYTES_PER_ITEM
     assert inline.items == ref.items == 50
     assert ref.bytes == 50 * per_item and inline.bytes > ref.bytes + 50 * 3000 * defaults.REDIS_BYTES_PER_PROMPT_BYTE - 1
+
+
+def test_a_run_that_fits_only_by_reference_is_refused_saying_so(tmp_path: Path) -> None:
+    """Inline a run of long prompts does not fit where by reference it would: the refusal says
+    `--prompts reference` (auto itself chooses by size, not by the room; docs/enqueue.md)."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"conversations": [{"from": "human", "value": f"{i} " + "x" * 3000}]}
+                                              for i in range(50)])
+    head, _, complete = memplan.sample(iter_records(str(data)))
+    settings = RunSettings(output=str(tmp_path / "out"))
+    inline = memplan.plan(str(data), head, "r", settings, None, None, complete=complete)
+    ref = memplan.plan(str(data), head, "r", settings, None, None, complete=complete, by_reference=True)
+    mem = Memory(used=0, maxmemory=int((ref.bytes + inline.bytes) / 2 / (1 - defaults.REDIS_MEMORY_HEADROOM)),
+                 policy="noeviction")
+    fits_by_ref = memplan.MemoryPlan(inline.items, inline.bytes, True, mem)
+    with pytest.raises(RedisFullError, match=r"free memory, or queue it by reference \(`--prompts reference`"):
+        memplan.refuse_unfit(fits_by_ref, "r")
+    memplan.refuse_unfit(memplan.MemoryPlan(ref.items, ref.bytes, True, mem, by_reference=True), "r")
+    tight = Memory(used=0, maxmemory=ref.bytes // 2, policy="noeviction")
+    with pytest.raises(RedisFullError) as e:
+        memplan.refuse_unfit(memplan.MemoryPlan(inline.items, inline.bytes, True, tight), "r")
+    assert "--prompts reference" not in str(e.value)
