@@ -504,7 +504,11 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
         memplan.refuse_unfit(mem, run)
         # the run's item table sized for the whole input (fixed by a run's first enqueue;
         # an input of unknown size gets the size of one whose first records were all it held)
-        ItemTable(conn, run).ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
+        table = ItemTable(conn, run)
+        table.ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
+        if moved := table.migrate_sets():  # a run queued by a genqueue before the item table
+            log.warning("run %s: %d marks moved from the run's sets into its item table (made by an earlier "
+                        "genqueue)", run, moved)
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
     if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):

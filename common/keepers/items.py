@@ -156,6 +156,7 @@ return added
 """
 
 _MISSING_BUCKETS = defaults.ITEMS_SCAN_BUCKETS
+_MIGRATE_PART = 4096
 
 
 class ItemCounts(NamedTuple):
@@ -214,6 +215,28 @@ class ItemTable:
             p.hget(self.key, "buckets")
             _, n = p.execute()
         return int(n)
+
+    def migrate_sets(self) -> int:
+        """Move the marks of a run made before the item table (its `keys`, `done` and `failed`
+        sets of digests) into the table, then delete the sets; how many entries it read (0: no
+        such set, the usual case, one round trip). The sets are read in parts and the table's
+        counts kept, so an upgrade in the middle of a run loses none of its marks."""
+        old = [(run_key(self.run, name), bit) for name, bit in (("keys", IN_RUN), ("done", DONE), ("failed", FAILED))]
+        if not self.conn.exists(*(k for k, _ in old)):
+            return 0
+        moved = 0
+        for key, bit in old:
+            part: list[bytes] = []
+            for d in self.conn.sscan_iter(key, count=_MIGRATE_PART):
+                part.append(d if isinstance(d, bytes) else str(d).encode())
+                if len(part) >= _MIGRATE_PART:
+                    moved += len(part)
+                    self.change(part, add=bit)
+                    part = []
+            moved += len(part)
+            self.change(part, add=bit)
+            self.conn.delete(key)
+        return moved
 
     def buckets(self) -> int:
         """How many buckets the table has (0: none fixed yet, nothing written)."""

@@ -115,3 +115,19 @@ def test_the_missing_set_is_the_run_minus_what_the_export_saw(conn: redis.Redis)
     assert table.fill_missing("seen", "missing", 60) == 500
     assert {bytes(d) for d in conn.smembers("missing")} == set(digests[2_500:])
     assert 0 < conn.ttl("missing") <= 60
+
+
+def test_a_run_made_before_the_item_table_has_its_sets_moved_into_it(conn: redis.Redis) -> None:
+    """An upgrade in the middle of a run: its keys, done and failed sets become the table's
+    entries, counts kept, and the sets are gone."""
+    digests = [os.urandom(16) for _ in range(5_000)]
+    conn.sadd(f"genqueue:run:{RUN}:keys", *digests)
+    conn.sadd(f"genqueue:run:{RUN}:done", *digests[:3_000])
+    conn.sadd(f"genqueue:run:{RUN}:failed", *digests[2_900:3_100])
+    table = ItemTable(conn, RUN)
+    table.ensure(5_000)
+    assert table.migrate_sets() == 5_000 + 3_000 + 200
+    assert not conn.exists(f"genqueue:run:{RUN}:keys", f"genqueue:run:{RUN}:done", f"genqueue:run:{RUN}:failed")
+    assert table.counts() == ItemCounts(5_000, 3_000, 200, 100, 3_000)
+    assert Marks(conn, RUN).progress().failed_only == 100
+    assert table.migrate_sets() == 0
