@@ -410,6 +410,11 @@ ITEMS_DEFAULT_BUCKETS = 1024
 ITEMS_UNKNOWN_SIZE = 1_000_000
 #: Buckets an export's coverage reads per script call (Redis is never held long).
 ITEMS_SCAN_BUCKETS = 64
+#: The most buckets a run's table is made with (16M: a billion items at ITEMS_PER_BUCKET); a
+#: larger run's buckets grow past the listpack size and cost more bytes an item, not more keys.
+ITEMS_MAX_BUCKETS = 1 << 24
+#: Set members moved per round trip when an old run's sets are migrated into its item table.
+ITEMS_MIGRATE_PART = 4096
 
 # common/keepers/marks.py
 #: Digests written per round trip when marks are rebuilt.

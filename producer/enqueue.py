@@ -502,13 +502,6 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     if conn is not None:
         log.info("run %s: Redis memory %s", run, mem.line())
         memplan.refuse_unfit(mem, run)
-        # the run's item table sized for the whole input (fixed by a run's first enqueue;
-        # an input of unknown size gets the size of one whose first records were all it held)
-        table = ItemTable(conn, run)
-        table.ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
-        if moved := table.migrate_sets():  # a run queued by a genqueue before the item table
-            log.warning("run %s: %d marks moved from the run's sets into its item table (made by an earlier "
-                        "genqueue)", run, moved)
     # Side files are opened (their place probed) before the run is created: a place that cannot
     # take them is refused with nothing written (outfiles.probe).
     if conn is not None and "://" not in settings.output and os.path.isdir(settings.output):
@@ -521,6 +514,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     order: LongestFirst | None = None
     try:
         order = LongestFirst(opts.tmp_dir) if opts.longest_first else None
+        if conn is not None:  # after every probe: a refused enqueue leaves nothing in Redis
+            _item_table(conn, run, mem)
         return _enqueue(path, records, summary, run, settings, conn, setup, opts, started=started, rejects=rejects,
                         progress=progress, order=order, note=note, prompts=choice.mode)
     except WriteFailedError as e:
@@ -536,6 +531,17 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
             rejects.discard()  # a no-op once closed
         if order is not None:
             order.close()
+
+
+def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan) -> None:
+    """RUN's item table sized for the whole input (fixed by a run's first enqueue; an input of
+    unknown size gets the size of one whose first records were all it held), and the sets of a
+    run queued by a genqueue before the table moved into it."""
+    table = ItemTable(conn, run)
+    table.ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
+    if moved := table.migrate_sets():
+        log.warning("run %s: %d marks moved from the run's sets into its item table (made by an earlier "
+                    "genqueue)", run, moved)
 
 
 def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str, settings: RunSettings,

@@ -35,14 +35,14 @@ from typing import NamedTuple
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.defaults import KEY_PREFIX
 
 #: An item's state bits.
 IN_RUN, DONE, FAILED = 1, 2, 4
 
 ITEMS_PER_BUCKET = defaults.ITEMS_PER_BUCKET
 DEFAULT_BUCKETS = defaults.ITEMS_DEFAULT_BUCKETS
-MAX_BUCKETS = 1 << 24
+MAX_BUCKETS = defaults.ITEMS_MAX_BUCKETS
 
 #: The table's fields that count states (the scripts keep them).
 COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
@@ -156,7 +156,7 @@ return added
 """
 
 _MISSING_BUCKETS = defaults.ITEMS_SCAN_BUCKETS
-_MIGRATE_PART = 4096
+_MIGRATE_PART = defaults.ITEMS_MIGRATE_PART
 
 
 class ItemCounts(NamedTuple):
@@ -167,6 +167,12 @@ class ItemCounts(NamedTuple):
     failed: int  # whether or not done too
     failed_done: int
     in_run_done: int
+
+
+def run_key(run: str, suffix: str) -> str:
+    """A key of RUN's, as common/keepers/runs.py builds them (not imported: runs.py reads the
+    table, so importing it back would be a cycle)."""
+    return f"{KEY_PREFIX}:run:{run}:{suffix}"
 
 
 def table_key(run: str) -> str:

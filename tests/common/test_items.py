@@ -131,3 +131,11 @@ def test_a_run_made_before_the_item_table_has_its_sets_moved_into_it(conn: redis
     assert table.counts() == ItemCounts(5_000, 3_000, 200, 100, 3_000)
     assert Marks(conn, RUN).progress().failed_only == 100
     assert table.migrate_sets() == 0
+
+
+def test_the_table_builds_its_keys_as_the_runs_keeper_does() -> None:
+    """items.py builds its keys itself (importing runs.py would be a cycle): they stay the run's."""
+    from genqueue.common.keepers import items, runs
+
+    assert items.run_key("r1", "itemtable") == runs.run_key("r1", "itemtable") == "genqueue:run:r1:itemtable"
+    assert items.bucket_key("r1", 255) == runs.run_key("r1", "items:ff")
