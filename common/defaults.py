@@ -397,6 +397,13 @@ FLIGHTS_OFFER_TTL = 3.0
 #: Seconds the claims of a run's copies are kept after the last claim.
 FLIGHTS_CLAIMS_TTL = 600
 
+# common/storage/names.py
+#: Characters of a pack's writer a job by reference carries (rqaccess.META_WRITER): 24 bits tell
+#: a pack from another given the same number after a rewind (two random writers share a tag once
+#: in 16M), and the job's meta stays under the 64 bytes a hash field is kept compact for (rq's
+#: JSON of it is 61 bytes with a pack number of 7 digits and 3-digit item and block counts).
+PACK_TAG_CHARS = 6
+
 # common/keepers/items.py
 #: A run's item table has about one bucket hash per this many items (a power of two of buckets,
 #: fixed when the run is made): Redis keeps a hash a listpack, about 23 bytes an item, while it

@@ -63,6 +63,7 @@ from genqueue.common.keepers.runs import RunLockedError, RunStore, key_digest
 from genqueue.common.packs import PackWriter
 from genqueue.common.redact import redact
 from genqueue.common.storage import PackStore, pack_name
+from genqueue.common.storage.names import pack_tag
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class JobWriter:
                 retry=Retry(max=self.retries),
                 result_ttl=defaults.RESULT_TTL,
                 timeout=-1,
-                meta=reference_meta(len(items), PackRef(number, block)),
+                meta=reference_meta(len(items), PackRef(number, block, pack_tag(name))),
             )
             for block, items in enumerate(batches)
         ]

@@ -47,6 +47,14 @@ class PackItems:
         if self._names is None or ref.pack not in self._names:
             self._names = self._table.names()  # once, and again for a pack queued since
         name = self._names.get(ref.pack)
+        if name is not None and not ref.names(name):  # the number given out again since it was read
+            self._names = self._table.names()
+            name = self._names.get(ref.pack)
+            if name is not None and not ref.names(name):
+                why = f"pack number {ref.pack} of writer {ref.writer} is {name} in the run's pack table"
+                if self.unreadable is Unreadable.NOTE:
+                    raise JobItemsUnreadableError(why)
+                raise UserError(f"run {self.run}: a job names {why}; nothing more was queued")
         if name is None:
             if self.unreadable is Unreadable.NOTE:
                 raise JobItemsUnreadableError(f"pack number {ref.pack} is not in the run's pack table")

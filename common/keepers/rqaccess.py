@@ -43,6 +43,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.keepers.redismem import pipeline_read
+from genqueue.common.storage.names import pack_tag
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,12 @@ def job_items(job_args: Any) -> list[Item]:
 META_ITEMS = "items"
 META_PACK = "pack"
 META_BLOCK = "block"
+#: The first characters of the pack's writer (common/storage/names.py's pack_tag): a pack number
+#: is unique in the run only while Redis does not go back (a rewind restores the number counter,
+#: so the next enqueue gives out a number again, under another writer's name); with the tag a
+#: reader that kept a number's name from before tells the two packs apart. Jobs queued before
+#: the tag have none ("").
+META_WRITER = "pw"
 
 
 class PackRef(NamedTuple):
@@ -108,11 +115,20 @@ class PackRef(NamedTuple):
 
     pack: int
     block: int
+    writer: str = ""  # the pack's writer tag (META_WRITER); "" when the job does not say
+
+    def names(self, name: str) -> bool:
+        """Whether pack NAME can be the one this reference means (its writer tag, when it has one)."""
+        return not self.writer or pack_tag(name) == self.writer
 
 
-def reference_meta(items: int, ref: PackRef) -> dict[str, int]:
-    """The `meta` of a job by reference of ITEMS items at REF."""
-    return {META_ITEMS: items, META_PACK: ref.pack, META_BLOCK: ref.block}
+def reference_meta(items: int, ref: PackRef) -> dict[str, int | str]:
+    """The `meta` of a job by reference of ITEMS items at REF (as rq writes it, JSON under the
+    64 bytes a compact hash field holds: defaults.PACK_TAG_CHARS)."""
+    meta: dict[str, int | str] = {META_ITEMS: items, META_PACK: ref.pack, META_BLOCK: ref.block}
+    if ref.writer:
+        meta[META_WRITER] = ref.writer
+    return meta
 
 
 def job_reference(job_args: Any, job_kwargs: Any, meta: Any) -> PackRef | None:
@@ -126,7 +142,8 @@ def job_reference(job_args: Any, job_kwargs: Any, meta: Any) -> PackRef | None:
         if pack is None or block is None:
             raise ValueError(f"job has no items and no usable reference in its meta "
                              f"({META_PACK}={m.get(META_PACK)!r}, {META_BLOCK}={m.get(META_BLOCK)!r})")
-        return PackRef(pack, block)
+        writer = m.get(META_WRITER)
+        return PackRef(pack, block, writer if isinstance(writer, str) else "")
     return None
 
 

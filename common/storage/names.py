@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from genqueue.common.defaults import PACK_TAG_CHARS
+
 SHARD_SUFFIX = ".jsonl"
 MANIFEST_SUFFIX = ".manifest.json"
 SHARDS_DIR = "shards"
@@ -119,6 +121,13 @@ class PackName(NamedTuple):
 def pack_name(writer: str, seq: int) -> str:
     """The name of WRITER's pack number SEQ: `<writer>-<seq:06d>.gqpack`."""
     return _numbered(writer, seq, PACK_SUFFIX, "pack", "writer")
+
+
+def pack_tag(name: str) -> str:
+    """The first PACK_TAG_CHARS of the writer of pack NAME (a job's META_WRITER); "" for a name
+    pack_name cannot make."""
+    found = parse_pack_name(name)
+    return "" if found is None else found.writer[:PACK_TAG_CHARS]
 
 
 def parse_pack_name(name: str) -> PackName | None:

@@ -391,11 +391,14 @@ class Intake:
         through here too (consumer/hedge.py)."""
         ctx = self.served.contexts[run]
         name = self.pack_names.known(ctx, ref.pack)
-        if name is None:
+        if name is None or not ref.names(name):  # not kept, or kept from before a rewind
             self.pack_names.table_reads += 1
             name = await self.rq.call(PackTable(self.worker.connection, run).name_of, ref.pack)
             if name is None:
                 raise PackUnreadable(f"pack number {ref.pack} is not in run {run}'s pack table")
+            if not ref.names(name):
+                raise PackUnreadable(f"the job names pack number {ref.pack} of writer {ref.writer}, but run {run}'s "
+                                     f"pack table has {name} under that number")
             self.pack_names.keep(ctx, ref.pack, name)
         output = ctx.settings.output
         try:

@@ -25,9 +25,10 @@ from rq.job import Job
 from genqueue.common import defaults, packs
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.packs import PackTable
-from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, PackRef, queue_for, reference_meta
+from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, PackRef, job_reference, queue_for, reference_meta
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import LocalStore, StoreError
+from genqueue.common.storage.names import pack_tag
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
@@ -124,6 +125,43 @@ def test_a_packs_name_is_asked_once_a_run_and_a_missing_number_each_time(parts: 
         assert (i.pack_names.table_reads, parts.hgets()) == (5, 5)
 
     asyncio.run(scenario())
+
+
+def test_a_pack_number_given_out_again_after_a_rewind_is_not_read_from_the_kept_name(parts: Parts) -> None:
+    """Redis went back (a rewind restores the pack counter): the next enqueue gives number 1 out
+    again under its own writer's name. A consumer that kept number 1's name from before reads the
+    new pack, since the job carries its writer's tag; a job whose tag the table does not hold
+    fails as pack_unreadable, never read from another pack."""
+
+    async def scenario() -> None:
+        i = parts.intake
+        old = pack_tag(NAME)
+        assert await i.read_reference(RUN, PackRef(1, 0, old)) == items(2, 0)  # name kept
+        parts.store.put_pack(RUN, "x-000001.gqpack", pack_of([items(3, 100)]))
+        parts.conn.hset(PackTable.key(RUN), "1", "x-000001.gqpack")  # what the rewound run's enqueue writes
+        new = pack_tag("x-000001.gqpack")
+        assert await i.read_reference(RUN, PackRef(1, 0, new)) == items(3, 100)
+        assert i.pack_names.table_reads == 2
+        assert await i.read_reference(RUN, PackRef(1, 0, new)) == items(3, 100)  # the new name kept
+        assert i.pack_names.table_reads == 2
+        assert await i.read_reference(RUN, PackRef(1, 0)) == items(3, 100)  # a job queued before tags
+        with pytest.raises(PackUnreadable, match=f"names pack number 1 of writer {old}, but run refs's pack table "
+                                                 "has x-000001.gqpack"):
+            await i.read_reference(RUN, PackRef(1, 0, old))
+
+    asyncio.run(scenario())
+
+
+def test_a_job_by_reference_keeps_rqs_compact_hash(conn: redis.Redis) -> None:
+    """The writer's tag in `meta` keeps the job's hash a listpack (each field under 64 bytes) at
+    the largest numbers a run of a hundred million items gives (a 7-digit pack number)."""
+    q = queue_for(RUN, conn)
+    meta = reference_meta(defaults.BATCH_SIZE_REFERENCE, PackRef(9_999_999, 999, pack_tag(f"{'f' * 32}-9999999.gqpack")))
+    q.enqueue_many([q.prepare_data(TASK, args=[], job_id="j1", meta=meta, retry=Retry(max=3), timeout=-1)])
+    assert conn.object("encoding", Job.key_for("j1")) in (b"listpack", "listpack")
+    assert len(SERIALIZER.dumps(meta)) <= 64
+    assert job_reference([], {}, Job.fetch("j1", connection=conn, serializer=SERIALIZER).meta) == \
+        PackRef(9_999_999, 999, "ffffff")
 
 
 def test_a_store_outage_gives_the_job_back_pauses_with_its_reason_and_ends_at_the_first_read(
