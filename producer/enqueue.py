@@ -494,9 +494,14 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     has = memplan.run_mode(conn, run, in_redis=setup.existing is not None, run_file=setup.run_file) \
         if conn is not None and setup is not None else None
     choice = memplan.choose_prompts(opts.prompts, est, has, reference_from=opts.prompts_reference_from)
+
+    def planned(by_reference: bool) -> memplan.MemoryPlan:
+        return memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete,
+                            by_reference=by_reference, est=est)
+
+    mem = planned(choice.mode is PromptMode.REFERENCE)
+    choice, mem = memplan.choose_by_room(choice, mem, lambda: planned(True))
     summary.prompts, summary.prompts_choice = choice.mode.value, choice.fields()
-    mem = memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete,
-                       by_reference=choice.mode is PromptMode.REFERENCE, est=est)
     summary.redis_memory, summary.redis_estimate_bytes = mem.line(), mem.bytes
     summary.redis_free_bytes = mem.memory.free if mem.memory is not None else None
     if conn is not None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -62,6 +62,11 @@ class MemoryPlan:
     @property
     def room(self) -> int | None:
         return room(self.memory) if self.memory is not None else None
+
+    def fits(self) -> bool:
+        """Whether the run fits Redis's room (True when Redis has no limit or was not asked)."""
+        free = self.room
+        return free is None or self.bytes <= free
 
     def line(self) -> str:
         est = f"about {size(self.bytes)} for {self.items:,} items" + ("" if self.whole else
@@ -168,6 +173,7 @@ class PromptsReason(StrEnum):
     RUN = "run"  # auto: the run's own mode, which an earlier enqueue of it chose
     SIZE = "size"  # auto: the input's estimated items against PROMPTS_REFERENCE_FROM
     SIZE_UNKNOWN = "size_unknown"  # auto: stdin or a compressed file, its size not known: inline
+    ROOM = "room"  # auto: inline would not fit Redis's room (maxmemory less what it holds); by reference it does
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,13 @@ class PromptsChoice:
     reason: PromptsReason
     estimated_items: int | None  # the input's items as auto estimated them (None: not estimated)
     reference_from: int  # auto's threshold (PROMPTS_REFERENCE_FROM, or --prompts-reference-from)
+    inline_bytes: int | None = None  # ROOM: the Redis inline would take
+    room: int | None = None  # ROOM: what Redis has to give
+
+    def for_room(self, inline: MemoryPlan) -> PromptsChoice:
+        """By reference instead of inline, since INLINE does not fit Redis's room."""
+        return replace(self, mode=PromptMode.REFERENCE, reason=PromptsReason.ROOM, inline_bytes=inline.bytes,
+                       room=inline.room)
 
     def why(self) -> str:
         """For people: `auto: ~1,200,000 items >= 200,000`."""
@@ -187,6 +200,9 @@ class PromptsChoice:
         if self.reason is PromptsReason.RUN:
             how = "by reference" if self.mode is PromptMode.REFERENCE else "inline"
             return f"auto: the run's mode, kept (an earlier enqueue queued it {how})"
+        if self.reason is PromptsReason.ROOM:
+            return (f"auto: inline needs about {size(self.inline_bytes or 0)} of Redis, more than the "
+                    f"{size(self.room or 0)} it has to give (~{self.estimated_items or 0:,} items): by reference")
         if self.reason is PromptsReason.SIZE_UNKNOWN:
             return (f"auto: the input's size is not known (stdin or compressed; ~{self.estimated_items or 0:,} items "
                     "in the records looked at): inline unless --prompts reference")
@@ -236,12 +252,24 @@ def choose_prompts(asked: PromptsAsked, est: Estimate, has: PromptMode | None, *
     return PromptsChoice(mode, asked, PromptsReason.SIZE, est.items, reference_from)
 
 
+def choose_by_room(choice: PromptsChoice, inline: MemoryPlan, by_reference: Callable[[], MemoryPlan]
+                   ) -> tuple[PromptsChoice, MemoryPlan]:
+    """Auto's last word: a run it chose inline by size that does not fit Redis's room, where by
+    reference (BY_REFERENCE, its plan) it does, is queued by reference; else CHOICE and INLINE
+    as they are (refuse_unfit says what to do when neither fits)."""
+    if choice.asked is not PromptsAsked.AUTO or choice.mode is not PromptMode.INLINE \
+            or choice.reason not in (PromptsReason.SIZE, PromptsReason.SIZE_UNKNOWN) or inline.fits():
+        return choice, inline
+    ref = by_reference()
+    return (choice.for_room(inline), ref) if ref.fits() else (choice, inline)
+
+
 def refuse_unfit(p: MemoryPlan, run: str) -> None:
     """RedisFullError, with the numbers, when the run does not fit under Redis's maxmemory."""
-    free = p.room
-    if free is None or p.bytes <= free:
+    if p.fits():
         return
-    assert p.memory is not None
+    free = p.room
+    assert p.memory is not None and free is not None
     ref = run_bytes(p.items, 0)
     other = "" if p.by_reference or ref > free else \
         f", or queue it by reference (`--prompts reference`: about {size(ref)} of Redis, the prompts in packs)"

@@ -98,6 +98,32 @@ def test_a_run_that_does_not_fit_is_refused_with_the_numbers_before_anything_is_
     print(f"\nestimate {summary['redis_estimate_bytes']:,} bytes for 20,000 items; used after: {_used(conn):,}")
 
 
+def test_auto_queues_by_reference_a_run_that_fits_redis_only_so(tmp_path, server):
+    """--prompts auto (the default) chooses by size, and then by room: a run under the size
+    threshold whose prompts do not fit Redis's room, where by reference they do, is queued by
+    reference and the summary says why; --prompts inline is still refused with the numbers."""
+    conn = redis.Redis.from_url(server.url)
+    env = {"REDIS_URL": server.url}
+    data = write_jsonl(tmp_path / "room.jsonl", [{"conversations": [{"from": "human", "value": f"{i} " + "x" * 1500}]}
+                                                 for i in range(10_000)])
+    conn.config_set("maxmemory", _used(conn) + (4 << 20))  # inline needs about 10 MB, by reference 1.2
+    try:
+        args = ["producer", "enqueue", str(data), "--output", str(tmp_path / "out")]
+        refused = cli(*args, "--run", "inl", "--prompts", "inline", env=env, check=False)
+        assert refused.returncode == 2 and "queue it by reference (`--prompts reference`" in refused.stderr, \
+            refused.stderr
+        summary = orjson.loads(cli(*args, "--run", "room", "--json", env=env).stdout)
+        choice = summary["prompts_choice"]
+        assert (summary["prompts"], choice["asked"], choice["reason"]) == ("reference", "auto", "room"), summary
+        assert "auto: inline needs about" in choice["why"] and "by reference" in choice["why"], choice
+        print(f"\n{choice['why']}")
+        assert summary["items"] == ItemTable(conn, "room").counts().in_run == 10_000
+        text = cli(*args, "--run", "room2", env=env, check=False)  # the text summary says it too
+        assert text.returncode == 0 and "auto: inline needs about" in text.stdout, (text.stdout, text.stderr)
+    finally:
+        conn.config_set("maxmemory", 0)
+
+
 @both_modes_reference_slow
 def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_finishes_it(tmp_path, server,
                                                                                           prompts_mode):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from genqueue.common import defaults
+from genqueue.common.contracts import PromptMode
 from genqueue.common.keepers.redismem import Memory, RedisFullError
 from genqueue.common.settings import RunSettings
 from genqueue.producer import memplan
@@ -29,7 +30,7 @@ def test_by_reference_the_estimate_counts_no_prompt_text(tmp_path: Path) -> None
 
 def test_a_run_that_fits_only_by_reference_is_refused_saying_so(tmp_path: Path) -> None:
     """Inline a run of long prompts does not fit where by reference it would: the refusal says
-    `--prompts reference` (auto itself chooses by size, not by the room; docs/enqueue.md)."""
+    `--prompts reference` (given inline: auto would choose by reference, choose_by_room)."""
     data = write_jsonl(tmp_path / "d.jsonl", [{"conversations": [{"from": "human", "value": f"{i} " + "x" * 3000}]}
                                               for i in range(50)])
     head, _, complete = memplan.sample(iter_records(str(data)))
@@ -46,3 +47,23 @@ def test_a_run_that_fits_only_by_reference_is_refused_saying_so(tmp_path: Path) 
     with pytest.raises(RedisFullError) as e:
         memplan.refuse_unfit(memplan.MemoryPlan(inline.items, inline.bytes, True, tight), "r")
     assert "--prompts reference" not in str(e.value)
+
+
+def test_auto_turns_to_reference_only_when_inline_does_not_fit_and_reference_does(tmp_path: Path) -> None:
+    est = memplan.Estimate(10_000, 1500.0, True)
+    mem = Memory(used=0, maxmemory=4 << 20, policy="noeviction")
+    inline = memplan.MemoryPlan(10_000, 10 << 20, True, mem)
+    ref = memplan.MemoryPlan(10_000, 1 << 20, True, mem, by_reference=True)
+    auto = memplan.choose_prompts(memplan.PromptsAsked.AUTO, est, None)
+    choice, plan = memplan.choose_by_room(auto, inline, lambda: ref)
+    assert (choice.mode, choice.reason, plan) == (PromptMode.REFERENCE, memplan.PromptsReason.ROOM, ref)
+    assert choice.fields()["reason"] == "room" and "more than the" in choice.why()
+    # given inline, a run's own mode, a plan that fits, or a reference that fits no better: as chosen
+    given = memplan.choose_prompts(memplan.PromptsAsked.INLINE, est, None)
+    kept = memplan.choose_prompts(memplan.PromptsAsked.AUTO, est, PromptMode.INLINE)
+    fits = memplan.MemoryPlan(10_000, 1 << 20, True, mem)
+    too_big = memplan.MemoryPlan(10_000, 5 << 20, True, mem, by_reference=True)
+    assert memplan.choose_by_room(given, inline, lambda: ref) == (given, inline)
+    assert memplan.choose_by_room(kept, inline, lambda: ref) == (kept, inline)
+    assert memplan.choose_by_room(auto, fits, lambda: ref) == (auto, fits)
+    assert memplan.choose_by_room(auto, inline, lambda: too_big) == (auto, inline)
