@@ -1,17 +1,19 @@
 """Redis unreachable for twice the lease (a partition, not a restart), then back: the run
 completes without anyone's help. Real redis-server, real consumer processes, a TCP proxy the
 test controls between one consumer and Redis; another consumer talks to Redis directly and
-sweeps the cut-off one's leases meanwhile."""
+sweeps the cut-off one's leases meanwhile. In both prompt modes (issue 34): by reference the
+consumers read the jobs' items from the run's packs in its output, through the pack cache."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import cli, sharegpt, write_jsonl
+from tests.conftest import Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.netproxy import TcpProxy
 
@@ -27,10 +29,12 @@ def _consumer(tmp_path, url, sim, name, *extra):
 
 
 @pytest.mark.parametrize("cut", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["connections-reset", "half-open"])
-def test_a_partition_longer_than_the_lease_heals_by_itself(tmp_path, redis_url, conn, cut):
+@both_modes_reference_slow
+def test_a_partition_longer_than_the_lease_heals_by_itself(tmp_path, redis_url, conn, cut, prompts_mode: Prompts):
     data = write_jsonl(tmp_path / "part.jsonl", [sharegpt(i) for i in range(120)])
     cli("producer", "enqueue", str(data), "--run", "part", "--output", str(tmp_path / "out"), "--batch-size", "4",
-        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url})
+        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), *prompts_mode.args,
+        env={"REDIS_URL": redis_url})
     port = urlparse(redis_url).port
     assert port is not None
     proxy = TcpProxy(port)
@@ -60,5 +64,6 @@ def test_a_partition_longer_than_the_lease_heals_by_itself(tmp_path, redis_url, 
     assert conn.zcard(f"rq:failed:{q}") == 0
     log = cut_off.output()
     assert "Redis unreachable" in log and "Redis answers again" in log, log[-3000:]
-    print(f"records {len(recs)} for {len(run_keys(conn, 'part'))} items; "
-          f"lost leases noticed: {log.count('lease lost')}")
+    lost = sum(int(n) for n in re.findall(r"(\d+) lease\(s\) lost", log))  # consumer/work/leases.py's line
+    print(f"{prompts_mode}: records {len(recs)} for {len(run_keys(conn, 'part'))} items; "
+          f"lost leases noticed: {lost}")

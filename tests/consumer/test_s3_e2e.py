@@ -2,6 +2,8 @@
 
 Real redis-server, the stand-in vLLM over HTTP, consumers as subprocesses that get their S3
 credentials from the environment (boto3's standard chain), and `producer export` at the end.
+Each test runs in both prompt modes (issue 34): by reference the run's packs are in S3 too, and
+the consumers read them through a pack cache on disk.
 """
 
 from __future__ import annotations
@@ -15,19 +17,21 @@ import pytest
 from rq.job import Job
 
 from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
-from tests.conftest import cli, sharegpt, write_jsonl
+from genqueue.producer.packitems import PackItems
+from tests.conftest import Prompts, cli, items_of_job, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, run_keys
-from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
+from tests.s3server import S3Server, s3_env, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
 
 PREFIX = "runs/e2e"
 
 
-def enqueue(tmp_path: Path, redis_url: str, s3: S3Server, run: str, n: int) -> None:
+def enqueue(tmp_path: Path, redis_url: str, s3: S3Server, run: str, n: int, prompts: Prompts) -> None:
     data = write_jsonl(tmp_path / f"{run}.jsonl", [sharegpt(i, turns=1 + i % 2) for i in range(n)])
     cli("producer", "enqueue", str(data), "--run", run, "--output", s3.url(PREFIX), "--batch-size", "8",
-        "--max-tokens", "256", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url, **s3.env})
+        "--max-tokens", "256", "--rejects", str(tmp_path / "rej.jsonl"), *prompts.args,
+        env={"REDIS_URL": redis_url, **s3.env})
 
 
 def consumer(tmp_path: Path, redis_url: str, s3: S3Server, sim: Sim, run: str, *extra: str, name: str,
@@ -53,11 +57,14 @@ def s3_records(s3: S3Server, run: str) -> tuple[list[dict], set[str]]:
     return recs, names
 
 
-def job_keys(conn, job_ids) -> set[str]:
+def job_keys(conn, s3: S3Server, run: str, job_ids) -> set[str]:
+    """The keys of the items of RUN's jobs JOB_IDS, in either mode (by reference: read from the
+    run's packs in S3, which must be up)."""
+    packs = PackItems(conn, run, s3.url(PREFIX))
     keys: set[str] = set()
     for jid in job_ids:
         job = Job.fetch(jid, connection=conn, serializer=SERIALIZER)
-        keys |= {it["key"] for it in job.args[0]}
+        keys |= {it["key"] for it in items_of_job(conn, run, s3.url(PREFIX), job, packs)}
     return keys
 
 
@@ -84,15 +91,15 @@ def assert_acked_are_shipped(conn, s3: S3Server, run: str) -> int:
     first: a job in it was acked before the listing, so its shard must already be there."""
     finished = queue_for(run, conn).finished_job_registry.get_job_ids()
     recs, _ = s3_records(s3, run)
-    missing = job_keys(conn, finished) - {r["key"] for r in recs}
+    missing = job_keys(conn, s3, run, finished) - {r["key"] for r in recs}
     assert not missing, f"{len(missing)} items of acked jobs are not in S3"
     return len(finished)
 
 
-def test_run_to_s3_completes_and_exports(tmp_path, redis_url, conn, s3_server: S3Server):
+def test_run_to_s3_completes_and_exports(tmp_path, redis_url, conn, s3_server: S3Server, prompts_mode: Prompts):
     sim = Sim(tmp_path, "--slots", "32", "--step-time", "0.002", "--mean-tokens", "40")
     try:
-        enqueue(tmp_path, redis_url, s3_server, "s3run", 120)
+        enqueue(tmp_path, redis_url, s3_server, "s3run", 120, prompts_mode)
         c = consumer(tmp_path, redis_url, s3_server, sim, "s3run", "--burst", "-c", "32", name="c")
         assert c.wait(90) == 0, c.output()
     finally:
@@ -100,6 +107,8 @@ def test_run_to_s3_completes_and_exports(tmp_path, redis_url, conn, s3_server: S
     recs, names = s3_records(s3_server, "s3run")
     assert {r["key"] for r in recs} == run_keys(conn, "s3run") and len(recs) == 120
     client = s3_server.client()
+    packs = client.list_objects_v2(Bucket=s3_server.bucket, Prefix=f"{PREFIX}/s3run/packs/").get("KeyCount", 0)
+    assert bool(packs) == prompts_mode.by_reference, "by reference the prompts are in S3, in packs"
     for name in names:  # every shard has its manifest
         man = client.get_object(Bucket=s3_server.bucket,
                                 Key=f"{PREFIX}/s3run/shards/{name.removesuffix('.jsonl')}.manifest.json")
@@ -112,12 +121,19 @@ def test_run_to_s3_completes_and_exports(tmp_path, redis_url, conn, s3_server: S
 
 
 @pytest.mark.slow
-def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis_url, conn, s3_server: S3Server):
+def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis_url, conn, s3_server: S3Server,
+                                                                 s3_env, prompts_mode: Prompts):
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.004", "--mean-tokens", "60")
     run = "s3down"
+    # By reference the consumer reads the run's one pack once and then from its disk cache, which
+    # outlives the outage: the test empties it (a cache of the consumer's own) as S3 goes down, so
+    # the jobs still queued need their pack from S3 while it is out (as on a host whose cache lost
+    # the pack, or a consumer started during the outage).
+    cache = tmp_path / "packs"
     try:
-        enqueue(tmp_path, redis_url, s3_server, run, 400)
-        c = consumer(tmp_path, redis_url, s3_server, sim, run, "--burst", "-c", "16", "--lease", "6", name="c")
+        enqueue(tmp_path, redis_url, s3_server, run, 400, prompts_mode)
+        c = consumer(tmp_path, redis_url, s3_server, sim, run, "--burst", "-c", "16", "--lease", "6",
+                     "--pack-cache", str(cache), name="c")
         q = queue_for(run, conn)
         deadline = time.monotonic() + 60
         while q.finished_job_registry.count < 3 and time.monotonic() < deadline:
@@ -126,6 +142,12 @@ def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis
         assert_acked_are_shipped(conn, s3_server, run)
 
         s3_server.stop()  # returns once the server process is gone
+        cached = list(cache.glob("*.gqpack"))
+        for pack in cached:
+            pack.unlink()
+        queued_at_stop = q.count
+        if prompts_mode.by_reference:
+            assert cached and queued_at_stop, "no job left to need its pack while S3 is down"
         time.sleep(1.0)  # an upload that finished just before the stop may still be acked now
         acked_at_stop = conn.zcard(q.finished_job_registry.key)
         sealed_dir = tmp_path / "spool" / "c" / run / "sealed"
@@ -137,6 +159,9 @@ def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis
             assert c.p.poll() is None, "the consumer gave up while S3 was down"
             time.sleep(0.25)
         assert saw_unshipped, "the consumer sealed nothing while S3 was down: the outage proved nothing"
+        if prompts_mode.by_reference:
+            assert "packs cannot be read now" in c.output(), "no job needed its pack while S3 was down"
+        assert q.failed_job_registry.count == 0, "a job failed while S3 was down"
         s3_server.start()
 
         while c.p.poll() is None:
@@ -146,20 +171,26 @@ def test_s3_down_twenty_seconds_nothing_acked_early_nothing_lost(tmp_path, redis
     finally:
         sim.stop()
     assert_acked_are_shipped(conn, s3_server, run)
-    assert "shipping" in c.output() and "failed" in c.output()
+    log = c.output()
+    assert "shipping" in log and "failed" in log
+    if prompts_mode.by_reference:
+        assert "packs_unreachable over" in log and "pack_unreadable" not in log
     assert q.failed_job_registry.count == 0
     assert conn.zcard(q.finished_job_registry.key) == 400 // 8
     summary, rows = export(tmp_path, redis_url, s3_server, run)
     assert (summary["exported"], summary["missing"], summary["failed"]) == (400, 0, 0)
     assert len({r["key"] for r in rows}) == len(rows) == 400
+    print(f"\n{prompts_mode}: {acked_at_stop} of {400 // 8} jobs acked and {queued_at_stop} queued when S3 stopped; "
+          f"export removed {summary['duplicates_removed']} duplicates")
 
 
 @pytest.mark.slow
-def test_consumer_killed_between_sealing_and_upload(tmp_path, redis_url, conn, s3_server: S3Server):
+def test_consumer_killed_between_sealing_and_upload(tmp_path, redis_url, conn, s3_server: S3Server, s3_env,
+                                                    prompts_mode: Prompts):
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.004", "--mean-tokens", "60")
     run = "s3kill"
     try:
-        enqueue(tmp_path, redis_url, s3_server, run, 240)
+        enqueue(tmp_path, redis_url, s3_server, run, 240, prompts_mode)
         a = consumer(tmp_path, redis_url, s3_server, sim, run, "-c", "16", "--lease", "3", name="a", spool="shared")
         q = queue_for(run, conn)
         deadline = time.monotonic() + 60
@@ -188,9 +219,12 @@ def test_consumer_killed_between_sealing_and_upload(tmp_path, redis_url, conn, s
     counts = collections.Counter(r["key"] for r in recs)
     assert set(counts) == run_keys(conn, run)
     dup = {k for k, n in counts.items() if n > 1}
-    assert not (dup & job_keys(conn, acked_before)), "an item acked before the kill was generated again"
+    acked_keys = job_keys(conn, s3_server, run, acked_before)
+    assert not (dup & acked_keys), "an item acked before the kill was generated again"
     assert q.failed_job_registry.count == 0
     summary, rows = export(tmp_path, redis_url, s3_server, run)
     assert (summary["exported"], summary["missing"], summary["failed"]) == (240, 0, 0)
     assert summary["duplicates_removed"] == sum(counts.values()) - 240
     assert sorted(r["key"] for r in rows) == sorted(counts)  # every item exactly once
+    print(f"\n{prompts_mode}: {len(stranded)} shard(s) stranded, {len(acked_before)} job(s) acked before the kill; "
+          f"export removed {summary['duplicates_removed']} duplicates")
