@@ -410,8 +410,15 @@ PACK_TAG_CHARS = 6
 #: holds at most hash-max-listpack-entries (128 by default) entries; 64 leaves room for a
 #: bucket fuller than the mean (BENCHMARKS.md, "Redis bytes per item").
 ITEMS_PER_BUCKET = 64
-#: Buckets of a run whose first writer did not say its size (a rebuild, a consumer's mark).
+#: Buckets of a run whose first writer did not say its size (a rebuild, a consumer's mark), and
+#: the fewest any run is made with: buckets are made as items land, so a small run pays nothing
+#: for them, and a run whose first enqueue was small that grows to millions keeps its buckets
+#: thousands of items each (hashes Redis reads in a moment) instead of one hash of them all.
 ITEMS_DEFAULT_BUCKETS = 1024
+#: Entries a bucket holds before Redis keeps it a hashtable instead of a listpack, when CONFIG
+#: GET does not say (Redis's default hash-max-listpack-entries; Debian's redis.conf says 512):
+#: more bytes an item past it, which an enqueue that takes a run there says.
+ITEMS_LISTPACK_ENTRIES = 128
 #: The items a run is sized for when its first enqueue reads an input of unknown size (stdin,
 #: a compressed file): about a million (16,384 buckets).
 ITEMS_UNKNOWN_SIZE = 1_000_000

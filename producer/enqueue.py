@@ -543,7 +543,13 @@ def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan) -> None:
     unknown size gets the size of one whose first records were all it held), and the sets of a
     run queued by a genqueue before the table moved into it."""
     table = ItemTable(conn, run)
-    table.ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
+    buckets = table.ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
+    held, entries = table.counts().in_run, table.listpack_entries()
+    if held + mem.items > buckets * entries:
+        log.warning("run %s: its item table has %d buckets, fixed by its first enqueue; with about %s items more "
+                    "than its %s its buckets outgrow Redis's compact hashes (%d entries): more Redis an item than "
+                    "the estimate's, nothing else changes (a run sized by its first input is cheapest)", run, buckets,
+                    f"{mem.items:,}", f"{held:,}", entries)
     if moved := table.migrate_sets():
         log.warning("run %s: %d marks moved from the run's sets into its item table (made by an earlier "
                     "genqueue)", run, moved)

@@ -185,8 +185,8 @@ def bucket_key(run: str, bucket: int) -> str:
 
 def buckets_for(expected_items: int) -> int:
     """The number of buckets for a run of about EXPECTED_ITEMS items: a power of two giving at
-    most ITEMS_PER_BUCKET items a bucket (1 for a small run, MAX_BUCKETS at most)."""
-    n = 1
+    most ITEMS_PER_BUCKET items a bucket (DEFAULT_BUCKETS at least, MAX_BUCKETS at most)."""
+    n = DEFAULT_BUCKETS
     while n * ITEMS_PER_BUCKET < expected_items and n < MAX_BUCKETS:
         n *= 2
     return n
@@ -221,6 +221,15 @@ class ItemTable:
             p.hget(self.key, "buckets")
             _, n = p.execute()
         return int(n)
+
+    def listpack_entries(self) -> int:
+        """The entries a bucket holds in Redis's compact encoding (CONFIG GET
+        hash-max-listpack-entries; defaults.ITEMS_LISTPACK_ENTRIES when CONFIG is refused)."""
+        try:
+            got = (self.conn.config_get("hash-max-listpack-entries") or {}).get("hash-max-listpack-entries")
+            return defaults.ITEMS_LISTPACK_ENTRIES if got is None else int(got)
+        except (redis.exceptions.ResponseError, ValueError):
+            return defaults.ITEMS_LISTPACK_ENTRIES
 
     def migrate_sets(self) -> int:
         """Move the marks of a run made before the item table (its `keys`, `done` and `failed`

@@ -32,16 +32,17 @@ def model_counts(states: dict[bytes, int]) -> ItemCounts:
 
 
 def test_buckets_are_sized_once_for_the_run() -> None:
-    assert buckets_for(0) == buckets_for(ITEMS_PER_BUCKET) == 1
-    assert buckets_for(ITEMS_PER_BUCKET + 1) == 2
+    # at least the default (buckets are made as items land: a small run pays nothing for them)
+    assert buckets_for(0) == buckets_for(ITEMS_PER_BUCKET * 1024) == 1024
+    assert buckets_for(ITEMS_PER_BUCKET * 1024 + 1) == 2048
     assert buckets_for(1_000_000) == 16_384 and 1_000_000 / 16_384 <= ITEMS_PER_BUCKET
 
 
 def test_the_first_writer_fixes_the_size(conn: redis.Redis) -> None:
     table = ItemTable(conn, RUN)
     assert table.buckets() == 0 and table.states([os.urandom(16)]) == b"\x00"  # nothing yet: no bucket read
-    assert table.ensure(10_000) == 256
-    assert table.ensure(10) == 256  # fixed: a later enqueue's size changes nothing
+    assert table.ensure(100_000) == 2048
+    assert table.ensure(10) == 2048  # fixed: a later enqueue's size changes nothing
     other = ItemTable(conn, "other")
     other.change([os.urandom(16)], add=IN_RUN)  # a writer that said no size: the default
     assert other.buckets() == 1024
@@ -97,11 +98,20 @@ def test_a_run_of_its_size_stays_in_listpacks_and_a_grown_one_still_works(conn: 
     digests = [os.urandom(16) for _ in range(5_000)]
     for i in range(0, 5_000, 1_000):
         table.change(digests[i:i + 1_000], add=IN_RUN)
-    assert {conn.object("encoding", bucket_key(RUN, b)) for b in range(table.buckets())} == {b"listpack"}
-    more = [os.urandom(16) for _ in range(20_000)]  # four times what it was sized for
-    for i in range(0, 20_000, 5_000):
-        table.change(more[i:i + 5_000], add=IN_RUN | DONE)
-    assert table.counts() == ItemCounts(25_000, 20_000, 0, 0, 20_000)
+    def encodings() -> set[bytes]:  # of the buckets made (a bucket is made when an item lands in it)
+        return {conn.object("encoding", bucket_key(RUN, b)) for b in range(table.buckets())} - {None}
+
+    assert encodings() == {b"listpack"}
+    more = [os.urandom(16) for _ in range(150_000)]  # 30 times what it was sized for
+    was = conn.config_get("hash-max-listpack-entries")["hash-max-listpack-entries"]
+    conn.config_set("hash-max-listpack-entries", 128)  # Redis's default (a packaged redis.conf may say 512)
+    try:
+        for i in range(0, 150_000, 10_000):
+            table.change(more[i:i + 10_000], add=IN_RUN | DONE)
+    finally:
+        conn.config_set("hash-max-listpack-entries", was)
+    assert b"hashtable" in encodings()  # past 128 an entry: more bytes an item, the same answers
+    assert table.counts() == ItemCounts(155_000, 150_000, 0, 0, 150_000)
     assert set(table.states(digests + more)) == {IN_RUN, IN_RUN | DONE}
 
 

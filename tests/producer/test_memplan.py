@@ -67,3 +67,19 @@ def test_auto_turns_to_reference_only_when_inline_does_not_fit_and_reference_doe
     assert memplan.choose_by_room(kept, inline, lambda: ref) == (kept, inline)
     assert memplan.choose_by_room(auto, fits, lambda: ref) == (auto, fits)
     assert memplan.choose_by_room(auto, inline, lambda: too_big) == (auto, inline)
+
+
+def test_an_enqueue_that_takes_a_run_past_its_tables_size_says_so(conn, caplog: pytest.LogCaptureFixture) -> None:
+    """The item table's buckets are fixed by the run's first enqueue; a later one that takes it
+    past Redis's compact hashes says so in the log (more bytes an item than the estimate's)."""
+    from genqueue.common.keepers.items import ItemTable
+    from genqueue.producer.enqueue import _item_table
+
+    ItemTable(conn, "grow").ensure(10)
+    entries = ItemTable(conn, "grow").listpack_entries()
+    with caplog.at_level("WARNING", logger="genqueue"):
+        _item_table(conn, "grow", memplan.MemoryPlan(1024 * entries - 1, 0, True, None))
+        assert not caplog.records
+        _item_table(conn, "grow", memplan.MemoryPlan(1024 * entries + 1, 0, True, None))
+    assert len(caplog.records) == 1 and "its buckets outgrow Redis's compact hashes" in caplog.text, caplog.text
+    assert ItemTable(conn, "grow").buckets() == 1024  # still as the first enqueue fixed it
