@@ -21,6 +21,7 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
 from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.packs import read_index
+from genqueue.common.storage.names import pack_tag
 from tests.conftest import cli, free_port, http_text, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
@@ -59,9 +60,10 @@ def test_a_run_by_reference_completes_every_item_once(tmp_path: Path, redis_url:
     # the jobs carry no prompt: no argument, their pack and block in meta; the pack table names each pack
     q = queue_for("byref", conn)
     job = Job.fetch(q.job_ids[0], connection=conn, serializer=SERIALIZER)
-    assert job.args == [] and set(job.meta) == {"items", "pack", "block"}
+    assert job.args == [] and set(job.meta) == {"items", "pack", "block", "pw"}
     table = PackTable(conn, "byref").names()
     assert len(table) == s["packs"] and job.meta["pack"] in table
+    assert job.meta["pw"] == pack_tag(table[job.meta["pack"]])  # its pack writer's tag (a number may come again)
     packs = sorted((tmp_path / "out" / "byref" / "packs").glob("*.gqpack"))
     assert [p.name for p in packs] == sorted(table.values())
     assert not any(b"q1" in (conn.hget(Job.key_for(j), "data") or b"") for j in q.job_ids)
