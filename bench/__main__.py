@@ -32,7 +32,7 @@ FULL = {
               "--rounds", "2"],
     "locality": ["bench.bench_locality", "--conversations", "300"],
     "packs": ["bench.bench_packs", "--items", "16384"],
-    "redis_items": ["bench.bench_redis_items", "--items", "200000", "--finish"],
+    "redis_items": ["bench.bench_redis_items", "--items", "200000", "--finish", "emulated"],
     "packcache": ["bench.bench_packcache", "--packs", "16"],
     "producer_packs": ["bench.bench_producer_packs", "--items", "200000"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
@@ -50,7 +50,7 @@ QUICK = {
               "--max-tokens", "500"],
     "locality": ["bench.bench_locality", "--conversations", "24", "--step-time", "0.0005", "--mean-tokens", "10"],
     "packs": ["bench.bench_packs", "--items", "512", "--reads", "20"],
-    "redis_items": ["bench.bench_redis_items", "--items", "500", "--finish"],
+    "redis_items": ["bench.bench_redis_items", "--items", "500", "--finish", "real"],
     "packcache": ["bench.bench_packcache", "--packs", "2", "--items-per-pack", "128"],
     "producer_packs": ["bench.bench_producer_packs", "--items", "500"],
 }
