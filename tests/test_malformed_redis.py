@@ -297,6 +297,7 @@ def flask_dashboard(url: str) -> Callable[[str], tuple[int, Any]]:
 shape_places = st.lists(st.tuples(st.sampled_from(sorted(SHAPES)), st.sampled_from(PLACES)), min_size=1, max_size=8)
 
 
+@pytest.mark.slow  # 20 s: in the slow tier, which CI runs too
 def test_every_command_survives_malformed_jobs_beside_a_genuine_run(tmp_path, redis_url, conn):
     genuine = build_genuine(tmp_path, conn, redis_url)
     run = in_process(redis_url)

@@ -84,6 +84,7 @@ def _metrics(port: int) -> str:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 15 s: in the slow tier, which CI runs too
 def test_another_host_is_refused_until_the_output_is_declared_shared(tmp_path: Path, redis_url, conn) -> None:
     data = write_jsonl(tmp_path / "split.jsonl", [sharegpt(i) for i in range(120)])
     out = tmp_path / "out"

@@ -152,6 +152,7 @@ def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_fi
     assert conn.llen("rq:queue:genqueue.fill") == n // 32, "every item in exactly one job: none queued twice"
 
 
+@pytest.mark.slow  # 48 s inline: both modes in the slow tier
 @both_modes_reference_slow
 def test_redis_full_mid_run_pauses_the_consumer_and_it_completes_once_memory_is_raised(tmp_path, server, prompts_mode):
     conn = redis.Redis.from_url(server.url)

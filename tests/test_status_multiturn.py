@@ -40,7 +40,7 @@ def unanswered(i: int) -> dict[str, Any]:
         {"role": "assistant", "content": "", "tool_calls": [call("clock", "{}", "o")]}]}
 
 
-@pytest.mark.parametrize("mode", ["diverge", "recorded"])
+@pytest.mark.parametrize("mode", ["diverge", pytest.param("recorded", marks=pytest.mark.slow)])  # 13 s, 20 s
 def test_status_says_what_export_says_of_tool_turns_and_holds_its_identities_meanwhile(
         tmp_path: Path, redis_url: str, conn: redis.Redis, mode: str) -> None:
     env = {"REDIS_URL": redis_url}

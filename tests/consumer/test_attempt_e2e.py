@@ -17,6 +17,7 @@ from tests.consumer.test_sigterm import DRAIN, SLACK, busy, held, start, stop_wi
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # 11 s: in the slow tier, which CI runs too
 def test_records_of_a_job_given_back_and_taken_again_say_attempt_2(tmp_path, redis_url, conn):
     sim, a = busy(tmp_path, redis_url, conn, "again")
     try:

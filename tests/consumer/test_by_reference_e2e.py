@@ -334,6 +334,7 @@ def _paused(conn: redis.Redis) -> dict[str, str]:
     return dict(reports[0].get("paused") or {}) if reports else {}
 
 
+@pytest.mark.slow  # 16 s: in the slow tier, which CI runs too
 def test_an_s3_outage_while_a_run_by_reference_is_consumed_is_a_paused_state_and_loses_nothing(
         tmp_path: Path, redis_url: str, conn: redis.Redis, s3_server: S3Server) -> None:
     """S3 stopped while one consumer takes a run by reference from it: the consumer says it is

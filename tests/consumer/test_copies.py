@@ -314,6 +314,7 @@ def _consumer(tmp_path: Any, name: str, sim: Sim, env: dict[str, str]) -> Proc:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 15 s: in the slow tier, which CI runs too
 def test_an_idle_fast_engine_copies_what_the_slow_one_holds_and_every_item_ends_once(tmp_path, redis_url):
     fast, slow, env = _fleet(tmp_path, redis_url)
     procs = []

@@ -73,7 +73,8 @@ def test_a_probe_that_fails_at_pre_flight_stops_the_burst_consumer_with_exit_4(t
     assert "run complete" not in status
 
 
-@pytest.mark.parametrize(("status", "after"), [(500, 1), (502, 60), (503, 1)])
+@pytest.mark.parametrize(("status", "after"), [  # 16 s each: one in the default suite, the rest in the slow tier
+    pytest.param(500, 1, marks=pytest.mark.slow), pytest.param(502, 60, marks=pytest.mark.slow), (503, 1)])
 def test_an_engine_failing_every_request_pauses_the_run_and_every_item_comes_back(
         tmp_path, redis_url, conn, status, after):
     n = 240

@@ -59,6 +59,7 @@ def _report(redis_url: str, *args: str) -> str:
     return cli("producer", "drafter-report", *args, env={"REDIS_URL": redis_url}).stdout
 
 
+@pytest.mark.slow  # 15 s: in the slow tier, which CI runs too
 def test_the_candidate_beside_the_previous_drafter_from_the_records_alone(
         tmp_path: Path, redis_url: str, conn) -> None:
     good, weak = _inputs(tmp_path)
