@@ -22,7 +22,9 @@ runs, or its queue found empty (nothing left here to prove the store by).
 
 A pack's number turns into its name by the run's pack table (PackTable) once per run and
 number: a name never changes once written, so it is kept (PackNames); a number the table lacks
-is asked again at its next job, never kept as missing.
+is asked again at its next job, never kept as missing. Only a rewind gives a number out again
+(it restores the counter), under another writer's name: the job's writer tag (PackRef.writer)
+tells a kept name from before it, which is then asked again.
 """
 
 from __future__ import annotations
