@@ -44,17 +44,14 @@ class PackItems:
     def items_of(self, ref: PackRef) -> list[Item]:
         """The items of block REF.block of pack REF.pack. When they cannot be read: UserError
         (Unreadable.STOP) or JobItemsUnreadableError (Unreadable.NOTE)."""
-        if self._names is None or ref.pack not in self._names:
-            self._names = self._table.names()  # once, and again for a pack queued since
+        if self._names is None or ref.pack not in self._names or not ref.names(self._names[ref.pack]):
+            self._names = self._table.names()  # once, and again for a pack queued (or numbered again) since
         name = self._names.get(ref.pack)
-        if name is not None and not ref.names(name):  # the number given out again since it was read
-            self._names = self._table.names()
-            name = self._names.get(ref.pack)
-            if name is not None and not ref.names(name):
-                why = f"pack number {ref.pack} of writer {ref.writer} is {name} in the run's pack table"
-                if self.unreadable is Unreadable.NOTE:
-                    raise JobItemsUnreadableError(why)
-                raise UserError(f"run {self.run}: a job names {why}; nothing more was queued")
+        if name is not None and not ref.names(name):
+            why = f"pack number {ref.pack} of writer {ref.writer} is {name} in the run's pack table"
+            if self.unreadable is Unreadable.NOTE:
+                raise JobItemsUnreadableError(why)
+            raise UserError(f"run {self.run}: a job names {why}; nothing more was queued")
         if name is None:
             if self.unreadable is Unreadable.NOTE:
                 raise JobItemsUnreadableError(f"pack number {ref.pack} is not in the run's pack table")
