@@ -201,6 +201,9 @@ class Enqueuer:
         # 64-bit prefixes of the item keys this invocation has yielded as new: ~60 bytes each
         # in memory, collision odds ~3e-8 at a million items.
         self._seen: set[int] = set()
+        # Whether the run's item table was empty when this invocation began (read once, before
+        # its first claim; None until then): then no item state needs reading (_settle).
+        self._fresh: bool | None = None
         self._pending: list[Item] = []
         self._estimates: dict[str, int] = {}
         self._group: list[Item] = []  # longest first: the items taken of the record at hand
@@ -285,7 +288,13 @@ class Enqueuer:
                 self._close_group(flat, pos)
         else:
             conn = self.writer.conn
-            states = Marks(conn, self.run).item_states([key_digest(it["key"]) for _, it in flat])
+            if self._fresh is None:  # before this invocation's first claim
+                self._fresh = not any(Marks(conn, self.run).totals())
+            # A run whose table held nothing when this invocation began holds only what it
+            # claimed since (each once: _seen), or what a racing producer claimed (its claim
+            # answers that): its states need no read, which is one Redis command an item.
+            states = bytes(len(flat)) if self._fresh else Marks(conn, self.run).item_states(
+                [key_digest(it["key"]) for _, it in flat])
             if self.view is None and any(st & (IN_RUN | DONE) == IN_RUN for st in states):
                 self._take_view()
             orphans: list[bytes] = []

@@ -51,7 +51,10 @@ COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
 # bucket hashes are named from it. B is read once per call; a writer that finds none sets
 # DEFAULT_BUCKETS (`ensure` first, with a size, is the rule; this is the fallback). `change`
 # sets ADD's bits and clears CLEAR's, deleting an entry left with none, and keeps the counts in
-# `delta`, which `flush` writes in one HINCRBY each at the end of the call; `add_in_run` is
+# `delta`, which `flush` writes in one HINCRBY each at the end of the call; `mark_one` is
+# `change(tab, d, M, 0)` for one bit M in one HINCRBY (the old state is the new one less M; the
+# rare item that had M already gets a second HINCRBY that takes it back, and an entry that is
+# not an integer, which HINCRBY refuses, goes through `change`, which reads it as 0); `add_in_run` is
 # `change(tab, d, IN_RUN, 0)` in one HSETNX for an item new to the table (the claim's case).
 LUA_ITEMS = """
 local function items_table(T, write)
@@ -91,6 +94,19 @@ local function change(tab, d, add, clear)
     count(tab, old, -1)
     count(tab, new, 1)
   end
+  return old
+end
+local function mark_one(tab, d, m)
+  local k = bucket_of(tab, d)
+  local new = redis.pcall('HINCRBY', k, d, m)
+  if type(new) ~= 'number' then return change(tab, d, m, 0) end
+  local old = new - m
+  if bit.band(old, m) ~= 0 then
+    redis.call('HINCRBY', k, d, -m)
+    return old
+  end
+  count(tab, old, -1)
+  count(tab, new, 1)
   return old
 end
 local function add_in_run(tab, d)

@@ -71,28 +71,31 @@ SHIPPED_TOOLS = "shipped_tools_"
 #: tool-turns counter name, acceptance tallies), in the run's item table KEYS[1]; each item newly
 #: marked adds 1 to its counter in KEYS[2] (unless it is an error record of an item with a
 #: result already: that counts nowhere), its regenerated turns to `shipped_turns`, 1 to its
-#: tool-turns counter, if any, and its tallies to KEYS[3] (common/keepers/spectally.py).
+#: tool-turns counter, if any, and its tallies to KEYS[3] (common/keepers/spectally.py). The
+#: sums are written at the end, one HINCRBY a counter (a shard's items share a handful), and a
+#: consumer's mark (DONE or FAILED alone) is one HINCRBY an item (`mark_one`): about one Redis
+#: command an item to finish, where it was an HGET, an HSET and one or two HINCRBYs.
 _MARK = LUA_ITEMS + """
 local added = 0
 """ + LUA_INIT + """local tab = items_table(KEYS[1], true)
 local bits = tonumber(ARGV[1])
 local mark = bit.band(bits, 6)
+local sums = {}
+local function bump(f, n) sums[f] = (sums[f] or 0) + n end
 for i = 2, #ARGV, 5 do
-  local old = change(tab, ARGV[i], bits, 0)
+  local old
+  if bits == mark then old = mark_one(tab, ARGV[i], mark) else old = change(tab, ARGV[i], bits, 0) end
   if bit.band(old, mark) == 0 then
     added = added + 1""" + LUA_ADD.format(arg="ARGV[i + 4]") + """
     if ARGV[i + 1] ~= '' and (mark == 2 or bit.band(old, 2) == 0) then
-      redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
-      if ARGV[i + 2] ~= '0' then
-        redis.call('HINCRBY', KEYS[2], '""" + SHIPPED_TURNS + """', ARGV[i + 2])
-      end
-      if ARGV[i + 3] ~= '' then
-        redis.call('HINCRBY', KEYS[2], ARGV[i + 3], 1)
-      end
+      bump(ARGV[i + 1], 1)
+      if ARGV[i + 2] ~= '0' then bump('""" + SHIPPED_TURNS + """', tonumber(ARGV[i + 2]) or 0) end
+      if ARGV[i + 3] ~= '' then bump(ARGV[i + 3], 1) end
     end
   end
 end
 flush(tab)
+for f, n in pairs(sums) do redis.call('HINCRBY', KEYS[2], f, string.format('%.0f', n)) end
 """ + LUA_FLUSH + """return added
 """
 

@@ -83,3 +83,45 @@ def test_the_marks_of_a_shard_file_skip_torn_lines(tmp_path: Path) -> None:
     marks = marks_of_file(path)
     assert marks.done == [key_digest(key(1))] and marks.done_kind == ["shipped_outcome_complete"]
     assert marks.failed == [key_digest(key(2))] and marks.failed_kind == ["shipped_failed_x"]
+
+
+def test_marking_twice_changes_nothing_and_counts_once(conn: redis.Redis) -> None:
+    """The consumers' mark is one HINCRBY an item: an item marked again (a regenerated record, a
+    shard sent twice, one repeated within a shard) is taken back to its state and counted once."""
+    table = ItemTable(conn, RUN)
+    table.change([key_digest(key(i)) for i in range(3)], add=IN_RUN)
+    shipped(conn, done=[0, 0, 1], failed=[2])
+    shipped(conn, done=[0, 1], failed=[2, 0])
+    states = Marks(conn, RUN).item_states([key_digest(key(i)) for i in range(3)])
+    assert list(states) == [IN_RUN | DONE | FAILED, IN_RUN | DONE, IN_RUN | FAILED]
+    p = Marks(conn, RUN).progress()
+    assert (p.items, p.done, p.failed, p.failed_and_done) == (3, 2, 2, 1)
+    assert p.stats == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}
+    # the counts agree with the entries, as a count of the whole table says
+    entries = dict(table.each())
+    assert sum(1 for s in entries.values() if s & DONE) == p.done
+    assert sum(1 for s in entries.values() if s & FAILED) == p.failed
+
+
+def test_an_entry_that_is_no_integer_is_marked_as_if_it_were_none(conn: redis.Redis) -> None:
+    """HINCRBY refuses an entry that is not an integer; the mark then reads it as 0 and sets it,
+    as the table's readers do (garbage in Redis is never a failed shipment)."""
+    table = ItemTable(conn, RUN)
+    table.change([key_digest(key(0))], add=IN_RUN)
+    d = key_digest(key(1))
+    table.change([d], add=IN_RUN)
+    bucket = next(k for k in conn.scan_iter(match=run_key(RUN, "items:*")) if conn.hexists(k, d))
+    conn.hset(bucket, d, "x")
+    shipped(conn, done=[0, 1], failed=[])
+    assert list(Marks(conn, RUN).item_states([key_digest(key(0)), d])) == [IN_RUN | DONE, DONE]
+    assert Marks(conn, RUN).progress().stats == {"shipped_outcome_complete": 2, "shipped_turns": 4}
+
+
+def test_a_shards_marks_cost_about_one_redis_command_an_item(conn: redis.Redis) -> None:
+    """INFO's total_commands_processed counts the calls a script makes: marking 1,000 items of
+    one outcome is their 1,000 HINCRBYs and a handful more, not two or three an item."""
+    ItemTable(conn, RUN).change([key_digest(key(i)) for i in range(1000)], add=IN_RUN)
+    before = int(conn.info("stats")["total_commands_processed"])
+    shipped(conn, done=list(range(1000)), failed=[])
+    used = int(conn.info("stats")["total_commands_processed"]) - before
+    assert 1000 <= used <= 1000 + 20, used

@@ -144,3 +144,22 @@ def test_version_and_help() -> None:
     assert "--multi-turn" in cli("producer", "enqueue", "--help").stdout
     assert "--concurrency" in cli("consumer", "run", "--help").stdout
     assert "stand-in" in cli("consumer", "simulate", "--help").stdout
+
+
+def test_a_fresh_run_reads_no_item_states_and_still_counts_its_duplicates(tmp_path: Path, redis_url: str,
+                                                                          conn: redis.Redis) -> None:
+    """An enqueue into a run whose item table is empty claims each item (one HSETNX) and reads no
+    item state (it was an HGET an item more): about one Redis command an item. Duplicate records
+    are duplicates whether or not their first copy's slice was written already; a second enqueue
+    still reads the states and finds every record in the run."""
+    recs = [sharegpt(i) for i in range(3000)]
+    recs += [sharegpt(i) for i in range(0, 3000, 30)]  # 100 records repeated after their slices
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    args = (str(data), "--run", "fresh", "--rejects", str(tmp_path / "r.jsonl"), "--output", str(tmp_path / "out"))
+    before = int(conn.info("stats")["total_commands_processed"])
+    _, first = enqueue_json(redis_url, *args)
+    used = int(conn.info("stats")["total_commands_processed"]) - before
+    assert first["enqueued"] == 3000 and first["duplicates"] == 100 and balanced(first)
+    assert used < 1.3 * 3000, used  # the claims, the jobs' writes and a fixed cost; 2 an item before
+    _, again = enqueue_json(redis_url, *args)
+    assert again["enqueued"] == 0 and again["already_enqueued"] == 3100 and balanced(again)
