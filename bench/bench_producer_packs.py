@@ -15,7 +15,9 @@ the same time (`weed mini` is one process: S3 gateway, filer, volume and master;
 in neither), Redis bytes per item (`INFO memory` used_memory against the empty server's), the
 bytes the run left on S3 (every object under its prefix) and the packs. With --rounds R the
 two modes alternate R times (inline first on odd rounds), each round into fresh servers'
-state. A benchmark, not a test.
+state. `--s3-latency MS` puts a proxy in front of the S3 server that holds back each reply MS
+milliseconds (tests/netproxy.py `LatencyProxy`): a store in another region. A benchmark, not a
+test.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import redis
 
 from bench.bench_redis_items import make_records, used
 from bench.common import BIN, start_redis, table
+from tests.netproxy import LatencyProxy
 from tests.s3server import S3Server
 
 MODES = ("inline", "reference")
@@ -79,6 +82,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=1, help="alternate the two modes this many times")
+    ap.add_argument("--s3-latency", type=float, default=0.0,
+                    help="milliseconds added to each S3 reply (a TCP proxy in front of the server): a store far away")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gq-bench-producer-packs-"))
     s3 = S3Server(work / "s3")
@@ -89,6 +94,11 @@ def main() -> None:
         mb = data.stat().st_size / 1e6
         print(f"built {args.items:,} records ({mb:.0f} MB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         s3.start()
+        proxy = None
+        s3_env = dict(s3.env)
+        if args.s3_latency > 0:
+            proxy = LatencyProxy(int(s3.endpoint.rsplit(":", 1)[1]), args.s3_latency / 1000)
+            s3_env["AWS_ENDPOINT_URL"] = f"http://{proxy.url_host_port}"
         rows = [("prompts", "round", "records", "wall s", "records/s", "producer CPU s", "S3 server CPU s", "Redis bytes/item",
                  "S3 objects", "S3 MB", "S3 B/item", "packs", "jobs")]
         for rnd in range(1, args.rounds + 1):
@@ -98,7 +108,7 @@ def main() -> None:
                     conn = redis.Redis.from_url(url)
                     empty = used(conn)
                     run = f"bench-{mode}-{rnd}"
-                    env = {**os.environ, **s3.env, "REDIS_URL": url}
+                    env = {**os.environ, **s3_env, "REDIS_URL": url}
                     assert s3.proc is not None
                     weed0 = cpu_of(s3.proc.pid)
                     wall, cpu, s = enqueue(data, run, s3.url("out"), env, work, mode)
@@ -114,7 +124,10 @@ def main() -> None:
                              f"{cpu:.1f}", f"{weed:.1f}", f"{queued / items:,.0f}", f"{objects:,}", f"{size / 1e6:,.1f}",
                              f"{size / items:,.0f}", f"{s['packs']:,}", f"{s['jobs']:,}"))
         print(f"{args.items:,} records of 1-4 KB ({mb:.0f} MB of JSONL), one item each (regenerate); output on "
-              "SeaweedFS S3 (weed mini, same host), a fresh redis-server per enqueue")
+              f"SeaweedFS S3 (weed mini, same host{f', {args.s3_latency:g} ms added to each reply' if proxy else ''}), "
+              "a fresh redis-server per enqueue")
+        if proxy is not None:
+            proxy.close()
         print(table(rows))
     finally:
         s3.stop(kill=True)

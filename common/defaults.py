@@ -545,6 +545,14 @@ ENQUEUE_CHUNK = 4096
 #: Items claimed and enqueued per slice (one claim script, one transaction): bounds what a
 #: producer killed between the two leaves claimed and unqueued.
 ENQUEUE_SLICE_ITEMS = 1024
+#: Slices handed to the writer's thread (claim, pack PUT, transaction, in order) before the reader
+#: waits for the oldest: two chunks' worth, so a chunk's PUTs overlap the next chunk's reading.
+#: Bounds the items a producer holds in memory beyond its chunk (8 x 1,024).
+ENQUEUE_WRITES_IN_FLIGHT = 8
+#: Threads writing those slices at once: their claims and packs' PUTs overlap (a store far away
+#: answers a PUT in 50-200 ms, one at a time it bounds the enqueue), their transactions stay in
+#: the order the slices were handed out (the queue's order: input order, or longest first).
+ENQUEUE_WRITERS = 4
 
 # producer/export/card.py
 #: Rows per Parquet batch in the card's pass (bounded memory).

@@ -24,7 +24,10 @@ Nothing is written to Redis until the input was opened and its first record read
 run's settings were checked against an existing run of that name (or against the run.json its
 output holds, when Redis lost the run: runsetup.py): a mistyped path or option leaves no run
 behind. Items are claimed only right before their jobs are enqueued (jobwriter), so a record's
-bucket is settled when its items are written; one byte per record keeps it.
+bucket is settled when its items are written; one byte per record keeps it. The slices are
+written by ENQUEUE_WRITERS threads while the input is read on (a pack's PUT to a store far away
+no longer waits in line), their transactions in the order the slices were read; a record's
+bucket is counted from its slice's answer only, and a slice that fails stops the enqueue.
 
 Where the jobs keep their items (`--prompts`, issue 34) is settled with the Redis estimate,
 before anything is written (memplan.choose_prompts): inline in Redis, or by reference in packs
@@ -49,10 +52,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +108,13 @@ log = logging.getLogger(__name__)
 
 CHUNK = defaults.ENQUEUE_CHUNK
 SLICE_ITEMS = defaults.ENQUEUE_SLICE_ITEMS
+WRITES_IN_FLIGHT = defaults.ENQUEUE_WRITES_IN_FLIGHT
+WRITERS = defaults.ENQUEUE_WRITERS
+
+
+class _SliceNotTried(Exception):
+    """A slice handed to the writer's thread after one before it failed: nothing of it was
+    claimed or queued."""
 
 # Per-record flags (one byte per input record, indexed by its position); a record's bucket is
 # its highest-priority flag (Enqueuer.fill).
@@ -210,6 +222,13 @@ class Enqueuer:
         # Items already in the run that this invocation puts in jobs again -> _NEW (lost) or
         # _RETRIED (failed, --retry-failed); written through JobWriter.requeue.
         self._requeue: dict[int, int] = {}
+        # The slices being written (claim, pack, transaction), in order, in the writer's thread
+        # while this one reads on: each one's items and its write's answer (_write, _settle_write).
+        self._writing: deque[tuple[list[Item], Future[tuple[list[bool], int]]]] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+        self._write_failed = threading.Event()  # a slice's write failed: the ones after it are not tried
+        self._abandoned = threading.Event()  # the reading stopped: slices not yet claimed are not
+        self._last_written: threading.Event | None = None  # set once the last slice handed out is written
 
     # --- per record -----------------------------------------------------------------
     def _reject(self, rec: RawRecord, reason: RejectReason, detail: str = "") -> None:
@@ -348,6 +367,7 @@ class Enqueuer:
 
     def _take_view(self) -> None:
         assert self.writer is not None
+        self._settle_write()  # a claim in flight would wait on the lock taken below for ever
         self.writer.lock.acquire()
         # jobs by reference (issue 34): their items are read from their packs
         items_of = PackItems(self.writer.conn, self.run, self.settings.output).items_of
@@ -377,15 +397,16 @@ class Enqueuer:
                 continue
             new = [it for it in ready if as_int(it["key"]) not in self._requeue]
             if new:
-                won, jobs = self.writer.write(new)
-                self.counts["jobs"] += jobs
-                for it, ok in zip(new, won, strict=True):
-                    if ok:
-                        self._queued(it, _NEW)
-                    else:  # another producer racing on the run claimed it first
-                        self.flags[it["index"]] |= _QUEUED
+                while len(self._writing) >= WRITES_IN_FLIGHT:
+                    self._settle_write(oldest=True)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="gq-enqueue-write")
+                written = threading.Event()
+                self._writing.append((new, self._pool.submit(self._write_slice, new, self._last_written, written)))
+                self._last_written = written
             again = [it for it in ready if as_int(it["key"]) in self._requeue]
             if again:
+                self._settle_write()
                 codes, jobs = self.writer.requeue(again, retry_failed=self.retry_failed)
                 self.counts["jobs"] += jobs
                 for it, code in zip(again, codes, strict=True):
@@ -395,6 +416,80 @@ class Enqueuer:
                         self.counts["retried" if kind == _RETRIED else "requeued"] += 1
                     else:
                         self.flags[it["index"]] |= _REQUEUE_OUTCOME[code]
+
+        if final:
+            self._settle_write()
+
+    def _write_slice(self, items: list[Item], before: threading.Event | None,
+                     written: threading.Event) -> tuple[list[bool], int]:
+        """A writer's thread: claim ITEMS, write their pack, and enqueue their jobs once the slice
+        handed out BEFORE them is written (JobWriter.write's turn), then set WRITTEN; unless a
+        slice before them failed (then nothing of them is claimed: _SliceNotTried)."""
+        assert self.writer is not None
+        try:
+            if self._write_failed.is_set() or self._abandoned.is_set():
+                raise _SliceNotTried
+            try:
+                return self.writer.write(items, turn=None if before is None else lambda: self._turn(before))
+            except BaseException:
+                self._write_failed.set()
+                raise
+        finally:
+            written.set()
+
+    def _turn(self, before: threading.Event) -> None:
+        """A slice's turn to queue its jobs: once the slice before it is written; not at all
+        once a slice failed (JobWriter.write gives its claim back; its pack is left unnamed)."""
+        before.wait()
+        if self._write_failed.is_set():
+            raise _SliceNotTried
+
+    def _settle_write(self, *, oldest: bool = False) -> None:
+        """Wait for the slices in flight (OLDEST: the oldest only) and count what they queued, in
+        the order they were written; raises what a write raised (its claim given back, as
+        JobWriter.write does). Slices are written while the next chunk is read and converted: the
+        packs' PUTs and the slices' transactions overlap the input's reading instead of adding
+        to it; a record's bucket is settled only here, from the write's answer, so the counts
+        never hold a slice that did not land."""
+        while self._writing:
+            new, fut = self._writing[0]
+            try:
+                won, jobs = fut.result()
+            except _SliceNotTried:
+                new, won, jobs = [], [], 0  # never claimed: an earlier slice's error is the one raised
+            finally:
+                if fut.done():  # not on a Ctrl-C while it waits: close() waits for it again
+                    self._writing.popleft()
+            self.counts["jobs"] += jobs
+            for it, ok in zip(new, won, strict=True):
+                if ok:
+                    self._queued(it, _NEW)
+                else:  # another producer racing on the run claimed it first
+                    self.flags[it["index"]] |= _QUEUED
+            if oldest:
+                return
+
+    def close(self, *, abandon: bool = False) -> None:
+        """Wait for the slices in flight (an invocation that stops on an error still waits for
+        the writes it started: their jobs land, or their claims are given back, and what landed
+        is counted); the first error among them, if any, is raised here. ABANDON (the reading
+        stopped on an error or Ctrl-C): slices not yet claimed are not; those claimed are
+        written to the end."""
+        if abandon:
+            self._abandoned.set()
+        error: BaseException | None = None
+        try:
+            while self._writing:
+                try:
+                    self._settle_write(oldest=True)
+                except Exception as e:  # noqa: BLE001 - raised below, once the others settled and counted
+                    error = error or e
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        if error is not None:
+            raise error
 
     def _queued(self, it: Item, flag: int) -> None:
         self.flags[it["index"]] |= flag
@@ -617,10 +712,17 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
         ended = True
         raise
     finally:
-        if lock is not None:
-            lock.release()
-        if conn is not None:
-            RunSources(conn, run).end_reading(summary.source)
+        try:
+            enq.close(abandon=not summary.complete)  # the slices in flight: jobs landed or claims given back
+        except Exception as e:  # only when another error is on its way up (else raised)
+            if summary.complete:
+                raise
+            log.warning("enqueue of run %s: the last slice's write failed too: %s", run, e)
+        finally:
+            if lock is not None:
+                lock.release()
+            if conn is not None:
+                RunSources(conn, run).end_reading(summary.source)
         enq.fill(summary)
         if writer is not None:
             summary.packs = len(writer.pack_names)

@@ -10,7 +10,8 @@ holds fills jobs of its own. Under a race a slice's last job may be short, so a 
 have up to N-1 short jobs per slice more than one fed once.
 
 The one window: a producer killed (SIGKILL, power loss) after its claim and before its
-transaction leaves the slice's won items in the run (its item table) and in no job. Their claim set
+transaction leaves the slice's won items in the run (its item table) and in no job (the
+enqueue writes up to ENQUEUE_WRITERS slices at once: as many slices). Their claim set
 (`genqueue:run:<run>:claim:<id>`, kept CLAIM_TTL) still names them; see common/keepers/claims.py. An error or
 Ctrl-C in that window releases the claim instead, so running the command again queues them.
 The next `producer enqueue` of the run closes the window: once the claim set is older than
@@ -130,10 +131,12 @@ class JobWriter:
         """The start of every claim id of this writer (its claim sets are its own)."""
         return self._claim_prefix
 
-    def write(self, items: Sequence[Item]) -> tuple[list[bool], int]:
+    def write(self, items: Sequence[Item], *, turn: Callable[[], None] | None = None) -> tuple[list[bool], int]:
         """Claim ITEMS and enqueue the ones won. Returns, per item, whether it is this
         producer's (now in a job), and the number of jobs enqueued. Waits while another
-        producer holds the run's lock."""
+        producer holds the run's lock. TURN, when given, is called right before the enqueue
+        transaction (after the pack's PUT): the caller's writers, several at once, queue their
+        slices' jobs in the order it handed the slices out."""
         claim_id = f"{self._claim_prefix}:{next(self._seq)}"
         digests = [key_digest(it["key"]) for it in items]
         try:
@@ -147,7 +150,7 @@ class JobWriter:
             mine = [it for it, ok in zip(items, won, strict=True) if ok]
             batches = record_batches(mine, self.batch_size)
             if batches:
-                self._commit(claim_id, batches)
+                self._commit(claim_id, batches, turn=turn)
         except BaseException:
             self._release(claim_id)  # the claim may have landed even if its reply did not
             raise
@@ -179,7 +182,8 @@ class JobWriter:
             raise
         return codes, len(batches)
 
-    def _commit(self, claim_id: str, batches: list[list[Item]], *, fenced: bool = False) -> None:
+    def _commit(self, claim_id: str, batches: list[list[Item]], *, fenced: bool = False,
+                turn: Callable[[], None] | None = None) -> None:
         if self.pack_store is None:
             datas = [
                 self.queue.prepare_data(
@@ -194,6 +198,8 @@ class JobWriter:
                 )
                 for items in batches
             ]
+            if turn is not None:
+                turn()
             self._transact(claim_id, datas, fenced=fenced)
             return
         number, name = self._write_pack(self.pack_store, batches)
@@ -210,6 +216,8 @@ class JobWriter:
             )
             for block, items in enumerate(batches)
         ]
+        if turn is not None:
+            turn()
         self._transact(claim_id, datas, fenced=fenced, also=lambda pipe: self.packs.stage(pipe, number, name))
         self.pack_names[number] = name
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 
 
 class TcpProxy:
@@ -110,3 +111,56 @@ class TcpProxy:
                         other.sendall(data)
                     except OSError:
                         self._close(pair)
+
+
+class LatencyProxy:
+    """A TCP proxy that holds back each reply by DELAY seconds: the first bytes the server sends
+    after the client sent some wait that long (a request's round trip to a store far away; the
+    benchmarks' slow S3). A thread a direction a connection, so connections wait side by side,
+    as they would on a real network."""
+
+    def __init__(self, target_port: int, delay: float, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self.delay = delay
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port: int = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True, name="latencyproxy").start()
+
+    @property
+    def url_host_port(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            asked = threading.Event()
+            threading.Thread(target=self._pump, args=(client, upstream, asked, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, asked, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, asked: threading.Event, reply: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if not reply:
+                    asked.set()
+                elif asked.is_set():
+                    asked.clear()
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -96,7 +96,7 @@ def test_an_interrupt_between_claim_and_enqueue_gives_the_claim_back(conn: redis
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     w = JobWriter(RUN, conn, batch_size=2)
 
-    def interrupted(*_: object) -> None:
+    def interrupted(*_: object, **__: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(w, "_commit", interrupted)
@@ -117,7 +117,7 @@ from genqueue.common.keepers.redisconn import connect
 from genqueue.producer.jobwriter import JobWriter
 from tests.producer.test_jobwriter import items
 w = JobWriter({RUN!r}, connect({redis_url!r}), batch_size=2)
-w._commit = lambda *a: os._exit(9)
+w._commit = lambda *a, **k: os._exit(9)
 w.write(items(5))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
