@@ -24,7 +24,7 @@ import orjson
 from genqueue.common import defaults
 from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.answer.completion import decode_body, snippet
-from genqueue.consumer.answer.faults import DeadlineExceeded, EndpointDown, classify_status
+from genqueue.consumer.answer.faults import DeadlineExceeded, EndpointDown, EndpointRefused, classify_status
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,9 @@ class EndpointClient:
                     raw = await resp.read()
         except aiohttp.ClientPayloadError as e:  # the body was cut off at the transport level
             raise TransientError(f"response body cut off: {e}") from e
-        except aiohttp.ClientConnectionError as e:  # refused, reset, closed early, connect timeout
+        except aiohttp.ClientConnectorError as e:  # the connect itself failed: refused, no route
+            raise EndpointRefused(f"{type(e).__name__}: {e}".rstrip(": ")) from e
+        except aiohttp.ClientConnectionError as e:  # reset, closed early, connect timeout
             raise EndpointDown(f"{type(e).__name__}: {e}".rstrip(": ")) from e
         except TimeoutError as e:  # before OSError, its base class: this is the deadline
             raise DeadlineExceeded(f"no complete response within {self.request_timeout:g} s") from e
@@ -208,13 +210,15 @@ class Gate:
     def paused(self) -> bool:
         return not self.up.is_set()
 
-    async def check(self, reason: str) -> bool:
+    async def check(self, reason: str, *, fresh: bool = False) -> bool:
         """Is the endpoint up, after a request failed for REASON? False once the gate is closed.
-        A healthy answer is trusted for probe_interval seconds; a check in progress is shared."""
+        A healthy answer is trusted for probe_interval seconds, unless FRESH (the connection was
+        refused: an endpoint that died since the last check must close the gate before the
+        requests failing on it spend their attempts); a check in progress is shared."""
         if not self.up.is_set():
             return False
         if self._check is None:
-            if time.monotonic() - self._checked_at < self.probe_interval:
+            if not fresh and time.monotonic() - self._checked_at < self.probe_interval:
                 return True
             self._check = asyncio.create_task(self._run_check(reason))
         # shield: one cancelled request must not cancel the check the others wait on

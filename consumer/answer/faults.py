@@ -42,6 +42,11 @@ class EndpointDown(TransientError):
     really down is for the Gate's /health check to say."""
 
 
+class EndpointRefused(EndpointDown):
+    """The endpoint refused the connection (nothing listens): the one failure no healthy
+    /health answer given a moment ago can outweigh, so the Gate checks again at once."""
+
+
 class DeadlineExceeded(TransientError):
     """No complete response within request_timeout (a hung or trickling server)."""
 

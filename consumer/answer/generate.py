@@ -53,7 +53,7 @@ from genqueue.consumer.answer import records
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
 from genqueue.consumer.answer.completion import Turn, parse_completion
-from genqueue.consumer.answer.faults import RetryKind, RetryPolicy
+from genqueue.consumer.answer.faults import EndpointRefused, RetryKind, RetryPolicy
 from genqueue.consumer.answer.tool_turns import call_summary, match_calls, splice_results
 
 __all__ = ["Gate", "Generator", "RunContext", "retry_budget"]
@@ -146,7 +146,7 @@ class Generator:
                 self._log.warning(f"retry:{step.kind}", "request to %s failed (attempt %d of %d), retrying: %s",
                                   self.client.base_url, attempt, self.policy.max_attempts, e)
                 if step.ask_gate:
-                    await self.gate.check(str(e))
+                    await self.gate.check(str(e), fresh=isinstance(e, EndpointRefused))
                 self.backing_off += 1  # in flight, but nowhere near the engine (the doctor, telemetry)
                 try:
                     await asyncio.sleep(step.delay)

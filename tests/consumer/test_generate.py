@@ -199,3 +199,33 @@ def test_a_record_that_cannot_be_built_is_an_internal_error_not_an_exception(mon
     assert rec["error"]["class"] == "internal" and rec["error"]["message"] == "KeyError: 'content'"
     assert rec["attempt"] == 2 and rec["timings"]["enqueued_at"] == 5.0 and rec["copy"] is True
     assert list(rec)[-2:] == ["timings", "copy"]
+
+
+def test_a_refused_connection_closes_the_gate_despite_a_healthy_answer_a_moment_ago() -> None:
+    """The chaos run's trip: /health answered 200 a moment before the engine died, so with that
+    answer trusted for the probe interval every refused retry went straight on, and items spent
+    their attempts in 40 ms and tripped the breaker. A refused connection now asks /health at
+    once: the gate closes and the request waits, its attempts kept, until the engine is back."""
+    async def go() -> None:
+        sim = SimServer(SimConfig(step_time=0.001, mean_tokens=4))
+        await sim.start()
+        try:
+            async with EndpointClient(sim.url) as client:
+                gate = Gate(client, probe_interval=2.0)  # a healthy answer trusted for 2 s
+                gen = Generator(client, gate, max_attempts=3, backoff_base=0.001, backoff_cap=0.001)
+                assert await gate.check("warm")  # healthy, now trusted
+                await sim.go_down(None)
+                task = asyncio.create_task(gen.request(ctx(), ITEM["messages"], None, max_tokens=4))
+                for _ in range(200):
+                    if gate.paused:
+                        break
+                    await asyncio.sleep(0.01)
+                assert gate.paused and not task.done()  # waiting, not given up
+                await sim.come_up()
+                turn = await asyncio.wait_for(task, 10)
+                assert turn.finish_reason
+                assert gen.failures.total() <= 2  # at most the attempts before the gate closed
+        finally:
+            await sim.stop()
+
+    run(go())
