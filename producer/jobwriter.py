@@ -198,9 +198,7 @@ class JobWriter:
                 )
                 for items in batches
             ]
-            if turn is not None:
-                turn()
-            self._transact(claim_id, datas, fenced=fenced)
+            self._transact(claim_id, datas, fenced=fenced, turn=turn)
             return
         number, name = self._write_pack(self.pack_store, batches)
         datas = [
@@ -216,9 +214,8 @@ class JobWriter:
             )
             for block, items in enumerate(batches)
         ]
-        if turn is not None:
-            turn()
-        self._transact(claim_id, datas, fenced=fenced, also=lambda pipe: self.packs.stage(pipe, number, name))
+        self._transact(claim_id, datas, fenced=fenced, turn=turn,
+                       also=lambda pipe: self.packs.stage(pipe, number, name))
         self.pack_names[number] = name
 
     def _write_pack(self, store: PackStore, batches: list[list[Item]]) -> tuple[int, str]:
@@ -233,7 +230,9 @@ class JobWriter:
         return number, name
 
     def _transact(self, claim_id: str, datas: list[EnqueueData], *, fenced: bool,
-                  also: Callable[[Pipeline], None] | None = None) -> None:
+                  also: Callable[[Pipeline], None] | None = None, turn: Callable[[], None] | None = None) -> None:
+        if turn is not None:  # the slices handed out before this one queue their jobs first
+            turn()
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 # Fenced (a re-queue): the lock is WATCHed too, and must still be this producer's.

@@ -15,13 +15,19 @@ import threading
 import time
 
 
+def _listener() -> socket.socket:
+    """A listening socket on a free port of 127.0.0.1."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
 class TcpProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
+        self._listener = _listener()
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket | None]] = []
@@ -122,10 +128,7 @@ class LatencyProxy:
     def __init__(self, target_port: int, delay: float, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.delay = delay
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
+        self._listener = _listener()
         self.port: int = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True, name="latencyproxy").start()
 
