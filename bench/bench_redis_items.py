@@ -107,6 +107,17 @@ def commands(conn: redis.Redis) -> int:
     return int(conn.info("stats")["total_commands_processed"])
 
 
+def calls(conn: redis.Redis) -> dict[str, int]:
+    """INFO commandstats: the calls of each command so far (a script's calls counted)."""
+    return {name.removeprefix("cmdstat_").upper(): int(v["calls"]) for name, v in conn.info("commandstats").items()}
+
+
+def where_calls(before: dict[str, int], after: dict[str, int], items: int, top: int = 8) -> list[tuple[str, str, str]]:
+    """The commands called most between BEFORE and AFTER, with their calls an item."""
+    diff = sorted(((n, after[n] - before.get(n, 0)) for n in after), key=lambda x: -x[1])
+    return [(n, f"{c:,}", f"{c / items:.3f}") for n, c in diff[:top] if c > 0]
+
+
 def breakdown(conn: redis.Redis, items: int, sample: int = 2000) -> list[tuple[str, int]]:
     """Bytes of Redis by kind of key (MEMORY USAGE), job hashes and result streams sampled."""
     kinds: dict[str, list[int]] = {}
@@ -203,7 +214,8 @@ def phase_row(label: str, items: int, secs: float, bytes_: int, prompt_chars: in
 
 def measure(work: Path, data: Path, mode: str, finish: str, batch: list[str]) -> tuple[list[tuple[str, ...]], list[tuple[str, list[tuple[str, int]]]], int, int]:
     """One run of DATA enqueued with `--prompts MODE` into a fresh redis-server: its rows, where
-    the bytes go, its items and Redis's empty baseline."""
+    the bytes go, its items and Redis's empty baseline. A real finish also prints where its
+    commands went (INFO commandstats)."""
     (work / f"redis-{mode}").mkdir()
     srv, url = start_redis(work / f"redis-{mode}")
     try:
@@ -223,6 +235,7 @@ def measure(work: Path, data: Path, mode: str, finish: str, batch: list[str]) ->
         rows = [phase_row(f"queued ({mode})", items, enq_s, queued, chars, cmd1 - cmd0)]
         parts = [(f"queued, {mode}", breakdown(conn, items))]
         if finish == "real":
+            calls0 = calls(conn)
             sim, endpoint = start_sim(["--slots", "100000", "--step-time", "0", "--mean-tokens", "8"], core=None)
             t0 = time.perf_counter()
             subprocess.run([str(BIN / "consumer"), "run", "--run", "bench", "--endpoint", endpoint, "--burst",
@@ -231,6 +244,8 @@ def measure(work: Path, data: Path, mode: str, finish: str, batch: list[str]) ->
             fin_s = time.perf_counter() - t0
             sim.terminate()
             cmd2 = commands(conn)
+            print(f"\nwhere the commands of the finish went, {mode} (INFO commandstats)")
+            print(table([("command", "calls", "calls/item"), *where_calls(calls0, calls(conn), items)]))
             rows.append(phase_row(f"finished ({mode})", items, fin_s, used(conn) - empty, chars, cmd2 - cmd1))
             parts.append((f"finished, {mode}", breakdown(conn, items)))
             # what RESULT_TTL does next: the finished jobs expire, the sweep cleans their registry

@@ -42,18 +42,24 @@ log = logging.getLogger(__name__)
 #: a pause, the end of a run). A give-back spends no retry, but the next take is another
 #: attempt at the job, and `attempt` says so.
 GIVEN_BACK_FIELD = "genqueue_given_back"
+#: A field of the rq job's hash: how many times a consumer took the job (one HINCRBY in the
+#: MULTI that starts it). It survives rq's requeue, which clears `started_at`: a job whose count
+#: was 0 at its take never ran before, so in a run whose marks were never rebuilt none of its
+#: items can be done and the consumer skips their look-up (consumer/work/intake.py).
+TAKEN_FIELD = "genqueue_taken"
 
 
 class Held:
     """A job this worker has started and not yet finished: its rq objects and lease."""
 
-    __slots__ = ("execution", "given_back", "job", "queue")
+    __slots__ = ("execution", "given_back", "job", "queue", "taken")
 
-    def __init__(self, job: Job, queue: Queue, execution: Execution, *, given_back: int = 0) -> None:
+    def __init__(self, job: Job, queue: Queue, execution: Execution, *, given_back: int = 0, taken: int = 0) -> None:
         self.job = job
         self.queue = queue
         self.execution = execution
         self.given_back = given_back  # times given back before this take
+        self.taken = taken  # times a consumer took the job before this take (TAKEN_FIELD)
 
     @property
     def id(self) -> str:
@@ -158,26 +164,33 @@ class GenWorker(BaseWorker):
             reason = f"refused: job names {str(func)[:200]!r}; genqueue runs only {TASK}"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
-        execution, given_back = self._prepare_execution(job)
+        execution, given_back, taken = self._prepare_execution(job)
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)
         job.started_at = self._now()
-        return Held(job, queue, execution, given_back=given_back), None
+        return Held(job, queue, execution, given_back=given_back, taken=taken), None
 
     def _now(self) -> datetime:
         """Now in Redis time: a job's start and end are read beside other consumers' (status)."""
         return datetime.fromtimestamp(self.clock.now(), UTC)
 
-    def _prepare_execution(self, job: Job) -> tuple[Execution, int]:
+    def _prepare_execution(self, job: Job) -> tuple[Execution, int, int]:
         """rq's prepare_execution, with the lease scored in Redis time in the same MULTI: no
-        sweeper ever sees the local clock's score. Also reads how often the job was given back."""
+        sweeper ever sees the local clock's score. Also counts this take (TAKEN_FIELD) and reads
+        how often the job was given back and taken before."""
         with self.connection.pipeline() as p:
             execution = Execution.create(job, self.lease, pipeline=p, worker_name=self.name)
             self._score_lease(p, job, execution)
             self.executions[execution.id] = execution
             self.set_state(WorkerStatus.BUSY, pipeline=p)
+            p.hincrby(job.key, TAKEN_FIELD, 1)
             p.hget(job.key, GIVEN_BACK_FIELD)
-            replies = p.execute()
-        return execution, _count(replies[-1])
+            replies = p.execute(raise_on_error=False)
+        *others, taken, given_back = replies
+        for reply in others:
+            if isinstance(reply, Exception):
+                raise reply
+        # A count someone overwrote with garbage (HINCRBY refuses it): taken before, to be safe.
+        return execution, _count(given_back), taken - 1 if isinstance(taken, int) else 1
 
     def _score_lease(self, p: redis.client.Pipeline, job: Job, execution: Execution) -> None:
         """Queue (in P, after rq's own ZADDs) the lease's expiry in Redis time: the started

@@ -7,7 +7,9 @@ a shipped shard holds an error record of it), in one of the run's bucket hashes:
   genqueue:run:<run>:items:<bucket hex>  hash  digest -> state bits (1-7)
   genqueue:run:<run>:itemtable           hash  buckets: how many bucket hashes (set once), and
                                                the counts of the states: in_run, done, failed,
-                                               failed_done, in_run_done
+                                               failed_done, in_run_done; rebuilt: how many times
+                                               marks were written other than by shipping (a
+                                               rebuild from the output, a move from older sets)
 
 Why buckets of hashes and not three sets (the run's keys, done and failed sets until issue 34):
 a set of 16-byte members costs about 80 bytes of Redis a member, three of them 240 an item once
@@ -130,12 +132,17 @@ local function flush(tab)
 end
 """
 
-# KEYS: the table. ARGV: digests. One byte per digest, '0' + its state bits: the answer is one
-# string, not three integers an item.
+#: The table's field counting the times marks were written other than by a consumer shipping.
+REBUILT = "rebuilt"
+
+# KEYS: the table. ARGV: '1' to read nothing unless the table's marks were ever rebuilt (a job's
+# first take: `ItemTable.states`), '0' to read; then digests. One byte per digest, '0' + its state
+# bits: the answer is one string, not three integers an item; an empty one when nothing was read.
 _STATES = LUA_ITEMS + """
+if ARGV[1] == '1' and redis.call('HEXISTS', KEYS[1], '""" + REBUILT + """') == 0 then return '' end
 local tab = items_table(KEYS[1], false)
 local out = {}
-for i = 1, #ARGV do out[i] = string.char(48 + state_of(tab, ARGV[i])) end
+for i = 2, #ARGV do out[i - 1] = string.char(48 + state_of(tab, ARGV[i])) end
 return table.concat(out)
 """
 
@@ -255,6 +262,7 @@ class ItemTable:
         old = [(run_key(self.run, name), bit) for name, bit in (("keys", IN_RUN), ("done", DONE), ("failed", FAILED))]
         if not self.conn.exists(*(k for k, _ in old)):
             return 0
+        self.note_rebuilt()
         moved = 0
         for key, bit in old:
             part: list[bytes] = []
@@ -277,12 +285,22 @@ class ItemTable:
         except ValueError:
             return 0
 
-    def states(self, digests: list[bytes]) -> bytes:
-        """Each digest's state bits, one byte a digest, in one round trip."""
+    def states(self, digests: list[bytes], *, first_take: bool = False) -> bytes:
+        """Each digest's state bits, one byte a digest, in one round trip. FIRST_TAKE: the items
+        of a job no consumer took before, which only a rebuild (or a move from older sets) can
+        have marked while the job waited: in a table never rebuilt they are read as 0 without a
+        look at each (one command for the job instead of one an item)."""
         if not digests:
             return b""
-        raw = self.conn.register_script(_STATES)(keys=[self.key], args=digests)
+        raw = self.conn.register_script(_STATES)(keys=[self.key], args=["1" if first_take else "0", *digests])
+        if not raw:
+            return bytes(len(digests))
         return bytes(b - 48 for b in raw)
+
+    def note_rebuilt(self) -> None:
+        """Count a writing of marks other than by shipping (before it starts): from then on a
+        job's first take reads its items' states too (`states`)."""
+        self.conn.hincrby(self.key, REBUILT, 1)
 
     def change(self, digests: list[bytes], *, add: int = 0, clear: int = 0) -> int:
         """Set ADD's bits and clear CLEAR's in each of DIGESTS (counts kept); how many changed."""

@@ -277,9 +277,11 @@ class Marks:
         states = self.table.states([key_digest(k) for k in item_keys])
         return [Mark.DONE if s & DONE else Mark.FAILED if s & FAILED else None for s in states]
 
-    def done_of(self, item_keys: list[str]) -> set[str]:
-        """The item keys whose result a shipped shard already holds (marked DONE). One round trip."""
-        states = self.table.states([key_digest(k) for k in item_keys])
+    def done_of(self, item_keys: list[str], *, first_take: bool = False) -> set[str]:
+        """The item keys whose result a shipped shard already holds (marked DONE). One round trip.
+        FIRST_TAKE: the items of a job no consumer took before (`ItemTable.states`): in a run whose
+        marks were never rebuilt none can be done, and one command says so."""
+        states = self.table.states([key_digest(k) for k in item_keys], first_take=first_take)
         return {k for k, s in zip(item_keys, states, strict=True) if s & DONE}
 
     # --- the producer's reads: item states, all done, counts -------------------------------
@@ -345,6 +347,8 @@ class Marks:
         # the table's size, if Redis has none yet: the shipped records, and room for the items
         # still to come (a rebuilt run is one being worked on)
         self.table.ensure(sum(m["records"] for m in manifests if m is not None) * 3 // 2)
+        if shards:  # before any mark: a job waiting since may hold items done now (ItemTable.states)
+            self.table.note_rebuilt()
         for shard, manifest in zip(shards, manifests, strict=True):
             out.shards += 1
             lines = 0

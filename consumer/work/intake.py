@@ -429,8 +429,11 @@ class Intake:
         """A job that runs again (after a crash, a sweep, a requeue) skips the items whose
         results a shipped shard already holds: only the rest is generated. Items with only an
         error record are tried again: the run may have been paused by a storm and fixed since
-        (export keeps a result over an error record of the same item)."""
-        done = await self.rq.call(Marks(self.worker.connection, js.run).done_of, [it["key"] for it in js.items])
+        (export keeps a result over an error record of the same item). A job's first take reads
+        one command, not one an item: its items can be done only if the run's marks were rebuilt
+        while it waited (Marks.done_of's first_take)."""
+        done = await self.rq.call(Marks(self.worker.connection, js.run).done_of, [it["key"] for it in js.items],
+                                  first_take=js.held.taken == 0)
         if not done:
             return
         keep = [it for it in js.items if it["key"] not in done]

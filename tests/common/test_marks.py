@@ -125,3 +125,43 @@ def test_a_shards_marks_cost_about_one_redis_command_an_item(conn: redis.Redis) 
     shipped(conn, done=list(range(1000)), failed=[])
     used = int(conn.info("stats")["total_commands_processed"]) - before
     assert 1000 <= used <= 1000 + 20, used
+
+
+def test_a_jobs_first_take_reads_no_item_until_the_marks_were_rebuilt(conn: redis.Redis, tmp_path: Path) -> None:
+    """The consumer's look-up before it runs a job: on the job's first take, in a run whose marks
+    only shipping wrote, none of its items can be done (each item is in one job, marked once
+    that job ran), so one command answers instead of one an item. Once marks were written by a
+    rebuild from the output (a Redis loss, a rewind: the queue may hold jobs whose items shipped
+    since), every take reads each item again, as a job taken before does."""
+    import hashlib
+
+    from genqueue.common.storage import LocalStore, SealedShard, shard_name
+
+    table, marks = ItemTable(conn, RUN), Marks(conn, RUN)
+    keys = [key(i) for i in range(128)]
+    table.change([key_digest(k) for k in keys], add=IN_RUN)
+    shipped(conn, done=[3, 7], failed=[9])
+    before = int(conn.info("stats")["total_commands_processed"])
+    assert marks.done_of(keys, first_take=True) == set()
+    used = int(conn.info("stats")["total_commands_processed"]) - before
+    assert used <= 3, used  # the script, its HEXISTS, and INFO
+    assert marks.done_of(keys) == {key(3), key(7)}  # a take after the first: every item read
+    # a rebuild from the output (here: one shard of the run) makes every take read its items
+    store = LocalStore(str(tmp_path / "out"))
+    body = orjson.dumps({"key": key(11), "outcome": "complete", "turns": [{"content": "a"}]}) + b"\n"
+    (tmp_path / "s.jsonl").write_bytes(body)
+    store.ship(SealedShard(RUN, 1, tmp_path / "s.jsonl", shard_name("w0", 1), 1, len(body),
+                           hashlib.sha256(body).hexdigest(), 1))
+    assert marks.rebuild(store).records == 1
+    assert marks.done_of(keys, first_take=True) == {key(3), key(7), key(11)}
+    assert table.counts().done == 3  # the counter beside the counts is none of them
+
+
+def test_a_rebuild_of_an_empty_output_changes_no_first_take(conn: redis.Redis, tmp_path: Path) -> None:
+    """Nothing shipped, nothing rebuilt: a first take still reads no item."""
+    from genqueue.common.storage import LocalStore
+
+    ItemTable(conn, RUN).change([key_digest(key(0))], add=IN_RUN | DONE)
+    (tmp_path / "out").mkdir()
+    assert Marks(conn, RUN).rebuild(LocalStore(str(tmp_path / "out"))).shards == 0
+    assert Marks(conn, RUN).done_of([key(0)], first_take=True) == set()

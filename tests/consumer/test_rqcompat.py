@@ -191,3 +191,33 @@ def test_a_killed_consumer_leaves_rqs_worker_sets_when_its_hash_expires(conn):
     survivor.sweep(qa)
     assert [x.name for x in Worker.all(queue=qa, connection=conn)] == [survivor.name]
     assert conn.smembers(f"rq:workers:{qa.name}") == {survivor.key.encode()}
+
+
+def test_a_take_counts_in_the_jobs_hash_and_rqs_requeue_keeps_the_count(conn):
+    """Held.taken is how often a consumer took the job before (consumer/work/intake.py reads no
+    item's mark on a first take). rq's requeue of a failed job clears its started_at but not
+    genqueue's count; a count someone overwrote with garbage reads as taken before."""
+    from rq.registry import FailedJobRegistry
+
+    from genqueue.consumer.rqcompat import TAKEN_FIELD
+
+    q, _ = enqueue(conn, 2)
+    w = GenWorker([q], conn, lease=30)
+    w.start()
+    h, _ = w.dequeue(q)
+    assert h.taken == 0
+    w.give_back(h)
+    h, _ = w.dequeue(q)
+    assert h.taken == 1
+    w.fail(h, "bad job", retry=False)
+    FailedJobRegistry(queue=q).requeue(h.id)
+    assert Job.fetch(h.id, connection=conn, serializer=SERIALIZER).started_at is None
+    other, _ = w.dequeue(q)  # the requeued job went to the end of the queue
+    assert other.id != h.id and other.taken == 0
+    again, _ = w.dequeue(q)
+    assert again.id == h.id and again.taken == 2
+    w.give_back(other)
+    conn.hset(other.job.key, TAKEN_FIELD, "garbage")
+    again, _ = w.dequeue(q)
+    assert again.id == other.id and again.taken == 1
+    w.stop()
