@@ -52,14 +52,23 @@ TAKEN_FIELD = "genqueue_taken"
 class Held:
     """A job this worker has started and not yet finished: its rq objects and lease."""
 
-    __slots__ = ("execution", "given_back", "job", "queue", "taken")
+    __slots__ = ("execution", "given_back", "job", "queue", "started_before", "taken")
 
-    def __init__(self, job: Job, queue: Queue, execution: Execution, *, given_back: int = 0, taken: int = 0) -> None:
+    def __init__(self, job: Job, queue: Queue, execution: Execution, *, given_back: int = 0, taken: int = 0,
+                 started_before: bool = False) -> None:
         self.job = job
         self.queue = queue
         self.execution = execution
         self.given_back = given_back  # times given back before this take
         self.taken = taken  # times a consumer took the job before this take (TAKEN_FIELD)
+        self.started_before = started_before  # rq's started_at was set when the job was fetched
+
+    @property
+    def first_take(self) -> bool:
+        """Whether no consumer ever took the job before: by genqueue's count, and by rq's own
+        traces (a start time, a retry spent), which a job taken by an earlier genqueue that did
+        not count takes has too."""
+        return self.taken == 0 and not self.started_before and self.attempt == 1
 
     @property
     def id(self) -> str:
@@ -164,10 +173,11 @@ class GenWorker(BaseWorker):
             reason = f"refused: job names {str(func)[:200]!r}; genqueue runs only {TASK}"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
+        started_before = job.started_at is not None  # as fetched: rq's prepare sets it next
         execution, given_back, taken = self._prepare_execution(job)
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)
         job.started_at = self._now()
-        return Held(job, queue, execution, given_back=given_back, taken=taken), None
+        return Held(job, queue, execution, given_back=given_back, taken=taken, started_before=started_before), None
 
     def _now(self) -> datetime:
         """Now in Redis time: a job's start and end are read beside other consumers' (status)."""

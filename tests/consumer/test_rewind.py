@@ -20,9 +20,9 @@ import pytest
 import redis
 
 from genqueue.common.keepers.items import ItemTable
-from genqueue.common.keepers.marks import Marks, ShardMarks
+from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
-from genqueue.common.keepers.rqaccess import JobPlace
+from genqueue.common.keepers.rqaccess import JobPlace, place_members
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runs import run_key
 from genqueue.consumer.guards.rewind import Rebuild, Rewind
@@ -43,16 +43,31 @@ def _consumer(tmp_path: Path, url: str, sim: Sim, name: str) -> Proc:
                 tmp_path / f"{name}.log", env={"REDIS_URL": url})
 
 
-def _held(conn: redis.Redis, out: Path) -> int:
-    """Items in flight now, in the sense a crash costs: dequeued and not yet shipped (jobs in rq's
-    started registry or dequeuing list, less their items already marked done). This counts the
-    items generated and waiting in an outbox for their shard too, which the consumers' snapshots
-    (in flight and waiting for a slot, published every 2 s) leave out: a crash costs those as well
-    when their shards land after the rebuild read the output (the cause of a flaky bound)."""
-    jobs = list(read_jobs(conn, "rw", (JobPlace.DEQUEUING, JobPlace.STARTED), scan=JobScan(),
-                          items_of=PackItems(conn, "rw", str(out)).items_of))  # by reference: from the packs
-    keys = [item["key"] for job in jobs for item in job.items]
-    return len(keys) - len(Marks(conn, "rw").done_of(keys)) if keys else 0
+def _job_items(conn: redis.Redis, out: Path) -> dict[str, list[str]]:
+    """Each queued job's item keys (by reference: from the packs), read before any is taken."""
+    return {job.id: [item["key"] for item in job.items]
+            for job in read_jobs(conn, "rw", (JobPlace.QUEUED,), scan=JobScan(),
+                                 items_of=PackItems(conn, "rw", str(out)).items_of)}
+
+
+def _held_jobs(conn: redis.Redis) -> set[str]:
+    """The jobs dequeued and not acked now (rq's started registry and the dequeuing list), in
+    one transaction: ids only, so the crash follows at once. Reading their items here, before
+    the kill, took long enough on a loaded machine for the consumers to dequeue more jobs
+    between the count and the crash, whose items the count then left out."""
+    return {(m.decode() if isinstance(m, bytes) else str(m)).split(":")[0]
+            for _place, members in place_members(conn, "rw", [JobPlace.DEQUEUING, JobPlace.STARTED])
+            for m in members}
+
+
+def _held(jobs: dict[str, list[str]], held: set[str], shipped: list[Path]) -> int:
+    """Items in flight at the crash, in the sense a crash costs: of the jobs HELD then, the items
+    no shard in the output at the crash (SHIPPED, listed right after the kill) holds. This counts
+    the items generated and waiting in an outbox for their shard too, which the consumers'
+    snapshots (in flight and waiting for a slot, published every 2 s) leave out: a crash costs
+    those as well when their shards land after the rebuild read the output."""
+    done = {orjson.loads(line)["key"] for shard in shipped for line in shard.read_bytes().splitlines() if line.strip()}
+    return sum(1 for jid in held for key in jobs.get(jid, []) if key not in done)
 
 
 @pytest.mark.slow
@@ -66,6 +81,7 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
     cli("producer", "enqueue", str(data), "--run", "rw", "--output", str(tmp_path / "out"), "--batch-size", "16",
         "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), *prompts_mode.args,
         env={"REDIS_URL": server.url})
+    jobs = _job_items(conn, tmp_path / "out")
     sim = Sim(tmp_path, "--slots", "64", "--step-time", "0.01", "--mean-tokens", "20")
     procs: list[Proc] = []
     try:
@@ -82,8 +98,10 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
             p.hget(ItemTable(conn, "rw").key, "done")
             p.lastsave()
             at_crash = int(p.execute()[0] or 0)
-        held = _held(conn, tmp_path / "out")
+        held_jobs = _held_jobs(conn)
         server.kill()
+        shipped = sorted((tmp_path / "out" / "rw" / "shards").glob("*.jsonl"))
+        held = _held(jobs, held_jobs, shipped)
         time.sleep(1.0)
         server.start()
         conn = redis.Redis.from_url(server.url)

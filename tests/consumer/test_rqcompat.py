@@ -205,10 +205,10 @@ def test_a_take_counts_in_the_jobs_hash_and_rqs_requeue_keeps_the_count(conn):
     w = GenWorker([q], conn, lease=30)
     w.start()
     h, _ = w.dequeue(q)
-    assert h.taken == 0
+    assert h.taken == 0 and h.first_take
     w.give_back(h)
     h, _ = w.dequeue(q)
-    assert h.taken == 1
+    assert h.taken == 1 and not h.first_take
     w.fail(h, "bad job", retry=False)
     FailedJobRegistry(queue=q).requeue(h.id)
     assert Job.fetch(h.id, connection=conn, serializer=SERIALIZER).started_at is None
@@ -219,5 +219,10 @@ def test_a_take_counts_in_the_jobs_hash_and_rqs_requeue_keeps_the_count(conn):
     w.give_back(other)
     conn.hset(other.job.key, TAKEN_FIELD, "garbage")
     again, _ = w.dequeue(q)
-    assert again.id == other.id and again.taken == 1
+    assert again.id == other.id and again.taken == 1 and not again.first_take
+    w.give_back(again)
+    # a job an earlier genqueue took (rq's start time set, no count): not a first take either
+    conn.hdel(again.job.key, TAKEN_FIELD, "genqueue_given_back")
+    old, _ = w.dequeue(q)
+    assert old.id == other.id and old.taken == 0 and old.started_before and not old.first_take
     w.stop()
