@@ -70,6 +70,7 @@ class EnqueueArgs(TypedDict):
     dry_run: bool
     prompts: str
     prompts_reference_from: int
+    expect_items: int | None
 
 
 def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
@@ -132,6 +133,7 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
         output_check=not options["no_output_check"],
         prompts=PromptsAsked(options["prompts"]),
         prompts_reference_from=options["prompts_reference_from"],
+        expect_items=options["expect_items"],
     )
 
 
@@ -215,6 +217,10 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
 @click.option("--prompts-reference-from", type=click.IntRange(1), default=defaults.PROMPTS_REFERENCE_FROM,
               show_default=True, metavar="N",
               help="--prompts auto queues a new run by reference from N items (the input's estimate).")
+@click.option("--expect-items", type=click.IntRange(1), default=None, metavar="N",
+              help="The items the run will hold in all, when it is fed in parts (one enqueue per file): its first "
+                   "enqueue sizes the run's item table for N (Redis keeps about 24 bytes an item only while the "
+                   "table is sized for its items), and --prompts auto chooses by N instead of this input's size.")
 @click.option("--dry-run", is_flag=True, help="Read, convert and count; do not touch Redis.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @redis_option

@@ -67,7 +67,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, PromptMode, RejectReason
 from genqueue.common.errors import InputError, WriteFailedError
-from genqueue.common.keepers.items import ItemTable
+from genqueue.common.keepers.items import ItemTable, buckets_for
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
 from genqueue.common.keepers.runlock import RunLock
@@ -570,6 +570,9 @@ class EnqueueOptions:
     prompts: PromptsAsked = PromptsAsked.AUTO
     #: auto queues by reference from this many items of the input's estimate
     prompts_reference_from: int = defaults.PROMPTS_REFERENCE_FROM
+    #: the items the whole run will hold, all its enqueues together (--expect-items; None: this
+    #: input's): the item table of a new run is sized for them, and auto chooses by them
+    expect_items: int | None = None
 
 
 def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis | None,
@@ -597,7 +600,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     est = memplan.estimate(path, head, settings, opts.origin, complete=complete)
     has = memplan.run_mode(conn, run, in_redis=setup.existing is not None, run_file=setup.run_file) \
         if conn is not None and setup is not None else None
-    choice = memplan.choose_prompts(opts.prompts, est, has, reference_from=opts.prompts_reference_from)
+    choice = memplan.choose_prompts(opts.prompts, est, has, reference_from=opts.prompts_reference_from,
+                                    expected=opts.expect_items)
 
     def planned(by_reference: bool) -> memplan.MemoryPlan:
         return memplan.plan(path, head, run, settings, opts.origin, conn, complete=complete,
@@ -624,7 +628,7 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     try:
         order = LongestFirst(opts.tmp_dir) if opts.longest_first else None
         if conn is not None:  # after every probe: a refused enqueue leaves nothing in Redis
-            _item_table(conn, run, mem)
+            _item_table(conn, run, mem, expect=opts.expect_items, note=note)
         return _enqueue(path, records, summary, run, settings, conn, setup, opts, started=started, rejects=rejects,
                         progress=progress, order=order, note=note, prompts=choice.mode)
     except WriteFailedError as e:
@@ -642,18 +646,26 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
             order.close()
 
 
-def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan) -> None:
-    """RUN's item table sized for the whole input (fixed by a run's first enqueue; an input of
-    unknown size gets the size of one whose first records were all it held), and the sets of a
-    run queued by a genqueue before the table moved into it."""
+def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan, *, expect: int | None = None,
+                note: Note | None = None) -> None:
+    """RUN's item table sized for the whole input, or for EXPECT items when --expect-items says
+    how many the run will hold in all (fixed by a run's first enqueue; an input of unknown size
+    gets the size of one whose first records were all it held), and the sets of a run queued by
+    a genqueue before the table moved into it."""
     table = ItemTable(conn, run)
-    buckets = table.ensure(mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE))
+    wanted = mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE)
+    buckets = table.ensure(max(wanted, expect or 0))
     held, entries = table.counts().in_run, table.listpack_entries()
+    if expect is not None and buckets < buckets_for(expect):
+        line = (f"note: run {run}: --expect-items {expect:,} does not change its item table, sized by its first "
+                f"enqueue ({buckets:,} buckets, for about {buckets * defaults.ITEMS_PER_BUCKET:,} items); give it "
+                "to a run's first enqueue")
+        (note or log.warning)(line)
     if held + mem.items > buckets * entries:
         log.warning("run %s: its item table has %d buckets, fixed by its first enqueue; with about %s items more "
                     "than its %s its buckets outgrow Redis's compact hashes (%d entries): more Redis an item than "
-                    "the estimate's, nothing else changes (a run sized by its first input is cheapest)", run, buckets,
-                    f"{mem.items:,}", f"{held:,}", entries)
+                    "the estimate's, nothing else changes (a run fed in parts is sized for all of them by "
+                    "--expect-items on its first enqueue)", run, buckets, f"{mem.items:,}", f"{held:,}", entries)
     if moved := table.migrate_sets():
         log.warning("run %s: %d marks moved from the run's sets into its item table (made by an earlier "
                     "genqueue)", run, moved)

@@ -174,6 +174,7 @@ class PromptsReason(StrEnum):
     SIZE = "size"  # auto: the input's estimated items against PROMPTS_REFERENCE_FROM
     SIZE_UNKNOWN = "size_unknown"  # auto: stdin or a compressed file, its size not known: inline
     ROOM = "room"  # auto: inline would not fit Redis's room (maxmemory less what it holds); by reference it does
+    EXPECTED = "expected"  # auto: the run's items as --expect-items says (a run fed in parts) against PROMPTS_REFERENCE_FROM
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +188,7 @@ class PromptsChoice:
     reference_from: int  # auto's threshold (PROMPTS_REFERENCE_FROM, or --prompts-reference-from)
     inline_bytes: int | None = None  # ROOM: the Redis inline would take
     room: int | None = None  # ROOM: what Redis has to give
+    expected_items: int | None = None  # EXPECTED: the run's items, all its parts, as --expect-items said
 
     def for_room(self, inline: MemoryPlan) -> PromptsChoice:
         """By reference instead of inline, since INLINE does not fit Redis's room."""
@@ -203,6 +205,10 @@ class PromptsChoice:
         if self.reason is PromptsReason.ROOM:
             return (f"auto: inline needs about {size(self.inline_bytes or 0)} of Redis, more than the "
                     f"{size(self.room or 0)} it has to give (~{self.estimated_items or 0:,} items): by reference")
+        if self.reason is PromptsReason.EXPECTED:
+            rel = ">=" if self.mode is PromptMode.REFERENCE else "<"
+            return (f"auto: the run is expected to hold {self.expected_items or 0:,} items (--expect-items) {rel} "
+                    f"{self.reference_from:,}")
         if self.reason is PromptsReason.SIZE_UNKNOWN:
             return (f"auto: the input's size is not known (stdin or compressed; ~{self.estimated_items or 0:,} items "
                     "in the records looked at): inline unless --prompts reference")
@@ -211,8 +217,9 @@ class PromptsChoice:
 
     def fields(self) -> dict[str, Any]:
         """For --json (`prompts_choice`)."""
-        return {"asked": self.asked.value, "reason": self.reason.value, "estimated_items": self.estimated_items,
-                "reference_from": self.reference_from, "why": self.why()}
+        out = {"asked": self.asked.value, "reason": self.reason.value, "estimated_items": self.estimated_items,
+               "reference_from": self.reference_from, "why": self.why()}
+        return out if self.expected_items is None else {**out, "expected_items": self.expected_items}
 
 
 def run_mode(conn: redis.Redis, run: str, *, in_redis: bool, run_file: RunFile | None) -> PromptMode | None:
@@ -238,14 +245,19 @@ def _by_reference(sources: dict[str, dict[str, Any]]) -> bool:
 
 
 def choose_prompts(asked: PromptsAsked, est: Estimate, has: PromptMode | None, *,
-                   reference_from: int = defaults.PROMPTS_REFERENCE_FROM) -> PromptsChoice:
+                   reference_from: int = defaults.PROMPTS_REFERENCE_FROM,
+                   expected: int | None = None) -> PromptsChoice:
     """Where the jobs keep their items: ASKED when it names a mode; for auto, the run's mode HAS
-    when it has one, else by reference from REFERENCE_FROM items of EST (inline when EST is not
-    of the whole input)."""
+    when it has one, else by reference from REFERENCE_FROM items of EXPECTED (the whole run's,
+    when --expect-items says: a run fed in parts) or of EST (inline when EST is not of the whole
+    input)."""
     if asked is not PromptsAsked.AUTO:
         return PromptsChoice(PromptMode(asked.value), asked, PromptsReason.GIVEN, None, reference_from)
     if has is not None:
         return PromptsChoice(has, asked, PromptsReason.RUN, est.items, reference_from)
+    if expected is not None:
+        mode = PromptMode.REFERENCE if expected >= reference_from else PromptMode.INLINE
+        return PromptsChoice(mode, asked, PromptsReason.EXPECTED, est.items, reference_from, expected_items=expected)
     if not est.whole:
         return PromptsChoice(PromptMode.INLINE, asked, PromptsReason.SIZE_UNKNOWN, est.items, reference_from)
     mode = PromptMode.REFERENCE if est.items >= reference_from else PromptMode.INLINE

@@ -152,3 +152,33 @@ def test_a_threshold_that_is_not_a_count_is_refused(tmp_path: Path, redis_url: s
     proc = cli("producer", "enqueue", str(data), "--prompts-reference-from", "0", env={"REDIS_URL": redis_url},
                check=False)
     assert proc.returncode == 2 and "--prompts-reference-from" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_run_fed_in_parts_is_sized_and_chosen_by_the_items_expected(tmp_path: Path, redis_url: str,
+                                                                       conn: redis.Redis) -> None:
+    """--expect-items N on a run's first enqueue: the item table gets the buckets of a run of N
+    items (its entries stay in Redis's compact hashes as the later parts land), and auto chooses
+    by N, so a 10M-item run fed a 100k file at a time is by reference from its first part. On a
+    run that has a table already, a note says it changed nothing."""
+    from genqueue.common.keepers.items import ItemTable, buckets_for
+
+    part = write_jsonl(tmp_path / "part-1.jsonl", [sharegpt(i) for i in range(16)])
+    s = summary(tmp_path, redis_url, part, "parts", "--expect-items", "300000")
+    assert (s["prompts"], s["packs"], s["items"]) == ("reference", 1, 16)
+    assert s["prompts_choice"]["reason"] == "expected" and s["prompts_choice"]["expected_items"] == 300_000
+    assert "expected to hold 300,000 items (--expect-items) >=" in s["prompts_choice"]["why"]
+    assert ItemTable(conn, "parts").buckets() == buckets_for(300_000) > buckets_for(16)
+    # below the threshold, auto stays inline; the table is sized all the same
+    s = summary(tmp_path, redis_url, part, "parts-small", "--expect-items", "100000")
+    assert (s["prompts"], s["prompts_choice"]["reason"]) == ("inline", "expected")
+    assert ItemTable(conn, "parts-small").buckets() == buckets_for(100_000)
+    # a later part: the run's mode and table are kept; a larger expectation is told it comes late
+    more = write_jsonl(tmp_path / "part-2.jsonl", [sharegpt(100 + i) for i in range(16)])
+    proc = enqueue(tmp_path, redis_url, more, "parts", "--expect-items", "50000000")
+    assert orjson.loads(proc.stdout)["prompts"] == "reference"
+    assert "--expect-items 50,000,000 does not change its item table" in proc.stderr, proc.stderr
+    assert ItemTable(conn, "parts").buckets() == buckets_for(300_000)
+    # without it: this input's size decides
+    s = summary(tmp_path, redis_url, part, "parts-none")
+    assert (s["prompts"], s["prompts_choice"]["reason"]) == ("inline", "size") and "expected_items" not in s["prompts_choice"]
+    assert ItemTable(conn, "parts-none").buckets() == buckets_for(16)
