@@ -255,8 +255,9 @@ def choose_prompts(asked: PromptsAsked, est: Estimate, has: PromptMode | None, *
         return PromptsChoice(PromptMode(asked.value), asked, PromptsReason.GIVEN, None, reference_from)
     if has is not None:
         return PromptsChoice(has, asked, PromptsReason.RUN, est.items, reference_from)
-    if expected is not None:
-        mode = PromptMode.REFERENCE if expected >= reference_from else PromptMode.INLINE
+    if expected is not None:  # this input alone may hold more than the run was said to
+        mode = PromptMode.REFERENCE if max(expected, est.items if est.whole else 0) >= reference_from \
+            else PromptMode.INLINE
         return PromptsChoice(mode, asked, PromptsReason.EXPECTED, est.items, reference_from, expected_items=expected)
     if not est.whole:
         return PromptsChoice(PromptMode.INLINE, asked, PromptsReason.SIZE_UNKNOWN, est.items, reference_from)
@@ -270,7 +271,8 @@ def choose_by_room(choice: PromptsChoice, inline: MemoryPlan, by_reference: Call
     reference (BY_REFERENCE, its plan) it does, is queued by reference; else CHOICE and INLINE
     as they are (refuse_unfit says what to do when neither fits)."""
     if choice.asked is not PromptsAsked.AUTO or choice.mode is not PromptMode.INLINE \
-            or choice.reason not in (PromptsReason.SIZE, PromptsReason.SIZE_UNKNOWN) or inline.fits():
+            or choice.reason not in (PromptsReason.SIZE, PromptsReason.SIZE_UNKNOWN, PromptsReason.EXPECTED) \
+            or inline.fits():
         return choice, inline
     ref = by_reference()
     return (choice.for_room(inline), ref) if ref.fits() else (choice, inline)

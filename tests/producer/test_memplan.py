@@ -83,3 +83,22 @@ def test_an_enqueue_that_takes_a_run_past_its_tables_size_says_so(conn, caplog: 
         _item_table(conn, "grow", memplan.MemoryPlan(1024 * entries + 1, 0, True, None))
     assert len(caplog.records) == 1 and "its buckets outgrow Redis's compact hashes" in caplog.text, caplog.text
     assert ItemTable(conn, "grow").buckets() == 1024  # still as the first enqueue fixed it
+
+
+def test_expect_items_decides_auto_but_not_a_given_mode_or_a_runs_own() -> None:
+    """--expect-items: auto by the run's expected items (or this input's, if it holds more);
+    a mode given or the run's own wins; inline by expectation still yields to Redis's room."""
+    small, big = memplan.Estimate(100, 1500.0, True), memplan.Estimate(300_000, 1500.0, True)
+    auto = memplan.PromptsAsked.AUTO
+    c = memplan.choose_prompts(auto, small, None, expected=250_000)
+    assert (c.mode, c.reason, c.expected_items) == (PromptMode.REFERENCE, memplan.PromptsReason.EXPECTED, 250_000)
+    assert memplan.choose_prompts(auto, small, None, expected=1_000).mode is PromptMode.INLINE
+    assert memplan.choose_prompts(auto, big, None, expected=1_000).mode is PromptMode.REFERENCE
+    assert memplan.choose_prompts(auto, small, PromptMode.INLINE, expected=250_000).reason is memplan.PromptsReason.RUN
+    given = memplan.choose_prompts(memplan.PromptsAsked.INLINE, small, None, expected=250_000)
+    assert (given.mode, given.reason) == (PromptMode.INLINE, memplan.PromptsReason.GIVEN)
+    mem = Memory(used=0, maxmemory=4 << 20, policy="noeviction")
+    inline = memplan.MemoryPlan(1_000, 10 << 20, True, mem)
+    ref = memplan.MemoryPlan(1_000, 1 << 20, True, mem, by_reference=True)
+    c = memplan.choose_prompts(auto, small, None, expected=1_000)
+    assert memplan.choose_by_room(c, inline, lambda: ref)[0].reason is memplan.PromptsReason.ROOM
