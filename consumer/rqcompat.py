@@ -173,25 +173,34 @@ class GenWorker(BaseWorker):
             reason = f"refused: job names {str(func)[:200]!r}; genqueue runs only {TASK}"
             self._fail_foreign(queue, job, reason)
             return None, f"job {job.id}: {reason}"
-        started_before = job.started_at is not None  # as fetched: rq's prepare sets it next
-        execution, given_back, taken = self._prepare_execution(job)
-        self.prepare_job_execution(job, remove_from_intermediate_queue=True)
-        job.started_at = self._now()
+        started_before = job.started_at is not None  # as fetched: the start is written next
+        execution, given_back, taken = self._prepare_execution(job, queue)
         return Held(job, queue, execution, given_back=given_back, taken=taken, started_before=started_before), None
 
     def _now(self) -> datetime:
         """Now in Redis time: a job's start and end are read beside other consumers' (status)."""
         return datetime.fromtimestamp(self.clock.now(), UTC)
 
-    def _prepare_execution(self, job: Job) -> tuple[Execution, int, int]:
-        """rq's prepare_execution, with the lease scored in Redis time in the same MULTI: no
-        sweeper ever sees the local clock's score. Also counts this take (TAKEN_FIELD) and reads
-        how often the job was given back and taken before."""
+    def _prepare_execution(self, job: Job, queue: Queue) -> tuple[Execution, int, int]:
+        """rq's prepare_execution and prepare_job_execution in one MULTI, the lease scored and the
+        start written in Redis time: no sweeper ever sees the local clock's score, and no one a job
+        both started and still between dequeue and start. Also counts this take (TAKEN_FIELD) and
+        reads how often the job was given back and taken before. rq's worker heartbeat there is
+        left to the renewals (every lease/3), and the job's own, which the start's fields hold:
+        17 commands a take instead of 24 (two MULTIs)."""
+        ts = self._now()
         with self.connection.pipeline() as p:
             execution = Execution.create(job, self.lease, pipeline=p, worker_name=self.name)
             self._score_lease(p, job, execution)
             self.executions[execution.id] = execution
             self.set_state(WorkerStatus.BUSY, pipeline=p)
+            # rq's Job.prepare_for_execution, in Redis time
+            job.worker_name, job.last_heartbeat, job.started_at = self.name, ts, ts
+            job._status = JobStatus.STARTED
+            p.hset(job.key, mapping={"last_heartbeat": rq.utils.utcformat(ts), "status": JobStatus.STARTED.value,
+                                     "started_at": rq.utils.utcformat(ts), "worker_name": self.name})
+            p.persist(job.key)
+            p.lrem(queue.intermediate_queue_key, 1, job.id)
             p.hincrby(job.key, TAKEN_FIELD, 1)
             p.hget(job.key, GIVEN_BACK_FIELD)
             replies = p.execute(raise_on_error=False)
