@@ -129,6 +129,7 @@ class FakeWorker:
 class FakePipe:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, ...]] = []
+        self.executed = 0  # round trips (a MULTI each when transactional)
 
     def __enter__(self) -> FakePipe:  # noqa: PYI034 - a fake
         return self
@@ -140,6 +141,7 @@ class FakePipe:
         return lambda *args, **kw: self.ops.append((name, *args))
 
     def execute(self) -> list[Any]:
+        self.executed += 1
         return []
 
 

@@ -8,6 +8,7 @@ as the ack, so `producer status` never counts a job twice or not at all.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -44,30 +45,41 @@ class Acker:
         self.acked = self.lease_lost = self.redone = self.refused = self.given_back = 0
 
     async def shipped(self, run: str, shipped_seq: int) -> int:
-        """Ack every complete job of RUN whose last result is in a shard shipped by now.
+        """Ack every complete job of RUN whose last result is in a shard shipped by now, then
+        count them in the run's record in one MULTI (not one a job: a shard's jobs share it).
         Returns how many were acked."""
-        acked = 0
-        for js in self.book.ackable(run, shipped_seq):
-            ok = await self.rq.call(self._ack, js)
-            self.book.release(js)
-            if ok:
-                acked += 1
-                log.debug("job %s done: %d items in %.2f s", js.id, len(js.items), time.monotonic() - js.started)
-            else:
-                self.lease_lost += 1
-        self.acked += acked
-        return acked
+        acked: list[JobState[Held]] = []
+        try:
+            for js in self.book.ackable(run, shipped_seq):
+                ok = await self.rq.call(self._ack, js)
+                self.book.release(js)
+                if ok:
+                    acked.append(js)
+                    log.debug("job %s done: %d items in %.2f s", js.id, len(js.items), time.monotonic() - js.started)
+                else:
+                    self.lease_lost += 1
+        finally:  # what was acked is counted, whatever stopped the rest
+            if acked:
+                await self.rq.call(self._count, run, acked)
+        self.acked += len(acked)
+        return len(acked)
 
     def _ack(self, js: JobState[Held]) -> bool:
         manifest = {"items": len(js.items), **dict(js.counts), "shard_seq": js.max_seq, "worker": self.worker.name}
-        if not self.worker.finish(js.held, manifest):
-            return False
-        started = js.held.job.started_at
-        multi = [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1] \
-            if js.ctx.settings.multi_turn == Mode.REGENERATE else []
-        self.runs.count_acked(js.run, js.counts, started.timestamp() if started else time.time(),
-                              clear_checkpoints=multi)
-        return True
+        return self.worker.finish(js.held, manifest)
+
+    def _count(self, run: str, acked: list[JobState[Held]]) -> None:
+        """ACKED's part of RUN's record: their counts summed, the earliest start, the regenerate
+        checkpoints of their multi-turn items cleared."""
+        counts: collections.Counter[str] = collections.Counter()
+        starts, multi = [], []
+        for js in acked:
+            counts.update(js.counts)
+            started = js.held.job.started_at
+            starts.append(started.timestamp() if started else time.time())
+            if js.ctx.settings.multi_turn == Mode.REGENERATE:
+                multi += [it["key"] for it in js.items if sum(m["role"] == "user" for m in it["messages"]) > 1]
+        self.runs.count_acked(run, counts, min(starts), clear_checkpoints=multi)
 
     async def shard_lost(self, run: str, lost_seq: int) -> int:
         """A shard of RUN vanished before shipping: every job that may have results in it goes

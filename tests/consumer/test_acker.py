@@ -30,6 +30,26 @@ def test_acker_acks_shipped_jobs_and_counts_run_stats() -> None:
     asyncio.run(scenario())
 
 
+def test_the_jobs_one_shard_acks_are_counted_in_one_transaction() -> None:
+    """Three jobs whose last results shipped in one shard: three acks, one MULTI of the run's
+    counters holding their sum (it was one a job: about 8 commands each)."""
+    async def scenario() -> None:
+        book: Book[Any] = Book()
+        w, conn, rq = FakeWorker(), FakeConn(), RqThread()
+        acker = Acker(rq, w, conn, book)  # type: ignore[arg-type]
+        for name, n in (("a", 2), ("b", 1), ("c", 3)):
+            complete(book, held_job(name, n), 3)
+        assert await acker.shipped("r", 3) == 3
+        assert [c[0] for c in w.calls] == ["finish"] * 3
+        assert conn.pipe.executed == 1
+        assert [op for op in conn.pipe.ops if op[:3] == ("hincrby", "genqueue:run:r:stats", "items_done")] == [
+            ("hincrby", "genqueue:run:r:stats", "items_done", 6)]
+        assert sum(op[0] == "hsetnx" for op in conn.pipe.ops) == 1
+        rq.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_zombie_ack_is_refused_and_forgotten() -> None:
     async def scenario() -> None:
         book: Book[Any] = Book()
