@@ -13,6 +13,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 
 def _listener() -> socket.socket:
@@ -22,6 +23,18 @@ def _listener() -> socket.socket:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     return sock
+
+
+def accept_pairs(listener: socket.socket, target: tuple[str, int],
+                 relay: Callable[[socket.socket, socket.socket], None]) -> None:
+    """Accept on LISTENER until it is closed: each client is connected to TARGET and the pair
+    handed to RELAY (which starts the threads that move its bytes)."""
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        relay(client, socket.create_connection(target))
 
 
 class TcpProxy:
@@ -130,7 +143,8 @@ class LatencyProxy:
         self.delay = delay
         self._listener = _listener()
         self.port: int = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True, name="latencyproxy").start()
+        threading.Thread(target=accept_pairs, args=(self._listener, self.target, self._relay), daemon=True,
+                         name="latencyproxy").start()
 
     @property
     def url_host_port(self) -> str:
@@ -139,16 +153,10 @@ class LatencyProxy:
     def close(self) -> None:
         self._listener.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            asked = threading.Event()
-            threading.Thread(target=self._pump, args=(client, upstream, asked, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, asked, True), daemon=True).start()
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        asked = threading.Event()
+        threading.Thread(target=self._pump, args=(client, upstream, asked, False), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client, asked, True), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, asked: threading.Event, reply: bool) -> None:
         try:

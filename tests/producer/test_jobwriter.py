@@ -23,6 +23,7 @@ from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.runs import key_digest, run_key
 from genqueue.producer.jobwriter import JobWriter
 from tests.conftest import RedisServer
+from tests.netproxy import accept_pairs
 
 pytestmark = pytest.mark.integration
 
@@ -138,18 +139,13 @@ class ReplyDroppingProxy:
         self.port = self.server.getsockname()[1]
         self.armed = threading.Event()
         self.cut = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=accept_pairs, args=(self.server, ("127.0.0.1", upstream_port), self._relay),
+                         daemon=True).start()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            mute = threading.Event()
-            threading.Thread(target=self._up, args=(client, upstream, mute), daemon=True).start()
-            threading.Thread(target=self._down, args=(upstream, client, mute), daemon=True).start()
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        mute = threading.Event()
+        threading.Thread(target=self._up, args=(client, upstream, mute), daemon=True).start()
+        threading.Thread(target=self._down, args=(upstream, client, mute), daemon=True).start()
 
     def _up(self, client: socket.socket, upstream: socket.socket, mute: threading.Event) -> None:
         tail = b""
