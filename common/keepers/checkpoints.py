@@ -1,8 +1,8 @@
 """Checkpoints of multi-turn regeneration in Redis: the store under consumer/answer/checkpoints.py.
 
 Key: genqueue:run:<run>:ckpt:<item key>  (JSON of the history so far), kept TTL_SECONDS; saved
-after each finished turn that leaves more to do, deleted when the item's job is acked (in the
-ack's own transaction: common/keepers/runs.py `RunStore.count_acked`).
+after each finished turn that leaves more to do, deleted once the item's job is acked (in the
+transaction that counts the acked jobs right after: common/keepers/runs.py `RunStore.count_acked`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,6 @@ class CheckpointStore:
     @staticmethod
     def clear(pipe: redis.client.Pipeline, run: str, item_keys: list[str]) -> None:
         """Queue the deletion of ITEM_KEYS' checkpoints on a (sync) pipeline, at ack time (the
-        ack's own transaction: RunStore.count_acked)."""
+        transaction that counts the acked jobs right after: RunStore.count_acked)."""
         if item_keys:
             pipe.delete(*[checkpoint_key(run, k) for k in item_keys])

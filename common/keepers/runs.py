@@ -306,9 +306,9 @@ class RunStore:
 
     def count_acked(self, run: str, counts: Mapping[str, int], started_at: float, *,
                     clear_checkpoints: Sequence[str] = ()) -> None:
-        """An acked job's part of RUN's record, in one MULTI/EXEC: its COUNTS added to the run's
+        """Acked jobs' part of RUN's record, in one MULTI/EXEC: their COUNTS added to the run's
         counters, the run's first start (STARTED_AT, kept when set), and the regenerate checkpoints
-        of its items CLEAR_CHECKPOINTS deleted (common/keepers/checkpoints.py)."""
+        of their items CLEAR_CHECKPOINTS deleted (common/keepers/checkpoints.py)."""
         with self.conn.pipeline() as p:
             for k, v in counts.items():
                 p.hincrby(run_key(run, "stats"), k, v)

@@ -2,8 +2,11 @@
 held, refuse what cannot be run, give back what a drain leaves unfinished.
 
 Every ending goes through rq in the rq thread and through the book, so a job is never both
-held and ended. Run counters (`genqueue:run:<run>:stats`) are added in the same pipeline
-as the ack, so `producer status` never counts a job twice or not at all.
+held and ended. Run counters (`genqueue:run:<run>:stats`) are added right after the acks of
+the jobs one shipped shard completed, in one MULTI for all of them, and only for jobs whose ack
+went through: a job is never counted twice. A consumer killed between the acks and that MULTI
+leaves those jobs out of the counters; the done marks, written before any ack, still hold
+their items.
 """
 
 from __future__ import annotations
