@@ -43,7 +43,7 @@ from rq import Retry
 from bench.bench_packs import SYSTEM, corpus
 from bench.common import BIN, start_redis, start_sim, table
 from genqueue.common import defaults
-from genqueue.common.keepers.marks import Marks, ShardMarks
+from genqueue.common.keepers.marks import Marks, Place, ShardMarks
 from genqueue.common.keepers.rqaccess import (
     TASK,
     JobPlace,
@@ -52,7 +52,8 @@ from genqueue.common.keepers.rqaccess import (
     queue_for,
     use_fast_job_compression,
 )
-from genqueue.common.keepers.rqjobs import JobScan, read_jobs
+from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.rqjobs import JobScan, RunJob, read_jobs
 from genqueue.common.storage import pack_name
 from genqueue.producer.packitems import PackItems
 
@@ -112,10 +113,13 @@ def calls(conn: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_").upper(): int(v["calls"]) for name, v in conn.info("commandstats").items()}
 
 
-def where_calls(before: dict[str, int], after: dict[str, int], items: int, top: int = 8) -> list[tuple[str, str, str]]:
-    """The commands called most between BEFORE and AFTER, with their calls an item."""
+def where_calls(before: dict[str, int], after: dict[str, int], items: int, top: int = 12) -> list[tuple[str, str, str]]:
+    """The commands called most between BEFORE and AFTER, with their calls an item, then the
+    rest's and the sum."""
     diff = sorted(((n, after[n] - before.get(n, 0)) for n in after), key=lambda x: -x[1])
-    return [(n, f"{c:,}", f"{c / items:.3f}") for n, c in diff[:top] if c > 0]
+    rows = [(n, f"{c:,}", f"{c / items:.3f}") for n, c in diff[:top] if c > 0]
+    rest, total = sum(c for _, c in diff[top:]), sum(c for _, c in diff)
+    return [*rows, ("(the rest)", f"{rest:,}", f"{rest / items:.3f}"), ("(all)", f"{total:,}", f"{total / items:.3f}")]
 
 
 def breakdown(conn: redis.Redis, items: int, sample: int = 2000) -> list[tuple[str, int]]:
@@ -196,10 +200,20 @@ def emulate_finish(conn: redis.Redis, run: str, output: str) -> None:
     items, as shards ship), and every job gone, as RESULT_TTL after it finished (the consumer's
     sweep cleans the finished registry). Checked against a real finish (--finish) at 20,000."""
     marks = ShardMarks()
-    for job in read_jobs(conn, run, [JobPlace.QUEUED], scan=JobScan(),
-                         items_of=PackItems(conn, run, output).items_of):
-        for it in job.items:
-            marks.add_record({"key": it["key"], "outcome": "finished", "turns": [{"content": "a"}]})
+    jobs = [job for job in read_jobs(conn, run, [JobPlace.QUEUED], scan=JobScan(),
+                                     items_of=PackItems(conn, run, output).items_of) if isinstance(job, RunJob)]
+    # by reference each item's place, as the consumer knows it from its job: the pack's name, and
+    # the block's first slot (the items of the blocks before it)
+    names = PackTable(conn, run).names()
+    sizes = {(job.ref.pack, job.ref.block): len(job.items) for job in jobs if job.ref is not None}
+    firsts: dict[tuple[int, int], int] = {}
+    for pack, block in sorted(sizes):
+        firsts[(pack, block)] = firsts.get((pack, block - 1), 0) + sizes.get((pack, block - 1), 0) if block else 0
+    for job in jobs:
+        ref = job.ref
+        for i, it in enumerate(job.items):
+            place = None if ref is None else Place(ref.pack, names[ref.pack], firsts[(ref.pack, ref.block)] + i)
+            marks.add_record({"key": it["key"], "outcome": "finished", "turns": [{"content": "a"}]}, place)
         if len(marks.done) >= 4096:
             Marks(conn, run).mark_shipped(marks)
             marks = ShardMarks()

@@ -410,6 +410,11 @@ PACK_TAG_CHARS = 6
 #: holds at most hash-max-listpack-entries (128 by default) entries; 64 leaves room for a
 #: bucket fuller than the mean (BENCHMARKS.md, "Redis bytes per item").
 ITEMS_PER_BUCKET = 64
+#: Items a pack holds at most by reference (issue 34, step 8): an item's place in its run is
+#: (pack number, slot), and its item-table entry holds it as (pack x PACK_SLOTS + slot) x 8 +
+#: IN_RUN, a 32-bit integer in Redis's listpack up to 262,143 packs (268M items). A slice of
+#: more items is claimed as several packs.
+PACK_SLOTS = 1024
 #: Buckets of a run whose first writer did not say its size (a rebuild, a consumer's mark), and
 #: the fewest any run is made with: buckets are made as items land, so a small run pays nothing
 #: for them, and a run whose first enqueue was small that grows to millions keeps its buckets

@@ -113,7 +113,7 @@ class Dispatcher:
             return
         if js.abandoned or rec is None:
             return  # its job went back to the queue meanwhile: its new run writes this again
-        seq = self.outbox.append(js.run, rec)
+        seq = self.outbox.append(js.run, rec, place=js.places.get(item["key"]) if js.places else None)
         self.book.recorded(js, rec, seq)
         self._on_record(js.run, rec)
         self.wake.set()

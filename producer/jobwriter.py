@@ -49,6 +49,7 @@ from rq.queue import EnqueueData
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, ReclaimLockLostError, Requeue
+from genqueue.common.keepers.items import PACK_SLOTS
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import (
     TASK,
@@ -103,6 +104,11 @@ def record_batches(items: Sequence[Item], size: int) -> list[list[Item]]:
     return batches
 
 
+def _by_slot(items: Sequence[Item], slots: Sequence[int]) -> list[Item]:
+    """The ITEMS whose slot is not -1, in slot order (inline every slot is 0: their order)."""
+    return [it for _, _, it in sorted((s, i, it) for i, (it, s) in enumerate(zip(items, slots, strict=True)) if s >= 0)]
+
+
 class JobWriter:
     """Claims and enqueues the items of one producer invocation."""
 
@@ -136,25 +142,36 @@ class JobWriter:
         producer's (now in a job), and the number of jobs enqueued. Waits while another
         producer holds the run's lock. TURN, when given, is called right before the enqueue
         transaction (after the pack's PUT): the caller's writers, several at once, queue their
-        slices' jobs in the order it handed the slices out."""
+        slices' jobs in the order it handed the slices out. By reference a pack holds at most
+        PACK_SLOTS items: a longer ITEMS is claimed and queued a pack at a time."""
+        if self.pack_store is not None and len(items) > PACK_SLOTS:
+            won_all: list[bool] = []
+            jobs = 0
+            for lo in range(0, len(items), PACK_SLOTS):
+                won, n = self.write(items[lo:lo + PACK_SLOTS], turn=turn if lo == 0 else None)
+                won_all += won
+                jobs += n
+            return won_all, jobs
         claim_id = f"{self._claim_prefix}:{next(self._seq)}"
         digests = [key_digest(it["key"]) for it in items]
+        # By reference the pack's number is given out first: the claim writes each item's place
+        # (the pack, its slot) in its entry, where the consumers' marks find it.
+        number = self.packs.allocate() if self.pack_store is not None else 0
         try:
             while True:
                 try:
-                    won = self.claims.claim(self.run, claim_id, digests,
-                                            token=self.lock.token if self.lock.held else None)
+                    slots = self.claims.claim_slots(self.run, claim_id, digests, pack=number,
+                                                    token=self.lock.token if self.lock.held else None)
                     break
                 except RunLockedError:
                     self.lock.wait_free()
-            mine = [it for it, ok in zip(items, won, strict=True) if ok]
-            batches = record_batches(mine, self.batch_size)
+            batches = record_batches(_by_slot(items, slots), self.batch_size)
             if batches:
-                self._commit(claim_id, batches, turn=turn)
+                self._commit(claim_id, batches, turn=turn, number=number)
         except BaseException:
             self._release(claim_id)  # the claim may have landed even if its reply did not
             raise
-        return won, len(batches)
+        return [x >= 0 for x in slots], len(batches)
 
     def requeue(self, items: Sequence[Item], *, retry_failed: bool) -> tuple[list[Requeue], int]:
         """Put ITEMS, already in the run, in jobs again: those that are still without a result
@@ -163,27 +180,37 @@ class JobWriter:
         the number of jobs enqueued."""
         if not self.lock.held:
             raise RuntimeError("requeue needs the run's lock")
+        if self.pack_store is not None and len(items) > PACK_SLOTS:
+            codes_all: list[Requeue] = []
+            jobs = 0
+            for lo in range(0, len(items), PACK_SLOTS):
+                codes, n = self.requeue(items[lo:lo + PACK_SLOTS], retry_failed=retry_failed)
+                codes_all += codes
+                jobs += n
+            return codes_all, jobs
         self.lock.check()
         claim_id = f"{self._claim_prefix}:{next(self._seq)}"
+        number = self.packs.allocate() if self.pack_store is not None else 0
         try:
             try:
-                codes = self.claims.reclaim(self.run, claim_id, ttl=defaults.CLAIM_TTL, token=self.lock.token,
-                                            retry_failed=retry_failed, digests=[key_digest(it["key"]) for it in items])
+                codes, slots = self.claims.reclaim(self.run, claim_id, ttl=defaults.CLAIM_TTL, token=self.lock.token,
+                                                   retry_failed=retry_failed, pack=number,
+                                                   digests=[key_digest(it["key"]) for it in items])
             except ReclaimLockLostError:
                 self.lock.lost = True
                 self.lock.check()
                 raise
-            mine = [it for it, c in zip(items, codes, strict=True) if c is Requeue.QUEUED]
-            batches = record_batches(mine, self.batch_size)
+            taken = [s if c is Requeue.QUEUED else -1 for c, s in zip(codes, slots, strict=True)]
+            batches = record_batches(_by_slot(items, taken), self.batch_size)
             if batches:
-                self._commit(claim_id, batches, fenced=True)
+                self._commit(claim_id, batches, fenced=True, number=number)
         except BaseException:
             self._drop(claim_id)
             raise
         return codes, len(batches)
 
     def _commit(self, claim_id: str, batches: list[list[Item]], *, fenced: bool = False,
-                turn: Callable[[], None] | None = None) -> None:
+                turn: Callable[[], None] | None = None, number: int = 0) -> None:
         if self.pack_store is None:
             datas = [
                 self.queue.prepare_data(
@@ -200,7 +227,7 @@ class JobWriter:
             ]
             self._transact(claim_id, datas, fenced=fenced, turn=turn)
             return
-        number, name = self._write_pack(self.pack_store, batches)
+        name = self._write_pack(self.pack_store, batches, number)
         datas = [
             self.queue.prepare_data(
                 TASK,
@@ -218,16 +245,16 @@ class JobWriter:
                        also=lambda pipe: self.packs.stage(pipe, number, name))
         self.pack_names[number] = name
 
-    def _write_pack(self, store: PackStore, batches: list[list[Item]]) -> tuple[int, str]:
-        """BATCHES as one pack in STORE (the run's output), a block per job, under a new pack
-        number; returns the number and the pack's name. Raises StoreError."""
+    def _write_pack(self, store: PackStore, batches: list[list[Item]], number: int) -> str:
+        """BATCHES as one pack in STORE (the run's output), a block per job, as pack number NUMBER
+        (the items in slot order: a block's first item is at the slot the index says); returns
+        the pack's name. Raises StoreError."""
         writer = PackWriter()
         for items in batches:
             writer.add_block(items)
-        number = self.packs.allocate()
         name = pack_name(self._claim_prefix, number)
         store.put_pack(self.run, name, writer.finish())
-        return number, name
+        return name
 
     def _transact(self, claim_id: str, datas: list[EnqueueData], *, fenced: bool,
                   also: Callable[[Pipeline], None] | None = None, turn: Callable[[], None] | None = None) -> None:

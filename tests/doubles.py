@@ -96,12 +96,14 @@ class FakeOutbox:
 
     def __init__(self) -> None:
         self.records: list[Any] = []
+        self.places: list[Any] = []
 
     def full(self) -> bool:
         return False
 
-    def append(self, run: str, rec: Any) -> int:
+    def append(self, run: str, rec: Any, *, place: Any = None) -> int:
         self.records.append(rec)
+        self.places.append(place)
         return 1
 
 

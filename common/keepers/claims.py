@@ -26,7 +26,7 @@ from rq import Queue
 from rq.queue import EnqueueData
 
 from genqueue.common import defaults
-from genqueue.common.keepers.items import LUA_ITEMS, table_key
+from genqueue.common.keepers.items import LUA_ITEMS, MOVED, PACK_SLOTS, table_key
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
 
 
@@ -57,27 +57,48 @@ class Requeue(IntEnum):
 LOCK_LOST = "GENQUEUE_LOCK_LOST"
 
 # KEYS: the run's item table, this re-claim's claim set, the lock. ARGV: the claim set's TTL,
-# the lock token, 1 to take items with an error record, the digests. Refused, before any write,
-# unless the lock holds the token. A digest is this re-claim's (1) when an earlier send of it
-# took it, or when it is in the run, not done and (unless retried) not failed; else 0 (not in
-# the run, or repeated), 2 (done) or 3 (failed).
+# the lock token, 1 to take items with an error record, the pack number the items go in (0:
+# inline), the digests. Refused, before any write, unless the lock holds the token. A digest is
+# this re-claim's (1) when an earlier send of it took it, or when it is in the run, not done and
+# (unless retried) not failed; else 0 (not in the run, or repeated), 2 (done) or 3 (failed).
+# Answers {codes, slots}: by reference each item taken gets a slot of the pack as the claim
+# gives them (an earlier send's kept), and its entry is moved there with its state; the pack it
+# leaves is noted in the table's hash (`moved:<pack>`), so a shard of that pack's jobs marks
+# its items by their entries, not by its slots.
 _RECLAIM = """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then
   return redis.error_reply('""" + LOCK_LOST + """')
 end
 """ + LUA_CALL_IN_PARTS + LUA_ITEMS + """local tab = items_table(KEYS[1], false)
+local pack = tonumber(ARGV[4]) or 0
 local digests = {}
-for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
+for i = 5, #ARGV do digests[#digests + 1] = ARGV[i] end
+if pack > 0 and #digests > """ + str(PACK_SLOTS) + """ then
+  return redis.error_reply('a pack holds """ + str(PACK_SLOTS) + """ items at most')
+end
 local mine = {}
 if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
-local out, add, seen = {}, {}, {}
+local out, slots, add, seen, nxt = {}, {}, {}, {}, 0
+if pack > 0 then
+  for i, d in ipairs(digests) do
+    if mine[i] == 1 then
+      local v = tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0
+      local _, sl = place_of(v)
+      if sl + 1 > nxt then nxt = sl + 1 end
+    end
+  end
+end
 for i, d in ipairs(digests) do
-  local code = 0
+  local code, slot = 0, 0
   local st = state_of(tab, d)
   if seen[d] then
     code = 0
   elseif mine[i] == 1 then
-    code = 1
+    code, slot = 1, 1
+    if pack > 0 then
+      local _, sl = place_of(tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0)
+      slot = sl + 1
+    end
   elseif bit.band(st, 1) == 0 then
     code = 0
   elseif bit.band(st, 2) ~= 0 then
@@ -85,17 +106,31 @@ for i, d in ipairs(digests) do
   elseif bit.band(st, 4) ~= 0 and ARGV[3] ~= '1' then
     code = 3
   else
-    code = 1
+    code, slot = 1, 1
     add[#add + 1] = d
+    if pack > 0 then
+      local k = bucket_of(tab, d)
+      local v = tonumber(redis.call('HGET', k, d) or '0') or 0
+      if v >= 8 then
+        local p = place_of(v)
+        if p ~= pack then redis.call('HSET', tab.key, '""" + MOVED + """' .. p, 1) end
+      end
+      redis.call('HSET', k, d, placed_value(pack, nxt))
+      set_state_at(tab, pack, nxt, st)
+      slot = nxt + 1
+      nxt = nxt + 1
+    end
   end
   seen[d] = true
   out[i] = code
+  slots[i] = slot
 end
+if pack > 0 and nxt > 0 then placing(tab, pack) end
 if #add > 0 then call('SADD', KEYS[2], add) end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('EXPIRE', KEYS[2], ARGV[1])
 end
-return out
+return {out, slots}
 """
 
 
@@ -111,56 +146,78 @@ class Reclaim:
         self._script = conn.register_script(_RECLAIM)
 
     def __call__(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
-                 digests: list[bytes]) -> list[Requeue]:
-        """What became of each digest (one round trip, safe to send twice). Raises
+                 digests: list[bytes], pack: int = 0) -> tuple[list[Requeue], list[int]]:
+        """What became of each digest, and the slot of PACK each one taken has (0 inline), -1
+        for the others (one round trip, safe to send twice). Raises
         ReclaimLockLostError, writing nothing, when the lock no longer holds TOKEN."""
         keys = [table_key(run), claim_key(run, claim_id), lock_key(run)]
         try:
-            raw = self._script(keys=keys, args=[ttl, token, int(retry_failed), *digests])
+            codes, slots = self._script(keys=keys, args=[ttl, token, int(retry_failed), pack, *digests])
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(LOCK_LOST):
                 raise ReclaimLockLostError(*e.args) from e
             raise
-        return [Requeue(int(c)) for c in raw]
+        return [Requeue(int(c)) for c in codes], [int(x) - 1 for x in slots]
 
 
 #: The error the claim script answers while another producer holds the run's lock.
 LOCKED = "GENQUEUE_LOCKED"
 
 # KEYS: the run's item table, the claim set, the run's lock. ARGV: the claim set's TTL, the
-# caller's lock token ('' for none), then the digests. Refused, before any write, while the
-# lock is held by another token. A digest is this claim's when it was not in the run (then it
-# is put in the run, IN_RUN, and in the claim set), or when an earlier send of this script
-# claimed it. The claim set is written with whole-list commands, in parts of 4096 (Lua's
-# unpack limit); the table an entry at a time (each digest has its own bucket).
+# caller's lock token ('' for none), the pack number the items go in (0: inline, no pack), then
+# the digests. Refused, before any write, while the lock is held by another token. A digest is
+# this claim's when it was not in the run (then it is put in the run, IN_RUN, and in the claim
+# set), or when an earlier send of this script claimed it. The answer, a digest: 0 when not this
+# claim's, else its slot in the pack + 1 (1 inline): the slots this claim wins are 0, 1, ... in
+# the digests' order, an earlier send's kept (their entries hold them) and new ones after them.
+# The claim set is written with whole-list commands, in parts of 4096 (Lua's unpack limit); the
+# table an entry at a time (each digest has its own bucket).
 _CLAIM = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[2] then
   return redis.error_reply('GENQUEUE_LOCKED ' .. holder)
 end
 """ + LUA_CALL_IN_PARTS + LUA_ITEMS + """local tab = items_table(KEYS[1], true)
-local won, new, again, seen = {}, {}, {}, {}
-for i = 3, #ARGV do
-  local d, j = ARGV[i], i - 2
+local pack = tonumber(ARGV[3]) or 0
+local digests = {}
+for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
+if pack > 0 and #digests > """ + str(PACK_SLOTS) + """ then
+  return redis.error_reply('a pack holds """ + str(PACK_SLOTS) + """ items at most')
+end
+local mine = {}
+if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
+local won, new, seen, nxt = {}, {}, {}, 0
+for j, d in ipairs(digests) do
   won[j] = 0
+  if mine[j] == 1 and not seen[d] then
+    won[j] = 1
+    if pack > 0 then
+      local v = tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0
+      local _, sl = place_of(v)
+      won[j] = sl + 1
+      if sl + 1 > nxt then nxt = sl + 1 end
+    end
+  end
+  seen[d] = seen[d] or mine[j] == 1
+end
+for j, d in ipairs(digests) do
   if not seen[d] then
     seen[d] = true
-    if bit.band(add_in_run(tab, d), 1) == 0 then
+    local pv = nil
+    if pack > 0 then pv = placed_value(pack, nxt) end
+    if bit.band(add_in_run(tab, d, pv), 1) == 0 then
       new[#new + 1] = d
       won[j] = 1
-    else
-      again[#again + 1] = j
+      if pack > 0 then
+        won[j] = nxt + 1
+        nxt = nxt + 1
+      end
     end
   end
 end
 flush(tab)
+if pack > 0 and nxt > 0 then placing(tab, pack) end
 if #new > 0 then call('SADD', KEYS[2], new) end
-if #again > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  local ask = {}
-  for k, j in ipairs(again) do ask[k] = ARGV[j + 2] end
-  local mine = call('SMISMEMBER', KEYS[2], ask)
-  for k, j in ipairs(again) do won[j] = mine[k] end
-end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('EXPIRE', KEYS[2], ARGV[1])
 end
@@ -194,16 +251,23 @@ class Claims:
         producer or an earlier enqueue has it, or when it repeats a digest earlier in DIGESTS.
         Atomic, and safe to send twice. Raises RunLockedError, claiming nothing, while a producer
         other than the holder of TOKEN holds the run's lock."""
+        return [x >= 0 for x in self.claim_slots(run, claim_id, digests, token=token)]
+
+    def claim_slots(self, run: str, claim_id: str, digests: list[bytes], *, token: str | None = None,
+                    pack: int = 0) -> list[int]:
+        """`claim`, placing what it wins in pack number PACK (by reference; 0: inline): for each
+        digest, its slot in the pack when it is this claim's (0, 1, ... in DIGESTS' order; 0
+        inline), -1 when not. At most PACK_SLOTS digests with a pack."""
         if not digests:
             return []
         try:
             won = self._claim(keys=[table_key(run), claim_key(run, claim_id), lock_key(run)],
-                              args=[defaults.CLAIM_TTL, token or "", *digests])
+                              args=[defaults.CLAIM_TTL, token or "", pack, *digests])
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(LOCKED):
                 raise RunLockedError(str(e)[len(LOCKED):].strip()) from None
             raise
-        return [bool(x) for x in won]
+        return [int(x) - 1 for x in won]
 
     def release(self, run: str, claim_id: str) -> int:
         """Give back what a claim holds, when its items could not be enqueued (an error, Ctrl-C):
@@ -211,9 +275,10 @@ class Claims:
         return int(self._release(keys=[table_key(run), claim_key(run, claim_id)]))
 
     def reclaim(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
-                digests: list[bytes]) -> list[Requeue]:
-        """The re-claim script (Reclaim): what became of each digest."""
-        return self._reclaim(run, claim_id, ttl=ttl, token=token, retry_failed=retry_failed, digests=digests)
+                digests: list[bytes], pack: int = 0) -> tuple[list[Requeue], list[int]]:
+        """The re-claim script (Reclaim): what became of each digest, and its slot in PACK."""
+        return self._reclaim(run, claim_id, ttl=ttl, token=token, retry_failed=retry_failed, digests=digests,
+                             pack=pack)
 
     def others(self, run: str, own_prefix: str) -> Iterator[Claim]:
         """RUN's claim sets whose id does not start with OWN_PREFIX (this producer's own), with their

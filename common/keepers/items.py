@@ -4,12 +4,26 @@ Every item of a run has one entry, its 16-byte digest (common/keepers/runs.py `k
 its state bits (IN_RUN: a producer claimed it; DONE: a shipped shard holds its result; FAILED:
 a shipped shard holds an error record of it), in one of the run's bucket hashes:
 
-  genqueue:run:<run>:items:<bucket hex>  hash  digest -> state bits (1-7)
+  genqueue:run:<run>:items:<bucket hex>  hash  digest -> state bits (1-7), or the item's place
+  genqueue:run:<run>:pk:<pack number>    string  the done and failed bits of the items placed
+                                               in that pack, two a slot
   genqueue:run:<run>:itemtable           hash  buckets: how many bucket hashes (set once), and
                                                the counts of the states: in_run, done, failed,
                                                failed_done, in_run_done; rebuilt: how many times
                                                marks were written other than by shipping (a
-                                               rebuild from the output, a move from older sets)
+                                               rebuild from the output, a move from older sets);
+                                               moved:<pack>: a pack whose slots the entries no
+                                               longer vouch for (`distrust`)
+
+Items by reference have a place (issue 34, step 8): the claim that wins an item for pack number
+P gives it slot S (0, 1, ... in the slice's order; the pack holds the items in that order) and
+writes (P x PACK_SLOTS + S) x 8 + IN_RUN as its entry, an integer of at least 8 (a state is at
+most 7). Such an item is in the run; its DONE and FAILED bits are bits 2S and 2S + 1 of the
+string `pk:<P>`, so a shipped shard marks a pack's items with one BITFIELD (the marking script,
+common/keepers/marks.py) instead of one command an item. Every reader by digest (`state_of`,
+`each`) reads a placed entry's state there; every writer by digest (`change`, `mark_one`,
+`add_in_run`) writes it there. An entry costs about 4 bytes more (a 32-bit integer in the
+listpack instead of a small one).
 
 Why buckets of hashes and not three sets (the run's keys, done and failed sets until issue 34):
 a set of 16-byte members costs about 80 bytes of Redis a member, three of them 240 an item once
@@ -45,9 +59,17 @@ IN_RUN, DONE, FAILED = 1, 2, 4
 ITEMS_PER_BUCKET = defaults.ITEMS_PER_BUCKET
 DEFAULT_BUCKETS = defaults.ITEMS_DEFAULT_BUCKETS
 MAX_BUCKETS = defaults.ITEMS_MAX_BUCKETS
+PACK_SLOTS = defaults.PACK_SLOTS
 
 #: The table's fields that count states (the scripts keep them).
 COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
+
+#: The table's fields naming the packs whose slots the entries do not vouch for: `moved:<pack>`.
+MOVED = "moved:"
+#: The table's field holding the lowest pack number a claim placed items in: a pack numbered
+#: below it was written before items had places (an upgrade in the middle of a run), and its
+#: items are marked by entry.
+PLACED_FROM = "placed_from"
 
 # The Lua shared by every script of the table. T is the table's key (the script's KEYS[n]); the
 # bucket hashes are named from it. B is read once per call; a writer that finds none sets
@@ -56,11 +78,16 @@ COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
 # `delta`, which `flush` writes in one HINCRBY each at the end of the call; `mark_one` is
 # `change(tab, d, M, 0)` for one bit M in one HINCRBY (the old state is the new one less M; the
 # rare item that had M already gets a second HINCRBY that takes it back, and an entry that is
-# not an integer, which HINCRBY refuses, goes through `change`, which reads it as 0); `add_in_run` is
-# `change(tab, d, IN_RUN, 0)` in one HSETNX for an item new to the table (the claim's case).
+# not an integer, which HINCRBY refuses, goes through `change`, which reads it as 0; a placed
+# entry, whose HINCRBY is taken back, too); `add_in_run` is `change(tab, d, IN_RUN, 0)` in one
+# HSETNX for an item new to the table (the claim's case), writing PV, its place, when given.
+# A placed entry's state is read at its place (`read_entry`, `state_at`) and written there
+# (`set_state_at`) while it stays in the run; cleared out of the run, it becomes a plain state
+# again (0: deleted). `place_of` and `placed_value` are the entry's encoding (module docstring).
 LUA_ITEMS = """
 local function items_table(T, write)
-  local tab = {key = T, prefix = string.sub(T, 1, #T - 9) .. 'items:'}
+  local run = string.sub(T, 1, #T - 9)
+  local tab = {key = T, prefix = run .. 'items:', pk = run .. 'pk:'}
   local b = redis.call('HGET', T, 'buckets')
   if not b and write then
     redis.call('HSETNX', T, 'buckets', '""" + str(DEFAULT_BUCKETS) + """')
@@ -74,9 +101,38 @@ local function bucket_of(tab, d)
   local b1, b2, b3, b4 = string.byte(d, 1, 4)
   return tab.prefix .. string.format('%x', ((((b1 or 0) * 256 + (b2 or 0)) * 256 + (b3 or 0)) * 256 + (b4 or 0)) % tab.n)
 end
+local function place_of(v)
+  local p = math.floor(v / 8)
+  return math.floor(p / """ + str(PACK_SLOTS) + """), p % """ + str(PACK_SLOTS) + """
+end
+local function placed_value(pack, slot)
+  return (pack * """ + str(PACK_SLOTS) + """ + slot) * 8 + 1
+end
+local function state_at(tab, pack, slot)
+  local x = redis.call('BITFIELD', tab.pk .. pack, 'GET', 'u2', slot * 2)[1]
+  local s = 1
+  if x >= 2 then s = s + 2 end
+  if x % 2 == 1 then s = s + 4 end
+  return s
+end
+local function set_state_at(tab, pack, slot, s)
+  local x = 0
+  if bit.band(s, 2) ~= 0 then x = x + 2 end
+  if bit.band(s, 4) ~= 0 then x = x + 1 end
+  redis.call('BITFIELD', tab.pk .. pack, 'SET', 'u2', slot * 2, x)
+end
+local function read_entry(tab, k, d)
+  local v = tonumber(redis.call('HGET', k, d) or '0') or 0
+  if v >= 8 then
+    local p, sl = place_of(v)
+    return v, state_at(tab, p, sl)
+  end
+  return v, v
+end
 local function state_of(tab, d)
   if tab.n == 0 then return 0 end
-  return tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0
+  local _, s = read_entry(tab, bucket_of(tab, d), d)
+  return s
 end
 local function count(tab, s, n)
   local dl = tab.delta
@@ -89,10 +145,13 @@ local function count(tab, s, n)
 end
 local function change(tab, d, add, clear)
   local k = bucket_of(tab, d)
-  local old = tonumber(redis.call('HGET', k, d) or '0') or 0
+  local v, old = read_entry(tab, k, d)
   local new = bit.bor(bit.band(old, bit.bnot(clear)), add)
   if new ~= old then
-    if new == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, new) end
+    if v >= 8 and bit.band(new, 1) ~= 0 then
+      local p, sl = place_of(v)
+      set_state_at(tab, p, sl, new)
+    elseif new == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, new) end
     count(tab, old, -1)
     count(tab, new, 1)
   end
@@ -103,6 +162,10 @@ local function mark_one(tab, d, m)
   local new = redis.pcall('HINCRBY', k, d, m)
   if type(new) ~= 'number' then return change(tab, d, m, 0) end
   local old = new - m
+  if old >= 8 then
+    redis.call('HINCRBY', k, d, -m)
+    return change(tab, d, m, 0)
+  end
   if bit.band(old, m) ~= 0 then
     redis.call('HINCRBY', k, d, -m)
     return old
@@ -111,19 +174,30 @@ local function mark_one(tab, d, m)
   count(tab, new, 1)
   return old
 end
-local function add_in_run(tab, d)
+local function add_in_run(tab, d, pv)
   local k = bucket_of(tab, d)
-  if redis.call('HSETNX', k, d, 1) == 1 then
+  if redis.call('HSETNX', k, d, pv or 1) == 1 then
     count(tab, 1, 1)
     return 0
   end
-  local old = tonumber(redis.call('HGET', k, d) or '0') or 0
+  local v, old = read_entry(tab, k, d)
   if bit.band(old, 1) == 0 then
-    redis.call('HSET', k, d, bit.bor(old, 1))
+    local new = bit.bor(old, 1)
+    if pv then
+      redis.call('HSET', k, d, pv)
+      local p, sl = place_of(pv)
+      set_state_at(tab, p, sl, new)
+    else
+      redis.call('HSET', k, d, new)
+    end
     count(tab, old, -1)
-    count(tab, bit.bor(old, 1), 1)
+    count(tab, new, 1)
   end
   return old
+end
+local function placing(tab, pack)
+  local f = tonumber(redis.call('HGET', tab.key, '""" + PLACED_FROM + """') or '0') or 0
+  if f == 0 or pack < f then redis.call('HSET', tab.key, '""" + PLACED_FROM + """', pack) end
 end
 local function flush(tab)
   for f, n in pairs(tab.delta) do
@@ -204,6 +278,29 @@ def table_key(run: str) -> str:
 
 def bucket_key(run: str, bucket: int) -> str:
     return run_key(run, f"items:{bucket:x}")
+
+
+def place_key(run: str, pack: int) -> str:
+    """The done and failed bits of the items placed in pack number PACK of RUN (two a slot)."""
+    return run_key(run, f"pk:{pack}")
+
+
+#: An entry at least this is an item's place, not its state bits (see LUA_ITEMS).
+_PLACED = (IN_RUN | DONE | FAILED) + 1
+
+
+def placed(pack: int, slot: int) -> int:
+    """The entry of an item at SLOT of pack number PACK (in the run: the state is its bits)."""
+    return (pack * PACK_SLOTS + slot) * 8 + IN_RUN
+
+
+def state_at(bits: bytes, slot: int) -> int:
+    """The state of the item at SLOT of a pack whose bits are BITS (a string as Redis keeps it):
+    in the run, DONE when bit 2 x SLOT is set, FAILED when the bit after it is."""
+    byte = bits[slot * 2 // 8] if slot * 2 // 8 < len(bits) else 0
+    shift = 6 - (slot * 2 % 8)
+    x = (byte >> shift) & 3
+    return IN_RUN | (DONE if x & 2 else 0) | (FAILED if x & 1 else 0)
 
 
 def buckets_for(expected_items: int) -> int:
@@ -302,6 +399,13 @@ class ItemTable:
         job's first take reads its items' states too (`states`)."""
         self.conn.hincrby(self.key, REBUILT, 1)
 
+    def distrust(self, packs: list[int]) -> None:
+        """Mark PACKS (numbers) as packs whose slots the items' entries no longer vouch for (a
+        re-claim moved items out of them, or they were named again after their entries were
+        lost): a shard of their jobs is marked by each item's entry (the marking script)."""
+        if packs:
+            self.conn.hset(self.key, mapping={f"{MOVED}{n}": 1 for n in packs})
+
     def change(self, digests: list[bytes], *, add: int = 0, clear: int = 0) -> int:
         """Set ADD's bits and clear CLEAR's in each of DIGESTS (counts kept); how many changed."""
         if not digests:
@@ -312,16 +416,29 @@ class ItemTable:
         return counts_of(self.conn.hgetall(self.key))
 
     def each(self) -> Iterator[tuple[bytes, int]]:
-        """Every (digest, state) the table holds, a range of buckets a round trip."""
+        """Every (digest, state) the table holds, a range of buckets a round trip (and, for the
+        items placed in packs, one more for the packs' bits they name)."""
         n = self.buckets()
         for lo in range(0, n, _MISSING_BUCKETS):
             with self.conn.pipeline(transaction=False) as p:
                 for b in range(lo, min(n, lo + _MISSING_BUCKETS)):
                     p.hgetall(bucket_key(self.run, b))
                 parts = p.execute()
-            for part in parts:
-                for d, st in part.items():
-                    yield (d if isinstance(d, bytes) else d.encode()), int(st)
+            entries = [((d if isinstance(d, bytes) else d.encode()), int(v)) for part in parts for d, v in part.items()]
+            bits = self._place_bits({v for _, v in entries if v >= _PLACED})
+            for d, v in entries:
+                yield d, (state_at(bits.get(v // 8 // PACK_SLOTS, b""), v // 8 % PACK_SLOTS) if v >= _PLACED else v)
+
+    def _place_bits(self, values: set[int]) -> dict[int, bytes]:
+        """The bits of the packs the placed entries VALUES name, by pack number (one round trip)."""
+        packs = sorted({v // 8 // PACK_SLOTS for v in values})
+        if not packs:
+            return {}
+        with self.conn.pipeline(transaction=False) as p:
+            for pack in packs:
+                p.get(place_key(self.run, pack))
+            got = p.execute()
+        return {pack: (raw if isinstance(raw, bytes) else b"") for pack, raw in zip(packs, got, strict=True)}
 
     def digests(self, bits: int = IN_RUN) -> set[bytes]:
         """The digests with every one of BITS set (for tests and tools: it holds them all)."""

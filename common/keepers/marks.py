@@ -16,7 +16,11 @@ in the shipped shards: if they are lost (Redis flushed), nothing breaks, work is
 
 Until issue 34 the marks were two sets of 16-byte digests (`genqueue:run:<run>:done` and
 `:failed`), 80 bytes of Redis an item each; they are two bits of an item's entry now, and the
-counts status reads are kept beside them by the same scripts.
+counts status reads are kept beside them by the same scripts. An item by reference has a place
+(its pack, its slot: items.py), which its job tells the consumer (`Place`, carried with each
+record to the shard's marks), and its marks are two bits of its pack's string: a shard's items
+are marked with a few BITFIELDs a pack, not a command an item (the marking script says when a
+place is trusted, and what is marked by entry instead).
 
 With the marks, in the same script, each item newly marked adds one to its outcome's counter
 (`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats), and a regenerate
@@ -39,14 +43,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Note, ToolTurns
-from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, LUA_ITEMS, ItemTable, counts_of, table_key
+from genqueue.common.keepers.items import (
+    DONE,
+    FAILED,
+    IN_RUN,
+    LUA_ITEMS,
+    MOVED,
+    PACK_SLOTS,
+    PLACED_FROM,
+    ItemTable,
+    counts_of,
+    table_key,
+)
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.redismem import pipeline_read
 from genqueue.common.keepers.runs import key_digest, run_key
 from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
@@ -67,14 +83,23 @@ SHIPPED_TOOLS = "shipped_tools_"
 
 
 #: Marks the items in ARGV: ARGV[1] the state bits to set (DONE or FAILED, with IN_RUN when a
-#: rebuild puts the items in the run too), then per item (digest, counter name, turns,
-#: tool-turns counter name, acceptance tallies), in the run's item table KEYS[1]; each item newly
-#: marked adds 1 to its counter in KEYS[2] (unless it is an error record of an item with a
-#: result already: that counts nowhere), its regenerated turns to `shipped_turns`, 1 to its
-#: tool-turns counter, if any, and its tallies to KEYS[3] (common/keepers/spectally.py). The
-#: sums are written at the end, one HINCRBY a counter (a shard's items share a handful), and a
-#: consumer's mark (DONE or FAILED alone) is one HINCRBY an item (`mark_one`): about one Redis
-#: command an item to finish, where it was an HGET, an HSET and one or two HINCRBYs.
+#: rebuild puts the items in the run too), ARGV[2] how many packs follow, then each pack's
+#: (number, name), then per item (digest, counter name, turns, tool-turns counter name,
+#: acceptance tallies, place: its pack's number x PACK_SLOTS + its slot + 1, 0 for none), in the
+#: run's item table KEYS[1]; each item newly marked adds 1 to its counter in KEYS[2] (unless it
+#: is an error record of an item with a result already: that counts nowhere), its regenerated
+#: turns to `shipped_turns`, 1 to its tool-turns counter, if any, and its tallies to KEYS[3]
+#: (common/keepers/spectally.py). The sums are written at the end, one HINCRBY a counter (a
+#: shard's items share a handful).
+#:
+#: An item with a place is marked at its place: its pack's bits (`pk:<number>`), a few BITFIELDs
+#: a pack for the whole shard, the old bits answered so the counts stay exact (issue 34, step 8:
+#: no Redis command an item). That holds while the run's pack table (KEYS[4]) names that pack
+#: under that number, no re-queue moved items out of it (`moved:<number>` in the table's hash),
+#: and it is numbered from `placed_from` on (a pack written before items had places, by an
+#: earlier genqueue, is not): the items' entries then hold those places, as the claim wrote them. Otherwise, and for
+#: an item without a place (inline, a leftover shard read back from disk, a rebuild), it is
+#: marked by its entry: one HINCRBY an item (`mark_one`), or its entry's place when it has one.
 _MARK = LUA_ITEMS + """
 local added = 0
 """ + LUA_INIT + """local tab = items_table(KEYS[1], true)
@@ -82,9 +107,56 @@ local bits = tonumber(ARGV[1])
 local mark = bit.band(bits, 6)
 local sums = {}
 local function bump(f, n) sums[f] = (sums[f] or 0) + n end
-for i = 2, #ARGV, 5 do
-  local old
-  if bits == mark then old = mark_one(tab, ARGV[i], mark) else old = change(tab, ARGV[i], bits, 0) end
+local npacks = tonumber(ARGV[2])
+local first = 3 + 2 * npacks
+local good = {}
+local from = 0
+if npacks > 0 then from = tonumber(redis.call('HGET', KEYS[1], '""" + PLACED_FROM + """') or '0') or 0 end
+for j = 0, npacks - 1 do
+  local n, name = ARGV[3 + 2 * j], ARGV[4 + 2 * j]
+  if from > 0 and tonumber(n) >= from and redis.call('HGET', KEYS[4], n) == name and redis.call('HEXISTS', KEYS[1], '""" + MOVED + """' .. n) == 0 then
+    good[tonumber(n)] = {}
+  end
+end
+local olds = {}
+if bits == mark then
+  for i = first, #ARGV, 6 do
+    local place = tonumber(ARGV[i + 5]) or 0
+    if place > 0 then
+      local group = good[math.floor((place - 1) / """ + str(PACK_SLOTS) + """)]
+      if group then group[#group + 1] = i end
+    end
+  end
+  local mine, other = 0, 1
+  if mark == 4 then mine, other = 1, 0 end
+  for n, group in pairs(good) do
+    for lo = 1, #group, 500 do
+      local args = {}
+      for g = lo, math.min(lo + 499, #group) do
+        local slot = (tonumber(ARGV[group[g] + 5]) - 1) % """ + str(PACK_SLOTS) + """
+        args[#args + 1] = 'GET'; args[#args + 1] = 'u1'; args[#args + 1] = slot * 2 + other
+        args[#args + 1] = 'SET'; args[#args + 1] = 'u1'; args[#args + 1] = slot * 2 + mine; args[#args + 1] = 1
+      end
+      local r = redis.call('BITFIELD', tab.pk .. n, unpack(args))
+      for g = lo, math.min(lo + 499, #group) do
+        local k = (g - lo) * 2
+        local o, m = r[k + 1], r[k + 2]
+        local old = 1
+        if mark == 2 then old = old + 2 * m + 4 * o else old = old + 4 * m + 2 * o end
+        if m == 0 then
+          count(tab, old, -1)
+          count(tab, bit.bor(old, mark), 1)
+        end
+        olds[group[g]] = old
+      end
+    end
+  end
+end
+for i = first, #ARGV, 6 do
+  local old = olds[i]
+  if old == nil then
+    if bits == mark then old = mark_one(tab, ARGV[i], mark) else old = change(tab, ARGV[i], bits, 0) end
+  end
   if bit.band(old, mark) == 0 then
     added = added + 1""" + LUA_ADD.format(arg="ARGV[i + 4]") + """
     if ARGV[i + 1] ~= '' and (mark == 2 or bit.band(old, 2) == 0) then
@@ -100,6 +172,14 @@ for f, n in pairs(sums) do redis.call('HINCRBY', KEYS[2], f, string.format('%.0f
 """
 
 
+class Place(NamedTuple):
+    """Where an item by reference is in its run: slot SLOT of pack number PACK, named NAME."""
+
+    pack: int
+    name: str
+    slot: int
+
+
 @dataclass(slots=True)
 class ShardMarks:
     """The item digests one shard holds, split by record kind, with each one's counter name
@@ -113,10 +193,20 @@ class ShardMarks:
     done_turns: list[int] = field(default_factory=list)
     done_tools: list[str] = field(default_factory=list)
     done_spec: list[str] = field(default_factory=list)  # a result's acceptance tallies (SpecTallies.argument)
+    # Each item's place (its pack's number x PACK_SLOTS + its slot + 1; 0: none), and the names of
+    # those packs by number: by reference the mark is at the place (the marking script).
+    done_place: list[int] = field(default_factory=list)
+    failed_place: list[int] = field(default_factory=list)
+    packs: dict[int, str] = field(default_factory=dict)
 
     def add(self, item_key: str, *, error: bool, kind: str = "", turns: int = 0,
-            tools: ToolTurns | None = None, spec: str = "") -> None:
+            tools: ToolTurns | None = None, spec: str = "", place: Place | None = None) -> None:
         (self.failed if error else self.done).append(key_digest(item_key))
+        if place is not None and 0 <= place.slot < PACK_SLOTS and place.pack > 0:
+            (self.failed_place if error else self.done_place).append(place.pack * PACK_SLOTS + place.slot + 1)
+            self.packs[place.pack] = place.name
+        else:
+            (self.failed_place if error else self.done_place).append(0)
         (self.failed_kind if error else self.done_kind).append(
             (f"{SHIPPED_FAILED}{kind}" if error else f"{SHIPPED_OUTCOME}{kind}") if kind else "")
         if not error:
@@ -124,14 +214,16 @@ class ShardMarks:
             self.done_tools.append(f"{SHIPPED_TOOLS}{tools.value}" if tools is not None else "")
             self.done_spec.append(spec)
 
-    def add_record(self, rec: Mapping[str, object]) -> None:
-        """Add the item of record REC (a result or an error record, by its `error` field)."""
+    def add_record(self, rec: Mapping[str, object], place: Place | None = None) -> None:
+        """Add the item of record REC (a result or an error record, by its `error` field), at
+        PLACE when its job named it (by reference)."""
         key = rec["key"]
         if not isinstance(key, str):
             raise TypeError(f"a record's key is a string, not {type(key).__name__}")
         error = "error" in rec
         self.add(key, error=error, kind=record_kind(rec), turns=record_turns(rec),
-                 tools=None if error else record_tool_turns(rec), spec="" if error else SpecTallies.argument(rec))
+                 tools=None if error else record_tool_turns(rec), spec="" if error else SpecTallies.argument(rec),
+                 place=place)
 
 
 def record_kind(rec: Mapping[str, object]) -> str:
@@ -180,9 +272,11 @@ def marks_of_file(path: Path) -> ShardMarks:
     return marks
 
 
-def _quads(digests: list[bytes], kinds: list[str], turns: list[int] | None = None,
-           tools: list[str] | None = None, spec: list[str] | None = None) -> list[bytes | str | int]:
-    """The marking script's ARGV: (digest, counter, turns, tool-turns counter, tallies) per item."""
+def _args(digests: list[bytes], kinds: list[str], turns: list[int] | None = None,
+          tools: list[str] | None = None, spec: list[str] | None = None,
+          places: list[int] | None = None) -> list[bytes | str | int]:
+    """The marking script's items: (digest, counter, turns, tool-turns counter, tallies, place)
+    each."""
     if len(kinds) != len(digests):  # marks built without kinds: nothing to count
         kinds = [""] * len(digests)
     if turns is None or len(turns) != len(digests):
@@ -191,7 +285,15 @@ def _quads(digests: list[bytes], kinds: list[str], turns: list[int] | None = Non
         tools = [""] * len(digests)
     if spec is None or len(spec) != len(digests):
         spec = [""] * len(digests)
-    return [x for t in zip(digests, kinds, turns, tools, spec, strict=True) for x in t]
+    if places is None or len(places) != len(digests):
+        places = [0] * len(digests)
+    return [x for t in zip(digests, kinds, turns, tools, spec, places, strict=True) for x in t]
+
+
+def _packs(packs: dict[int, str], places: list[int]) -> list[str | int]:
+    """The marking script's packs: how many, then (number, name) each, of those PLACES name."""
+    used = sorted({(p - 1) // PACK_SLOTS for p in places if p > 0} & packs.keys())
+    return [len(used), *(x for n in used for x in (n, packs[n]))]
 
 
 class Mark(StrEnum):
@@ -250,12 +352,14 @@ class Marks:
         error records (one of an item with a result counts nowhere). IN_RUN: put the items in
         the run too (a rebuild)."""
         run, also = self.run, IN_RUN if in_run else 0
-        keys = (table_key(run), run_key(run, "stats"), SpecTallies.key(run))
+        keys = (table_key(run), run_key(run, "stats"), SpecTallies.key(run), PackTable.key(run))
         if marks.done:
-            p.eval(_MARK, 3, *keys, DONE | also,
-                   *_quads(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec))
+            p.eval(_MARK, 4, *keys, DONE | also, *_packs(marks.packs, marks.done_place),
+                   *_args(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec,
+                          marks.done_place))
         if marks.failed:
-            p.eval(_MARK, 3, *keys, FAILED | also, *_quads(marks.failed, marks.failed_kind))
+            p.eval(_MARK, 4, *keys, FAILED | also, *_packs(marks.packs, marks.failed_place),
+                   *_args(marks.failed, marks.failed_kind, places=marks.failed_place))
 
     def mark_shipped(self, marks: ShardMarks, *, stamp: tuple[str, int, int] | None = None) -> int | None:
         """Record MARKS of a shipped shard of the run (one round trip). STAMP (key, value, expiry

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import redis
 from redis.client import Pipeline
 
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.runs import run_key
 
 
@@ -66,15 +67,20 @@ class PackTable:
 
     def put_back(self, packs: Mapping[int, str]) -> int:
         """Name again each of PACKS (run.json's, number -> name) the table lacks, and give numbers
-        out from past the highest of them (module docstring). Returns the entries named again."""
+        out from past the highest of them (module docstring). Returns the entries named again.
+        Their items' entries in the item table went with Redis (or never were in the Redis a
+        rewind restored): a shard of those packs' jobs is marked by entry, not at its slots
+        (`ItemTable.distrust`)."""
         if not packs:
             return 0
+        numbers = list(packs)
         with self.conn.pipeline(transaction=False) as p:
-            for number, name in packs.items():
-                p.hsetnx(self.key(self.run), str(number), name)
-            added = sum(int(x) for x in p.execute())
+            for number in numbers:
+                p.hsetnx(self.key(self.run), str(number), packs[number])
+            added = [n for n, x in zip(numbers, p.execute(), strict=True) if int(x)]
+        ItemTable(self.conn, self.run).distrust(added)
         self.conn.eval(_AT_LEAST, 1, self.seq_key(self.run), max(packs))
-        return added
+        return len(added)
 
     def count(self) -> int:
         """How many packs the run's table names (0: every job of the run is inline)."""

@@ -150,6 +150,10 @@ class PackReader:
     def block(self, output: str, run: str, name: str, block: int) -> list[Item]:
         """The items of block number BLOCK of RUN's pack NAME at OUTPUT. Raises
         PackNotFoundError, PackError (PackRangeError: no such block), StoreError."""
+        return self.placed_block(output, run, name, block)[0]
+
+    def placed_block(self, output: str, run: str, name: str, block: int) -> tuple[list[Item], int]:
+        """`block`, and the pack's ordinal of the block's first item (the slot of its place)."""
         if self.disk is not None:
             return self._block_on_disk(self.disk, output, run, name, block)
         index = self.index(output, run, name)
@@ -158,12 +162,13 @@ class PackReader:
         entry = _entry(index, block, where)
         frame = self._fetched(store.get_pack_range(run, name, entry.offset, entry.end))
         try:
-            return decode_block(frame, entry, where)
+            return decode_block(frame, entry, where), entry.first
         except PackError:
             self._forget((output, run, name))  # fetched again next time
             raise
 
-    def _block_on_disk(self, disk: PackCache, output: str, run: str, name: str, block: int) -> list[Item]:
+    def _block_on_disk(self, disk: PackCache, output: str, run: str, name: str,
+                       block: int) -> tuple[list[Item], int]:
         key = (output, run, name)
         store = self._store(output)
         where = store.pack_location(run, name)
@@ -189,7 +194,7 @@ class PackReader:
             else:
                 with self._lock:
                     self._counts.cache_hits += 1
-                return items
+                return items, entry.first
         with disk.fetching(path):
             return self._fetch_whole(disk, store, key, path, block, where)
 
@@ -205,7 +210,7 @@ class PackReader:
         return found
 
     def _fetch_whole(self, disk: PackCache, store: PackStore, key: tuple[str, str, str], path: Path, block: int,
-                     where: str) -> list[Item]:
+                     where: str) -> tuple[list[Item], int]:
         """Fetch the pack whole, check its frame (header, footer, index), put it in the cache, and
         read BLOCK from memory. A block whose crc32 does not match fails its own job only (as a
         ranged read of it would): the other blocks of the pack are good, and are read from the
@@ -219,7 +224,7 @@ class PackReader:
         items = decode_block(data[entry.offset:entry.end], entry, where)
         with self._lock:
             self._counts.cache_misses += 1
-        return items
+        return items, entry.first
 
 
 def _entry(index: PackIndex, block: int, where: str) -> BlockEntry:

@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Record
-from genqueue.common.keepers.marks import ShardMarks, marks_of_file
+from genqueue.common.keepers.marks import Place, ShardMarks, marks_of_file
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
 from genqueue.consumer.shipping.shards import ShardWriter
@@ -106,8 +106,9 @@ class Outbox:
         self._read_marks: dict[str, ShardMarks] = {}  # leftover shards, read back from disk
 
     # --- writing -------------------------------------------------------------------
-    def append(self, run: str, record: Record) -> int:
-        """Append RECORD to RUN's open shard; returns the shard's sequence number."""
+    def append(self, run: str, record: Record, *, place: Place | None = None) -> int:
+        """Append RECORD to RUN's open shard; returns the shard's sequence number. PLACE: its
+        item's place, when its job is by reference (marked there when the shard ships)."""
         w = self.writers.get(run)
         if w is None:
             w = self.writers[run] = ShardWriter(self.spool, run, self.worker, max_bytes=self.max_bytes,
@@ -116,7 +117,7 @@ class Outbox:
         marks = self._marks.get((run, seq))
         if marks is None:
             marks = self._marks[(run, seq)] = ShardMarks()
-        marks.add_record(record)
+        marks.add_record(record, place)
         return seq
 
     @property

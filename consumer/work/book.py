@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from genqueue.common.contracts import ErrorClass, Item, Outcome, Record, ResultRecord, is_error
+from genqueue.common.keepers.marks import Place
 
 if TYPE_CHECKING:
     from genqueue.consumer.answer.generate import RunContext
@@ -44,6 +45,7 @@ class JobState(Generic[H]):
     abandoned: bool = False
     todo: list[Item] | None = None  # the items still to generate, when not all of them
     sent: int = 0  # items taken to send: a job with none is whole here, and can be given back
+    places: dict[str, Place] | None = None  # by reference: each item's place (its pack, its slot), by key
 
     def __post_init__(self) -> None:
         if self.remaining < 0:

@@ -42,7 +42,7 @@ from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.errors import PackError
 from genqueue.common.keepers.hungry import Hungry
-from genqueue.common.keepers.marks import Marks
+from genqueue.common.keepers.marks import Marks, Place
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import PackRef, job_counts, job_reference, queue_for
 from genqueue.common.redact import redact
@@ -356,10 +356,15 @@ class Intake:
                 continue
             self._dry.pop(run, None)
             self._fed_at[run] = time.monotonic()
+            places: dict[str, Place] | None = None
             try:
                 ref = job_reference(held.job.args, held.job.kwargs, held.job.meta)
-                items = parse_items(held.job.args, held.job.kwargs) if ref is None else \
-                    parse_items([await self.read_reference(run, ref)], None)
+                if ref is None:
+                    items = parse_items(held.job.args, held.job.kwargs)
+                else:
+                    raw, name, first = await self._read_placed(run, ref)
+                    items = parse_items([raw], None)
+                    places = {it["key"]: Place(ref.pack, name, first + i) for i, it in enumerate(items)}
             except ValueError as e:  # InvalidJob, or no usable reference
                 await self.acker.refuse(held, f"refused: {e}")
                 return True
@@ -375,7 +380,7 @@ class Intake:
                 return True
             attempt = held.attempt
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
-            js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq)
+            js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq, places=places)
             await self._skip_shipped(js)
             if run in self.served.paused:  # paused (the breaker) while this job was on its way
                 await self.acker.give_back_held([held])
@@ -391,6 +396,11 @@ class Intake:
         """The raw items of the job by reference REF of RUN, from its pack. Raises PackUnreadable,
         StoreError (after noting the run's pack outage: PackOutages). The end-of-run copies read
         through here too (consumer/hedge.py)."""
+        return (await self._read_placed(run, ref))[0]
+
+    async def _read_placed(self, run: str, ref: PackRef) -> tuple[list[object], str, int]:
+        """`read_reference`, with the pack's name and the slot of the block's first item: the
+        items' places, where their marks go when their shard ships."""
         ctx = self.served.contexts[run]
         name = self.pack_names.known(ctx, ref.pack)
         if name is None or not ref.names(name):  # not kept, or kept from before a rewind
@@ -404,7 +414,8 @@ class Intake:
             self.pack_names.keep(ctx, ref.pack, name)
         output = ctx.settings.output
         try:
-            items: list[object] = list(await asyncio.to_thread(self.packs.block, output, run, name, ref.block))
+            got, first = await asyncio.to_thread(self.packs.placed_block, output, run, name, ref.block)
+            items: list[object] = list(got)
         except PackNotFoundError as e:
             raise PackUnreadable(f"{e}") from None
         except PackError as e:
@@ -417,7 +428,7 @@ class Intake:
                             "the queue is asked again with the store backoff until a pack reads", run, outage.error)
             raise
         self._outage_over(run, "a pack reads again")
-        return items
+        return items, name, first
 
     def _outage_over(self, run: str, why: str) -> None:
         outage = self.outages.end(run)

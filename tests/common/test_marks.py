@@ -58,11 +58,11 @@ def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
     conn.set(lock_key(RUN), "tok")
     reclaim = Reclaim(conn)
     digests = [key_digest(key(i)) for i in (0, 1, 2, 2, 9)]
-    assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=digests) == [
+    assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=digests)[0] == [
         Requeue.DONE, Requeue.FAILED, Requeue.QUEUED, Requeue.SKIPPED, Requeue.SKIPPED]
     assert conn.smembers(claim_key(RUN, "c")) == {key_digest(key(2))}
     # sent again (a lost reply): the same answer; with failed items retried, the failed one too
-    assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=True, digests=digests)[:3] == [
+    assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=True, digests=digests)[0][:3] == [
         Requeue.DONE, Requeue.QUEUED, Requeue.QUEUED]
     assert 0 < conn.ttl(claim_key(RUN, "c")) <= 60
 

@@ -17,6 +17,7 @@ import pytest
 import redis
 from rq.job import Job
 
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
 from genqueue.common.keepers.snapshots import Snapshots
@@ -72,6 +73,7 @@ def test_a_run_by_reference_completes_every_item_once(tmp_path: Path, redis_url:
     assert rf["prompts"] == "reference" and {int(k): v for k, v in rf["packs"].items()} == table
 
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
+    conn.config_resetstat()
     try:
         consumers = [_consume(tmp_path, redis_url, sim, "byref", f"c{i}") for i in range(2)]
         for c in consumers:
@@ -81,6 +83,11 @@ def test_a_run_by_reference_completes_every_item_once(tmp_path: Path, redis_url:
     recs = read_results(tmp_path / "out", "byref")
     counts = collections.Counter(r["key"] for r in recs)
     assert set(counts) == run_keys(conn, "byref") and len(counts) == 300
+    # each item marked at its place (its pack, its slot, known from its job): a BITFIELD a pack a
+    # shard shipped (small shards here: a few dozen), where a mark by entry costs two an item
+    bitfields = int(conn.info("commandstats").get("cmdstat_bitfield", {}).get("calls", 0))
+    assert 1 <= bitfields < 300, bitfields
+    assert ItemTable(conn, "byref").counts().in_run_done == 300
     # an item answered twice only by an end-of-run copy (consumer/hedge.py: the race is said on the record)
     originals = collections.Counter(r["key"] for r in recs if not r.get("copy"))
     assert max(originals.values()) == 1, "no job's item answered twice"
