@@ -125,7 +125,8 @@ def one_run(label: str, n: int, args: argparse.Namespace, work: Path, env: dict[
     order = ["--longest-first"] if args.hints else []
     subprocess.run([str(BIN / "producer"), "enqueue", str(data), "--run", run, "--multi-turn", "last",
                     "--output", str(work / "out"), "--max-tokens", str(args.max_tokens),
-                    "--rejects", str(work / "rej"), "--batch-size", str(args.batch_size), *order],
+                    "--rejects", str(work / "rej"), "--batch-size", str(args.batch_size), "--prompts", args.prompts,
+                    *order],
                    env=env, check=True, stdout=subprocess.DEVNULL)
     for e in engines:
         stats(e, reset=True)
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--mean-tokens", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--prompts", choices=["auto", "inline", "reference"], default="auto",
+                    help="how the run's prompts are queued (producer enqueue --prompts)")
     ap.add_argument("--rounds", type=int, default=1, help="each variant once per round, alternating")
     ap.add_argument("--variants", default="give back on;copies;copies, -c +4",
                     help=f"separated by ';', of: {'; '.join(VARIANTS)}")
@@ -250,7 +253,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"4 engines x {args.slots} slots (steps {args.step_time * 1000:g} ms x3, {2 * args.step_time * 1000:g} ms "
           f"x1), {args.items} items, mean {args.mean_tokens} tokens (lognormal, sigma 1, cap {args.max_tokens}), "
-          f"jobs of {args.batch_size}{', length hints, --longest-first' if args.hints else ''}\n")
+          f"jobs of {args.batch_size}, prompts {args.prompts}{', length hints, --longest-first' if args.hints else ''}\n")
     print(table(rows))
     print()
     for label, rs in ratios.items():

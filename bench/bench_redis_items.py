@@ -129,6 +129,7 @@ def breakdown(conn: redis.Redis, items: int, sample: int = 2000) -> list[tuple[s
         k = key.decode()
         kind = ("rq job hash" if k.startswith("rq:job:") else "rq result stream" if k.startswith("rq:results:")
                 else "genqueue run item table buckets" if k.startswith("genqueue:run:") and ":items:" in k
+                else "genqueue run packs' bits" if k.startswith("genqueue:run:") and ":pk:" in k
                 else "genqueue run " + k.split(":")[-1] if k.startswith("genqueue:run:")
                 else k.split(":")[0] + ":" + k.split(":")[1] if ":" in k else k)
         kinds.setdefault(kind, []).append(0)

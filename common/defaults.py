@@ -37,8 +37,9 @@ REDIS_RETRIES = 0
 # before and after `producer enqueue` of 20,000 items, jobs compressed as rq stores them).
 #: Bytes of Redis per queued item besides its prompt text: 113 measured for 24-character prompts
 #: at 100,000 items (the job hash and its place in the queue, 89; the item's entry in the run's
-#: item table, 24: common/keepers/items.py; 179 before it, with the run's keys set). Once done an
-#: item adds nothing that lasts: its done mark is a bit of its entry, its finished job is kept
+#: item table, 24, 27-28 by reference where it holds the item's place: common/keepers/items.py;
+#: 179 before it, with the run's keys set). Once done an item adds nothing that lasts: its done
+#: mark is a bit of its entry (by reference, of its pack's bits), its finished job is kept
 #: RESULT_TTL (ten minutes), within the headroom below (136 more an item before issue 34).
 REDIS_BYTES_PER_ITEM = 120
 #: Bytes of Redis per byte of prompt text: 0.42 measured on 1,748-character prompts of varied
