@@ -413,9 +413,11 @@ PACK_TAG_CHARS = 6
 ITEMS_PER_BUCKET = 64
 #: Items a pack holds at most by reference (issue 34, step 8): an item's place in its run is
 #: (pack number, slot), and its item-table entry holds it as (pack x PACK_SLOTS + slot) x 8 +
-#: IN_RUN, a 32-bit integer in Redis's listpack up to 262,143 packs (268M items). A slice of
-#: more items is claimed as several packs.
-PACK_SLOTS = 1024
+#: IN_RUN, a 32-bit integer in Redis's listpack up to 131,071 packs (134M items in slices of
+#: 1,024). Twice a slice (ENQUEUE_SLICE_ITEMS), which grows past 1,024 only by the items of the
+#: record it ends in: a slice of more items (a record longer than that, --batch-size over it)
+#: is claimed as several packs, cut where a record ends.
+PACK_SLOTS = 2048
 #: Buckets of a run whose first writer did not say its size (a rebuild, a consumer's mark), and
 #: the fewest any run is made with: buckets are made as items land, so a small run pays nothing
 #: for them, and a run whose first enqueue was small that grows to millions keeps its buckets

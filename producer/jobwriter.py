@@ -104,6 +104,24 @@ def record_batches(items: Sequence[Item], size: int) -> list[list[Item]]:
     return batches
 
 
+def pack_parts(items: Sequence[Item], size: int = PACK_SLOTS) -> list[Sequence[Item]]:
+    """ITEMS in parts of at most SIZE (a pack's), each cut where a record ends when one ends in
+    it (a record longer than SIZE is cut where it must); order kept."""
+    parts: list[Sequence[Item]] = []
+    lo, n = 0, len(items)
+    while lo < n:
+        hi = min(lo + size, n)
+        if hi < n:
+            cut = hi
+            while cut > lo + 1 and same_record(items[cut], items[cut - 1]):
+                cut -= 1
+            if cut > lo + 1 or not same_record(items[cut], items[cut - 1]):
+                hi = cut
+        parts.append(items[lo:hi])
+        lo = hi
+    return parts
+
+
 def _by_slot(items: Sequence[Item], slots: Sequence[int]) -> list[Item]:
     """The ITEMS whose slot is not -1, in slot order (inline every slot is 0: their order)."""
     return [it for _, _, it in sorted((s, i, it) for i, (it, s) in enumerate(zip(items, slots, strict=True)) if s >= 0)]
@@ -147,8 +165,8 @@ class JobWriter:
         if self.pack_store is not None and len(items) > PACK_SLOTS:
             won_all: list[bool] = []
             jobs = 0
-            for lo in range(0, len(items), PACK_SLOTS):
-                won, n = self.write(items[lo:lo + PACK_SLOTS], turn=turn if lo == 0 else None)
+            for k, part in enumerate(pack_parts(items)):
+                won, n = self.write(part, turn=turn if k == 0 else None)
                 won_all += won
                 jobs += n
             return won_all, jobs
@@ -183,8 +201,8 @@ class JobWriter:
         if self.pack_store is not None and len(items) > PACK_SLOTS:
             codes_all: list[Requeue] = []
             jobs = 0
-            for lo in range(0, len(items), PACK_SLOTS):
-                codes, n = self.requeue(items[lo:lo + PACK_SLOTS], retry_failed=retry_failed)
+            for part in pack_parts(items):
+                codes, n = self.requeue(part, retry_failed=retry_failed)
                 codes_all += codes
                 jobs += n
             return codes_all, jobs

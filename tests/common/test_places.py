@@ -30,7 +30,7 @@ from genqueue.common.keepers.rqaccess import job_reference, queue_for
 from genqueue.common.keepers.runs import key_digest, lock_key
 from genqueue.common.storage import store_for
 from genqueue.common.storage.packreader import PackReader
-from genqueue.producer.jobwriter import JobWriter
+from genqueue.producer.jobwriter import JobWriter, pack_parts
 
 RUN = "pl"
 
@@ -85,7 +85,8 @@ def test_a_pack_by_reference_holds_each_item_at_the_slot_its_entry_names(conn: r
     w = JobWriter(RUN, conn, batch_size=100, pack_store=store_for(str(out)))
     its = items(PACK_SLOTS + 300)
     won, jobs = w.write(its)
-    assert won.count(False) == 2 and jobs == 11 + 3
+    assert won.count(False) == 2 and jobs == -(-(PACK_SLOTS - 2) // 100) + 3
+    assert PackTable(conn, RUN).count() == 2
     reader = PackReader(lambda o: store_for(o))
     seen = 0
     for job in queue_for(RUN, conn).jobs:
@@ -102,34 +103,35 @@ def test_a_pack_by_reference_holds_each_item_at_the_slot_its_entry_names(conn: r
 
 def test_a_shards_marks_at_their_places_cost_a_few_commands_a_pack(conn: redis.Redis) -> None:
     claims, packs, marks = Claims(conn), PackTable(conn, RUN), Marks(conn, RUN)
-    ds = [key_digest(key(i)) for i in range(2 * PACK_SLOTS)]
+    per = 1000  # items a pack here
+    ds = [key_digest(key(i)) for i in range(2 * per)]
     for p in (1, 2):
-        part = ds[(p - 1) * PACK_SLOTS:p * PACK_SLOTS]
-        assert claims.claim_slots(RUN, f"c{p}", part, pack=p) == list(range(PACK_SLOTS))
+        part = ds[(p - 1) * per:p * per]
+        assert claims.claim_slots(RUN, f"c{p}", part, pack=p) == list(range(per))
         conn.hset(PackTable.key(RUN), str(p), f"w-{p:06d}")
         conn.delete(claim_key(RUN, f"c{p}"))
     assert packs.name_of(2) == "w-000002"
     sm = ShardMarks()
     for i, d in enumerate(ds):
-        p, slot = divmod(i, PACK_SLOTS)
+        p, slot = divmod(i, per)
         sm.add(d.hex(), error=i % 10 == 0, kind="x", place=Place(p + 1, f"w-{p + 1:06d}", slot))
     before = commands(conn)
     marks.mark_shipped(sm)
     spent = commands(conn) - before
     assert spent < 30, spent  # two scripts, their packs' checks, a few BITFIELDs, the counters
     c = ItemTable(conn, RUN).counts()
-    failed = len(range(0, 2 * PACK_SLOTS, 10))
-    assert c == ItemCounts(2 * PACK_SLOTS, 2 * PACK_SLOTS - failed, failed, 0, 2 * PACK_SLOTS - failed)
-    assert marks.progress().stats["shipped_outcome_x"] == 2 * PACK_SLOTS - failed
+    failed = len(range(0, 2 * per, 10))
+    assert c == ItemCounts(2 * per, 2 * per - failed, failed, 0, 2 * per - failed)
+    assert marks.progress().stats["shipped_outcome_x"] == 2 * per - failed
     # the same shard again (a resend): nothing counts twice; then the failed items' results
     marks.mark_shipped(sm)
     assert ItemTable(conn, RUN).counts() == c
     again = ShardMarks()
-    for i in range(0, 2 * PACK_SLOTS, 10):
-        p, slot = divmod(i, PACK_SLOTS)
+    for i in range(0, 2 * per, 10):
+        p, slot = divmod(i, per)
         again.add(ds[i].hex(), error=False, kind="x", place=Place(p + 1, f"w-{p + 1:06d}", slot))
     marks.mark_shipped(again)
-    assert ItemTable(conn, RUN).counts() == ItemCounts(2 * PACK_SLOTS, 2 * PACK_SLOTS, failed, failed, 2 * PACK_SLOTS)
+    assert ItemTable(conn, RUN).counts() == ItemCounts(2 * per, 2 * per, failed, failed, 2 * per)
     assert set(ItemTable(conn, RUN).states(ds)) == {IN_RUN | DONE, IN_RUN | DONE | FAILED}
     assert marks.done_of([key(i) for i in range(3)]) == {key(0), key(1), key(2)}
 
@@ -268,3 +270,15 @@ def test_a_pack_written_before_items_had_places_is_marked_by_entry(conn: redis.R
     assert list(ItemTable(conn, RUN).states(old + new)) == [IN_RUN | DONE] * 6
     assert [entry(conn, d) for d in old] == [IN_RUN | DONE] * 3
     assert ItemTable(conn, RUN).counts() == ItemCounts(6, 6, 0, 0, 6)
+
+
+def test_a_slice_longer_than_a_pack_is_cut_where_a_record_ends() -> None:
+    def rec(index: int, n: int) -> list[Item]:
+        return [{"key": key(index * 100 + t), "index": index, "turn": t, "messages": []} for t in range(n)]
+
+    its = rec(1, 3) + rec(2, 4) + rec(3, 2)
+    assert [len(p) for p in pack_parts(its, 5)] == [3, 4, 2]  # never a record across two packs
+    assert [len(p) for p in pack_parts(its, 7)] == [7, 2]
+    assert [len(p) for p in pack_parts(rec(4, 12), 5)] == [5, 5, 2]  # longer than a pack: cut where it must
+    assert [len(p) for p in pack_parts(rec(5, 1) + rec(6, 9), 5)] == [1, 5, 4]
+    assert [it["key"] for p in pack_parts(its, 4) for it in p] == [it["key"] for it in its]
