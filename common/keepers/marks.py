@@ -58,6 +58,7 @@ from genqueue.common.keepers.items import (
     MOVED,
     PACK_SLOTS,
     PLACED_FROM,
+    REBUILT,
     ItemTable,
     counts_of,
     table_key,
@@ -178,6 +179,33 @@ class Place(NamedTuple):
     pack: int
     name: str
     slot: int
+
+
+#: The consumer's look-up of a job's items by their places. KEYS: the item table, the pack table.
+#: ARGV: '1' for a job's first take (`ItemTable.states`: nothing read unless the marks were ever
+#: rebuilt), the pack's number and name, then the items' slots. One byte an item, '1' when its
+#: DONE bit is set; an empty answer when nothing was read; nil when the pack's slots are not
+#: trusted (the marking script's rule), and the caller reads each item's entry instead.
+_DONE_AT = LUA_ITEMS + """
+if ARGV[1] == '1' and redis.call('HEXISTS', KEYS[1], '""" + REBUILT + """') == 0 then return '' end
+local n = ARGV[2]
+local from = tonumber(redis.call('HGET', KEYS[1], '""" + PLACED_FROM + """') or '0') or 0
+if from == 0 or tonumber(n) < from or redis.call('HGET', KEYS[2], n) ~= ARGV[3]
+   or redis.call('HEXISTS', KEYS[1], '""" + MOVED + """' .. n) == 1 then
+  return false
+end
+local tab = items_table(KEYS[1], false)
+local out = {}
+for lo = 4, #ARGV, 500 do
+  local args = {}
+  for i = lo, math.min(lo + 499, #ARGV) do
+    args[#args + 1] = 'GET'; args[#args + 1] = 'u1'; args[#args + 1] = tonumber(ARGV[i]) * 2
+  end
+  local r = redis.call('BITFIELD', tab.pk .. n, unpack(args))
+  for _, b in ipairs(r) do out[#out + 1] = tostring(b) end
+end
+return table.concat(out)
+"""
 
 
 @dataclass(slots=True)
@@ -381,10 +409,22 @@ class Marks:
         states = self.table.states([key_digest(k) for k in item_keys])
         return [Mark.DONE if s & DONE else Mark.FAILED if s & FAILED else None for s in states]
 
-    def done_of(self, item_keys: list[str], *, first_take: bool = False) -> set[str]:
+    def done_of(self, item_keys: list[str], *, first_take: bool = False,
+                places: Mapping[str, Place] | None = None) -> set[str]:
         """The item keys whose result a shipped shard already holds (marked DONE). One round trip.
         FIRST_TAKE: the items of a job no consumer took before (`ItemTable.states`): in a run whose
-        marks were never rebuilt none can be done, and one command says so."""
+        marks were never rebuilt none can be done, and one command says so. PLACES: the items'
+        places (a job by reference, every item in one pack): their pack's bits are read, a few
+        commands for the job, when the marking script would trust that pack's slots; else each
+        item's entry is read."""
+        if item_keys and places and all(k in places for k in item_keys):
+            first = places[item_keys[0]]
+            if all(places[k].pack == first.pack and places[k].name == first.name for k in item_keys):
+                raw = self.conn.register_script(_DONE_AT)(
+                    keys=[table_key(self.run), PackTable.key(self.run)],
+                    args=["1" if first_take else "0", first.pack, first.name, *(places[k].slot for k in item_keys)])
+                if raw is not None:
+                    return {k for k, c in zip(item_keys, bytes(raw), strict=False) if c == ord("1")}
         states = self.table.states([key_digest(k) for k in item_keys], first_take=first_take)
         return {k for k, s in zip(item_keys, states, strict=True) if s & DONE}
 

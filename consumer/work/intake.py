@@ -444,7 +444,7 @@ class Intake:
         one command, not one an item: its items can be done only if the run's marks were rebuilt
         while it waited (Marks.done_of's first_take)."""
         done = await self.rq.call(Marks(self.worker.connection, js.run).done_of, [it["key"] for it in js.items],
-                                  first_take=js.held.first_take)
+                                  first_take=js.held.first_take, places=js.places)
         if not done:
             return
         keep = [it for it in js.items if it["key"] not in done]

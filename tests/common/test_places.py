@@ -282,3 +282,30 @@ def test_a_slice_longer_than_a_pack_is_cut_where_a_record_ends() -> None:
     assert [len(p) for p in pack_parts(rec(4, 12), 5)] == [5, 5, 2]  # longer than a pack: cut where it must
     assert [len(p) for p in pack_parts(rec(5, 1) + rec(6, 9), 5)] == [1, 5, 4]
     assert [it["key"] for p in pack_parts(its, 4) for it in p] == [it["key"] for it in its]
+
+
+def test_a_job_taken_again_reads_its_items_at_their_places(conn: redis.Redis) -> None:
+    """The consumer's look-up before it runs a job again: its pack's bits, a few commands for
+    the job, when its pack's slots are trusted; each item's entry otherwise; the same answer."""
+    claims, marks = Claims(conn), Marks(conn, RUN)
+    ds = [key_digest(key(i)) for i in range(1000)]
+    claims.claim_slots(RUN, "c", ds, pack=1)
+    conn.hset(PackTable.key(RUN), "1", "w-000001")
+    places = {key(i): Place(1, "w-000001", i) for i in range(1000)}
+    sm = ShardMarks()
+    for i in range(0, 1000, 3):
+        sm.add(key(i), error=i % 2 == 1, kind="x", place=places[key(i)])
+    marks.mark_shipped(sm)
+    keys = [key(i) for i in range(1000)]
+    done = {key(i) for i in range(0, 1000, 6)}
+    before = commands(conn)
+    assert marks.done_of(keys, places=places) == done
+    assert commands(conn) - before < 20  # the script (and its load), its checks, two BITFIELDs
+    assert marks.done_of(keys) == done  # by entry: the same
+    assert marks.done_of(keys, places=places, first_take=True) == set()  # never rebuilt: nothing read
+    ItemTable(conn, RUN).note_rebuilt()
+    assert marks.done_of(keys, places=places, first_take=True) == done
+    wrong = {k: Place(1, "x-000001", p.slot) for k, p in places.items()}  # a pack the table names otherwise
+    before = commands(conn)
+    assert marks.done_of(keys, places=wrong) == done
+    assert commands(conn) - before > 1000  # read by entry
