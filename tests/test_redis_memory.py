@@ -15,6 +15,7 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common.keepers.claims import Claims
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.marks import Marks
 from tests.conftest import (
@@ -150,6 +151,21 @@ def test_an_enqueue_that_fills_redis_says_how_far_it_got_and_the_same_command_fi
     assert summary["complete"], summary
     assert Marks(conn, "fill").progress().items == ItemTable(conn, "fill").counts().in_run == n
     assert conn.llen("rq:queue:genqueue.fill") == n // 32, "every item in exactly one job: none queued twice"
+
+
+def test_a_claim_that_took_redis_past_maxmemory_is_still_given_back(server) -> None:
+    """A claim's own writes can take Redis past maxmemory (a script runs to its end once
+    started); then every script that writes is refused, the release too. It only frees memory,
+    so it runs anyway: its items leave the run, none is left in it and in no job."""
+    conn = redis.Redis.from_url(server.url)
+    digests = [bytes([i % 256, i // 256]) * 8 for i in range(2000)]
+    Claims(conn).claim_slots("full", "c", digests, pack=1)
+    conn.config_set("maxmemory", _used(conn) // 2)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        Claims(conn).claim_slots("full", "d", [b"x" * 16], pack=2)  # full: a write is refused
+    assert Claims(conn).release("full", "c") == 2000
+    assert ItemTable(conn, "full").counts().in_run == 0 and not Claims(conn).exists("full", "c")
+    conn.config_set("maxmemory", 0)
 
 
 @pytest.mark.slow  # 48 s inline: both modes in the slow tier

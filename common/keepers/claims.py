@@ -53,6 +53,21 @@ class Requeue(IntEnum):
     FAILED = 3  # it has an error record and failed items are not retried
 
 
+# The claim's and the re-claim's start: the digests from ARGV[FIRST] on (nil when a pack, PACK
+# > 0, cannot hold them all: TOO_MANY), and which of them the claim set KEYS[2] holds already
+# (an earlier send of the same script: their entries hold their places).
+_LUA_SLICE = LUA_CALL_IN_PARTS + LUA_ITEMS + """
+local TOO_MANY = 'a pack holds """ + str(PACK_SLOTS) + """ items at most'
+local function slice_of(first, pack)
+  local digests = {}
+  for i = first, #ARGV do digests[#digests + 1] = ARGV[i] end
+  if pack > 0 and #digests > """ + str(PACK_SLOTS) + """ then return nil, nil end
+  local mine = {}
+  if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
+  return digests, mine
+end
+"""
+
 #: The error the re-claim script answers when the caller's token no longer holds the lock.
 LOCK_LOST = "GENQUEUE_LOCK_LOST"
 
@@ -69,15 +84,10 @@ _RECLAIM = """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then
   return redis.error_reply('""" + LOCK_LOST + """')
 end
-""" + LUA_CALL_IN_PARTS + LUA_ITEMS + """local tab = items_table(KEYS[1], false)
+""" + _LUA_SLICE + """local tab = items_table(KEYS[1], false)
 local pack = tonumber(ARGV[4]) or 0
-local digests = {}
-for i = 5, #ARGV do digests[#digests + 1] = ARGV[i] end
-if pack > 0 and #digests > """ + str(PACK_SLOTS) + """ then
-  return redis.error_reply('a pack holds """ + str(PACK_SLOTS) + """ items at most')
-end
-local mine = {}
-if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
+local digests, mine = slice_of(5, pack)
+if not digests then return redis.error_reply(TOO_MANY) end
 local out, slots, add, seen, nxt = {}, {}, {}, {}, 0
 if pack > 0 then
   for i, d in ipairs(digests) do
@@ -177,15 +187,10 @@ local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[2] then
   return redis.error_reply('GENQUEUE_LOCKED ' .. holder)
 end
-""" + LUA_CALL_IN_PARTS + LUA_ITEMS + """local tab = items_table(KEYS[1], true)
+""" + _LUA_SLICE + """local tab = items_table(KEYS[1], true)
 local pack = tonumber(ARGV[3]) or 0
-local digests = {}
-for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
-if pack > 0 and #digests > """ + str(PACK_SLOTS) + """ then
-  return redis.error_reply('a pack holds """ + str(PACK_SLOTS) + """ items at most')
-end
-local mine = {}
-if redis.call('EXISTS', KEYS[2]) == 1 then mine = call('SMISMEMBER', KEYS[2], digests) end
+local digests, mine = slice_of(4, pack)
+if not digests then return redis.error_reply(TOO_MANY) end
 local won, new, seen, nxt = {}, {}, {}, 0
 for j, d in ipairs(digests) do
   won[j] = 0
@@ -243,6 +248,7 @@ class Claims:
         self.conn = conn
         self._claim = conn.register_script(_CLAIM)
         self._release = conn.register_script(_RELEASE)
+        self._release_full = conn.register_script("#!lua flags=allow-oom\n" + _RELEASE)
         self._reclaim = Reclaim(conn)
 
     def claim(self, run: str, claim_id: str, digests: list[bytes], token: str | None = None) -> list[bool]:
@@ -271,8 +277,16 @@ class Claims:
 
     def release(self, run: str, claim_id: str) -> int:
         """Give back what a claim holds, when its items could not be enqueued (an error, Ctrl-C):
-        a later enqueue queues them. Returns how many items it held."""
-        return int(self._release(keys=[table_key(run), claim_key(run, claim_id)]))
+        a later enqueue queues them. Returns how many items it held. A full Redis (used memory
+        past maxmemory, which a claim's own writes can take it to) refuses a script that writes;
+        the release only frees memory, so it is sent again allowed to run then (Redis 7's
+        `allow-oom`): left unreleased, the claim's items would sit in the run and in no job until
+        a reconcile after CLAIM_GRACE, and the enqueue run again at once would count them queued."""
+        keys = [table_key(run), claim_key(run, claim_id)]
+        try:
+            return int(self._release(keys=keys))
+        except redis.exceptions.OutOfMemoryError:
+            return int(self._release_full(keys=keys))
 
     def reclaim(self, run: str, claim_id: str, *, ttl: int, token: str, retry_failed: bool,
                 digests: list[bytes], pack: int = 0) -> tuple[list[Requeue], list[int]]:

@@ -442,7 +442,8 @@ class Intake:
         error record are tried again: the run may have been paused by a storm and fixed since
         (export keeps a result over an error record of the same item). A job's first take reads
         one command, not one an item: its items can be done only if the run's marks were rebuilt
-        while it waited (Marks.done_of's first_take)."""
+        while it waited (Marks.done_of's first_take); a job by reference taken again reads its
+        items' bits at their places, a few commands for the job (Marks.done_of's places)."""
         done = await self.rq.call(Marks(self.worker.connection, js.run).done_of, [it["key"] for it in js.items],
                                   first_take=js.held.first_take, places=js.places)
         if not done:

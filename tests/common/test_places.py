@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import redis
 
 from genqueue.common.contracts import Item
@@ -309,3 +310,11 @@ def test_a_job_taken_again_reads_its_items_at_their_places(conn: redis.Redis) ->
     before = commands(conn)
     assert marks.done_of(keys, places=wrong) == done
     assert commands(conn) - before > 1000  # read by entry
+
+
+def test_a_claim_into_a_pack_of_more_items_than_it_holds_writes_nothing(conn: redis.Redis) -> None:
+    ds = [key_digest(key(i)) for i in range(PACK_SLOTS + 1)]
+    with pytest.raises(redis.exceptions.ResponseError, match="a pack holds"):
+        Claims(conn).claim_slots(RUN, "c", ds, pack=1)
+    assert ItemTable(conn, RUN).counts().in_run == 0 and not conn.exists(claim_key(RUN, "c"))
+    assert Claims(conn).claim_slots(RUN, "c", ds) == [0] * len(ds)  # inline: no pack, no bound
