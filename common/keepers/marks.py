@@ -232,7 +232,10 @@ class ShardMarks:
         (self.failed if error else self.done).append(key_digest(item_key))
         if place is not None and 0 <= place.slot < PACK_SLOTS and place.pack > 0:
             (self.failed_place if error else self.done_place).append(place.pack * PACK_SLOTS + place.slot + 1)
-            self.packs[place.pack] = place.name
+            # one number under two names (jobs from both sides of a rewind in one shard): no name,
+            # which the pack table never holds, so all of them are marked by entry
+            prev = self.packs.get(place.pack)
+            self.packs[place.pack] = place.name if prev is None or prev == place.name else ""
         else:
             (self.failed_place if error else self.done_place).append(0)
         (self.failed_kind if error else self.done_kind).append(

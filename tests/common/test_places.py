@@ -318,3 +318,19 @@ def test_a_claim_into_a_pack_of_more_items_than_it_holds_writes_nothing(conn: re
         Claims(conn).claim_slots(RUN, "c", ds, pack=1)
     assert ItemTable(conn, RUN).counts().in_run == 0 and not conn.exists(claim_key(RUN, "c"))
     assert Claims(conn).claim_slots(RUN, "c", ds) == [0] * len(ds)  # inline: no pack, no bound
+
+
+def test_one_pack_number_under_two_names_in_a_shard_is_marked_by_entry(conn: redis.Redis) -> None:
+    """Jobs from both sides of a rewind in one shard: pack 1 named w-... by the table, x-... by an
+    older job. Neither name's slots are trusted for that shard: each item is marked by entry."""
+    claims, marks = Claims(conn), Marks(conn, RUN)
+    ds = [key_digest(key(i)) for i in range(4)]
+    claims.claim_slots(RUN, "c", ds[:2], pack=1)
+    claims.claim(RUN, "d", ds[2:])  # no place
+    conn.hset(PackTable.key(RUN), "1", "w-000001")
+    sm = ShardMarks()
+    sm.add(ds[2].hex(), error=False, kind="x", place=Place(1, "x-000001", 1))  # slot 1 is ds[1]'s
+    sm.add(ds[0].hex(), error=False, kind="x", place=Place(1, "w-000001", 0))
+    marks.mark_shipped(sm)
+    assert list(ItemTable(conn, RUN).states(ds)) == [IN_RUN | DONE, IN_RUN, IN_RUN | DONE, IN_RUN]
+    assert ItemTable(conn, RUN).counts() == ItemCounts(4, 2, 0, 0, 2)
