@@ -31,6 +31,19 @@ def model_counts(states: dict[bytes, int]) -> ItemCounts:
                       sum(1 for x in s if x & FAILED and x & DONE), sum(1 for x in s if x & IN_RUN and x & DONE))
 
 
+def clear_failed(table: ItemTable, picked: list[bytes], model: dict[bytes, int]) -> None:
+    """Clear FAILED of PICKED in TABLE and in its MODEL."""
+    table.change(picked, clear=FAILED)
+    for d in picked:
+        model[d] = model.get(d, 0) & ~FAILED
+
+
+def assert_table_is(table: ItemTable, model: dict[bytes, int], pool: list[bytes]) -> None:
+    """TABLE holds MODEL's entries, and each digest of POOL reads as MODEL says."""
+    assert dict(table.each()) == model
+    assert list(table.states(pool)) == [model.get(d, 0) for d in pool]
+
+
 def test_buckets_are_sized_once_for_the_run() -> None:
     # at least the default (buckets are made as items land: a small run pays nothing for them)
     assert buckets_for(0) == buckets_for(ITEMS_PER_BUCKET * 1024) == 1024
@@ -79,13 +92,10 @@ def test_counts_follow_every_change_of_state(conn: redis.Redis) -> None:
             for d in picked:
                 model[d] = model.get(d, 0) | IN_RUN
         else:
-            table.change(picked, clear=FAILED)
-            for d in picked:
-                model[d] = model.get(d, 0) & ~FAILED
+            clear_failed(table, picked, model)
         model = {d: s for d, s in model.items() if s}
         assert table.counts() == model_counts(model), (step, op)
-    assert dict(table.each()) == model
-    assert list(table.states(pool)) == [model.get(d, 0) for d in pool]
+    assert_table_is(table, model, pool)
     p = marks.progress()
     c = model_counts(model)
     assert (p.items, p.done, p.failed, p.failed_and_done) == (c.in_run, c.done, c.failed, c.failed_done)

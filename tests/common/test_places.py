@@ -32,6 +32,7 @@ from genqueue.common.keepers.runs import key_digest, lock_key
 from genqueue.common.storage import store_for
 from genqueue.common.storage.packreader import PackReader
 from genqueue.producer.jobwriter import JobWriter, pack_parts
+from tests.common.test_items import assert_table_is, clear_failed, model_counts
 
 RUN = "pl"
 
@@ -50,12 +51,6 @@ def entry(conn: redis.Redis, d: bytes) -> int:
     b = int.from_bytes(d[:4], "big") % table.buckets()
     raw = conn.hget(bucket_key(RUN, b), d)
     return int(raw) if raw is not None else 0
-
-
-def model_counts(states: dict[bytes, int]) -> ItemCounts:
-    s = list(states.values())
-    return ItemCounts(sum(1 for x in s if x & IN_RUN), sum(1 for x in s if x & DONE), sum(1 for x in s if x & FAILED),
-                      sum(1 for x in s if x & FAILED and x & DONE), sum(1 for x in s if x & IN_RUN and x & DONE))
 
 
 def commands(conn: redis.Redis) -> int:
@@ -226,13 +221,10 @@ def test_counts_and_states_follow_every_change_with_places(conn: redis.Redis) ->
                 marks._send(p, sm, in_run=True)
                 p.execute()
         else:
-            table.change(picked, clear=FAILED)
-            for d in picked:
-                model[d] = model.get(d, 0) & ~FAILED
+            clear_failed(table, picked, model)
         model = {d: s for d, s in model.items() if s}
         assert table.counts() == model_counts(model), (step, op)
-    assert dict(table.each()) == model
-    assert list(table.states(pool)) == [model.get(d, 0) for d in pool]
+    assert_table_is(table, model, pool)
     assert sum(1 for d in where if entry(conn, d) >= 8) > 100  # most of them by their places
 
 
