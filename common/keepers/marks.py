@@ -83,6 +83,21 @@ SHIPPED_TURNS = "shipped_turns"
 SHIPPED_TOOLS = "shipped_tools_"
 
 
+# Whether the slots of pack number N (named NAME in the pack table P) are vouched for by the
+# entries of the item table T: numbered from `placed_from` (FROM, read once a call with
+# `placed_from`; 0: no pack has places), named NAME in the pack table, and no re-claim moved
+# items out of it (`moved:<n>`). The marking script and the look-up by place share this rule.
+_LUA_TRUSTED = """
+local function placed_from(T)
+  return tonumber(redis.call('HGET', T, '""" + PLACED_FROM + """') or '0') or 0
+end
+local function trusted(T, P, from, n, name)
+  return from > 0 and tonumber(n) >= from and redis.call('HGET', P, n) == name
+    and redis.call('HEXISTS', T, '""" + MOVED + """' .. n) == 0
+end
+"""
+
+
 #: Marks the items in ARGV: ARGV[1] the state bits to set (DONE or FAILED, with IN_RUN when a
 #: rebuild puts the items in the run too), ARGV[2] how many packs follow, then each pack's
 #: (number, name), then per item (digest, counter name, turns, tool-turns counter name,
@@ -101,7 +116,7 @@ SHIPPED_TOOLS = "shipped_tools_"
 #: earlier genqueue, is not): the items' entries then hold those places, as the claim wrote them. Otherwise, and for
 #: an item without a place (inline, a leftover shard read back from disk, a rebuild), it is
 #: marked by its entry: one HINCRBY an item (`mark_one`), or its entry's place when it has one.
-_MARK = LUA_ITEMS + """
+_MARK = LUA_ITEMS + _LUA_TRUSTED + """
 local added = 0
 """ + LUA_INIT + """local tab = items_table(KEYS[1], true)
 local bits = tonumber(ARGV[1])
@@ -112,10 +127,10 @@ local npacks = tonumber(ARGV[2])
 local first = 3 + 2 * npacks
 local good = {}
 local from = 0
-if npacks > 0 then from = tonumber(redis.call('HGET', KEYS[1], '""" + PLACED_FROM + """') or '0') or 0 end
+if npacks > 0 then from = placed_from(KEYS[1]) end
 for j = 0, npacks - 1 do
   local n, name = ARGV[3 + 2 * j], ARGV[4 + 2 * j]
-  if from > 0 and tonumber(n) >= from and redis.call('HGET', KEYS[4], n) == name and redis.call('HEXISTS', KEYS[1], '""" + MOVED + """' .. n) == 0 then
+  if trusted(KEYS[1], KEYS[4], from, n, name) then
     good[tonumber(n)] = {}
   end
 end
@@ -186,14 +201,10 @@ class Place(NamedTuple):
 #: rebuilt), the pack's number and name, then the items' slots. One byte an item, '1' when its
 #: DONE bit is set; an empty answer when nothing was read; nil when the pack's slots are not
 #: trusted (the marking script's rule), and the caller reads each item's entry instead.
-_DONE_AT = LUA_ITEMS + """
+_DONE_AT = LUA_ITEMS + _LUA_TRUSTED + """
 if ARGV[1] == '1' and redis.call('HEXISTS', KEYS[1], '""" + REBUILT + """') == 0 then return '' end
 local n = ARGV[2]
-local from = tonumber(redis.call('HGET', KEYS[1], '""" + PLACED_FROM + """') or '0') or 0
-if from == 0 or tonumber(n) < from or redis.call('HGET', KEYS[2], n) ~= ARGV[3]
-   or redis.call('HEXISTS', KEYS[1], '""" + MOVED + """' .. n) == 1 then
-  return false
-end
+if not trusted(KEYS[1], KEYS[2], placed_from(KEYS[1]), n, ARGV[3]) then return false end
 local tab = items_table(KEYS[1], false)
 local out = {}
 for lo = 4, #ARGV, 500 do
