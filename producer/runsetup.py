@@ -50,7 +50,7 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.runs import RunInfo, RunStore, conflict
 from genqueue.common.placement import Placement, this_host
 from genqueue.common.settings import RunSettings, check_update, check_variant_params
-from genqueue.common.storage import LocalStore, OutputStore, ShardInfo, StoreError, store_for
+from genqueue.common.storage import LocalStore, OutputMissingError, OutputStore, ShardInfo, StoreError, store_for
 from genqueue.common.storage.runfile import RunFile, RunFileError, read_run_file, where, write_run_file
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,8 @@ class RunSetup:
             return []
         try:
             return self.output.list_shards(self.run)
+        except OutputMissingError:  # seen a moment ago: another command's probe made it, and removed it again
+            return []
         except StoreError as e:
             note(f"warning: {e}; the run is created without looking for its shards")
             return []

@@ -11,6 +11,7 @@ imported only for s3:// outputs (boto3 takes a noticeable moment to import).
 from __future__ import annotations
 
 from genqueue.common.storage.base import (
+    OutputMissingError,
     OutputProbeError,
     OutputStore,
     PackNotFoundError,
@@ -38,7 +39,7 @@ from genqueue.common.storage.names import (
     shards_prefix,
 )
 
-__all__ = ["LocalStore", "OutputProbeError", "OutputStore", "PackName", "PackNotFoundError", "PackStore", "ProbeCause",
+__all__ = ["LocalStore", "OutputMissingError", "OutputProbeError", "OutputStore", "PackName", "PackNotFoundError", "PackStore", "ProbeCause",
            "SealedShard", "ShardInfo", "ShardName", "ShardStore", "StoreError",
            "manifest_name", "pack_name", "packs_prefix", "parse_manifest", "parse_pack_name", "parse_shard_name", "probe_output", "read_manifest", "run_settings_name",
            "shard_name", "shard_of_manifest", "shards_prefix", "store_for"]

@@ -28,6 +28,12 @@ class StoreError(GenqueueError):
     """The output location cannot be listed or read (the export ends with this message)."""
 
 
+class OutputMissingError(UserError):
+    """A local output directory that does not exist (yet): nothing was shipped there. A command
+    that only looks for what is there (an enqueue making its run) takes it as empty; one that
+    needs the output (an export) stops with this message."""
+
+
 class PackNotFoundError(StoreError):
     """A pack a job names is not in the run's output (deleted, or another output than the one
     it was written to)."""

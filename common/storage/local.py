@@ -18,8 +18,8 @@ from typing import IO
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.errors import UserError
 from genqueue.common.storage.base import (
+    OutputMissingError,
     OutputProbeError,
     PackNotFoundError,
     ProbeCause,
@@ -78,7 +78,7 @@ class LocalStore:
         d = self.shards_dir(run)
         if not d.is_dir():
             if not self.root.is_dir():
-                raise UserError(f"the run's output directory {self.root} does not exist")
+                raise OutputMissingError(f"the run's output directory {self.root} does not exist")
             return []
         shards: dict[str, int] = {}
         manifests: set[str] = set()
@@ -266,8 +266,14 @@ def _put_whole(path: Path, data: bytes) -> str:
     exists holds the whole file); StoreError, in one line, when it cannot be."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
+        for attempt in range(1, defaults.OUTPUT_PROBE_TRIES + 1):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                tmp.write_bytes(data)
+                break
+            except FileNotFoundError:  # another command's probe removed the directory it had made
+                if attempt == defaults.OUTPUT_PROBE_TRIES:
+                    raise
         fsync_file(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)

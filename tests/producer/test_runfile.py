@@ -18,6 +18,7 @@ from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.runs import RunStore, key_digest, run_key
+from genqueue.common.settings import RunSettings
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from genqueue.producer.status import format_status, run_status
 from tests.conftest import Prompts, cli, sharegpt, write_jsonl
@@ -330,3 +331,45 @@ def test_a_run_recreated_from_run_json_keeps_its_priority(tmp_path: Path, redis_
     assert p.returncode == 0
     p = cli("producer", "priority", "--run", "fresh", "2", env=env)
     assert "run.json is not updated" in p.stderr and RunStore(conn).priorities(["fresh"]) == {"fresh": 2}
+
+
+def test_an_output_another_commands_probe_made_and_removed_is_taken_as_empty(
+        tmp_path: Path, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enqueues of many runs into one output directory that does not exist yet run at once: each
+    one's probe makes the directory and removes it again. An enqueue that saw it there a moment
+    ago then lists it after it went (the 30-run start-up test, once in a CI run: "the run's
+    output directory ... does not exist", exit 2). That is an empty output, not an error; and
+    run.json, written into a directory a probe removes under it, is written all the same."""
+    from genqueue.common.storage import local
+    from genqueue.producer.runsetup import prepare
+
+    out = tmp_path / "not-yet"
+    setup = prepare(conn, "raced", RunSettings(output=str(out)), update=False)
+    out.mkdir()  # the other command's probe made it ...
+    listed: list[str] = []
+
+    def list_after_the_probe_is_gone(run: str) -> list[Any]:
+        out.rmdir()  # ... and removed it again, just after this command looked
+        listed.append(run)
+        return LocalStore.list_shards(setup.output, run)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(setup.output, "list_shards", list_after_the_probe_is_gone)
+    lines: list[str] = []
+    setup.apply(lines.append)
+    assert listed == ["raced"] and RunStore(conn).get("raced") is not None, lines
+    assert not any("warning" in line for line in lines), lines
+
+    # run.json's write: the directory goes between its making and the write, once
+    real_write = Path.write_bytes
+    gone: list[Path] = []
+
+    def write_after_a_probe_removed_it(self: Path, data: bytes) -> int:  # type: ignore[override]
+        if not gone:
+            gone.append(self.parent)
+            self.parent.rmdir()
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_after_a_probe_removed_it)
+    where_ = local._put_whole(tmp_path / "fresh" / "raced" / "run.json", b"{}")
+    monkeypatch.undo()
+    assert gone == [tmp_path / "fresh" / "raced"] and Path(where_).read_bytes() == b"{}"
