@@ -317,8 +317,14 @@ def format_summary(s: Summary) -> str:
     ]
     if s.retried_failed:
         rows.append(("  retried (had failed)", f"{s.retried_failed:,}"))
+    rows.append(("  already queued", f"{s.already_queued:,}"))
+    if s.queue_view and s.queue_view.get("claimed_items_held"):  # a claim another producer has not queued yet
+        from genqueue.common.keepers.claims import HeldClaims
+
+        held = HeldClaims(int(s.queue_view["claims_held_by_others"]), int(s.queue_view["claimed_items_held"]),
+                          int(s.queue_view.get("held_claim_oldest_s", 0)))
+        rows.append(("    claimed, in no job", held.line()))
     rows += [
-        ("  already queued", f"{s.already_queued:,}"),
         ("  already failed", f"{s.already_failed:,}" + ("  (--retry-failed queues them again)"
                                                          if s.already_failed else "")),
         ("  already done", f"{s.already_done:,}"),

@@ -806,7 +806,8 @@ def _unchanged(conn: redis.Redis, run: str, summary: Summary, output: str,
 def view_summary(v: QueueView) -> dict[str, Any]:
     """What the summary's `queue_view` says of the view V."""
     return {"live_jobs": v.live_jobs, "live_items": len(v.live), "failed_jobs": v.failed_jobs,
-            "claims_held_by_others": v.held_claims, "claims_taken_over": v.taken_over_claims,
+            "claims_held_by_others": v.held_claims, "claimed_items_held": v.held_items,
+            "held_claim_oldest_s": v.held_oldest_s, "claims_taken_over": v.taken_over_claims,
             "claimed_items_taken_over": v.taken_over_items, "seconds": round(v.seconds, 3),
             "malformed_jobs": v.malformed_jobs}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -27,16 +28,17 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
+from genqueue.common.keepers.claims import Claims
 from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.rqaccess import clear_refused, job_counts
+from genqueue.common.keepers.rqaccess import clear_refused, job_counts, queue_name
 from genqueue.common.keepers.rqjobs import scan_jobs
 from genqueue.common.keepers.rundelete import delete_run
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
-from genqueue.common.retryhint import failed_summary, next_steps
+from genqueue.common.retryhint import enqueue_again_command, failed_summary, next_steps
 from genqueue.common.settings import check_run_name
 
 
@@ -45,6 +47,7 @@ class RunState(StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     FAILED = "failed"  # drained, with items whose only record is an error
+    INCOMPLETE = "incomplete"  # drained, with items neither done nor failed: in no job (`stalled` says why)
     DONE = "done"
     UNREADABLE = "unreadable"  # its record in Redis is not genqueue's (CorruptStateError): delete it
 
@@ -62,6 +65,7 @@ class RunRow:
     priority: int = 0
     failed_by_class: dict[str, int] = field(default_factory=dict)
     next_steps: str = ""  # what to run once the cause of a pause or of failed items is fixed
+    stalled: str = ""  # INCOMPLETE: where its items are, and what queues them
 
 
 def run_rows(conn: redis.Redis) -> list[RunRow]:
@@ -90,13 +94,31 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             state = RunState.QUEUED
         else:
             state = RunState.FAILED if failed else RunState.DONE
+        stalled = ""
+        if state in (RunState.FAILED, RunState.DONE) and items > done + failed:  # never "done" with items left
+            state, stalled = RunState.INCOMPLETE, stalled_line(conn, name, items - done - failed, counts["failed"],
+                                                                store.sources(name))
         by_class = {k[len(SHIPPED_FAILED):]: v for k, v in counted.stats.items() if k.startswith(SHIPPED_FAILED)}
         steps = next_steps(name, paused=pause is not None, failed=failed, sources=store.sources(name),
                            output=redact(info.settings.output))
         rows.append(RunRow(name, info.created_at, state, items, done, failed,
                            redact(info.settings.output), pause["reason"] if pause else None,
-                           priorities.get(name, 0), by_class if failed else {}, steps))
+                           priorities.get(name, 0), by_class if failed else {}, steps, stalled))
     return rows
+
+
+def stalled_line(conn: redis.Redis, run: str, left: int, rq_failed_jobs: int, sources: Iterable[str]) -> str:
+    """Why a drained run's LEFT items (neither done nor failed) are in no job, and what queues
+    them: a producer's claim not queued yet, jobs rq gave up on, or items lost from the queue."""
+    held = Claims(conn).held(run)
+    again = enqueue_again_command(run, sources)
+    if held.items:
+        return held.line(again)
+    if rq_failed_jobs:
+        return (f"{left:,} items are in {rq_failed_jobs:,} jobs rq gave up on (its failed registry): "
+                f"`rq requeue -u \"$REDIS_URL\" -S rq.serializers.JSONSerializer --queue {queue_name(run)} --all` "
+                f"queues them again")
+    return f"{left:,} items are in no job (lost from the queue): `{again}` queues them again"
 
 
 @click.command("runs")
@@ -111,21 +133,24 @@ def runs_command(as_json: bool, redis_url: str) -> None:
             click.echo(orjson.dumps({"run": r.name, "created_at": r.created_at, "state": r.state.value,
                                      "items": r.items, "done": r.done, "failed": r.failed,
                                      "output": r.output, "paused": r.paused, "priority": r.priority,
-                                     "failed_by_class": r.failed_by_class, "next_steps": r.next_steps}).decode())
+                                     "failed_by_class": r.failed_by_class, "next_steps": r.next_steps,
+                                     "stalled": r.stalled}).decode())
         return
     if not rows:
         click.echo("no runs in Redis")
         return
     width = max(len(r.name) for r in rows)
-    click.echo(f"{'run':<{width}}  {'created':<16}  {'state':<7}  {'priority':>8}  {'done of items':>17}  output")
+    click.echo(f"{'run':<{width}}  {'created':<16}  {'state':<10}  {'priority':>8}  {'done of items':>17}  output")
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         done = f"{r.done:,} of {r.items:,}"
-        click.echo(f"{r.name:<{width}}  {created:<16}  {r.state.value:<7}  {r.priority:>8}  {done:>17}  {r.output}")
+        click.echo(f"{r.name:<{width}}  {created:<16}  {r.state.value:<10}  {r.priority:>8}  {done:>17}  {r.output}")
         if r.paused:
             click.secho(f"{'':<{width}}  paused: {r.paused}", fg="red")
         if r.failed:
             click.secho(f"{'':<{width}}  {failed_summary(r.failed, r.failed_by_class)}", fg="red")
+        if r.stalled:
+            click.secho(f"{'':<{width}}  {r.stalled}", fg="red")
         if r.next_steps:
             click.echo(f"{'':<{width}}  {r.next_steps}")
 

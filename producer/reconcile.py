@@ -81,6 +81,8 @@ class QueueView:
     live_jobs: int = 0
     failed_jobs: int = 0
     held_claims: int = 0
+    held_items: int = 0  # in the held claims: in no job until their producer's transaction
+    held_oldest_s: int = 0  # the oldest held claim's age
     taken_over_claims: int = 0
     taken_over_items: int = 0
     seconds: float = 0.0
@@ -102,17 +104,20 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
     view = QueueView()
     claims = Claims(conn)
     for claim in claims.others(run, own_prefix):
-        if defaults.CLAIM_TTL - claim.ttl > grace:
+        if claim.age > grace:
             n = claims.take_over(claim)
             if n is not None:
                 view.taken_over_claims += 1
                 view.taken_over_items += n
                 log.warning("run %s: took over claim %s of %d items, left by a producer that stopped between "
                             "claiming them and enqueueing them %.0f s ago; they are queued again",
-                            run, claim.id, n, defaults.CLAIM_TTL - claim.ttl)
+                            run, claim.id, n, claim.age)
             continue
+        held = claims.members(claim)
         view.held_claims += 1
-        view.live.update(int.from_bytes(d, "big") for d in claims.members(claim))
+        view.held_items += len(held)
+        view.held_oldest_s = max(view.held_oldest_s, claim.age)
+        view.live.update(int.from_bytes(d, "big") for d in held)
     scan = JobScan()
     for job in read_jobs(conn, run, [*LIVE_PLACES, JobPlace.FAILED], scan=scan, items_of=items_of):
         into = view.failed if job.place is JobPlace.FAILED else view.live

@@ -26,6 +26,7 @@ from rq import Queue
 from rq.queue import EnqueueData
 
 from genqueue.common import defaults
+from genqueue.common.eta import format_duration
 from genqueue.common.keepers.items import LUA_ITEMS, MOVED, PACK_SLOTS, table_key
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
 
@@ -42,6 +43,36 @@ class Claim:
     id: str
     key: str
     ttl: int  # seconds left (>= 0)
+
+    @property
+    def age(self) -> int:
+        """Seconds since it was made (its TTL is set once, to CLAIM_TTL)."""
+        return max(defaults.CLAIM_TTL - self.ttl, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldClaims:
+    """A run's claim sets at one moment (`Claims.held`): CLAIMS sets holding ITEMS items claimed
+    and in no job yet, the oldest OLDEST_S seconds old; STALE of them older than CLAIM_GRACE,
+    left by a producer that stopped between its claim and its transaction (the next reconcile
+    of the run takes them over and queues their items)."""
+
+    claims: int = 0
+    items: int = 0
+    oldest_s: int = 0
+    stale: int = 0
+
+    def line(self, again: str | None = None) -> str:
+        """What they mean for the user, in one line; AGAIN: the enqueue that takes them over
+        (None: "the run's next `producer enqueue`")."""
+        what = f"{self.items:,} items in {self.claims:,} claim(s) of a producer, in no job yet"
+        command = f"`{again}`" if again else "the run's next `producer enqueue`"
+        if self.stale:
+            return (f"{what}: it stopped between claiming them and queueing them ({format_duration(self.oldest_s)} "
+                    f"ago); {command} takes them over and queues them")
+        return (f"{what} (the oldest {format_duration(self.oldest_s)} old): an enqueue still running queues them; "
+                f"if it was stopped, {command} from {format_duration(defaults.CLAIM_GRACE - self.oldest_s)} on "
+                "takes them over and queues them")
 
 
 class Requeue(IntEnum):
@@ -294,19 +325,31 @@ class Claims:
         return self._reclaim(run, claim_id, ttl=ttl, token=token, retry_failed=retry_failed, digests=digests,
                              pack=pack)
 
-    def others(self, run: str, own_prefix: str) -> Iterator[Claim]:
-        """RUN's claim sets whose id does not start with OWN_PREFIX (this producer's own), with their
-        TTL; a set gone meanwhile, or without a TTL (not one of genqueue's), is left out."""
+    def others(self, run: str, own_prefix: str | None) -> Iterator[Claim]:
+        """RUN's claim sets whose id does not start with OWN_PREFIX (this producer's own; None:
+        every one), with their TTL; a set gone meanwhile, or without a TTL (not one of
+        genqueue's), is left out. A SCAN of the whole keyspace: not for every poll."""
         conn = self.conn
         prefix = claim_key(run, "")
         for raw in conn.scan_iter(match=prefix + "*", count=defaults.CLAIMS_SCAN):
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
-            if key[len(prefix):].startswith(own_prefix):
+            if own_prefix is not None and key[len(prefix):].startswith(own_prefix):
                 continue
             ttl = conn.ttl(key)
             if ttl < 0:  # gone meanwhile (-2), or no TTL (-1: not one of ours)
                 continue
             yield Claim(key[len(prefix):], key, int(ttl))
+
+    def held(self, run: str) -> HeldClaims:
+        """What RUN's claim sets hold now: items claimed by a producer and in no job yet."""
+        claims = items = oldest = stale = 0
+        for claim in self.others(run, None):
+            n = int(self.conn.scard(claim.key))
+            if not n:
+                continue
+            claims, items, oldest = claims + 1, items + n, max(oldest, claim.age)
+            stale += claim.age > defaults.CLAIM_GRACE
+        return HeldClaims(claims, items, oldest, stale)
 
     def take_over(self, claim: Claim) -> int | None:
         """Delete CLAIM (atomically with counting it); how many items it held, None when another

@@ -28,6 +28,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
+from genqueue.common.keepers.claims import Claims, HeldClaims
 from genqueue.common.keepers.clock import redis_time
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.pause import Pause
@@ -38,7 +39,7 @@ from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.snapshots import ConsumerReport, Snapshots
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
-from genqueue.common.retryhint import failed_summary, next_steps
+from genqueue.common.retryhint import enqueue_again_command, failed_summary, next_steps
 from genqueue.producer.cost import remaining_tokens, run_cost
 from genqueue.producer.status.figures import eta_view, input_view, outcome_view, placement, run_share, speed_note
 from genqueue.producer.status.report import (
@@ -84,6 +85,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     in_flight = sum(shares[c["worker"]]["in_flight"] + shares[c["worker"]]["pending_items"] for c in live)
     unshipped = sum(int(shares[c["worker"]]["shipping"].get("unshipped_records", 0) or 0) for c in live)
     where = placement(items, done, failed, in_flight, unshipped, jobs["queued"])
+    # items in no job and in no consumer: a producer's claim not queued yet? (a SCAN: only then)
+    held = Claims(conn).held(run) if where["elsewhere"] else HeldClaims()
     note = speed_note(items, done, failed, len(live),
                       answering=sum(c["runs"][run].get("completions_per_s", 0.0) for c in live))
     recent: Rates = {
@@ -144,6 +147,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "items_shipping": where["shipping"],
         "items_queued": where["queued"],
         "items_elsewhere": where["elsewhere"],
+        "claimed": {"claims": held.claims, "items": held.items, "oldest_s": held.oldest_s, "stale": held.stale,
+                    "line": held.line(enqueue_again_command(run, sources)) if held.items else ""},
         "completion_tokens": completion_tokens,
         "prompt_tokens": prompt_tokens,
         "acked_tokens": {"prompt": stats.get("prompt_tokens", 0), "completion": stats.get("completion_tokens", 0)},
@@ -156,7 +161,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "refused_jobs": refused,
         "queue": queue_name(run),
         "next_steps": next_steps(run, paused=pause is not None, failed=failed, sources=sources,
-                                 output=redact(info.settings.output)),
+                                 output=redact(info.settings.output), claimed=held.stale > 0),
         "speed": {
             "last_minute": recent,
             "note": note,
@@ -276,6 +281,8 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
         if width is not None:
             reason = fit(reason, max(width - 9 - len(who), 20))
         lines.insert(0, _red(f"PAUSED   {reason}{who}", paint))
+    if r["claimed"]["stale"]:  # in no job, and no producer will put them in one: the command that does
+        lines.insert(1 if p else 0, _red(f"STALLED  {r['claimed']['line']}", paint))
     if r["items_failed"] and (p or r["items_done"] + r["items_failed"] >= r["items"]):
         # a run that cannot go on by itself: what failed, and the command that retries it
         lines.insert(1 if p else 0, _red(f"FAILED   {failed_summary(r['items_failed'], r['failed_by_class'])}; "

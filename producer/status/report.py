@@ -215,6 +215,17 @@ class SpeculationView(Figures):
     engines: list[SpecEngine]
 
 
+class ClaimedView(TypedDict):
+    """Items a producer claimed and has not put in a job (common.keepers.claims.HeldClaims),
+    looked for only when some items are in no job and in no consumer."""
+
+    claims: int
+    items: int
+    oldest_s: int
+    stale: int  # claims older than CLAIM_GRACE: their producer stopped before queueing them
+    line: str  # what they mean, in one line ("" when there are none)
+
+
 class StatusReport(OutcomeView, total=False):
     """Everything `producer status` shows about one run, as plain data (its --json)."""
 
@@ -239,6 +250,7 @@ class StatusReport(OutcomeView, total=False):
     items_shipping: Required[int]
     items_queued: Required[int]
     items_elsewhere: Required[int]
+    claimed: Required[ClaimedView]
     completion_tokens: Required[int]
     prompt_tokens: Required[int]
     warnings: Required[dict[str, str]]

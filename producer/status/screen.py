@@ -67,6 +67,8 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     if "cost" in r:
         rows += [("estimate", _estimate(r)), *_cost(r["cost"])]
     rows.append(("items", _items(r)))
+    if r["claimed"]["items"]:
+        rows.append(("  claimed", r["claimed"]["line"]))
     rows.append(("outcomes", _outcomes(r)))
     if r["failed_by_class"] or r["refused"]:
         by = ", ".join(f"{k} {v:,}" for k, v in r["failed_by_class"].items())
@@ -213,7 +215,11 @@ def _items(r: StatusReport) -> str:
     text = (f"{r['items']:,}: queued {r['items_queued']:,}, in flight {r['items_in_flight']:,}, "
             f"shipping {r['items_shipping']:,}, done {r['items_done']:,}, failed {r['items_failed']:,}")
     if r["items_elsewhere"]:
-        text += f", elsewhere {r['items_elsewhere']:,} (failed jobs, or moved since the last report)"
+        claimed = r["claimed"]["items"]
+        text += f", elsewhere {r['items_elsewhere']:,} " + (
+            f"({claimed:,} claimed by a producer: below)" if claimed >= r["items_elsewhere"] else
+            f"({claimed:,} claimed by a producer: below; failed jobs, or moved since the last report)" if claimed else
+            "(failed jobs, or moved since the last report)")
     return text
 
 

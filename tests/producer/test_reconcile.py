@@ -161,6 +161,60 @@ main(["enqueue", {str(data)!r}, "--run", "killed", "--batch-size", "8", "--rejec
     assert enqueue(redis_url, data, "killed", *prompts_mode.args, output=out)["already_queued"] == 3000
 
 
+def test_a_run_whose_producer_died_after_its_claim_says_so_and_is_never_done(tmp_path: Path, redis_url: str,
+                                                                             conn: redis.Redis) -> None:
+    """A producer killed between its only claim and its transaction: every item of the run is in
+    the run and in no job. The enqueue run again at once leaves them to that claim (its producer
+    may be alive), and says so; `producer status` and `producer runs` say where they are and
+    what queues them, and the run is never `done` (it was, with 0 of 8 items done)."""
+    from genqueue.producer.cli import format_summary
+    from genqueue.producer.enqueue import Summary
+    from genqueue.producer.status import format_status, run_status
+
+    data = write_jsonl(tmp_path / "one.jsonl", [sharegpt(i) for i in range(8)])
+    script = f"""
+import os
+from genqueue.producer import jobwriter
+jobwriter.JobWriter._commit = lambda self, *a, **k: os._exit(9)  # its one slice claimed, never queued
+from genqueue.producer.cli import main
+main(["enqueue", {str(data)!r}, "--run", "dead", "--batch-size", "8", "--rejects", os.devnull,
+      "--output", {str(tmp_path / "out")!r}])
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "REDIS_URL": redis_url})
+    assert proc.returncode == 9, proc.stderr
+    (claim,) = conn.keys(run_key("dead", "claim:*"))
+    env = {"REDIS_URL": redis_url}
+
+    def runs_row() -> dict[str, Any]:
+        (row,) = [r for r in map(orjson.loads, cli("producer", "runs", "--json", env=env).stdout.splitlines())
+                  if r["run"] == "dead"]
+        return row
+
+    s = enqueue(redis_url, data, "dead", output=tmp_path / "out")
+    assert (s["enqueued"], s["already_queued"], s["queue_view"]["claimed_items_held"]) == (0, 8, 8), s
+    table = format_summary(Summary(**{k: v for k, v in s.items() if k in Summary.__dataclass_fields__}))
+    assert "claimed, in no job  8 items in 1 claim(s) of a producer, in no job yet" in table, table
+    r = run_status(conn, "dead")
+    assert (r["items_elsewhere"], r["claimed"]["items"], r["claimed"]["stale"]) == (8, 8, 0), r["claimed"]
+    shown = format_status(r, color=False, width=None)
+    assert "elsewhere 8 (8 claimed by a producer: below)" in shown and "an enqueue still running queues them" in shown
+    assert "STALLED" not in shown
+    row = runs_row()
+    assert (row["state"], row["done"], row["items"]) == ("incomplete", 0, 8) and "8 items in 1 claim" in row["stalled"]
+
+    conn.expire(claim, defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)  # its producer is gone for good
+    r = run_status(conn, "dead")
+    assert r["claimed"]["stale"] == 1 and f"`producer enqueue {data} --run dead` takes them over" in r["claimed"]["line"]
+    assert format_status(r, color=False).startswith("STALLED  8 items in 1 claim(s) of a producer"), r["claimed"]
+    assert "it stopped between claiming them and queueing them" in runs_row()["stalled"]
+    s = enqueue(redis_url, data, "dead", output=tmp_path / "out")
+    assert (s["enqueued"], s["requeued"], s["queue_view"]["claims_taken_over"]) == (8, 8, 1), s
+    r = run_status(conn, "dead")
+    assert (r["items_queued"], r["items_elsewhere"], r["claimed"]["items"]) == (8, 0, 0)
+    assert runs_row()["state"] == "queued" and not conn.exists(claim)
+
+
 @both_modes_reference_slow
 def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, redis_url: str,
                                                                   conn: redis.Redis, prompts_mode: Prompts) -> None:
