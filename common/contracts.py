@@ -130,6 +130,7 @@ class ExitCode(IntEnum):
     PAUSED = 5  # --burst: a run is paused (its breaker tripped; `producer resume` clears it)
     VANISHED = 6  # --burst: a run is gone from Redis (deleted, flushed, Redis restarted empty)
     FAILED_ITEMS = 7  # --burst: every served run drained, but items of one ended as errors
+    INCOMPLETE = 8  # --burst: every served run drained, but items of one are in no job (the log says where)
     INTERRUPTED = 130  # stopped at once: a second signal, or the stop overran its deadline
 
 

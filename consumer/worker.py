@@ -52,7 +52,7 @@ from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter, Steering
 from genqueue.consumer.guards.breaker import Breaker
-from genqueue.consumer.guards.ended import failed_runs
+from genqueue.consumer.guards.ended import unfinished_runs
 from genqueue.consumer.guards.rewind import Rewind
 from genqueue.consumer.guards.stop import Stop, Stopped, until
 from genqueue.consumer.guards.supervise import LoopFailed, supervised
@@ -328,9 +328,10 @@ class Consumer:
             code = max((c for c, _ in ends.values()), default=ExitCode.DONE)
         if code == ExitCode.DONE and cfg.burst and started and not self.stop.signalled:
             runs = sorted(set(served.names()) | set(telemetry.totals))
-            for run, why in (await failed_runs(self.rq, self.conn, runs, self.stop.left(floor=1.0))).items():
+            for run, (ended, why) in (await unfinished_runs(self.rq, self.conn, runs,
+                                                             self.stop.left(floor=1.0))).items():
                 log.error("run %s was not served to the end: %s", run, why)
-                code = ExitCode.FAILED_ITEMS
+                code = max(code, ended)
         if code == ExitCode.DONE and self.stop.hard:
             code = ExitCode.INTERRUPTED
         if not started and not self.stop.signalled and code != ExitCode.DONE:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -28,17 +27,17 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.keepers.claims import Claims
+from genqueue.common.keepers.claims import Claims, stalled_line
 from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.rqaccess import clear_refused, job_counts, queue_name
+from genqueue.common.keepers.rqaccess import clear_refused, drained, job_counts
 from genqueue.common.keepers.rqjobs import scan_jobs
 from genqueue.common.keepers.rundelete import delete_run
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
-from genqueue.common.retryhint import enqueue_again_command, failed_summary, next_steps
+from genqueue.common.retryhint import failed_summary, next_steps
 from genqueue.common.settings import check_run_name
 
 
@@ -96,8 +95,12 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             state = RunState.FAILED if failed else RunState.DONE
         stalled = ""
         if state in (RunState.FAILED, RunState.DONE) and items > done + failed:  # never "done" with items left
-            state, stalled = RunState.INCOMPLETE, stalled_line(conn, name, items - done - failed, counts["failed"],
-                                                                store.sources(name))
+            idle, rq_failed = drained(conn, name)
+            if idle:
+                state, stalled = RunState.INCOMPLETE, stalled_line(name, items - done - failed, rq_failed,
+                                                                    Claims(conn).held(name), store.sources(name))
+            else:  # its jobs wait in rq's scheduled, deferred or ready registry
+                state = RunState.QUEUED
         by_class = {k[len(SHIPPED_FAILED):]: v for k, v in counted.stats.items() if k.startswith(SHIPPED_FAILED)}
         steps = next_steps(name, paused=pause is not None, failed=failed, sources=store.sources(name),
                            output=redact(info.settings.output))
@@ -105,20 +108,6 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
                            redact(info.settings.output), pause["reason"] if pause else None,
                            priorities.get(name, 0), by_class if failed else {}, steps, stalled))
     return rows
-
-
-def stalled_line(conn: redis.Redis, run: str, left: int, rq_failed_jobs: int, sources: Iterable[str]) -> str:
-    """Why a drained run's LEFT items (neither done nor failed) are in no job, and what queues
-    them: a producer's claim not queued yet, jobs rq gave up on, or items lost from the queue."""
-    held = Claims(conn).held(run)
-    again = enqueue_again_command(run, sources)
-    if held.items:
-        return held.line(again)
-    if rq_failed_jobs:
-        return (f"{left:,} items are in {rq_failed_jobs:,} jobs rq gave up on (its failed registry): "
-                f"`rq requeue -u \"$REDIS_URL\" -S rq.serializers.JSONSerializer --queue {queue_name(run)} --all` "
-                f"queues them again")
-    return f"{left:,} items are in no job (lost from the queue): `{again}` queues them again"
 
 
 @click.command("runs")

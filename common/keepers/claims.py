@@ -16,7 +16,7 @@ No other module builds a claim key (tests/test_redis_owners.py holds that).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -28,7 +28,9 @@ from rq.queue import EnqueueData
 from genqueue.common import defaults
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.items import LUA_ITEMS, MOVED, PACK_SLOTS, table_key
+from genqueue.common.keepers.rqaccess import queue_name
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
+from genqueue.common.retryhint import enqueue_again_command
 
 
 def claim_key(run: str, claim_id: str) -> str:
@@ -399,3 +401,18 @@ class Claims:
 
 def _text(value: object) -> str | None:
     return None if value is None else value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stalled_line(run: str, left: int, rq_failed_jobs: int, held: HeldClaims, sources: Iterable[str]) -> str:
+    """Why a drained run's LEFT items (neither done nor failed) are in no job, and what queues
+    them: HELD, a producer's claim not queued yet; jobs rq gave up on (RQ_FAILED_JOBS); else
+    items lost from the queue."""
+    again = enqueue_again_command(run, sources)
+    if held.items:
+        return held.line(again)
+    if rq_failed_jobs:
+        jobs = f"{rq_failed_jobs:,} job" + ("s" if rq_failed_jobs != 1 else "")
+        return (f"{left:,} items are in {jobs} rq gave up on (its failed registry): "
+                f"`rq requeue -u \"$REDIS_URL\" -S rq.serializers.JSONSerializer --queue {queue_name(run)} --all` "
+                "queues them again")
+    return f"{left:,} items are in no job (lost from the queue): `{again}` queues them again"

@@ -287,6 +287,21 @@ class JobCounts(TypedDict):
     failed: int
 
 
+def drained(conn: redis.Redis, run: str) -> tuple[bool, int]:
+    """Whether no job of RUN is live (queued, being dequeued, started, scheduled, deferred or
+    ready: LIVE_PLACES), and how many rq gave up on (its failed registry). Raw counts."""
+    name = queue_name(run)
+    queue_key = Queue.redis_queue_namespace_prefix + name
+    with conn.pipeline(transaction=False) as p:
+        p.llen(queue_key)
+        p.llen(IntermediateQueue.get_intermediate_queue_key(queue_key))
+        for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry, ReadyJobRegistry):
+            p.zcard(registry.key_template.format(name))
+        p.zcard(FailedJobRegistry.key_template.format(name))
+        *live, failed = (int(n) for n in p.execute())
+    return not any(live), failed
+
+
 def job_counts(conn: redis.Redis, run: str) -> JobCounts:
     """Raw LLEN/ZCARD counts, one round trip. Not rq's `registry.count`: that also cleans the
     registry up (re-queueing or failing expired jobs) outside the maintenance lock the

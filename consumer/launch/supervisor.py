@@ -13,8 +13,8 @@ pool, so nothing blocks for long):
   its log (say, `No module named 'vllm'`) in launch's own error;
 - a consumer that exits non-zero is restarted with backoff once its engine is healthy;
   one that exits 0 (--burst, drained) is done, and when every consumer is done launch stops;
-  one that exits 3-7 (--burst: a run refused, failed pre-flight, paused, gone from Redis, or
-  drained with items that ended as errors)
+  one that exits 3-8 (--burst: a run refused, failed pre-flight, paused, gone from Redis, or
+  drained with items that ended as errors or with items in no job)
   is done too, with the reason logged: restarted, it would only end the same way; launch then
   exits with the highest such code, so a scheduler does not take the job for a success;
 - SIGTERM/SIGINT: every consumer drains (SIGTERM), then the engines stop (SIGTERM, then
@@ -65,6 +65,7 @@ NOT_RESTARTED = {
     ExitCode.PAUSED: "a run is paused (fix the cause, then `producer resume --run NAME`)",
     ExitCode.VANISHED: "a run is gone from Redis (its results stay in the spool until the run is re-created)",
     ExitCode.FAILED_ITEMS: "items of a run ended as errors (fix the cause, then `producer enqueue ... --retry-failed`)",
+    ExitCode.INCOMPLETE: "a run drained with items in no job (the consumer's log says where, and what queues them)",
 }
 
 

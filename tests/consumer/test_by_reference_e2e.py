@@ -17,6 +17,7 @@ import pytest
 import redis
 from rq.job import Job
 
+from genqueue.common.contracts import ExitCode
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, job_failure, queue_for
@@ -173,7 +174,8 @@ def test_a_corrupt_block_fails_only_its_job_and_rq_requeue_runs_it_once_the_pack
     sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
     try:
         c = _consume(tmp_path, redis_url, sim, "bad", "first")
-        c.wait(60)
+        assert c.wait(60) == ExitCode.INCOMPLETE, c.output()  # drained, with a job rq gave up on: not done
+        assert "8 of 40 items not done: 8 items are in 1 job rq gave up on" in c.output()
         q = queue_for("bad", conn)
         failed = q.failed_job_registry.get_job_ids()
         assert len(failed) == 1 and q.finished_job_registry.count == 4, c.output()

@@ -78,6 +78,10 @@ def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_
     ItemTable(conn, "empty").change([key_digest(k) for k in keys[100:110]], add=FAILED)
     cli("rq", "empty", "-u", redis_url, "genqueue.empty")  # as README says; the queue is gone
     assert queue_for("empty", conn).count == 0
+    (row,) = [r for r in map(orjson.loads, cli("producer", "runs", "--json", env={"REDIS_URL": redis_url})
+                             .stdout.splitlines()) if r["run"] == "empty"]
+    assert row["state"] == "incomplete" and row["stalled"] == (
+        f"190 items are in no job (lost from the queue): `producer enqueue {data} --run empty` queues them again")
     s = enqueue(redis_url, data, "empty", *prompts_mode.args, output=out)
     assert (s["enqueued"], s["already_done"], s["already_failed"], s["already_queued"]) == (190, 100, 10, 0), s
     assert s["items"] == s["requeued"] == 190 and s["queue_view"]["live_jobs"] == 0
@@ -167,9 +171,11 @@ def test_a_run_whose_producer_died_after_its_claim_says_so_and_is_never_done(tmp
     the run and in no job. The enqueue run again at once leaves them to that claim (its producer
     may be alive), and says so; `producer status` and `producer runs` say where they are and
     what queues them, and the run is never `done` (it was, with 0 of 8 items done)."""
+    from genqueue.common.contracts import ExitCode
     from genqueue.producer.cli import format_summary
     from genqueue.producer.enqueue import Summary
     from genqueue.producer.status import format_status, run_status
+    from tests.consumer.e2e import Proc, Sim
 
     data = write_jsonl(tmp_path / "one.jsonl", [sharegpt(i) for i in range(8)])
     script = f"""
@@ -202,6 +208,14 @@ main(["enqueue", {str(data)!r}, "--run", "dead", "--batch-size", "8", "--rejects
     assert "STALLED" not in shown
     row = runs_row()
     assert (row["state"], row["done"], row["items"]) == ("incomplete", 0, 8) and "8 items in 1 claim" in row["stalled"]
+    sim = Sim(tmp_path, "--mean-tokens", "8")
+    try:  # a --burst consumer finds nothing to do: not a success
+        c = Proc("consumer", ["run", "--run", "dead", "--endpoint", sim.url, "--burst", "--spool",
+                              str(tmp_path / "spool")], tmp_path / "c.log", env=env)
+        assert c.wait(60) == ExitCode.INCOMPLETE, c.output()
+    finally:
+        sim.stop()
+    assert "run dead was not served to the end: 8 of 8 items not done: 8 items in 1 claim(s)" in c.output()
 
     conn.expire(claim, defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)  # its producer is gone for good
     r = run_status(conn, "dead")
