@@ -27,11 +27,11 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.keepers.claims import Claims, stalled_line
+from genqueue.common.keepers.claims import stalled_line
 from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.rqaccess import clear_refused, drained, job_counts
+from genqueue.common.keepers.rqaccess import clear_refused, job_counts
 from genqueue.common.keepers.rqjobs import scan_jobs
 from genqueue.common.keepers.rundelete import delete_run
 from genqueue.common.keepers.runs import RunStore
@@ -93,20 +93,18 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             state = RunState.QUEUED
         else:
             state = RunState.FAILED if failed else RunState.DONE
-        stalled = ""
+        sources = store.sources(name)
+        stalled = None
         if state in (RunState.FAILED, RunState.DONE) and items > done + failed:  # never "done" with items left
-            idle, rq_failed = drained(conn, name)
-            if idle:
-                state, stalled = RunState.INCOMPLETE, stalled_line(name, items - done - failed, rq_failed,
-                                                                    Claims(conn).held(name), store.sources(name))
-            else:  # its jobs wait in rq's scheduled, deferred or ready registry
-                state = RunState.QUEUED
+            stalled = stalled_line(conn, name, items - done - failed, sources)
+            # None: its jobs wait in rq's scheduled, deferred or ready registry
+            state = RunState.QUEUED if stalled is None else RunState.INCOMPLETE
         by_class = {k[len(SHIPPED_FAILED):]: v for k, v in counted.stats.items() if k.startswith(SHIPPED_FAILED)}
-        steps = next_steps(name, paused=pause is not None, failed=failed, sources=store.sources(name),
+        steps = next_steps(name, paused=pause is not None, failed=failed, sources=sources,
                            output=redact(info.settings.output))
         rows.append(RunRow(name, info.created_at, state, items, done, failed,
                            redact(info.settings.output), pause["reason"] if pause else None,
-                           priorities.get(name, 0), by_class if failed else {}, steps, stalled))
+                           priorities.get(name, 0), by_class if failed else {}, steps, stalled or ""))
     return rows
 
 

@@ -28,7 +28,7 @@ from rq.queue import EnqueueData
 from genqueue.common import defaults
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.items import LUA_ITEMS, MOVED, PACK_SLOTS, table_key
-from genqueue.common.keepers.rqaccess import queue_name
+from genqueue.common.keepers.rqaccess import drained, queue_name
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
 from genqueue.common.retryhint import enqueue_again_command
 
@@ -403,10 +403,14 @@ def _text(value: object) -> str | None:
     return None if value is None else value.decode() if isinstance(value, bytes) else str(value)
 
 
-def stalled_line(run: str, left: int, rq_failed_jobs: int, held: HeldClaims, sources: Iterable[str]) -> str:
-    """Why a drained run's LEFT items (neither done nor failed) are in no job, and what queues
-    them: HELD, a producer's claim not queued yet; jobs rq gave up on (RQ_FAILED_JOBS); else
-    items lost from the queue."""
+def stalled_line(conn: redis.Redis, run: str, left: int, sources: Iterable[str]) -> str | None:
+    """Why RUN's LEFT items (neither done nor failed) are in no job, and what queues them: a
+    producer's claim not queued yet, jobs rq gave up on, else items lost from the queue. None
+    while a job of RUN is live (queued, held, waiting in rq): then they may be in it."""
+    idle, rq_failed_jobs = drained(conn, run)
+    if not idle:
+        return None
+    held = Claims(conn).held(run)
     again = enqueue_again_command(run, sources)
     if held.items:
         return held.line(again)

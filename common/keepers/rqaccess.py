@@ -290,14 +290,9 @@ class JobCounts(TypedDict):
 def drained(conn: redis.Redis, run: str) -> tuple[bool, int]:
     """Whether no job of RUN is live (queued, being dequeued, started, scheduled, deferred or
     ready: LIVE_PLACES), and how many rq gave up on (its failed registry). Raw counts."""
-    name = queue_name(run)
-    queue_key = Queue.redis_queue_namespace_prefix + name
     with conn.pipeline(transaction=False) as p:
-        p.llen(queue_key)
-        p.llen(IntermediateQueue.get_intermediate_queue_key(queue_key))
-        for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry, ReadyJobRegistry):
-            p.zcard(registry.key_template.format(name))
-        p.zcard(FailedJobRegistry.key_template.format(name))
+        for place in (*LIVE_PLACES, JobPlace.FAILED):
+            (p.llen if place in _LISTS else p.zcard)(place_key(run, place))
         *live, failed = (int(n) for n in p.execute())
     return not any(live), failed
 

@@ -12,9 +12,8 @@ import redis
 
 from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import CorruptStateError
-from genqueue.common.keepers.claims import Claims, stalled_line
+from genqueue.common.keepers.claims import stalled_line
 from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
-from genqueue.common.keepers.rqaccess import drained
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
@@ -37,11 +36,10 @@ def _unfinished(conn: redis.Redis, run: str) -> tuple[ExitCode, str] | None:
     left = p.items - p.done
     if left <= 0:
         return None
-    idle, rq_failed = drained(conn, run)
-    if not idle:  # another consumer holds some of its jobs, or they wait: not this consumer's to judge
+    line = stalled_line(conn, run, left, sources)
+    if line is None:  # another consumer holds some of its jobs, or they wait: not this consumer's to judge
         return None
-    return ExitCode.INCOMPLETE, f"{left:,} of {p.items:,} items not done: " + stalled_line(
-        run, left, rq_failed, Claims(conn).held(run), sources)
+    return ExitCode.INCOMPLETE, f"{left:,} of {p.items:,} items not done: {line}"
 
 
 async def unfinished_runs(rq: RqThread, conn: redis.Redis, runs: list[str],
