@@ -329,8 +329,9 @@ class Claims:
 
     def others(self, run: str, own_prefix: str | None) -> Iterator[Claim]:
         """RUN's claim sets whose id does not start with OWN_PREFIX (this producer's own; None:
-        every one), with their TTL; a set gone meanwhile, or without a TTL (not one of
-        genqueue's), is left out. A SCAN of the whole keyspace: not for every poll."""
+        every one), with their TTL; a set gone meanwhile, and a key without a TTL or not a set
+        (not one of genqueue's: its readers would fail on it), is left out. A SCAN of the whole
+        keyspace: not for every poll."""
         conn = self.conn
         prefix = claim_key(run, "")
         for raw in conn.scan_iter(match=prefix + "*", count=defaults.CLAIMS_SCAN):
@@ -338,7 +339,7 @@ class Claims:
             if own_prefix is not None and key[len(prefix):].startswith(own_prefix):
                 continue
             ttl = conn.ttl(key)
-            if ttl < 0:  # gone meanwhile (-2), or no TTL (-1: not one of ours)
+            if ttl < 0 or _text(conn.type(key)) != "set":  # gone meanwhile (-2), no TTL (-1) or no set: not one of ours
                 continue
             yield Claim(key[len(prefix):], key, int(ttl))
 

@@ -159,3 +159,22 @@ def test_the_table_builds_its_keys_as_the_runs_keeper_does() -> None:
 
     assert items.run_key("r1", "itemtable") == runs.run_key("r1", "itemtable") == "genqueue:run:r1:itemtable"
     assert items.bucket_key("r1", 255) == runs.run_key("r1", "items:ff")
+
+
+def test_held_claims_count_genqueues_claims_and_leave_out_other_keys(conn: redis.Redis) -> None:
+    """What status and `producer runs` read of a run's claims: a key under the claim prefix that
+    is no set with a TTL (not one of genqueue's) is left out, never read as one (a string there
+    made SCARD fail with WRONGTYPE, a traceback on `producer status`)."""
+    from genqueue.common import defaults
+
+    claims = Claims(conn)
+    digests = [os.urandom(16) for _ in range(5)]
+    assert claims.claim("hc", "p1-a", digests[:3]) == [True] * 3
+    assert claims.claim("hc", "p2-b", digests[3:]) == [True] * 2
+    conn.expire(claim_key("hc", "p2-b"), defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)  # its producer is gone
+    conn.set(claim_key("hc", "junk"), "x", ex=100)
+    conn.sadd(claim_key("hc", "no-ttl"), b"y")
+    held = claims.held("hc")
+    assert (held.claims, held.items, held.stale) == (2, 5, 1) and held.oldest_s >= defaults.CLAIM_GRACE + 5
+    assert {c.id for c in claims.others("hc", "p1")} == {"p2-b"}
+    assert claims.held("none") == type(held)()
