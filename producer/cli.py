@@ -143,7 +143,9 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
 @click.option("--multi-turn", type=click.Choice([m.value for m in Mode]), default=defaults.MULTI_TURN.value,
               show_default=True, help="How multi-turn conversations become items (see README).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=None,
-              help=f"Items per rq job [default: {defaults.BATCH_SIZE} inline, {defaults.BATCH_SIZE_REFERENCE} by reference].")
+              help=f"Items per rq job [default: {defaults.BATCH_SIZE} inline; by reference "
+                   f"{defaults.BATCH_SIZE_REFERENCE}, doubled up to {defaults.BATCH_SIZE_REFERENCE_MAX} while the run "
+                   f"keeps {defaults.JOBS_PER_RUN_MIN:,} jobs or more].")
 @click.option("--model", help="Model to request (default: whatever the consumers' endpoints serve).")
 @click.option("--temperature", type=float, default=defaults.TEMPERATURE, show_default=True, help=">= 0.")
 @click.option("--top-p", type=float, default=defaults.TOP_P, show_default=True, help="In (0, 1].")
@@ -337,7 +339,7 @@ def format_summary(s: Summary) -> str:
         queued += f"  ({s.requeued:,} lost from the queue, {s.retried:,} retried)"
     rows += [
         ("items queued", queued),
-        ("jobs", f"{s.jobs:,}"),
+        ("jobs", _jobs_row(s)),
         ("prompts", _prompts_row(s)),
         ("estimated output", f"{s.estimated_output_tokens:,} tokens (the original answers' characters / 4)"
          if s.estimated_output_tokens is not None else "- (the input has no original answers)"),
@@ -353,6 +355,12 @@ def format_summary(s: Summary) -> str:
         rows.append(("malformed jobs", malformed_line(s.queue_view["malformed_jobs"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _jobs_row(s: Summary) -> str:
+    """`40  (128 items a job at most: by reference, ~5,000 items)`."""
+    why = f": {s.batch_choice['why']}" if s.batch_choice else ""
+    return f"{s.jobs:,}  ({s.batch_size:,} items a job at most{why})"
 
 
 def _prompts_row(s: Summary) -> str:

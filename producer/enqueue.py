@@ -175,6 +175,9 @@ class Summary:
     # memplan.PromptsReason), estimated_items, reference_from, why (the summary's words)
     prompts_choice: dict[str, Any] | None = None
     packs: int = 0  # packs written (by reference)
+    batch_size: int = defaults.BATCH_SIZE  # items per job, at most (--batch-size, or as batch_choice says)
+    # and why (memplan.BatchChoice.fields): size, reason (a memplan.BatchReason), items, jobs_min, why
+    batch_choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -542,7 +545,7 @@ def _bucket(flags: int) -> str:
 class EnqueueOptions:
     """How one enqueue reads its input and queues it; the recipe is the run's RunSettings."""
 
-    #: items per rq job (None: BATCH_SIZE inline, BATCH_SIZE_REFERENCE by reference)
+    #: items per rq job (None: memplan.choose_batch's, by the mode and the run's size)
     batch_size: int | None = None
     #: where rejected records are written (None: nowhere)
     rejects_path: str | None = None
@@ -610,6 +613,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     mem = planned(choice.mode is PromptMode.REFERENCE)
     choice, mem = memplan.choose_by_room(choice, mem, lambda: planned(True))
     summary.prompts, summary.prompts_choice = choice.mode.value, choice.fields()
+    batch = memplan.choose_batch(opts.batch_size, choice.mode, est, expected=opts.expect_items)
+    summary.batch_size, summary.batch_choice = batch.size, batch.fields()
     summary.redis_memory, summary.redis_estimate_bytes = mem.line(), mem.bytes
     summary.redis_free_bytes = mem.memory.free if mem.memory is not None else None
     if conn is not None:
@@ -677,8 +682,7 @@ def _enqueue(path: str, records: Iterator[RawRecord], summary: Summary, run: str
              order: LongestFirst | None, note: Note | None, prompts: PromptMode) -> Summary:
     """enqueue_file once its input is checked and its side files are open; PROMPTS: where the
     jobs keep their items, as chosen."""
-    batch_size = opts.batch_size or (defaults.BATCH_SIZE_REFERENCE if prompts is PromptMode.REFERENCE
-                                      else defaults.BATCH_SIZE)
+    batch_size = summary.batch_size
     priority, retry_failed = opts.priority, opts.retry_failed
     store = RunStore(conn) if conn is not None else None
     if setup is not None and store is not None:

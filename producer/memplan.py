@@ -222,6 +222,60 @@ class PromptsChoice:
         return out if self.expected_items is None else {**out, "expected_items": self.expected_items}
 
 
+class BatchReason(StrEnum):
+    """Why an enqueue's jobs hold as many items as they do (`batch_choice.reason` in --json)."""
+
+    GIVEN = "given"  # --batch-size
+    INLINE = "inline"  # BATCH_SIZE: an inline job carries its items, kept small
+    REFERENCE = "reference"  # BATCH_SIZE_REFERENCE: by reference, a run of unknown or modest size
+    RUN_SIZE = "run_size"  # by reference, grown with the run's items while it keeps JOBS_PER_RUN_MIN jobs
+
+
+@dataclass(frozen=True, slots=True)
+class BatchChoice:
+    """Items per rq job for this enqueue (at most: a conversation's items share a job), and why."""
+
+    size: int
+    reason: BatchReason
+    items: int | None  # the run's items it was chosen for (None: not known, or not asked)
+    jobs_min: int = defaults.JOBS_PER_RUN_MIN
+
+    def why(self) -> str:
+        """For people: `by reference, ~1,200,000 items: the largest job that leaves 2,048 jobs or more`."""
+        if self.reason is BatchReason.GIVEN:
+            return f"--batch-size {self.size:,}"
+        if self.reason is BatchReason.INLINE:
+            return "inline"
+        items = f"~{self.items:,} items" if self.items is not None else "the run's size not known"
+        if self.reason is BatchReason.REFERENCE:
+            return f"by reference, {items}"
+        return f"by reference, {items}: the largest job that leaves {self.jobs_min:,} jobs or more"
+
+    def fields(self) -> dict[str, Any]:
+        """For --json (`batch_choice`)."""
+        return {"size": self.size, "reason": self.reason.value, "items": self.items, "jobs_min": self.jobs_min,
+                "why": self.why()}
+
+
+def choose_batch(given: int | None, mode: PromptMode, est: Estimate, *, expected: int | None = None,
+                 jobs_min: int = defaults.JOBS_PER_RUN_MIN) -> BatchChoice:
+    """Items per job: GIVEN (--batch-size) when given; inline BATCH_SIZE; by reference
+    BATCH_SIZE_REFERENCE, doubled up to BATCH_SIZE_REFERENCE_MAX while the run's items (EXPECTED,
+    --expect-items, else EST's when it is of the whole input) still make JOBS_MIN jobs or more:
+    rq's per-job Redis commands spread over more items where a run has jobs enough that a job
+    held whole to its end costs the fleet nothing."""
+    if given is not None:
+        return BatchChoice(given, BatchReason.GIVEN, None, jobs_min)
+    if mode is PromptMode.INLINE:
+        return BatchChoice(defaults.BATCH_SIZE, BatchReason.INLINE, None, jobs_min)
+    items = expected if expected is not None else (est.items if est.whole else None)
+    size = defaults.BATCH_SIZE_REFERENCE
+    while items is not None and size * 2 <= defaults.BATCH_SIZE_REFERENCE_MAX and items >= size * 2 * jobs_min:
+        size *= 2
+    reason = BatchReason.RUN_SIZE if size > defaults.BATCH_SIZE_REFERENCE else BatchReason.REFERENCE
+    return BatchChoice(size, reason, items, jobs_min)
+
+
 def run_mode(conn: redis.Redis, run: str, *, in_redis: bool, run_file: RunFile | None) -> PromptMode | None:
     """RUN's mode as its earlier enqueues left it (None: it has none yet). By reference once any
     enqueue of it was (run.json's rule): the run has packs, or a source's summary says so;

@@ -102,3 +102,22 @@ def test_expect_items_decides_auto_but_not_a_given_mode_or_a_runs_own() -> None:
     ref = memplan.MemoryPlan(1_000, 1 << 20, True, mem, by_reference=True)
     c = memplan.choose_prompts(auto, small, None, expected=1_000)
     assert memplan.choose_by_room(c, inline, lambda: ref)[0].reason is memplan.PromptsReason.ROOM
+
+
+def test_jobs_by_reference_grow_only_where_the_run_keeps_jobs_enough() -> None:
+    """choose_batch: the estimate of a whole input (or --expect-items) doubles the job from
+    BATCH_SIZE_REFERENCE up to BATCH_SIZE_REFERENCE_MAX while JOBS_PER_RUN_MIN jobs remain; an input
+    of unknown size keeps the base; inline and --batch-size are not touched."""
+    ref, base, most = PromptMode.REFERENCE, defaults.BATCH_SIZE_REFERENCE, defaults.BATCH_SIZE_REFERENCE_MAX
+    jobs = defaults.JOBS_PER_RUN_MIN
+    for items, size in ((0, base), (2 * base * jobs - 1, base), (2 * base * jobs, 2 * base),
+                        (most * jobs, most), (100 * most * jobs, most)):
+        c = memplan.choose_batch(None, ref, memplan.Estimate(items, 1.0, True))
+        assert c.size == size and c.items == items and (items // size >= jobs or size == base), (items, c)
+    unknown = memplan.choose_batch(None, ref, memplan.Estimate(10**9, 1.0, False))
+    assert (unknown.size, unknown.reason, unknown.items) == (base, memplan.BatchReason.REFERENCE, None)
+    assert "the run's size not known" in unknown.why()
+    assert memplan.choose_batch(None, ref, memplan.Estimate(10, 1.0, False), expected=most * jobs).size == most
+    assert memplan.choose_batch(None, PromptMode.INLINE, memplan.Estimate(10**9, 1.0, True)).size == defaults.BATCH_SIZE
+    given = memplan.choose_batch(7, ref, memplan.Estimate(10**9, 1.0, True))
+    assert (given.size, given.reason, given.why()) == (7, memplan.BatchReason.GIVEN, "--batch-size 7")

@@ -182,3 +182,46 @@ def test_a_run_fed_in_parts_is_sized_and_chosen_by_the_items_expected(tmp_path: 
     s = summary(tmp_path, redis_url, part, "parts-none")
     assert (s["prompts"], s["prompts_choice"]["reason"]) == ("inline", "size") and "expected_items" not in s["prompts_choice"]
     assert ItemTable(conn, "parts-none").buckets() == buckets_for(16)
+
+
+def test_jobs_by_reference_grow_with_the_run_and_the_summary_says_why(tmp_path: Path, redis_url: str,
+                                                                       conn: redis.Redis) -> None:
+    """Without --batch-size: inline jobs of BATCH_SIZE; by reference BATCH_SIZE_REFERENCE, doubled
+    up to BATCH_SIZE_REFERENCE_MAX while the run (here as --expect-items says) keeps
+    JOBS_PER_RUN_MIN jobs or more; the jobs rq holds are of that size, the summary row and --json
+    say it and why, and --batch-size wins."""
+    n = 600
+    data = write_jsonl(tmp_path / "grow.jsonl", [{"id": f"g{i}", "conversations": [
+        {"from": "human", "value": f"question {i}"}]} for i in range(n)])
+
+    def run(name: str, *args: str) -> tuple[Summary, list[int]]:
+        proc = cli("producer", "enqueue", str(data), "--run", name, "--output", str(tmp_path / "out"), "--json",
+                   *args, env={"REDIS_URL": redis_url})
+        assert proc.returncode == 0, proc.stderr
+        q = queue_for(name, conn)
+        jobs = [q.fetch_job(i) for i in q.job_ids]
+        return orjson.loads(proc.stdout), [int(j.meta["items"]) for j in jobs if j is not None]
+
+    base, most = defaults.BATCH_SIZE_REFERENCE, defaults.BATCH_SIZE_REFERENCE_MAX
+    s, sizes = run("g-inline", "--prompts", "inline")
+    assert s["batch_size"] == defaults.BATCH_SIZE and s["batch_choice"]["reason"] == "inline"
+    assert max(sizes) == defaults.BATCH_SIZE and sum(sizes) == n
+    s, sizes = run("g-ref", "--prompts", "reference")
+    assert (s["batch_size"], s["batch_choice"]["reason"], s["batch_choice"]["items"]) == (base, "reference", n)
+    assert max(sizes) == base and sum(sizes) == n
+    # a run expected to make 2 * JOBS_PER_RUN_MIN jobs of twice the size, or more: the largest allowed
+    expected = most * defaults.JOBS_PER_RUN_MIN
+    s, sizes = run("g-big", "--prompts", "reference", "--expect-items", str(expected))
+    assert (s["batch_size"], s["batch_choice"]["reason"]) == (most, "run_size")
+    assert sizes == [most, n - most], sizes
+    assert s["batch_choice"]["why"] == (f"by reference, ~{expected:,} items: the largest job that leaves "
+                                        f"{defaults.JOBS_PER_RUN_MIN:,} jobs or more")
+    # one short of it: the size below
+    s, _ = run("g-mid", "--prompts", "reference", "--expect-items", str(expected - 1))
+    assert s["batch_size"] == most // 2
+    # --batch-size wins, and the screen's jobs row says it
+    proc = cli("producer", "enqueue", str(data), "--run", "g-given", "--output", str(tmp_path / "out"),
+               "--prompts", "reference", "--expect-items", str(expected), "--batch-size", "100",
+               env={"REDIS_URL": redis_url})
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("jobs"))
+    assert row.split()[1:] == ["6", "(100", "items", "a", "job", "at", "most:", "--batch-size", "100)"], row
