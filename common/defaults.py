@@ -420,6 +420,19 @@ PACK_TAG_CHARS = 6
 #: holds at most hash-max-listpack-entries (128 by default) entries; 64 leaves room for a
 #: bucket fuller than the mean (BENCHMARKS.md, "Redis bytes per item").
 ITEMS_PER_BUCKET = 64
+#: A run's item table keeps a bucket as one string of fixed records, an item's 16-byte digest and
+#: its entry (state bits, or its place) in ITEMS_VALUE_BYTES big-endian bytes: the scripts read
+#: and write a slice's or a shard's buckets with one MGET and one MSET, not a command an item
+#: (issue 34: 0.1 Redis commands an item), at about 22 B an item. Six bytes hold a place up to
+#: pack 2**34: far past any run's.
+ITEMS_DIGEST_BYTES = 16
+ITEMS_VALUE_BYTES = 6
+#: Look-ups and changes of one bucket in one script call past which the script decodes it into a
+#: Lua table for the rest of the call instead of searching and splicing its string: a slice's
+#: claim or a shard's marks touch most buckets once or twice, and decoding each would cost more
+#: than a search (a bucket far past its size only makes the search and the copy longer); many
+#: digests of one bucket in one call would cost a search and a copy of the string each.
+ITEMS_DECODE_AFTER = 32
 #: Items a pack holds at most by reference (issue 34, step 8): an item's place in its run is
 #: (pack number, slot), and its item-table entry holds it as (pack x PACK_SLOTS + slot) x 8 +
 #: IN_RUN, a 32-bit integer in Redis's listpack up to 131,071 packs (134M items in slices of

@@ -667,10 +667,13 @@ def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan, *, expect:
                 "to a run's first enqueue")
         (note or log.warning)(line)
     if held + mem.items > buckets * entries:
+        cost = ("its buckets hold more than %d records each, past what they were made for: each claim and mark "
+                "searches and copies longer strings, slower in Redis, the bytes an item unchanged" if table.blobs() else
+                "its buckets outgrow Redis's compact hashes (%d entries): more Redis an item than the estimate's, "
+                "nothing else changes")
         log.warning("run %s: its item table has %d buckets, fixed by its first enqueue; with about %s items more "
-                    "than its %s its buckets outgrow Redis's compact hashes (%d entries): more Redis an item than "
-                    "the estimate's, nothing else changes (a run fed in parts is sized for all of them by "
-                    "--expect-items on its first enqueue)", run, buckets, f"{mem.items:,}", f"{held:,}", entries)
+                    "than its %s " + cost + " (a run fed in parts is sized for all of them by --expect-items on "
+                    "its first enqueue)", run, buckets, f"{mem.items:,}", f"{held:,}", entries)
     if moved := table.migrate_sets():
         log.warning("run %s: %d marks moved from the run's sets into its item table (made by an earlier "
                     "genqueue)", run, moved)

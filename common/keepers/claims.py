@@ -121,11 +121,12 @@ end
 local pack = tonumber(ARGV[4]) or 0
 local digests, mine = slice_of(5, pack)
 if not digests then return redis.error_reply(TOO_MANY) end
+preload(tab, digests)
 local out, slots, add, seen, nxt = {}, {}, {}, {}, 0
 if pack > 0 then
   for i, d in ipairs(digests) do
     if mine[i] == 1 then
-      local v = tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0
+      local v = entry_get(tab, bucket_of(tab, d), d)
       local _, sl = place_of(v)
       if sl + 1 > nxt then nxt = sl + 1 end
     end
@@ -139,7 +140,7 @@ for i, d in ipairs(digests) do
   elseif mine[i] == 1 then
     code, slot = 1, 1
     if pack > 0 then
-      local _, sl = place_of(tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0)
+      local _, sl = place_of(entry_get(tab, bucket_of(tab, d), d))
       slot = sl + 1
     end
   elseif bit.band(st, 1) == 0 then
@@ -153,12 +154,12 @@ for i, d in ipairs(digests) do
     add[#add + 1] = d
     if pack > 0 then
       local k = bucket_of(tab, d)
-      local v = tonumber(redis.call('HGET', k, d) or '0') or 0
+      local v = entry_get(tab, k, d)
       if v >= 8 then
         local p = place_of(v)
         if p ~= pack then redis.call('HSET', tab.key, '""" + MOVED + """' .. p, 1) end
       end
-      redis.call('HSET', k, d, placed_value(pack, nxt))
+      entry_set(tab, k, d, placed_value(pack, nxt))
       set_state_at(tab, pack, nxt, st)
       slot = nxt + 1
       nxt = nxt + 1
@@ -168,6 +169,7 @@ for i, d in ipairs(digests) do
   out[i] = code
   slots[i] = slot
 end
+flush(tab)
 if pack > 0 and nxt > 0 then placing(tab, pack) end
 if #add > 0 then call('SADD', KEYS[2], add) end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -214,7 +216,8 @@ LOCKED = "GENQUEUE_LOCKED"
 # claim's, else its slot in the pack + 1 (1 inline): the slots this claim wins are 0, 1, ... in
 # the digests' order, an earlier send's kept (their entries hold them) and new ones after them.
 # The claim set is written with whole-list commands, in parts of 4096 (Lua's unpack limit); the
-# table an entry at a time (each digest has its own bucket).
+# table's buckets the slice touches are read with one MGET and written with one MSET (a table an
+# earlier genqueue made, a hash a bucket: an entry at a time).
 _CLAIM = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[2] then
@@ -224,13 +227,14 @@ end
 local pack = tonumber(ARGV[3]) or 0
 local digests, mine = slice_of(4, pack)
 if not digests then return redis.error_reply(TOO_MANY) end
+preload(tab, digests)
 local won, new, seen, nxt = {}, {}, {}, 0
 for j, d in ipairs(digests) do
   won[j] = 0
   if mine[j] == 1 and not seen[d] then
     won[j] = 1
     if pack > 0 then
-      local v = tonumber(redis.call('HGET', bucket_of(tab, d), d) or '0') or 0
+      local v = entry_get(tab, bucket_of(tab, d), d)
       local _, sl = place_of(v)
       won[j] = sl + 1
       if sl + 1 > nxt then nxt = sl + 1 end
@@ -266,6 +270,7 @@ return won
 _RELEASE = LUA_ITEMS + """
 local tab = items_table(KEYS[1], true)
 local held = redis.call('SMEMBERS', KEYS[2])
+preload(tab, held)
 for _, d in ipairs(held) do change(tab, d, 0, 1) end
 flush(tab)
 redis.call('DEL', KEYS[2])

@@ -2,9 +2,13 @@
 
 Every item of a run has one entry, its 16-byte digest (common/keepers/runs.py `key_digest`) ->
 its state bits (IN_RUN: a producer claimed it; DONE: a shipped shard holds its result; FAILED:
-a shipped shard holds an error record of it), in one of the run's bucket hashes:
+a shipped shard holds an error record of it), in one of the run's buckets:
 
-  genqueue:run:<run>:items:<bucket hex>  hash  digest -> state bits (1-7), or the item's place
+  genqueue:run:<run>:items:<bucket hex>  string  records of 22 bytes: a digest, then its entry
+                                               (state bits 1-7, or the item's place) in 6
+                                               big-endian bytes; in a table an earlier
+                                               genqueue made (no `layout` in the table's
+                                               hash), a hash digest -> entry
   genqueue:run:<run>:pk:<pack number>    string  the done and failed bits of the items placed
                                                in that pack, two a slot
   genqueue:run:<run>:itemtable           hash  buckets: how many bucket hashes (set once), and
@@ -13,7 +17,18 @@ a shipped shard holds an error record of it), in one of the run's bucket hashes:
                                                marks were written other than by shipping (a
                                                rebuild from the output, a move from older sets);
                                                moved:<pack>: a pack whose slots the entries no
-                                               longer vouch for (`distrust`)
+                                               longer vouch for (`distrust`); layout: `blobs`
+                                               (buckets as strings of records)
+
+Why strings of records (issue 34, 2026-12-06): every script reads the buckets its digests fall
+in with one MGET at its start (`preload`) and writes those it changed with one MSET at its end
+(`flush`), finding and changing an entry in Lua; a slice's claim of 1,024 items or a shard's
+marks by entry cost a handful of Redis commands instead of one an item (each digest has its own
+bucket, so a hash a bucket needs an HSETNX, HGET or HINCRBY an item, which is what
+`total_commands_processed` counts, Lua's calls included). A record is 22 bytes, about 24 of
+Redis an item with the bucket's key (28 in the listpacks of hashes with places). A table made
+by an earlier genqueue keeps its hashes: `LAYOUT` is set only with a new table's `buckets`
+(`ensure`, or a writer's fallback), and every primitive below reads and writes either layout.
 
 Items by reference have a place (issue 34, step 8): the claim that wins an item for pack number
 P gives it slot S (0, 1, ... in the slice's order; the pack holds the items in that order) and
@@ -25,7 +40,7 @@ common/keepers/marks.py) instead of one command an item. Every reader by digest 
 `add_in_run`) writes it there. An entry costs about 4 bytes more (a 32-bit integer in the
 listpack instead of a small one).
 
-Why buckets of hashes and not three sets (the run's keys, done and failed sets until issue 34):
+Why buckets and not three sets (the run's keys, done and failed sets until issue 34):
 a set of 16-byte members costs about 80 bytes of Redis a member, three of them 240 an item once
 done; a small hash is stored as a listpack, its entries packed one after another, about 23 bytes
 an item for all three states (measured: BENCHMARKS.md, "Redis bytes per item"). A hash stays a
@@ -70,6 +85,18 @@ MOVED = "moved:"
 #: below it was written before items had places (an upgrade in the middle of a run), and its
 #: items are marked by entry.
 PLACED_FROM = "placed_from"
+#: The table's field naming how its buckets are kept: BLOBS (a string of records a bucket, read
+#: and written a call's buckets at a time) for a table made by this genqueue; none for a table
+#: an earlier one made (a hash a bucket, digest -> entry), which keeps that layout.
+LAYOUT = "layout"
+BLOBS = "blobs"
+DIGEST_BYTES = defaults.ITEMS_DIGEST_BYTES
+VALUE_BYTES = defaults.ITEMS_VALUE_BYTES
+RECORD_BYTES = DIGEST_BYTES + VALUE_BYTES
+#: A bucket a call looks up or changes more often than this is decoded into a Lua table for the
+#: rest of the call (many digests of one bucket in one call), so each look-up and change is O(1)
+#: instead of a search and a copy of its string.
+DECODE_AFTER = defaults.ITEMS_DECODE_AFTER
 
 # The Lua shared by every script of the table. T is the table's key (the script's KEYS[n]); the
 # bucket hashes are named from it. B is read once per call; a writer that finds none sets
@@ -84,22 +111,153 @@ PLACED_FROM = "placed_from"
 # A placed entry's state is read at its place (`read_entry`, `state_at`) and written there
 # (`set_state_at`) while it stays in the run; cleared out of the run, it becomes a plain state
 # again (0: deleted). `place_of` and `placed_value` are the entry's encoding (module docstring).
+# `entry_get` and `entry_set` read and write an entry in either layout: in strings of records,
+# in the bucket's string as `preload` (one MGET for a call's digests) or a GET read it, written
+# back by `flush` (one MSET); a digest that is not 16 bytes is no item of genqueue's there
+# (`foreign`: never in the run, never changed).
 LUA_ITEMS = """
 local function items_table(T, write)
   local run = string.sub(T, 1, #T - 9)
-  local tab = {key = T, prefix = run .. 'items:', pk = run .. 'pk:'}
-  local b = redis.call('HGET', T, 'buckets')
+  local tab = {key = T, prefix = run .. 'items:', pk = run .. 'pk:', blobs = {}, maps = {}, adds = {}, ops = {},
+               dirty = {}}
+  local got = redis.call('HMGET', T, 'buckets', '""" + LAYOUT + """')
+  local b = got[1]
   if not b and write then
-    redis.call('HSETNX', T, 'buckets', '""" + str(DEFAULT_BUCKETS) + """')
-    b = redis.call('HGET', T, 'buckets')
+    if redis.call('HSETNX', T, 'buckets', '""" + str(DEFAULT_BUCKETS) + """') == 1 then
+      redis.call('HSET', T, '""" + LAYOUT + """', '""" + BLOBS + """')
+    end
+    got = redis.call('HMGET', T, 'buckets', '""" + LAYOUT + """')
+    b = got[1]
   end
   tab.n = tonumber(b or '0') or 0
+  tab.blob = got[2] == '""" + BLOBS + """'
   tab.delta = {in_run = 0, done = 0, failed = 0, failed_done = 0, in_run_done = 0}
   return tab
 end
 local function bucket_of(tab, d)
   local b1, b2, b3, b4 = string.byte(d, 1, 4)
   return tab.prefix .. string.format('%x', ((((b1 or 0) * 256 + (b2 or 0)) * 256 + (b3 or 0)) * 256 + (b4 or 0)) % tab.n)
+end
+local function foreign(tab, d)
+  return tab.blob and #d ~= """ + str(DIGEST_BYTES) + """
+end
+local function record_at(b, d)
+  if #d ~= """ + str(DIGEST_BYTES) + """ then return nil end
+  local i = 1
+  while true do
+    local s = string.find(b, d, i, true)
+    if not s then return nil end
+    if (s - 1) % """ + str(RECORD_BYTES) + """ == 0 then return s end
+    i = s + 1
+  end
+end
+local function value_at(b, s)
+  local v = 0
+  for _, x in ipairs({string.byte(b, s + """ + str(DIGEST_BYTES) + """, s + """ + str(RECORD_BYTES - 1) + """)}) do
+    v = v * 256 + x
+  end
+  return v
+end
+local function value_bytes(v)
+  local out = {}
+  for i = """ + str(VALUE_BYTES) + """, 1, -1 do
+    out[i] = v % 256
+    v = math.floor(v / 256)
+  end
+  return string.char(unpack(out))
+end
+local function decoded(b)
+  local map = {}
+  for s = 1, #b - """ + str(RECORD_BYTES - 1) + """, """ + str(RECORD_BYTES) + """ do
+    map[string.sub(b, s, s + """ + str(DIGEST_BYTES - 1) + """)] = value_at(b, s)
+  end
+  return map
+end
+local function loaded(tab, k, b)
+  if type(b) ~= 'string' then b = '' end
+  tab.blobs[k] = string.sub(b, 1, #b - #b % """ + str(RECORD_BYTES) + """)
+  tab.adds[k] = {}
+  tab.ops[k] = 0
+end
+local function preload(tab, digests)
+  if not tab.blob or tab.n == 0 then return end
+  local want, asked = {}, {}
+  for _, d in ipairs(digests) do
+    local k = bucket_of(tab, d)
+    if tab.blobs[k] == nil and tab.maps[k] == nil and not asked[k] then
+      asked[k] = true
+      want[#want + 1] = k
+    end
+  end
+  for i = 1, #want, 4096 do
+    local part = redis.call('MGET', unpack(want, i, math.min(i + 4095, #want)))
+    for j = 1, math.min(4096, #want - i + 1) do loaded(tab, want[i + j - 1], part[j]) end
+  end
+end
+local function load(tab, k)
+  if tab.blobs[k] == nil and tab.maps[k] == nil then loaded(tab, k, redis.pcall('GET', k)) end
+  if tab.maps[k] == nil then
+    tab.ops[k] = tab.ops[k] + 1
+    if tab.ops[k] > """ + str(DECODE_AFTER) + """ then
+      local m = decoded(tab.blobs[k])
+      for x, y in pairs(tab.adds[k]) do m[x] = y end
+      tab.maps[k], tab.blobs[k], tab.adds[k] = m, nil, nil
+    end
+  end
+end
+local function entry_get(tab, k, d)
+  if not tab.blob then return tonumber(redis.call('HGET', k, d) or '0') or 0 end
+  if #d ~= """ + str(DIGEST_BYTES) + """ then return 0 end
+  load(tab, k)
+  local map = tab.maps[k]
+  if map then return map[d] or 0 end
+  local added = tab.adds[k][d]
+  if added then return added end
+  local b = tab.blobs[k]
+  local s = record_at(b, d)
+  if s then return value_at(b, s) end
+  return 0
+end
+local function entry_set(tab, k, d, v)
+  if not tab.blob then
+    if v == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, v) end
+    return
+  end
+  if #d ~= """ + str(DIGEST_BYTES) + """ then return end
+  load(tab, k)
+  tab.dirty[k] = true
+  local map = tab.maps[k]
+  if map then
+    if v == 0 then map[d] = nil else map[d] = v end
+    return
+  end
+  local adds = tab.adds[k]
+  if adds[d] then
+    if v == 0 then adds[d] = nil else adds[d] = v end
+    return
+  end
+  local b = tab.blobs[k]
+  local s = record_at(b, d)
+  if s then
+    if v == 0 then
+      tab.blobs[k] = string.sub(b, 1, s - 1) .. string.sub(b, s + """ + str(RECORD_BYTES) + """)
+    else
+      tab.blobs[k] = string.sub(b, 1, s + """ + str(DIGEST_BYTES - 1) + """) .. value_bytes(v) .. string.sub(b, s + """ + str(RECORD_BYTES) + """)
+    end
+  elseif v ~= 0 then
+    adds[d] = v
+  end
+end
+local function encoded(tab, k)
+  local out = {}
+  local map = tab.maps[k]
+  if map then
+    for d, v in pairs(map) do out[#out + 1] = d .. value_bytes(v) end
+  else
+    out[1] = tab.blobs[k]
+    for d, v in pairs(tab.adds[k]) do out[#out + 1] = d .. value_bytes(v) end
+  end
+  return table.concat(out)
 end
 local function place_of(v)
   local p = math.floor(v / 8)
@@ -122,7 +280,7 @@ local function set_state_at(tab, pack, slot, s)
   redis.call('BITFIELD', tab.pk .. pack, 'SET', 'u2', slot * 2, x)
 end
 local function read_entry(tab, k, d)
-  local v = tonumber(redis.call('HGET', k, d) or '0') or 0
+  local v = entry_get(tab, k, d)
   if v >= 8 then
     local p, sl = place_of(v)
     return v, state_at(tab, p, sl)
@@ -144,6 +302,7 @@ local function count(tab, s, n)
   if inr and dn then dl.in_run_done = dl.in_run_done + n end
 end
 local function change(tab, d, add, clear)
+  if foreign(tab, d) then return 0 end
   local k = bucket_of(tab, d)
   local v, old = read_entry(tab, k, d)
   local new = bit.bor(bit.band(old, bit.bnot(clear)), add)
@@ -151,13 +310,14 @@ local function change(tab, d, add, clear)
     if v >= 8 and bit.band(new, 1) ~= 0 then
       local p, sl = place_of(v)
       set_state_at(tab, p, sl, new)
-    elseif new == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, new) end
+    else entry_set(tab, k, d, new) end
     count(tab, old, -1)
     count(tab, new, 1)
   end
   return old
 end
 local function mark_one(tab, d, m)
+  if tab.blob then return change(tab, d, m, 0) end
   local k = bucket_of(tab, d)
   local new = redis.pcall('HINCRBY', k, d, m)
   if type(new) ~= 'number' then return change(tab, d, m, 0) end
@@ -175,8 +335,15 @@ local function mark_one(tab, d, m)
   return old
 end
 local function add_in_run(tab, d, pv)
+  if foreign(tab, d) then return 1 end
   local k = bucket_of(tab, d)
-  if redis.call('HSETNX', k, d, pv or 1) == 1 then
+  if tab.blob then
+    if entry_get(tab, k, d) == 0 then
+      entry_set(tab, k, d, pv or 1)
+      count(tab, 1, 1)
+      return 0
+    end
+  elseif redis.call('HSETNX', k, d, pv or 1) == 1 then
     count(tab, 1, 1)
     return 0
   end
@@ -184,11 +351,11 @@ local function add_in_run(tab, d, pv)
   if bit.band(old, 1) == 0 then
     local new = bit.bor(old, 1)
     if pv then
-      redis.call('HSET', k, d, pv)
+      entry_set(tab, k, d, pv)
       local p, sl = place_of(pv)
       set_state_at(tab, p, sl, new)
     else
-      redis.call('HSET', k, d, new)
+      entry_set(tab, k, d, new)
     end
     count(tab, old, -1)
     count(tab, new, 1)
@@ -203,6 +370,15 @@ local function flush(tab)
   for f, n in pairs(tab.delta) do
     if n ~= 0 then redis.call('HINCRBY', tab.key, f, n) end
   end
+  tab.delta = {in_run = 0, done = 0, failed = 0, failed_done = 0, in_run_done = 0}
+  local set, gone = {}, {}
+  for k, _ in pairs(tab.dirty) do
+    local b = encoded(tab, k)
+    if b == '' then gone[#gone + 1] = k else set[#set + 1] = k; set[#set + 1] = b end
+  end
+  tab.dirty = {}
+  for i = 1, #set, 4096 do redis.call('MSET', unpack(set, i, math.min(i + 4095, #set))) end
+  for i = 1, #gone, 4096 do redis.call('DEL', unpack(gone, i, math.min(i + 4095, #gone))) end
 end
 """
 
@@ -215,8 +391,11 @@ REBUILT = "rebuilt"
 _STATES = LUA_ITEMS + """
 if ARGV[1] == '1' and redis.call('HEXISTS', KEYS[1], '""" + REBUILT + """') == 0 then return '' end
 local tab = items_table(KEYS[1], false)
+local digests = {}
+for i = 2, #ARGV do digests[i - 1] = ARGV[i] end
+preload(tab, digests)
 local out = {}
-for i = 2, #ARGV do out[i - 1] = string.char(48 + state_of(tab, ARGV[i])) end
+for i, d in ipairs(digests) do out[i] = string.char(48 + state_of(tab, d)) end
 return table.concat(out)
 """
 
@@ -224,6 +403,9 @@ return table.concat(out)
 _CHANGE = LUA_ITEMS + """
 local tab = items_table(KEYS[1], true)
 local add, clear, changed = tonumber(ARGV[1]), tonumber(ARGV[2]), 0
+local digests = {}
+for i = 3, #ARGV do digests[i - 2] = ARGV[i] end
+preload(tab, digests)
 for i = 3, #ARGV do
   local old = change(tab, ARGV[i], add, clear)
   if bit.bor(bit.band(old, bit.bnot(clear)), add) ~= old then changed = changed + 1 end
@@ -235,12 +417,23 @@ return changed
 # KEYS: the table, the export's seen set, its missing set. ARGV: the first bucket, the bucket
 # after the last, the TTL of the missing set. Adds to the missing set every digest in the run
 # (IN_RUN) of those buckets that the seen set lacks; returns how many it added.
-_MISSING = """
+_MISSING = LUA_ITEMS + """
 local T = KEYS[1]
-local prefix = string.sub(T, 1, #T - 9) .. 'items:'
+local tab = items_table(T, false)
 local added = 0
 for b = tonumber(ARGV[1]), tonumber(ARGV[2]) - 1 do
-  local flat = redis.call('HGETALL', prefix .. string.format('%x', b))
+  local k = tab.prefix .. string.format('%x', b)
+  local flat = {}
+  if tab.blob then
+    local blob = redis.pcall('GET', k)
+    if type(blob) ~= 'string' then blob = '' end
+    for s = 1, #blob - """ + str(RECORD_BYTES - 1) + """, """ + str(RECORD_BYTES) + """ do
+      flat[#flat + 1] = string.sub(blob, s, s + """ + str(DIGEST_BYTES - 1) + """)
+      flat[#flat + 1] = value_at(blob, s)
+    end
+  else
+    flat = redis.call('HGETALL', k)
+  end
   for i = 1, #flat, 2 do
     local s = tonumber(flat[i + 1]) or 0
     if bit.band(s, 1) ~= 0 and redis.call('SISMEMBER', KEYS[2], flat[i]) == 0 then
@@ -250,6 +443,15 @@ for b = tonumber(ARGV[1]), tonumber(ARGV[2]) - 1 do
 end
 if added > 0 then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
 return added
+"""
+
+# KEYS: the table. ARGV: the buckets for a new table, its layout ('' for hashes). Fixes both
+# once, together; returns the buckets in force.
+_ENSURE = """
+if redis.call('HSETNX', KEYS[1], 'buckets', ARGV[1]) == 1 and ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], '""" + LAYOUT + """', ARGV[2])
+end
+return redis.call('HGET', KEYS[1], 'buckets')
 """
 
 _MISSING_BUCKETS = defaults.ITEMS_SCAN_BUCKETS
@@ -303,6 +505,22 @@ def state_at(bits: bytes, slot: int) -> int:
     return IN_RUN | (DONE if x & 2 else 0) | (FAILED if x & 1 else 0)
 
 
+def records(blob: bytes) -> list[tuple[bytes, int]]:
+    """The (digest, entry) records of a bucket kept as a string (a torn tail left out)."""
+    out = []
+    for at in range(0, len(blob) - RECORD_BYTES + 1, RECORD_BYTES):
+        out.append((blob[at:at + DIGEST_BYTES], int.from_bytes(blob[at + DIGEST_BYTES:at + RECORD_BYTES], "big")))
+    return out
+
+
+def _blob(raw: object) -> bytes:
+    return raw if isinstance(raw, bytes) else b""
+
+
+def _text(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw) if raw is not None else ""
+
+
 def buckets_for(expected_items: int) -> int:
     """The number of buckets for a run of about EXPECTED_ITEMS items: a power of two giving at
     most ITEMS_PER_BUCKET items a bucket (DEFAULT_BUCKETS at least, MAX_BUCKETS at most)."""
@@ -333,14 +551,29 @@ class ItemTable:
         self.run = run
         self.key = table_key(run)
 
-    def ensure(self, expected_items: int) -> int:
+    def ensure(self, expected_items: int, *, hashes: bool = False) -> int:
         """Fix the number of buckets for a run of about EXPECTED_ITEMS items, unless it is fixed
-        already (the first writer decides, once); returns the number in force."""
-        with self.conn.pipeline(transaction=False) as p:
-            p.hsetnx(self.key, "buckets", buckets_for(expected_items))
-            p.hget(self.key, "buckets")
-            _, n = p.execute()
-        return int(n)
+        already (the first writer decides, once, and the layout with it: strings of records;
+        HASHES, for tests, a hash a bucket as an earlier genqueue made them); returns the number
+        in force."""
+        layout = "" if hashes else BLOBS
+        return int(self.conn.register_script(_ENSURE)(keys=[self.key], args=[buckets_for(expected_items), layout]))
+
+    def blobs(self) -> bool:
+        """Whether the table keeps its buckets as strings of records (False: hashes, a table an
+        earlier genqueue made, or none yet)."""
+        return _text(self.conn.hget(self.key, LAYOUT)) == BLOBS
+
+    def entry(self, digest: bytes) -> int:
+        """DIGEST's entry as stored (state bits, or its place; 0: none), in either layout."""
+        n = self.buckets()
+        if not n:
+            return 0
+        key = bucket_key(self.run, int.from_bytes(digest[:4], "big") % n)
+        if not self.blobs():
+            raw = self.conn.hget(key, digest)
+            return int(raw) if raw is not None else 0
+        return dict(records(_blob(self.conn.get(key)))).get(digest, 0)
 
     def listpack_entries(self) -> int:
         """The entries a bucket holds in Redis's compact encoding (CONFIG GET
@@ -418,13 +651,18 @@ class ItemTable:
     def each(self) -> Iterator[tuple[bytes, int]]:
         """Every (digest, state) the table holds, a range of buckets a round trip (and, for the
         items placed in packs, one more for the packs' bits they name)."""
-        n = self.buckets()
+        n, blobs = self.buckets(), self.blobs()
         for lo in range(0, n, _MISSING_BUCKETS):
-            with self.conn.pipeline(transaction=False) as p:
-                for b in range(lo, min(n, lo + _MISSING_BUCKETS)):
-                    p.hgetall(bucket_key(self.run, b))
-                parts = p.execute()
-            entries = [((d if isinstance(d, bytes) else d.encode()), int(v)) for part in parts for d, v in part.items()]
+            keys = [bucket_key(self.run, b) for b in range(lo, min(n, lo + _MISSING_BUCKETS))]
+            if blobs:
+                entries = [e for raw in self.conn.mget(keys) for e in records(_blob(raw))]
+            else:
+                with self.conn.pipeline(transaction=False) as p:
+                    for key in keys:
+                        p.hgetall(key)
+                    parts = p.execute()
+                entries = [((d if isinstance(d, bytes) else d.encode()), int(v))
+                           for part in parts for d, v in part.items()]
             bits = self._place_bits({v for _, v in entries if v >= _PLACED})
             for d, v in entries:
                 yield d, (state_at(bits.get(v // 8 // PACK_SLOTS, b""), v // 8 % PACK_SLOTS) if v >= _PLACED else v)

@@ -115,7 +115,8 @@ end
 #: and it is numbered from `placed_from` on (a pack written before items had places, by an
 #: earlier genqueue, is not): the items' entries then hold those places, as the claim wrote them. Otherwise, and for
 #: an item without a place (inline, a leftover shard read back from disk, a rebuild), it is
-#: marked by its entry: one HINCRBY an item (`mark_one`), or its entry's place when it has one.
+#: marked by its entry (the buckets they touch read with one MGET and written with one MSET; in a
+#: table an earlier genqueue made, one HINCRBY an item, `mark_one`), or its entry's place when it has one.
 _MARK = LUA_ITEMS + _LUA_TRUSTED + """
 local added = 0
 """ + LUA_INIT + """local tab = items_table(KEYS[1], true)
@@ -168,6 +169,11 @@ if bits == mark then
     end
   end
 end
+local rest = {}
+for i = first, #ARGV, 6 do
+  if olds[i] == nil then rest[#rest + 1] = ARGV[i] end
+end
+preload(tab, rest)
 for i = first, #ARGV, 6 do
   local old = olds[i]
   if old == nil then

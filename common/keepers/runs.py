@@ -12,7 +12,8 @@ Keys (all under genqueue:, rq's own keys keep rq's prefix):
                                       (an integer, higher first, absent = 0; not part of the recipe,
                                       so not in the fingerprint; consumers read it every few seconds)
   genqueue:run:<run>:itemtable  hash  the run's item table: its items, done and failed, as state
-  genqueue:run:<run>:items:<b>  hash  bits of their 16-byte digests, in buckets (common/keepers/items.py)
+  genqueue:run:<run>:items:<b>  str   bits of their 16-byte digests, in buckets of 22-byte records
+                                      (common/keepers/items.py; a hash in a run an earlier genqueue made)
   genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
                                       the transaction that enqueues them deletes it (below)
   genqueue:run:<run>:sources    hash  source id -> JSON summary of its last enqueue

@@ -7,14 +7,18 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 import redis
 
 from genqueue.common.keepers.claims import Claims, claim_key
 from genqueue.common.keepers.items import (
+    DECODE_AFTER,
+    DEFAULT_BUCKETS,
     DONE,
     FAILED,
     IN_RUN,
     ITEMS_PER_BUCKET,
+    RECORD_BYTES,
     ItemCounts,
     ItemTable,
     bucket_key,
@@ -61,16 +65,23 @@ def test_the_first_writer_fixes_the_size(conn: redis.Redis) -> None:
     assert other.buckets() == 1024
 
 
-def test_counts_follow_every_change_of_state(conn: redis.Redis) -> None:
+@pytest.mark.parametrize(("hashes", "one_bucket"), [(False, False), (False, True), (True, False)],
+                         ids=["blobs", "blobs-one-bucket", "hashes"])
+def test_counts_follow_every_change_of_state(conn: redis.Redis, hashes: bool, one_bucket: bool) -> None:
     """Random claims, releases, marks (results and error records) and direct changes, against a
-    model: the counts the scripts keep are the model's at every step, and so is each state."""
+    model: the counts the scripts keep are the model's at every step, and so is each state. In
+    both layouts; and with every digest in one bucket, which then holds more records than a
+    script searches in its string (past DECODE_AFTER look-ups and changes in one call it is decoded
+    for the rest of the call)."""
     rng = random.Random(7)
     table, claims, marks = ItemTable(conn, RUN), Claims(conn), Marks(conn, RUN)
-    table.ensure(200)
-    pool = [os.urandom(16) for _ in range(300)]
+    table.ensure(200, hashes=hashes)
+    pool = [bytes(4) + os.urandom(12) if one_bucket else os.urandom(16) for _ in range(3 * DECODE_AFTER if one_bucket
+                                                                                       else 300)]
+    most = DECODE_AFTER + DECODE_AFTER // 2 if one_bucket else 40
     model: dict[bytes, int] = {}
     for step in range(120):
-        picked = rng.sample(pool, rng.randint(1, 40))
+        picked = rng.sample(pool, rng.randint(1, most))
         op = rng.choice(["claim", "release", "done", "failed", "add", "clear"])
         if op == "claim":
             won = claims.claim(RUN, f"c{step}", picked)
@@ -102,9 +113,32 @@ def test_counts_follow_every_change_of_state(conn: redis.Redis) -> None:
     assert marks.all_done() == (c.in_run == c.in_run_done)
 
 
-def test_a_run_of_its_size_stays_in_listpacks_and_a_grown_one_still_works(conn: redis.Redis) -> None:
+def test_a_run_of_its_size_is_a_string_of_records_a_bucket_and_a_grown_one_still_works(conn: redis.Redis) -> None:
+    """A table this genqueue makes keeps a bucket as a string of 22-byte records: at most 26 B of
+    Redis an item at the size it was made for, and a run grown past it gives the same answers
+    (longer strings, no other cost)."""
     table = ItemTable(conn, RUN)
-    table.ensure(5_000)
+    n = ITEMS_PER_BUCKET * DEFAULT_BUCKETS
+    table.ensure(n)
+    assert table.blobs() and table.buckets() == DEFAULT_BUCKETS
+    digests = [os.urandom(16) for _ in range(n)]
+    for i in range(0, n, 4_096):
+        table.change(digests[i:i + 4_096], add=IN_RUN)
+    keys = [bucket_key(RUN, b) for b in range(table.buckets())]
+    assert {conn.type(k) for k in keys} - {b"none"} == {b"string"}
+    used = sum(conn.memory_usage(k, samples=0) or 0 for k in keys)
+    assert RECORD_BYTES <= used / n <= RECORD_BYTES + 4, used / n
+    more = [os.urandom(16) for _ in range(30 * n // 10)]  # three times what it was sized for
+    for i in range(0, len(more), 16_384):
+        table.change(more[i:i + 16_384], add=IN_RUN | DONE)
+    assert table.counts() == ItemCounts(n + len(more), len(more), 0, 0, len(more))
+    assert set(table.states(digests + more)) == {IN_RUN, IN_RUN | DONE}
+    assert len(dict(table.each())) == n + len(more)
+
+
+def test_a_table_an_earlier_genqueue_made_stays_in_listpacks_and_a_grown_one_still_works(conn: redis.Redis) -> None:
+    table = ItemTable(conn, RUN)
+    table.ensure(5_000, hashes=True)
     digests = [os.urandom(16) for _ in range(5_000)]
     for i in range(0, 5_000, 1_000):
         table.change(digests[i:i + 1_000], add=IN_RUN)
@@ -125,9 +159,10 @@ def test_a_run_of_its_size_stays_in_listpacks_and_a_grown_one_still_works(conn: 
     assert set(table.states(digests + more)) == {IN_RUN, IN_RUN | DONE}
 
 
-def test_the_missing_set_is_the_run_minus_what_the_export_saw(conn: redis.Redis) -> None:
+@pytest.mark.parametrize("hashes", [False, True], ids=["blobs", "hashes"])
+def test_the_missing_set_is_the_run_minus_what_the_export_saw(conn: redis.Redis, hashes: bool) -> None:
     table = ItemTable(conn, RUN)
-    table.ensure(3_000)
+    table.ensure(3_000, hashes=hashes)
     digests = [os.urandom(16) for _ in range(3_000)]
     table.change(digests, add=IN_RUN)
     table.change([os.urandom(16) for _ in range(50)], add=DONE)  # marks of items never in the run

@@ -22,7 +22,6 @@ from genqueue.common.keepers.items import (
     PACK_SLOTS,
     ItemCounts,
     ItemTable,
-    bucket_key,
     placed,
 )
 from genqueue.common.keepers.marks import Marks, Place, ShardMarks
@@ -47,10 +46,7 @@ def items(n: int, start: int = 0) -> list[Item]:
 
 
 def entry(conn: redis.Redis, d: bytes) -> int:
-    table = ItemTable(conn, RUN)
-    b = int.from_bytes(d[:4], "big") % table.buckets()
-    raw = conn.hget(bucket_key(RUN, b), d)
-    return int(raw) if raw is not None else 0
+    return ItemTable(conn, RUN).entry(d)
 
 
 def commands(conn: redis.Redis) -> int:

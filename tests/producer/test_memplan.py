@@ -69,19 +69,24 @@ def test_auto_turns_to_reference_only_when_inline_does_not_fit_and_reference_doe
     assert memplan.choose_by_room(auto, inline, lambda: too_big) == (auto, inline)
 
 
-def test_an_enqueue_that_takes_a_run_past_its_tables_size_says_so(conn, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("hashes", [False, True], ids=["blobs", "hashes"])
+def test_an_enqueue_that_takes_a_run_past_its_tables_size_says_so(conn, caplog: pytest.LogCaptureFixture,
+                                                                   hashes: bool) -> None:
     """The item table's buckets are fixed by the run's first enqueue; a later one that takes it
-    past Redis's compact hashes says so in the log (more bytes an item than the estimate's)."""
+    far past them says so in the log: longer strings to search and copy (a table of strings), or
+    more bytes an item than the estimate's (one an earlier genqueue made, past Redis's compact
+    hashes)."""
     from genqueue.common.keepers.items import ItemTable
     from genqueue.producer.enqueue import _item_table
 
-    ItemTable(conn, "grow").ensure(10)
+    ItemTable(conn, "grow").ensure(10, hashes=hashes)
     entries = ItemTable(conn, "grow").listpack_entries()
     with caplog.at_level("WARNING", logger="genqueue"):
         _item_table(conn, "grow", memplan.MemoryPlan(1024 * entries - 1, 0, True, None))
         assert not caplog.records
         _item_table(conn, "grow", memplan.MemoryPlan(1024 * entries + 1, 0, True, None))
-    assert len(caplog.records) == 1 and "its buckets outgrow Redis's compact hashes" in caplog.text, caplog.text
+    said = "its buckets outgrow Redis's compact hashes" if hashes else "searches and copies longer strings"
+    assert len(caplog.records) == 1 and said in caplog.text, caplog.text
     assert ItemTable(conn, "grow").buckets() == 1024  # still as the first enqueue fixed it
 
 
