@@ -62,14 +62,15 @@ BATCH_SIZE = 32
 #: (BENCHMARKS.md, "Redis bytes per item"); a crash still redoes only what was in flight (the
 #: items already shipped are skipped), and a block of 128 is one ranged read of ~130 KB.
 BATCH_SIZE_REFERENCE = 128
-#: By reference, a run large enough gets larger jobs, up to this many items: rq's and the
-#: consumer's work is about 45 Redis commands a job whatever it holds, 0.35 an item at 128 and
-#: 0.09-0.12 at 512 (BENCHMARKS.md, "Redis commands per item"), and the issue's goal is 0.1.
-BATCH_SIZE_REFERENCE_MAX = 512
+#: By reference, a run large enough gets larger jobs, up to this many items (a slice, one pack's
+#: block): rq's and the consumer's work is about 55 Redis commands a job whatever it holds, 0.35
+#: an item at 128, 0.11 at 512 and 0.06-0.08 at 1,024 (BENCHMARKS.md, "Redis commands per item"),
+#: and the issue's goal is 0.1.
+BATCH_SIZE_REFERENCE_MAX = 1024
 #: ... while the run keeps at least this many jobs: what a large job costs a fleet is its end of
 #: run (a job is held whole by one consumer), and that cost goes with the jobs an engine gets,
 #: not with their size (BENCHMARKS.md, "Jobs that grow with the run"). So a job by reference holds
-#: 128 items below 524,288 items, 256 from there, 512 from 1,048,576.
+#: 128 items below 524,288 items, 256 from there, 512 from 1,048,576, 1,024 from 2,097,152.
 JOBS_PER_RUN_MIN = 2048
 
 #: How a multi-turn conversation becomes items; regenerate makes every assistant token the target's.

@@ -190,7 +190,7 @@ def test_jobs_by_reference_grow_with_the_run_and_the_summary_says_why(tmp_path: 
     up to BATCH_SIZE_REFERENCE_MAX while the run (here as --expect-items says) keeps
     JOBS_PER_RUN_MIN jobs or more; the jobs rq holds are of that size, the summary row and --json
     say it and why, and --batch-size wins."""
-    n = 600
+    n = defaults.BATCH_SIZE_REFERENCE_MAX + 300
     data = write_jsonl(tmp_path / "grow.jsonl", [{"id": f"g{i}", "conversations": [
         {"from": "human", "value": f"question {i}"}]} for i in range(n)])
 
@@ -224,4 +224,5 @@ def test_jobs_by_reference_grow_with_the_run_and_the_summary_says_why(tmp_path: 
                "--prompts", "reference", "--expect-items", str(expected), "--batch-size", "100",
                env={"REDIS_URL": redis_url})
     row = next(line for line in proc.stdout.splitlines() if line.startswith("jobs"))
-    assert row.split()[1:] == ["6", "(100", "items", "a", "job", "at", "most:", "--batch-size", "100)"], row
+    assert row.split()[1:] == [f"{-(-n // 100)}", "(100", "items", "a", "job", "at", "most:", "--batch-size",
+                               "100)"], row
