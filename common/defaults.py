@@ -64,7 +64,7 @@ BATCH_SIZE = 32
 BATCH_SIZE_REFERENCE = 128
 #: By reference, a run large enough gets larger jobs, up to this many items (a slice, one pack's
 #: block): rq's and the consumer's work is about 55 Redis commands a job whatever it holds, 0.35
-#: an item at 128, 0.11 at 512 and 0.06-0.08 at 1,024 (BENCHMARKS.md, "Redis commands per item"),
+#: an item at 128, 0.11 at 512 and 0.056-0.082 at 1,024 (BENCHMARKS.md, "Redis commands per item"),
 #: and the issue's goal is 0.1.
 BATCH_SIZE_REFERENCE_MAX = 1024
 #: ... while the run keeps at least this many jobs: what a large job costs a fleet is its end of
