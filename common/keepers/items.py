@@ -115,7 +115,17 @@ DECODE_AFTER = defaults.ITEMS_DECODE_AFTER
 # in the bucket's string as `preload` (one MGET for a call's digests) or a GET read it, written
 # back by `flush` (one MSET); a digest that is not 16 bytes is no item of genqueue's there
 # (`foreign`: never in the run, never changed).
-LUA_ITEMS = """
+# Fixes a new table's size and layout together, once (the first writer's): `ensure`, or a
+# writer's fallback in `items_table`. LAYOUT '' leaves a table of hashes (tests of old tables).
+_LUA_FIX = """
+local function fix_size(T, n, layout)
+  if redis.call('HSETNX', T, 'buckets', n) == 1 and layout ~= '' then
+    redis.call('HSET', T, '""" + LAYOUT + """', layout)
+  end
+end
+"""
+
+LUA_ITEMS = _LUA_FIX + """
 local function items_table(T, write)
   local run = string.sub(T, 1, #T - 9)
   local tab = {key = T, prefix = run .. 'items:', pk = run .. 'pk:', blobs = {}, maps = {}, adds = {}, ops = {},
@@ -123,9 +133,7 @@ local function items_table(T, write)
   local got = redis.call('HMGET', T, 'buckets', '""" + LAYOUT + """')
   local b = got[1]
   if not b and write then
-    if redis.call('HSETNX', T, 'buckets', '""" + str(DEFAULT_BUCKETS) + """') == 1 then
-      redis.call('HSET', T, '""" + LAYOUT + """', '""" + BLOBS + """')
-    end
+    fix_size(T, '""" + str(DEFAULT_BUCKETS) + """', '""" + BLOBS + """')
     got = redis.call('HMGET', T, 'buckets', '""" + LAYOUT + """')
     b = got[1]
   end
@@ -142,7 +150,6 @@ local function foreign(tab, d)
   return tab.blob and #d ~= """ + str(DIGEST_BYTES) + """
 end
 local function record_at(b, d)
-  if #d ~= """ + str(DIGEST_BYTES) + """ then return nil end
   local i = 1
   while true do
     local s = string.find(b, d, i, true)
@@ -207,7 +214,7 @@ local function load(tab, k)
 end
 local function entry_get(tab, k, d)
   if not tab.blob then return tonumber(redis.call('HGET', k, d) or '0') or 0 end
-  if #d ~= """ + str(DIGEST_BYTES) + """ then return 0 end
+  if foreign(tab, d) then return 0 end
   load(tab, k)
   local map = tab.maps[k]
   if map then return map[d] or 0 end
@@ -223,7 +230,7 @@ local function entry_set(tab, k, d, v)
     if v == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, v) end
     return
   end
-  if #d ~= """ + str(DIGEST_BYTES) + """ then return end
+  if foreign(tab, d) then return end
   load(tab, k)
   tab.dirty[k] = true
   local map = tab.maps[k]
@@ -427,9 +434,9 @@ for b = tonumber(ARGV[1]), tonumber(ARGV[2]) - 1 do
   if tab.blob then
     local blob = redis.pcall('GET', k)
     if type(blob) ~= 'string' then blob = '' end
-    for s = 1, #blob - """ + str(RECORD_BYTES - 1) + """, """ + str(RECORD_BYTES) + """ do
-      flat[#flat + 1] = string.sub(blob, s, s + """ + str(DIGEST_BYTES - 1) + """)
-      flat[#flat + 1] = value_at(blob, s)
+    for d, v in pairs(decoded(blob)) do
+      flat[#flat + 1] = d
+      flat[#flat + 1] = v
     end
   else
     flat = redis.call('HGETALL', k)
@@ -447,10 +454,8 @@ return added
 
 # KEYS: the table. ARGV: the buckets for a new table, its layout ('' for hashes). Fixes both
 # once, together; returns the buckets in force.
-_ENSURE = """
-if redis.call('HSETNX', KEYS[1], 'buckets', ARGV[1]) == 1 and ARGV[2] ~= '' then
-  redis.call('HSET', KEYS[1], '""" + LAYOUT + """', ARGV[2])
-end
+_ENSURE = _LUA_FIX + """
+fix_size(KEYS[1], ARGV[1], ARGV[2])
 return redis.call('HGET', KEYS[1], 'buckets')
 """
 
@@ -517,10 +522,6 @@ def _blob(raw: object) -> bytes:
     return raw if isinstance(raw, bytes) else b""
 
 
-def _text(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw) if raw is not None else ""
-
-
 def buckets_for(expected_items: int) -> int:
     """The number of buckets for a run of about EXPECTED_ITEMS items: a power of two giving at
     most ITEMS_PER_BUCKET items a bucket (DEFAULT_BUCKETS at least, MAX_BUCKETS at most)."""
@@ -562,7 +563,7 @@ class ItemTable:
     def blobs(self) -> bool:
         """Whether the table keeps its buckets as strings of records (False: hashes, a table an
         earlier genqueue made, or none yet)."""
-        return _text(self.conn.hget(self.key, LAYOUT)) == BLOBS
+        return self.conn.hget(self.key, LAYOUT) in (BLOBS, BLOBS.encode())
 
     def entry(self, digest: bytes) -> int:
         """DIGEST's entry as stored (state bits, or its place; 0: none), in either layout."""
