@@ -35,6 +35,7 @@ FULL = {
     "redis_items": ["bench.bench_redis_items", "--items", "200000", "--finish", "emulated"],
     "packcache": ["bench.bench_packcache", "--packs", "16"],
     "producer_packs": ["bench.bench_producer_packs", "--items", "200000"],
+    "chatter": ["bench.bench_chatter", "--seconds", "60", "--warmup", "15"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
 }
 QUICK = {
@@ -53,6 +54,8 @@ QUICK = {
     "redis_items": ["bench.bench_redis_items", "--items", "500", "--finish", "real"],
     "packcache": ["bench.bench_packcache", "--packs", "2", "--items-per-pack", "128"],
     "producer_packs": ["bench.bench_producer_packs", "--items", "500"],
+    "chatter": ["bench.bench_chatter", "--items", "300", "--seconds", "4", "--warmup", "4", "--step-time", "0.01",
+                "--mean-tokens", "20"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm"}
@@ -70,6 +73,7 @@ TITLES = {
     "redis_items": "Redis bytes per item, inline (baseline) and by reference (projection; issue 34)",
     "packcache": "Pack cache, 4 consumers on one host (issue 34)",
     "producer_packs": "Producer by reference, packs on S3 (issue 34)",
+    "chatter": "What a consumer sends Redis a second on a slow engine (issue 34)",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
 }
 

@@ -730,8 +730,14 @@ SPEC_MAX_SPEC_TOKENS = 64
 ADMISSION_ENGINE_POLL_SECONDS = 5.0
 
 # consumer/guards/rewind.py
-#: Seconds between two looks at Redis (run_id, this consumer's stamp, rebuild states).
+#: Seconds a dequeue lets pass between two looks at Redis (this consumer's stamp, the rebuild states).
 REWIND_CHECK_EVERY = 1.0
+#: Seconds between those looks while the consumer dequeues nothing (it holds its jobs): a
+#: stamp gone back is found by the next marks write or dequeue all the same.
+REWIND_WATCH_EVERY = 5.0
+#: Seconds between reads of Redis's run_id (INFO server) with them, which only tell the log
+#: that Redis restarted; read at once after the consumer found Redis out of reach.
+REWIND_SERVER_EVERY = 30.0
 #: Seconds a rebuild waits for the run's lock before it lets the loop look again (a producer
 #: may hold it for a long reconcile; the run stays held back meanwhile).
 REWIND_LOCK_WAIT = 10.0
@@ -782,6 +788,9 @@ SERVED_PREFLIGHT_RETRY = 300.0
 # consumer/telemetry.py
 #: Seconds between two progress lines in the consumer's log.
 TELEMETRY_PROGRESS_EVERY = 60.0
+#: Seconds between a consumer's prunes of the consumers' set (reports silent for
+#: SNAPSHOTS_SNAPSHOT_TTL): any live consumer's prune does for all.
+TELEMETRY_PRUNE_EVERY = 60.0
 
 # consumer/work/intake.py
 #: Seconds a dequeue under way when a stop comes may take to land in the book.
@@ -799,6 +808,9 @@ INTAKE_DRY_RETRY = 0.5
 #: a slot free and nothing of the run waiting calls for work for this many seconds; a consumer
 #: that sees the call gives back the jobs it holds and has sent nothing of.
 INTAKE_HUNGRY_TTL = 2.0
+#: Seconds between a consumer's reads of one run's call for work (common/keepers/hungry.py
+#: HungryLook): half of INTAKE_HUNGRY_TTL, so no call is missed.
+HUNGRY_LOOK_EVERY = 1.0
 #: Seconds after a run's queue was last seen empty during which a job of it is taken only with
 #: nothing of it waiting here and a slot free: no consumer hoards the last jobs.
 INTAKE_TAIL_WINDOW = 5.0

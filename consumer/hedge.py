@@ -46,7 +46,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode, Record, is_error
 from genqueue.common.keepers.flights import Flight, Flights, Offer
-from genqueue.common.keepers.hungry import Hungry
+from genqueue.common.keepers.hungry import HungryLook
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.rqaccess import PackRef, job_payload, job_reference
 from genqueue.common.storage import StoreError
@@ -109,8 +109,11 @@ class Hedger:
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
                  stopped: Callable[[], set[str]], clock: Callable[[], float] = time.time,
-                 read_reference: Callable[[str, PackRef], Awaitable[list[object]]] | None = None) -> None:
+                 read_reference: Callable[[str, PackRef], Awaitable[list[object]]] | None = None,
+                 hungry: HungryLook | None = None) -> None:
         self.rq = rq
+        # the calls for work of other consumers: the intake's look, so both read Redis as one
+        self._hungry = hungry if hungry is not None else HungryLook(conn, worker)
         # the items of a job by reference (issue 34): the intake's pack reader; None copies none of them
         self._read_reference = read_reference
         self.conn = conn
@@ -159,7 +162,7 @@ class Hedger:
         # A run whose queue this consumer has not seen empty (it holds enough to not ask) is at its
         # end all the same when another consumer calls for work of it (common/keepers/hungry.py).
         for run in sorted(set(self.dispatcher.held_runs()) - tail - stopped):
-            if await self.rq.call(Hungry(self.conn, run).other_caller, self.worker) is not None:
+            if await self.rq.call(self._hungry.other_caller, run) is not None:
                 tail.add(run)
         for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
             await self.rq.call(Flights(self.conn, run).offer, self.worker, 0.0, [])

@@ -14,9 +14,10 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import redis
@@ -41,7 +42,7 @@ from genqueue.common.contracts import (
     is_error,
 )
 from genqueue.common.eta import RateWindow, Sample, format_duration
-from genqueue.common.keepers.snapshots import Snapshots
+from genqueue.common.keepers.snapshots import Snapshots, Spent
 from genqueue.consumer.answer.faults import RetryKind
 from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.engine.doctor import Doctor
@@ -229,6 +230,7 @@ PAUSE_REASONS = tuple(r.value for r in PauseReason)
 
 
 PROGRESS_EVERY = defaults.TELEMETRY_PROGRESS_EVERY
+PRUNE_EVERY = defaults.TELEMETRY_PRUNE_EVERY
 
 
 class LoopLag:
@@ -293,28 +295,32 @@ def _number(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def spent_since(totals: dict[str, Counter[str]], added: dict[str, Counter[str]], snap: ConsumerSnapshot,
-                dt: float, gpus: int) -> tuple[dict[str, dict[str, float]], dict[str, Counter[str]]]:
-    """(what to add to each run's spent hash, the totals it then holds of ours): the records and
-    tokens counted since ADDED, and GPUS x DT GPU-seconds for the runs whose work this consumer
-    held (in flight, waiting, jobs held, or records written in DT), split by the completion
-    tokens each generated in DT (evenly when none did). Time with no run's work held is no
-    run's: an idle consumer spends no run's GPU-hours."""
-    out: dict[str, dict[str, float]] = {}
-    for run, t in totals.items():
-        before = added.get(run, Counter())
-        d = {k: float(t[k] - before[k]) for k in ("completions", "errors", "prompt_tokens", "completion_tokens")}
-        if any(d.values()):
-            out[run] = d
+def spent_since(totals: dict[str, Counter[str]], spent: Mapping[str, Spent], snap: ConsumerSnapshot,
+                dt: float, gpus: int) -> dict[str, Spent]:
+    """Each run's totals of this consumer (what its field of the run's spent hash is to hold):
+    the records and tokens of TOTALS, and the GPU-seconds of SPENT (the totals before) plus GPUS
+    x DT for the runs whose work this consumer held (in flight, waiting, jobs held, or records
+    written in DT), split by the completion tokens each generated in DT (evenly when none did).
+    Time with no run's work held is no run's: an idle consumer spends no run's GPU-hours."""
+    out: dict[str, Spent] = {}
+    grew: dict[str, int] = {}  # the runs whose records or tokens grew in DT: the completion tokens it generated
+    for run in totals.keys() | spent.keys():
+        before = spent.get(run, Spent())
+        t = totals.get(run)
+        now = before if t is None else Spent(t["completions"], t["errors"], t["prompt_tokens"],
+                                              t["completion_tokens"], before.gpu_seconds)
+        out[run] = now
+        if now != before:
+            grew[run] = now.completion_tokens - before.completion_tokens
     busy = [run for run, r in snap["runs"].items()
-            if r.get("in_flight") or r.get("pending_items") or r.get("held_jobs") or run in out]
+            if r.get("in_flight") or r.get("pending_items") or r.get("held_jobs") or run in grew]
     if busy and dt > 0:
-        tokens = {run: out.get(run, {}).get("completion_tokens", 0.0) for run in busy}
-        total = sum(tokens.values())
+        total = sum(grew.get(run, 0) for run in busy)
         for run in busy:
-            share = tokens[run] / total if total else 1.0 / len(busy)
-            out.setdefault(run, {})["gpu_seconds"] = gpus * dt * share
-    return out, {run: Counter(t) for run, t in totals.items()}
+            share = grew.get(run, 0) / total if total else 1.0 / len(busy)
+            now = out.get(run, Spent())
+            out[run] = replace(now, gpu_seconds=now.gpu_seconds + gpus * dt * share)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,9 +371,13 @@ class Telemetry:
         self._depth: int | None = None  # jobs left in the served runs' queues, as last published
         self._cpu_at = (time.monotonic(), time.process_time())
         self.lag = LoopLag()
-        # what the run's spent hash has of ours (common/keepers/snapshots.py), and when GPU time was last charged
-        self._added: dict[str, Counter[str]] = {}
+        # this consumer's totals of each run (its field of the run's spent hash, common/keepers/snapshots.py),
+        # what Redis was last told of them, and when GPU time was last charged
+        self._spent: dict[str, Spent] = {}
+        self._told: dict[str, Spent] = {}
         self._charged_at: float | None = None
+        self.spender = f"{identity['worker']}@{uuid.uuid4().hex[:8]}"  # its field: one a consumer process
+        self._pruned_at = float("-inf")
         self._phase: str | None = None
         self._phase_at = time.monotonic()
         self.only_run: str | None = None
@@ -495,10 +505,17 @@ class Telemetry:
         for kind, n in self.parts.retries().items():
             RETRIES.labels(kind).inc(n - self._retries_seen.get(kind, 0))
             self._retries_seen[kind] = n
-        spent, totals = spent_since(self.totals, self._added, snap, now - (self._charged_at or now), self.gpus)
-        # and the served runs' queue lengths; what was spent is ours to add again only if this fails
-        lengths = await self.rq.call(Snapshots(self.conn).publish, snap, now, spent)
-        self._added, self._charged_at = totals, now
+        self._spent = spent_since(self.totals, self._spent, snap, now - (self._charged_at or now), self.gpus)
+        self._charged_at = now
+        # the totals that changed since Redis was last told (totals, not additions: telling again is harmless),
+        # and the served runs' queue lengths; the day-old reports of other consumers are dropped once every
+        # PRUNE_EVERY seconds, not at each publish
+        tell = {run: s for run, s in self._spent.items() if self._told.get(run) != s}
+        prune = time.monotonic() - self._pruned_at >= PRUNE_EVERY
+        lengths = await self.rq.call(Snapshots(self.conn).publish, snap, now, tell, spender=self.spender, prune=prune)
+        if prune:
+            self._pruned_at = time.monotonic()
+        self._told.update(tell)
         self._depth = sum(q.waiting for q in lengths.values())
         for run, q in lengths.items():
             QUEUE_DEPTH.labels(run).set(q.waiting)

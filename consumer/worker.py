@@ -288,7 +288,8 @@ class Consumer:
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
                               stopped=lambda: set(served.paused) | set(served.vanished),
-                              clock=self.worker.clock.now, read_reference=intake.read_reference)
+                              clock=self.worker.clock.now, read_reference=intake.read_reference,
+                              hungry=intake.hungry)
 
         t0 = time.monotonic()
         code: int = ExitCode.DONE

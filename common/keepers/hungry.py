@@ -2,14 +2,22 @@
 
 Key: genqueue:run:<run>:hungry  (the calling consumer's rq worker name), kept a few seconds.
 Other consumers read it and give back the jobs of the run they hold with nothing sent yet
-(consumer/work/intake.py), so the run's last jobs go where they can start at once.
+(consumer/work/intake.py), so the run's last jobs go where they can start at once. A consumer
+reads each run's key at most once every LOOK_EVERY seconds (HungryLook), whoever of it asks:
+the call lives INTAKE_HUNGRY_TTL seconds after each empty dequeue, so a look every half of that
+misses none, and a busy consumer does not ask Redis several times a second for each run it holds.
 """
 
 from __future__ import annotations
 
+import time
+
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.runs import run_key
+
+LOOK_EVERY = defaults.HUNGRY_LOOK_EVERY
 
 
 class Hungry:
@@ -32,9 +40,24 @@ class Hungry:
         raw = self.conn.get(self.key(self.run))
         return raw.decode(errors="replace") if isinstance(raw, bytes) else None if raw is None else str(raw)
 
-    def other_caller(self, me: str) -> str | None:
-        """The consumer other than ME calling for work of the run now, if any: what it holds of
-        the run, ME gives back (intake) or offers for copies (hedge), since that one would start
-        it sooner."""
-        caller = self.caller()
-        return None if caller == me else caller
+
+class HungryLook:
+    """The calls for work as consumer ME sees them: each run's key read at most once every EVERY
+    seconds, the answer shared by whoever asks meanwhile (the intake's balance, the copies' look).
+    Called from one thread (the rq thread)."""
+
+    def __init__(self, conn: redis.Redis, me: str, every: float = LOOK_EVERY) -> None:
+        self.conn = conn
+        self.me = me
+        self.every = every
+        self._seen: dict[str, tuple[float, str | None]] = {}
+
+    def other_caller(self, run: str) -> str | None:
+        """The consumer other than ME calling for work of RUN, as last read, if any: what it
+        holds of the run, ME gives back (intake) or offers for copies (hedge), since that one
+        would start it sooner."""
+        now = time.monotonic()
+        seen = self._seen.get(run)
+        if seen is None or now - seen[0] >= self.every:
+            seen = self._seen[run] = (now, Hungry(self.conn, run).caller())
+        return None if seen[1] == self.me else seen[1]

@@ -23,7 +23,7 @@ KEEP = defaults.MARKSTAMPS_KEEP
 
 @dataclass(frozen=True, slots=True)
 class Look:
-    """One look at Redis: its run_id (None when INFO is refused), the stamp it holds of one
+    """One look at Redis: its run_id (None when INFO is refused or not asked), the stamp it holds of one
     consumer (0 for none), and each run's rebuild state ("" for none)."""
 
     run_id: str | None
@@ -43,19 +43,23 @@ class MarkStamp:
     def key(worker: str) -> str:
         return f"{KEY_PREFIX}:marks_stamp:{worker}"
 
-    def look(self, runs: list[str]) -> Look:
-        """Redis's run_id, the worker's stamp and RUNS' rebuild states, in one round trip."""
+    def look(self, runs: list[str], *, server: bool = True) -> Look:
+        """The worker's stamp, RUNS' rebuild states and (with SERVER) Redis's run_id, in one
+        round trip."""
         with self.conn.pipeline(transaction=False) as p:
-            p.info("server")
+            if server:
+                p.info("server")
             p.get(self.key(self.worker))
             for run in runs:
                 p.get(RebuildState.key(run))
             # INFO may be refused (a managed Redis's ACL): the run_id only tells the log.
-            info, stamp, *states = p.execute(raise_on_error=False)
+            answers = p.execute(raise_on_error=False)
+        info = answers.pop(0) if server else None
+        stamp, *states = answers
         for answer in (stamp, *states):
             if isinstance(answer, Exception):
                 raise answer
-        run_id = None if isinstance(info, Exception) else str(info.get("run_id"))
+        run_id = None if not isinstance(info, dict) else str(info.get("run_id"))
         return Look(run_id, int(_text(stamp) or 0), [_text(raw) or "" for raw in states])
 
     def mark_pending(self, runs: list[str], nonce: str, stamp: int) -> None:

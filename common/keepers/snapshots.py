@@ -4,13 +4,18 @@ read back by `producer status`. Its keys, its lifetime and its shape are spelled
 Keys: genqueue:consumer:<worker>  str   the snapshot (JSON, a contracts.ConsumerSnapshot), for a day
       genqueue:consumers          zset  worker -> last seen (Redis time, as the leases keep it)
       genqueue:run:<run>:spent    hash  what the run's consumers generated and the GPU time they
-                                        spent on it (SPENT_FIELDS), added by each publish
+                                        spent on it: a field a consumer process (its worker name
+                                        and a tag of its own) holding its totals, a JSON list in the
+                                        order of SPENT_FIELDS; consumers before 2026-12-06 added to
+                                        one field a counter instead (SPENT_FIELDS), read all the same
 
 A snapshot is live figures: it is gone with its consumer. What was spent is not: each publish
-adds what its consumer generated (records written, tokens) and the GPU-seconds it held the run's
-work for since its last publish to the run's spent hash, in the snapshot's own transaction, so
-`producer status` shows tokens generated before they ship and GPU-hours that never go down when
-consumers drain, crash or give their jobs back.
+tells the run's spent hash what its consumer generated (records written, tokens) and the
+GPU-seconds it held the run's work for, since it started, when they changed, so `producer
+status` shows tokens generated before they ship and GPU-hours that never go down when
+consumers drain, crash or give their jobs back. Totals, not additions: a publish retried after
+an answer lost on the way (Redis had done it) tells the same totals again and counts nothing
+twice, and a publish is one pipeline without MULTI, one HSET a run whose totals changed.
 
 Times a consumer stamps with its own clock (when it started, its shipping times) are moved to
 Redis time on reading, by the snapshot's `clock_offset` (Redis - node): last_seen is Redis time
@@ -97,6 +102,27 @@ class Spent:
     gpu_seconds: float = 0.0
 
 
+def spent_value(totals: Spent) -> bytes:
+    """A consumer's field of a run's spent hash: its TOTALS, in the order of SPENT_FIELDS."""
+    return orjson.dumps([totals.completions, totals.errors, totals.prompt_tokens, totals.completion_tokens,
+                         round(totals.gpu_seconds, 3)])
+
+
+def spent_totals(raw: object) -> tuple[float, ...]:
+    """A consumer's field RAW read back: its totals in the order of SPENT_FIELDS (zeros when it
+    is not five non-negative numbers)."""
+    zero = (0.0,) * len(SPENT_FIELDS)
+    try:
+        got = orjson.loads(raw) if isinstance(raw, bytes | str) else None
+    except orjson.JSONDecodeError:
+        return zero
+    if not isinstance(got, list) or len(got) != len(SPENT_FIELDS):
+        return zero
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) and x >= 0 for x in got):
+        return zero
+    return tuple(float(x) for x in got)
+
+
 class Snapshots:
     """The consumers' snapshots on CONN, and the runs' spent hashes they add to: their keys, the
     publish, and the reads `producer status` makes."""
@@ -108,43 +134,49 @@ class Snapshots:
     def spent_key(run: str) -> str:
         return run_key(run, "spent")
 
-    def publish(self, snap: ConsumerSnapshot, now: float,
-                spent: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, QueueLength]:
-        """Write SNAP as its consumer's last report at NOW (Redis time), add SPENT (run -> field of
-        SPENT_FIELDS -> what this consumer spent since its last publish) to each run's spent hash,
-        drop the reports of consumers silent for a day, and read the queue lengths of the runs SNAP
-        serves: one round trip, one transaction, for all of it."""
+    def publish(self, snap: ConsumerSnapshot, now: float, spent: Mapping[str, Spent] | None = None, *,
+                spender: str = "", prune: bool = True) -> dict[str, QueueLength]:
+        """Write SNAP as its consumer's last report at NOW (Redis time), set SPENDER's field of
+        each run's spent hash in SPENT (run -> the consumer's totals of it) to those totals, with
+        PRUNE drop the reports of consumers silent for a day, and read the queue lengths of the
+        runs SNAP serves: one round trip for all of it."""
         runs = list(snap["runs"])
-        with self.conn.pipeline() as p:
+        with self.conn.pipeline(transaction=False) as p:
             p.set(consumer_key(snap["worker"]), orjson.dumps(snap), ex=SNAPSHOT_TTL)
             p.zadd(CONSUMERS, {snap["worker"]: now})
-            p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
+            if prune:
+                p.zremrangebyscore(CONSUMERS, 0, now - SNAPSHOT_TTL)
             stage_queue_lengths(p, runs)
-            for run, added in (spent or {}).items():
-                for field, v in added.items():
-                    if field == "gpu_seconds" and v > 0:
-                        p.hincrbyfloat(self.spent_key(run), field, float(v))
-                    elif field in SPENT_FIELDS and v > 0:
-                        p.hincrby(self.spent_key(run), field, int(v))
+            for run, totals in (spent or {}).items():
+                p.hset(self.spent_key(run), spender or snap["worker"], spent_value(totals))
             out = p.execute(raise_on_error=False)
-        return queue_lengths_of(out[3:3 + 2 * len(runs)], runs)
+        first = 3 if prune else 2
+        lengths = out[first:first + 2 * len(runs)]
+        for answer in out[:first] + out[first + 2 * len(runs):]:  # a write refused (Redis full) is the caller's
+            if isinstance(answer, Exception):
+                raise answer
+        return queue_lengths_of(lengths, runs)
 
     def spent(self, run: str) -> Spent:
-        """RUN's spent hash (garbage fields count 0)."""
+        """RUN's spent hash: the consumers' totals summed (garbage fields count 0)."""
         raw = cast(dict[Any, Any], self.conn.hgetall(self.spent_key(run)))
-        got: dict[str, float] = {}
+        got = dict.fromkeys(SPENT_FIELDS, 0.0)
         for k, v in raw.items():
             name = _text(k)
-            try:
-                got[name] = float(v)
-            except ValueError:
+            if name in SPENT_FIELDS:  # a counter, as consumers before 2026-12-06 added to
+                try:
+                    got[name] += float(v)
+                except ValueError:
+                    continue
                 continue
+            for field, x in zip(SPENT_FIELDS, spent_totals(v), strict=True):
+                got[field] += x
 
         def n(field: str) -> int:
-            return max(int(got.get(field, 0)), 0)
+            return max(int(got[field]), 0)
 
         return Spent(n("completions"), n("errors"), n("prompt_tokens"), n("completion_tokens"),
-                     max(got.get("gpu_seconds", 0.0), 0.0))
+                     max(got["gpu_seconds"], 0.0))
 
     def reports(self, now: float) -> list[ConsumerReport]:
         """Every consumer's last snapshot (the last day's), with its age and liveness at NOW;

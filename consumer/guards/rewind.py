@@ -12,8 +12,11 @@ would generate those items again. So:
   `run_id` (INFO server) says when it restarted (logged; a restart that lost nothing is fine).
 - The consumer that finds its stamp gone back marks each run it serves as rebuilding
   (`genqueue:run:<run>:rebuild` = "pending:<nonce>"). Every consumer reads that state (once a
-  second at most, in one round trip with the stamp, before it dequeues): it takes no job of a
-  pending run until the state says done.
+  second at most, in one round trip with the stamp, before it dequeues; and every WATCH_EVERY
+  seconds while it takes nothing): it takes no job of a pending run until the state says done.
+  Redis's run_id is read with it every SERVER_EVERY seconds, and at once after the rq thread
+  found Redis out of reach: it only tells the log, and a consumer that holds its jobs for minutes
+  does not ask Redis three things a second.
 - Each consumer that sees a run pending takes the run's lock (common/keepers/runlock.py: one at a
   time, and no producer reconciles meanwhile). The first rebuilds the run's marks from its
   shipped shards (common/keepers/marks.py Marks.rebuild, the producer's own code) and sets "done:<nonce>";
@@ -47,6 +50,8 @@ from genqueue.consumer.rqthread import RqThread
 log = logging.getLogger(__name__)
 
 CHECK_EVERY = defaults.REWIND_CHECK_EVERY
+WATCH_EVERY = defaults.REWIND_WATCH_EVERY
+SERVER_EVERY = defaults.REWIND_SERVER_EVERY
 LOCK_WAIT = defaults.REWIND_LOCK_WAIT
 
 
@@ -73,6 +78,7 @@ class Rewind:
         self._seq = 0  # the last stamp this consumer sent
         self._written = 0  # the last stamp Redis confirmed
         self._checked = float("-inf")
+        self._server_at = float("-inf")  # when Redis's run_id was last read
         self._retries = 0
         self.pending: set[str] = set()  # runs whose marks are being rebuilt (here or elsewhere)
         self.rewinds = 0  # rewinds this consumer found
@@ -95,17 +101,30 @@ class Rewind:
         its run's marks are rebuilt. Looks at Redis first when the last look is a second old,
         or when Redis was out of reach since, so the first dequeue after an outage sees a rewind
         before it takes anything."""
-        retries = self.rq.snapshot().retries  # the rq thread retried: Redis was out, look again
-        if retries != self._retries or time.monotonic() - self._checked >= CHECK_EVERY:
-            self._retries = retries
+        if self._due(CHECK_EVERY):
             self.check()
         return not any(queue == queue_name(run) for run in self.pending)
 
+    def _due(self, every: float) -> bool:
+        """Whether the last look is EVERY seconds old, or the rq thread retried since (Redis was
+        out: look again, its run_id too)."""
+        retries = self.rq.snapshot().retries
+        if retries != self._retries:
+            self._retries = retries
+            self._server_at = float("-inf")
+            return True
+        return time.monotonic() - self._checked >= every
+
     def check(self) -> None:
-        """One round trip: Redis's run_id, this consumer's stamp, the runs' rebuild states."""
+        """One round trip: this consumer's stamp, the runs' rebuild states, and Redis's run_id
+        when SERVER_EVERY seconds have passed since it was read."""
         runs = self._runs()
-        seen = MarkStamp(self.conn, self.worker).look(runs)
-        self._checked = time.monotonic()
+        now = time.monotonic()
+        server = now - self._server_at >= SERVER_EVERY
+        seen = MarkStamp(self.conn, self.worker).look(runs, server=server)
+        self._checked = now
+        if server:
+            self._server_at = now
         run_id = seen.run_id
         if self.run_id is not None and run_id is not None and run_id != self.run_id:
             log.warning("Redis restarted (run_id %s -> %s)", self.run_id[:8], run_id[:8])
@@ -133,9 +152,11 @@ class Rewind:
 
     # --- the loop --------------------------------------------------------------------
     async def watch(self) -> None:
-        """Look at Redis every CHECK_EVERY seconds; rebuild (or wait for) pending runs."""
+        """Look at Redis every WATCH_EVERY seconds (a dequeue looks first when its look is
+        CHECK_EVERY old); rebuild (or wait for) pending runs."""
         while True:
-            await self.rq.call(self.check)
+            if self._due(WATCH_EVERY):
+                await self.rq.call(self.check)
             for run in sorted(self.pending):
                 # A thread of its own: the rq thread keeps renewing leases meanwhile.
                 outcome = await asyncio.to_thread(self._rebuild, run)

@@ -41,7 +41,7 @@ from genqueue.common import defaults
 from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.errors import PackError
-from genqueue.common.keepers.hungry import Hungry
+from genqueue.common.keepers.hungry import Hungry, HungryLook
 from genqueue.common.keepers.marks import Marks, Place
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import PackRef, job_counts, job_reference, queue_for
@@ -186,6 +186,8 @@ class Intake:
         self.pack_names = PackNames()
         self.outages = outages if outages is not None else PackOutages()
         self.worker = worker
+        # the calls for work of other consumers, read at most once a second a run (the copies read them too)
+        self.hungry = HungryLook(worker.connection, worker.name)
         self.book = book
         self.acker = acker
         self.served = served
@@ -324,7 +326,7 @@ class Intake:
             if not jobs:
                 continue
             self._looked[run] = now
-            caller = await self.rq.call(Hungry(self.worker.connection, run).other_caller, self.worker.name)
+            caller = await self.rq.call(self.hungry.other_caller, run)
             if caller is None:
                 continue
             self._empty_at[run] = now  # its queue is empty: taking them back here would hoard them
