@@ -124,8 +124,8 @@ def spent_totals(raw: object) -> tuple[float, ...]:
 
 
 class Snapshots:
-    """The consumers' snapshots on CONN, and the runs' spent hashes they add to: their keys, the
-    publish, and the reads `producer status` makes."""
+    """The consumers' snapshots on CONN, and the runs' spent hashes they keep their totals in:
+    their keys, the publish, and the reads `producer status` makes."""
 
     def __init__(self, conn: redis.Redis) -> None:
         self.conn = conn
