@@ -45,9 +45,10 @@ def requests_done(endpoint: str) -> int:
 def fold(words: list[str], names: list[str]) -> str:
     """A command's name and its first key, with the workers' names and numbers folded."""
     name = words[0].upper()
-    if name in ("EVALSHA", "EVAL", "FCALL"):
-        return f"{name} ({words[3] if len(words) > 3 else ''})" if len(words) > 3 else name
-    key = words[1] if len(words) > 1 else ""
+    if name == "EVAL":  # the script's text, split at its spaces: named as a whole
+        return "EVAL (a script sent whole)"
+    at = 3 if name == "EVALSHA" else 1  # EVALSHA sha numkeys key ...
+    key = words[at] if len(words) > at else ""
     for n in names:
         key = key.replace(n, "<worker>")
     return f"{name} {_FOLD.sub('*', key)}".strip()

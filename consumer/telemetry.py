@@ -307,19 +307,19 @@ def spent_since(totals: dict[str, Counter[str]], spent: Mapping[str, Spent], sna
     for run in totals.keys() | spent.keys():
         before = spent.get(run, Spent())
         t = totals.get(run)
-        now = before if t is None else Spent(t["completions"], t["errors"], t["prompt_tokens"],
-                                              t["completion_tokens"], before.gpu_seconds)
-        out[run] = now
-        if now != before:
-            grew[run] = now.completion_tokens - before.completion_tokens
+        total = before if t is None else Spent(t["completions"], t["errors"], t["prompt_tokens"],
+                                                t["completion_tokens"], before.gpu_seconds)
+        out[run] = total
+        if total != before:
+            grew[run] = total.completion_tokens - before.completion_tokens
     busy = [run for run, r in snap["runs"].items()
             if r.get("in_flight") or r.get("pending_items") or r.get("held_jobs") or run in grew]
     if busy and dt > 0:
-        total = sum(grew.get(run, 0) for run in busy)
+        generated = sum(grew.get(run, 0) for run in busy)
         for run in busy:
-            share = grew.get(run, 0) / total if total else 1.0 / len(busy)
-            now = out.get(run, Spent())
-            out[run] = replace(now, gpu_seconds=now.gpu_seconds + gpus * dt * share)
+            share = grew.get(run, 0) / generated if generated else 1.0 / len(busy)
+            held = out.get(run, Spent())
+            out[run] = replace(held, gpu_seconds=held.gpu_seconds + gpus * dt * share)
     return out
 
 
