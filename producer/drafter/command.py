@@ -10,8 +10,9 @@ import orjson
 import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
+from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import connect
-from genqueue.producer.drafter.compare import report, report_lines
+from genqueue.producer.drafter.compare import nothing_in_common, report, report_lines
 from genqueue.producer.drafter.reading import read_answers, resolve
 
 
@@ -38,6 +39,8 @@ def drafter_report_command(candidate: str, baseline: str | None, as_json: bool, 
 
     cand = read_answers(resolve(candidate, redis_conn))
     base = read_answers(resolve(baseline, redis_conn)) if baseline is not None else None
+    if base is not None and (why := nothing_in_common(cand, base)) is not None:
+        raise UserError(why)
     r = report(cand, base)
     if as_json:
         click.echo(orjson.dumps(r).decode())

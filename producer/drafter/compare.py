@@ -169,6 +169,24 @@ def _side(r: RunAnswers, table: AcceptanceTable) -> RunSide:
             "speculates": table.overall.answers > 0}
 
 
+def _what_it_has(r: RunAnswers) -> str:
+    """A run in a few words: its items answered and its acceptance over all of them."""
+    t = r.table(r.answered)
+    rate = t.overall.rate
+    acc = f"acceptance {rate:.1%} over {t.overall.answers:,} answers" if rate is not None else "no acceptance figures"
+    return f"{r.run} answered {len(r.answered):,} items ({acc})"
+
+
+def nothing_in_common(candidate: RunAnswers, baseline: RunAnswers) -> str | None:
+    """Why CANDIDATE and BASELINE cannot be compared (no item answered by both), with what each
+    has; None when some item is in both. A table over no item would read as two runs without
+    speculation."""
+    if candidate.answered.keys() & baseline.answered.keys():
+        return None
+    return (f"no items in common: {_what_it_has(candidate)}; {_what_it_has(baseline)}. The table is over the "
+            "items both answered: serve the same input to both runs (drop --against to report the candidate alone)")
+
+
 def report(candidate: RunAnswers, baseline: RunAnswers | None = None,
            min_answers: int = defaults.SPEC_MIN_ANSWERS) -> DrafterReport:
     """The CANDIDATE run's acceptance by category, beside BASELINE's over the items both

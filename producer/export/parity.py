@@ -27,6 +27,7 @@ The rendering itself is a Renderer (hf_render.py holds transformers'); this modu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -138,20 +139,48 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else n
 
 
+#: The markers a thinking span opens and closes with in the prompts a template renders.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_THINKING = re.compile(re.escape(THINK_OPEN) + r".*?(?:" + re.escape(THINK_CLOSE) + r"|$)", re.S)
+
+
 def hint(rendered: Sequence[int], recorded: Sequence[int], position: int, decode: Decode) -> str:
-    """A guess at the cause, from the shape of the difference (empty when none fits)."""
+    """A guess at the cause, from the shape of the difference (empty when none fits). Thinking
+    is blamed only when it is what differs: the difference opens at a thinking marker or inside a
+    thinking span, or the two prompts are the same text once their thinking is taken out."""
     if position == 0 and len(recorded) == len(rendered) + 1 and list(recorded[1:]) == list(rendered):
         return f"the engine's prompt has one token more at the start ({decode(recorded[:1])!r}): a BOS added twice?"
     if position == 0 and len(rendered) == len(recorded) + 1 and list(rendered[1:]) == list(recorded):
         return f"the rendered prompt has one token more at the start ({decode(rendered[:1])!r}): a BOS added twice?"
-    rendered_rest, recorded_rest = decode(rendered[position:]), decode(recorded[position:])
-    if "<think>" in rendered_rest and "<think>" not in recorded_rest:
-        return "thinking rendered here that the engine's prompt does not hold (enable_thinking, --history-reasoning?)"
-    if "<think>" in recorded_rest and "<think>" not in rendered_rest:
-        return "the engine's prompt holds thinking not rendered here (enable_thinking, --history-reasoning?)"
+    ours, theirs = decode(rendered), decode(recorded)
+    if _thinking_differs(rendered, recorded, position, decode, ours, theirs):
+        mine, engine = ours.count(THINK_OPEN), theirs.count(THINK_OPEN)
+        if mine > engine:
+            return "thinking rendered here that the engine's prompt does not hold (enable_thinking, --history-reasoning?)"
+        if engine > mine:
+            return "the engine's prompt holds thinking not rendered here (enable_thinking, --history-reasoning?)"
+        return "the thinking differs, kept on one side and changed on the other (enable_thinking, --history-reasoning?)"
+    if ours == theirs:
+        return "the same text tokenized into other ids: the tokenizer differs (another revision or model?)"
     if position == min(len(rendered), len(recorded)):
         return "one prompt is the other's beginning (the generation prompt?)"
-    return "the chat template differs (another revision, or the server's --chat-template?)"
+    return "the chat template or the tokenizer differs (another revision, another model's, or the server's --chat-template?)"
+
+
+def _thinking_differs(rendered: Sequence[int], recorded: Sequence[int], position: int, decode: Decode,
+                      ours: str, theirs: str) -> bool:
+    """Whether thinking is what differs between the two prompts (ours and theirs: their text)."""
+    for ids in (rendered, recorded):
+        if decode(ids[position:]).lstrip().startswith((THINK_OPEN, THINK_CLOSE)):
+            return True
+        before = decode(ids[:position])
+        if before.rfind(THINK_OPEN) > before.rfind(THINK_CLOSE):  # inside a thinking span
+            return True
+    return ours != theirs and _without_thinking(ours) == _without_thinking(theirs)
+
+
+def _without_thinking(text: str) -> str:
+    return " ".join(_THINKING.sub(" ", text).split())
 
 
 def around(ids: Sequence[int], position: int, decode: Decode, context: int = CONTEXT_TOKENS) -> str:

@@ -64,3 +64,18 @@ def test_locations_and_names() -> None:
             parse_location(bad)
     with pytest.raises(UserError, match="no such output"):
         parse_location("/nonexistent/eval-b")
+
+
+def test_runs_with_no_items_in_common_say_so_and_exit_2_not_no_figures(tmp_path: Path) -> None:
+    # was: "the candidate's records carry no speculative-decoding figures" (it runs at 60%), exit 0
+    # now: "error: no items in common: eval-b answered 60 items (acceptance 60.0% over 60 answers); ..."
+    cand = write_run(tmp_path / "out", "eval-b", held_out("eval-b", "new", 18, 18))
+    other = [{**r, "key": "other-" + r["key"]} for r in held_out("eval-a", "old", 12, 12)]
+    base = write_run(tmp_path / "out", "eval-a", other)
+    got = cli("producer", "drafter-report", str(cand), "--against", str(base), check=False,
+              env={"REDIS_URL": NO_REDIS})
+    assert got.returncode == 2 and got.stdout == "", (got.returncode, got.stdout)
+    line = got.stderr.strip()
+    assert "carries no speculative-decoding figures" not in got.stderr and len(line.splitlines()) == 1, line
+    assert line.startswith("error: no items in common: eval-b answered 60 items (acceptance 60.0% over 60 answers); "
+                           "eval-a answered 60 items (acceptance 40.0% over 60 answers)"), line

@@ -148,6 +148,27 @@ def test_thinking_against_the_servers_choice_is_named(tiny: tuple[Path, Any]) ->
     assert m.position == len(ids(tok, FIRST)) and "thinking" in m.hint and "|<think>" in m.recorded_text
 
 
+def test_a_tokenization_that_differs_everywhere_blames_the_template_or_tokenizer_not_thinking(
+        tiny: tuple[Path, Any]) -> None:
+    # was: "thinking rendered here that the engine's prompt does not hold (enable_thinking,
+    # --history-reasoning?)" on every row whose ids came from another tokenizer
+    # now: "the chat template or the tokenizer differs (...)"; thinking only where it is what differs
+    where, tok = tiny
+    other = [(i + 7) % tok.vocab_size for i in ids(tok, FIRST + "<think>")]  # another vocabulary's ids
+    [m] = check(single(tok, prompt=other), where).mismatches
+    assert m.position == 0 and "thinking" not in m.hint and "tokenizer differs" in m.hint, m.hint
+    # the same text cut into other ids: the tokenizer, named as such
+    split = [i for piece in (FIRST, "<think>") for ch in piece for i in ids(tok, ch)]
+    if split != ids(tok, FIRST + "<think>"):
+        [m] = check(single(tok, prompt=split), where).mismatches
+        assert "same text tokenized into other ids" in m.hint, m.hint
+    # a difference inside the thinking of the history is thinking's
+    from genqueue.producer.export.parity import hint
+    a, b = ids(tok, FIRST + "<think>\nadd them\n</think>\n\nfour"), ids(tok, FIRST + "<think>\nsum them\n</think>\n\nfour")
+    pos = first_difference(a, b)
+    assert pos is not None and "thinking differs" in hint(a, b, pos, tok.decode), hint(a, b, pos, tok.decode)
+
+
 def test_a_template_that_raises_is_the_records_problem_not_a_crash(tiny: tuple[Path, Any], tmp_path: Path) -> None:
     where, tok = tiny
     (tmp_path / "bad.jinja").write_text("{{ raise_exception('no system role here') }}")
