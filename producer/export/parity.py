@@ -141,7 +141,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 #: The markers a thinking span opens and closes with in the prompts a template renders.
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-_THINKING = re.compile(re.escape(THINK_OPEN) + r".*?(?:" + re.escape(THINK_CLOSE) + r"|$)", re.S)
+_THINKING = re.compile(re.escape(THINK_OPEN) + r".*?(?:" + re.escape(THINK_CLOSE) + r"|$)", re.DOTALL)
 
 
 def hint(rendered: Sequence[int], recorded: Sequence[int], position: int, decode: Decode) -> str:
