@@ -36,6 +36,8 @@ class RowStats(Protocol):
 __all__ = ["available", "draw"]
 
 BINS = defaults.CARD_BINS
+#: Lengths whose largest is this many times their smallest are drawn on a log axis.
+LOG_SPAN = 20
 PANEL_INCHES = (4.2, 3.2)
 DPI = defaults.CARD_DPI
 #: One colour per quantity, the same in every card (prompt, thinking, answer, thinking + answer).
@@ -91,22 +93,48 @@ def draw(stats: RowStats, folder: Path, name: str) -> dict[str, Path]:
 
 
 def _histogram(ax: Axes, label: str, values: array.array[int]) -> None:
-    from matplotlib.ticker import MaxNLocator
+    """One quantity's lengths. Token lengths run long-tailed (tens to tens of thousands): over a
+    range of LOG_SPAN or more the axis is log-scaled with bins of equal ratio, so the rows fill
+    many bars instead of two; zero lengths have no place on it and are counted in the title."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     ordered = sorted(values)
     n = len(ordered)
     median, p90 = ordered[(n - 1) // 2], ordered[min(n - 1, -(-90 * n // 100) - 1)]
-    ax.hist(ordered, bins=min(BINS, max(1, len(set(ordered)))), color=COLOURS[label], edgecolor="white",
-            linewidth=0.5)
-    ax.axvline(median, color="black", linestyle="--", linewidth=1, label=f"median {median:,}")
-    ax.axvline(p90, color="black", linestyle=":", linewidth=1, label=f"p90 {p90:,}")
-    ax.set_title(f"{label} ({n:,})")
+    positive = [v for v in ordered if v > 0]
+    zeros = n - len(positive)
+    log = len(positive) > 1 and positive[-1] >= LOG_SPAN * positive[0]
+    if log:
+        bins: object = np.geomspace(positive[0], positive[-1] * 1.0001, BINS + 1)
+        ax.hist(positive, bins=bins, color=COLOURS[label], edgecolor="white", linewidth=0.5)  # type: ignore[arg-type]
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, numticks=6))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    else:
+        shown = positive if zeros and positive else ordered
+        ax.hist(shown, bins=min(BINS, max(1, len(set(shown)))), color=COLOURS[label], edgecolor="white",
+                linewidth=0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: short_count(x)))
+    ax.axvline(max(median, 1) if log else median, color="black", linestyle="--", linewidth=1,
+               label=f"median {median:,}")
+    ax.axvline(max(p90, 1) if log else p90, color="black", linestyle=":", linewidth=1, label=f"p90 {p90:,}")
+    ax.set_title(f"{label} ({n:,}" + (f"; {zeros:,} with 0 tokens, not drawn" if zeros and positive else "") + ")")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("tokens")
+    ax.set_xlabel("tokens (log scale)" if log else "tokens")
     ax.set_ylabel("generations")
     ax.margins(y=0.2)  # room for the legend above the tallest bar
     ax.legend(fontsize=8, frameon=False, loc="upper right")
+
+
+def short_count(x: float) -> str:
+    """A tick's count in a few characters: 800, 1.5k, 12k, 1.2M."""
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if abs(x) >= 1e3:
+        return f"{x / 1e3:.3g}k"
+    return f"{x:.3g}"
 
 
 def _save(fig: Figure, path: Path) -> Path:
