@@ -66,11 +66,39 @@ def status_command(run_name: str | None, watch: bool, interval: float, as_json: 
                                 else {"runs": reports, "redis_memory": memory}).decode())
     elif watch:
         try:
-            (_watch_terminal if sys.stdout.isatty() else _watch_piped)(render, interval)
+            (_watch_terminal if sys.stdout.isatty() else _watch_piped)(through_outages(render, redis_url), interval)
         except KeyboardInterrupt:  # Ctrl-C is how --watch is left: not an error
             return
     else:
         click.echo(render())
+
+
+def through_outages(render: Callable[[], str], url: str) -> Callable[[], str]:
+    """RENDER, drawing a line that says so while Redis does not answer (restarting, loading its
+    data, a network cut) instead of leaving: --watch waits and goes on, as the consumers do."""
+    import time
+
+    import redis
+
+    from genqueue.common.eta import format_duration
+    from genqueue.common.redact import redact
+    from genqueue.producer.status.screen import WIDTH, fit
+
+    since: float | None = None
+
+    def frame() -> str:
+        nonlocal since
+        try:
+            text = render()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            since = time.monotonic() if since is None else since
+            why = " ".join(str(e).split()) or type(e).__name__
+            return (f"Redis unreachable at {redact(url)}, retrying (for {format_duration(time.monotonic() - since)})\n"
+                    + fit(f"  {redact(why)}", WIDTH))
+        since = None
+        return text
+
+    return frame
 
 
 def _watch_terminal(render: Callable[[], str], interval: float) -> None:
