@@ -17,7 +17,7 @@ loader's file):
 
 `openai`: `messages` in OpenAI chat form, every generated assistant message with its
 thinking as `reasoning_content` beside `content` (`tool_calls` when it called tools); `tools`
-as given. `reasoning_content` is the name reasoning models' chat templates read (Qwen3's,
+as JSON text (see Nested fields). `reasoning_content` is the name reasoning models' chat templates read (Qwen3's,
 through transformers' apply_chat_template); vLLM's response field `reasoning` is read by none
 of them, so a dataset keeping that name trains on no thinking at all.
 
@@ -38,7 +38,17 @@ traineagle3/main.py reads this form too (`id`, human/gpt turns) when there are n
 `specforge`: what SpecForge's data preparation writes and reads (scripts/
 regenerate_train_data.py, scripts/validate_regenerated_data.py, specforge/data/parse.py):
 `conversations` of `{role, content}` with each assistant turn's `reasoning_content`,
-`tool_calls` and `tool_call_id` as in OpenAI chat, `tools` a list, `status: "success"`.
+`tool_calls` and `tool_call_id` as in OpenAI chat, `tools` JSON text, `status: "success"`.
+
+Nested fields (every format): a row's objects are genqueue's own, with a fixed set of keys (a
+message or turn, a tool call and its function, `usage`, `acceptance`, `stopped`), or hold the
+user's free-form JSON, written as JSON text. `datasets` (every release: the loader of
+LLaMA-Factory, SpecForge and speculators) gives a column one Arrow type, so it unifies the
+objects of a column across rows into one struct: a key a row lacks reads back as null, which
+for a fixed-key object is the absent key, but inside a tool schema is a property the server
+never saw (`"expr": null` in another tool's `properties`, rendered into the prompt). So
+`tools` is JSON text in every format (tools_text), as SpecForge's and speculators' loaders
+parse it and LLaMA-Factory keeps it; tool call arguments are JSON text as OpenAI has them.
 
 `tokens`: one row per generated answer, in the pre-tokenized form vllm-project/speculators'
 training reads as it is (src/speculators/data_generation/preprocessing.py,
@@ -100,6 +110,7 @@ from genqueue.common.contracts import (
     ResultRecord,
     SpecFigures,
     TokenIds,
+    ToolSpec,
     Usage,
     full_prompts,
 )
@@ -233,6 +244,12 @@ def _meta(rec: Mapping[str, object], out: Line, fields: tuple[str, ...] = _META 
     return out
 
 
+def tools_text(tools: list[ToolSpec]) -> str:
+    """A row's `tools`: the request's tool schemas as JSON text, read back by every release of
+    `datasets` exactly as written (see Nested fields in the module docstring)."""
+    return orjson.dumps(tools).decode()
+
+
 def to_openai(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | None = None) -> Line:
     """The openai-format export line of a success record (MARKS: who wrote each assistant
     message, when not target_turns(rec): a generation row's, genrows.py)."""
@@ -240,7 +257,7 @@ def to_openai(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] | 
     messages = [{**m, GENERATED: next(authors)} if m.get("role") == "assistant" else m for m in conversation(rec)]
     out: Line = {"id": line_id(rec, per_turn=per_turn), "messages": messages}
     if rec.get("tools"):
-        out["tools"] = rec["tools"]
+        out["tools"] = tools_text(rec["tools"])
     return _with_acceptance(_meta(rec, out), record_figures(rec))
 
 
@@ -270,7 +287,7 @@ def to_sharegpt(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool] 
         generated = [i + 1 for i in generated]
     out: Line = {"id": line_id(rec, per_turn=per_turn), "conversations": conv, "target_turns": generated}
     if rec.get("tools"):  # LLaMA-Factory keeps the tool schemas as a JSON string
-        out["tools"] = orjson.dumps(rec["tools"]).decode()
+        out["tools"] = tools_text(rec["tools"])
     return _with_acceptance(_meta(rec, out), record_figures(rec))
 
 
@@ -292,7 +309,7 @@ def to_specforge(rec: ResultRecord, *, per_turn: bool = False, marks: list[bool]
         conv.append(turn)
     out: Line = {"id": line_id(rec, per_turn=per_turn), "conversations": conv}
     if rec.get("tools"):
-        out["tools"] = rec["tools"]
+        out["tools"] = tools_text(rec["tools"])
     out["status"] = "success"
     return _with_acceptance(_meta(rec, out), record_figures(rec))
 

@@ -90,8 +90,14 @@ def qwen3() -> Any:
     return tiny_qwen3()
 
 
+def tools_of(row: dict[str, Any]) -> Any:
+    """ROW's tools as a chat template takes them: a list (the export writes JSON text)."""
+    tools = row.get("tools")
+    return orjson.loads(tools) if isinstance(tools, str) else tools
+
+
 def render(tokenizer: Any, row: dict[str, Any]) -> str:
-    text: str = tokenizer.apply_chat_template(row["messages"], tools=row.get("tools") or None, tokenize=False)
+    text: str = tokenizer.apply_chat_template(row["messages"], tools=tools_of(row) or None, tokenize=False)
     assert tokenizer.decode(tokenizer.encode(text)) == text  # the tiny tokenizer round-trips it
     return text
 
@@ -104,7 +110,7 @@ def render_template(tokenizer: Any, row: dict[str, Any]) -> str:
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
     text: str = _compile_jinja_template(tokenizer.chat_template).render(
-        messages=row["messages"], tools=row.get("tools") or None, add_generation_prompt=False)
+        messages=row["messages"], tools=tools_of(row) or None, add_generation_prompt=False)
     return text
 
 

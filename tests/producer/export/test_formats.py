@@ -163,7 +163,7 @@ def test_openai_messages_keep_the_thinking_as_reasoning_content() -> None:
     assert [m.get("reasoning_content") for m in regen["messages"]] == [None, None, "r0", None, "r1 never clos"]
     assert not any("reasoning" in m for m in regen["messages"])
     tools = to_openai(with_tools())
-    assert tools["tools"] == TOOLS and tools["messages"][-1]["tool_calls"] == [CALL]
+    assert orjson.loads(tools["tools"]) == TOOLS and tools["messages"][-1]["tool_calls"] == [CALL]
 
 
 # --- sharegpt as LLaMA-Factory reads it ------------------------------------------------------
@@ -261,7 +261,7 @@ def test_specforge_rows_pass_specforges_own_validator() -> None:
     regen = to_specforge(regenerated())
     assert validate_row(regen, expect_non_reasoning=False, expect_reasoning=True, strict_think_markers=True) == 2
     tools = to_specforge(with_tools())
-    assert tools["tools"] == TOOLS  # preprocessing.py takes a list or a JSON string
+    assert orjson.loads(tools["tools"]) == TOOLS  # JSON text: preprocessing.py parses a string
     assert tools["conversations"][2] == {"role": "tool", "content": '{"temp": 3}', "tool_call_id": "call_0"}
     assert tools["conversations"][1]["tool_calls"] == [CALL]
     assert tools["conversations"][-1]["tool_calls"] == [CALL]  # parse.py _sanitize_message parses the arguments

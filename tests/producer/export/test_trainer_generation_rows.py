@@ -87,11 +87,7 @@ def answer_text(row: dict[str, Any]) -> tuple[str, str]:
 def openai_rows(ex: Exports, fmt: str) -> list[dict[str, Any]]:
     if fmt == "openai":
         return lines(ex.gen["openai"])
-    rows = [_prune(r) for r in pq.read_table(ex.gen["parquet"]).to_pylist()]
-    for r in rows:
-        if isinstance(r.get("tools"), str):
-            r["tools"] = orjson.loads(r["tools"])
-    return rows
+    return [_prune(r) for r in pq.read_table(ex.gen["parquet"]).to_pylist()]
 
 
 @pytest.mark.parametrize("fmt", ["openai", "parquet"])

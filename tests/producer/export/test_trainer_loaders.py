@@ -47,7 +47,7 @@ import redis
 from tests.conftest import RedisServer, sharegpt, write_jsonl
 from tests.consumer.test_tool_regen import agentic
 from tests.producer.export import specforge_validation, trainer_code
-from tests.producer.export.test_chat_template import meant_to_render, tiny_qwen3
+from tests.producer.export.test_chat_template import meant_to_render, tiny_qwen3, tools_of
 from tests.producer.export.test_export_datasets import _prune, enqueue, export, generate, lines
 
 pytestmark = pytest.mark.integration
@@ -152,7 +152,7 @@ def said(msg: dict[str, Any]) -> str:
 
 
 def tool_names(row: dict[str, Any]) -> list[str]:
-    return [t["function"]["name"] for t in row.get("tools") or []]
+    return [t["function"]["name"] for t in tools_of(row) or []]
 
 
 @dataclass
@@ -202,6 +202,10 @@ def tokenizer() -> Any:
 
 
 def render(messages: list[dict[str, Any]], tools: Any, *, add_generation_prompt: bool = False) -> str:
+    """MESSAGES and TOOLS (a list, or the export's JSON text, parsed as a user of the file does)
+    through the template."""
+    if isinstance(tools, str):
+        tools = json.loads(tools)
     text: str = tokenizer().apply_chat_template(messages, tools=tools or None, tokenize=False,
                                                 add_generation_prompt=add_generation_prompt)
     return text
@@ -247,9 +251,6 @@ def parquet_cell(ex: Exports) -> Cell:
                                cache_dir=str(ex.folder / "hf"))
     assert ds.num_rows == pq.read_metadata(ex.files["parquet"]).num_rows
     rows = [_prune(r) for r in ds]
-    for r in rows:
-        if isinstance(r.get("tools"), str):  # Parquet keeps tools as a JSON string
-            r["tools"] = orjson.loads(r["tools"])
     return openai_transformers(ex, rows, "parquet")
 
 
