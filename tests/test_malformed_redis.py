@@ -244,6 +244,10 @@ def expect(seen: dict[str, Any], clean: dict[str, Any], planted: dict[str, tuple
     def named(found: list[dict[str, str]]) -> set[str]:
         return {jid for jid in planted if any(jid in f["id"] for f in found)}
 
+    # an id without a hash where rq ends jobs is rq's own expiry of it (its result or failure
+    # TTL passed), not a defect: never named malformed (tests/test_rq_normal_life.py)
+    expired = {j for j, (shape, place) in planted.items() if shape == "dangling" and place in rqjobs.EXPIRED_WHY}
+    planted = {j: where for j, where in planted.items() if j not in expired}
     everyone = set(planted)
     headers = {j for j, (shape, _) in planted.items() if SHAPES[shape][1]}
     # export read every payload (the run has missing items); status and delete read headers
@@ -253,7 +257,7 @@ def expect(seen: dict[str, Any], clean: dict[str, Any], planted: dict[str, tuple
     read_items = {j for j, (_, place) in planted.items() if place not in (JobPlace.FINISHED, JobPlace.CANCELED)}
     assert named(rc["queue_view"]["malformed_jobs"]) == headers | read_items, rc["queue_view"]["malformed_jobs"]
     assert all(f["reason"] and f["place"] in set(JobPlace) for f in ex["malformed_jobs"])
-    assert f"{len(planted)} malformed job(s) skipped" in seen["export_human"], seen["export_human"]
+    assert not planted or f"{len(planted)} malformed job(s) skipped" in seen["export_human"], seen["export_human"]
     if headers:
         assert f"{len(headers)} malformed job(s) in the queue or registries" in seen["status_human"]
         assert f"{len(headers)} malformed job(s) deleted with it" in seen["delete"], seen["delete"]
@@ -265,6 +269,7 @@ def expect(seen: dict[str, Any], clean: dict[str, Any], planted: dict[str, tuple
             bad = {jid for jid, desc in rows.items() if desc.startswith("(malformed")}
             assert {j for j in mine if any(j in b for b in bad)} == mine, (registry, rows)
             assert all(any(j in b for j in planted) for b in bad), (registry, rows)
+            assert all(rows[j].startswith(f"({registry}; rq no longer keeps it") for j in expired if j in rows)
 
 
 # --- the dashboard, in process -----------------------------------------------------------

@@ -18,6 +18,12 @@ of 32 items in ~1.1 s, against ~0.6 s for the bare payloads). The header check r
 exact shape rq writes it is handed to rq's own Job.restore, which decides (the test
 test_the_fast_check_agrees_with_rqs_own_loader holds the two together).
 
+rq's normal life is not a defect: a job rq has ended keeps its hash only for its TTL (a finished
+job's result_ttl, a failed job's failure_ttl), while its id stays in the finished or failed
+registry until a cleanup (a live consumer's sweep, `rq info`). Such an id is EXPIRED, kept apart in
+`JobScan.expired` and never called malformed: a finished one's items are done by their marks, a
+failed one's count as missing (no job holds them now), as the commands already say.
+
 A job by reference (issue 34: no argument, its pack and block in its `meta`) has its items in a
 pack of the run's output, which no Redis read reaches: at ITEMS, a reader that passes
 `items_of` (a PackRef -> the block's items, producer/packitems.py) gets them checked like inline
@@ -63,6 +69,14 @@ _BY_REFERENCE = "by reference"
 
 #: Reads the items of a job by reference (a PackRef): raises when its pack cannot be read.
 ItemsOf = Callable[[PackRef], list[Item]]
+
+#: The places of jobs rq has ended, whose hashes it expires after their TTL (result_ttl,
+#: failure_ttl) while their ids stay until a registry cleanup: an id there without a hash is
+#: rq's own expiry, what each means for its items.
+EXPIRED_WHY = {
+    JobPlace.FINISHED: "finished; rq no longer keeps it (its result TTL passed): its items' marks say done",
+    JobPlace.FAILED: "failed; rq no longer keeps it (its failure TTL passed): its items count as missing",
+}
 
 # KEYS: job hashes. ARGV[1]: '1' to return each payload; ARGV[2..]: the statuses rq knows.
 # Per job two values: 'ok' and its data ('' without ARGV[1]); 'gone' (no hash); 'nothash' and
@@ -176,9 +190,19 @@ class BadJob:
 
 @dataclass(slots=True)
 class JobScan:
-    """The bad entries one command met, each once (by id), in the order met."""
+    """The bad entries one command met, each once (by id), in the order met; and apart, the ids
+    of ended jobs whose hashes rq expired (EXPIRED_WHY), which are no defect."""
 
     bad: dict[str, BadJob] = field(default_factory=dict)
+    expired: dict[str, JobPlace] = field(default_factory=dict)
+
+    def gone(self, job_id: str, place: JobPlace) -> None:
+        """JOB_ID, listed in PLACE, has no hash: expired when PLACE is one rq ends jobs in, else a
+        dangling id."""
+        if place in EXPIRED_WHY:
+            self.expired.setdefault(job_id, place)
+        else:
+            self.note(job_id, place, "no job hash (a dangling id)")
 
     def note(self, job_id: str, place: JobPlace, reason: str) -> None:
         if job_id not in self.bad:  # the command prints them in one line; each one on -vv
@@ -254,12 +278,30 @@ def scan_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace] = tuple(Jo
     return scan
 
 
-def job_defect(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED) -> str | None:
-    """Why the job JOB_ID is no usable genqueue job (the reasons read_jobs gives), or None."""
+class JobKind(StrEnum):
+    """What one entry of a run's queue or registries is, for a reader that shows it (the dashboard)."""
+
+    USABLE = "usable"  # a genqueue job, inline or by reference
+    EXPIRED = "expired"  # an ended job whose hash rq expired (EXPIRED_WHY)
+    MALFORMED = "malformed"
+
+
+def job_kind(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED) -> tuple[JobKind, str]:
+    """What the entry JOB_ID of PLACE is, and why when it is not usable (read_jobs' reasons, or
+    EXPIRED_WHY). A job by reference is usable: its pack is not read here."""
     scan = JobScan()
     out = conn.register_script(_FAST)(keys=[Job.key_for(job_id)], args=["1", *(s.value for s in JobStatus)])
-    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan, None)
-    return next(iter(scan.bad.values())).reason if scan.bad else None
+    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan, _pack_not_read)
+    if scan.bad:
+        return JobKind.MALFORMED, next(iter(scan.bad.values())).reason
+    if scan.expired:
+        return JobKind.EXPIRED, EXPIRED_WHY[place]
+    return JobKind.USABLE, ""
+
+
+def _pack_not_read(ref: PackRef) -> list[Item]:
+    """The items of a job by reference for a reader that judges the job, not its pack: none read."""
+    return []
 
 
 def failed_reason(conn: redis.Redis, job_id: str) -> str:
@@ -291,7 +333,7 @@ def _member_id(member: object, place: JobPlace, scan: JobScan) -> str | None:
 def _verdict(conn: redis.Redis, jid: str, place: JobPlace, verdict: bytes, data: bytes, depth: Depth,
              scan: JobScan, items_of: ItemsOf | None) -> RunJob | None:
     if verdict == b"gone":
-        scan.note(jid, place, "no job hash (a dangling id)")
+        scan.gone(jid, place)
         return None
     if verdict == b"nothash":
         scan.note(jid, place, f"the job's key is a {data.decode(errors='replace')}, not a hash")
@@ -302,7 +344,7 @@ def _verdict(conn: redis.Redis, jid: str, place: JobPlace, verdict: bytes, data:
     if verdict != b"ok":  # not in the shape rq writes: rq's own loader decides
         raw: dict[bytes, bytes] = conn.hgetall(Job.key_for(jid))  # type: ignore[assignment]  # bytes: no decoding
         if not raw:
-            scan.note(jid, place, "no job hash (a dangling id)")
+            scan.gone(jid, place)
             return None
         if not raw.get(b"data"):
             scan.note(jid, place, "the job's hash holds no data")

@@ -17,7 +17,10 @@ This runs rq-dashboard's own command line with `--json`, its worker listing read
 the JSON serializer, and a worker whose current job no serializer can read shown with its id
 instead of failing the whole page. A consumer holds many jobs at once (rq executions), where
 rq-dashboard shows one "current job" per worker: its workers data gives each worker
-`current_jobs`, every job it holds, and its Workers page lists them. And whatever a genqueue queue holds (a pickle, garbage, a
+`current_jobs`, every job it holds, and its Workers page lists them, each genqueue job named by its
+run, items and pack or first key (web.job_label), not a call string of its payload. A finished or
+failed job whose hash rq expired after its TTL is shown as such (no exc_info, so no Requeue
+button). And whatever a genqueue queue holds (a pickle, garbage, a
 hash without data, an id whose hash is gone, a date rq does not parse), its job lists show
 each such entry as a row `(malformed: <reason>)` (common/keepers/rqjobs.py's reasons), and a job's own
 page and JSON say why it cannot be shown, where rq-dashboard answered 500 for the whole list. Every rq-dashboard option passes through; the Redis URL

@@ -1,7 +1,9 @@
 """rq-dashboard's web app made to read genqueue (see the wing's docstring, consumer/dashboard/):
 its worker views read jobs with the JSON serializer and list every job a worker holds, its job
-lists and job pages show whatever a genqueue queue holds, and its registry sweeps use Redis's
-clock (rqcompat.sweep_in_redis_time). Everything here patches rq-dashboard, written and tested
+lists and job pages show whatever a genqueue queue holds, each genqueue job named by `job_label`
+(its run, items, and pack or first key) rather than a call string of its whole payload, an ended
+job whose hash rq expired shown as such (not failed, no Requeue), and its registry sweeps use
+Redis's clock (rqcompat.sweep_in_redis_time). Everything here patches rq-dashboard, written and tested
 against its 0.9 series; rq itself is touched only in consumer/rqcompat.py.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from genqueue.common.keepers.rqaccess import queue_name
+from genqueue.common.keepers.rqaccess import job_items, job_reference, queue_name
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +70,15 @@ def patch(web: ModuleType) -> None:
         if isinstance(job, _Unloadable):
             return {"job_id": job.id, "description": job.description, "created_at": None,
                     "call_string": "(rq cannot load it)"}
+        label = job_label(job) if job is not None else None
         try:
-            return show_current(job)
+            shown = show_current(job)
         except DeserializationError:  # a job of some other worker, not JSON: show what is readable
             return {"job_id": job.id, "description": job.description, "created_at": None,
                     "call_string": "(payload is not JSON)"}
+        if label is not None and isinstance(shown, dict):  # not its payload as a call string
+            shown.update(description=label, call_string=label)
+        return shown
 
     # setattr: mypy sees rq-dashboard's modules as plain ModuleType
     setattr(web, "Worker", JsonWorker)  # noqa: B010
@@ -153,6 +159,24 @@ def workers_page(path: Path) -> str | None:
     return page.replace("Current&nbsp;job<", "Jobs&nbsp;held<")
 
 
+def job_label(job: Any) -> str | None:
+    """genqueue's name for the rq job JOB: `genqueue run=R items=N` and its pack and block (by
+    reference) or its first item's key (inline); None for a job of another application's queue,
+    or one whose payload does not read as genqueue's (then rq-dashboard's own text is shown)."""
+    origin = str(getattr(job, "origin", "") or "")
+    if not origin.startswith(QUEUE_PREFIX):
+        return None
+    head = f"genqueue run={origin.removeprefix(QUEUE_PREFIX)}"
+    try:
+        ref = job_reference(job.args, job.kwargs, job.meta)
+        if ref is not None:
+            return f"{head} items={job.meta.get('items', '?')} pack={ref.pack} block={ref.block}"
+        items = job_items(job.args)
+        return f"{head} items={len(items)} first_key={items[0]['key']}"
+    except Exception:  # noqa: BLE001 - a payload that is not genqueue's: rq-dashboard's own text
+        return None
+
+
 class _Unloadable:
     """A worker's current job that rq cannot load: what the workers page shows of it."""
 
@@ -168,23 +192,29 @@ def patch_job_lists(web: ModuleType) -> None:
     from werkzeug.exceptions import HTTPException
 
     from genqueue.common.keepers.rqaccess import JobPlace, place_page
-    from genqueue.common.keepers.rqjobs import job_defect
+    from genqueue.common.keepers.rqjobs import JobKind, job_kind
 
     page_of = web.get_queue_registry_jobs_count
     serialize_job = web.serialize_job
 
     def row(conn: Any, member: bytes, place: JobPlace) -> dict[str, Any]:
         jid = member.decode(errors="replace")
+        utf8 = jid.encode() == member  # else no job can have that id: no hash is looked for
         if place is JobPlace.STARTED and ":" in jid:  # "<job id>:<execution id>"
             jid = jid.rsplit(":", 1)[0]
-        why = job_defect(conn, jid, place)
-        if why is None:
+        kind, why = job_kind(conn, jid, place) if utf8 else (JobKind.MALFORMED, "id is not UTF-8 text")
+        blank = {"id": jid, "created_at": None, "started_at": None, "ended_at": None}
+        if kind is JobKind.EXPIRED:  # rq's normal life: no exc_info, so no Requeue button
+            return {**blank, "exc_info": None, "description": f"({why})"}
+        if kind is JobKind.USABLE:
             try:
-                return dict(serialize_job(web.Job.fetch(jid, connection=conn, serializer=web.config.serializer)))
+                job = web.Job.fetch(jid, connection=conn, serializer=web.config.serializer)
+                shown = dict(serialize_job(job))
+                shown["description"] = job_label(job) or shown["description"]
+                return shown
             except Exception as e:  # noqa: BLE001 - whatever rq-dashboard cannot show is named, not a 500
                 why = f"{type(e).__name__}: {str(e)[:120]}"
-        return {"id": jid, "created_at": None, "started_at": None, "ended_at": None, "exc_info": why,
-                "description": f"(malformed: {why})"}
+        return {**blank, "exc_info": why, "description": f"(malformed: {why})"}
 
     def jobs_page(queue_name: str, registry_name: str, offset: int, per_page: int, order: str,
                   connection: Any) -> tuple[int, list[dict[str, Any]]]:
@@ -201,7 +231,11 @@ def patch_job_lists(web: ModuleType) -> None:
         jid = (request.view_args or {}).get("job_id")
         if jid is None:
             return {"error": f"{type(e).__name__}: {str(e)[:200]}"}, 500
-        why = job_defect(getattr(current_app, "redis_conn"), str(jid))  # noqa: B009 - set by rq-dashboard or f"{type(e).__name__}: {str(e)[:200]}"
+        conn = getattr(current_app, "redis_conn")  # noqa: B009 - set by rq-dashboard
+        if not conn.exists(web.Job.key_for(str(jid))):  # its page does not know its place: say both
+            return {"id": jid, "status": "expired", "exc_info": None,
+                    "description": "(rq no longer keeps this job: an ended job's hash expires after its TTL)"}, 200
+        why = job_kind(conn, str(jid))[1] or f"{type(e).__name__}: {str(e)[:200]}"
         return {"id": jid, "status": "malformed", "description": f"(malformed: {why})", "exc_info": why}, 200
 
     setattr(web, "get_queue_registry_jobs_count", jobs_page)  # noqa: B010
