@@ -486,9 +486,13 @@ class Exporter:
         """REC's lines split between the dataset and the truncated file, under --rows."""
         if self.layout is None:  # a format of its own rows (tokens: per answer; batch: the last answer)
             rows = self.convert_rows(rec)
-            inside = outcome in self.include
-            return RecordRows(included=rows if inside else [], excluded=[] if inside else rows,
-                              generation_rows=len(rows) if inside else 0, conversation_row=inside)
+            if FORMATS[self.shape].rows is not None:  # one row per answer: each its own fate, as text rows
+                inside = [row.get("outcome") in self.include for row in rows]
+            else:
+                inside = [outcome in self.include] * len(rows)
+            included = [row for row, ok in zip(rows, inside, strict=True) if ok]
+            return RecordRows(included=included, excluded=[row for row, ok in zip(rows, inside, strict=True) if not ok],
+                              generation_rows=len(included), conversation_row=outcome in self.include)
         conversation = self.convert(rec) if self.layout is RowLayout.CONVERSATION else {}
         return record_rows(self.shape, rec, layout=self.layout, include=self.include,
                            conversation_line=conversation, per_turn=self.per_turn_ids)

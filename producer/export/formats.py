@@ -57,7 +57,9 @@ prompt ids the engine rendered for that answer followed by the ids it generated,
 0 on the prompt and 1 on exactly the generated ids. Only runs made with --token-ids have them
 (records keep `token_ids` per answer); a record without them is refused, never re-tokenized.
 Each row's `turn` is the user turn it answers (`step`: its place after tool results), its
-`usage` that answer's own, its `id` the record's with `-a<n>` (the n-th answer, from 0).
+`usage` that answer's own, its `id` the record's with `-a<n>` (the n-th answer, from 0), its
+`outcome` the generation row's of the same answer (generations.answer_outcomes: `finished` when
+it and every answer before it finished), so a token row and its text row share id and fate.
 
 Which assistant turns the target generated is stated per turn (target_turns): in mode
 regenerate every one (the conversation's answers are the target's), in modes first, last and
@@ -109,13 +111,11 @@ from genqueue.common.contracts import (
     Record,
     ResultRecord,
     SpecFigures,
-    TokenIds,
     ToolSpec,
     Usage,
-    full_prompts,
 )
 from genqueue.common.errors import UserError
-from genqueue.producer.export.generations import single_answer
+from genqueue.producer.export.generations import answer_outcomes, generations, single_answer
 
 #: One line of the export as a converter builds it: a JSON object, serialised as it is.
 Line = dict[str, object]
@@ -350,36 +350,28 @@ class NoTokenIdsError(UserError):
 
 def to_tokens(rec: ResultRecord, *, per_turn: bool = False) -> list[Line]:
     """The tokens-format rows of a success record: one per generated answer (see the module
-    docstring). Raises NoTokenIdsError for a record that kept no ids."""
+    docstring), the answers of generations() each with its outcome as answer_outcomes judges it
+    (the generation rows' rule). Raises NoTokenIdsError for a record that kept no ids."""
     base = line_id(rec, per_turn=per_turn)
-    turns = rec.get("turns")
-    answers: list[tuple[int | None, int, TokenIds | None, list[int] | None, Usage, object, SpecFigures | None]]
-    if turns is not None:
-        try:
-            prompts = full_prompts(turns)
-        except ValueError as e:
-            raise NoTokenIdsError(f"--format tokens: record {rec.get('key')} (id {base}): {e}") from None
-        answers = [(t.get("turn"), t.get("step", 0), t.get("token_ids"), p, t.get("usage") or {}, t.get("outcome"),
-                    t.get("spec")) for t, p in zip(turns, prompts, strict=True)]
-    else:
-        ids = rec.get("token_ids")
-        answers = [(rec.get("turn"), 0, ids, ids["prompt"] if ids is not None else None, rec.get("usage") or {},
-                    rec.get("outcome"), rec.get("spec"))]
+    try:
+        gens = generations(rec)
+    except ValueError as e:
+        raise NoTokenIdsError(f"--format tokens: record {rec.get('key')} (id {base}): {e}") from None
     rows: list[Line] = []
-    for n, (turn, step, ids, prompt, usage, outcome, spec) in enumerate(answers):
-        if ids is None or prompt is None:
+    for g, outcome in zip(gens, answer_outcomes(rec, gens), strict=True):
+        if g.token_ids is None or g.prompt_ids is None:
             raise NoTokenIdsError(
-                f"--format tokens: record {rec.get('key')} (id {base}) has no token ids for its answer {n}: the run "
-                "kept none when it was made (enqueue with --token-ids, on a server that returns them)")
-        completion = ids["completion"]
-        row: Line = {"id": f"{base}-a{n}", "input_ids": prompt + completion,
-                     "loss_mask": [0] * len(prompt) + [1] * len(completion)}
+                f"--format tokens: record {rec.get('key')} (id {base}) has no token ids for its answer {g.index}: "
+                "the run kept none when it was made (enqueue with --token-ids, on a server that returns them)")
+        completion = g.token_ids["completion"]
+        row: Line = {"id": f"{base}-a{g.index}", "input_ids": g.prompt_ids + completion,
+                     "loss_mask": [0] * len(g.prompt_ids) + [1] * len(completion)}
         _meta(rec, row, _META + ("model", "fingerprint"))
-        row["turn"] = turn
-        if step:
-            row["step"] = step
-        row["outcome"], row["usage"] = outcome, usage
-        rows.append(_with_acceptance(row, [spec]))
+        row["turn"] = g.turn
+        if g.step:
+            row["step"] = g.step
+        row["outcome"], row["usage"] = outcome, g.usage
+        rows.append(_with_acceptance(row, [g.spec]))
     return rows
 
 

@@ -58,6 +58,24 @@ def single_answer(rec: ResultRecord) -> ChatMessage:
     return answer
 
 
+def answer_outcomes(rec: ResultRecord, gens: list[Generation]) -> list[str]:
+    """Each answer's fate, for GENS = generations(REC): `finished` when it and every answer
+    before it finished, else the first outcome that was not (a generation that names none takes
+    the record's, `unknown` for a `partial` one). The one rule that decides which answers a
+    dataset holds: generation rows (genrows.py), `tokens` rows (formats.to_tokens) and every
+    count of them go by it, so text and token rows hold the same answers under the same ids."""
+    outcome = str(rec.get("outcome") or "unknown")
+    fallback = outcome if outcome != Outcome.PARTIAL.value else "unknown"
+    out: list[str] = []
+    first_bad: str | None = None
+    for g in gens:
+        own = g.outcome or fallback
+        out.append(first_bad or own)
+        if first_bad is None and own != Outcome.FINISHED.value:
+            first_bad = own
+    return out
+
+
 def generations(rec: ResultRecord, *, prompt_ids: bool = True) -> list[Generation]:
     """REC's generations, in the order they were made. Raises ValueError when a regenerate
     record's token ids do not chain (an answer sharing more prompt ids than the one before had).

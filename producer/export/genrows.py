@@ -12,7 +12,8 @@ request. Each row is the format's own line (formats.py) of that one generation, 
   gives the same answer, so a text row and its token row join;
 - `generation` (n), `turn` (the user turn it answers), `step` (its place after tool results
   within that turn, 0 for the turn's first answer);
-- `outcome`, `usage`, `acceptance`: the answer's own (see row_outcomes; formats.py for
+- `outcome`, `usage`, `acceptance`: the answer's own (its outcome as generations.answer_outcomes
+  judges it; formats.py for
   `acceptance`), beside the record's provenance;
 - which turn trains: `openai`/`parquet`/`specforge` put `weight` 1 on the answer and 0 on every
   history answer (OpenAI fine-tuning's per-message field); `generated_by_target` (and sharegpt's
@@ -26,7 +27,8 @@ thinking of its last user turn's answers only, and trains its earlier answers on
 answer, rendered after the last user message, on the context the server had.
 
 A row is complete (outcome `finished`) when its own answer finished and every answer of its
-history did; else its outcome is the first one that did not (row_outcomes). So a `partial`
+history did; else its outcome is the first one that did not (generations.answer_outcomes, the
+rule `--format tokens` judges its rows by too). So a `partial`
 conversation (a later turn failed) gives its finished answers as complete rows, and a cut one
 its answers before the cut; the rest go to the truncated file, and nothing half-generated is
 passed off as complete.
@@ -37,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import cast
 
-from genqueue.common.contracts import Outcome, ResultRecord
+from genqueue.common.contracts import ResultRecord
 from genqueue.producer.export.formats import (
     ExportFormat,
     Line,
@@ -48,14 +50,13 @@ from genqueue.producer.export.formats import (
     to_sharegpt,
     to_specforge,
 )
-from genqueue.producer.export.generations import Generation, generations
+from genqueue.producer.export.generations import Generation, answer_outcomes, generations
 
 _CONVERT = {ExportFormat.OPENAI: to_openai, ExportFormat.SHAREGPT: to_sharegpt, ExportFormat.SPECFORGE: to_specforge}
 #: The formats whose turns carry a per-message `weight` (sharegpt's stay exactly {from, value}).
 _WEIGHTED = {ExportFormat.OPENAI: "messages", ExportFormat.SPECFORGE: "conversations"}
 #: The per-message field that says which answer a generation row trains: 1 on it, 0 on the history's.
 WEIGHT = "weight"
-_FINISHED = Outcome.FINISHED.value
 
 
 @dataclass(slots=True)
@@ -69,19 +70,6 @@ class RecordRows:
     traces: int = 0  # the thinking traces its generations hold
     kept_generation: int = 0  # of them, in its dataset rows under --rows generation
     kept_conversation: int = 0  # rendered by a Qwen3-style template in its conversation row, when in the dataset
-
-
-def row_outcomes(gens: list[Generation], fallback: str) -> list[str]:
-    """Each generation row's outcome: `finished` when its answer and every answer before it
-    finished, else the first outcome that was not (FALLBACK: a generation that names none)."""
-    out: list[str] = []
-    first_bad: str | None = None
-    for g in gens:
-        own = g.outcome or fallback
-        out.append(first_bad or own)
-        if first_bad is None and own != _FINISHED:
-            first_bad = own
-    return out
 
 
 def has_trace(g: Generation) -> bool:
@@ -115,7 +103,7 @@ def record_rows(fmt: ExportFormat, rec: ResultRecord, *, layout: RowLayout, incl
     (rec's outcome is record_outcome's, set by the caller)."""
     outcome = str(rec.get("outcome") or "unknown")
     gens = generations(rec, prompt_ids=False)
-    outcomes = row_outcomes(gens, outcome if outcome != Outcome.PARTIAL.value else "unknown")
+    outcomes = answer_outcomes(rec, gens)
     rows = RecordRows(conversation_row=outcome in include)
     messages = rec.get("messages") or []
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)

@@ -168,3 +168,35 @@ def test_a_record_without_ids_in_a_token_ids_run_stops_the_export_in_one_line(tm
     err = res.stderr.strip()
     assert "\n" not in err and "has no token ids" in err and without["key"] in err and "Traceback" not in err
     assert not (tmp_path / "mixed.tokens.jsonl").exists()
+
+
+def test_text_and_token_rows_judge_each_answer_once_alike(tmp_path: Path, redis_url: str) -> None:
+    """A conversation whose later answer was cut keeps its finished answers in the tokens file
+    as in the text rows: the same ids in the dataset and in the truncated file, each with the
+    same outcome, and the summaries and the cards count the same answers."""
+    sim = Sim(tmp_path, "--mean-tokens", "40", "--seed", str(SEED))
+    try:
+        enqueue(tmp_path, redis_url, "cut", "--token-ids", "--max-tokens", "48")
+        code, log = consume(tmp_path, redis_url, sim, "cut")
+    finally:
+        sim.stop()
+    assert code == 0, log
+    made: dict[str, tuple[dict[str, Any], dict[str, str], dict[str, str]]] = {}
+    for fmt, name in (("openai", "cut.text.jsonl"), ("tokens", "cut.tokens.jsonl")):
+        out = tmp_path / fmt
+        out.mkdir()
+        proc = cli("producer", "export", "--run", "cut", "--output", str(out / name), "--format", fmt, "--json",
+                   "--allow-partial", env={"REDIS_URL": redis_url})
+        summary = orjson.loads(proc.stdout.splitlines()[-1])
+        kept = {r["id"]: r["outcome"] for r in map(orjson.loads, (out / name).read_bytes().splitlines())}
+        cut = {r["id"]: r["outcome"] for r in map(orjson.loads, (out / name.replace(".jsonl", ".truncated.jsonl"))
+                                                   .read_bytes().splitlines())}
+        made[fmt] = summary, kept, cut
+    (text, text_kept, text_cut), (tokens, tokens_kept, tokens_cut) = made["openai"], made["tokens"]
+    # the case the rule is for: a finished answer before a cut one, in the same conversation
+    assert any(rid.endswith("-a0") and rid[:-1] + "1" in text_cut for rid in text_kept), (text_kept, text_cut)
+    assert tokens_kept == text_kept and tokens_cut == text_cut
+    assert set(text_kept.values()) == {"finished"} and "finished" not in set(text_cut.values())
+    assert tokens["rows"] == text["rows"] == len(text_kept)
+    assert tokens["truncated_rows"] == text["truncated_rows"] == len(text_cut)
+    assert tokens["card"]["generations"] == text["card"]["generations"] == len(text_kept)
