@@ -23,7 +23,7 @@ are marked with a few BITFIELDs a pack, not a command an item (the marking scrip
 place is trusted, and what is marked by entry instead).
 
 With the marks, in the same script, each item newly marked adds one to its outcome's counter
-(`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats), and a regenerate
+(`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats; the time, LAST_MARK_AT), and a regenerate
 conversation with recorded tool turns one to what became of them (`shipped_tools_<ToolTurns>`):
 so the outcomes `producer status` shows always sum to the items it calls done, at every moment,
 and its tool-turn counts are export's (`record_tool_turns` is the one rule for both). A result's
@@ -81,6 +81,10 @@ SHIPPED_OUTCOME = "shipped_outcome_"
 SHIPPED_FAILED = "shipped_failed_"
 SHIPPED_TURNS = "shipped_turns"
 SHIPPED_TOOLS = "shipped_tools_"
+#: When an item was last newly marked by a shipped shard (Redis's clock, whole seconds; a rebuild
+#: from the shards does not move it): a run that is over ended then, and its rate is over the
+#: time it ran, not until now.
+LAST_MARK_AT = "last_mark_at"
 
 
 # Whether the slots of pack number N (named NAME in the pack table P) are vouched for by the
@@ -190,6 +194,9 @@ for i = first, #ARGV, 6 do
 end
 flush(tab)
 for f, n in pairs(sums) do redis.call('HINCRBY', KEYS[2], f, string.format('%.0f', n)) end
+if added > 0 and bits == mark then
+  redis.call('HSET', KEYS[2], '""" + LAST_MARK_AT + """', redis.call('TIME')[1])
+end
 """ + LUA_FLUSH + """return added
 """
 
@@ -359,6 +366,11 @@ class Progress:
     failed: int  # items with an error record, whether or not they have a result too
     failed_and_done: int  # an error record, then a result on a later attempt (0: Redis before 7.0)
     stats: dict[str, int]
+
+    @property
+    def last_mark_at(self) -> float | None:
+        """When a shipped shard last marked an item newly (None: no marks, or marks older than it)."""
+        return float(self.stats[LAST_MARK_AT]) if self.stats.get(LAST_MARK_AT) else None
 
     @property
     def failed_only(self) -> int:

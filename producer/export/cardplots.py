@@ -36,8 +36,7 @@ class RowStats(Protocol):
 __all__ = ["available", "draw"]
 
 BINS = defaults.CARD_BINS
-#: Lengths whose largest is this many times their smallest are drawn on a log axis.
-LOG_SPAN = 20
+LOG_SPAN = defaults.CARD_LOG_SPAN
 PANEL_INCHES = (4.2, 3.2)
 DPI = defaults.CARD_DPI
 #: One colour per quantity, the same in every card (prompt, thinking, answer, thinking + answer).

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 #: The line above each frame of a piped `producer status --watch` (then ` at <time> ---`).
 WATCH_MARK = "--- producer status"
+MIN_WIDTH = defaults.STATUS_MIN_WIDTH
 
 
 @click.command()
@@ -43,19 +44,19 @@ def status_command(run_name: str | None, watch: bool, interval: float, as_json: 
     from genqueue.common.keepers.redismem import full_line, full_now
     from genqueue.common.keepers.runs import RunStore
     from genqueue.producer.status.core import format_status, run_status
-    from genqueue.producer.status.screen import WIDTH
 
     conn = connect(redis_url)
     names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
     if run_name and RunStore(conn).get(run_name) is None:  # Redis lost it? its output may hold run.json
-        raise run_gone(run_name, output if "://" in output else os.path.abspath(output))
+        raise run_gone(run_name, output if "://" in output else os.path.abspath(output), conn)
 
     def render() -> str:
         reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
         full = full_now(conn)  # a full Redis still answers reads: status says so, above the runs
         head = [(f"{full_line(full)}: consumers hold their jobs and wait; free memory or raise maxmemory "
                  "(`redis-cli CONFIG SET maxmemory ...`) and the run goes on by itself")] if full is not None else []
-        return "\n\n".join(head + [format_status(r, width=None if wide else WIDTH) for r in reports]) if reports \
+        width = None if wide else screen_width()
+        return "\n\n".join(head + [format_status(r, width=width) for r in reports]) if reports \
             else "\n\n".join(head + ["no runs in Redis"])
 
     if as_json:
@@ -71,6 +72,18 @@ def status_command(run_name: str | None, watch: bool, interval: float, as_json: 
             return
     else:
         click.echo(render())
+
+
+def screen_width() -> int:
+    """The columns a screen is drawn in: WIDTH, or a terminal's when it is narrower (down to 80:
+    lines wrap there, never cut); into a pipe or file, WIDTH."""
+    import shutil
+
+    from genqueue.producer.status.screen import WIDTH
+
+    if not sys.stdout.isatty():
+        return WIDTH
+    return max(min(shutil.get_terminal_size((WIDTH, 24)).columns, WIDTH), MIN_WIDTH)
 
 
 def through_outages(render: Callable[[], str], url: str) -> Callable[[], str]:

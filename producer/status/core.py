@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-import textwrap
 from typing import Any
 
 import click
@@ -41,7 +40,16 @@ from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import enqueue_again_command, failed_summary, next_steps
 from genqueue.producer.cost import remaining_tokens, run_cost
-from genqueue.producer.status.figures import eta_view, input_view, outcome_view, placement, run_share, speed_note
+from genqueue.producer.status.figures import (
+    eta_view,
+    input_view,
+    outcome_view,
+    placement,
+    run_clock,
+    run_rates,
+    run_share,
+    speed_note,
+)
 from genqueue.producer.status.report import (
     ConsumerRow,
     EngineRow,
@@ -54,7 +62,7 @@ from genqueue.producer.status.report import (
     StartingRow,
     StatusReport,
 )
-from genqueue.producer.status.screen import WIDTH, fit, num, screen_rows
+from genqueue.producer.status.screen import DETAIL, WIDTH, fit, num, screen_rows, wrap
 from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
 
 
@@ -95,7 +103,6 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "completion_tokens_per_s": (None if note else
                                     sum(c["runs"][run].get("completion_tokens_per_s", 0.0) for c in live)),
     }
-    elapsed = now - started_at if started_at else None
     remaining = max(items - done - failed, 0)
     # Tokens: what was generated (the spent counters, added as records are written), never less
     # than what the acked jobs counted. Tokens per item from the counters that go with the tokens
@@ -104,7 +111,6 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     completion_tokens = max(spent.completion_tokens, stats.get("completion_tokens", 0))
     answered, answered_tokens = ((spent.completions, spent.completion_tokens) if spent.completions
                                  else (stats.get("items_done", 0), stats.get("completion_tokens", 0)))
-    eta, eta_basis = eta_view(remaining, answered, answered_tokens, recent, note)
     versions = sorted({c.get("version", "?") for c in live})
     drift = []
     for c in live:
@@ -116,12 +122,16 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     outcomes = outcome_view(stats, done, failed)
     estimate = _estimate(sources)
     left, left_how = remaining_tokens(items, done, failed, answered_tokens, estimate, answered=answered)
+    eta, eta_basis = eta_view(remaining, left, bool(answered and answered_tokens), recent, note)
+    over = bool(items) and done + failed >= items
+    shipping = shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now,
+                             live={c["worker"] for c in live})
+    # a run over ended when its last item was marked (consumers before LAST_MARK_AT: its last upload)
+    ended_at = (counted.last_mark_at or shipping["last_upload_at"]) if over else None
+    ran_s = run_clock(started_at, now, ended_at, over=over)
     cost = run_cost(mine, run, run_started_at=started_at, remaining=left, rate=recent["completion_tokens_per_s"],
                     price=gpu_hour_price, estimate=estimate, remaining_basis=left_how,
-                    complete=bool(items) and done + failed >= items, spent_hours=spent.gpu_seconds / 3600.0)
-
-    def per_s(total: int) -> float | None:
-        return total / elapsed if elapsed and done + failed else None
+                    complete=over, spent_hours=spent.gpu_seconds / 3600.0)
 
     speculation = speculation_view(SpecTallies(conn).table(run), [
         (c["worker"], c["live"], s) for c in mine if (s := engine_totals(c["runs"][run].get("spec"))) is not None])
@@ -165,18 +175,15 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "speed": {
             "last_minute": recent,
             "note": note,
-            "run_average": {
-                "completions_per_s": per_s(done + failed),
-                "completion_tokens_per_s": per_s(completion_tokens),
-                "prompt_tokens_per_s": per_s(prompt_tokens),
-            },
+            "run_average": run_rates(done + failed, completion_tokens, prompt_tokens, ran_s),
+            "run_seconds": ran_s,
+            "ended_at": ended_at,
         },
         "eta_s": eta,
         "eta_basis": eta_basis,
         "eta_assumes_completion_tokens_per_s": recent["completion_tokens_per_s"],
         "cost": cost,
-        "shipping": shipping_view([(c, shares[c["worker"]]["shipping"]) for c in mine], now,
-                                  live={c["worker"] for c in live}),
+        "shipping": shipping,
         "consumers": [_consumer_row(c, run, shares[c["worker"]], where["in_flight"]) for c in mine],
         "starting": starting_rows(everyone, run),
         "output_placement": {"host": info.placement.host, "shared_fs": info.placement.shared_fs,
@@ -267,86 +274,81 @@ def _consumer_row(c: ConsumerReport, run: str, share: RunShare, run_in_flight: i
 def format_status(r: StatusReport, *, color: bool | None = None, width: int | None = WIDTH) -> str:
     """A human view of run_status(): its first lines answer the five questions (the input, the
     multi-turn rule, the sampling, the output and shipping, progress against the estimate).
-    WIDTH: clip every line to it (None: --wide, nothing clipped). COLOR: paint alarms red
-    (default: when stdout is a terminal and NO_COLOR is not set)."""
+    WIDTH: the screen's columns, every line wrapped to them, never cut (None: --wide, no line
+    wrapped). COLOR: paint alarms red (default: when stdout is a terminal and NO_COLOR is not set)."""
     rows, alarm = screen_rows(r, wide=width is None)
     key_w = max(len(k) for k, _ in rows)
+    under = key_w + 2 if key_w <= 14 else 4  # a wrapped value goes on under its first line
     paint = _use_color() if color is None else color
-    lines = [_red(fit(f"{k.ljust(key_w)}  {v}", width), paint and i in alarm) for i, (k, v) in enumerate(rows)]
+    lines = [_red(x, paint and i in alarm) for i, (k, v) in enumerate(rows)
+             for x in ([fit(f"{k.ljust(key_w)}  {v}", width)] if v.startswith(DETAIL) else
+                       wrap(f"{k.ljust(key_w)}  {v}", width, under))]
+    head: list[str] = []
     p = r["paused"]
-    if p:
-        # the reason is clipped, never the command that clears the pause
-        who = f"  (by {p['by']}, {format_duration(r['now'] - p['at'])} ago; `producer resume --run {r['run']}`)"
-        reason = redact(p["reason"])
-        if width is not None:
-            reason = fit(reason, max(width - 9 - len(who), 20))
-        lines.insert(0, _red(f"PAUSED   {reason}{who}", paint))
-    if r["claimed"]["stale"]:  # in no job, and no producer will put them in one: the command that does
-        lines.insert(1 if p else 0, _red(f"STALLED  {r['claimed']['line']}", paint))
+    if p:  # the reason wraps onto lines of its own, and the command that clears the pause is whole
+        who = f"(by {p['by']}, {format_duration(r['now'] - p['at'])} ago; `producer resume --run {r['run']}`)"
+        head += wrap(f"PAUSED   {redact(p['reason'])}  {who}", width, 9)
     if r["items_failed"] and (p or r["items_done"] + r["items_failed"] >= r["items"]):
         # a run that cannot go on by itself: what failed, and the command that retries it
-        lines.insert(1 if p else 0, _red(f"FAILED   {failed_summary(r['items_failed'], r['failed_by_class'])}; "
-                                         f"{r.get('next_steps', '')}", paint))
+        head += wrap(f"FAILED   {failed_summary(r['items_failed'], r['failed_by_class'])}; {r.get('next_steps', '')}",
+                     width, 9)
+    if r["claimed"]["stale"]:  # in no job, and no producer will put them in one: the command that does
+        head += wrap(f"STALLED  {r['claimed']['line']}", width, 9)
+    lines = [_red(x, paint) for x in head] + lines
     lines.append("")
-    lines.append(fit("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)",
-                     width))
+    lines += wrap("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)", width, 4)
     if not r["consumers"] and not r.get("starting"):
         lines.append("  none has reported for this run")
     for st in r.get("starting", []):
         gpu = st["gpu"] if st["gpu"] is not None else "-"
-        lines.append(fit(f"  {st['worker']}  gpu {gpu}  starting: {st['phase']} for {format_duration(st['phase_s'])}",
-                         width))
+        lines += wrap(f"  {st['worker']}  gpu {gpu}  starting: {st['phase']} for {format_duration(st['phase_s'])}",
+                      width, 6)
     for c in r["consumers"]:
-        lines += [fit(_consumer_line(c), width), fit("      " + engine_text(c["engine"]), width)]
+        lines += wrap(_consumer_line(c), width, 6)
+        if not c["live"]:  # gone: what it last said of its engine is not the engine now
+            if copies := copies_text(c["copies"]):
+                lines += wrap("      " + copies, width, 8)
+            continue
+        lines += wrap("      " + engine_text(c["engine"]), width, 8)
         if packs := c["paused_detail"].get("packs_unreachable"):  # why its jobs by reference go back
-            lines.append(fit("      " + packs, width))
+            lines += wrap("      " + packs, width, 8)
         if copies := copies_text(c["copies"]):
-            lines.append(fit("      " + copies, width))
+            lines += wrap("      " + copies, width, 8)
         e = c["engine"]
-        if e.get("advice"):  # the engine doctor's verdict (consumer/engine/doctor.py), with its notes: wrapped,
-            # never clipped, since its suggested change is what the reader came for
-            advice = "engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or [])
-            lines += (textwrap.wrap(advice, width, initial_indent=" " * 6, subsequent_indent=" " * 8, break_on_hyphens=False)
-                      if width is not None else ["      " + advice])
+        if e.get("advice"):  # the engine doctor's verdict (consumer/engine/doctor.py), with its notes
+            lines += wrap("      engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or []), width, 8)
     if spec := r.get("speculation"):
         lines.append("")
-        lines += [fit(line, width) for line in speculation_lines(spec, width)]
+        lines += [x for line in speculation_lines(spec, width) for x in wrap(line, width, 4)]
     tail = [f"DRIFT    {d}" for d in r["drift"]]
     if r.get("malformed_jobs"):
         tail.append(f"JOBS     {malformed_line(r['malformed_jobs'], 'in the queue or registries')}")
     if r.get("refused_jobs"):
         tail.append(f"REFUSED  {refused_line(r['refused_jobs'], r['run'])}")
     tail += [f"WARNING  {msg}" for msg in sorted(set(r["warnings"].values()))]
-    return "\n".join(lines + [x for t in tail for x in _fit_keeping_command(t, width)])
-
-
-def _fit_keeping_command(line: str, width: int | None) -> list[str]:
-    """LINE clipped to WIDTH; a command it ends with (as `...; clear them with <command>`) goes on
-    its own line, indented, so that clipping never cuts what the reader is told to run."""
-    head, sep, last = line.rpartition("; ")
-    if width is None or len(line) <= width or not sep or "`" not in last:
-        return [fit(line, width)]
-    return [fit(head, width), fit(" " * 9 + last, width)]
+    return "\n".join(lines + [x for t in tail for x in wrap(t, width, 9)])
 
 
 def _consumer_line(c: ConsumerRow) -> str:
-    if c["live"] and c.get("phase"):
+    figures = (f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
+               f"in flight {c['in_flight'] + c.get('pending_items', 0)}  held {c.get('held_jobs', 0)} jobs")
+    gpu = c["gpu"] if c["gpu"] is not None else "-"
+    if not c["live"]:  # gone: what it did, in the past tense, never a present verdict
+        if c["exited"]:
+            return f"  {c['worker']}  gpu {gpu}  exited {format_duration(c['age_s'])} ago"
+        return (f"  {c['worker']}  gpu {gpu}  STOPPED REPORTING {format_duration(c['age_s'])} ago; at its last "
+                f"report: {figures}")
+    if c.get("phase"):
         state = f"starting: {c['phase']} for {format_duration(c.get('phase_s'))}"
-    elif c["live"]:
-        state = "live"
-    elif c["exited"]:
-        state = f"exited {format_duration(c['age_s'])} ago"
     else:
-        state = f"STOPPED REPORTING {format_duration(c['age_s'])} ago"
+        state = "live"
     if c["paused"]:
         state += " (paused: " + ", ".join(c["paused"]) + ")"
     offset = c["clock_offset"] or 0.0
     if abs(offset) > 1.0:  # leases use Redis's clock; the node's wants fixing
         state += f" (clock {abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} Redis)"
     served = f" (of {c['runs_served']} runs)" if c.get("runs_served", 1) > 1 else ""
-    return (f"  {c['worker']}  gpu {c['gpu'] if c['gpu'] is not None else '-'}  {state}{served}  "
-            f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
-            f"in flight {c['in_flight'] + c.get('pending_items', 0)}  held {c.get('held_jobs', 0)} jobs")
+    return f"  {c['worker']}  gpu {gpu}  {state}{served}  {figures}"
 
 
 def copies_text(copies: dict[str, int]) -> str:
@@ -362,7 +364,9 @@ def engine_text(e: EngineRow) -> str:
     """What a consumer's engine says of itself (its /metrics), on the consumer's line."""
     # without a reading of its /metrics nothing says whether the engine speculates: "-", never
     # "off" beside a speculation section whose figures came from this engine's answers
-    spec = "-" if not e.get("metrics") else "off" if not e.get("spec_decode") else num(e.get("spec_acceptance"), 2)
+    # whether it speculates, not a figure: the engine's acceptance is the doctor's note below, the
+    # run's and each consumer's the speculation section's (one figure per scope, each named)
+    spec = "-" if not e.get("metrics") else "on" if e.get("spec_decode") else "off"
     run_wait = f"{num(e.get('running'), 0)}/{num(e.get('waiting'), 0)}" if e.get("metrics") else "no /metrics"
     models = ", ".join(f"{m} (max len {(e.get('max_model_len') or {}).get(m) or '?'})"
                        for m in (e.get("models") or [])) or "?"

@@ -132,22 +132,43 @@ def speed_note(items: int, done: int, failed: int, live: int, answering: float |
     return None
 
 
-def eta_view(remaining: int, answered: int, answered_tokens: int, recent: Rates,
+def eta_view(remaining: int, tokens_left: float | None, measured: bool, recent: Rates,
              note: str | None) -> tuple[float | None, str | None]:
-    """(seconds left, what they assume): REMAINING items at the last minute's rates RECENT.
-    Tokens: the items left times the tokens per item (ANSWERED_TOKENS / ANSWERED), at the
-    completion-token rate; else, with no token to go by (every item an error), at the items
-    rate. None exactly when the rates are blank (NOTE says why); 0 with nothing left."""
+    """(seconds left, what they assume): the run's one ETA, REMAINING items at the last minute's
+    rates RECENT. Tokens: TOKENS_LEFT (producer/cost.py remaining_tokens, the figure the cost
+    projects from too) at the completion-token rate, when MEASURED (from the tokens per item
+    answered so far); else, with no token to go by (every item an error), at the items rate.
+    None exactly when the rates are blank (NOTE says why); 0 with nothing left."""
     if not remaining:
         return 0.0, None
     if note:
         return None, None
     tok_s, items_s = recent["completion_tokens_per_s"] or 0.0, recent["completions_per_s"] or 0.0
-    if answered and answered_tokens and tok_s > 0:
-        return remaining * answered_tokens / answered / tok_s, "completion_tokens"
+    if measured and tokens_left and tok_s > 0:
+        return tokens_left / tok_s, "completion_tokens"
     if items_s > 0:
         return remaining / items_s, "items"
     return None, None
+
+
+def run_clock(started_at: float | None, now: float, ended_at: float | None, *, over: bool) -> float | None:
+    """The seconds the run has run: from its first job's start to NOW while it runs; once OVER,
+    to ENDED_AT (when its last item was marked), so that a finished run keeps the rate it ran at
+    instead of one that decays as time passes. None: not started, or over with no end recorded."""
+    if started_at is None:
+        return None
+    end = (ended_at if ended_at is not None and ended_at >= started_at else None) if over else now
+    return max(end - started_at, 0.0) if end is not None else None
+
+
+def run_rates(finished: int, completion_tokens: int, prompt_tokens: int, seconds: float | None) -> Rates:
+    """The run's own rates: items FINISHED (done or failed) and tokens over the SECONDS it ran
+    (run_clock); blank before anything finished or without a clock."""
+    def per_s(total: int) -> float | None:
+        return total / seconds if seconds and finished else None
+
+    return {"completions_per_s": per_s(finished), "completion_tokens_per_s": per_s(completion_tokens),
+            "prompt_tokens_per_s": per_s(prompt_tokens)}
 
 
 def _by_name(stats: dict[str, int], prefix: str, known: list[str]) -> dict[str, int]:

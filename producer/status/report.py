@@ -157,10 +157,12 @@ class Rates(TypedDict):
     completion_tokens_per_s: float | None
 
 
-class SpeedView(TypedDict):
-    last_minute: Rates
-    note: str | None  # why the last minute's rate is blank
-    run_average: Rates
+class SpeedView(TypedDict, total=False):
+    last_minute: Required[Rates]
+    note: Required[str | None]  # why the last minute's rate is blank
+    run_average: Required[Rates]  # over the time the run ran (run_seconds), not until now once it is over
+    run_seconds: float | None  # from its first job's start to now, or to ended_at once it is over
+    ended_at: float | None  # when its last item was marked, once it is over (None: running, or not recorded)
 
 
 class FingerprintRow(TypedDict):

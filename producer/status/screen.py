@@ -10,6 +10,7 @@ input file gets its row).
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -23,6 +24,9 @@ from genqueue.producer.cost import CostView
 from genqueue.producer.status.report import FileView, HostView, InputView, ShippingSummary, StatusReport
 
 WIDTH = defaults.STATUS_WIDTH
+#: The rows that are cut to the screen's width rather than wrapped: a consumer's last shipping
+#: error, whose class and age come first and whose message (whole in --wide and --json) is detail.
+DETAIL = "last shipping error"
 
 
 def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str, str]], set[int]]:
@@ -62,7 +66,7 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
             alarm.add(len(rows))
         # its age first: the message is what clipping may cut
         age = f" ({format_duration(e['age_s'])} ago)" if e["age_s"] is not None else ""
-        rows.append((f"  {e['worker']}", f"last shipping error{age} {e['class']}: {clip(e['message'])}"))
+        rows.append((f"  {e['worker']}", f"{DETAIL}{age} {e['class']}: {clip(e['message'])}"))
     rows.append(("progress", _progress(r)))
     if "cost" in r:
         rows += [("estimate", _estimate(r)), *_cost(r["cost"])]
@@ -169,15 +173,14 @@ def _progress(r: StatusReport) -> str:
     elif r["eta_s"] is None:
         eta = f"ETA - ({r['speed']['note'] or 'no rate yet'})"
     elif r.get("eta_basis") == "items" or rate is None:
-        eta = f"ETA {format_duration(r['eta_s'])} at {items_s or 0:,.1f} items/s (the last minute's)"
+        eta = f"ETA {format_duration(r['eta_s'])} at {items_s or 0:,.1f} items/s (last minute)"
     else:
-        eta = f"ETA {format_duration(r['eta_s'])} at {rate:,.0f} completion tok/s (the last minute's)"
+        eta = f"ETA {format_duration(r['eta_s'])} at {rate:,.0f} tok/s (last minute)"
     return f"{bar(frac)} {100 * frac:.1f}%: {finished:,} of {items:,} items; {eta}"
 
 
 def _estimate(r: StatusReport) -> str:
-    """The input's estimate of output tokens against the tokens per item generated so far, and
-    how long the estimate's rest takes at the last minute's rate."""
+    """The input's estimate of output tokens against the tokens per item generated so far."""
     est, items, done = r["cost"]["estimated_output_tokens"], r["items"], r["items_done"]
     if est is None:
         return "- (the input has no original answers to estimate output tokens from)"
@@ -187,11 +190,7 @@ def _estimate(r: StatusReport) -> str:
         per = r["completion_tokens"] / done
     if per and est:
         text += f"; so far {per:,.0f}/item ({per * items / est:.2f}x)"
-    left = max(items - done - r["items_failed"], 0)
-    rate = r["eta_assumes_completion_tokens_per_s"]
-    if left and rate and items:
-        text += f"; at {rate:,.0f} tok/s: {format_duration(est * left / items / rate)}"
-    return text
+    return text  # the time left is the progress row's ETA alone
 
 
 def _cost(c: CostView) -> list[tuple[str, str]]:
@@ -234,6 +233,13 @@ def _outcomes(r: StatusReport) -> str:
 
 def _speed(r: StatusReport) -> str:
     last, avg, note = r["speed"]["last_minute"], r["speed"]["run_average"], r["speed"]["note"]
+    ran = r["speed"].get("run_seconds")
+    if r["items"] and r["items_done"] + r["items_failed"] >= r["items"]:  # over: what it did, fixed
+        if avg["completions_per_s"] is None or ran is None:
+            return "run over; its rate - (when it ended is not recorded)"
+        took = f"{ran:.1f} s" if ran < 60 else format_duration(ran)
+        return (f"run over in {took}: {avg['completions_per_s']:,.1f} items/s, "
+                f"{avg['completion_tokens_per_s']:,.0f} completion tok/s (first job to last item)")
     if note:
         head = f"last minute - ({note})"
     else:
@@ -288,6 +294,14 @@ def bar(frac: float, width: int = 20) -> str:
 def clip(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def wrap(line: str, width: int | None, indent: int) -> list[str]:
+    """LINE in lines of WIDTH columns at most, broken at spaces, each after the first indented
+    by INDENT; never cut (None: LINE as is)."""
+    if width is None or len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent=" " * indent, break_on_hyphens=False) or [line]
 
 
 def fit(line: str, width: int | None) -> str:

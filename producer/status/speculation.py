@@ -5,8 +5,6 @@ figures come in read, the view and its lines go out."""
 
 from __future__ import annotations
 
-import textwrap
-
 from genqueue.common import defaults
 from genqueue.common.acceptance import (
     AcceptanceTable,
@@ -20,6 +18,11 @@ from genqueue.common.contracts import SpecTotals
 from genqueue.producer.status.report import SpecCategory, SpecEngine, SpeculationView, SpecWeakest
 
 SHOWN_CATEGORIES = defaults.STATUS_SPEC_SHOWN_CATEGORIES
+#: Each acceptance figure on the screen says whose it is: the run's answers shipped by every
+#: consumer (the tallies), or each consumer's written on this run (its snapshot). The engine's
+#: own figure, over all it served, is the doctor's (under each consumer, `engine: ...`).
+RUN_SCOPE = "acceptance (run, all consumers)"
+CONSUMER_SCOPE = "acceptance (each consumer, this run)"
 NAME_WIDTH = defaults.STATUS_SPEC_NAME_WIDTH
 
 
@@ -69,23 +72,20 @@ def _len(x: float | None) -> str:
 
 def speculation_lines(v: SpeculationView, width: int | None = None) -> list[str]:
     """The section's lines for a screen of WIDTH columns (None: `--wide`, every category, whole
-    names). The weakest category's line is wrapped, never clipped (its figures are at its end);
-    the caller clips the others."""
+    names); the caller wraps those longer than WIDTH."""
     wide = width is None
     if v["answers"]:
-        head = (f"speculation  {_pct(v['rate'])} of draft tokens accepted, mean length {_len(v['mean_length'])} "
-                f"tokens a step, over {v['answers']:,} answers shipped")
+        head = (f"speculation  {RUN_SCOPE} {_pct(v['rate'])}, mean length {_len(v['mean_length'])}, "
+                f"{v['answers']:,} answers shipped")
     else:
-        head = "speculation  no answer with figures shipped yet"
+        head = f"speculation  {RUN_SCOPE}: no answer with figures shipped yet"
     out = [head]
     if v["weakest"] is not None:
-        line = v["weakest"]["line"]
-        out += (textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
-                if width is not None else [f"  {line}"])
+        out.append(f"  {v['weakest']['line']}")
     if v["engines"]:
-        out.append("  engines  " + ", ".join(
+        out.append(f"  {CONSUMER_SCOPE}  " + ", ".join(
             f"{e['worker']} {_pct(e['rate'])} len {_len(e['mean_length'])} ({e['answers']:,} answers"
-            f"{'' if e['live'] else ', not live'})" for e in v["engines"]))
+            f"{'' if e['live'] else ', gone'})" for e in v["engines"]))
     if not v["answers"]:
         return out
     shown = {facet: rows if wide else rows[:SHOWN_CATEGORIES] for facet, rows in v["by"].items()}

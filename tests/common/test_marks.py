@@ -12,10 +12,15 @@ import redis
 
 from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeue, claim_key
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, RECORD_BYTES, ItemTable
-from genqueue.common.keepers.marks import Marks, ShardMarks, marks_of_file
+from genqueue.common.keepers.marks import LAST_MARK_AT, Marks, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest, lock_key, run_key
 
 RUN = "m"
+
+
+def counters(stats: dict[str, int]) -> dict[str, int]:
+    """STATS without the time of the last mark (LAST_MARK_AT, tested on its own)."""
+    return {k: v for k, v in stats.items() if k != LAST_MARK_AT}
 
 
 def key(i: int) -> str:
@@ -49,7 +54,7 @@ def test_progress_reads_the_marks_with_their_counters(conn: redis.Redis) -> None
     p = Marks(conn, RUN).progress()
     assert (p.items, p.done, p.failed, p.failed_and_done, p.failed_only) == (4, 2, 2, 1, 1)
     # an error record of an item that has a result already counts nowhere
-    assert p.stats == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}
+    assert counters(p.stats) == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}
 
 
 def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
@@ -96,7 +101,7 @@ def test_marking_twice_changes_nothing_and_counts_once(conn: redis.Redis) -> Non
     assert list(states) == [IN_RUN | DONE | FAILED, IN_RUN | DONE, IN_RUN | FAILED]
     p = Marks(conn, RUN).progress()
     assert (p.items, p.done, p.failed, p.failed_and_done) == (3, 2, 2, 1)
-    assert p.stats == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}
+    assert counters(p.stats) == {"shipped_outcome_complete": 2, "shipped_turns": 4, "shipped_failed_timeout": 1}
     # the counts agree with the entries, as a count of the whole table says
     entries = dict(table.each())
     assert sum(1 for s in entries.values() if s & DONE) == p.done
@@ -116,7 +121,7 @@ def test_an_entry_that_is_no_integer_is_marked_as_if_it_were_none(conn: redis.Re
     conn.hset(bucket, d, "x")
     shipped(conn, done=[0, 1], failed=[])
     assert list(Marks(conn, RUN).item_states([key_digest(key(0)), d])) == [IN_RUN | DONE, DONE]
-    assert Marks(conn, RUN).progress().stats == {"shipped_outcome_complete": 2, "shipped_turns": 4}
+    assert counters(Marks(conn, RUN).progress().stats) == {"shipped_outcome_complete": 2, "shipped_turns": 4}
 
 
 def test_a_torn_or_foreign_bucket_is_read_as_far_as_it_goes_and_mended(conn: redis.Redis) -> None:
@@ -192,3 +197,30 @@ def test_a_rebuild_of_an_empty_output_changes_no_first_take(conn: redis.Redis, t
     (tmp_path / "out").mkdir()
     assert Marks(conn, RUN).rebuild(LocalStore(str(tmp_path / "out"))).shards == 0
     assert Marks(conn, RUN).done_of([key(0)], first_take=True) == set()
+
+
+def test_a_shipped_shard_stamps_when_it_marked_and_a_rebuild_does_not(conn: redis.Redis, tmp_path: Path) -> None:
+    """LAST_MARK_AT: the time (Redis's clock) a shipped shard last marked an item newly, from which
+    status tells when a run that is over ended; marks that add nothing, and a rebuild from the
+    shards, leave it as it was."""
+    import hashlib
+
+    from genqueue.common.storage import LocalStore, SealedShard, shard_name
+
+    marks = Marks(conn, RUN)
+    ItemTable(conn, RUN).change([key_digest(key(i)) for i in range(3)], add=IN_RUN)
+    assert marks.progress().last_mark_at is None
+    shipped(conn, done=[0], failed=[])
+    stamped = marks.progress().last_mark_at
+    assert stamped is not None and abs(stamped - conn.time()[0]) <= 2
+    conn.hset(run_key(RUN, "stats"), LAST_MARK_AT, 1000)
+    shipped(conn, done=[0], failed=[])  # nothing new
+    store = LocalStore(str(tmp_path / "out"))
+    body = orjson.dumps({"key": key(1), "outcome": "complete", "turns": [{"content": "a"}]}) + b"\n"
+    (tmp_path / "s.jsonl").write_bytes(body)
+    store.ship(SealedShard(RUN, 1, tmp_path / "s.jsonl", shard_name("w0", 1), 1, len(body),
+                           hashlib.sha256(body).hexdigest(), 1))
+    assert marks.rebuild(store).records == 1
+    assert marks.progress().last_mark_at == 1000.0
+    shipped(conn, done=[], failed=[2])  # an error record is a mark too: the run may end on one
+    assert marks.progress().last_mark_at != 1000.0

@@ -87,7 +87,7 @@ def test_a_planted_weak_source_is_named_by_status_and_the_doctor_and_nothing_cou
     text = _status(redis_url, "spec", "--wide")
     weak_rate, overall = round(100 * w["rate"]), round(100 * spec["rate"])
     assert f"drafter weakest on source {weak}: {weak_rate}% vs {overall}% overall" in text
-    assert f"speculation  {overall}% of draft tokens accepted" in text
+    assert f"speculation  acceptance (run, all consumers) {overall}%, mean length" in text
     plain = _status(redis_url, "spec")  # 100 columns: the weakest line wrapped whole, never clipped
     assert all(len(line) <= 100 for line in plain.splitlines())
     assert f"drafter weakest on source {weak}: {weak_rate}% vs {overall}% overall" in " ".join(plain.split())

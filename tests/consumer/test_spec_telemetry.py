@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from genqueue.common.acceptance import AcceptanceTable, answers_of, table_of
 from genqueue.consumer.telemetry import OTHER_CATEGORY, SpecCounts
+from genqueue.producer.status.screen import wrap
 from genqueue.producer.status.speculation import SHOWN_CATEGORIES, speculation_lines, speculation_view
 
 
@@ -53,12 +54,12 @@ def test_the_status_lines_name_the_weakest_and_clip_long_facets() -> None:
     assert view["weakest"]["category"] == "/data/in/source-00.jsonl" and view["weakest"]["rate"] == 0.2
     assert [r["answers"] for r in view["by"]["source"]] == [30] * 12
     lines = speculation_lines(view, 100)
-    assert lines[0].startswith("speculation  75% of draft tokens accepted, mean length 3.25 tokens a step, over 360")
+    assert lines[0] == "speculation  acceptance (run, all consumers) 75%, mean length 3.25, 360 answers shipped"
     assert lines[1] == "  drafter weakest on source /data/in/source-00.jsonl: 20% vs 75% overall"
-    assert lines[2] == "  engines  gpu0 50% len 2.50 (5 answers)"
+    assert lines[2] == "  acceptance (each consumer, this run)  gpu0 50% len 2.50 (5 answers)"
     rows = [line for line in lines if "source-" in line and "weakest" not in line]
     assert len(rows) == SHOWN_CATEGORIES and "(+4 more source categories; --wide shows all)" in "\n".join(lines)
     assert len([line for line in speculation_lines(view) if "source-" in line]) == 13  # --wide: every one
-    narrow = speculation_lines(view, 40)  # the weakest line wrapped whole, its figures kept
+    narrow = [x for line in speculation_lines(view, 40) for x in wrap(line, 40, 4)]  # as format_status wraps them
     assert "  drafter weakest on source\n    /data/in/source-00.jsonl: 20% vs 75%\n    overall" in "\n".join(narrow)
     assert speculation_view(AcceptanceTable(), []) is None  # no figures: no section

@@ -81,7 +81,7 @@ def test_an_eta_whenever_a_rate_is_shown(conn: redis.Redis) -> None:
     r = run_status(conn, RUN, now=now)
     text = format_status(r, color=False, width=None)
     assert "last minute 0.3 items/s" in text and r["eta_s"] is not None
-    assert "ETA 0m 13s at 0.3 items/s (the last minute's)" in text, text  # 4 left at 0.3/s
+    assert "ETA 0m 13s at 0.3 items/s (last minute)" in text, text  # 4 left at 0.3/s
     # a rate of nothing is no rate: no 0.0 items/s beside an ETA of -
     _snap(conn, "c1", now, runs={RUN: {"completions_per_s": 0.0, "completion_tokens_per_s": 0.0,
                                        "prompt_tokens_per_s": 0.0}})
