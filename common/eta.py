@@ -1,4 +1,5 @@
-"""Pure arithmetic for progress: rates over a window, and the ETA in tokens."""
+"""Pure arithmetic for progress: rates over a window, and durations in words (the run's ETA is
+producer/status/figures.py eta_view's, alone)."""
 
 from __future__ import annotations
 
@@ -40,18 +41,6 @@ class RateWindow:
             "prompt_tokens_per_s": (b.prompt_tokens - a.prompt_tokens) / dt,
             "completion_tokens_per_s": (b.completion_tokens - a.completion_tokens) / dt,
         }
-
-
-def eta_seconds(remaining_items: int, done_items: int, completion_tokens: int,
-                completion_tokens_per_s: float) -> float | None:
-    """Remaining items times the run's mean completion tokens per item, over the recent token
-    rate. None when there is no rate or no finished item to take the mean from."""
-    if remaining_items <= 0:
-        return 0.0
-    if done_items <= 0 or completion_tokens_per_s <= 0:
-        return None
-    mean_tokens = completion_tokens / done_items
-    return remaining_items * mean_tokens / completion_tokens_per_s
 
 
 def format_duration(seconds: float | None) -> str:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from genqueue.common import __version__
-from genqueue.common.eta import RateWindow, Sample, eta_seconds, format_duration
+from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
@@ -21,15 +21,18 @@ from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.readings import engine_view, parse_prometheus
 from genqueue.producer.export.core import _tool_turns
 from genqueue.producer.status import format_status, run_status
-from genqueue.producer.status.figures import outcome_view, placement
+from genqueue.producer.status.figures import eta_view, outcome_view, placement
+from genqueue.producer.status.report import Rates
 from tests.conftest import cli
 
 
 def test_eta_arithmetic() -> None:
-    # 1,000 items left, 500 tokens per item on average, 2,500 tokens/s -> 200 s
-    assert eta_seconds(1000, 10, 5000, 2500.0) == pytest.approx(200.0)
-    assert eta_seconds(0, 10, 5000, 0.0) == 0.0
-    assert eta_seconds(5, 0, 0, 100.0) is None and eta_seconds(5, 3, 30, 0.0) is None
+    # 1,000 items left, 500 tokens per item on average (500,000 tokens left), 2,500 tokens/s -> 200 s
+    rates: Rates = {"completions_per_s": 5.0, "completion_tokens_per_s": 2500.0, "prompt_tokens_per_s": 0.0}
+    assert eta_view(1000, 500_000.0, True, rates, None) == (pytest.approx(200.0), "completion_tokens")
+    assert eta_view(0, 0.0, True, rates, None) == (0.0, None)
+    assert eta_view(5, 50.0, True, rates, "nothing shipped yet") == (None, None)
+    assert eta_view(5, None, False, rates, None) == (1.0, "items")  # no token to go by: the items rate
     assert format_duration(200) == "3m 20s" and format_duration(90061) == "1d 1h 01m"
 
 
