@@ -333,11 +333,12 @@ def _consumer_line(c: ConsumerRow) -> str:
     figures = (f"{c['completions_per_s']:.1f}/s  {c['completion_tokens_per_s']:,.0f} tok/s  "
                f"in flight {c['in_flight'] + c.get('pending_items', 0)}  held {c.get('held_jobs', 0)} jobs")
     gpu = c["gpu"] if c["gpu"] is not None else "-"
+    served = f" (of {c['runs_served']} runs)" if c.get("runs_served", 1) > 1 else ""
     if not c["live"]:  # gone: what it did, in the past tense, never a present verdict
         if c["exited"]:
-            return f"  {c['worker']}  gpu {gpu}  exited {format_duration(c['age_s'])} ago"
-        return (f"  {c['worker']}  gpu {gpu}  STOPPED REPORTING {format_duration(c['age_s'])} ago; at its last "
-                f"report: {figures}")
+            return f"  {c['worker']}  gpu {gpu}  exited {format_duration(c['age_s'])} ago{served}"
+        return (f"  {c['worker']}  gpu {gpu}  STOPPED REPORTING {format_duration(c['age_s'])} ago{served}; at its "
+                f"last report: {figures}")
     if c.get("phase"):
         state = f"starting: {c['phase']} for {format_duration(c.get('phase_s'))}"
     else:
@@ -347,7 +348,6 @@ def _consumer_line(c: ConsumerRow) -> str:
     offset = c["clock_offset"] or 0.0
     if abs(offset) > 1.0:  # leases use Redis's clock; the node's wants fixing
         state += f" (clock {abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} Redis)"
-    served = f" (of {c['runs_served']} runs)" if c.get("runs_served", 1) > 1 else ""
     return f"  {c['worker']}  gpu {gpu}  {state}{served}  {figures}"
 
 
