@@ -388,6 +388,16 @@ DOCTOR_SPEC_MARGIN = 0.05
 # common/keepers/checkpoints.py
 #: A checkpoint outlives any plausible job retry, then expires by itself.
 CHECKPOINTS_TTL_SECONDS = 7 * 24 * 3600
+#: Connections a consumer's checkpoint pool opens at most; a request past them waits for one
+#: (CHECKPOINTS_POOL_WAIT) instead of failing, as redis-py's own pool does past 100 ("Too many
+#: connections"). Below it the pool is sized to the requests the consumer keeps in flight. A GET
+#: or SET of a checkpoint takes well under a millisecond: 64 serve tens of thousands a second,
+#: and a fleet at --max-concurrency 4096 each stays far under Redis's maxclients (10,000).
+CHECKPOINTS_POOL_MAX = 64
+#: Seconds a checkpoint read or write waits for a free connection before it is given up (a
+#: checkpoint is best effort: the item then starts at turn 1). With Redis answering, a wait
+#: is milliseconds; this bounds it while Redis stalls, a few command timeouts.
+CHECKPOINTS_POOL_WAIT = 20.0
 
 # common/keepers/clock.py
 #: A round trip longer than this says little about the offset (its midpoint is off by up to

@@ -197,7 +197,10 @@ class Consumer:
             self._spool_lock = lock_spool(self.cfg.spool)
         except SpoolBusyError as e:
             raise UserError(str(e)) from None
-        checkpoints = Checkpoints(self.cfg.redis_url)
+        # as many at once as requests in flight: the ceiling of --concurrency (auto: its
+        # --max-concurrency); the end of a run's copies take slots of the same limiter
+        cfg = self.cfg
+        checkpoints = Checkpoints(cfg.redis_url, cfg.max_concurrency if cfg.auto_concurrency else cfg.concurrency)
         try:
             async with EndpointClient(self.cfg.endpoint, request_timeout=self.cfg.request_timeout) as client:
                 return await self._serve(client, checkpoints)

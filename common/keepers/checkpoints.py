@@ -19,16 +19,24 @@ from genqueue.common.keepers.redisconn import async_connect
 TTL_SECONDS = defaults.CHECKPOINTS_TTL_SECONDS
 
 
+def pool_size(in_flight: int) -> int:
+    """Connections for the checkpoints of IN_FLIGHT requests at once: one each (an item reads its
+    checkpoint as it starts and writes one after each turn), up to defaults.CHECKPOINTS_POOL_MAX;
+    past that a read or write waits a moment for one."""
+    return max(1, min(in_flight, defaults.CHECKPOINTS_POOL_MAX))
+
+
 def checkpoint_key(run: str, item_key: str) -> str:
     return f"{KEY_PREFIX}:run:{run}:ckpt:{item_key}"
 
 
 class CheckpointStore:
-    """Async reads and writes of checkpoints, for the generator on the event loop. Raises what
-    redis-py raises: the caller decides what a failure costs."""
+    """Async reads and writes of checkpoints, for the generator on the event loop, by up to
+    IN_FLIGHT requests at once (pool_size). Raises what redis-py raises: the caller decides what
+    a failure costs."""
 
-    def __init__(self, url: str) -> None:
-        self._conn = async_connect(url)
+    def __init__(self, url: str, in_flight: int = defaults.CONCURRENCY) -> None:
+        self._conn = async_connect(url, max_connections=pool_size(in_flight), wait=defaults.CHECKPOINTS_POOL_WAIT)
 
     async def load(self, run: str, item_key: str) -> bytes | str | None:
         """The checkpoint of ITEM_KEY, as stored (None when there is none)."""

@@ -105,13 +105,20 @@ def wait_for(url: str, seconds: float, *, say: Callable[[str], None]) -> redis.R
             attempt += 1
 
 
-def async_connect(url: str) -> aioredis.Redis:
+def async_connect(url: str, *, max_connections: int | None = None, wait: float | None = None) -> aioredis.Redis:
     """A redis.asyncio client for URL with the same options as connect(). No I/O here: it
-    connects on its first command (await async_check(conn, url) to fail early)."""
+    connects on its first command (await async_check(conn, url) to fail early). With
+    MAX_CONNECTIONS, its pool opens at most that many and a command past them waits up to WAIT
+    seconds for one (redis-py's own pool raises "Too many connections" past 100 instead)."""
     try:
-        return aioredis.Redis.from_url(
-            url, retry=AsyncRetry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url)
-        )
+        if max_connections is None:
+            return aioredis.Redis.from_url(
+                url, retry=AsyncRetry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url)
+            )
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=wait,
+            retry=AsyncRetry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url))
+        return aioredis.Redis.from_pool(pool)
     except ValueError as e:
         raise RedisUnavailableError(f"invalid Redis URL {redact(url)}: {redact(str(e))}") from None
 

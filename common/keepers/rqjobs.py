@@ -286,15 +286,22 @@ class JobKind(StrEnum):
     MALFORMED = "malformed"
 
 
-def job_kind(conn: redis.Redis, job_id: str, place: JobPlace = JobPlace.QUEUED) -> tuple[JobKind, str]:
+#: Why a job whose place is not known (its own page) has no hash.
+GONE_WHY = "rq no longer keeps this job: an ended job's hash expires after its TTL"
+
+
+def job_kind(conn: redis.Redis, job_id: str, place: JobPlace | None = None) -> tuple[JobKind, str]:
     """What the entry JOB_ID of PLACE is, and why when it is not usable (read_jobs' reasons, or
-    EXPIRED_WHY). A job by reference is usable: its pack is not read here."""
+    EXPIRED_WHY). A job by reference is usable: its pack is not read here. Without PLACE (a job's
+    own page, which does not know where it is listed), a job without a hash is EXPIRED (GONE_WHY)."""
     scan = JobScan()
     out = conn.register_script(_FAST)(keys=[Job.key_for(job_id)], args=["1", *(s.value for s in JobStatus)])
-    _verdict(conn, job_id, place, out[0], out[1], Depth.ITEMS, scan, _pack_not_read)
+    if place is None and out[0] == b"gone":
+        return JobKind.EXPIRED, GONE_WHY
+    _verdict(conn, job_id, place or JobPlace.QUEUED, out[0], out[1], Depth.ITEMS, scan, _pack_not_read)
     if scan.bad:
         return JobKind.MALFORMED, next(iter(scan.bad.values())).reason
-    if scan.expired:
+    if place is not None and scan.expired:
         return JobKind.EXPIRED, EXPIRED_WHY[place]
     return JobKind.USABLE, ""
 

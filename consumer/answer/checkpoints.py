@@ -14,17 +14,18 @@ from typing import Any
 import orjson
 import redis
 
+from genqueue.common import defaults
 from genqueue.common.keepers.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Best-effort checkpoints, for the generator on the event loop (common/keepers/checkpoints.py
-    stores them)."""
+    """Best-effort checkpoints, for the generator on the event loop, of up to IN_FLIGHT requests
+    at once (common/keepers/checkpoints.py stores them, its pool sized to that)."""
 
-    def __init__(self, url: str) -> None:
-        self._store = CheckpointStore(url)
+    def __init__(self, url: str, in_flight: int = defaults.CONCURRENCY) -> None:
+        self._store = CheckpointStore(url, in_flight)
         self.saved = 0
         self.resumed = 0
 

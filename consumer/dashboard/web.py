@@ -231,11 +231,10 @@ def patch_job_lists(web: ModuleType) -> None:
         jid = (request.view_args or {}).get("job_id")
         if jid is None:
             return {"error": f"{type(e).__name__}: {str(e)[:200]}"}, 500
-        conn = getattr(current_app, "redis_conn")  # noqa: B009 - set by rq-dashboard
-        if not conn.exists(web.Job.key_for(str(jid))):  # its page does not know its place: say both
-            return {"id": jid, "status": "expired", "exc_info": None,
-                    "description": "(rq no longer keeps this job: an ended job's hash expires after its TTL)"}, 200
-        why = job_kind(conn, str(jid))[1] or f"{type(e).__name__}: {str(e)[:200]}"
+        kind, why = job_kind(getattr(current_app, "redis_conn"), str(jid))  # noqa: B009 - set by rq-dashboard
+        if kind is JobKind.EXPIRED:  # rq's normal life: no exc_info, so no Requeue button
+            return {"id": jid, "status": "expired", "exc_info": None, "description": f"({why})"}, 200
+        why = why or f"{type(e).__name__}: {str(e)[:200]}"
         return {"id": jid, "status": "malformed", "description": f"(malformed: {why})", "exc_info": why}, 200
 
     setattr(web, "get_queue_registry_jobs_count", jobs_page)  # noqa: B010
