@@ -685,6 +685,12 @@ STREAMS_ZSTD_FEED = 1024
 #: again at most this many times in all.
 JOBWRITER_COMMIT_ATTEMPTS = 3
 
+# producer/reconcile.py
+#: Records of an input's head whose digest the run keeps of each source: a retry or reconcile
+#: whose file does not begin with them is another file (or this one rewritten) and is refused;
+#: a file grown at its end still begins with them. Records the estimate reads anyway (below).
+RECONCILE_HEAD_RECORDS = 64
+
 # producer/memplan.py
 #: Records looked at for the estimate: enough for a stable mean, a moment to convert.
 MEMPLAN_SAMPLE_RECORDS = 4096

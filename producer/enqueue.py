@@ -66,7 +66,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, PromptMode, RejectReason
-from genqueue.common.errors import InputError, WriteFailedError
+from genqueue.common.errors import InputError, UserError, WriteFailedError
 from genqueue.common.keepers.items import ItemTable, buckets_for
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
@@ -87,7 +87,7 @@ from genqueue.producer.ingest.sources import bind
 from genqueue.producer.jobwriter import JobWriter, Requeue, record_batches, same_record
 from genqueue.producer.memplan import PromptsAsked
 from genqueue.producer.order import LongestFirst
-from genqueue.producer.outfiles import OUTPUT_DIR, probe
+from genqueue.producer.outfiles import OUTPUT_DIR, REJECTS, probe, refuse_replacing
 from genqueue.producer.packitems import PackItems
 from genqueue.producer.reconcile import (
     DONE,
@@ -98,7 +98,9 @@ from genqueue.producer.reconcile import (
     as_int,
     derivation,
     input_digest,
+    input_head,
     items_in_run,
+    other_input,
     same_input,
     take_view,
 )
@@ -156,6 +158,8 @@ class Summary:
     #: failed as its item table and the queue view say (reconcile.items_in_run)
     items_in_run: dict[str, float] | None = None
     input_digest: str | None = None  # blake2b of the input file (None for stdin)
+    #: the input's first records, to know the file again (reconcile.input_head: records, digest)
+    input_head: dict[str, Any] | None = None
     derivation: str | None = None  # what made its items: the settings, the reading options
     complete: bool = False  # the whole input was read
     priority: int = 0  # the run's priority now (--priority sets it; not part of the recipe)
@@ -600,6 +604,9 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
     records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write
+    summary.input_head = input_head(head)
+    if conn is not None and setup is not None:  # nothing is written yet: an input not the run's is refused
+        _refuse_other_input(path, summary.source, head, setup, opts)
     est = memplan.estimate(path, head, settings, opts.origin, complete=complete)
     has = memplan.run_mode(conn, run, in_redis=setup.existing is not None, run_file=setup.run_file) \
         if conn is not None and setup is not None else None
@@ -649,6 +656,27 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
             rejects.discard()  # a no-op once closed
         if order is not None:
             order.close()
+
+
+def _refuse_other_input(path: str, source: str, head: list[RawRecord], setup: RunSetup, opts: EnqueueOptions) -> None:
+    """Refuse, before anything is written, an input that is not the file the run was made from
+    (reconcile.other_input), and a rejects file that would replace one the run reads or one
+    genqueue did not write (outfiles.refuse_replacing)."""
+    run = setup.run
+    known: dict[str, dict[str, Any]] = {}
+    if setup.existing is not None:
+        known = RunStore(setup.conn).sources(run)
+    elif setup.run_file is not None:  # Redis lost the run: run.json kept its sources
+        known = {k: v for k, v in setup.run_file.sources.items() if isinstance(v, dict)}
+    why = other_input(path, source, head, known, run, retry_failed=opts.retry_failed)
+    if why is not None:
+        raise UserError(why)
+    rejects = Path(opts.rejects_path).absolute() if opts.rejects_path else None
+    if rejects is not None and (rejects.is_file() or not rejects.exists()):  # /dev/null, a pipe: written as is
+        inputs = {s: f"an input of run {run}" for s in known}
+        if path != "-":
+            inputs[path] = "the input of this enqueue"
+        refuse_replacing([(rejects, REJECTS)], inputs=inputs, asked="remove it")
 
 
 def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan, *, expect: int | None = None,

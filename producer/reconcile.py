@@ -32,6 +32,13 @@ queued or failed as the view and the item table say (`items_in_run`: none lost, 
 where an item is a record: the only source of the run, no duplicates, as many items as records).
 Only an item that is in the run, not done and in no job needs the input (its prompt is there):
 then the input is read as above.
+
+And an input that is not the file the run was made from is refused before it is read
+(`other_input`): the run keeps, for each source, the digest of its first records (`input_head`);
+a source enqueued again must begin with them (a file grown at its end does), and a
+`--retry-failed` must name one of the run's inputs (or a copy of one). Otherwise the file would
+add its own records to the run as new items: an export written over the input, read back as
+input, grows the run and leaves its failed items out of reach.
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import redis
 
 from genqueue.common import defaults
@@ -54,12 +63,15 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, JobPlace
 from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs, scan_jobs
 from genqueue.common.keepers.runs import RunStore
+from genqueue.producer.ingest.reader import RawRecord
 
 log = logging.getLogger(__name__)
 
 # The item state bits are the mark store's (common/keepers/marks.py); named here too for producer/enqueue.py.
 __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "derivation", "input_digest",
-           "take_view", "unchanged_input"]
+           "input_head", "other_input", "take_view", "unchanged_input"]
+
+HEAD_RECORDS = defaults.RECONCILE_HEAD_RECORDS
 
 def add_to_run(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
     """Put items that have marks but are not in the run into it (marks shipped by
@@ -145,6 +157,64 @@ def input_digest(path: str) -> str | None:
         while block := fh.read(1 << 20):
             h.update(block)
     return f"{os.path.getsize(path)}:{h.hexdigest()}"
+
+
+def _head_digest(head: Sequence[RawRecord], n: int) -> str:
+    """A digest of the first N records of HEAD by their values (keys sorted: the same records
+    written again by another tool are the same), or by their reason and first bytes when unread."""
+    h = hashlib.blake2b(digest_size=16)
+    for rec in head[:n]:
+        if rec.error is None:
+            try:
+                h.update(orjson.dumps(rec.value, option=orjson.OPT_SORT_KEYS, default=str))
+            except TypeError:  # a value orjson cannot write (an integer past 64 bits): its repr
+                h.update(repr(rec.value).encode())
+        else:
+            h.update(rec.error.value.encode() + b"\0" + rec.snippet)
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def input_head(head: Sequence[RawRecord]) -> dict[str, Any]:
+    """What the run keeps of an input's first records (HEAD: those read ahead), to know the file
+    again: how many (at most HEAD_RECORDS) and their digest."""
+    n = min(len(head), HEAD_RECORDS)
+    return {"records": n, "digest": _head_digest(head, n)}
+
+
+def _begins_with(head: Sequence[RawRecord], kept: object) -> bool | None:
+    """HEAD begins with the records KEPT (an input_head) describes; None: KEPT is none."""
+    if not isinstance(kept, Mapping) or not isinstance(kept.get("records"), int) or not kept.get("digest"):
+        return None
+    n = int(kept["records"])
+    return len(head) >= n and _head_digest(head, n) == kept["digest"]
+
+
+def other_input(path: str, source: str, head: Sequence[RawRecord], sources: Mapping[str, Mapping[str, Any]],
+                run: str, *, retry_failed: bool) -> str | None:
+    """Why the input PATH (SOURCE, its source id; HEAD, its first records) is not a file RUN was
+    made from, in one line, or None when it is, or when the run cannot tell (stdin, a source
+    recorded by an earlier genqueue, a run whose sources are not known). SOURCES: each source
+    of the run with its summary. A source enqueued again must begin with the records the run
+    read from it; with RETRY_FAILED, a file the run never read must be a copy of one it did."""
+    if source == "-":
+        return None
+    mine = sources.get(source)
+    if mine is not None:
+        if _begins_with(head, mine.get("input_head")) is not False:
+            return None
+        n = int(mine["input_head"]["records"])
+        return (f"{path} is not the input run {run} was made from: its first {n:,} records are not those the run "
+                "read from this path (the file was replaced or rewritten since, by an export written over it?); "
+                f"nothing was read or queued: put the run's input back at {source}, or enqueue this file into "
+                "another run (--run NAME)")
+    if not retry_failed or not sources:
+        return None
+    if any(_begins_with(head, s.get("input_head")) is not False for s in sources.values()):
+        return None  # a copy (or a move) of one of the run's inputs, or one this genqueue cannot tell
+    names = ", ".join(sorted(sources))
+    return (f"--retry-failed queues again what failed of run {run}'s inputs, and {path} is none of them (the run "
+            f"read {names}): nothing was read or queued; give the file the run was made from")
 
 
 def derivation(fingerprint: str, max_record_bytes: int, origin: str) -> str:

@@ -28,6 +28,11 @@ class StoreError(GenqueueError):
     """The output location cannot be listed or read (the export ends with this message)."""
 
 
+class StoreRefusedError(StoreError, UserError):
+    """The output cannot be read with this host's credentials (none, or refused): the user's to
+    fix, so exit 2 as the enqueue's probe does; still a StoreError to those that ride it out."""
+
+
 class OutputMissingError(UserError):
     """A local output directory that does not exist (yet): nothing was shipped there. A command
     that only looks for what is there (an enqueue making its run) takes it as empty; one that
@@ -48,6 +53,7 @@ class ProbeCause(StrEnum):
     NO_SUCH_BUCKET = "no such bucket"
     READ_ONLY = "read-only"
     MISSING_DIRECTORY = "missing directory"
+    NOT_A_DIRECTORY = "not a directory"
     FULL = "no space left"
     UNREACHABLE = "endpoint unreachable"
     READ_BACK = "read back wrong"
@@ -63,6 +69,8 @@ class OutputProbeError(UserError):
         super().__init__(f"output {output} cannot be written: {cause.value} ({detail}); {fix}")
         self.output = output
         self.cause = cause
+        self.detail = detail
+        self.fix = fix
 
 
 @dataclass(frozen=True, slots=True)

@@ -223,6 +223,13 @@ class LocalStore:
                 except OSError:
                     pass  # a consumer shipped into it, or another probe writes there: it stays
 
+    def _file_in_the_way(self) -> Path | None:
+        """The output's path, or the nearest existing folder above it, when it is not a directory."""
+        for d in [self.root, *self.root.parents]:
+            if d.exists() or d.is_symlink():
+                return None if d.is_dir() else d
+        return None
+
     def _probe_failed(self, e: OSError) -> OutputProbeError:
         detail = f"{e.filename or self.root}: {e.strerror or e}"
         other = "or enqueue the run with another --output"
@@ -232,6 +239,10 @@ class LocalStore:
         if e.errno in (errno.EACCES, errno.EPERM):
             return OutputProbeError(str(self.root), ProbeCause.ACCESS_DENIED, detail,
                                     f"give the user this runs as write access there, {other}")
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST) and (blocker := self._file_in_the_way()):
+            return OutputProbeError(str(self.root), ProbeCause.NOT_A_DIRECTORY, f"{blocker} is a file",
+                                    "the output is a directory the run's results go into: name a directory, not "
+                                    f"a file, {other}")
         if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
             return OutputProbeError(str(self.root), ProbeCause.MISSING_DIRECTORY, detail,
                                     f"create the directory (or mount the share it is on), {other}")

@@ -65,6 +65,7 @@ from genqueue.common.storage.base import (
     SealedShard,
     ShardInfo,
     StoreError,
+    StoreRefusedError,
     check_read_back,
     probe_body,
     probe_token,
@@ -337,6 +338,10 @@ class S3Store:
                     else:
                         foreign += 1
         except (BotoCoreError, ClientError) as e:
+            refused = self._probe_failed(e)
+            if refused.cause in (ProbeCause.NO_CREDENTIALS, ProbeCause.SIGNATURE_REFUSED):  # the user's to fix: 2
+                raise StoreRefusedError(f"cannot list {self.location(run)}: {refused.cause.value} ({refused.detail}); "
+                                f"{refused.fix}") from None
             raise StoreError(f"cannot list {self.location(run)}: {e}") from None
         if foreign:
             log.warning("%s: %d objects that are not shards were left out", self.location(run), foreign)

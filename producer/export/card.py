@@ -49,8 +49,8 @@ from genqueue.producer.export.core import ExportResult
 from genqueue.producer.export.sinks import stem
 from genqueue.producer.outfiles import Target, write_failed
 
-__all__ = ["CARD", "MARK", "CardResult", "RowStats", "card_path", "card_rows", "read_rows", "row_stats",
-           "write_card"]
+__all__ = ["CARD", "MARK", "PICTURE", "CardResult", "RowStats", "card_files", "card_path", "card_rows", "read_rows",
+           "row_stats", "write_card"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ MARK = ("<!-- genqueue dataset card: written by `producer export`, which rewrite
 _MARK_PREFIX = "<!-- genqueue dataset card"
 _SECTION = re.compile(r"<!-- genqueue:export (\{.*?\}) -->\n(.*?)<!-- genqueue:end -->\n", re.DOTALL)
 CARD = Target("dataset card", "write it elsewhere with --card-images for its pictures, or pass --no-card")
+PICTURE = Target("card picture", "put the pictures elsewhere with --card-images, or pass --no-card")
 #: The percentiles of each length table.
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
 PARQUET_BATCH = defaults.CARD_PARQUET_BATCH
@@ -242,6 +243,27 @@ def card_path(output: Path) -> tuple[Path | None, str]:
     return None, f"{readme} and {other} are not genqueue cards: no card written"
 
 
+def _plots() -> Any:
+    """cardplots when it can draw (matplotlib installed), else None."""
+    try:
+        from genqueue.producer.export import cardplots
+    except ImportError:
+        return None
+    return cardplots if cardplots.available() else None
+
+
+def card_files(output: Path, images_dir: Path | None = None) -> tuple[Path | None, list[Path]]:
+    """The card OUTPUT's export would write (card_path) and the pictures it may draw (none
+    without matplotlib): known before anything is written, so none of them replaces a file that
+    is not genqueue's."""
+    path, _ = card_path(output)
+    plots = _plots()
+    if path is None or plots is None:
+        return path, []
+    folder = images_dir or path.parent
+    return path, [plots.picture(folder, stem(output).name, kind) for kind in plots.KINDS]
+
+
 # --- the card ---------------------------------------------------------------------------------
 @dataclass
 class CardResult:
@@ -259,10 +281,13 @@ class CardResult:
                 "conversations": self.conversations, "generations": self.generations}
 
 
-def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None) -> CardResult:
+def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None,
+               incomplete: str = "") -> CardResult:
     """Write the card of the export RESULT describes (its dataset already in place): one pass
-    over the dataset's rows, the pictures (when matplotlib is installed), the card. The same
-    export writes the same bytes: no clock is read."""
+    over the dataset's rows, the pictures (when matplotlib is installed), the card. INCOMPLETE:
+    what the dataset lacks, in words, when the export was incomplete (items missing, or failed
+    past --max-failed): the card says so first. The same export writes the same bytes: no clock
+    is read."""
     output = Path(result.output)
     path, note = card_path(output)
     done = CardResult(note=note)
@@ -273,19 +298,16 @@ def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path |
     config = _config_name(stem(output).name)
     pictures_dir = images_dir or path.parent
     pictures: dict[str, Path] = {}
-    try:
-        from genqueue.producer.export import cardplots
-    except ImportError:
-        cardplots = None  # type: ignore[assignment]
-    if cardplots is not None and cardplots.available():
+    plots = _plots()
+    if plots is not None:
         try:
-            pictures = cardplots.draw(stats, pictures_dir, stem(output).name)
+            pictures = plots.draw(stats, pictures_dir, stem(output).name)
         except OSError as e:
             raise write_failed(e, pictures_dir, CARD) from None
     done.images = [str(p) for p in pictures.values()]
     links = {name: _link(p, path.parent) for name, p in pictures.items()}
-    section = _section(result, info, stats, links, plots=cardplots is not None and cardplots.available(),
-                       folder=path.parent)
+    section = _section(result, info, stats, links, plots=plots is not None, folder=path.parent,
+                       incomplete=incomplete)
     kind = "parquet" if result.container == "parquet" else "json"
     meta = {"config": config, "file": _link(output, path.parent), "kind": kind, "rows": stats.rows,
             "thinking": bool(stats.thinking) or _has_thinking(info)}
@@ -413,9 +435,10 @@ def _counter(c: Counter[str], what: str) -> str:
 
 
 def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[str, str], *, plots: bool,
-             folder: Path) -> str:
+             folder: Path, incomplete: str = "") -> str:
     out = Path(r.output)
     parts = [f"## {out.name}\n\n",
+             *([f"> **Incomplete export.** {incomplete}\n\n"] if incomplete else []),
              f"Run `{r.run}`" + (f" (made {_when(info.created_at)})" if info is not None else "")
              + f", `{r.format}` format{' in Parquet' if r.container == 'parquet' else ''}, exported by genqueue "
              f"{__version__}. Outcomes held: "

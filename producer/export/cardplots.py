@@ -33,7 +33,7 @@ class RowStats(Protocol):
     completion: array.array[int]
     gens_per_conversation: Counter[int]
 
-__all__ = ["available", "draw"]
+__all__ = ["KINDS", "available", "draw", "picture"]
 
 BINS = defaults.CARD_BINS
 LOG_SPAN = defaults.CARD_LOG_SPAN
@@ -41,6 +41,15 @@ PANEL_INCHES = (4.2, 3.2)
 DPI = defaults.CARD_DPI
 #: One colour per quantity, the same in every card (prompt, thinking, answer, thinking + answer).
 COLOURS = {"prompt": "#4C72B0", "thinking": "#DD8452", "answer": "#55A868", "thinking + answer": "#8172B3"}
+
+
+def picture(folder: Path, name: str, kind: str) -> Path:
+    """Where draw puts the picture KIND ("lengths" or "generations") of the export NAME."""
+    return folder / f"{name}.{kind}.png"
+
+
+#: The pictures draw may make, by kind.
+KINDS = ("lengths", "generations")
 
 
 def available() -> bool:
@@ -74,7 +83,7 @@ def draw(stats: RowStats, folder: Path, name: str) -> dict[str, Path]:
         apart = (f";\n{stats.summed_generations:,} more in rows of several answers, whose usage is their sum, "
                  "are not shown") if stats.summed_generations else ""
         fig.suptitle(f"Token lengths per generation ({shown:,} generations{apart})")
-        out["lengths"] = _save(fig, folder / f"{name}.lengths.png")
+        out["lengths"] = _save(fig, picture(folder, name, "lengths"))
     if stats.gens_per_conversation:
         counts = sorted(stats.gens_per_conversation.items())
         fig = Figure(figsize=(max(PANEL_INCHES[0], 0.5 * len(counts) + 2), PANEL_INCHES[1]), dpi=DPI,
@@ -87,7 +96,7 @@ def draw(stats: RowStats, folder: Path, name: str) -> dict[str, Path]:
         ax.set_title(f"Generations per conversation\n({stats.conversations:,} conversations)", fontsize=10)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.margins(y=0.15)
-        out["generations"] = _save(fig, folder / f"{name}.generations.png")
+        out["generations"] = _save(fig, picture(folder, name, "generations"))
     return out
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 
 import click
 import orjson
+import redis
 
 from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
@@ -35,7 +36,7 @@ from genqueue.common.keepers.runs import RunInfo, RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export import selection
-from genqueue.producer.export.card import card_rows, write_card
+from genqueue.producer.export.card import CARD, PICTURE, CardResult, card_files, card_rows, write_card
 from genqueue.producer.export.core import (
     DEFAULT_OUTCOMES,
     PARTITION_BYTES,
@@ -50,7 +51,18 @@ from genqueue.producer.export.core import (
 from genqueue.producer.export.formats import FORMATS, ExportFormat, RowLayout, SideFile, format_help
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.export.stage import WEIGHT_COLUMN
-from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, OUTPUT, PARTITIONS, TRUNCATED, Target, probe
+from genqueue.producer.outfiles import (
+    ERRORS,
+    FLAGGED,
+    MISSING,
+    OUTPUT,
+    PARTITIONS,
+    TRUNCATED,
+    Target,
+    probe,
+    record_written,
+    refuse_replacing,
+)
 from genqueue.producer.packitems import PackItems, Unreadable
 from genqueue.producer.rungone import run_gone
 
@@ -64,9 +76,10 @@ log = logging.getLogger(__name__)
 
 
 def _writable(path: Path, target: Target) -> Path:
-    """PATH made absolute, once its place took one block (outfiles.probe): a read-only, missing
-    or already full place is refused before anything is read."""
-    path = path.absolute()
+    """PATH made absolute, once its place took one block (outfiles.probe, which opens no file
+    that exists): a read-only, missing or already full place is refused before anything is
+    read."""
+    path = Path(os.path.abspath(path))
     if path.is_dir():
         raise UserError(f"{target.what} {path} is a directory")
     if path.exists() and not path.is_file():  # renaming the finished file onto a device replaces it
@@ -136,6 +149,7 @@ class ExportArgs(TypedDict):
     card_images: str | None
     weight_by_acceptance: bool
     keep_lowest_acceptance: str | None
+    overwrite: bool
 
 
 class _Files(NamedTuple):
@@ -149,6 +163,28 @@ class _Files(NamedTuple):
     missing: Path
     flagged: Path | None
     workdir: Path
+    side: Path | None  # the format's side file (sharegpt: LLaMA-Factory's entry), when one is written
+    card: Path | None  # the dataset card (None: --no-card, or nowhere to put it)
+    pictures: tuple[Path, ...]  # the card's pictures it may draw
+
+    def written(self) -> list[tuple[Path, Target]]:
+        """Every file the export may write, and what it is (the card apart: card.card_path
+        names only a genqueue card or a free name)."""
+        side = _SIDE if self.side is not None else None
+        return [(self.output, OUTPUT), (self.errors, ERRORS), (self.truncated, TRUNCATED), (self.missing, MISSING),
+                *([(self.flagged, FLAGGED)] if self.flagged is not None else []),
+                *([(self.side, side)] if self.side is not None and side is not None else []),
+                *((p, PICTURE) for p in self.pictures)]
+
+
+_SIDE = Target("side file", "pass another --output (the side file is named after it)")
+
+
+def _side_path(side: SideFile | None, out: Path) -> Path | None:
+    """Where the format's SIDE file goes beside OUT (None: it has none, or OUT is compressed)."""
+    if side is None or not out.name.endswith(side.loads):
+        return None
+    return beside(out, side.suffix)
 
 
 def _files(options: ExportArgs) -> _Files:
@@ -166,7 +202,21 @@ def _files(options: ExportArgs) -> _Files:
     tmp_dir = options["tmp_dir"]
     workdir = Path(tmp_dir).absolute() if tmp_dir else out.parent
     probe(workdir / f".gq-probe-{os.getpid()}", PARTITIONS, shown=workdir)
-    return _Files(out, parquet, shape, errs, cut, miss, flagged, workdir)
+    images = options["card_images"]
+    card, pictures = card_files(out, Path(images).absolute() if images else None) if options["card"] else (None, [])
+    return _Files(out, parquet, shape, errs, cut, miss, flagged, workdir, _side_path(FORMATS[shape].side_file, out),
+                  card, tuple(pictures))
+
+
+def _refuse_replacing(files: _Files, conn: redis.Redis, run: str, *, overwrite: bool) -> None:
+    """Before anything is written: no file of the export is one the run reads (its inputs, by
+    resolved path and inode; --overwrite does not lift it), nor one genqueue did not write
+    (unless OVERWRITE): outfiles.refuse_replacing. The card is checked against the inputs only
+    (card.card_path names a genqueue card or a free name)."""
+    inputs = {source: f"the input run {run} was enqueued from" for source in RunStore(conn).sources(run)}
+    card = [(files.card, CARD)] if files.card is not None else []
+    refuse_replacing([*files.written(), *card], inputs=inputs, overwrite=True)
+    refuse_replacing(files.written(), overwrite=overwrite)
 
 
 def _share(text: str | None) -> float | None:
@@ -283,6 +333,10 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
                    "README.md genqueue did not write.")
 @click.option("--card-images", "card_images", type=click.Path(file_okay=False), default=None,
               help="Where the card's pictures (PNG histograms; needs genqueue[card]) go (default: beside the card).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace files of these names that genqueue did not write (or that were changed since it "
+                   "did). Without it such a file is refused before anything is written; a file the run reads "
+                   "(its input) is never replaced.")
 @redis_option
 @friendly_errors
 def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs]) -> None:
@@ -298,6 +352,7 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     info = RunStore(conn).get(run)
     if info is None:  # Redis lost it? the usual output may hold its run.json
         raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT))
+    _refuse_replacing(files, conn, run, overwrite=options["overwrite"])
     plan = export_plan(options, info, files, outcomes)
     source = source_for(info.settings.output, run, tmpdir=str(plan.workdir))
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
@@ -308,29 +363,58 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     side_file = FORMATS[plan.fmt].side_file
     if side_file is not None:
         _write_side_file(side_file, result, files.output)
-    made = (write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None)
-            if options["card"] else None)
+    shortfall = _shortfall(result, failed_limit(result.enqueued), max_failed)
+    made: CardResult | None = None
+    try:
+        made = (write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None,
+                           incomplete=shortfall.card if shortfall is not None else "")
+                if options["card"] else None)
+    finally:  # what is in place is genqueue's, even when the card failed
+        record_written([p for p, target in files.written() if target is not PICTURE and p.exists()]
+                       + ([Path(made.path), *map(Path, made.images)] if made is not None and made.path else []))
     if as_json:
         click.echo(orjson.dumps({**result.to_dict(), **({"card": made.to_dict()} if made else {})}).decode())
     else:
         click.echo(format_export(result, card_rows(made)))
-    if options["allow_partial"]:
+    if options["allow_partial"] or shortfall is None:
         return
-    if result.missing:
-        click.echo(f"error: {result.missing:,} enqueued items have no record (see {result.missing_path}); "
-                   "run consumers until the run is done, or pass --allow-partial", err=True)
-        raise SystemExit(1)
-    limit = failed_limit(result.enqueued)
-    # A partial conversation is a failure the dataset does not hold, as a failed item is; a cut
-    # answer is the run's max_tokens at work, counted apart and not held against the run.
-    if result.failed + result.partial > limit:
-        by = ", ".join(f"{k} {v:,}" for k, v in sorted(result.failed_by_class.items(), key=lambda kv: -kv[1]))
-        what = f"{result.failed:,} items failed for good" + (f" ({by})" if by else "")
-        if result.partial:
-            what += f" and {result.partial:,} are partial (a later turn failed; see {result.truncated_path})"
-        click.echo(f"error: {what}, over --max-failed {max_failed} ({limit:,} of {result.enqueued:,}), "
-                   f"{result.complete:,} complete; see {result.errors_path}, or pass --allow-partial", err=True)
-        raise SystemExit(1)
+    click.echo(f"error: {shortfall.line}", err=True)
+    raise SystemExit(1)
+
+
+class _Shortfall(NamedTuple):
+    """What an incomplete export lacks: the error line it exits 1 with, and the card's words."""
+
+    line: str
+    card: str
+
+
+def _shortfall(result: ExportResult, limit: int, max_failed: str) -> _Shortfall | None:
+    """RESULT's shortfall (None: complete): items missing, or more failed for good or partial
+    than LIMIT (--max-failed MAX_FAILED). A partial conversation is a failure the dataset does not
+    hold, as a failed item is; a cut answer is the run's max_tokens at work, counted apart and
+    not held against the run."""
+    r = result
+    if r.missing:
+        line = (f"{r.missing:,} enqueued items have no record (see {r.missing_path}); run consumers until the run "
+                "is done, or pass --allow-partial")
+        card = (f"{r.missing:,} of the run's {r.enqueued:,} enqueued items have no record (listed in the missing "
+                f"file), and {r.failed:,} failed for good: the run was not done when this dataset was exported. "
+                "Export again once it is (`producer status` shows how far it is).")
+        return _Shortfall(line, card)
+    if r.failed + r.partial <= limit:
+        return None
+    by = ", ".join(f"{k} {v:,}" for k, v in sorted(r.failed_by_class.items(), key=lambda kv: -kv[1]))
+    what = f"{r.failed:,} items failed for good" + (f" ({by})" if by else "")
+    if r.partial:
+        what += f" and {r.partial:,} are partial (a later turn failed; see {r.truncated_path})"
+    line = (f"{what}, over --max-failed {max_failed} ({limit:,} of {r.enqueued:,}), {r.complete:,} complete; see "
+            f"{r.errors_path}, or pass --allow-partial")
+    card = (f"{r.failed:,} of the run's {r.enqueued:,} enqueued items failed for good"
+            + (f" and {r.partial:,} are partial" if r.partial else "")
+            + f", more than --max-failed {max_failed} allows ({limit:,}): this dataset lacks them (the errors file "
+            "lists them). `producer enqueue <input> --retry-failed` queues them again; export once they are done.")
+    return _Shortfall(line, card)
 
 
 class _Bar:
@@ -393,11 +477,11 @@ def _absolute(output: str) -> str:
 def _write_side_file(side: SideFile, result: ExportResult, out: Path) -> None:
     """The format's side file beside the dataset (sharegpt: LLaMA-Factory's dataset_info.json
     entry, without whose `columns` LLaMA-Factory reads no tools)."""
-    if not out.name.endswith(side.loads):
+    path = _side_path(side, out)
+    if path is None:
         log.warning("%s is compressed: %s loads only %s, so no %s is written",
                     out.name, side.reader, ", ".join(side.loads), side.what)
         return
-    path = beside(out, side.suffix)
     entry = side.entry(stem(out).name, out.name, result.with_tools)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")

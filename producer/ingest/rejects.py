@@ -15,7 +15,7 @@ import orjson
 from genqueue.common import defaults
 from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import GenqueueError, WriteFailedError
-from genqueue.producer.outfiles import REJECTS, probe, write_failed
+from genqueue.producer.outfiles import REJECTS, probe, record_written, write_failed
 
 REJECT_REASONS: tuple[RejectReason, ...] = tuple(RejectReason)
 """Every reason a record can be rejected for."""
@@ -43,7 +43,8 @@ class RejectsWriter:
     no empty file, and an earlier rejects file of that name stays). A write that fails later
     raises WriteFailedError (exit 1); `discard` then removes the .partial file. A PATH that is
     not a regular file (/dev/null, a pipe) is written as it is: renaming onto it would replace
-    the device.
+    the device. A rejects file in place is listed as genqueue's (outfiles.record_written): the
+    enqueue refuses to replace any other file of that name (enqueue.py).
     """
 
     def __init__(self, path: str) -> None:
@@ -103,6 +104,7 @@ class RejectsWriter:
         elif self.count:
             os.replace(self.partial, self.path)
             self.placed = True
+            record_written([Path(self.path).absolute()])  # genqueue's: the next enqueue may replace it
         else:
             self.partial.unlink(missing_ok=True)
 

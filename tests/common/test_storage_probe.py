@@ -105,10 +105,13 @@ def test_a_local_output_passes_and_leaves_no_directory(tmp_path: Path) -> None:
     assert list((out / "r").iterdir()) == []
 
 
-def test_a_local_output_under_a_file_is_a_missing_directory(tmp_path: Path) -> None:
+def test_a_local_output_that_is_or_is_under_a_file_says_so(tmp_path: Path) -> None:
+    """Was 'missing directory (…/f: File exists)'; now 'not a directory (…/f is a file)'."""
     (tmp_path / "f").write_text("x")
-    e = refused(str(tmp_path / "f" / "out"))
-    assert e.cause == ProbeCause.MISSING_DIRECTORY and str(tmp_path / "f" / "out") in str(e)
+    for output in (tmp_path / "f" / "out", tmp_path / "f"):
+        e = refused(str(output))
+        assert e.cause == ProbeCause.NOT_A_DIRECTORY and f"not a directory ({tmp_path / 'f'} is a file)" in str(e)
+        assert "File exists" not in str(e) and "name a directory, not a file" in str(e)
 
 
 def test_a_read_only_local_output(tmp_path: Path) -> None:
