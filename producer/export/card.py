@@ -3,7 +3,8 @@ what a person checks before training on the file.
 
 The card is built from the export's summary (core.ExportResult: every coverage count is the
 summary's own, never recounted) and the run's record (model, sampling, fingerprints, version),
-plus one pass over the exported rows for what the summary does not hold: rows, generations per
+plus the count of the rows the export wrote (rowstats.RowStats, the one its summary's rows,
+items and traces come from, after any selection): rows, conversations, generations per
 conversation, the rows' outcomes, sources, models and fingerprints, and the token lengths.
 
 Its YAML header's `configs:` names the dataset file as the `train` split, so
@@ -30,22 +31,21 @@ from __future__ import annotations
 
 import array
 import datetime
-import gzip
-import io
 import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import orjson
 
-from genqueue.common import __version__, defaults
+from genqueue.common import __version__
 from genqueue.common.keepers.runs import RunInfo
 from genqueue.producer.export.core import ExportResult
+from genqueue.producer.export.rowstats import RowStats, read_rows, row_stats
 from genqueue.producer.export.sinks import stem
 from genqueue.producer.outfiles import Target, write_failed
 
@@ -63,161 +63,10 @@ CARD = Target("dataset card", "write it elsewhere with --card-images for its pic
 PICTURE = Target("card picture", "put the pictures elsewhere with --card-images, or pass --no-card")
 #: The percentiles of each length table.
 PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
-PARQUET_BATCH = defaults.CARD_PARQUET_BATCH
 PLOTS_HINT = "pip install 'genqueue[card]'"
 #: The Hub's size_categories buckets (upper bounds, name).
 _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
           (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"))
-
-
-def _ints() -> array.array[int]:
-    return array.array("q")
-
-
-@dataclass
-class RowStats:
-    """What one pass over the exported rows found."""
-
-    rows: int = 0
-    conversations: int = 0  # distinct item keys (consecutive rows of one key are one item)
-    generations: int = 0
-    gens_per_conversation: Counter[int] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    sources: Counter[str] = field(default_factory=Counter)
-    models: Counter[str] = field(default_factory=Counter)
-    fingerprints: Counter[str] = field(default_factory=Counter)
-    prompt: array.array[int] = field(default_factory=_ints)  # per generation
-    completion: array.array[int] = field(default_factory=_ints)  # thinking + answer, per generation
-    thinking: array.array[int] = field(default_factory=_ints)  # where reasoning_tokens was reported
-    answer: array.array[int] = field(default_factory=_ints)  # completion - thinking, where both known
-    no_usage: int = 0  # generations whose row carries no usage counts
-    summed_rows: int = 0  # rows holding several answers: their usage is the answers' sum
-    summed_generations: int = 0
-    summed_completion: array.array[int] = field(default_factory=_ints)  # per such row
-    _key: object = None
-    _key_gens: int = 0
-
-    def add(self, row: Mapping[str, Any]) -> None:
-        """Count one exported row (a --group-samples line: each of its samples)."""
-        self.rows += 1
-        samples = row.get("samples")
-        for one in samples if isinstance(samples, list) else [row]:
-            if isinstance(one, Mapping):
-                self._add(one)
-
-    def _add(self, row: Mapping[str, Any]) -> None:
-        key = row.get("key")
-        if key != self._key or key is None:
-            self._close_key()
-            self._key = key
-            self.conversations += 1
-        usage, n, one_row_per_generation = _usage(row), *_answers(row)
-        if one_row_per_generation:
-            self._key_gens += 1
-        else:
-            self._key_gens = max(self._key_gens, n)
-        for name, counter in (("source", self.sources), ("model", self.models), ("fingerprint", self.fingerprints),
-                              ("outcome", self.outcomes)):
-            value = row.get(name)
-            if isinstance(value, str):
-                counter[value] += 1
-        prompt, completion, thinking = (_count(usage, k) for k in ("prompt_tokens", "completion_tokens",
-                                                                    "reasoning_tokens"))
-        if n > 1:
-            self.summed_rows += 1
-            self.summed_generations += n
-            self.generations += n
-            if completion is not None:
-                self.summed_completion.append(completion)
-            return
-        if n == 0:
-            return
-        self.generations += 1
-        if prompt is None and completion is None:
-            self.no_usage += 1
-        if prompt is not None:
-            self.prompt.append(prompt)
-        if completion is not None:
-            self.completion.append(completion)
-        if thinking is not None:
-            self.thinking.append(thinking)
-            if completion is not None:
-                self.answer.append(completion - thinking)
-
-    def _close_key(self) -> None:
-        if self._key is not None or self._key_gens:
-            self.gens_per_conversation[self._key_gens] += 1
-        self._key_gens = 0
-
-    def done(self) -> RowStats:
-        self._close_key()
-        self._key = None
-        return self
-
-
-def _count(usage: Mapping[str, Any], name: str) -> int | None:
-    value = usage.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _usage(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    usage = row.get("usage")
-    if usage is None:  # a Batch line: the body's
-        response = row.get("response")
-        body = response.get("body") if isinstance(response, dict) else None
-        usage = body.get("usage") if isinstance(body, dict) else None
-    return usage if isinstance(usage, dict) else {}
-
-
-def _answers(row: Mapping[str, Any]) -> tuple[int, bool]:
-    """(how many generated answers ROW's usage covers, whether the row is one generation of
-    several rows per conversation). A row of one generation (--format tokens, a Batch line, a
-    row that names its `generation`) is one; a conversation row: its turns the target wrote."""
-    if "loss_mask" in row or "response" in row or isinstance(row.get("generation"), int):
-        return 1, "loss_mask" in row or isinstance(row.get("generation"), int)
-    targets = row.get("target_turns")  # sharegpt
-    if isinstance(targets, list):
-        return len(targets), False
-    turns = row.get("messages")
-    if not isinstance(turns, list):
-        turns = row.get("conversations")
-    if isinstance(turns, list):
-        return sum(1 for t in turns if isinstance(t, dict) and t.get("role") == "assistant"
-                   and t.get("generated_by_target") is not False), False
-    return 0, False
-
-
-# --- reading the exported file ----------------------------------------------------------------
-def read_rows(path: Path, *, parquet: bool) -> Iterator[dict[str, Any]]:
-    """The rows of an exported dataset file, one at a time (JSONL, .gz, .zst, or Parquet)."""
-    if parquet:
-        import pyarrow.parquet as pq
-
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
-            yield from batch.to_pylist()
-        return
-    with _open(path) as fh:
-        for line in fh:
-            if line.strip():
-                yield orjson.loads(line)
-
-
-def _open(path: Path) -> IO[bytes]:
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    if name.endswith((".zst", ".zstd")):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
-    return open(path, "rb")
-
-
-def row_stats(rows: Iterable[Mapping[str, Any]]) -> RowStats:
-    stats = RowStats()
-    for row in rows:
-        stats.add(row)
-    return stats.done()
 
 
 # --- where the card goes ----------------------------------------------------------------------
@@ -282,9 +131,11 @@ class CardResult:
 
 
 def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None,
-               incomplete: str = "") -> CardResult:
-    """Write the card of the export RESULT describes (its dataset already in place): one pass
-    over the dataset's rows, the pictures (when matplotlib is installed), the card. INCOMPLETE:
+               incomplete: str = "", stats: RowStats | None = None) -> CardResult:
+    """Write the card of the export RESULT describes (its dataset already in place) from STATS,
+    the count of the rows the export wrote (Exporter.written: the one count its summary reads
+    too; None: one pass over the dataset file), the pictures (when matplotlib is installed), the
+    card. INCOMPLETE:
     what the dataset lacks, in words, when the export was incomplete (items missing, or failed
     past --max-failed): the card says so first. The same export writes the same bytes: no clock
     is read."""
@@ -293,7 +144,8 @@ def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path |
     done = CardResult(note=note)
     if path is None:
         return done
-    stats = row_stats(read_rows(output, parquet=result.container == "parquet"))
+    if stats is None:
+        stats = row_stats(read_rows(output, parquet=result.container == "parquet"))
     done.rows, done.conversations, done.generations = stats.rows, stats.conversations, stats.generations
     config = _config_name(stem(output).name)
     pictures_dir = images_dir or path.parent
@@ -448,7 +300,7 @@ def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[
     per_conv = ", ".join(f"{k}: {v:,}" for k, v in sorted(s.gens_per_conversation.items()))
     rows: list[tuple[str, object]] = [
         ("rows (lines of the dataset file)", s.rows),
-        ("conversations (items exported)", r.exported),
+        ("conversations (items exported)", s.conversations),
         ("generations (answers the target generated, in the rows)", s.generations),
         ("generations per conversation", per_conv or "-"),
     ]

@@ -358,7 +358,8 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
         # jobs by reference (issue 34): their failed and missing items read from the run's packs
         packs = PackItems(conn, run, info.settings.output, unreadable=Unreadable.NOTE)
-        result = Exporter(conn, run, source, plan, progress=progress, items_of=packs.items_of).export()
+        exporter = Exporter(conn, run, source, plan, progress=progress, items_of=packs.items_of)
+        result = exporter.export()
     card_images = options["card_images"]
     side_file = FORMATS[plan.fmt].side_file
     if side_file is not None:
@@ -367,7 +368,7 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     made: CardResult | None = None
     try:
         made = (write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None,
-                           incomplete=shortfall.card if shortfall is not None else "")
+                           incomplete=shortfall.card if shortfall is not None else "", stats=exporter.written)
                 if options["card"] else None)
     finally:  # what is in place is genqueue's, even when the card failed
         record_written([p for p, target in files.written() if target is not PICTURE and p.exists()]
@@ -508,13 +509,16 @@ def _side_label(r: ExportResult) -> str:
 
 
 def rows_line(r: ExportResult) -> str:
-    """What the conversations became in rows, and the thinking each layout keeps (--rows)."""
+    """What the conversations became in rows, and the thinking each layout keeps (--rows): the
+    rows written (after any selection), and what the other layout would have made before it."""
     other = RowLayout.CONVERSATION if r.rows_layout == RowLayout.GENERATION else RowLayout.GENERATION
     other_rows = r.conversation_rows if other is RowLayout.CONVERSATION else r.generation_rows
-    return (f"{r.rows:,} {r.rows_layout} rows from {r.exported:,} items (--rows {other}: {other_rows:,}); "
-            f"generated thinking traces kept: {r.traces_kept_generation:,} of {r.traces:,} in generation rows, "
-            f"{r.traces_kept_conversation:,} in conversation rows (a chat template renders thinking only after "
-            "the last user message)")
+    before = " before selection" if r.selection else ""
+    gen_before, conv_before = (before, "") if other is RowLayout.GENERATION else ("", before)
+    return (f"{r.rows:,} {r.rows_layout} rows from {r.exported:,} items (--rows {other}{before}: {other_rows:,}); "
+            f"generated thinking traces kept: {r.traces_kept_generation:,} of {r.traces:,} in generation "
+            f"rows{gen_before}, {r.traces_kept_conversation:,} in conversation rows{conv_before} (a chat template "
+            "renders thinking only after the last user message)")
 
 
 def acceptance_rows(r: ExportResult) -> list[tuple[str, str]]:

@@ -34,6 +34,10 @@ for the copy it keeps, so a duplicate counts once. With --weight-by-acceptance o
 (stage.py); the rows selection leaves out are counted in the summary's `selection` and their
 items are still covered (they had records: they are no missing items).
 
+What the dataset holds (`rows`, `exported` items, the traces its layout keeps, `by_variant`) is
+counted from the rows as the sink writes them, after dedupe, the gates and selection
+(rowstats.RowStats, Exporter.written): one count, which the card reads too.
+
 Coverage is computed by Redis, not in client memory (coverage.py): the exported keys are
 SADDed in batches to a temporary set, and SDIFFSTORE against the run's key set yields the
 missing items.
@@ -101,8 +105,10 @@ from genqueue.producer.export.gates import BIT, REASONS, Duplicates, FlagReason,
 from genqueue.producer.export.genrows import RecordRows, record_rows
 from genqueue.producer.export.layout import Layout, layout_for
 from genqueue.producer.export.records import BAD_LINE, read_line
+from genqueue.producer.export.rowstats import RowStats
 from genqueue.producer.export.sinks import (
     WRITE_BUFFER,
+    CountingSink,
     GroupingSink,
     JsonlSink,
     NoProgress,
@@ -174,7 +180,7 @@ class ExportResult:
     shards: int = 0
     records_read: int = 0
     enqueued: int = 0
-    exported: int = 0
+    exported: int = 0  # items with a row in the dataset (Exporter.written)
     truncated: int = 0
     complete: int = 0  # answered items by outcome, whichever file they went to: finished
     partial: int = 0  # regenerate: a later turn failed
@@ -312,6 +318,9 @@ class Exporter:
         self.partition_bytes = plan.partition_bytes
         self.variants, self.variant = plan.variants, plan.variant
         self.scan = JobScan()
+        #: The dataset's rows as written, after dedupe, the gates and selection: the one count of
+        #: what the export holds (its rows, items, traces kept, variants), the card's too.
+        self.written = RowStats()
         self.table = AcceptanceTable()  # the kept answers' acceptance (pass 2)
         self.figures = False  # a record read in pass 1 has figures
         self.result = ExportResult(run, fmt.value, str(output), str(plan.errors_path), str(plan.missing_path),
@@ -362,6 +371,7 @@ class Exporter:
             self.result.acceptance = acceptance_summary(self.table)
             if isinstance(out, StageSink):
                 self._select(out, finals["output"])
+            self._count_written()
             try:
                 self._coverage(seen_key, missing_key, finals["missing"])
             except OSError as e:
@@ -390,8 +400,6 @@ class Exporter:
                                                    share=plan.keep_lowest_acceptance)
         stage.path.unlink(missing_ok=True)
         r.groups = groups
-        left_out = r.selection["rows_left_out"]
-        r.rows -= left_out if isinstance(left_out, int) else 0
 
     def _sink(self, path: Path, *, weighted: bool = False) -> Sink:
         inner: Sink
@@ -401,7 +409,21 @@ class Exporter:
             inner = ParquetSink(path, schema_for(self.shape, self.group_samples, weighted=weighted))
         else:
             inner = JsonlSink(path)
+        inner = CountingSink(inner, self.written)
         return GroupingSink(inner) if self.group_samples else inner
+
+    def _count_written(self) -> None:
+        """The summary's figures of what the dataset holds, from the rows written (self.written):
+        its rows, its items, the traces its layout keeps, its items by variant. What the other
+        --rows layout would make is pass 2's count, before any selection."""
+        r, s = self.result, self.written
+        r.rows, r.exported = s.entries, s.conversations
+        if self.layout is RowLayout.GENERATION:
+            r.generation_rows, r.traces_kept_generation = s.entries, s.traces
+        elif self.layout is RowLayout.CONVERSATION:
+            r.conversation_rows, r.traces_kept_conversation = s.entries, s.traces
+        if self.variants:
+            r.by_variant = dict(s.variants)
 
     # --- pass 1 --------------------------------------------------------------------
     def _partitions_for(self, shards: list[ShardInfo]) -> tuple[int, int, Layout]:
@@ -587,10 +609,7 @@ class Exporter:
                     if not self.only_target_turns:
                         flags &= ~original
                 if not (flags and self._flag(flags, line, flagged, rows_in)):
-                    if self.variants:
-                        self._count_variant(key)
                     out.write(line, order[:3])  # the prompt: the samples of one are grouped on request
-                    r.rows += rows_in
                     self._count_layouts(gen_rows, conv_row, kept_gen, kept_conv)
             elif rank[0] == _EXCLUDED:  # no row in this layout; the other may have some
                 self._count_layouts(gen_rows, conv_row, kept_gen, kept_conv)
@@ -628,7 +647,6 @@ class Exporter:
                 by[reason.value] = by.get(reason.value, 0) + rows
         if flagged is None or not flags & self.drop_mask:
             return False
-        r.exported -= 1
         r.flagged_dropped += rows
         prefix = b'{"flags":' + orjson.dumps(reasons(flags)) + b","
         for one in bytes(line).splitlines():
@@ -646,9 +664,7 @@ class Exporter:
     def _count_outcome(self, outcome: str, *, included: bool) -> None:
         """Coverage counts complete, partial and cut apart, whichever file each went to."""
         r = self.result
-        if included:
-            r.exported += 1
-        else:
+        if not included:
             r.truncated += 1
             r.truncated_by_outcome[outcome] = r.truncated_by_outcome.get(outcome, 0) + 1
         if outcome == Outcome.FINISHED:
@@ -658,11 +674,6 @@ class Exporter:
         else:
             r.cut += 1
             r.cut_by_outcome[outcome] = r.cut_by_outcome.get(outcome, 0) + 1
-
-    def _count_variant(self, key: bytes) -> None:
-        name = _drawn_name(key.hex(), self.variants)
-        if name is not None:
-            self.result.by_variant[name] = self.result.by_variant.get(name, 0) + 1
 
     def _count_tool_turns(self, code: int) -> None:
         r = self.result

@@ -11,6 +11,7 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.producer.export.formats import Line
+from genqueue.producer.export.rowstats import RowStats
 from genqueue.producer.outfiles import OUTPUT, GuardedWriter, Target, write_failed
 
 WRITE_BUFFER = defaults.SINKS_WRITE_BUFFER
@@ -118,6 +119,26 @@ class JsonlSink:
 
     def abort(self) -> None:
         self._fh.discard()
+
+
+class CountingSink:
+    """INNER, with every line it is handed counted into STATS (the rows of the dataset as
+    written: rowstats.RowStats)."""
+
+    def __init__(self, inner: Sink, stats: RowStats) -> None:
+        self.inner = inner
+        self.stats = stats
+
+    def write(self, line: bytes | memoryview, group: Group | None = None) -> None:
+        self.stats.add_lines(line)
+        self.inner.write(line, group)
+
+    def close(self) -> None:
+        self.inner.close()
+        self.stats.done()
+
+    def abort(self) -> None:
+        self.inner.abort()
 
 
 class GroupingSink:

@@ -131,7 +131,7 @@ def test_keep_lowest_keeps_the_weakest_rows_and_counts_the_rest_apart_from_missi
     rows = read_jsonl(spec_run / "low.jsonl")
     assert [r["index"] for r in rows] == [5, 6, 7]  # ceil(0.3 x 10) lowest, in dataset order
     s = summary(res)
-    assert (s["missing"], s["exported"], s["rows"]) == (0, 11, 3)
+    assert (s["missing"], s["exported"], s["rows"]) == (0, 3, 3)  # what was exported: the rows kept, their items
     sel = s["selection"]
     assert {k: sel[k] for k in ("rows_in", "rows_with_figures", "rows_kept", "rows_left_out", "rate_min",
                                 "rate_max", "keep_lowest_acceptance", "weight_by_acceptance")} == {

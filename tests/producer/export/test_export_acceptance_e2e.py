@@ -129,3 +129,33 @@ def test_a_run_without_speculation_exports_as_before_and_refuses_selection(tmp_p
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "carries speculative-decoding figures" in proc.stderr
         assert not (tmp_path / "ds" / "sel.jsonl").exists()
+
+
+def test_after_selection_the_summary_and_the_card_count_what_was_exported(tmp_path: Path, redis_url: str) -> None:
+    """--keep-lowest-acceptance leaves rows out: the summary's rows, items and traces kept, the
+    card's table and its pictures' count are those of the rows in the file, one count of them."""
+    env = {"REDIS_URL": redis_url}
+    _enqueue(tmp_path, env, "sel", write_jsonl(tmp_path / "sel.jsonl", [sharegpt(i, turns=1 + i % 3)
+                                                                       for i in range(60)]))
+    _generate(tmp_path, env, "sel", "--reasoning", "field", "--spec-tokens", str(K), "--per-request-spec-decode-metrics",
+              "summary")
+    out = tmp_path / "ds" / "sel.jsonl"
+    out.parent.mkdir()
+    s = orjson.loads(_export(env, "sel", out, "--keep-lowest-acceptance", "0.3", "--json").stdout)
+    rows = _rows(out)
+    items = {r["key"] for r in rows}
+    traces = sum(1 for r in rows if (r["messages"][-1].get("reasoning_content") or "").strip())
+    assert s["selection"]["rows_left_out"] > 0 and len(items) < 60  # the selection left whole items out
+    assert s["rows"] == s["generation_rows"] == s["selection"]["rows_kept"] == len(rows)
+    assert s["exported"] == len(items)
+    assert s["traces_kept_generation"] == traces < s["traces"]
+    assert s["card"]["rows"] == len(rows) and s["card"]["conversations"] == len(items)
+    card = (out.parent / "README.md").read_text()
+    assert f"| conversations (items exported) | {len(items):,} |" in card
+    assert f"| exported | {len(items):,} |" in card
+    assert f"| rows (the export's count) | {len(rows):,} |" in card
+    assert f"| traces kept by rows per generation | {traces:,} |" in card
+    text = _export(env, "sel", tmp_path / "ds" / "again.jsonl", "--keep-lowest-acceptance", "0.3", "--no-card").stdout
+    assert (f"{len(rows):,} generation rows from {len(items):,} items (--rows conversation before selection: "
+            f"{s['conversation_rows']:,}); generated thinking traces kept: {traces:,} of {s['traces']:,} in "
+            "generation rows,") in text, text

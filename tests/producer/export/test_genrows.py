@@ -68,3 +68,25 @@ def test_sharegpt_rows_keep_their_turns_and_parquet_has_no_system_column() -> No
     assert last["conversations"][-1]["value"] == "<think>\nr1\n</think>\n\na1" and last["target_turns"] == [2, 4]
     assert "system" not in SCHEMAS[ExportFormat.SHAREGPT].names
     assert {"generation", "step"} <= set(SCHEMAS[ExportFormat.SHAREGPT].names)
+
+
+def test_the_rows_written_count_the_traces_each_layout_keeps_as_pass_one_does() -> None:
+    """rowstats (the count of the rows written, which the summary and the card read) finds in
+    the rows exactly the traces genrows says each layout keeps, in every text format."""
+    from genqueue.producer.export.formats import to_sharegpt, to_specforge
+    from genqueue.producer.export.rowstats import row_stats
+
+    blank = _conversation(["finished"] * 3)
+    blank["turns"][1]["reasoning"] = "  "  # thinking that is blank is no trace
+    for rec in (_conversation(["finished"] * 3), blank, _conversation(["finished", "finished"],
+                                                                     stopped={"turn": 2, "reason": "error"})):
+        for fmt, convert in ((ExportFormat.OPENAI, to_openai), (ExportFormat.SPECFORGE, to_specforge),
+                             (ExportFormat.SHAREGPT, to_sharegpt)):
+            gen = record_rows(fmt, rec, layout=RowLayout.GENERATION, include=frozenset({"finished", "partial"}),
+                              conversation_line=convert(rec))
+            conv = record_rows(fmt, rec, layout=RowLayout.CONVERSATION, include=frozenset({"finished", "partial"}),
+                               conversation_line=convert(rec))
+            written = row_stats(gen.included)
+            assert (written.traces, written.entries, written.conversations) == (
+                gen.kept_generation, gen.generation_rows, 1), fmt
+            assert row_stats(conv.included).traces == conv.kept_conversation, fmt
