@@ -297,17 +297,35 @@ class GenWorker(BaseWorker):
                                 execution=held.execution)
         self._idle_if_empty()
 
-    def give_back(self, held: Held) -> None:
+    def give_back(self, held: Held) -> bool:
         """Put an unfinished job back at the front of its queue without spending a retry (the
-        give-back is counted in the job's hash: the next take is its next attempt)."""
+        give-back is counted in the job's hash: the next take is its next attempt), while it is
+        still ours: our execution in the started registry, checked and given back in one
+        transaction (WATCH on the job's hash and executions, which an ack or a sweep changes).
+        A job acked meanwhile (a stop's give-back queued in this thread behind the job's ack) or
+        swept to another consumer is left as it is, never finished and queued at once: False."""
         job = held.job
+        watched = (job.key, ExecutionRegistry.key_template.format(job.id))
         with self.connection.pipeline() as p:
-            self.cleanup_execution(job, pipeline=p, execution=held.execution)
-            job.set_status(JobStatus.QUEUED, pipeline=p)
-            p.hincrby(job.key, GIVEN_BACK_FIELD, 1)
-            held.queue.push_job_id(job.id, pipeline=p, at_front=True)
-            p.execute()
+            while True:
+                try:
+                    p.watch(*watched)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+                    if p.zscore(held.queue.started_job_registry.key, held.execution.composite_key) is None:
+                        log.info("job %s: no longer ours (acked or swept meanwhile); not given back", held.id)
+                        self.executions.pop(held.execution.id, None)
+                        self._idle_if_empty()
+                        return False
+                    p.multi()
+                    self.cleanup_execution(job, pipeline=p, execution=held.execution)
+                    job.set_status(JobStatus.QUEUED, pipeline=p)
+                    p.hincrby(job.key, GIVEN_BACK_FIELD, 1)
+                    held.queue.push_job_id(job.id, pipeline=p, at_front=True)
+                    p.execute()
+                    break
+                except redis.WatchError:  # a sweep moved it meanwhile: look again
+                    continue
         self._idle_if_empty()
+        return True
 
     def _idle_if_empty(self) -> None:
         if not self.executions:

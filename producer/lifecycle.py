@@ -1,14 +1,9 @@
 """Runs have a lifecycle: `producer runs` lists them, `producer resume` clears a pause,
 `producer delete` removes a run's state from Redis (its output only with --purge-output).
 
-A run's state, from what Redis holds:
-  paused   the failure-storm breaker (or an operator) paused it: no consumer takes its jobs;
-  running  a consumer holds some of its jobs now;
-  queued   jobs wait and none is held;
-  failed   no job waits or is held, and items ended as errors (their only record is one):
-           not a success; `producer enqueue INPUT --run NAME --retry-failed` queues them again;
-  done     no job waits or is held and no item ended as an error (an item whose job failed
-           in rq is told by `producer export`).
+A run's state is common/keepers/runstate.py's, the one `producer status` shows: done or
+failed once every item has its record (failed: some only an error, which `producer enqueue INPUT
+--run NAME --retry-failed` queues again), else paused, running, queued or incomplete.
 A paused or failed run's row says its errors and the command that goes on once the cause is
 fixed (common/retryhint.py).
 """
@@ -18,7 +13,6 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 import click
@@ -27,28 +21,18 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
-from genqueue.common.keepers.claims import stalled_line
-from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
+from genqueue.common.keepers.marks import SHIPPED_FAILED
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.rqaccess import clear_refused, job_counts
+from genqueue.common.keepers.rqaccess import clear_refused
 from genqueue.common.keepers.rqjobs import scan_jobs
 from genqueue.common.keepers.rundelete import delete_run
 from genqueue.common.keepers.runs import RunStore
+from genqueue.common.keepers.runstate import RunState, read_pulse, settle
 from genqueue.common.placement import this_host
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
 from genqueue.common.settings import check_run_name
-
-
-class RunState(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    PAUSED = "paused"
-    FAILED = "failed"  # drained, with items whose only record is an error
-    INCOMPLETE = "incomplete"  # drained, with items neither done nor failed: in no job (`stalled` says why)
-    DONE = "done"
-    UNREADABLE = "unreadable"  # its record in Redis is not genqueue's (CorruptStateError): delete it
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,24 +65,11 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
             continue
         if info is None:
             continue
-        counts = job_counts(conn, name)
-        pause = Pause(conn, name).get()
-        counted = Marks(conn, name).progress()
+        pulse = read_pulse(conn, name)  # the state status shows too: one read, one function
+        pause, counted = pulse.pause, pulse.progress
         items, done, failed = counted.items, counted.done, counted.failed_only
-        if pause is not None:
-            state = RunState.PAUSED
-        elif counts["started"] or counts["dequeuing"]:
-            state = RunState.RUNNING
-        elif counts["queued"]:
-            state = RunState.QUEUED
-        else:
-            state = RunState.FAILED if failed else RunState.DONE
         sources = store.sources(name)
-        stalled = None
-        if state in (RunState.FAILED, RunState.DONE) and items > done + failed:  # never "done" with items left
-            stalled = stalled_line(conn, name, items - done - failed, sources)
-            # None: its jobs wait in rq's scheduled, deferred or ready registry
-            state = RunState.QUEUED if stalled is None else RunState.INCOMPLETE
+        state, stalled = settle(conn, name, pulse, sources)
         by_class = {k[len(SHIPPED_FAILED):]: v for k, v in counted.stats.items() if k.startswith(SHIPPED_FAILED)}
         steps = next_steps(name, paused=pause is not None, failed=failed, sources=sources,
                            output=redact(info.settings.output))

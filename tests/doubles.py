@@ -121,8 +121,9 @@ class FakeWorker:
     def fail(self, held: Any, reason: str, *, retry: bool) -> None:
         self.calls.append(("fail", held, {"reason": reason, "retry": retry}))
 
-    def give_back(self, held: Any) -> None:
+    def give_back(self, held: Any) -> bool:
         self.calls.append(("give_back", held, {}))
+        return True
 
     def renew(self, held: list[Any]) -> list[Any]:
         return [h for h in held if getattr(h, "swept", False)]

@@ -473,14 +473,18 @@ class Marks:
     def progress(self) -> Progress:
         """The run's Progress, in one transaction: the marks' counts and the outcome counters the
         same script bumps are read at one moment, so they agree."""
-        run = self.run
-
-        def build(p: Any) -> None:
-            p.hgetall(table_key(run))
-            p.hgetall(run_key(run, "stats"))
-
         # a full Redis refuses MULTI
-        table, raw = pipeline_read(self.conn, build, raise_on_error=False)
+        return self.progress_of(*pipeline_read(self.conn, self.stage_progress, raise_on_error=False))
+
+    def stage_progress(self, p: Any) -> None:
+        """Queue the reads of the run's Progress on P (two replies, for progress_of): a caller
+        reads it in one transaction with its other reads (common/keepers/runstate.py)."""
+        p.hgetall(table_key(self.run))
+        p.hgetall(run_key(self.run, "stats"))
+
+    @staticmethod
+    def progress_of(table: Any, raw: Any) -> Progress:
+        """The Progress from the two replies stage_progress queued (read with raise_on_error=False)."""
         c = counts_of(table)
         stats: dict[str, int] = {}
         for k, v in (raw.items() if isinstance(raw, dict) else []):

@@ -6,7 +6,7 @@ Key: genqueue:run:<run>:paused  (JSON: reason, by, at), absent while the run is 
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import orjson
 import redis
@@ -39,9 +39,20 @@ class Pause:
 
     def get(self) -> PauseInfo | None:
         """Why the run is paused, or None."""
-        raw = self.conn.get(self.key(self.run))
+        return self.of(self.conn.get(self.key(self.run)))
+
+    def stage_get(self, p: Any) -> None:
+        """Queue the read of the pause on P (one reply, for `of`): read in one transaction with a
+        caller's other reads (common/keepers/runstate.py)."""
+        p.get(self.key(self.run))
+
+    @staticmethod
+    def of(raw: Any) -> PauseInfo | None:
+        """The PauseInfo of the reply stage_get queued, or None (not paused)."""
         if raw is None:
             return None
+        if isinstance(raw, Exception):  # a key of another type, read with raise_on_error=False
+            return _pause_info(b"(not a string)")
         return _pause_info(raw)
 
     def resume(self) -> PauseInfo | None:

@@ -301,15 +301,21 @@ def job_counts(conn: redis.Redis, run: str) -> JobCounts:
     """Raw LLEN/ZCARD counts, one round trip. Not rq's `registry.count`: that also cleans the
     registry up (re-queueing or failing expired jobs) outside the maintenance lock the
     consumers' sweeps hold, which a read must never do."""
-    name = queue_name(run)
-    queue_key = Queue.redis_queue_namespace_prefix + name
     with conn.pipeline(transaction=False) as p:
-        p.llen(queue_key)
-        p.llen(IntermediateQueue.get_intermediate_queue_key(queue_key))
-        p.zcard(StartedJobRegistry.key_template.format(name))
-        p.zcard(FinishedJobRegistry.key_template.format(name))
-        p.zcard(FailedJobRegistry.key_template.format(name))
-        queued, dequeuing, started, finished, failed = (int(n) for n in p.execute())
+        stage_job_counts(p, run)
+        return job_counts_of(p.execute())
+
+
+def stage_job_counts(p: Pipeline, run: str) -> None:
+    """Queue the reads of RUN's JobCounts on P (five replies, for job_counts_of)."""
+    for place in (JobPlace.QUEUED, JobPlace.DEQUEUING, JobPlace.STARTED, JobPlace.FINISHED, JobPlace.FAILED):
+        (p.llen if place in _LISTS else p.zcard)(place_key(run, place))
+
+
+def job_counts_of(replies: Sequence[object]) -> JobCounts:
+    """The JobCounts from the five replies stage_job_counts queued (a key of another type,
+    garbage read with raise_on_error=False, counts 0)."""
+    queued, dequeuing, started, finished, failed = (n if isinstance(n, int) else 0 for n in replies)
     return {"queued": queued, "dequeuing": dequeuing, "started": started, "finished": finished, "failed": failed}
 
 

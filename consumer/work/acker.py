@@ -107,11 +107,13 @@ class Acker:
         self.refused += 1
 
     async def give_back_held(self, held: list[Held]) -> int:
-        """HELD (already dropped from the book) go back without spending a retry."""
+        """HELD (already dropped from the book) go back without spending a retry; those no longer
+        ours (acked or swept meanwhile) stay as they are. Returns how many went back."""
+        n = 0
         for h in held:
-            await self.rq.call(self.worker.give_back, h)
-        self.given_back += len(held)
-        return len(held)
+            n += await self.rq.call(self.worker.give_back, h)
+        self.given_back += n
+        return n
 
     async def give_back_jobs(self, jobs: list[JobState[Held]]) -> int:
         """JOBS (held, nothing of them sent) go back to the front of their queue without
@@ -128,8 +130,7 @@ class Acker:
         for js in self.book:
             if js.run == run:
                 self.book.abandon(js)
-                await self.rq.call(self.worker.give_back, js.held)
-                n += 1
+                n += await self.rq.call(self.worker.give_back, js.held)
         self.given_back += n
         return n
 
@@ -141,12 +142,11 @@ class Acker:
         for js in self.book:
             self.book.abandon(js)
             try:
-                await self.rq.call_until(deadline, self.worker.give_back, js.held)
+                n += await self.rq.call_until(deadline, self.worker.give_back, js.held)
             except UNREACHABLE as e:
                 log.warning("Redis unreachable (%s): %d held job(s) left to their leases, which expire and are "
                             "swept back", type(e).__name__, len(self.book) + 1)
                 break
-            n += 1
         self.given_back += n
         return n
 

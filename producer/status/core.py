@@ -29,12 +29,11 @@ from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.claims import Claims, HeldClaims
 from genqueue.common.keepers.clock import redis_time
-from genqueue.common.keepers.marks import Marks
-from genqueue.common.keepers.pause import Pause
-from genqueue.common.keepers.rqaccess import job_counts, queue_name, refused_jobs
+from genqueue.common.keepers.rqaccess import queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.keepers.runsources import RunSources
+from genqueue.common.keepers.runstate import read_pulse, settle
 from genqueue.common.keepers.snapshots import ConsumerReport, Snapshots
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
@@ -77,13 +76,17 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     info = store.require(run)
     sources = store.sources(run)
     inputs = input_view(sources, RunSources(conn, run).reading())
-    counted = Marks(conn, run).progress()  # one moment: marks and the counters they bump agree
+    # one moment: marks, the counters they bump, rq's counts and the pause; the state from them is
+    # the one `producer runs` shows (common/keepers/runstate.py)
+    pulse = read_pulse(conn, run)
+    counted = pulse.progress
     items, done, failed, stats = counted.items, counted.done, counted.failed_only, counted.stats
-    pause = Pause(conn, run).get()
+    pause = pulse.pause
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     started_at = store.started_at(run)
-    jobs = job_counts(conn, run)
+    jobs = pulse.jobs
+    state, _stalled = settle(conn, run, pulse, sources)
     spent = Snapshots(conn).spent(run)  # what the consumers generated and spent: it never goes down
 
     everyone = Snapshots(conn).reports(now)
@@ -138,6 +141,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     return {
         "run": run,
         "now": now,
+        "state": state.value,
         "paused": pause,
         "fingerprint": info.fingerprint,
         "fingerprints": [{"fingerprint": e["fingerprint"], "since": e["since"]} for e in info.fingerprints],

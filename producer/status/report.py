@@ -233,6 +233,7 @@ class StatusReport(OutcomeView, total=False):
 
     run: Required[str]
     now: Required[float]
+    state: Required[str]  # the run's state, `producer runs`' too (common/keepers/runstate.py)
     paused: Required[PauseInfo | None]
     fingerprint: Required[str]
     fingerprints: Required[list[FingerprintRow]]

@@ -19,6 +19,7 @@ import orjson
 from genqueue.common import defaults
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
+from genqueue.common.keepers.runstate import RunState
 from genqueue.common.redact import redact
 from genqueue.producer.cost import CostView
 from genqueue.producer.status.report import FileView, HostView, InputView, ShippingSummary, StatusReport
@@ -164,9 +165,9 @@ def _progress(r: StatusReport) -> str:
     frac = finished / items if items else 0.0
     rate = r["eta_assumes_completion_tokens_per_s"]
     items_s = r["speed"]["last_minute"]["completions_per_s"]
-    if items and finished >= items:
+    if r["state"] in (RunState.DONE, RunState.FAILED):  # the state `producer runs` shows
         # complete only when every item has a result: error records end a run, they do not finish it
-        eta = ("run complete" if not r["items_failed"]
+        eta = ("run complete" if r["state"] == RunState.DONE
                else f"run over, NOT complete: {r['items_failed']:,} items failed")
     elif r["paused"]:
         eta = "ETA - (paused)"
