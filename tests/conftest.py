@@ -25,6 +25,8 @@ import redis
 from genqueue.common.contracts import PromptMode
 
 BIN = Path(sys.executable).parent
+#: The checkout: the working directory of a command that imports its own modules (bench, scripts, tests).
+ROOT = Path(__file__).resolve().parent.parent
 
 # A suite started in the background by a non-interactive shell (`.ci/run &`) inherits SIGINT
 # ignored, and so would every process it starts: Python then installs no KeyboardInterrupt, and
@@ -120,6 +122,16 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
             self.proc = None
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in its own folder, and so does every command it starts without a cwd of
+    its own: what a command writes by default (./genqueue-out, where a run's first enqueue writes
+    its run.json; ./genqueue-spool; a rejects file) lands there, never in the checkout nor where
+    another test reads it. A command that imports the checkout's own modules (bench, scripts,
+    tests) is given cwd=ROOT."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.conftest import ROOT
+
 pytestmark = pytest.mark.integration
 
 
@@ -20,7 +22,8 @@ def test_nothing_is_lost_under_kills_restarts_and_outages(tmp_path, prompts_mode
     if weed_binary() is None:
         pytest.skip("SeaweedFS is not installed")
     proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--workdir", str(tmp_path / "chaos"),
-                           "--limit-seconds", "420", *prompts_mode.args], capture_output=True, text=True, timeout=600)
+                           "--limit-seconds", "420", *prompts_mode.args], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, check=False)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     figures = json.loads(proc.stdout)
     assert proc.returncode == 0, (figures, proc.stderr[-3000:])

@@ -22,7 +22,7 @@ from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.runs import key_digest, run_key
 from genqueue.producer.jobwriter import JobWriter
-from tests.conftest import RedisServer
+from tests.conftest import ROOT, RedisServer
 from tests.netproxy import accept_pairs
 
 pytestmark = pytest.mark.integration
@@ -121,7 +121,8 @@ w = JobWriter({RUN!r}, connect({redis_url!r}), batch_size=2)
 w._commit = lambda *a, **k: os._exit(9)
 w.write(items(5))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          cwd=ROOT)
     assert proc.returncode == 9, proc.stderr
     [ckey] = conn.keys(run_key(RUN, "claim:*"))
     held = conn.smembers(ckey)
