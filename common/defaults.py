@@ -194,6 +194,10 @@ POLL_INTERVAL = 0.2
 
 #: Seconds between a consumer's snapshots in Redis (what `producer status` and Prometheus read).
 TELEMETRY_INTERVAL = 2.0
+#: The address a consumer's metrics port listens on (`--metrics-host`): every interface, as
+#: Prometheus exporters do, since the Prometheus that scrapes a fleet runs on another host;
+#: 127.0.0.1 keeps them to this host (docs/metrics.md).
+METRICS_HOST = "0.0.0.0"
 
 #: Seconds between two redraws of `producer status --watch`.
 STATUS_INTERVAL = 2.0
@@ -651,8 +655,11 @@ PARQUET_ROW_GROUP_BYTES = 16 * 1024 * 1024
 SINKS_WRITE_BUFFER = 256 * 1024
 
 # producer/ingest/inputcheck.py
-#: Records read ahead, at most, to find one JSON object.
+#: Records read ahead, at most, to find one that holds a conversation.
 INPUTCHECK_SNIFF_RECORDS = 100
+#: Keys named of JSON objects in a format it does not know ("with the keys 'a', 'b', ..."): enough
+#: to recognise a format by, short enough for one line.
+INPUTCHECK_KEYS_SHOWN = 6
 
 # producer/ingest/items.py
 #: The longest input id kept: ids are keys for humans and joins; a longer one is a column mistaken

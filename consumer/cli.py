@@ -69,7 +69,11 @@ def _talk(verbose: int, quiet: bool) -> None:
               help="Seconds to wait at start for the endpoint (vLLM loads a large model for minutes) and for Redis.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GENQUEUE_METRICS_PORT",
               show_envvar=True,
-              help="Serve Prometheus metrics on this port (default: off).")
+              help="Serve Prometheus metrics on this port (default: off), on every interface of the host "
+                   "(--metrics-host) for a Prometheus elsewhere to scrape.")
+@click.option("--metrics-host", default=defaults.METRICS_HOST, show_default=True, envvar="GENQUEUE_METRICS_HOST",
+              show_envvar=True,
+              help="The address the metrics port listens on: 127.0.0.1 keeps it to this host.")
 @click.option("--pack-cache", default=defaults.PACK_CACHE_DIR, show_default=True, envvar="GENQUEUE_PACK_CACHE",
               show_envvar=True,
               help="Directory of the host's cache of whole packs (runs enqueued with --prompts reference): every "
@@ -95,10 +99,11 @@ def run_cmd(ctx: click.Context, verbose: int, quiet: bool, **options: Unpack[Run
     cfg = ConsumerConfig.from_options(options)
     stop = Stop(cfg.drain_timeout)
     stop.install_early()  # the loop's handlers do not exist yet: a signal here must still end it
-    # the first line and the metrics come before any wait (on Redis, then on the engine)
+    # the metrics and the first line come before any wait (on Redis, then on the engine); a port
+    # that cannot be listened on is refused before the consumer starts at all
+    serve_metrics(cfg.metrics_port, cfg.metrics_host)
     logging.getLogger("genqueue.consumer").info("consumer starting: endpoint %s, gpu %s, runs %s", cfg.endpoint,
                                                 "-" if cfg.gpu is None else cfg.gpu, cfg.run or "(all open)")
-    serve_metrics(cfg.metrics_port)
     try:
         conn = wait_for(cfg.redis_url, cfg.endpoint_wait,
                         say=lambda msg: logging.getLogger("genqueue.consumer").warning(msg))

@@ -35,6 +35,7 @@ class RunOptions(ConsumerArgs):
     spool_limit: int
     endpoint_wait: float
     metrics_port: int | None
+    metrics_host: str
     redis_url: str
     pack_cache: str
     pack_cache_bytes: int
@@ -64,6 +65,7 @@ class ConsumerConfig:
     name: str | None = None
     spool_limit: int = defaults.SPOOL_LIMIT
     metrics_port: int | None = None
+    metrics_host: str = defaults.METRICS_HOST
     endpoint_wait: float = defaults.ENDPOINT_WAIT
     telemetry_interval: float = defaults.TELEMETRY_INTERVAL
     shared_fs: bool = False  # local outputs are a filesystem every node shares (common/placement.py)
@@ -98,6 +100,7 @@ class ConsumerConfig:
                    request_timeout=options["request_timeout"], max_attempts=options["max_attempts"],
                    shard_max_bytes=options["shard_max_bytes"], shard_max_age=options["shard_max_age"],
                    spool_limit=options["spool_limit"], metrics_port=options["metrics_port"],
+                   metrics_host=options["metrics_host"],
                    endpoint_wait=options["endpoint_wait"], shared_fs=options["shared_fs"],
                    pack_cache=options["pack_cache"], pack_cache_bytes=options["pack_cache_bytes"])
 

@@ -187,7 +187,7 @@ class ServedRuns:
                 continue
             if info is None:
                 if self.only_run and not self._started and name not in self.vanished:
-                    raise UserError(f"no run named {name!r} in Redis")
+                    raise self.store.not_found(name)
                 continue
             if self.vanished.pop(name, None) is not None:
                 log.warning("run %s is back in Redis: serving it again", name)

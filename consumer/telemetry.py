@@ -11,6 +11,7 @@ common/keepers/snapshots.py.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ from genqueue.common.contracts import (
     SpecTotals,
     is_error,
 )
+from genqueue.common.errors import UserError
 from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.keepers.snapshots import Snapshots, Spent
 from genqueue.consumer.answer.faults import RetryKind
@@ -201,15 +203,25 @@ STARTING = Gauge("genqueue_starting", "1 while the consumer starts (waiting on R
 _SERVING: set[int] = set()
 
 
-def serve_metrics(port: int | None) -> None:
-    """Serve the Prometheus metrics on PORT (None: not at all), once per process: from the
-    consumer's first line on, so a consumer stuck in its start-up is seen there too."""
+def serve_metrics(port: int | None, host: str = defaults.METRICS_HOST) -> None:
+    """Serve the Prometheus metrics on HOST:PORT (port None: not at all), once per process: from
+    the consumer's first line on, so a consumer stuck in its start-up is seen there too. A port
+    that cannot be listened on (taken, or HOST not this machine's) is a UserError, in one line."""
     if port is None or port in _SERVING:
         return
-    start_http_server(port, addr="0.0.0.0")
+    try:
+        start_http_server(port, addr=host)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            why = "the port is taken by another process (another consumer?); give another --metrics-port"
+        elif e.errno == errno.EADDRNOTAVAIL:
+            why = f"{host} is not an address of this host; give another --metrics-host"
+        else:
+            why = e.strerror or str(e)
+        raise UserError(f"metrics: cannot listen on {host}:{port}: {why}") from None
     _SERVING.add(port)
     STARTING.set(1)
-    log.info("Prometheus metrics on :%d/metrics", port)
+    log.info("Prometheus metrics on %s:%d/metrics", host, port)
 
 
 class PauseReason(StrEnum):

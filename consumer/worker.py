@@ -73,6 +73,14 @@ log = logging.getLogger(__name__)
 LEFTOVER_WAIT = defaults.WORKER_LEFTOVER_WAIT
 
 
+def copies_clause(counts: dict[str, int]) -> str:
+    """The end line's account of the end-of-run copies (Hedger.counts); '' when there were none."""
+    if not (counts.get("sent") or counts.get("ended_elsewhere")):
+        return ""
+    return (f", copies: {counts.get('sent', 0)} sent for others ({counts.get('shipped', 0)} written), "
+            f"{counts.get('ended_elsewhere', 0)} of ours ended by others")
+
+
 class Consumer:
     """Pulls jobs of the runs it serves and turns them into shipped result shards."""
 
@@ -286,7 +294,7 @@ class Consumer:
                         on_runs=self.outbox.unpark,
                         has_room=dispatcher.room_for_work, outages=outages,
                         pack_cache=PackCache(cfg.pack_cache, max_bytes=cfg.pack_cache_bytes)
-                        if cfg.pack_cache_bytes > 0 else None)
+                        if cfg.pack_cache_bytes > 0 else None, written_here=self.outbox.unshipped_results)
         self._intake = intake
         hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
@@ -346,9 +354,7 @@ class Consumer:
         items = sum(t["completions"] for t in telemetry.totals.values())
         errors = sum(t["errors"] for t in telemetry.totals.values())
         a = self.acker.snapshot()
-        c = self._hedger.counts() if self._hedger is not None else {}
-        copies = (f", copies: {c['sent']} sent for others ({c['shipped']} written), {c['ended_elsewhere']} of ours "
-                  "ended by others'" if c.get("sent") or c.get("ended_elsewhere") else "")
+        copies = copies_clause(self._hedger.counts() if self._hedger is not None else {})
         log.log(logging.INFO if code == ExitCode.DONE else logging.ERROR,
                 "consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back%s, "
                 "%.1f items/s (exit %d%s)", self.worker.name, elapsed, items, errors, a.acked, a.given_back, copies,

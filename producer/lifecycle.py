@@ -11,6 +11,7 @@ fixed (common/retryhint.py).
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import orjson
 import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
-from genqueue.common.errors import CorruptStateError, RunNotFoundError, UserError
+from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.keepers.marks import SHIPPED_FAILED
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
@@ -128,6 +129,18 @@ def resume_command(run_name: str, redis_url: str) -> None:
     click.echo(f"run {run_name} resumed (it was paused by {was['by']}: {was['reason']})")
 
 
+def _confirm(question: str) -> None:
+    """Ask QUESTION; a no, or no answer at all (the end of the input), ends the command: nothing
+    deleted, exit 1 (click's Abort: declined, not a mistake of usage)."""
+    try:
+        if click.confirm(question, default=False):
+            return
+    except click.Abort:  # the end of the input (or Ctrl-C) at the prompt
+        click.echo()
+    click.echo("nothing deleted", err=True)
+    sys.exit(1)
+
+
 @click.command("delete")
 @click.option("--run", "run_name", required=True, help="The run to delete.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -139,7 +152,10 @@ def resume_command(run_name: str, redis_url: str) -> None:
 @friendly_errors
 def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: bool, redis_url: str) -> None:
     """Remove a run's state from Redis: its settings, queue, jobs and counters. The results
-    already shipped stay where they are unless --purge-output."""
+    already shipped stay where they are unless --purge-output.
+
+    Asks first, unless --yes: a no (n, or Enter), or no answer at all (the end of the input, as
+    in a script without --yes), deletes nothing and exits 1, as click's own confirmations do."""
     conn = connect(redis_url)
     if refused_only:
         if purge_output:
@@ -154,11 +170,11 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: b
         if purge_output:  # where its output is cannot be read from it
             raise
         info = None
-        if not yes and not click.confirm(f"delete run {run_name} (its record in Redis is unreadable)?", default=False):
-            raise UserError("not deleted") from None
+        if not yes:
+            _confirm(f"delete run {run_name} (its record in Redis is unreadable)?")
     else:
         if info is None:
-            raise RunNotFoundError(f"no run named {run_name!r} in Redis (see `producer runs`)")
+            raise RunStore(conn).not_found(run_name)
     output = info.settings.output if info is not None else ""
     if purge_output and output.startswith("s3://"):
         raise UserError("--purge-output removes local outputs only; delete s3:// objects with your S3 tools")
@@ -168,8 +184,7 @@ def delete_command(run_name: str, yes: bool, purge_output: bool, refused_only: b
     if not yes and info is not None:
         what = f"run {run_name} (its queue, jobs and counters in Redis"
         what += f", and its results under {redact(output)})" if purge_output else "; its output is kept)"
-        if not click.confirm(f"delete {what}?", default=False):
-            raise UserError("not deleted")
+        _confirm(f"delete {what}?")
     scan = scan_jobs(conn, run_name)  # named before they go: no entry Redis holds may stop the delete
     n = delete_run(conn, run_name)
     click.echo(f"run {run_name} deleted: {n} Redis keys")

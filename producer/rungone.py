@@ -13,19 +13,21 @@ import shlex
 import time
 
 import orjson
+import redis
 
 from genqueue.common import defaults
 from genqueue.common.errors import RunNotFoundError
+from genqueue.common.keepers.runs import not_found_line
 from genqueue.common.redact import redact
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import StoreError, store_for
 from genqueue.common.storage.runfile import RunFile, read_run_file, where
 
 
-def run_gone(run: str, output: str) -> RunNotFoundError:
-    """The error for RUN, which is not in Redis: with where its run.json is and the command that
-    re-creates it when OUTPUT (the run's output location) holds one."""
-    plain = f"no run named {run!r} in Redis (see `producer runs` for the runs there)"
+def run_gone(run: str, output: str, conn: redis.Redis) -> RunNotFoundError:
+    """The error for RUN, which the Redis of CONN does not hold (named): with where its run.json
+    is and the command that re-creates it when OUTPUT (the run's output location) holds one."""
+    plain = not_found_line(conn, run)
     try:
         store = store_for(output)
         rf = read_run_file(store, run)

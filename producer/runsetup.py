@@ -24,10 +24,10 @@ A run whose output is a local path records the host that made it (common/placeme
 enqueue on another host is refused before anything is read, unless `--shared-fs` declares the
 path one filesystem every node mounts (then the run records that, and any host may ship).
 
-run.json is written through the output's store (a directory, or S3). A local output directory
-that does not exist yet is not created for it (consumers create it when they ship the first
-shard; a directory is not made as a side effect of a command that may be a mistake): the next
-`producer enqueue` of the run writes it then. An output that fails its probe is refused before
+run.json is written through the output's store (a directory, or S3) by the run's first enqueue,
+whatever the output's state: a local output directory that does not exist yet is made for it
+(the probe before proved it can be; a run whose output held no run.json could not come back
+from it after a Redis loss). An output that fails its probe is refused before
 this runs (enqueue.py, storage.probe_output); a producer that cannot reach the output and skips
 the probe (`--no-output-check`: no S3 credentials on its machine, the consumers' nodes have them)
 enqueues all the same, with a warning: it can neither keep run.json nor re-create the run from it.
@@ -128,9 +128,9 @@ class RunSetup:
             note(f"note: run {self.run}: settings updated ({', '.join(changed)}): fingerprint {old.fingerprint} -> "
                  f"{info.fingerprint}; items not done yet are generated with the new settings, results "
                  "already shipped keep the fingerprint that produced them")
-        if self.unreachable is not None or not _output_exists(self.output):
+        if self.unreachable is not None:
             return info
-        try:
+        try:  # a local output directory not made yet is made here (_put_whole)
             current = self.run_file if self.run_file_read else _read(self.output, self.run, note)
             if current is None or current.settings != info.settings or current.fingerprints != info.fingerprints \
                     or current.placement != info.placement or current.priority != level:

@@ -213,10 +213,33 @@ def test_the_demo_runs_and_leaves_no_temporary_folder(tmp_path):
     if Path(sys.prefix) != venv or not stamp.exists() or stamp.read_text().strip() != want:
         pytest.skip("the demo runs scripts/setup first, which would reinstall .venv: run scripts/setup")
     (tmp_path / "tmp").mkdir()
+    (tmp_path / "out").mkdir()  # an earlier demo's output: replaced, and said
+    (tmp_path / "out" / ".made-by-genqueue-demo").touch()
+    (tmp_path / "out" / "stale.jsonl").write_text("{}\n")
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "DEMO_OUT": str(tmp_path / "out")}
     done = subprocess.run([str(ROOT / "scripts" / "demo")], capture_output=True, text=True, env=env, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"scripts/demo: removing {tmp_path / 'out'}, the output of an earlier demo" in done.stdout
+    assert not (tmp_path / "out" / "stale.jsonl").exists()
     assert "== results:" in done.stdout and (tmp_path / "out" / "demo.jsonl").stat().st_size > 0
     assert (tmp_path / "out" / "demo.rejects.jsonl").exists()
     assert list((tmp_path / "tmp").iterdir()) == [], "the demo left its temporary folder behind"
+
+
+def test_the_demo_refuses_a_folder_it_did_not_make_instead_of_removing_it_without_a_word(tmp_path):
+    """old: `DEMO_OUT=~/results scripts/demo` removed ~/results whole, saying nothing
+    new: "error: <folder> exists and was not made by scripts/demo: nothing removed; move it away, or give
+         the demo another folder with DEMO_OUT=...", exit 2, before anything is installed or started"""
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "precious.jsonl").write_text("{}\n")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    for out in (mine, a_file):
+        done = subprocess.run([str(ROOT / "scripts" / "demo")], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "DEMO_OUT": str(out)}, check=False)
+        assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+        assert done.stderr.splitlines() == [(f"error: {out} exists and was not made by scripts/demo: nothing removed; "
+                                             "move it away, or give the demo another folder with DEMO_OUT=...")]
+    assert (mine / "precious.jsonl").read_text() == "{}\n" and a_file.read_text() == "mine\n"

@@ -311,6 +311,34 @@ def test_several_nodes_as_written(tmp_path: Path, redis_url: str, s3_server: S3S
         sim.stop()
 
 
+def test_several_nodes_on_an_existing_run_offers_no_update_settings_that_cannot_work(tmp_path: Path,
+                                                                                    redis_url: str) -> None:
+    """Section 4's command on the run section 3 made (`data`, default output).
+
+    old: "... exists with other settings (output); leave those options out to keep the run's, name a new
+         run with --run, or add --update-settings ...", and with it: "--update-settings cannot change output"
+    new: "error: run 'data' exists with other settings (output); its output cannot change (the run's
+         <cwd>/genqueue-out, this command's s3://bucket/prefix: the results already shipped are under the old
+         output): leave --output out to keep the run's, or name a new run with --run" """
+    (first,) = [line for line in block("## 3. A real GPU node") if line.startswith("producer enqueue")]
+    write_jsonl(tmp_path / "data.jsonl", [sharegpt(i) for i in range(6)])
+    sh = Shell(tmp_path, {"REDIS_URL": redis_url})
+    sh.run(first)
+    refused = sh.run(multi_node_line(), ok=(2,))
+    assert refused.stderr.splitlines() == [(
+        "error: run 'data' exists with other settings (output); its output cannot change (the run's "
+        f"{tmp_path}/genqueue-out, this command's s3://bucket/prefix: the results already shipped are under the old "
+        "output): leave --output out to keep the run's, or name a new run with --run")], refused.stderr
+    # a setting --update-settings can change beside it: still not offered, the output is named
+    both = sh.run(multi_node_line() + " --max-tokens 99", ok=(2,)).stderr
+    assert "(output, sampling.max_tokens); its output cannot change" in both and "--update-settings" not in both
+    # offered where it works, and it does
+    offered = sh.run("producer enqueue data.jsonl --max-tokens 99", ok=(2,)).stderr
+    assert "add --update-settings" in offered, offered
+    assert "settings updated (sampling.max_tokens)" in sh.run("producer enqueue data.jsonl --max-tokens 99 "
+                                                              "--update-settings").stderr
+
+
 def test_one_command_per_node_as_written(tmp_path: Path, redis_url: str) -> None:
     (line,) = block("## 3. A real GPU node", nth=1)
     assert line == "consumer launch --gpus 0-7 --model /models/my-27b", "the launch line changed"

@@ -69,6 +69,23 @@ def connection_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def redis_location(conn: redis.Redis | aioredis.Redis) -> str:
+    """The URL of the Redis CONN talks to, its password masked: for the lines that say what was
+    not found there ("no run named 'x' in Redis at redis://127.0.0.1:6379/0")."""
+    pool = conn.connection_pool
+    kw: dict[str, Any] = dict(getattr(pool, "connection_kwargs", {}))
+    cls = getattr(pool, "connection_class", object)
+    db = kw.get("db") or 0
+    if kw.get("path"):
+        return redact(f"unix://{kw['path']}?db={db}")
+    scheme = "rediss" if issubclass(cls, (redis.SSLConnection, aioredis.SSLConnection)) else "redis"
+    user, password = kw.get("username"), kw.get("password")
+    auth = f"{user or ''}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(kw.get("host") or "localhost")
+    port = kw.get("port") or 6379
+    return redact(f"{scheme}://{auth}{f'[{host}]' if ':' in host else host}:{port}/{db}")
+
+
 def connect(url: str, *, check: bool = True) -> redis.Redis:
     """A Redis client for URL (redis://, rediss://, unix://); pings it unless check is false."""
     try:

@@ -44,8 +44,16 @@ from genqueue.common import __version__
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.keepers.checkpoints import CheckpointStore
+from genqueue.common.keepers.redisconn import redis_location
 from genqueue.common.placement import Placement
-from genqueue.common.settings import FingerprintEntry, RunSettings, check_update, fingerprint_entry
+from genqueue.common.redact import redact
+from genqueue.common.settings import (
+    FIXED_SETTINGS,
+    FingerprintEntry,
+    RunSettings,
+    check_update,
+    fingerprint_entry,
+)
 
 RUNS = f"{KEY_PREFIX}:runs"
 
@@ -138,8 +146,13 @@ class RunStore:
     def require(self, run: str) -> RunInfo:
         info = self.get(run)
         if info is None:
-            raise RunNotFoundError(f"no run named {run!r} in Redis (see `producer runs` for the runs there)")
+            raise self.not_found(run)
         return info
+
+    def not_found(self, run: str) -> RunNotFoundError:
+        """The error for RUN, which this Redis does not hold: naming the Redis asked (another
+        REDIS_URL, or none set, is the usual reason)."""
+        return RunNotFoundError(not_found_line(self.conn, run))
 
     def check(self, run: str, settings: RunSettings) -> bool:
         """Whether RUN exists; RunConflictError when it has other settings. Writes nothing: the
@@ -221,7 +234,7 @@ class RunStore:
         """Give RUN a priority (higher is served first); its settings and fingerprint stay."""
         # Only on a run that exists: a delete racing this must not leave a record without settings.
         if not self._set_priority(keys=[run_key(run)], args=[str(priority)]):
-            raise RunNotFoundError(f"no run named {run!r} in Redis (see `producer runs` for the runs there)")
+            raise self.not_found(run)
 
     def priorities(self, names: list[str]) -> dict[str, int]:
         """Each run's priority (0 when never set, or not an integer), one round trip."""
@@ -318,14 +331,41 @@ class RunStore:
             p.execute()
 
 
+def not_found_line(conn: redis.Redis, run: str) -> str:
+    """The line for RUN, which the Redis of CONN does not hold, naming that Redis (its URL, the
+    password masked): with REDIS_URL unset, it is 127.0.0.1:6379, perhaps not the one meant."""
+    return f"no run named {run!r} in Redis at {redis_location(conn)} (see `producer runs` for the runs there)"
+
+
 def conflict(run: str, existing: RunSettings, asked: RunSettings, where: str = "exists") -> RunConflictError:
-    """The refusal of a run name taken by other settings, naming the ones that differ."""
-    diff = ", ".join(asked.differences(existing))
+    """The refusal of a run name taken by other settings, naming the ones that differ; the way
+    out `--update-settings` is offered only when it would take them all (FIXED_SETTINGS)."""
+    changed = asked.differences(existing)
+    diff = ", ".join(changed)
+    fixed = [name for name in changed if name in FIXED_SETTINGS]
+    if fixed:
+        name = fixed[0]
+        return RunConflictError(
+            f"run {run!r} {where} with other settings ({diff}); its {name} cannot change (the run's "
+            f"{_setting_text(existing, name)}, this command's {_setting_text(asked, name)}: "
+            f"{FIXED_SETTINGS[name]}): leave {_option(name)} out to keep the run's, or name a new run with --run"
+        )
     return RunConflictError(
         f"run {run!r} {where} with other settings ({diff}); leave those options out to keep the run's, "
         "name a new run with --run, or add --update-settings to give the run these settings for its items "
         "not done yet"
     )
+
+
+def _setting_text(settings: RunSettings, name: str) -> str:
+    """A top-level setting's value as a user gives it (an enum by its value, an output redacted)."""
+    value = getattr(settings, name)
+    return redact(str(getattr(value, "value", value)))
+
+
+def _option(name: str) -> str:
+    """The `producer enqueue` option of a top-level setting: multi_turn -> --multi-turn."""
+    return "--" + name.replace("_", "-")
 
 
 def _text(value: object) -> str:

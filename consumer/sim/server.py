@@ -10,7 +10,9 @@ connections). The real target stays vLLM; this only keeps the client honest and 
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import sys
 from dataclasses import asdict
 from typing import Any, Self
 
@@ -150,9 +152,26 @@ class SpecRuleParam(click.ParamType[SpecRule]):
             self.fail(str(e), param, ctx)
 
 
+class CannotListenError(Exception):
+    """The stand-in cannot listen where it was asked: the command says so in one line, exit 2."""
+
+
+def listen_refusal(e: OSError, host: str, port: int) -> str:
+    """Why HOST:PORT cannot be listened on, and what to give instead, in one line."""
+    if e.errno == errno.EADDRINUSE:
+        return f"cannot listen on {host}:{port}: the port is taken by another process; give another --port"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}:{port}: {host} is not an address of this host; give another --host"
+    return f"cannot listen on {host}:{port}: {e.strerror or e}"
+
+
 async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
     server = SimServer(config, host=host, port=port)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as e:
+        await server.stop()
+        raise CannotListenError(listen_refusal(e, host, port)) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -248,6 +267,11 @@ def simulate_command(host: str, port: int, max_num_seqs: int | None, **settings:
     try:
         import uvloop
     except ImportError:  # pragma: no cover
-        asyncio.run(_serve_forever(config, host, port))
+        run = asyncio.run
     else:
-        uvloop.run(_serve_forever(config, host, port))
+        run = uvloop.run
+    try:
+        run(_serve_forever(config, host, port))
+    except CannotListenError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)

@@ -454,8 +454,12 @@ class Intake:
         js.counts["items_done"] += len(js.items) - len(keep)
         js.counts["items_skipped_shipped"] += len(js.items) - len(keep)
         self.skipped += len(js.items) - len(keep)
-        log.info("job %s (attempt %d): %d of %d items already shipped; generating the rest", js.id, js.attempt,
-                 len(js.items) - len(keep), len(js.items))
+        if keep:
+            log.info("job %s (attempt %d): %d of %d items already shipped; generating the rest", js.id, js.attempt,
+                     len(js.items) - len(keep), len(js.items))
+        else:
+            log.info("job %s (attempt %d): all %d items already shipped; nothing left to generate", js.id,
+                     js.attempt, len(js.items))
         js.todo = keep
         js.remaining = len(keep)
 

@@ -351,7 +351,7 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     conn = connect(redis_url)
     info = RunStore(conn).get(run)
     if info is None:  # Redis lost it? the usual output may hold its run.json
-        raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT))
+        raise run_gone(run, _absolute(os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT), conn)
     _refuse_replacing(files, conn, run, overwrite=options["overwrite"])
     plan = export_plan(options, info, files, outcomes)
     source = source_for(info.settings.output, run, tmpdir=str(plan.workdir))

@@ -117,7 +117,7 @@ def parity_command(run_name: str, tokenizer_dir: str, chat_template: str | None,
     info = RunStore(conn).get(run)
     if info is None:
         output = os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT
-        raise run_gone(run, output if "://" in output else os.path.abspath(output))
+        raise run_gone(run, output if "://" in output else os.path.abspath(output), conn)
     if not info.settings.token_ids:
         raise UserError(f"run {run} kept no token ids, so there is nothing to compare: enqueue it with --token-ids "
                         "(a new run, or --update-settings for the items not done yet)")

@@ -28,6 +28,7 @@ from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter
 from genqueue.consumer.hedge import FASTER, Rate, choose, copyable
 from genqueue.consumer.work.book import Book
+from genqueue.consumer.worker import copies_clause
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.doubles import FakeGate, FakeOutbox, item, job, result, run_context
@@ -69,6 +70,15 @@ def test_the_rate_is_tokens_over_seconds_of_the_recent_results() -> None:
     r.observe(300, 1.0)
     r.observe(0, 5.0)  # an empty answer says nothing of the speed
     assert r.value == 200.0
+
+
+def test_the_end_line_says_of_ours_ended_by_others_not_others_quote() -> None:
+    """old: "... 1 given back, copies: 3 sent for others (2 written), 1 of ours ended by others', 2.0 items/s"
+    new: "... 1 given back, copies: 3 sent for others (2 written), 1 of ours ended by others, 2.0 items/s" """
+    counts = {"sent": 3, "shipped": 2, "dropped": 1, "yielded": 0, "ended_elsewhere": 1}
+    assert copies_clause(counts) + ", 2.0 items/s" == \
+        ", copies: 3 sent for others (2 written), 1 of ours ended by others, 2.0 items/s"
+    assert copies_clause({}) == copies_clause({"sent": 0, "ended_elsewhere": 0}) == ""
 
 
 def test_conversations_regenerated_turn_by_turn_are_not_copied() -> None:

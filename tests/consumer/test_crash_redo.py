@@ -6,12 +6,18 @@ skip every item a shipped shard already holds."""
 from __future__ import annotations
 
 import collections
+import hashlib
+import os
+import re
 import signal
 import time
 
 import orjson
 import pytest
 
+from genqueue.common.keepers.items import ItemTable
+from genqueue.common.keepers.marks import Marks
+from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 
@@ -63,3 +69,31 @@ def test_a_killed_consumer_costs_at_most_its_work_in_flight(tmp_path, redis_url,
           f"duplicate records: {duplicates}; records {len(recs)} for {len(counts)} items")
     assert "already shipped" in second.output() or duplicates == 0
     assert duplicates <= in_flight, f"{duplicates} duplicates for {in_flight} requests in flight at the kill"
+
+
+def test_a_job_all_shipped_says_nothing_left_to_generate_not_generating_the_rest(tmp_path, redis_url, conn):
+    """A job taken again whose every item a shipped shard holds (its marks rebuilt while it waited).
+
+    old: "job J (attempt 1): 32 of 32 items already shipped; generating the rest"
+    new: "job J (attempt 1): all 32 items already shipped; nothing left to generate" """
+    out = tmp_path / "out"
+    data = write_jsonl(tmp_path / "all.jsonl", [sharegpt(i) for i in range(32)])
+    cli("producer", "enqueue", str(data), "--run", "all", "--output", str(out), "--rejects", os.devnull,
+        env={"REDIS_URL": redis_url})
+    body = b"".join(orjson.dumps({"key": d.hex(), "index": 0, "content": "x"}) + b"\n"
+                    for d in ItemTable(conn, "all").digests())
+    spool = tmp_path / "shipped.jsonl"
+    spool.write_bytes(body)
+    store = LocalStore(str(out))
+    store.ship(SealedShard("all", 1, spool, shard_name("w0", 1), 32, len(body), hashlib.sha256(body).hexdigest(), 32))
+    assert Marks(conn, "all").rebuild(store).done == 32
+    sim = Sim(tmp_path, "--mean-tokens", "5")
+    try:
+        c = Proc("consumer", ["-v", "run", "--run", "all", "--endpoint", sim.url, "--burst", "--spool",
+                              str(tmp_path / "spool")], tmp_path / "c.log", env={"REDIS_URL": redis_url})
+        assert c.wait(60) == 0, c.output()
+    finally:
+        sim.stop()
+    log = c.output()
+    assert re.search(r"job \S+ \(attempt 1\): all 32 items already shipped; nothing left to generate", log), log
+    assert "generating the rest" not in log and "0 items (0 errors), 1 jobs acked" in log, log

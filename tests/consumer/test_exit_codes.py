@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import redis
 
 from genqueue.common.contracts import ExitCode
 from genqueue.common.keepers.pause import Pause
-from tests.conftest import BIN, RedisServer, cli, free_gpu, sharegpt, wait_for, write_jsonl
+from tests.conftest import BIN, RedisServer, cli, free_gpu, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.consumer.launch.test_launch import Launch
 
@@ -75,6 +76,47 @@ def test_a_run_that_does_not_exist_exits_2(tmp_path, redis_url):
         sim.stop()
     assert code == ExitCode.USAGE, log
     assert "error: no run named 'nosuch' in Redis" in log and "Traceback" not in log
+
+
+def test_a_taken_port_is_one_line_exit_2_not_a_traceback(tmp_path, redis_url):
+    """`consumer run --metrics-port P` and `consumer simulate --port P` with P taken.
+
+    old: "Traceback (most recent call last): ... OSError: [Errno 98] Address already in use", exit 1
+    new: "error: metrics: cannot listen on 0.0.0.0:P: the port is taken by another process (another
+         consumer?); give another --metrics-port" and "error: cannot listen on 127.0.0.1:P: the port
+         is taken by another process; give another --port", each the command's only line, exit 2"""
+    with socket.socket() as held:
+        held.bind(("", 0))  # every interface: both the consumer's and the stand-in's address
+        held.listen()
+        port = held.getsockname()[1]
+        sim = Sim(tmp_path, "--mean-tokens", "10")
+        try:
+            code, log = burst(tmp_path, redis_url, sim, "--run", "any", "--metrics-port", str(port))
+        finally:
+            sim.stop()
+        assert code == ExitCode.USAGE, log
+        assert log.splitlines() == [(f"error: metrics: cannot listen on 0.0.0.0:{port}: the port is taken by another "
+                                     "process (another consumer?); give another --metrics-port")], log
+        proc = cli("consumer", "simulate", "--port", str(port), check=False, timeout=30)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            f"error: cannot listen on 127.0.0.1:{port}: the port is taken by another process; give another --port"], \
+            proc.stderr
+
+
+def test_the_metrics_port_listens_where_metrics_host_says(tmp_path, redis_url):
+    """--metrics-host (GENQUEUE_METRICS_HOST) narrows the metrics port from every interface (the
+    default, for a Prometheus on another host) to the one address named."""
+    port = free_port()
+    sim = Sim(tmp_path, "--mean-tokens", "10")
+    try:
+        code, log = burst(tmp_path, redis_url, sim, "-v", "--run", "nosuch", "--metrics-port", str(port),
+                          env={"GENQUEUE_METRICS_HOST": "127.0.0.1"})
+        assert f"Prometheus metrics on 127.0.0.1:{port}/metrics" in log, log
+        code, log = burst(tmp_path, redis_url, sim, "-v", "--run", "nosuch", "--metrics-port", str(port))
+        assert f"Prometheus metrics on 0.0.0.0:{port}/metrics" in log, log
+    finally:
+        sim.stop()
+    assert code == ExitCode.USAGE
 
 
 def test_a_run_refused_on_this_host_exits_3(tmp_path, redis_url, conn):

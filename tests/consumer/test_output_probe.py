@@ -138,7 +138,7 @@ def test_a_read_only_local_output_at_enqueue_and_at_pre_flight(tmp_path: Path, r
                                                                conn: redis.Redis) -> None:
     with small_tmpfs(tmp_path / "fs", "1m") as mnt:
         out = mnt / "out"
-        out.mkdir()  # (a missing one is not made by the enqueue, nor by its probe)
+        out.mkdir()
         assert enqueue(tmp_path, redis_url, "ro", str(out), {}).returncode == 0
         assert [p.name for p in (out / "ro").iterdir()] == ["run.json"], "no probe file is left"
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)

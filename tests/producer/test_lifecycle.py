@@ -76,3 +76,19 @@ def test_runs_in_each_state_resume_and_delete(tmp_path, redis_url, conn):
     cli("producer", "delete", "--run", "held", "--yes", env={"REDIS_URL": redis_url})
     assert set(runs(redis_url)) == {"stopped"}
     assert conn.llen("rq:queue:genqueue.stopped") == 2
+
+
+def test_delete_declined_or_unanswered_exits_1_nothing_deleted(tmp_path, redis_url, conn):
+    """The delete prompt, declined or left unanswered (a script without --yes), ends alike.
+
+    old: `n` -> "error: not deleted", exit 2; the end of the input -> "Aborted!", exit 1
+    new: both -> "nothing deleted", exit 1 (click's Abort: declined, not a usage mistake)"""
+    enqueue(tmp_path, redis_url, "kept")
+    env = {"REDIS_URL": redis_url}
+    for answer in (b"n\n", b"\n", b""):
+        proc = cli("producer", "delete", "--run", "kept", env=env, check=False, input=answer)
+        assert (proc.returncode, proc.stderr) == (1, "nothing deleted\n"), (answer, proc.stderr)
+        assert proc.stdout.startswith("delete run kept (its queue, jobs and counters in Redis; its output is kept)? ")
+        assert "kept" in runs(redis_url)
+    yes = cli("producer", "delete", "--run", "kept", env=env, input=b"y\n")
+    assert "run kept deleted" in yes.stdout and "kept" not in runs(redis_url)

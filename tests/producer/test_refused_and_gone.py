@@ -14,8 +14,9 @@ import redis
 from rq.job import Job
 
 from genqueue.common.keepers.items import ItemTable
+from genqueue.common.keepers.redisconn import redis_location
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, JobPlace, place_key, queue_for, refused_key
-from tests.conftest import cli, free_port, sharegpt, wait_for, write_jsonl
+from tests.conftest import RedisServer, cli, free_port, sharegpt, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 
 pytestmark = pytest.mark.integration
@@ -106,7 +107,8 @@ def test_a_run_redis_lost_points_to_its_run_json_and_the_command_that_brings_it_
     gone = cli("producer", "status", "--run", "lost", "--output", str(out), env=env, check=False)
     assert gone.returncode != 0 and "Traceback" not in gone.stderr
     (line,) = gone.stderr.splitlines()
-    assert line.startswith("error: no run named 'lost' in Redis (see `producer runs` for the runs there), but "
+    assert line.startswith(f"error: no run named 'lost' in Redis at {redis_url} (see `producer runs` for the runs "
+                           "there), but "
                            f"{out}/lost/run.json holds it (fingerprint {made['fingerprint']}, created "), line
     command = line.split("re-create it with `", 1)[1].rstrip("`")
     assert command == shlex.join(["producer", "enqueue", str(data), "--run", "lost", "--multi-turn", "last",
@@ -129,3 +131,37 @@ def test_a_run_redis_lost_points_to_its_run_json_and_the_command_that_brings_it_
                  env={**env, "GENQUEUE_OUTPUT": str(out)}, check=False)
     assert nosuch.returncode != 0
     assert "see `producer runs`" in nosuch.stderr and "holds no run.json of it" in nosuch.stderr, nosuch.stderr
+
+
+def test_no_run_named_x_in_redis_names_the_redis_it_asked_its_password_masked(tmp_path: Path) -> None:
+    """Every command that finds no run names the Redis it asked (REDIS_URL unset asks 127.0.0.1:6379,
+    perhaps someone else's).
+
+    old: "error: no run named 'x' in Redis (see `producer runs` for the runs there)..."
+    new: "error: no run named 'x' in Redis at redis://***@127.0.0.1:P/0 (see `producer runs` for the runs there)..."
+    """
+    server = RedisServer(tmp_path, password="s3cret")
+    server.start()
+    try:
+        env = {"REDIS_URL": server.url}
+        asked = f"error: no run named 'x' in Redis at redis://***@127.0.0.1:{server.port}/0 (see `producer runs` "
+        for command in (("producer", "status", "--run", "x"), ("producer", "export", "--run", "x", "-o", "x.jsonl"),
+                        ("producer", "priority", "--run", "x", "3"), ("producer", "delete", "--run", "x", "--yes"),
+                        ("producer", "resume", "--run", "x")):
+            proc = cli(*command, env=env, check=False, cwd=tmp_path)
+            assert proc.returncode == 2 and proc.stderr.startswith(asked) and "s3cret" not in proc.stderr, \
+                (command, proc.stderr)
+        sim = Sim(tmp_path, "--mean-tokens", "5")
+        try:
+            c = Proc("consumer", ["run", "--run", "x", "--endpoint", sim.url, "--burst", "--spool",
+                                  str(tmp_path / "spool")], tmp_path / "c.log", env=env)
+            assert c.wait(60) == 2 and asked in c.output() and "s3cret" not in c.output(), c.output()
+        finally:
+            sim.stop()
+    finally:
+        server.stop()
+    # the forms a URL takes, the credentials masked
+    assert redis_location(redis.Redis.from_url("rediss://u:pw@cache.example:6380/2")) == \
+        "rediss://***@cache.example:6380/2"
+    assert redis_location(redis.Redis.from_url("unix:///run/redis.sock?db=1")) == "unix:///run/redis.sock?db=1"
+    assert redis_location(redis.Redis.from_url("redis://[::1]:6379")) == "redis://[::1]:6379/0"

@@ -22,6 +22,7 @@ from genqueue.common.settings import RunSettings
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from genqueue.producer.status import format_status, run_status
 from tests.conftest import Prompts, cli, sharegpt, write_jsonl
+from tests.consumer.e2e import Proc, Sim, read_results
 from tests.s3server import S3Server, s3_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
@@ -186,6 +187,49 @@ def test_a_run_redis_lost_comes_back_from_its_output(tmp_path: Path, redis_url: 
     assert sorted(p.name for p in (out / "lost" / "packs").glob("*.gqpack")) == sorted(packs.values())
 
 
+def test_first_enqueue_into_no_folder_yet_writes_run_json_not_holds_no_run_json_after_a_redis_loss(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """The default output (./genqueue-out, not made yet) gets its run.json from the run's first
+    enqueue, so a Redis loss after the run shipped is told and undone from it.
+
+    old: status and export after the loss: "... and <cwd>/genqueue-out holds no run.json of it
+         (another output? ...)"; the re-enqueue made a new run from the shards alone
+    new: "... but <cwd>/genqueue-out/fresh/run.json holds it (...): re-create it with ...", and the
+         re-enqueue re-creates the run from it: 0 items queued again, 512 already done."""
+    data = write_jsonl(tmp_path / "fresh.jsonl", [sharegpt(i) for i in range(512)])
+    env = {"REDIS_URL": redis_url}
+    out = tmp_path / "genqueue-out"
+
+    def enqueue_default() -> tuple[dict[str, Any], str]:
+        proc = cli("producer", "enqueue", str(data), "--run", "fresh", "--json", "--rejects", os.devnull, env=env,
+                   cwd=tmp_path)
+        return orjson.loads(proc.stdout), proc.stderr
+
+    first, _ = enqueue_default()
+    assert first["created_run"]
+    sim = Sim(tmp_path, "--mean-tokens", "8")
+    try:
+        c = Proc("consumer", ["run", "--run", "fresh", "--endpoint", sim.url, "-c", "32", "--burst",
+                              "--shard-max-age", "0.5", "--spool", str(tmp_path / "spool")],
+                 tmp_path / "c.log", env=env)
+        assert c.wait(120) == 0, c.output()
+    finally:
+        sim.stop()
+    assert len(read_results(out, "fresh")) == 512
+    created = RunStore(conn).require("fresh").created_at
+    conn.flushall()  # Redis lost the run
+
+    held = f"but {out / 'fresh' / 'run.json'} holds it (fingerprint {first['fingerprint']}"
+    for command in (("status", "--run", "fresh"), ("export", "--run", "fresh", "-o", str(tmp_path / "x.jsonl"))):
+        line = one_line_error(cli("producer", *command, env=env, cwd=tmp_path, check=False).stderr)
+        assert held in line and "holds no run.json" not in line, line
+    s, err = enqueue_default()
+    assert f"run fresh was not in Redis: re-created from {out / 'fresh' / 'run.json'}" in err, err
+    assert s["recreated_run"] and s["fingerprint"] == first["fingerprint"]
+    assert (s["enqueued"], s["already_done"], s["jobs"]) == (0, 512, 0), s  # nothing generated again
+    assert RunStore(conn).require("fresh").created_at == created  # the same run, not a new one of its shards
+
+
 def test_run_json_keeps_its_packs_when_the_settings_change(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     """run.json is written again when the run's settings change: the mode and the packs the
     enqueues by reference named stay in it (a Redis loss after that would lose them)."""
@@ -246,8 +290,8 @@ def test_a_rebuild_after_a_redis_loss_recounts_outcomes_turns_and_tool_turns(
     assert _figures(conn, "tl") == (before, rows)
 
 
-def test_run_json_on_s3_and_a_missing_local_output_is_not_created(tmp_path: Path, redis_url: str, conn: redis.Redis,
-                                                                  s3_server: S3Server) -> None:  # noqa: F811
+def test_run_json_on_s3_and_in_a_local_output_not_made_yet(tmp_path: Path, redis_url: str, conn: redis.Redis,
+                                                           s3_server: S3Server) -> None:  # noqa: F811
     data = write_jsonl(tmp_path / "s3.jsonl", [sharegpt(i) for i in range(10)])
     url = s3_server.url("runs/rf")
     s, _ = enqueue(redis_url, data, "s3rj", url, env=s3_server.env)
@@ -270,12 +314,9 @@ def test_run_json_on_s3_and_a_missing_local_output_is_not_created(tmp_path: Path
     s, err = enqueue(redis_url, data, "bad", str(tmp_path / "o2"))
     assert s["created_run"] and "is not a genqueue run file" in err
     assert orjson.loads((tmp_path / "o2" / "bad" / "run.json").read_bytes())["fingerprint"] == s["fingerprint"]
-    # A local output that does not exist is not made by the producer (consumers make it).
+    # A local output that does not exist yet is made by the run's first enqueue, for its run.json.
     missing = tmp_path / "not-yet"
     enqueue(redis_url, data, "local", str(missing))
-    assert not missing.exists()
-    missing.mkdir()
-    enqueue(redis_url, data, "local", str(missing))  # the next enqueue writes it
     assert (missing / "local" / "run.json").exists()
 
 
@@ -325,10 +366,11 @@ def test_a_run_recreated_from_run_json_keeps_its_priority(tmp_path: Path, redis_
     conn.flushall()
     s, _ = enqueue(redis_url, data, "pr", str(out))
     assert s["recreated_run"] and s["priority"] == 0 and kept() == 0
-    # an output with no run.json yet: the change is said, not lost silently
+    # an output with no run.json (removed by hand): the change is said, not lost silently
     p = cli("producer", "enqueue", str(data), "--run", "fresh", "--output", str(tmp_path / "none-yet"), "--rejects",
             os.devnull, env=env)
     assert p.returncode == 0
+    (tmp_path / "none-yet" / "fresh" / "run.json").unlink()
     p = cli("producer", "priority", "--run", "fresh", "2", env=env)
     assert "run.json is not updated" in p.stderr and RunStore(conn).priorities(["fresh"]) == {"fresh": 2}
 

@@ -69,6 +69,39 @@ def test_csv_binary_and_empty_inputs_are_refused_before_a_run(tmp_path: Path, re
     assert conn.dbsize() == 0 and not [p for p in os.listdir(tmp_path) if p.startswith("r.jsonl")]
 
 
+def test_alpaca_objects_are_refused_not_a_run_of_done_0_of_0(tmp_path: Path, redis_url: str,
+                                                             conn: redis.Redis) -> None:
+    """JSON objects without a conversation (Alpaca's instruction/input/output) made a run of no items.
+
+    old: exit 0, `rejected 5 / no_conversation 5`, then status "done 0 of 0", "ETA 0m 00s at 0.0 items/s"
+    new: "error: alpaca.jsonl does not hold chat records: none of its 5 records has a 'conversations' or
+         'messages' list (it looks like Alpaca's format: instruction/input/output); expected ...", exit 2"""
+    alpaca = write_jsonl(tmp_path / "alpaca.jsonl", [{"instruction": f"say {i}", "input": "", "output": f"{i}"}
+                                                     for i in range(5)])
+    rej = tmp_path / "r.jsonl"
+    for flags in ((), ("--dry-run",)):
+        refused(enqueue(redis_url, str(alpaca), "--rejects", str(rej), "--output", str(tmp_path / "out"), *flags),
+                "alpaca.jsonl does not hold chat records: none of its 5 records has a 'conversations' or 'messages' "
+                "list (it looks like Alpaca's format: instruction/input/output)", EXPECTED)
+    other = write_jsonl(tmp_path / "other.jsonl", [{"q": "one", "a": 1}, {"q": "two", "a": 2, "src": "x"}])
+    refused(enqueue(redis_url, str(other)), "(it looks like JSON objects with the keys 'q', 'a', 'src')")
+    one = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "p", "completion": "c"}])
+    refused(enqueue(redis_url, str(one)), "its only record has no 'conversations' or 'messages' list",
+            "prompt/completion pairs")
+    assert conn.dbsize() == 0 and not rej.exists() and not (tmp_path / "out").exists(), "no run, nothing written"
+    # some lines hold conversations: those are enqueued, the others rejected with their reason, as before
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [orjson.loads(line) for line in alpaca.read_bytes().splitlines()]
+                        + [sharegpt(i) for i in range(3)])
+    proc = enqueue(redis_url, str(mixed), "--rejects", str(rej), "--json", "--output", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    s = orjson.loads(proc.stdout)
+    assert (s["records"], s["enqueued"], s["rejected_by_reason"]) == (8, 3, {"no_conversation": 5})
+    # a Batch API line's body holds its conversation
+    batch = write_jsonl(tmp_path / "batch.jsonl", [{"custom_id": "b1", "method": "POST", "url": "/v1/chat/completions",
+                                                   "body": {"messages": [{"role": "user", "content": "hi"}]}}])
+    assert enqueue(redis_url, str(batch), "--dry-run").returncode == 0
+
+
 def test_bad_lines_first_then_good_ones_are_enqueued_as_before(tmp_path: Path, redis_url: str,
                                                                conn: redis.Redis) -> None:
     data = tmp_path / "mixed.jsonl"
