@@ -12,13 +12,19 @@ from typing import Any, Unpack
 import click
 
 from genqueue.common import __version__, defaults
-from genqueue.common.cli import consumer_options, friendly_errors, redis_option, setup_logging
+from genqueue.common.cli import LazyGroup, consumer_options, friendly_errors, redis_option, setup_logging
 from genqueue.common.keepers.redisconn import wait_for
 from genqueue.consumer.config import ConsumerConfig, RunOptions
-from genqueue.consumer.sim.server import simulate_command
+
+#: The commands imported only when they run (common.cli.LazyGroup).
+_LAZY = {
+    "simulate": "genqueue.consumer.sim.server:simulate_command",
+    "launch": "genqueue.consumer.launch.command:launch_command",
+    "dashboard": "genqueue.consumer.dashboard.command:dashboard_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy=_LAZY, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="genqueue consumer")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
@@ -138,17 +144,3 @@ def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
-
-
-main.add_command(simulate_command, "simulate")
-
-
-def _register() -> None:
-    from genqueue.consumer.dashboard.command import dashboard_command
-    from genqueue.consumer.launch.command import launch_command
-
-    main.add_command(launch_command, "launch")
-    main.add_command(dashboard_command, "dashboard")
-
-
-_register()

@@ -6,28 +6,41 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import click
 import orjson
 
 from genqueue.common import __version__, defaults
-from genqueue.common.cli import friendly_errors, redis_option, setup_logging
+from genqueue.common.cli import LazyGroup, friendly_errors, redis_option, setup_logging
 from genqueue.common.contracts import HistoryReasoning, Mode, PromptMode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, check_variant_params, run_name_from_path
 from genqueue.common.variants import normalised, parse_variant
-from genqueue.producer.enqueue import EnqueueOptions, Summary, enqueue_file
-from genqueue.producer.ingest.items import Origin
-from genqueue.producer.ingest.reader import RawRecord
 from genqueue.producer.memplan import PromptsAsked
+
+if TYPE_CHECKING:
+    from genqueue.producer.enqueue import EnqueueOptions, Summary
+    from genqueue.producer.ingest.reader import RawRecord
 
 #: A run's priority: any integer in a range no one needs to leave.
 PRIORITY = click.IntRange(-1_000_000, 1_000_000)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: The commands imported only when they run (common.cli.LazyGroup).
+_LAZY = {
+    "export": "genqueue.producer.export.command:export_command",
+    "parity": "genqueue.producer.export.parity_command:parity_command",
+    "runs": "genqueue.producer.lifecycle:runs_command",
+    "resume": "genqueue.producer.lifecycle:resume_command",
+    "delete": "genqueue.producer.lifecycle:delete_command",
+    "status": "genqueue.producer.status.command:status_command",
+    "drafter-report": "genqueue.producer.drafter.command:drafter_report_command",
+}
+
+
+@click.group(cls=LazyGroup, lazy=_LAZY, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="genqueue producer")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 def main(verbose: int) -> None:
@@ -118,6 +131,9 @@ def settings_given(ctx: click.Context) -> frozenset[str]:
 def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
     """How `producer enqueue` OPTIONS ask to queue RUN; the rejects file is <run>.rejects.jsonl
     unless named (none with --dry-run)."""
+    from genqueue.producer.enqueue import EnqueueOptions
+    from genqueue.producer.ingest.items import Origin
+
     dry_run = options["dry_run"]
     return EnqueueOptions(
         batch_size=options["batch_size"],
@@ -240,6 +256,8 @@ def enqueue(path: str, as_json: bool, redis_url: str, **options: Unpack[EnqueueA
     settings, warnings = run_settings(options)  # everything is checked before anything is opened or written
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
+    from genqueue.producer.enqueue import enqueue_file
+
     conn = None if options["dry_run"] else connect(redis_url)
     opts = replace(enqueue_options(options, run), settings_given=settings_given(click.get_current_context()))
     summary = enqueue_file(path, run, settings, conn, opts,
@@ -382,22 +400,3 @@ def _records_rows(s: Summary) -> list[tuple[str, str]]:
     why = "the file is unchanged since its last complete enqueue and no item of the run is lost"
     said = f"0  ({why}: not read again; each record's item as the run's item table and queue say)"
     return [("records read", said), ("records at last read", f"{s.records:,}")]
-
-
-def _register() -> None:
-    from genqueue.producer.drafter.command import drafter_report_command
-    from genqueue.producer.export.command import export_command
-    from genqueue.producer.export.parity_command import parity_command
-    from genqueue.producer.lifecycle import delete_command, resume_command, runs_command
-    from genqueue.producer.status.command import status_command
-
-    main.add_command(export_command, "export")
-    main.add_command(parity_command, "parity")
-    main.add_command(runs_command, "runs")
-    main.add_command(resume_command, "resume")
-    main.add_command(delete_command, "delete")
-    main.add_command(status_command, "status")
-    main.add_command(drafter_report_command, "drafter-report")
-
-
-_register()

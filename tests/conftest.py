@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from typing import Any
 import orjson
 import pytest
 import redis
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from genqueue.common.contracts import PromptMode
 
@@ -38,9 +41,78 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # The consumers the suite starts share one pack cache of this session's (not the user's
 # ~/.cache/genqueue/packs, which a suite would fill with packs of runs that no longer exist).
 if "GENQUEUE_PACK_CACHE" not in os.environ:
-    import tempfile
-
     os.environ["GENQUEUE_PACK_CACHE"] = tempfile.mkdtemp(prefix="gq-test-packs-")
+
+
+# Hypothesis keeps no example database, and its caches go to a temporary folder: the suite
+# writes nothing into the checkout (./.hypothesis would be one more folder a test run leaves).
+settings.register_profile("genqueue", database=None)
+settings.load_profile("genqueue")
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="gq-test-hypothesis-"))
+
+
+#: What a developer's tools leave in a checkout; anything else a test run adds there is a test
+#: writing into the checkout (tests/conftest.py's working folder is where they should write).
+_DEV_LEFTOVERS = (".venv", ".mypy_cache/", ".ruff_cache/", "genqueue.egg-info/", "__pycache__/")
+
+def _checkout_leftovers() -> set[str] | None:
+    """Untracked and ignored paths in the checkout (ignored folders as one entry), less the
+    developer's own tools'; None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored=matching", "--untracked-files=normal"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    paths = {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not any(p.startswith(d) or f"/{d}" in p for d in _DEV_LEFTOVERS)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        session.config.stash[_LEFTOVERS] = _checkout_leftovers()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run that wrote into the checkout fails, naming what it wrote (tests are isolated: their
+    files go to tmp paths, so the suite runs in parallel and a second run finds nothing)."""
+    before = session.config.stash.get(_LEFTOVERS, None)
+    after = _checkout_leftovers() if before is not None else None
+    if before is None or after is None:
+        return
+    new = sorted(after - before)
+    if new:
+        session.config.get_terminal_writer().line(
+            f"\nerror: the test run wrote into the checkout: {', '.join(new)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_LEFTOVERS = pytest.StashKey[set[str] | None]()
+
+
+#: Fixtures shared across tests that cost nothing to make again on another xdist worker.
+_CHEAP_SHARED = frozenset({"redis_server"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that share an expensive fixture (a stand-in run made once a module or a session, a
+    Prometheus, a compose file) run on one xdist worker (`--dist loadgroup`, as scripts/test
+    runs them): spread over several, each worker would make the fixture again."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        group = None
+        for name, defs in info.name2fixturedefs.items():
+            for fdef in defs:
+                if name in _CHEAP_SHARED or not fdef.baseid.startswith("tests"):
+                    continue
+                if fdef.scope == "session":
+                    group = f"session-{name}"
+                elif fdef.scope in ("module", "package") and group is None:
+                    group = f"module-{item.nodeid.split('::')[0]}"
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @contextlib.contextmanager
