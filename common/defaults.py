@@ -774,6 +774,9 @@ REWIND_LOCK_WAIT = 10.0
 # consumer/hedge.py
 #: Seconds between looks at the end of a run: marks of what is held, offers, copies.
 HEDGE_LOOK_EVERY = 0.25
+#: Seconds between looks at the marks of the items held of jobs taken again mid-run (a sweep, a
+#: give-back, a rewind): one look a run, dropping what another consumer shipped meanwhile.
+HEDGE_RETAKEN_LOOK_EVERY = 0.5
 #: A copy of an item in flight elsewhere is sent only by a consumer this many times faster per request.
 HEDGE_FASTER = 1.5
 #: A copy of an item waiting unsent elsewhere is sent by an idle consumer at least this fast

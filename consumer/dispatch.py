@@ -132,9 +132,11 @@ class Dispatcher:
         return {r for r, _ in self._flying} | self.book.waiting_runs()
 
     def held_keys(self, run: str) -> list[str]:
-        """The item keys of RUN in flight or waiting here, and of the copies running here."""
+        """The item keys of RUN in flight or waiting here (set aside for a copy elsewhere too), and
+        of the copies running here."""
         keys = [key for (r, key) in self._flying if r == run]
         keys += [item["key"] for _, item in self.book.pending_items(run)]
+        keys += self.book.aside_keys(run)
         keys += [key for (r, key) in self.copies if r == run]
         return keys
 

@@ -18,6 +18,10 @@ of them does. So at the end of a run (its queue seen empty here lately, intake.t
   longer live; a consumer whose copy of an item ended in an error does not copy it again);
 - a copy's result is written and shipped like any other; an error or a cancel writes nothing
   (the original goes on, so nothing rests on a copy);
+- a copy of an item that waits unsent is its transfer: the holder offers its waiting items from
+  the last to go (a copy of one about to be sent there would make it twice), and sets aside
+  those another live consumer has claimed, sending them only if that copy ends without a
+  result (issue 46: by reference, where a job holds 128 items, both were sent);
 - every consumer looks at the marks of what it holds of the run: an item marked done (a
   result shipped, whichever consumer's) is cancelled here if in flight (vLLM stops computing
   it), dropped if waiting, and counts as done in its job, which is acked as usual once its
@@ -52,12 +56,15 @@ from genqueue.common.keepers.rqaccess import PackRef, job_payload, job_reference
 from genqueue.common.storage import StoreError
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher
+from genqueue.consumer.rqcompat import Held
 from genqueue.consumer.rqthread import RqThread
+from genqueue.consumer.work.book import Book
 from genqueue.consumer.work.intake import PackUnreadable, parse_items
 
 log = logging.getLogger(__name__)
 
 LOOK_EVERY = defaults.HEDGE_LOOK_EVERY
+RETAKEN_LOOK_EVERY = defaults.HEDGE_RETAKEN_LOOK_EVERY
 FASTER = defaults.HEDGE_FASTER
 UNSENT_FASTER = defaults.HEDGE_UNSENT_FASTER
 MAX_OFFER = defaults.HEDGE_MAX_OFFER
@@ -110,8 +117,10 @@ class Hedger:
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
                  stopped: Callable[[], set[str]], clock: Callable[[], float] = time.time,
                  read_reference: Callable[[str, PackRef], Awaitable[list[object]]] | None = None,
-                 hungry: HungryLook | None = None) -> None:
+                 hungry: HungryLook | None = None, book: Book[Held] | None = None) -> None:
         self.rq = rq
+        # the book of held jobs: its jobs taken again, and its waiting items others copy (None: neither looked at)
+        self.book = book
         # the calls for work of other consumers: the intake's look, so both read Redis as one
         self._hungry = hungry if hungry is not None else HungryLook(conn, worker)
         # the items of a job by reference (issue 34): the intake's pack reader; None copies none of them
@@ -128,6 +137,7 @@ class Hedger:
         self.rate = Rate()
         self._offered: set[str] = set()
         self.copies_sent = 0
+        self._retaken_looked = 0.0  # time.monotonic() of the last look at the marks of jobs taken again
 
     def observe(self, rec: Record) -> None:
         """A record written here: its tokens and latency feed the rate per request."""
@@ -167,12 +177,26 @@ class Hedger:
         for run in sorted(self._offered - tail):  # no longer at its end here: withdraw the offer
             await self.rq.call(Flights(self.conn, run).offer, self.worker, 0.0, [])
             self._offered.discard(run)
+        book = self.book
+        now = time.monotonic()
+        if book is not None and now - self._retaken_looked >= RETAKEN_LOOK_EVERY:
+            # A job taken again mid-run holds items its last holder may have made: their results
+            # may ship now (a consumer that stood still goes on, a restart on its spool), and what
+            # waits of them here is dropped then, not made twice.
+            self._retaken_looked = now
+            for run in sorted(book.retaken_runs() - tail - stopped):
+                await self._ended_elsewhere(run)
         contexts = self._contexts()
+        for run in sorted((book.aside_runs() if book is not None else set()) - tail - stopped):
+            # items of it set aside here for copies elsewhere: done when a copy ships, back if none does
+            await self._ended_elsewhere(run)
+            await self._yield_claimed(run)
         for run in sorted(tail):
             ctx = contexts.get(run)
             if ctx is None:
                 continue
             await self._ended_elsewhere(run)
+            await self._yield_claimed(run)
             await self._offer(run)
             if COPIES and self.dispatcher.copy_slots() > 0:
                 await self._copy(ctx)
@@ -201,11 +225,29 @@ class Hedger:
             if n:
                 log.info("run %s: %d item(s) held here already have a result shipped; ended here", run, n)
 
+    async def _yield_claimed(self, run: str) -> None:
+        """The items of RUN waiting here that another consumer copies (its claim) are set aside
+        while it does, so they are made once (a copy of an item that waits is its transfer); those
+        whose copy ended without a result (its claim given back, or its consumer gone) wait here
+        again."""
+        book = self.book
+        if book is None or (not book.pending_of(run) and not book.aside_keys(run)):
+            return
+        claimed = await self.rq.call(Flights(self.conn, run).claimed_by_others, self.worker)
+        aside, back = book.set_aside(run, claimed), book.put_back(run, claimed)
+        if back:
+            self.dispatcher.wake.set()
+        if aside or back:
+            log.debug("run %s: %d item(s) waiting here set aside for their copies elsewhere, %d back", run, aside,
+                      back)
+
     async def _offer(self, run: str) -> None:
         flights = self.dispatcher.flights(run)
         if not flights and run not in self._offered:
             return
-        unsent = [f for f in flights if f.age is None]
+        # the items waiting here offered from the last to go: a copy of one about to be sent here
+        # would make it twice (those copied are set aside here at the next look, _yield_claimed)
+        unsent = [f for f in flights if f.age is None][::-1]
         flying = sorted((f for f in flights if f.age is not None), key=lambda f: f.age or 0.0)
         await self.rq.call(Flights(self.conn, run).offer, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER],
                            now=self._clock())

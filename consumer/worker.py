@@ -300,7 +300,7 @@ class Consumer:
                               contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
                               stopped=lambda: set(served.paused) | set(served.vanished),
                               clock=self.worker.clock.now, read_reference=intake.read_reference,
-                              hungry=intake.hungry)
+                              hungry=intake.hungry, book=self.book)
 
         t0 = time.monotonic()
         code: int = ExitCode.DONE

@@ -70,6 +70,22 @@ return 1
 """
 
 
+# The claims held by live consumers other than ARGV[1] (the rule _CLAIM takes them over by).
+_CLAIMED_BY_OTHERS = """
+local out = {}
+local now = tonumber(redis.call('time')[1])
+local claims = redis.call('hgetall', KEYS[1])
+for i = 1, #claims, 2 do
+  local holder = claims[i + 1]
+  if holder ~= ARGV[1] then
+    local seen = redis.call('zscore', KEYS[2], holder)
+    if seen and tonumber(seen) >= now - tonumber(ARGV[2]) then out[#out + 1] = claims[i] end
+  end
+end
+return out
+"""
+
+
 # Compare and delete: a claim is given back only by the consumer that holds it.
 _RELEASE = "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) end return 0"
 
@@ -131,6 +147,13 @@ class Flights:
     def claimed(self) -> set[str]:
         """The item keys of the run whose copy some consumer has claimed."""
         return {k.decode(errors="replace") for k in self.conn.hkeys(self.hedges_key(self.run))}  # type: ignore[union-attr]
+
+    def claimed_by_others(self, worker: str) -> set[str]:
+        """The item keys of the run whose copy a live consumer other than WORKER holds: the items
+        waiting at WORKER that another one is copying (a claim of a consumer gone is taken over
+        by the next copier, and counts as free here)."""
+        keys = self.conn.eval(_CLAIMED_BY_OTHERS, 2, self.hedges_key(self.run), CONSUMERS, worker, STALE_AFTER)
+        return {k.decode(errors="replace") if isinstance(k, bytes) else str(k) for k in keys or []}
 
     def release(self, item_key: str, worker: str) -> bool:
         """WORKER gives back its claim on the copy of the run's ITEM_KEY (its copy ended without a

@@ -23,6 +23,7 @@ from enum import StrEnum
 from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Record
 from genqueue.common.keepers.marks import Place, ShardMarks, marks_of_file
+from genqueue.common.keepers.runs import key_digest
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
 from genqueue.consumer.shipping.shards import ShardWriter
@@ -104,6 +105,8 @@ class Outbox:
         self._parked: dict[str, list[SealedShard]] = {}  # shards of runs gone from Redis
         self._marks: dict[tuple[str, int], ShardMarks] = {}  # (run, seq) of our own shards
         self._read_marks: dict[str, ShardMarks] = {}  # leftover shards, read back from disk
+        # run -> item digest -> seq of our shard not shipped yet that holds a result of it
+        self._written: dict[str, dict[bytes, int]] = {}
 
     # --- writing -------------------------------------------------------------------
     def append(self, run: str, record: Record, *, place: Place | None = None) -> int:
@@ -118,7 +121,35 @@ class Outbox:
         if marks is None:
             marks = self._marks[(run, seq)] = ShardMarks()
         marks.add_record(record, place)
+        if "error" not in record:
+            self._written.setdefault(run, {})[key_digest(record["key"])] = seq
         return seq
+
+    def unshipped_results(self, run: str, keys: list[str]) -> dict[str, int]:
+        """Of the item KEYS of RUN, those with a result written here in a shard of ours not shipped
+        yet (open, or sealed and waiting), each with the last such shard's sequence number: a job
+        taken again here (a Redis rewind or loss) need not generate them again, and is acked once
+        that shard ships. Shards parked while their run was gone are left out."""
+        written = self._written.get(run)
+        if not written:
+            return {}
+        found: dict[str, int] = {}
+        for key in keys:
+            seq = written.get(key_digest(key))
+            if seq is not None:
+                found[key] = seq
+        return found
+
+    def _forget_written(self, run: str, seq: int, marks: ShardMarks | None) -> None:
+        """Shard SEQ of RUN left the spool's waiting line (shipped, lost or parked)."""
+        written = self._written.get(run)
+        if written is None or marks is None:
+            return
+        for digest in marks.done:
+            if written.get(digest) == seq:
+                del written[digest]
+        if not written:
+            del self._written[run]
 
     @property
     def spool_bytes(self) -> int:
@@ -194,6 +225,8 @@ class Outbox:
             mine = self._mine(shard)
             marks = (self._marks.pop((shard.run, shard.seq), None) if mine else None) \
                 or self._read_marks.pop(shard.name, None)
+            if mine:
+                self._forget_written(shard.run, shard.seq, marks)
             if outcome is ShipOutcome.SHIPPED:
                 await self._on_shipped(shard.run, shard.seq if mine else None, marks or ShardMarks())
             elif outcome is ShipOutcome.LOST:

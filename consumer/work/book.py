@@ -46,6 +46,7 @@ class JobState(Generic[H]):
     todo: list[Item] | None = None  # the items still to generate, when not all of them
     sent: int = 0  # items taken to send: a job with none is whole here, and can be given back
     places: dict[str, Place] | None = None  # by reference: each item's place (its pack, its slot), by key
+    retaken: bool = False  # taken before, or with items done already: its marks are looked at again while held
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
@@ -95,10 +96,18 @@ class Book(Generic[H]):
         self._priority: dict[str, int] = {}
         self._share: dict[str, int] = {}  # items each run may hold waiting (the intake's, shares.py)
         self.below_share = False  # the last take left its run under its share: time to fetch
+        # Waiting items another consumer is copying (claimed, consumer/hedge.py), per run and key:
+        # not sent here while the copy lives, back in the queue when it ends without a result.
+        self._aside: dict[str, dict[str, tuple[JobState[H], Item]]] = {}
 
     # --- taking work ---------------------------------------------------------------
     def hold(self, js: JobState[H]) -> None:
-        """Start holding JS; its items wait for a slot."""
+        """Start holding JS; its items wait for a slot. A job held here already (taken again after
+        a Redis rewind) is held once: the earlier hold is abandoned, so its waiting items are not
+        sent twice."""
+        before = self.jobs.get(js.id)
+        if before is not None and before is not js:
+            self.abandon(before)
         self.jobs[js.id] = js
         todo = js.items if js.todo is None else js.todo
         if todo:
@@ -199,26 +208,78 @@ class Book(Generic[H]):
         return set(self._queues)
 
     def drop_done(self, run: str, keys: set[str]) -> list[JobState[H]]:
-        """Drop RUN's waiting items whose KEYS are marked done elsewhere (won_elsewhere each);
-        returns their jobs, once per item."""
+        """Drop RUN's waiting items (set aside or not) whose KEYS are marked done elsewhere
+        (won_elsewhere each); returns their jobs, once per item."""
         if not keys:
             return []
         ended = self._drop_waiting(run, lambda js, it: it["key"] in keys and not js.abandoned)
+        aside = self._aside.get(run)
+        if aside:
+            for key in keys & aside.keys():
+                js, _ = aside.pop(key)
+                if not js.abandoned:
+                    ended.append(js)
+            if not aside:
+                del self._aside[run]
         for js in ended:
             self.won_elsewhere(js)
         return ended
 
+    def set_aside(self, run: str, claimed: set[str]) -> int:
+        """RUN's waiting items whose copy another consumer runs (their keys CLAIMED) are not sent
+        here while it does: a copy of an item that waits is its transfer, and sending it here too
+        would make it twice. Returns how many were set aside."""
+        if not claimed:
+            return 0
+        moved = self._take_waiting(run, lambda js, it: it["key"] in claimed and not js.abandoned)
+        if moved:
+            aside = self._aside.setdefault(run, {})
+            for js, it in moved:
+                aside[it["key"]] = (js, it)
+        return len(moved)
+
+    def put_back(self, run: str, claimed: set[str]) -> int:
+        """RUN's items set aside whose copy is no longer claimed (it ended without a result, or its
+        consumer is gone) wait for a slot here again, first. Returns how many."""
+        aside = self._aside.get(run)
+        if not aside:
+            return 0
+        back = [(js, it) for key, (js, it) in aside.items() if key not in claimed and not js.abandoned]
+        for key in [key for key, (js, _) in aside.items() if key not in claimed or js.abandoned]:
+            del aside[key]
+        if not aside:
+            del self._aside[run]
+        if back:
+            q = self._queues.get(run)
+            if q is None:
+                q = self._queues[run] = collections.deque()
+            q.extendleft(reversed(back))
+            self._waiting += len(back)
+        return len(back)
+
+    def aside_keys(self, run: str) -> list[str]:
+        """The keys of RUN's items set aside here (set_aside)."""
+        return list(self._aside.get(run, ()))
+
+    def aside_runs(self) -> set[str]:
+        """The runs with items set aside here."""
+        return set(self._aside)
+
     def _drop_waiting(self, run: str, drop: Callable[[JobState[H], Item], bool]) -> list[JobState[H]]:
         """Take RUN's waiting items for which DROP holds out of its queue (in order, the count kept
         right); returns their jobs, once per item."""
+        return [js for js, _ in self._take_waiting(run, drop)]
+
+    def _take_waiting(self, run: str, drop: Callable[[JobState[H], Item], bool]) -> list[tuple[JobState[H], Item]]:
+        """`_drop_waiting`, returning the items taken out with their jobs."""
         q = self._queues.get(run)
         if q is None:
             return []
         kept: collections.deque[tuple[JobState[H], Item]] = collections.deque()
-        dropped: list[JobState[H]] = []
+        dropped: list[tuple[JobState[H], Item]] = []
         for js, it in q:
             if drop(js, it):
-                dropped.append(js)
+                dropped.append((js, it))
             else:
                 kept.append((js, it))
         if dropped:
@@ -247,6 +308,16 @@ class Book(Generic[H]):
         js.abandoned = True
         self.jobs.pop(js.id, None)
         self._drop_waiting(js.run, lambda owner, _it: owner is js)
+        aside = self._aside.get(js.run)
+        if aside:
+            for key in [key for key, (owner, _) in aside.items() if owner is js]:
+                del aside[key]
+            if not aside:
+                del self._aside[js.run]
+
+    def retaken_runs(self) -> set[str]:
+        """The runs with a job held here taken again (JobState.retaken) whose records are not all written."""
+        return {js.run for js in self.jobs.values() if js.retaken and not js.complete and not js.abandoned}
 
     def unsent(self, run: str) -> list[JobState[H]]:
         """Jobs of RUN of which nothing was sent yet (whole jobs: only those can go back to the
@@ -263,6 +334,7 @@ class Book(Generic[H]):
         """Drop every waiting item (a drain gives their jobs back); returns how many."""
         n = self._waiting
         self._queues.clear()
+        self._aside.clear()
         self._waiting = 0
         return n
 

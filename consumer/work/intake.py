@@ -180,8 +180,12 @@ class Intake:
                  on_runs: Callable[[list[str]], None] = lambda runs: None,
                  has_room: Callable[[], bool] = lambda: True,
                  pack_store_for: Callable[[str], PackStore] = default_store_for,
-                 outages: PackOutages | None = None, pack_cache: PackCache | None = None) -> None:
+                 outages: PackOutages | None = None, pack_cache: PackCache | None = None,
+                 written_here: Callable[[str, list[str]], dict[str, int]] = lambda run, keys: {}) -> None:
         self.rq = rq
+        # the items of a run whose result this consumer wrote and has not shipped yet, with their
+        # shard's sequence (Outbox.unshipped_results)
+        self._written_here = written_here
         self.packs = PackReader(pack_store_for, disk=pack_cache)
         self.pack_names = PackNames()
         self.outages = outages if outages is not None else PackOutages()
@@ -384,6 +388,7 @@ class Intake:
             enq = held.job.enqueued_at.timestamp() if held.job.enqueued_at else None
             js = JobState(held.id, held, self.served.contexts[run], items, attempt, enq, places=places)
             await self._skip_shipped(js)
+            self._skip_written_here(js)
             if run in self.served.paused:  # paused (the breaker) while this job was on its way
                 await self.acker.give_back_held([held])
                 return True
@@ -462,6 +467,28 @@ class Intake:
                      js.attempt, len(js.items))
         js.todo = keep
         js.remaining = len(keep)
+
+    def _skip_written_here(self, js: JobState[Held]) -> None:
+        """A job taken again skips the items whose result this consumer wrote and has not shipped
+        yet (a Redis rewind or loss gives back jobs whose records wait in this spool): each counts
+        as recorded in its shard, so the job is acked once that shard ships, and redone if it is
+        lost (Book.lose_shard). A job taken before (a sweep, a give-back, a requeue) or with items
+        done or written already is retaken: items its last holder made may still ship (a consumer
+        that stood still and goes on, a restart on the same spool), so the marks of what it holds
+        here are looked at again while it is held (consumer/hedge.py)."""
+        todo = js.items if js.todo is None else js.todo
+        written = self._written_here(js.run, [it["key"] for it in todo]) if todo else {}
+        if written:
+            keep = [it for it in todo if it["key"] not in written]
+            js.max_seq = max(js.max_seq, *written.values())
+            js.counts["items_done"] += len(written)
+            js.counts["items_written_here"] += len(written)
+            self.skipped += len(written)
+            log.info("job %s (attempt %d): %d of its items already written here, shipping; not generated again",
+                     js.id, js.attempt, len(written))
+            js.todo = keep
+            js.remaining = len(keep)
+        js.retaken = not js.held.first_take or js.todo is not None
 
     async def _drained(self, runs: list[str]) -> bool:
         """Whether nothing of RUNS waits, is held, or sits between dequeue and start anywhere (a
