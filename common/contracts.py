@@ -76,6 +76,7 @@ class ErrorClass(StrEnum):
     INTERNAL = "internal"  # a bug in genqueue while answering the item
     INVALID_ITEM = "invalid_item"  # an item a job carried that genqueue cannot answer
     JOB_FAILED = "job_failed"  # export: rq gave up on the item's job
+    PACK_UNREADABLE = "pack_unreadable"  # rq gave up on the item's job by reference: its pack did not read
 
 
 class RejectReason(StrEnum):
@@ -512,19 +513,24 @@ Record = ResultRecord | ErrorRecord
 
 class JobFailedRecord(TypedDict, total=False):
     """An errors-file line the export writes for an item of a job rq gave up on, that no
-    shard holds: the item's own fields and the error (class job_failed). No consumer answered
-    it, so it carries none of a record's run fields (sampling, fingerprint, consumer...)."""
+    shard holds: the item's own fields and the error (class job_failed, or pack_unreadable).
+    No consumer answered it, so it carries none of a record's run fields (sampling,
+    fingerprint, consumer...). An item of a job whose pack cannot be read has only its key, its
+    pack and slot (from the run's item table), and the error: its index and messages are in
+    the pack."""
 
     key: Required[str]
-    index: Required[int]
-    turn: Required[int | None]
+    index: int
+    turn: int | None
     run: Required[str]
     id: str
     source: str
     source_seq: int
     sample: int
     seed: int
-    messages: Required[list[dict[str, Any]]]
+    pack: str
+    slot: int
+    messages: list[dict[str, Any]]
     error: Required[ErrorInfo]
 
 

@@ -22,7 +22,7 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, UserError
-from genqueue.common.keepers.marks import SHIPPED_FAILED
+from genqueue.common.keepers.outcomes import outcome_view
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import clear_refused
@@ -71,12 +71,13 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
         items, done, failed = counted.items, counted.done, counted.failed_only
         sources = store.sources(name)
         state, stalled = settle(conn, name, pulse, sources)
-        by_class = {k[len(SHIPPED_FAILED):]: v for k, v in counted.stats.items() if k.startswith(SHIPPED_FAILED)}
+        # status's figures, by status's function: the same classes, counts and order on both screens
+        by_class = outcome_view(counted.stats, done, failed)["failed_by_class"]
         steps = next_steps(name, paused=pause is not None, failed=failed, sources=sources,
                            output=redact(info.settings.output))
         rows.append(RunRow(name, info.created_at, state, items, done, failed,
                            redact(info.settings.output), pause["reason"] if pause else None,
-                           priorities.get(name, 0), by_class if failed else {}, steps, stalled or ""))
+                           priorities.get(name, 0), by_class, steps, stalled or ""))
     return rows
 
 

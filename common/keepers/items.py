@@ -652,21 +652,34 @@ class ItemTable:
     def each(self) -> Iterator[tuple[bytes, int]]:
         """Every (digest, state) the table holds, a range of buckets a round trip (and, for the
         items placed in packs, one more for the packs' bits they name)."""
+        for entries in self._entries():
+            bits = self._place_bits({v for _, v in entries if v >= _PLACED})
+            for d, v in entries:
+                yield d, (state_at(bits.get(v // 8 // PACK_SLOTS, b""), v // 8 % PACK_SLOTS) if v >= _PLACED else v)
+
+    def placed_in(self, packs: set[int]) -> dict[int, dict[int, bytes]]:
+        """The items placed in PACKS (numbers): pack -> slot -> digest, from the entries alone
+        (a reader whose pack cannot be read learns which items it held; a whole-table read)."""
+        out: dict[int, dict[int, bytes]] = {p: {} for p in packs}
+        for entries in self._entries():
+            for d, v in entries:
+                if v >= _PLACED and (pack := v // 8 // PACK_SLOTS) in out:
+                    out[pack][v // 8 % PACK_SLOTS] = d
+        return out
+
+    def _entries(self) -> Iterator[list[tuple[bytes, int]]]:
+        """The (digest, entry) records as stored, a range of buckets a round trip."""
         n, blobs = self.buckets(), self.blobs()
         for lo in range(0, n, _MISSING_BUCKETS):
             keys = [bucket_key(self.run, b) for b in range(lo, min(n, lo + _MISSING_BUCKETS))]
             if blobs:
-                entries = [e for raw in self.conn.mget(keys) for e in records(_blob(raw))]
-            else:
-                with self.conn.pipeline(transaction=False) as p:
-                    for key in keys:
-                        p.hgetall(key)
-                    parts = p.execute()
-                entries = [((d if isinstance(d, bytes) else d.encode()), int(v))
-                           for part in parts for d, v in part.items()]
-            bits = self._place_bits({v for _, v in entries if v >= _PLACED})
-            for d, v in entries:
-                yield d, (state_at(bits.get(v // 8 // PACK_SLOTS, b""), v // 8 % PACK_SLOTS) if v >= _PLACED else v)
+                yield [e for raw in self.conn.mget(keys) for e in records(_blob(raw))]
+                continue
+            with self.conn.pipeline(transaction=False) as p:
+                for key in keys:
+                    p.hgetall(key)
+                parts = p.execute()
+            yield [((d if isinstance(d, bytes) else d.encode()), int(v)) for part in parts for d, v in part.items()]
 
     def _place_bits(self, values: set[int]) -> dict[int, bytes]:
         """The bits of the packs the placed entries VALUES name, by pack number (one round trip)."""

@@ -86,8 +86,9 @@ def error_class(e: EndpointError) -> ErrorClass:
 #: The error classes the failure-storm breaker counts: every way an item's request can end in
 #: an error record, transient trouble past its attempts included (an engine answering 500 to
 #: every request burns the dataset as surely as one answering 400). Left out: invalid_item (what
-#: a job carried, not what the engine said) and job_failed (export's, never a record's).
-STORM_CLASSES = frozenset(ErrorClass) - {ErrorClass.INVALID_ITEM, ErrorClass.JOB_FAILED}
+#: a job carried, not what the engine said), job_failed and pack_unreadable (export's, never a
+#: record's).
+STORM_CLASSES = frozenset(ErrorClass) - {ErrorClass.INVALID_ITEM, ErrorClass.JOB_FAILED, ErrorClass.PACK_UNREADABLE}
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TypedDict
+from typing import IO, TypedDict, cast
 
 import orjson
 import redis
@@ -73,7 +73,6 @@ from genqueue.common.acceptance import (
     weakest_line,
 )
 from genqueue.common.contracts import (
-    ErrorClass,
     ErrorInfo,
     Item,
     JobFailedRecord,
@@ -83,11 +82,22 @@ from genqueue.common.contracts import (
     ToolTurns,
     error_info,
 )
-from genqueue.common.errors import UserError
+from genqueue.common.errors import JobItemsUnreadableError, UserError
 from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.marks import record_tool_turns
-from genqueue.common.keepers.rqaccess import JobPlace, refused_jobs
-from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, failed_reason, read_jobs
+from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.rqaccess import JobPlace, PackRef, refused_jobs
+from genqueue.common.keepers.rqjobs import (
+    FailedJob,
+    ItemsOf,
+    JobScan,
+    failed_jobs,
+    failed_reason,
+    failure_class,
+    placed_keys,
+    read_jobs,
+)
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
@@ -690,30 +700,80 @@ class Exporter:
     def _failed_jobs(self, errs: IO[bytes], seen_key: str) -> None:
         """Items of jobs that rq gave up on (their retries spent: abandoned by consumer after
         consumer) and that no shard holds are permanently failed, not missing: each gets an
-        error record with rq's reason. `rq requeue` brings them back; a later export sees them.
+        error record with rq's reason, of class pack_unreadable when a consumer could not read
+        the job's pack, else job_failed (rqjobs.failure_class, status's too). A job whose pack
+        this export cannot read either has its items found by their places in the run's item
+        table (rqjobs.placed_keys). `rq requeue` brings them back; a later export sees them.
         Entries that are no usable job are noted in the scan (rqjobs), not exported."""
-        for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan, items_of=self.items_of):
-            reason = failed_reason(self.conn, job.id)
-            digests = [bytes.fromhex(it["key"]) for it in job.items]
-            present = ScratchSet(self.conn, seen_key).members(digests)
-            lost = [it for it, seen in zip(job.items, present, strict=True) if not seen]
-            if self.variant is not None:  # no record says its variant: the key's draw does
-                mine = {it["key"]: _drawn_name(it["key"], self.variants) == self.variant for it in lost}
-                others = [bytes.fromhex(k) for k, ok in mine.items() if not ok]
-                if others:
-                    self._sadd(seen_key, others)
-                    self.result.other_variants += len(others)
-                    lost = [it for it in lost if mine[it["key"]]]
-            for it in lost:
-                rec = _job_failed(it, self.run, error_info(ErrorClass.JOB_FAILED, "rq",
-                                                           f"job {job.id} failed in rq: {reason}"))
-                errs.write(orjson.dumps(rec if self.error_line is None else self.error_line(rec)) + b"\n")
-            if lost:
-                self._sadd(seen_key, [bytes.fromhex(it["key"]) for it in lost])
-                self.result.failed += len(lost)
-                self.result.failed_jobs += 1
-                by = self.result.failed_by_class
-                by[ErrorClass.JOB_FAILED.value] = by.get(ErrorClass.JOB_FAILED.value, 0) + len(lost)
+        failed = {j.id: j for j in failed_jobs(self.conn, self.run)}
+        by_ref = {j.ref: j for j in failed.values() if j.ref is not None}
+        unread: dict[str, tuple[FailedJob, str]] = {}
+        inner = self.items_of
+
+        def items_of(ref: PackRef) -> list[Item]:
+            assert inner is not None  # read_jobs calls it only when given
+            try:
+                return inner(ref)
+            except JobItemsUnreadableError as e:
+                job = by_ref.get(ref)
+                if job is None:
+                    raise
+                unread[job.id] = (job, str(e))
+                return []  # its items by their places, below
+
+        for job in read_jobs(self.conn, self.run, [JobPlace.FAILED], scan=self.scan,
+                             items_of=items_of if inner is not None else None):
+            if job.id in unread:
+                continue
+            why = failed[job.id].reason if job.id in failed else failed_reason(self.conn, job.id)
+            self._fail(errs, seen_key, job.id, why, [(it["key"], it) for it in job.items])
+        if not unread:
+            return
+        places = ItemTable(self.conn, self.run).placed_in({j.ref.pack for j, _ in unread.values() if j.ref})
+        names = PackTable(self.conn, self.run).names()
+        found: set[PackRef] = set()
+        for fj, e in unread.values():
+            assert fj.ref is not None  # by_ref holds jobs by reference only
+            slots = places.get(fj.ref.pack, {})
+            keys = placed_keys(self.run, fj, slots)
+            if keys is None:  # as read_jobs notes it: its items stay missing
+                self.scan.note(fj.id, JobPlace.FAILED,
+                               f"a job by reference (pack {fj.ref.pack}, block {fj.ref.block}): {e}")
+                continue
+            found.add(fj.ref)
+            slot_of = {d.hex(): n for n, d in slots.items()}
+            pack = names.get(fj.ref.pack, str(fj.ref.pack))
+            self._fail(errs, seen_key, fj.id, fj.reason, [(k, (pack, slot_of[k])) for k in keys])
+        if inner is not None and found:  # coverage reads the failed jobs again: these have no more to say
+            self.items_of = lambda ref: [] if ref in found else inner(ref)
+
+    def _fail(self, errs: IO[bytes], seen_key: str, job_id: str, reason: str,
+              items: list[tuple[str, Item | tuple[str, int]]]) -> None:
+        """The ITEMS (key, and the item, or its pack and slot when its pack does not read) of
+        the job JOB_ID that rq gave up on for REASON, those no shard holds: failed, each with
+        its error record."""
+        digests = [bytes.fromhex(k) for k, _ in items]
+        present = ScratchSet(self.conn, seen_key).members(digests)
+        lost = [(k, it) for (k, it), seen in zip(items, present, strict=True) if not seen]
+        if self.variant is not None:  # no record says its variant: the key's draw does
+            mine = {k: _drawn_name(k, self.variants) == self.variant for k, _ in lost}
+            others = [bytes.fromhex(k) for k, ok in mine.items() if not ok]
+            if others:
+                self._sadd(seen_key, others)
+                self.result.other_variants += len(others)
+                lost = [(k, it) for k, it in lost if mine[k]]
+        cls = failure_class(reason)
+        error = error_info(cls, "rq", f"job {job_id} failed in rq: {reason}")
+        for key, it in lost:
+            rec = (_pack_failed(key, it, self.run, error) if isinstance(it, tuple) else
+                   _job_failed(it, self.run, error))
+            errs.write(orjson.dumps(rec if self.error_line is None else self.error_line(rec)) + b"\n")
+        if lost:
+            self._sadd(seen_key, [bytes.fromhex(k) for k, _ in lost])
+            self.result.failed += len(lost)
+            self.result.failed_jobs += 1
+            by = self.result.failed_by_class
+            by[cls.value] = by.get(cls.value, 0) + len(lost)
 
     # --- coverage ------------------------------------------------------------------
     def _coverage(self, seen_key: str, missing_key: str, missing_path: Path) -> None:
@@ -789,8 +849,15 @@ def _job_failed(it: Item, run: str, error: ErrorInfo) -> JobFailedRecord:
                 prov["sample"] = it["sample"]
             case "seed":
                 prov["seed"] = it["seed"]
-    return {"key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": run, **prov,
-            "messages": it["messages"], "error": error}
+    rec = {"key": it["key"], "index": it["index"], "turn": it.get("turn"), "run": run, **prov,
+           "messages": it["messages"], "error": error}
+    return cast(JobFailedRecord, rec)
+
+
+def _pack_failed(key: str, place: tuple[str, int], run: str, error: ErrorInfo) -> JobFailedRecord:
+    """The errors-file record of the item KEY of a job whose pack does not read: its PLACE
+    (pack name, slot) instead of its fields, which are in the pack."""
+    return {"key": key, "run": run, "pack": place[0], "slot": place[1], "error": error}
 
 
 def _tool_turns(rec: ResultRecord) -> int:

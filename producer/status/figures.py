@@ -5,7 +5,8 @@ apart (contracts.RunCounters), and only that run's share is counted here. Outcom
 words (complete, partial, cut by outcome, failed) and come from the counters the done marks
 bump in the same script (common/keepers/marks.py), so they sum to `done` at every moment. An item is
 in exactly one place: queued, in flight (held by a consumer), shipping (written, not shipped),
-done, failed, or elsewhere (in a failed rq job, or moved since a consumer last reported).
+done, failed, or elsewhere (in a failed rq job, or moved since a consumer last reported); the
+failed rq jobs are shown by class (failed_jobs_view), as export counts their items.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
-from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
-from genqueue.common.keepers.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
+from genqueue.common.contracts import ErrorClass
+from genqueue.common.keepers.rqjobs import FailedJob
 from genqueue.common.keepers.snapshots import ConsumerReport
-from genqueue.producer.status.report import FileView, InputView, OutcomeView, Rates, RunShare, ShareShipping
-
-#: The outcomes export counts as `cut`: the answer did not end on its own.
-CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
+from genqueue.producer.status.report import (
+    FailedClassView,
+    FailedJobsView,
+    FileView,
+    InputView,
+    Rates,
+    RunShare,
+    ShareShipping,
+)
 
 
 def run_share(c: ConsumerReport, run: str) -> RunShare:
@@ -63,29 +69,21 @@ def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int
             "elsewhere": remaining - shipping - held - queued}
 
 
-def outcome_view(stats: dict[str, int], done: int, failed: int) -> OutcomeView:
-    """DONE and FAILED items in export's words. `outcomes` sums to DONE whenever the marks were
-    written by consumers or rebuilt from the shards after a Redis loss (`counted` says how many
-    items the counters cover otherwise: records without an outcome are counted by none). The tool-turn counts
-    are export's: regenerate conversations with recorded tool turns, by what became of them."""
-    outcomes = _by_name(stats, SHIPPED_OUTCOME, [o.value for o in Outcome])
-    by_class = _by_name(stats, SHIPPED_FAILED, [c.value for c in ErrorClass])
-    cut = {k: v for k, v in outcomes.items() if k in CUT}
-    counted = sum(outcomes.values())
-    return {
-        "done": done,
-        "complete": outcomes.get(Outcome.FINISHED.value, 0),
-        "partial": outcomes.get(Outcome.PARTIAL.value, 0),
-        "cut": sum(cut.values()),
-        "cut_by_outcome": cut,
-        "outcomes": outcomes,
-        "outcomes_counted": counted,
-        "failed": failed,
-        "failed_by_class": by_class,
-        "tool_turns_to_end": stats.get(SHIPPED_TOOLS + ToolTurns.TO_END, 0),
-        "tool_call_diverged": stats.get(SHIPPED_TOOLS + ToolTurns.DIVERGED, 0),
-        "stopped_at_tool_turn": stats.get(SHIPPED_TOOLS + ToolTurns.STOPPED, 0),
-    }
+def failed_jobs_view(jobs: list[FailedJob], names: Mapping[int, str]) -> FailedJobsView:
+    """JOBS (rq's failed registry, rqjobs.failed_jobs) by class, with their items; for
+    pack_unreadable, the packs they name (NAMES: the run's pack table; a number it lacks is
+    shown as one)."""
+    by: dict[str, FailedClassView] = {}
+    for j in jobs:
+        v = by.setdefault(j.cls.value, {"jobs": 0, "items": 0, "packs": []})
+        v["jobs"] += 1
+        v["items"] += j.items
+        if j.cls is ErrorClass.PACK_UNREADABLE and j.ref is not None:
+            name = names.get(j.ref.pack, f"number {j.ref.pack}")
+            if name not in v["packs"]:
+                v["packs"].append(name)
+    ordered = dict(sorted(by.items(), key=lambda kv: -kv[1]["items"]))
+    return {"jobs": len(jobs), "items": sum(j.items for j in jobs), "by_class": ordered}
 
 
 def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | None = None) -> InputView:
@@ -169,11 +167,3 @@ def run_rates(finished: int, completion_tokens: int, prompt_tokens: int, seconds
 
     return {"completions_per_s": per_s(finished), "completion_tokens_per_s": per_s(completion_tokens),
             "prompt_tokens_per_s": per_s(prompt_tokens)}
-
-
-def _by_name(stats: dict[str, int], prefix: str, known: list[str]) -> dict[str, int]:
-    """Counters named PREFIX<name>: the KNOWN names in their order, then any others sorted."""
-    found = {k[len(prefix):]: v for k, v in stats.items() if k.startswith(prefix) and v}
-    ordered = {n: found[n] for n in known if n in found}
-    ordered.update(sorted((n, v) for n, v in found.items() if n not in ordered))
-    return ordered

@@ -9,6 +9,7 @@ from typing import Any, Required, TypedDict
 
 from genqueue.common.acceptance import Figures
 from genqueue.common.contracts import EngineView
+from genqueue.common.keepers.outcomes import OutcomeView
 from genqueue.common.keepers.pause import PauseInfo
 from genqueue.common.keepers.rqaccess import JobCounts
 from genqueue.producer.cost import CostView
@@ -37,25 +38,6 @@ class InputView(ReadCounts):
 
     files: list[FileView]
     reading: dict[str, float]
-
-
-class OutcomeView(TypedDict):
-    """Items done and failed in export's words."""
-
-    done: int
-    complete: int
-    partial: int
-    cut: int
-    cut_by_outcome: dict[str, int]
-    outcomes: dict[str, int]
-    outcomes_counted: int
-    failed: int
-    failed_by_class: dict[str, int]
-    # regenerate conversations with recorded tool turns (export's keys, contracts.ToolTurns):
-    # regenerated to the end, stopped at a divergence, stopped at a tool turn for another reason
-    tool_turns_to_end: int
-    tool_call_diverged: int
-    stopped_at_tool_turn: int
 
 
 class ShareShipping(TypedDict, total=False):
@@ -228,6 +210,24 @@ class ClaimedView(TypedDict):
     line: str  # what they mean, in one line ("" when there are none)
 
 
+class FailedClassView(TypedDict):
+    """The jobs rq gave up on for one reason class (rqjobs.failure_class), their items, and for
+    pack_unreadable the packs they name."""
+
+    jobs: int
+    items: int
+    packs: list[str]
+
+
+class FailedJobsView(TypedDict):
+    """The run's jobs in rq's failed registry: their items are in no queue (`rq requeue` runs
+    them again); export counts the ones no shard holds as failed, by the same classes."""
+
+    jobs: int
+    items: int
+    by_class: dict[str, FailedClassView]
+
+
 class StatusReport(OutcomeView, total=False):
     """Everything `producer status` shows about one run, as plain data (its --json)."""
 
@@ -259,6 +259,7 @@ class StatusReport(OutcomeView, total=False):
     warnings: Required[dict[str, str]]
     jobs: Required[JobCounts]
     malformed_jobs: Required[list[dict[str, str]]]
+    failed_jobs: FailedJobsView  # the jobs rq gave up on, by class
     refused: Required[int]
     refused_jobs: Required[dict[str, str]]
     queue: Required[str]

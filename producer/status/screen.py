@@ -17,12 +17,19 @@ from typing import Any
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Mode
+from genqueue.common.contracts import ErrorClass, Mode
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.runstate import RunState
 from genqueue.common.redact import redact
 from genqueue.producer.cost import CostView
-from genqueue.producer.status.report import FileView, HostView, InputView, ShippingSummary, StatusReport
+from genqueue.producer.status.report import (
+    FailedJobsView,
+    FileView,
+    HostView,
+    InputView,
+    ShippingSummary,
+    StatusReport,
+)
 
 WIDTH = defaults.STATUS_WIDTH
 #: The rows that are cut to the screen's width rather than wrapped: a consumer's last shipping
@@ -81,6 +88,9 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     jobs = r["jobs"]
     rows.append(("jobs", (f"queued {jobs['queued']:,}, in flight {jobs['started']:,}, "
                          f"finished {jobs['finished']:,}, failed {jobs['failed']:,}")))
+    if (gave_up := r.get("failed_jobs")) and gave_up["jobs"]:
+        alarm.add(len(rows))
+        rows.append(("  failed jobs", failed_jobs_line(gave_up, r["queue"])))
     if "share" in r:  # runs share the fleet by priority (`producer priority`), then evenly
         share = r["share"]
         pct = f" ({100 * share['in_flight'] / share['of']:.0f}%)" if share["of"] else ""
@@ -216,11 +226,24 @@ def _items(r: StatusReport) -> str:
             f"shipping {r['items_shipping']:,}, done {r['items_done']:,}, failed {r['items_failed']:,}")
     if r["items_elsewhere"]:
         claimed = r["claimed"]["items"]
+        gave_up = r.get("failed_jobs", {}).get("items", 0)
         text += f", elsewhere {r['items_elsewhere']:,} " + (
             f"({claimed:,} claimed by a producer: below)" if claimed >= r["items_elsewhere"] else
             f"({claimed:,} claimed by a producer: below; failed jobs, or moved since the last report)" if claimed else
+            "(in failed jobs: below)" if gave_up >= r["items_elsewhere"] else
             "(failed jobs, or moved since the last report)")
     return text
+
+
+def failed_jobs_line(v: FailedJobsView, queue: str) -> str:
+    """The jobs rq gave up on: how many and their items, by class (export's for their items),
+    the packs that did not read, and the command that runs them again."""
+    parts = []
+    for cls, c in v["by_class"].items():
+        packs = f" (pack{'s' if len(c['packs']) > 1 else ''} {', '.join(c['packs'])})" if c["packs"] else ""
+        parts.append(f"{cls} {c['items']:,} items in {c['jobs']:,} jobs{packs}")
+    again = "once the pack reads again" if ErrorClass.PACK_UNREADABLE in v["by_class"] else "once the cause is fixed"
+    return f"{'; '.join(parts)}; `rq requeue --queue {queue} --all` runs them {again}"
 
 
 def _outcomes(r: StatusReport) -> str:

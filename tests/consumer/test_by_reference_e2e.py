@@ -1,8 +1,9 @@
 """Prompts by reference end to end (issue 34): a real redis-server, a real `producer enqueue
 --prompts reference` writing packs into the run's output, real `consumer run --burst` processes
 against the stand-in vLLM over HTTP, and `producer export`'s coverage proving every item
-exactly once. Then a pack deleted under a queued job: the job fails with `pack_unreadable`,
-and rq's own `rq requeue` runs it again once the pack is back."""
+exactly once. Then a pack deleted under a queued job: the job fails with `pack_unreadable`
+(status names it, export counts its items failed), and rq's own `rq requeue` runs it again once
+the pack is back."""
 
 from __future__ import annotations
 
@@ -135,15 +136,15 @@ def test_a_missing_pack_fails_its_jobs_and_rq_requeue_runs_them_once_it_is_back(
         assert why.startswith("pack_unreadable: ") and pack.name in why
         assert not read_results(tmp_path / "out", "gone"), "nothing was answered, nothing skipped in silence"
 
-        # export meanwhile: with the pack still gone its jobs are named as unreadable and their
-        # items missing; once it is back, they are failed (job_failed, with rq's reason), not missing
+        # export meanwhile: with the pack still gone its jobs' items are failed all the same (found
+        # by their places in the item table), of class pack_unreadable (rq's reason), not missing;
+        # once it is back, read from the pack, the same
         gone = _export_any(tmp_path, redis_url, "gone")
-        assert (gone["missing"], gone["failed"]) == (40, 0), gone
-        assert len(gone["malformed_jobs"]) == 5 and all(
-            "its items cannot be read" in j["reason"] and pack.name in j["reason"] for j in gone["malformed_jobs"])
+        assert (gone["missing"], gone["failed"], gone["failed_by_class"], gone["malformed_jobs"]) == \
+            (0, 40, {"pack_unreadable": 40}, []), gone
         shutil.move(hidden, pack)
         back = _export_any(tmp_path, redis_url, "gone")
-        assert (back["missing"], back["failed"], back["failed_by_class"]) == (0, 40, {"job_failed": 40}), back
+        assert (back["missing"], back["failed"], back["failed_by_class"]) == (0, 40, {"pack_unreadable": 40}), back
         cli("rq", "requeue", "-u", redis_url, "--queue", "genqueue.gone", "--all")
         second = _consume(tmp_path, redis_url, sim, "gone", "second")
         assert second.wait(60) == 0, second.output()
@@ -155,12 +156,50 @@ def test_a_missing_pack_fails_its_jobs_and_rq_requeue_runs_them_once_it_is_back(
     assert e["exported"] + e["truncated"] == e["enqueued"] == 40 and (e["missing"], e["failed"]) == (0, 0)
 
 
+def test_a_gone_packs_items_are_pack_unreadable_on_status_and_failed_at_export_not_elsewhere_and_missing(
+        tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
+    """Old: status said only `elsewhere 40 (failed jobs, or moved since the last report)`, never
+    pack_unreadable nor the pack, and export counted the 40 items missing. New: status has a row
+    `pack_unreadable 40 items in 5 jobs (pack <name>)`, and export counts them failed, class
+    pack_unreadable (found by their places in the item table), so done + failed + missing adds
+    up to what was enqueued, as docs/enqueue.md says."""
+    s = _enqueue(tmp_path, redis_url, "lost", 40, "--prompts", "reference")
+    assert (s["packs"], s["jobs"]) == (1, 5)
+    pack = next((tmp_path / "out" / "lost" / "packs").glob("*.gqpack"))
+    pack.unlink()
+    sim = Sim(tmp_path, "--slots", "16", "--step-time", "0.005", "--mean-tokens", "8")
+    try:
+        _consume(tmp_path, redis_url, sim, "lost", "c").wait(60)
+    finally:
+        sim.stop()
+    assert queue_for("lost", conn).failed_job_registry.count == 5
+
+    env = {"REDIS_URL": redis_url, "COLUMNS": "100"}
+    text = cli("producer", "status", "--run", "lost", env=env, cwd=tmp_path).stdout
+    said = " ".join(text.split())  # rows wrap at the default width
+    assert "elsewhere 40 (in failed jobs: below)" in said, text
+    assert f"failed jobs pack_unreadable 40 items in 5 jobs (pack {pack.name}); `rq requeue" in said, text
+    assert all(len(x) <= 100 for x in text.splitlines()), "wrapped to the default width, nothing cut"
+    report = orjson.loads(cli("producer", "status", "--run", "lost", "--json", env=env, cwd=tmp_path).stdout)
+    assert report["failed_jobs"] == {"jobs": 5, "items": 40, "by_class": {
+        "pack_unreadable": {"jobs": 5, "items": 40, "packs": [pack.name]}}}
+
+    e = _export_any(tmp_path, redis_url, "lost")
+    assert (e["missing"], e["failed"], e["failed_by_class"], e["malformed_jobs"]) == \
+        (0, 40, {"pack_unreadable": 40}, []), e
+    assert e["enqueued"] == e["exported"] + e["truncated"] + e["failed"] + e["missing"] == 40
+    errors = [orjson.loads(x) for x in Path(e["errors_path"]).read_bytes().splitlines()]
+    assert {r["key"] for r in errors} == run_keys(conn, "lost")
+    assert {(r["pack"], r["error"]["class"]) for r in errors} == {(pack.name, "pack_unreadable")}
+    assert sorted(r["slot"] for r in errors) == list(range(40))
+
+
 @pytest.mark.slow  # over 10 s: two consumers' starts and three exports
 def test_a_corrupt_block_fails_only_its_job_and_rq_requeue_runs_it_once_the_pack_is_mended(
         tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     """One byte flipped in the frame of a pack's first block: that block's job fails as
-    pack_unreadable (its items never skipped in silence), the others complete; export names the
-    job it cannot read; once the pack's bytes are good again its items are failed, not missing,
+    pack_unreadable (its items never skipped in silence), the others complete; export counts its
+    items failed (pack_unreadable), before and after the pack's bytes are good again;
     `rq requeue` runs the job, and every item is exported once."""
     s = _enqueue(tmp_path, redis_url, "bad", 40, "--prompts", "reference")
     assert (s["packs"], s["jobs"]) == (1, 5)
@@ -185,14 +224,14 @@ def test_a_corrupt_block_fails_only_its_job_and_rq_requeue_runs_it_once_the_pack
         assert why.startswith("pack_unreadable: ") and pack.name in why, why
         answered = {r["key"] for r in read_results(tmp_path / "out", "bad")}
         assert len(answered) == 32, "the other four jobs' items, and none of the spoilt block's"
-        # export reads the same spoilt block: the job named as unreadable, its 8 items missing;
-        # with the pack mended they are failed (job_failed, rq's reason), not missing
+        # export reads the same spoilt block: its 8 items failed by their places (pack_unreadable,
+        # rq's reason), not missing; with the pack mended, read from it, the same
         e = _export_any(tmp_path, redis_url, "bad")
-        assert (e["missing"], e["failed"], len(e["malformed_jobs"])) == (8, 0, 1), e
-        assert "its items cannot be read" in e["malformed_jobs"][0]["reason"], e["malformed_jobs"]
+        assert (e["missing"], e["failed"], e["failed_by_class"], e["malformed_jobs"]) == \
+            (0, 8, {"pack_unreadable": 8}, []), e
         pack.write_bytes(good)
         e = _export_any(tmp_path, redis_url, "bad")
-        assert (e["missing"], e["failed"], e["failed_by_class"]) == (0, 8, {"job_failed": 8}), e
+        assert (e["missing"], e["failed"], e["failed_by_class"]) == (0, 8, {"pack_unreadable": 8}), e
         cli("rq", "requeue", "-u", redis_url, "--queue", "genqueue.bad", "--all")
         again = _consume(tmp_path, redis_url, sim, "bad", "second")
         assert again.wait(60) == 0, again.output()

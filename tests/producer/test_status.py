@@ -15,13 +15,14 @@ from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
+from genqueue.common.keepers.outcomes import outcome_view
 from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.readings import engine_view, parse_prometheus
 from genqueue.producer.export.core import _tool_turns
 from genqueue.producer.status import format_status, run_status
-from genqueue.producer.status.figures import eta_view, outcome_view, placement
+from genqueue.producer.status.figures import eta_view, placement
 from genqueue.producer.status.report import Rates
 from tests.conftest import cli
 
