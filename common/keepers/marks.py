@@ -195,7 +195,10 @@ end
 flush(tab)
 for f, n in pairs(sums) do redis.call('HINCRBY', KEYS[2], f, string.format('%.0f', n)) end
 if added > 0 and bits == mark then
-  redis.call('HSET', KEYS[2], '""" + LAST_MARK_AT + """', redis.call('TIME')[1])
+  -- in whole seconds (the stats are integers), rounded up: the run's start (a fraction of a second)
+  -- is never after its end, so a run shorter than a second still shows its rate
+  local now = redis.call('TIME')
+  redis.call('HSET', KEYS[2], '""" + LAST_MARK_AT + """', tonumber(now[1]) + (tonumber(now[2]) > 0 and 1 or 0))
 end
 """ + LUA_FLUSH + """return added
 """
