@@ -609,6 +609,9 @@ CARD_BINS = 40
 #: Dots per inch of the card's PNG histograms: sharp on the Hub's page at ~700 px wide, a few tens
 #: of KB each.
 CARD_DPI = 110
+#: Token lengths whose largest is this many times their smallest are drawn on a log axis with bins
+#: of equal ratio: long-tailed lengths (tens to tens of thousands) on a linear one fill two bars.
+CARD_LOG_SPAN = 25
 
 # producer/export/core.py
 #: Shard bytes per partition: pass 2 holds about this much (plus a small index) in memory.
@@ -623,9 +626,6 @@ EXPORT_SADD_BATCH = 10_000
 EXPORT_COPY = 1 << 7
 
 # producer/export/coverage.py
-#: Token lengths whose largest is this many times their smallest are drawn on a log axis with bins
-#: of equal ratio: long-tailed lengths (tens to tens of thousands) on a linear one fill two bars.
-CARD_LOG_SPAN = 25
 #: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.
 COVERAGE_WRITE_BUFFER = 256 * 1024
 
@@ -724,6 +724,9 @@ OUTFILES_PROBE_BYTES = 4096
 # producer/status/screen.py
 #: Columns a screen line may take (`--wide`: no limit).
 STATUS_WIDTH = 100
+#: The narrowest terminal status draws for (down to it, lines wrap to the terminal; narrower,
+#: the terminal wraps them again).
+STATUS_MIN_WIDTH = 80
 
 # producer/status/speculation.py
 #: Categories of one facet on the screen (`--wide`: all), the most answers first.
@@ -744,9 +747,6 @@ CLIENT_KEEPALIVE_SECONDS = 4.0
 COMPLETION_SNIPPET_CHARS = 200
 
 # consumer/answer/records.py
-#: The narrowest terminal status draws for (down to it, lines wrap to the terminal; narrower,
-#: the terminal wraps them again).
-STATUS_MIN_WIDTH = 80
 #: An internal error's message is cut to this many characters (a repr can be huge).
 RECORDS_INTERNAL_MESSAGE_CHARS = 1000
 
