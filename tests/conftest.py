@@ -143,10 +143,31 @@ def free_gpu() -> int:
     raise RuntimeError("no free port in 8001..9023")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORT_RANGE = (10_000, max(10_001, _ephemeral_low()))
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, below the kernel's ephemeral range: a port bind(0) hands out
+    comes from that range, where the outgoing connections of tests on other xdist workers take
+    theirs too, so a server started on it a moment later could find it taken."""
+    for _ in range(200):
+        port = random.randrange(*_PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class RedisServer:

