@@ -63,7 +63,7 @@ from genqueue.producer.status.report import (
     StartingRow,
     StatusReport,
 )
-from genqueue.producer.status.screen import DETAIL, WIDTH, fit, num, screen_rows, wrap
+from genqueue.producer.status.screen import DETAIL, WIDTH, fit, num, screen_rows, wrap, wrap_keeping_command
 from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
 
 
@@ -335,7 +335,7 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
     if r.get("refused_jobs"):
         tail.append(f"REFUSED  {refused_line(r['refused_jobs'], r['run'])}")
     tail += [f"WARNING  {msg}" for msg in sorted(set(r["warnings"].values()))]
-    return "\n".join(lines + [x for t in tail for x in wrap(t, width, 9)])
+    return "\n".join(lines + [x for t in tail for x in wrap_keeping_command(t, width, 9)])
 
 
 def _consumer_line(c: ConsumerRow) -> str:

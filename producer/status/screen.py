@@ -10,6 +10,7 @@ input file gets its row).
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from typing import Any
@@ -322,10 +323,26 @@ def clip(text: str, limit: int = 200) -> str:
 
 def wrap(line: str, width: int | None, indent: int) -> list[str]:
     """LINE in lines of WIDTH columns at most, broken at spaces, each after the first indented
-    by INDENT; never cut (None: LINE as is)."""
+    by INDENT; never cut (None: LINE as is). A command in backticks is never broken: the reader
+    copies it whole from one line."""
     if width is None or len(line) <= width:
         return [line]
-    return textwrap.wrap(line, width, subsequent_indent=" " * indent, break_on_hyphens=False) or [line]
+    glued = _COMMAND.sub(lambda m: m.group().replace(" ", _GLUE), line)
+    lines = textwrap.wrap(glued, width, subsequent_indent=" " * indent, break_on_hyphens=False)
+    return [x.replace(_GLUE, " ") for x in lines] or [line]
+
+
+def wrap_keeping_command(line: str, width: int | None, indent: int) -> list[str]:
+    """LINE wrapped as wrap() does; when it does not fit, a command it ends with (as `...; clear
+    them with <command>`) goes on a line of its own, indented by INDENT."""
+    head, sep, last = line.rpartition("; ")
+    if width is None or len(line) <= width or not sep or "`" not in last:
+        return wrap(line, width, indent)
+    return wrap(head, width, indent) + wrap(" " * indent + last, width, indent)
+
+
+_COMMAND = re.compile(r"`[^`]+`")
+_GLUE = "\x00"  # stands for a space inside a command while textwrap breaks the line
 
 
 def fit(line: str, width: int | None) -> str:

@@ -5,6 +5,7 @@ Real Redis, the real consumer against the stand-in vLLM over HTTP, the CLIs as s
 from __future__ import annotations
 
 import shlex
+from itertools import takewhile
 import urllib.request
 from pathlib import Path
 
@@ -73,8 +74,11 @@ def test_refused_jobs_are_counted_named_and_cleared(tmp_path: Path, redis_url: s
     lines = human.splitlines()
     (line,) = [x for x in lines if x.startswith("REFUSED")]
     assert "3 job(s) refused by consumers: bad-status (" in line and len(line) <= 100
-    # at 100 columns the command that clears them is on its own line, never clipped
-    assert lines[lines.index(line) + 1].strip() == "clear them with `producer delete --run rf --refused-only`"
+    # at 100 columns the reasons wrap under it, and the command that clears them ends the block on
+    # its own line, never clipped nor broken
+    block = [line, *takewhile(lambda x: x.startswith(" " * 9), lines[lines.index(line) + 1:])]
+    assert block[-1].strip() == "clear them with `producer delete --run rf --refused-only`", block
+    assert all(len(x) <= 100 for x in block), block
 
     out = tmp_path / "rf.out.jsonl"
     export = orjson.loads(cli("producer", "export", "--run", "rf", "--output", str(out), "--json", env=env).stdout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +328,10 @@ def test_status_says_a_paused_run_first_in_red(tmp_path: Path, redis_url: str, c
     st = run_status(conn, "pz")
     assert st["paused"]["reason"].startswith("breaker") and st["paused"]["by"] == "w1"
     painted = format_status(st, color=True).splitlines()
-    assert painted[0].startswith("\x1b[31mPAUSED") and "producer resume --run pz" in painted[0]
+    assert painted[0].startswith("\x1b[31mPAUSED")
+    # the reason wraps under it, all red, and the command that resumes the run is whole on one line
+    block = [painted[0], *takewhile(lambda x: x.startswith("\x1b[31m         "), painted[1:])]
+    assert any("`producer resume --run pz`" in x for x in block), block
     plain = cli("producer", "status", "--run", "pz", env={"REDIS_URL": redis_url}).stdout
     assert plain.splitlines()[0].startswith("PAUSED   breaker: 8 of the first 8") and "\x1b[" not in plain
     as_json = orjson.loads(cli("producer", "status", "--run", "pz", "--json", env={"REDIS_URL": redis_url}).stdout)
