@@ -5,8 +5,8 @@ Real Redis, the real consumer against the stand-in vLLM over HTTP, the CLIs as s
 from __future__ import annotations
 
 import shlex
-from itertools import takewhile
 import urllib.request
+from itertools import takewhile
 from pathlib import Path
 
 import orjson
