@@ -11,6 +11,8 @@ import orjson
 import pytest
 import redis
 
+from genqueue.common import defaults
+from genqueue.producer.outfiles import MANIFEST
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -119,6 +121,10 @@ def test_dry_run_writes_no_rejects_file_unless_asked(tmp_path: Path, redis_url: 
     s = orjson.loads(enqueue_in(work, redis_url, str(data), "--dry-run", "--json", "--rejects", str(asked)).stdout)
     assert s["rejects_path"] == str(asked) and asked.read_text().count("\n") == 1
     assert list(work.iterdir()) == [] and conn.dbsize() == 0
-    # Without --dry-run the default rejects file lands in the current folder, as before.
+    # Without --dry-run the default rejects file lands in the current folder, as before, listed in
+    # the folder's manifest of genqueue's files; the default output folder is made for run.json.
     enqueue_in(work, redis_url, str(data))
-    assert [p.name for p in work.iterdir()] == ["dry.rejects.jsonl"]
+    out = Path(defaults.OUTPUT)
+    assert sorted(p.name for p in work.iterdir()) == [MANIFEST, "dry.rejects.jsonl", out.name]
+    assert list(orjson.loads((work / MANIFEST).read_bytes())["files"]) == ["dry.rejects.jsonl"]
+    assert (work / out / "dry" / "run.json").is_file()
