@@ -110,7 +110,9 @@ def test_a_shards_marks_at_their_places_cost_a_few_commands_a_pack(conn: redis.R
     before = commands(conn)
     marks.mark_shipped(sm)
     spent = commands(conn) - before
-    assert spent < 30, spent  # two scripts, their packs' checks, a few BITFIELDs, the counters
+    # two scripts, their packs' checks, a few BITFIELDs, the counters and each script's last_mark_at
+    # stamp (TIME, HSET): 30 for 2,000 items, whatever their number
+    assert spent < 34, spent
     c = ItemTable(conn, RUN).counts()
     failed = len(range(0, 2 * per, 10))
     assert c == ItemCounts(2 * per, 2 * per - failed, failed, 0, 2 * per - failed)
@@ -184,7 +186,7 @@ def test_counts_and_states_follow_every_change_with_places(conn: redis.Redis) ->
                 for d, s in zip(picked, slots, strict=True):
                     assert (s >= 0) == (not model.get(d, 0) & IN_RUN) or picked.count(d) > 1
             else:
-                codes, slots = claims.reclaim(RUN, f"c{step}", ttl=60, token="tok", retry_failed=rng.random() < 0.5,
+                _codes, slots = claims.reclaim(RUN, f"c{step}", ttl=60, token="tok", retry_failed=rng.random() < 0.5,
                                               digests=picked, pack=number)
             if op == "claim" and rng.random() < 0.3:  # given back: those it won leave the run again
                 for d in conn.smembers(claim_key(RUN, f"c{step}")):
