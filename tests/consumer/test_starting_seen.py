@@ -51,7 +51,11 @@ def test_a_consumer_waiting_on_its_engine_is_seen(tmp_path: Path, redis_url: str
         assert "starting: pre-flight: waiting on the engine (/v1/models) for 0m" in text, text
         assert served is not None and "genqueue_starting 1.0" in served
         log = proc.output()
-        assert "consumer starting: endpoint" in log.splitlines()[0], log  # before any wait
+        # before any wait: only the metrics port's line comes first (bound first, so a taken port is
+        # refused before the consumer starts)
+        lines = log.splitlines()
+        first = [i for i, x in enumerate(lines) if "consumer starting: endpoint" in x][:1]
+        assert first and all("Prometheus metrics on" in x for x in lines[:first[0]]), log
         sim = Sim(tmp_path, port=engine)
         assert proc.wait(timeout=90) == 0, proc.output()
         r = run_status(conn, "st")
