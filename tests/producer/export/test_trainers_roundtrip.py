@@ -36,7 +36,8 @@ from tests.producer.export.test_export_datasets import enqueue, export, generate
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-DATASETS4 = REPO / ".venv" / "datasets4"
+#: scripts/setup --tests puts datasets 4.0.0 beside the virtualenv that runs the tests (GENQUEUE_VENV).
+DATASETS4 = Path(sys.prefix) / "datasets4"
 RUN = "roundtrip"
 
 WEATHER = {"type": "function", "function": {
