@@ -21,7 +21,7 @@ of them does. So at the end of a run (its queue seen empty here lately, intake.t
 - a copy of an item that waits unsent is its transfer: the holder offers its waiting items from
   the last to go (a copy of one about to be sent there would make it twice), and sets aside
   those another live consumer has claimed, sending them only if that copy ends without a
-  result (issue 46: by reference, where a job holds 128 items, both were sent);
+  result (else a job by reference, 128 items or more, had many of them sent twice);
 - every consumer looks at the marks of what it holds of the run: an item marked done (a
   result shipped, whichever consumer's) is cancelled here if in flight (vLLM stops computing
   it), dropped if waiting, and counts as done in its job, which is acked as usual once its
