@@ -75,29 +75,14 @@ def _specforge(path: str, log: Path) -> dict[str, Any]:
 
 def _speculators(path: str) -> dict[str, Any]:
     from tests.producer.export import trainer_code
-    from tests.producer.export.test_trainer_loaders import render, tokenizer
+    from tests.producer.export.test_trainer_loaders import RenderHandler, tokenizer
 
     bodies: list[dict[str, Any]] = []
 
-    class Render(http.server.BaseHTTPRequestHandler):
+    class Render(RenderHandler):
         """vLLM's /v1/chat/completions/render as speculators calls it; every body recorded."""
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            bodies.append({"messages": body["messages"], "tools": body.get("tools")})
-            text = render(body["messages"], body.get("tools"), add_generation_prompt=body["add_generation_prompt"])
-            ids = tokenizer().encode(text, add_special_tokens=False)
-            if body.get("truncate_prompt_tokens"):
-                ids = ids[: body["truncate_prompt_tokens"]]
-            reply = json.dumps({"token_ids": ids}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+        heard = bodies
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Render)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -388,12 +388,17 @@ def specforge_validator_cell(ex: Exports) -> Cell:
     return cell
 
 
-class _Render(http.server.BaseHTTPRequestHandler):
+class RenderHandler(http.server.BaseHTTPRequestHandler):
     """vLLM's `/v1/chat/completions/render` as speculators calls it (render_client.py): the
-    messages through the chat template, tokenized, cut to truncate_prompt_tokens on the right."""
+    messages through the chat template, tokenized, cut to truncate_prompt_tokens on the right.
+    A subclass that sets HEARD gets each request's messages and tools appended to it."""
+
+    heard: list[dict[str, Any]] | None = None
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.heard is not None:
+            self.heard.append({"messages": body["messages"], "tools": body.get("tools")})
         text = render(body["messages"], body.get("tools"), add_generation_prompt=body["add_generation_prompt"])
         ids = tokenizer().encode(text, add_special_tokens=False)
         if body.get("truncate_prompt_tokens"):
@@ -411,7 +416,7 @@ class _Render(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def render_endpoint() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Render)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RenderHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
