@@ -177,6 +177,12 @@ def draft_acceptance(k: int, accepted_per_step: float) -> float:
     return (lo + hi) / 2
 
 
+def _batch_text(batch: float) -> str:
+    """A window's mean batch as the advice shows it: whole when it is, else to a tenth, so that
+    "batch B x (1 + k) = T tokens a step" multiplies out (7.5 x 4 = 30, never "8 x 4 = 30")."""
+    return f"{batch:.0f}" if abs(batch - round(batch)) < 0.05 else f"{batch:.1f}"
+
+
 def judge_spec(k: int, accepted_per_step: float, batch: float, s: DoctorSettings,
                share: float = 1.0) -> SpecJudgement:
     """Whether K drafts a step, ACCEPTED_PER_STEP of them accepted, pay at BATCH running when a
@@ -198,7 +204,7 @@ def judge_spec(k: int, accepted_per_step: float, batch: float, s: DoctorSettings
     length = 1 + accepted_per_step
     where = "past" if regime == SpecRegime.COMPUTE_BOUND else "within"
     drafting = f"(1 + {k})" if share >= 0.95 else f"(1 + {k} in the {share:.0%} of steps that draft)"
-    why = (f"{regime.value}: batch {batch:.0f} x {drafting} = {tokens:.0f} tokens a step, {where} the knee of "
+    why = (f"{regime.value}: batch {_batch_text(batch)} x {drafting} = {tokens:.0f} tokens a step, {where} the knee of "
            f"{knee}; mean accepted length {length:.2f}")
     better = best_k != k and best_gain - gain >= s.spec_margin
     if pays == SpecPays.COSTS:

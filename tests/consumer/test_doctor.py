@@ -388,6 +388,14 @@ def test_high_acceptance_at_low_concurrency_pays():
     assert even.pays == SpecPays.EVEN and "about breaks even" in even.advice
 
 
+def test_a_fractional_mean_batch_is_shown_so_the_product_multiplies_out():
+    """The batch is a window's mean running: 7.5 is shown as 7.5 (7.5 x 4 = 30), not rounded to 8
+    beside a product of 30 (a CI run printed "batch 8 x (1 + 3) = 30 tokens a step")."""
+    j = judge_spec(3, 1.95, 7.5, S)
+    assert "batch 7.5 x (1 + 3) = 30 tokens a step" in j.advice, j.advice
+    assert "batch 8 x (1 + 3) = 32 tokens a step" in judge_spec(3, 1.95, 8.02, S).advice
+
+
 def _spec_window(running: float, per_look: tuple[float, float, float], looks: int = 5, **kw: float) -> list[Sample]:
     drafts, tokens, accepted = per_look
     es = [engine(**{"running": running, "waiting": 0, "kv_cache_usage": 0.05, "spec_drafts": drafts * i,
