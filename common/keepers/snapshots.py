@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Required, TypedDict, cast
 
 import orjson
@@ -85,6 +86,22 @@ class ConsumerReport(TypedDict, total=False):
     only_run: str | None
     spool: str | None
     spec: SpecTotals
+
+
+class ConsumerState(StrEnum):
+    """Whether a consumer is there, as its last report and its age say (consumer_state)."""
+
+    LIVE = "live"  # reported within STALE_AFTER and did not exit
+    EXITED = "exited"  # its last report said it exited
+    SILENT = "silent"  # no report within STALE_AFTER (killed, frozen, cut off), or replaced on its spool
+
+
+def consumer_state(c: ConsumerReport) -> ConsumerState:
+    """C's state: every screen that tells a live consumer from a gone one asks this. A gone
+    consumer's figures and engine verdict are what it last said, not what is so now."""
+    if c["live"]:
+        return ConsumerState.LIVE
+    return ConsumerState.EXITED if c.get("exited") else ConsumerState.SILENT
 
 
 #: The counters of a run's spent hash: records written (errors among them), tokens, GPU-seconds.

@@ -36,7 +36,7 @@ from genqueue.common.keepers.rqjobs import failed_jobs, malformed_line, refused_
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.runstate import read_pulse, settle
-from genqueue.common.keepers.snapshots import ConsumerReport, Snapshots
+from genqueue.common.keepers.snapshots import ConsumerReport, ConsumerState, Snapshots, consumer_state
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import enqueue_again_command, failed_summary, next_steps
@@ -263,16 +263,18 @@ def _consumer_row(c: ConsumerReport, run: str, share: RunShare, run_in_flight: i
     # `metrics` is missing only from a snapshot with no engine at all (shown as such, not filled in)
     engine: EngineRow = {"models": c.get("models"), "max_model_len": c.get("max_model_len"),  # type: ignore[typeddict-item]
                          **c.get("engine", {})}
+    state = consumer_state(c)
+    gone = state is not ConsumerState.LIVE  # its engine's verdict is the last it gave, kept as such
     return {
-        "worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "live": c["live"],
-        "exited": bool(c.get("exited")),
+        "worker": c["worker"], "host": c.get("host"), "gpu": c.get("gpu"), "state": state.value, "gone": gone,
+        "live": c["live"], "exited": bool(c.get("exited")),
         "age_s": round(c["age_s"], 1), "completions_per_s": r.get("completions_per_s", 0.0),
         "completion_tokens_per_s": r.get("completion_tokens_per_s", 0.0),
         "in_flight": share["in_flight"], "pending_items": share["pending_items"], "held_jobs": share["held_jobs"],
         "runs_served": len(c.get("runs", {})),
         "paused": [k for k, v in c.get("paused", {}).items() if v], "version": c.get("version"),
         "paused_detail": {k: redact(str(v)) for k, v in c.get("paused", {}).items() if v},
-        "engine": engine,
+        "engine": None if gone else engine, "last_engine": engine if gone else None,
         "shipping": ship, "reasoning_probe": r.get("reasoning_probe"), "clock_offset": c.get("clock_offset"),
         "copies": dict(c.get("copies") or {}),
         "phase": c.get("phase"),
@@ -314,16 +316,16 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
                       width, 6)
     for c in r["consumers"]:
         lines += wrap(_consumer_line(c), width, 6)
-        if not c["live"]:  # gone: what it last said of its engine is not the engine now
+        e = c["engine"]
+        if e is None:  # gone: what it last said of its engine is not the engine now
             if copies := copies_text(c["copies"]):
                 lines += wrap("      " + copies, width, 8)
             continue
-        lines += wrap("      " + engine_text(c["engine"]), width, 8)
+        lines += wrap("      " + engine_text(e), width, 8)
         if packs := c["paused_detail"].get("packs_unreachable"):  # why its jobs by reference go back
             lines += wrap("      " + packs, width, 8)
         if copies := copies_text(c["copies"]):
             lines += wrap("      " + copies, width, 8)
-        e = c["engine"]
         if e.get("advice"):  # the engine doctor's verdict (consumer/engine/doctor.py), with its notes
             lines += wrap("      engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or []), width, 8)
     if spec := r.get("speculation"):
@@ -343,8 +345,8 @@ def _consumer_line(c: ConsumerRow) -> str:
                f"in flight {c['in_flight'] + c.get('pending_items', 0)}  held {c.get('held_jobs', 0)} jobs")
     gpu = c["gpu"] if c["gpu"] is not None else "-"
     served = f" (of {c['runs_served']} runs)" if c.get("runs_served", 1) > 1 else ""
-    if not c["live"]:  # gone: what it did, in the past tense, never a present verdict
-        if c["exited"]:
+    if c["gone"]:  # what it did, in the past tense, never a present verdict
+        if c["state"] == ConsumerState.EXITED:
             return f"  {c['worker']}  gpu {gpu}  exited {format_duration(c['age_s'])} ago{served}"
         return (f"  {c['worker']}  gpu {gpu}  STOPPED REPORTING {format_duration(c['age_s'])} ago{served}; at its "
                 f"last report: {figures}")

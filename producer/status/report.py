@@ -94,6 +94,8 @@ class ConsumerRow(TypedDict):
     worker: str
     host: str | None
     gpu: int | None
+    state: str  # a snapshots.ConsumerState: live, exited, silent
+    gone: bool  # exited or silent: every figure below is what it last said, not what is so now
     live: bool
     exited: bool
     age_s: float
@@ -106,7 +108,8 @@ class ConsumerRow(TypedDict):
     paused: list[str]
     version: str | None
     paused_detail: dict[str, str]
-    engine: EngineRow
+    engine: EngineRow | None  # its engine now; None once it has gone (no one reads that engine for it)
+    last_engine: EngineRow | None  # a gone consumer's engine and verdict at its last report (None while live)
     shipping: ShareShipping  # its last_error redacted
     reasoning_probe: str | None
     clock_offset: float | None

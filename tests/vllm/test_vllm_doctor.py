@@ -113,7 +113,7 @@ def test_the_batch_cap_binds_on_real_vllm(tmp_path: Path, redis_url: str, vllm_c
                 if not engine:
                     js = orjson.loads(_status(redis_url, "cap", "--json"))
                     engine = next((x["engine"] for x in js.get("consumers") or []
-                                   if x["engine"].get("verdict") == "batch_cap"), {})
+                                   if (x["engine"] or {}).get("verdict") == "batch_cap"), {})
                     took = time.monotonic() - t0
                 if engine and "engine:thebatchcapbinds" not in "".join(text.split()):
                     text = _status(redis_url, "cap")
