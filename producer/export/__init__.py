@@ -7,6 +7,7 @@ reads, and accounts for every item of the run (done, partial, failed, refused, m
   its errors-file line, whether it may be Parquet, its side file;
 - records.py: one shard line read once into the contract's record and its placing fields;
 - parquet.py / sinks.py / layout.py: where rows go (JSONL, Parquet partitions, side files);
+- tempnames.py: the hidden names files are written under before they are renamed into place;
 - coverage.py: the run's items against what the shards hold;
 - sources.py: reading shards from a local folder or S3;
 - parity.py / hf_render.py / parity_command.py: `producer parity`, the recorded prompt ids

@@ -47,6 +47,7 @@ from genqueue.common.keepers.runs import RunInfo
 from genqueue.producer.export.core import ExportResult
 from genqueue.producer.export.rowstats import RowStats, read_rows, row_stats
 from genqueue.producer.export.sinks import stem
+from genqueue.producer.export.tempnames import sweep_dead, temp_beside
 from genqueue.producer.outfiles import Target, write_failed
 
 __all__ = ["CARD", "MARK", "PICTURE", "CardResult", "RowStats", "card_files", "card_path", "card_rows", "read_rows",
@@ -176,7 +177,8 @@ def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path |
     sections.append((meta, section))
     text = _header(sections) + "\n" + MARK + "\n\n" + _intro(sections) + "".join(
         f"<!-- genqueue:export {_comment_json(m)} -->\n{body}<!-- genqueue:end -->\n" for m, body in sections)
-    tmp = path.with_name(path.name + ".tmp")
+    sweep_dead([path])
+    tmp = temp_beside(path)
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from genqueue.common import defaults
+from genqueue.producer.export.tempnames import sweep_dead, temp_beside
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -146,8 +147,13 @@ def short_count(x: float) -> str:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fig.savefig(fh, format="png")
-    os.replace(tmp, path)
+    sweep_dead([path])
+    tmp = temp_beside(path)
+    try:
+        with open(tmp, "wb") as fh:
+            fig.savefig(fh, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -51,6 +51,7 @@ from genqueue.producer.export.core import (
 from genqueue.producer.export.formats import FORMATS, ExportFormat, RowLayout, SideFile, format_help
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.export.stage import WEIGHT_COLUMN
+from genqueue.producer.export.tempnames import sweep_dead, temp_beside
 from genqueue.producer.outfiles import (
     ERRORS,
     FLAGGED,
@@ -84,7 +85,7 @@ def _writable(path: Path, target: Target) -> Path:
         raise UserError(f"{target.what} {path} is a directory")
     if path.exists() and not path.is_file():  # renaming the finished file onto a device replaces it
         raise UserError(f"{target.what} {path} is not a regular file: the export renames a finished file into place")
-    probe(path.with_name(path.name + ".tmp"), target, shown=path)
+    probe(temp_beside(path), target, shown=path)
     return path
 
 
@@ -484,9 +485,14 @@ def _write_side_file(side: SideFile, result: ExportResult, out: Path) -> None:
                     out.name, side.reader, ", ".join(side.loads), side.what)
         return
     entry = side.entry(stem(out).name, out.name, result.with_tools)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)
+    sweep_dead([path])
+    tmp = temp_beside(path)
+    try:
+        tmp.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     result.dataset_info_path = str(path)
 
 

@@ -130,6 +130,7 @@ from genqueue.producer.export.sinks import (
 )
 from genqueue.producer.export.sources import OpenShard, ShardSource
 from genqueue.producer.export.stage import StageSink
+from genqueue.producer.export.tempnames import sweep_dead, temp_beside
 from genqueue.producer.outfiles import ERRORS, FLAGGED, MISSING, PARTITIONS, TRUNCATED, disk_full, write_failed
 
 __all__ = ["DEFAULT_OUTCOMES", "PARTITION_BYTES", "ExportResult", "Exporter", "NoProgress", "Progress", "beside",
@@ -351,7 +352,8 @@ class Exporter:
             raise write_failed(e, self.workdir, PARTITIONS, room_in=self.workdir) from None
         scratch = ExportSets(self.conn, self.run)
         seen_key, missing_key = scratch.keys
-        finals = {k: p.with_name(p.name + ".tmp") for k, p in self.paths.items()}
+        sweep_dead(list(self.paths.values()))
+        finals = {k: temp_beside(p) for k, p in self.paths.items()}
         try:
             total = self.source.count_records(shards) if self.progress.wants_total else None
             self.progress.reading(total, len(shards))

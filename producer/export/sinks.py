@@ -91,7 +91,7 @@ def guarded_writer(path: Path, target: Target) -> GuardedWriter:
         raw = open(path, "wb", buffering=WRITE_BUFFER)  # noqa: SIM115 - closed by the GuardedWriter
     except OSError as e:
         raise write_failed(e, path, target) from None
-    name = path.name.removesuffix(".tmp")
+    name = path.name  # a temporary name ends with the file's own (tempnames): its suffix says how
     outer: object = raw
     if name.endswith(".gz"):
         import gzip

@@ -99,7 +99,7 @@ def test_export_dataset_to_a_full_disk(big_run: Path, small_disk: Path, tmp_path
     proc = export(redis_url, "--output", str(small_disk / name), "--tmp-dir", str(tmp_path),
                   "--errors", str(side / "e.jsonl"), "--truncated", str(side / "t.jsonl"),
                   "--missing", str(side / "m.txt"))
-    line = one_error_line(proc, 1, f"output file {small_disk / name}.tmp: no space left on device: wrote ",
+    line = one_error_line(proc, 1, f"output file {small_disk}/.gq-tmp-", f"-{name}: no space left on device: wrote ",
                           " bytes) before the disk filled", f"free in {small_disk}", "--output")
     assert "MB (" in line
     assert sorted(os.listdir(small_disk)) == [] and sorted(os.listdir(side)) == []  # nothing partial, anywhere
@@ -113,7 +113,8 @@ def test_export_side_files_to_a_full_disk(big_run: Path, small_disk: Path, tmp_p
     ds = tmp_path / "ds.jsonl"
     target = small_disk / "side.txt"
     proc = export(redis_url, "--output", str(ds), option, str(target))
-    one_error_line(proc, 1, f"{what} {target}.tmp: no space left on device: wrote ", option)
+    one_error_line(proc, 1, f"{what} {small_disk}/.gq-tmp-", f"-{target.name}: no space left on device: wrote ",
+                   option)
     assert os.listdir(small_disk) == []
     assert not [p for p in os.listdir(tmp_path) if p.startswith(("ds.", ".gq-export-"))]
 
