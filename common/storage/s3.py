@@ -339,6 +339,13 @@ class S3Store:
                         foreign += 1
         except (BotoCoreError, ClientError) as e:
             refused = self._probe_failed(e)
+            if refused.cause is ProbeCause.NO_SUCH_BUCKET:  # the user's to fix, as at the probe: 2
+                where = f" at {endpoint_url()}" if endpoint_url() else ""
+                raise StoreRefusedError(
+                    f"cannot list {self.location(run)}: {refused.cause.value} ({refused.detail}); the run's "
+                    f"output names bucket {self.loc.bucket}, which the server{where} does not have: name the "
+                    f"server its consumers shipped to ({ENDPOINT_ENV} or AWS_ENDPOINT_URL), or create the bucket "
+                    f"(aws s3 mb s3://{self.loc.bucket})") from None
             if refused.cause in (ProbeCause.NO_CREDENTIALS, ProbeCause.SIGNATURE_REFUSED):  # the user's to fix: 2
                 raise StoreRefusedError(f"cannot list {self.location(run)}: {refused.cause.value} ({refused.detail}); "
                                 f"{refused.fix}") from None

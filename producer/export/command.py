@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -188,9 +189,27 @@ def _side_path(side: SideFile | None, out: Path) -> Path | None:
     return beside(out, side.suffix)
 
 
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _local(options: ExportArgs) -> None:
+    """Refuse a file option that names a URL (s3://bucket/ds.jsonl): export writes local files,
+    and the path such a URL makes (./s3:/bucket) is no place the user meant."""
+    for option, text in (("--output", options["output"]), ("--errors", options["errors_path"]),
+                         ("--truncated", options["truncated_path"]), ("--missing", options["missing_path"]),
+                         ("--flagged", options["flagged_path"])):
+        m = _URL.match(text or "")
+        if m is None:
+            continue
+        copy = (f"; to put it in S3, export to a local file and copy it (aws s3 cp {text.rsplit('/', 1)[-1]} {text})"
+                if m[1].lower() == "s3" else "")
+        raise UserError(f"{option} {text}: export writes local files, not URLs: name a path on this host{copy}")
+
+
 def _files(options: ExportArgs) -> _Files:
     """The files OPTIONS name (or their defaults beside the output), refused before anything
     is read when one cannot be written or two are the same."""
+    _local(options)
     out = _writable(Path(options["output"]), OUTPUT)
     shape, parquet = _shape_and_container(ExportFormat(options["fmt"]), out)
     errs = _writable(Path(options["errors_path"] or beside(out, ".errors.jsonl")), ERRORS)

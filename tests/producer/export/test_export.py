@@ -245,7 +245,7 @@ def test_export_from_s3_matches_local(run_dir: Path, redis_url: str, conn: redis
     conn.hset(run_key(RUN), "settings", RunSettings(output="s3://no-such-bucket/x").to_json())
     res = CliRunner().invoke(export_command, ["--run", RUN, "--output", str(run_dir / "n.jsonl")],
                              env={"REDIS_URL": redis_url})
-    assert res.exit_code == 1 and res.output.startswith("error: cannot list s3://no-such-bucket/x/exp/shards/")
+    assert res.exit_code == 2 and res.output.startswith("error: cannot list s3://no-such-bucket/x/exp/shards/: no such bucket")
     assert "Traceback" not in res.output and not (run_dir / "n.jsonl").exists()
 
 
