@@ -20,6 +20,8 @@ from genqueue.producer.rungone import run_gone
 if TYPE_CHECKING:
     from rich.text import Text
 
+    from genqueue.producer.status.frame import Block
+
 #: The line above each frame of a piped `producer status --watch` (then ` at <time> ---`).
 WATCH_MARK = "--- producer status"
 MIN_WIDTH = defaults.STATUS_MIN_WIDTH
@@ -27,8 +29,10 @@ MIN_WIDTH = defaults.STATUS_MIN_WIDTH
 
 @click.command()
 @click.option("--run", "run_name", help="Run to show (default: every run).")
-@click.option("--watch", is_flag=True, help=("Redraw in place every --interval seconds (Ctrl-C to leave); into a pipe "
-                                             "or file, print each frame whole under a `--- producer status at` line."))
+@click.option("--watch", is_flag=True, help=("Redraw in place every --interval seconds (Ctrl-C to leave), no taller "
+                                             "than the terminal (the headline, progress, coverage and failures first; "
+                                             "the last line counts what was left out); into a pipe or file, print "
+                                             "each frame whole under a `--- producer status at` line."))
 @click.option("--interval", type=click.FloatRange(0.5), default=defaults.STATUS_INTERVAL, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--wide", is_flag=True, help="Clip no line to 100 columns; full input paths, a row per rejected reason.")
@@ -41,23 +45,35 @@ MIN_WIDTH = defaults.STATUS_MIN_WIDTH
 def status_command(run_name: str | None, watch: bool, interval: float, as_json: bool, wide: bool, output: str,
            gpu_hour_price: float | None, redis_url: str) -> None:
     """Coverage, speed, ETA, consumers, shipping and engines, per run."""
+    import shutil
+
     from genqueue.common.keepers.redismem import full_line, full_now
     from genqueue.common.keepers.runs import RunStore
-    from genqueue.producer.status.core import format_status, run_status
+    from genqueue.producer.status.core import run_status, status_blocks
+    from genqueue.producer.status.frame import Block, Rank, fit_height, joined
+    from genqueue.producer.status.screen import WIDTH
 
     conn = connect(redis_url)
     names = [check_run_name(run_name)] if run_name else RunStore(conn).names()
     if run_name and RunStore(conn).get(run_name) is None:  # Redis lost it? its output may hold run.json
         raise run_gone(run_name, output if "://" in output else os.path.abspath(output), conn)
 
-    def render() -> str:
+    def blocks() -> list[Block]:
         reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
         full = full_now(conn)  # a full Redis still answers reads: status says so, above the runs
         head = [(f"{full_line(full)}: consumers hold their jobs and wait; free memory or raise maxmemory "
                  "(`redis-cli CONFIG SET maxmemory ...`) and the run goes on by itself")] if full is not None else []
         width = None if wide else screen_width()
-        return "\n\n".join(head + [format_status(r, width=width) for r in reports]) if reports \
-            else "\n\n".join(head + ["no runs in Redis"])
+        screens = [status_blocks(r, width=width) for r in reports] or [[Block(Rank.HEADLINE, ("no runs in Redis",))]]
+        return apart([[Block(Rank.HEADLINE, (line,))] for line in head] + screens)
+
+    def render() -> str:
+        return joined(blocks())
+
+    def fitted() -> str:  # a frame no taller than the terminal: its top neither scrolls away nor is cut
+        size = shutil.get_terminal_size((WIDTH, 24))
+        return fit_height(blocks(), size.lines - 1, size.columns,
+                          f"producer status --run {run_name}" if run_name else "producer status")
 
     if as_json:
         reports = [run_status(conn, name, gpu_hour_price=gpu_hour_price) for name in names]
@@ -67,11 +83,26 @@ def status_command(run_name: str | None, watch: bool, interval: float, as_json: 
                                 else {"runs": reports, "redis_memory": memory}).decode())
     elif watch:
         try:
-            (_watch_terminal if sys.stdout.isatty() else _watch_piped)(through_outages(render, redis_url), interval)
+            if sys.stdout.isatty():
+                _watch_terminal(through_outages(fitted, redis_url), interval)
+            else:  # a pipe or a file has no height: each frame whole
+                _watch_piped(through_outages(render, redis_url), interval)
         except KeyboardInterrupt:  # Ctrl-C is how --watch is left: not an error
             return
     else:
         click.echo(render())
+
+
+def apart(screens: list[list[Block]]) -> list[Block]:
+    """SCREENS one after the other, a blank line between two (on the first block of the next)."""
+    from genqueue.producer.status.frame import Block
+
+    out: list[Block] = []
+    for n, screen in enumerate(screens):
+        if n and screen:
+            screen = [Block(screen[0].rank, ("", *screen[0].lines)), *screen[1:]]
+        out += screen
+    return out
 
 
 def screen_width() -> int:

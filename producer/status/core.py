@@ -51,6 +51,7 @@ from genqueue.producer.status.figures import (
     run_share,
     speed_note,
 )
+from genqueue.producer.status.frame import Block, Rank, joined
 from genqueue.producer.status.report import (
     ConsumerRow,
     EngineRow,
@@ -287,57 +288,77 @@ def format_status(r: StatusReport, *, color: bool | None = None, width: int | No
     multi-turn rule, the sampling, the output and shipping, progress against the estimate).
     WIDTH: the screen's columns, every line wrapped to them, never cut (None: --wide, no line
     wrapped). COLOR: paint alarms red (default: when stdout is a terminal and NO_COLOR is not set)."""
+    return joined(status_blocks(r, color=color, width=width))
+
+
+#: The rows a frame too tall for its terminal keeps first (frame.Rank), by their key.
+_ROW_RANKS = {"run": Rank.HEADLINE, "progress": Rank.HEADLINE, "items": Rank.COVERAGE, "  claimed": Rank.COVERAGE,
+              "outcomes": Rank.COVERAGE, "failed": Rank.FAILURES, "  failed jobs": Rank.FAILURES}
+
+
+def status_blocks(r: StatusReport, *, color: bool | None = None, width: int | None = WIDTH) -> list[Block]:
+    """format_status()'s screen as blocks of lines, each ranked (frame.py): --watch keeps the
+    blocks that fit its terminal's height, by rank."""
     rows, alarm = screen_rows(r, wide=width is None)
     key_w = max(len(k) for k, _ in rows)
     under = key_w + 2 if key_w <= 14 else 4  # a wrapped value goes on under its first line
     paint = _use_color() if color is None else color
-    lines = [_red(x, paint and i in alarm) for i, (k, v) in enumerate(rows)
-             for x in ([fit(f"{k.ljust(key_w)}  {v}", width)] if v.startswith(DETAIL) else
-                       wrap(f"{k.ljust(key_w)}  {v}", width, under))]
-    head: list[str] = []
+    blocks = [Block(Rank.FAILURES if i in alarm else _ROW_RANKS.get(k, Rank.DETAIL),
+                    tuple(_red(x, paint and i in alarm) for x in
+                          ([fit(f"{k.ljust(key_w)}  {v}", width)] if v.startswith(DETAIL) else
+                           wrap(f"{k.ljust(key_w)}  {v}", width, under))))
+              for i, (k, v) in enumerate(rows)]
+    head: list[list[str]] = []
     p = r["paused"]
     if p:  # the reason wraps onto lines of its own, and the command that clears the pause is whole
         who = f"(by {p['by']}, {format_duration(r['now'] - p['at'])} ago; `producer resume --run {r['run']}`)"
-        head += wrap(f"PAUSED   {redact(p['reason'])}  {who}", width, 9)
+        head.append(wrap(f"PAUSED   {redact(p['reason'])}  {who}", width, 9))
     if r["items_failed"] and (p or r["items_done"] + r["items_failed"] >= r["items"]):
         # a run that cannot go on by itself: what failed, and the command that retries it
-        head += wrap(f"FAILED   {failed_summary(r['items_failed'], r['failed_by_class'])}; {r.get('next_steps', '')}",
-                     width, 9)
+        head.append(wrap(f"FAILED   {failed_summary(r['items_failed'], r['failed_by_class'])}; "
+                         f"{r.get('next_steps', '')}", width, 9))
     if r["claimed"]["stale"]:  # in no job, and no producer will put them in one: the command that does
-        head += wrap(f"STALLED  {r['claimed']['line']}", width, 9)
-    lines = [_red(x, paint) for x in head] + lines
-    lines.append("")
-    lines += wrap("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)", width, 4)
+        head.append(wrap(f"STALLED  {r['claimed']['line']}", width, 9))
+    blocks = [Block(Rank.HEADLINE, tuple(_red(x, paint) for x in h)) for h in head] + blocks
+    heading = ["", *wrap("consumers  (this run's share: items/s, tok/s, in flight, jobs held; under each: its engine)",
+                     width, 4)]
     if not r["consumers"] and not r.get("starting"):
-        lines.append("  none has reported for this run")
+        heading.append("  none has reported for this run")
+    blocks.append(Block(Rank.CONSUMERS, tuple(heading)))
     for st in r.get("starting", []):
         gpu = st["gpu"] if st["gpu"] is not None else "-"
-        lines += wrap(f"  {st['worker']}  gpu {gpu}  starting: {st['phase']} for {format_duration(st['phase_s'])}",
-                      width, 6)
-    for c in r["consumers"]:
-        lines += wrap(_consumer_line(c), width, 6)
-        e = c["engine"]
-        if e is None:  # gone: what it last said of its engine is not the engine now
-            if copies := copies_text(c["copies"]):
-                lines += wrap("      " + copies, width, 8)
-            continue
-        lines += wrap("      " + engine_text(e), width, 8)
-        if packs := c["paused_detail"].get("packs_unreachable"):  # why its jobs by reference go back
-            lines += wrap("      " + packs, width, 8)
-        if copies := copies_text(c["copies"]):
-            lines += wrap("      " + copies, width, 8)
-        if e.get("advice"):  # the engine doctor's verdict (consumer/engine/doctor.py), with its notes
-            lines += wrap("      engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or []), width, 8)
+        blocks.append(Block(Rank.CONSUMERS, tuple(wrap(
+            f"  {st['worker']}  gpu {gpu}  starting: {st['phase']} for {format_duration(st['phase_s'])}", width, 6))))
+    blocks += [Block(Rank.CONSUMERS, tuple(_consumer_lines(c, width))) for c in r["consumers"]]
     if spec := r.get("speculation"):
-        lines.append("")
-        lines += [x for line in speculation_lines(spec, width) for x in wrap(line, width, 4)]
+        blocks.append(Block(Rank.SPECULATION, ("", *(x for line in speculation_lines(spec, width)
+                                                     for x in wrap(line, width, 4)))))
     tail = [f"DRIFT    {d}" for d in r["drift"]]
     if r.get("malformed_jobs"):
         tail.append(f"JOBS     {malformed_line(r['malformed_jobs'], 'in the queue or registries')}")
     if r.get("refused_jobs"):
         tail.append(f"REFUSED  {refused_line(r['refused_jobs'], r['run'])}")
     tail += [f"WARNING  {msg}" for msg in sorted(set(r["warnings"].values()))]
-    return "\n".join(lines + [x for t in tail for x in wrap_keeping_command(t, width, 9)])
+    return blocks + [Block(Rank.FAILURES, tuple(wrap_keeping_command(t, width, 9))) for t in tail]
+
+
+def _consumer_lines(c: ConsumerRow, width: int | None) -> list[str]:
+    """Consumer C's line, and under it its engine, the doctor's verdict and its copies (a gone
+    consumer: its line and its copies, no engine)."""
+    lines = wrap(_consumer_line(c), width, 6)
+    e = c["engine"]
+    if e is None:  # gone: what it last said of its engine is not the engine now
+        if copies := copies_text(c["copies"]):
+            lines += wrap("      " + copies, width, 8)
+        return lines
+    lines += wrap("      " + engine_text(e), width, 8)
+    if packs := c["paused_detail"].get("packs_unreachable"):  # why its jobs by reference go back
+        lines += wrap("      " + packs, width, 8)
+    if copies := copies_text(c["copies"]):
+        lines += wrap("      " + copies, width, 8)
+    if e.get("advice"):  # the engine doctor's verdict (consumer/engine/doctor.py), with its notes
+        lines += wrap("      engine: " + e["advice"] + "".join(f"; {n}" for n in e.get("notes") or []), width, 8)
+    return lines
 
 
 def _consumer_line(c: ConsumerRow) -> str:
