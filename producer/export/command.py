@@ -199,7 +199,7 @@ def _local(options: ExportArgs) -> None:
                          ("--truncated", options["truncated_path"]), ("--missing", options["missing_path"]),
                          ("--flagged", options["flagged_path"])):
         m = _URL.match(text or "")
-        if m is None:
+        if m is None or text is None:
             continue
         copy = (f"; to put it in S3, export to a local file and copy it (aws s3 cp {text.rsplit('/', 1)[-1]} {text})"
                 if m[1].lower() == "s3" else "")
