@@ -178,19 +178,21 @@ class Hedger:
             await self.rq.call(Flights(self.conn, run).offer, self.worker, 0.0, [])
             self._offered.discard(run)
         book = self.book
+        retaken: set[str] = set()
         now = time.monotonic()
         if book is not None and now - self._retaken_looked >= RETAKEN_LOOK_EVERY:
             # A job taken again mid-run holds items its last holder may have made: their results
             # may ship now (a consumer that stood still goes on, a restart on its spool), and what
             # waits of them here is dropped then, not made twice.
             self._retaken_looked = now
-            for run in sorted(book.retaken_runs() - tail - stopped):
-                await self._ended_elsewhere(run)
-        contexts = self._contexts()
-        for run in sorted((book.aside_runs() if book is not None else set()) - tail - stopped):
-            # items of it set aside here for copies elsewhere: done when a copy ships, back if none does
+            retaken = book.retaken_runs()
+        # items set aside here for copies elsewhere: done when a copy ships, back if none does
+        aside = book.aside_runs() if book is not None else set()
+        for run in sorted((retaken | aside) - tail - stopped):  # the marks of each run read once a look
             await self._ended_elsewhere(run)
-            await self._yield_claimed(run)
+            if run in aside:
+                await self._yield_claimed(run)
+        contexts = self._contexts()
         for run in sorted(tail):
             ctx = contexts.get(run)
             if ctx is None:
