@@ -5,7 +5,8 @@ A run's state is common/keepers/runstate.py's, the one `producer status` shows: 
 failed once every item has its record (failed: some only an error, which `producer enqueue INPUT
 --run NAME --retry-failed` queues again), else paused, running, queued or incomplete.
 A paused or failed run's row says its errors and the command that goes on once the cause is
-fixed (common/retryhint.py).
+fixed (common/retryhint.py). Its failed items by class, and the jobs rq gave up on (a pack that
+did not read named), are status's figures by status's functions (common/keepers/outcomes.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import redis
 
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.errors import CorruptStateError, UserError
-from genqueue.common.keepers.outcomes import outcome_view
+from genqueue.common.keepers.outcomes import FailedJobsView, failed_jobs_line, outcome_view, read_failed_jobs
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.rqaccess import clear_refused
+from genqueue.common.keepers.rqaccess import clear_refused, queue_name
 from genqueue.common.keepers.rqjobs import scan_jobs
 from genqueue.common.keepers.rundelete import delete_run
 from genqueue.common.keepers.runs import RunStore
@@ -50,6 +51,8 @@ class RunRow:
     failed_by_class: dict[str, int] = field(default_factory=dict)
     next_steps: str = ""  # what to run once the cause of a pause or of failed items is fixed
     stalled: str = ""  # INCOMPLETE: where its items are, and what queues them
+    #: the jobs rq gave up on, by class (status's `failed jobs` row)
+    failed_jobs: FailedJobsView = field(default_factory=lambda: FailedJobsView(jobs=0, items=0, by_class={}))
 
 
 def run_rows(conn: redis.Redis) -> list[RunRow]:
@@ -73,11 +76,12 @@ def run_rows(conn: redis.Redis) -> list[RunRow]:
         state, stalled = settle(conn, name, pulse, sources)
         # status's figures, by status's function: the same classes, counts and order on both screens
         by_class = outcome_view(counted.stats, done, failed)["failed_by_class"]
+        gave_up = read_failed_jobs(conn, name)
         steps = next_steps(name, paused=pause is not None, failed=failed, sources=sources,
                            output=redact(info.settings.output))
         rows.append(RunRow(name, info.created_at, state, items, done, failed,
                            redact(info.settings.output), pause["reason"] if pause else None,
-                           priorities.get(name, 0), by_class, steps, stalled or ""))
+                           priorities.get(name, 0), by_class, steps, stalled or "", gave_up))
     return rows
 
 
@@ -94,7 +98,7 @@ def runs_command(as_json: bool, redis_url: str) -> None:
                                      "items": r.items, "done": r.done, "failed": r.failed,
                                      "output": r.output, "paused": r.paused, "priority": r.priority,
                                      "failed_by_class": r.failed_by_class, "next_steps": r.next_steps,
-                                     "stalled": r.stalled}).decode())
+                                     "stalled": r.stalled, "failed_jobs": r.failed_jobs}).decode())
         return
     if not rows:
         click.echo("no runs in Redis")
@@ -109,6 +113,8 @@ def runs_command(as_json: bool, redis_url: str) -> None:
             click.secho(f"{'':<{width}}  paused: {r.paused}", fg="red")
         if r.failed:
             click.secho(f"{'':<{width}}  {failed_summary(r.failed, r.failed_by_class)}", fg="red")
+        if r.failed_jobs["jobs"]:
+            click.secho(f"{'':<{width}}  failed jobs: {failed_jobs_line(r.failed_jobs, queue_name(r.name))}", fg="red")
         if r.stalled:
             click.secho(f"{'':<{width}}  {r.stalled}", fg="red")
         if r.next_steps:

@@ -1,15 +1,22 @@
 """A run's outcome figures, from the counters the marks keeper bumps with each item it marks
 (common/keepers/marks.py: `shipped_outcome_<outcome>`, `shipped_failed_<class>`,
 `shipped_tools_<ToolTurns>` in the run's stats): one function, `outcome_view`, for every screen
-that shows them (`producer status`, `producer runs`), so both show the same figures.
+that shows them (`producer status`, `producer runs`), so both show the same figures. The jobs
+rq gave up on, by class (a pack that did not read named), are read and worded once here too
+(`read_failed_jobs`, `failed_jobs_line`) for the same screens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
+
+import redis
 
 from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
 from genqueue.common.keepers.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
+from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.rqjobs import FailedJob, failed_jobs
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.
 CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)
@@ -66,3 +73,57 @@ def _by_name(stats: dict[str, int], prefix: str, known: list[str]) -> dict[str, 
     ordered = {n: found[n] for n in known if n in found}
     ordered.update(sorted((n, v) for n, v in found.items() if n not in ordered))
     return ordered
+
+
+class FailedClassView(TypedDict):
+    """The jobs rq gave up on for one reason class (rqjobs.failure_class), their items, and for
+    pack_unreadable the packs they name."""
+
+    jobs: int
+    items: int
+    packs: list[str]
+
+
+class FailedJobsView(TypedDict):
+    """The run's jobs in rq's failed registry: their items are in no queue (`rq requeue` runs
+    them again); export counts the ones no shard holds as failed, by the same classes."""
+
+    jobs: int
+    items: int
+    by_class: dict[str, FailedClassView]
+
+
+def failed_jobs_view(jobs: list[FailedJob], names: Mapping[int, str]) -> FailedJobsView:
+    """JOBS (rq's failed registry, rqjobs.failed_jobs) by class, with their items; for
+    pack_unreadable, the packs they name (NAMES: the run's pack table; a number it lacks is
+    shown as one)."""
+    by: dict[str, FailedClassView] = {}
+    for j in jobs:
+        v = by.setdefault(j.cls.value, {"jobs": 0, "items": 0, "packs": []})
+        v["jobs"] += 1
+        v["items"] += j.items
+        if j.cls is ErrorClass.PACK_UNREADABLE and j.ref is not None:
+            name = names.get(j.ref.pack, f"number {j.ref.pack}")
+            if name not in v["packs"]:
+                v["packs"].append(name)
+    ordered = dict(sorted(by.items(), key=lambda kv: -kv[1]["items"]))
+    return {"jobs": len(jobs), "items": sum(j.items for j in jobs), "by_class": ordered}
+
+
+def read_failed_jobs(conn: redis.Redis, run: str) -> FailedJobsView:
+    """RUN's failed rq jobs by class (failed_jobs_view), from one read of rq's failed registry
+    and, when a job names a pack, of the run's pack table."""
+    gave_up = failed_jobs(conn, run)
+    names = PackTable(conn, run).names() if any(j.ref is not None for j in gave_up) else {}
+    return failed_jobs_view(gave_up, names)
+
+
+def failed_jobs_line(v: FailedJobsView, queue: str) -> str:
+    """The jobs rq gave up on: how many and their items, by class (export's for their items),
+    the packs that did not read, and the command that runs them again."""
+    parts = []
+    for cls, c in v["by_class"].items():
+        packs = f" (pack{'s' if len(c['packs']) > 1 else ''} {', '.join(c['packs'])})" if c["packs"] else ""
+        parts.append(f"{cls} {c['items']:,} items in {c['jobs']:,} jobs{packs}")
+    again = "once the pack reads again" if ErrorClass.PACK_UNREADABLE in v["by_class"] else "once the cause is fixed"
+    return f"{'; '.join(parts)}; `rq requeue --queue {queue} --all` runs them {again}"

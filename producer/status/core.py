@@ -29,10 +29,9 @@ from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.claims import Claims, HeldClaims
 from genqueue.common.keepers.clock import redis_time
-from genqueue.common.keepers.outcomes import outcome_view
-from genqueue.common.keepers.packs import PackTable
+from genqueue.common.keepers.outcomes import outcome_view, read_failed_jobs
 from genqueue.common.keepers.rqaccess import queue_name, refused_jobs
-from genqueue.common.keepers.rqjobs import failed_jobs, malformed_line, refused_line, scan_jobs
+from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.runstate import read_pulse, settle
@@ -43,7 +42,6 @@ from genqueue.common.retryhint import enqueue_again_command, failed_summary, nex
 from genqueue.producer.cost import remaining_tokens, run_cost
 from genqueue.producer.status.figures import (
     eta_view,
-    failed_jobs_view,
     input_view,
     placement,
     run_clock,
@@ -86,8 +84,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
     items, done, failed, stats = counted.items, counted.done, counted.failed_only, counted.stats
     pause = pulse.pause
     scan = scan_jobs(conn, run)  # what rq needs to load each job: no payload is moved at every poll
-    gave_up = failed_jobs(conn, run)  # why rq gave up on each failed job: a pack that did not read is said
-    names = PackTable(conn, run).names() if any(j.ref is not None for j in gave_up) else {}
+    # why rq gave up on each failed job (a pack that did not read is named): `producer runs`' too
+    gave_up = read_failed_jobs(conn, run)
     refused = {k: redact(v) for k, v in refused_jobs(conn, run).items()}
     started_at = store.started_at(run)
     jobs = pulse.jobs
@@ -176,7 +174,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "warnings": {k: redact(v) for k, v in store.warnings(run).items()},
         "jobs": jobs,
         "malformed_jobs": [{**b, "reason": redact(b["reason"])} for b in scan.to_list()],
-        "failed_jobs": failed_jobs_view(gave_up, names),
+        "failed_jobs": gave_up,
         "refused": len(refused),
         "refused_jobs": refused,
         "queue": queue_name(run),

@@ -6,7 +6,8 @@ words (complete, partial, cut by outcome, failed) and come from the counters the
 bump in the same script (common/keepers/marks.py), so they sum to `done` at every moment. An item is
 in exactly one place: queued, in flight (held by a consumer), shipping (written, not shipped),
 done, failed, or elsewhere (in a failed rq job, or moved since a consumer last reported); the
-failed rq jobs are shown by class (failed_jobs_view), as export counts their items.
+failed rq jobs are shown by class (common/keepers/outcomes.py: failed_jobs_view, the function
+`producer runs` shows them by too), as export counts their items.
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
-from genqueue.common.contracts import ErrorClass
-from genqueue.common.keepers.rqjobs import FailedJob
 from genqueue.common.keepers.snapshots import ConsumerReport
 from genqueue.producer.status.report import (
-    FailedClassView,
-    FailedJobsView,
     FileView,
     InputView,
     Rates,
@@ -67,23 +64,6 @@ def placement(items: int, done: int, failed: int, in_flight: int, unshipped: int
         held = remaining - shipping - queued
     return {"queued": queued, "in_flight": held, "shipping": shipping, "done": done, "failed": failed,
             "elsewhere": remaining - shipping - held - queued}
-
-
-def failed_jobs_view(jobs: list[FailedJob], names: Mapping[int, str]) -> FailedJobsView:
-    """JOBS (rq's failed registry, rqjobs.failed_jobs) by class, with their items; for
-    pack_unreadable, the packs they name (NAMES: the run's pack table; a number it lacks is
-    shown as one)."""
-    by: dict[str, FailedClassView] = {}
-    for j in jobs:
-        v = by.setdefault(j.cls.value, {"jobs": 0, "items": 0, "packs": []})
-        v["jobs"] += 1
-        v["items"] += j.items
-        if j.cls is ErrorClass.PACK_UNREADABLE and j.ref is not None:
-            name = names.get(j.ref.pack, f"number {j.ref.pack}")
-            if name not in v["packs"]:
-                v["packs"].append(name)
-    ordered = dict(sorted(by.items(), key=lambda kv: -kv[1]["items"]))
-    return {"jobs": len(jobs), "items": sum(j.items for j in jobs), "by_class": ordered}
 
 
 def input_view(sources: dict[str, dict[str, Any]], reading: dict[str, float] | None = None) -> InputView:

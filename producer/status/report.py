@@ -9,7 +9,7 @@ from typing import Any, Required, TypedDict
 
 from genqueue.common.acceptance import Figures
 from genqueue.common.contracts import EngineView
-from genqueue.common.keepers.outcomes import OutcomeView
+from genqueue.common.keepers.outcomes import FailedJobsView, OutcomeView
 from genqueue.common.keepers.pause import PauseInfo
 from genqueue.common.keepers.rqaccess import JobCounts
 from genqueue.producer.cost import CostView
@@ -211,24 +211,6 @@ class ClaimedView(TypedDict):
     oldest_s: int
     stale: int  # claims older than CLAIM_GRACE: their producer stopped before queueing them
     line: str  # what they mean, in one line ("" when there are none)
-
-
-class FailedClassView(TypedDict):
-    """The jobs rq gave up on for one reason class (rqjobs.failure_class), their items, and for
-    pack_unreadable the packs they name."""
-
-    jobs: int
-    items: int
-    packs: list[str]
-
-
-class FailedJobsView(TypedDict):
-    """The run's jobs in rq's failed registry: their items are in no queue (`rq requeue` runs
-    them again); export counts the ones no shard holds as failed, by the same classes."""
-
-    jobs: int
-    items: int
-    by_class: dict[str, FailedClassView]
 
 
 class StatusReport(OutcomeView, total=False):

@@ -18,13 +18,13 @@ from typing import Any
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ErrorClass, Mode
+from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
+from genqueue.common.keepers.outcomes import failed_jobs_line
 from genqueue.common.keepers.runstate import RunState
 from genqueue.common.redact import redact
 from genqueue.producer.cost import CostView
 from genqueue.producer.status.report import (
-    FailedJobsView,
     FileView,
     HostView,
     InputView,
@@ -234,17 +234,6 @@ def _items(r: StatusReport) -> str:
             "(in failed jobs: below)" if gave_up >= r["items_elsewhere"] else
             "(failed jobs, or moved since the last report)")
     return text
-
-
-def failed_jobs_line(v: FailedJobsView, queue: str) -> str:
-    """The jobs rq gave up on: how many and their items, by class (export's for their items),
-    the packs that did not read, and the command that runs them again."""
-    parts = []
-    for cls, c in v["by_class"].items():
-        packs = f" (pack{'s' if len(c['packs']) > 1 else ''} {', '.join(c['packs'])})" if c["packs"] else ""
-        parts.append(f"{cls} {c['items']:,} items in {c['jobs']:,} jobs{packs}")
-    again = "once the pack reads again" if ErrorClass.PACK_UNREADABLE in v["by_class"] else "once the cause is fixed"
-    return f"{'; '.join(parts)}; `rq requeue --queue {queue} --all` runs them {again}"
 
 
 def _outcomes(r: StatusReport) -> str:
