@@ -2,7 +2,9 @@
 an error did not succeed, and the consumer's exit says so (ExitCode.FAILED_ITEMS), naming the
 command that queues those items again once the cause is fixed; nor did a run drained with
 items in no job (ExitCode.INCOMPLETE: a producer's claim not queued, jobs rq gave up on, items
-lost from the queue), named with where they are and what queues them."""
+lost from the queue), named with where they are and what queues them. The failed items by class
+are `producer status`'s and `producer runs`' (common/keepers/outcomes.py outcome_view), so the
+exit line and those screens say the same classes, counts and order."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import redis
 from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import CorruptStateError
 from genqueue.common.keepers.claims import stalled_line
-from genqueue.common.keepers.marks import SHIPPED_FAILED, Marks
+from genqueue.common.keepers.marks import Marks
+from genqueue.common.keepers.outcomes import outcome_view
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import failed_summary, next_steps
@@ -28,7 +31,7 @@ def _unfinished(conn: redis.Redis, run: str) -> tuple[ExitCode, str] | None:
     store = RunStore(conn)
     sources = store.sources(run)
     if p.failed_only:
-        by_class = {k[len(SHIPPED_FAILED):]: v for k, v in p.stats.items() if k.startswith(SHIPPED_FAILED)}
+        by_class = outcome_view(p.stats, p.done, p.failed_only)["failed_by_class"]
         info = store.get(run)
         output = redact(info.settings.output) if info is not None else None
         steps = next_steps(run, paused=False, failed=p.failed_only, sources=sources, output=output)
