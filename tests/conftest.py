@@ -115,6 +115,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker with --dist loadgroup, xdist has suffixed each grouped test's id with
+    its group by now (that suffix is how the controller schedules groups). pytest 9.2 keeps ids
+    where xdist 3.8 no longer writes (pytest-xdist #1386): nothing failed, every group was
+    spread over every worker and the trainers' session run was made on each. Say so, loudly."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid.rsplit("]", 1)[-1]]
+    if lost:
+        msg = (f"pytest-xdist's --dist loadgroup does not group with this pytest ({len(lost)} tests lost their "
+               f"group, e.g. {lost[0]}): pytest 9.2 and xdist 3.8 disagree on node ids (pytest-xdist #1386); "
+               "pyproject.toml pins pytest below 9.2")
+        os.write(2, f"\nerror: {msg}\n".encode())  # a worker's own stderr: xdist shows its exit as an INTERNALERROR
+        pytest.exit(msg, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 @contextlib.contextmanager
 def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
     """A tmpfs of SIZE mounted at MNT for the block (root only: skips the test elsewhere), so a
