@@ -262,16 +262,30 @@ def test_producers_wait_for_the_lock_and_a_lost_lock_requeues_nothing(tmp_path: 
     other = RunLock(redis.Redis.from_url(redis_url), "locked", ttl=60)
     other.acquire()
     released: list[float] = []
+    err = tmp_path / "enqueue.err"
+    waiting = "waiting for the producer that holds its lock"
 
-    def release_later() -> None:
-        time.sleep(2)
+    def release_once_waited() -> None:
+        # the lock is let go once the producer said it waits for it: a fixed 2 s passed before a
+        # producer started on a loaded machine, which then took a free lock and said nothing
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and waiting not in err.read_text(errors="replace"):
+            time.sleep(0.1)
         released.append(time.monotonic())
         other.release()
 
-    threading.Thread(target=release_later).start()
-    s = enqueue(redis_url, data, "locked")
+    args = ["enqueue", str(data), "--run", "locked", "--batch-size", "8", "--json", "--rejects", os.devnull]
+    with err.open("wb") as err_file:
+        proc = subprocess.Popen([str(BIN / "producer"), *args], stdout=subprocess.PIPE, stderr=err_file,
+                                env={**os.environ, "REDIS_URL": redis_url})
+        releaser = threading.Thread(target=release_once_waited)
+        releaser.start()
+        out, _ = proc.communicate(timeout=180)
+        releaser.join()
+    assert proc.returncode == 0, err.read_text()
+    s = orjson.loads(out)
     assert released and time.monotonic() - released[0] < 30
-    assert s["enqueued"] == 50 and "waiting for the producer that holds its lock" in s["stderr"]
+    assert s["enqueued"] == 50 and waiting in err.read_text()
     # A producer whose lock expired (it was stopped) and was taken by another re-queues nothing.
     cli("rq", "empty", "-u", redis_url, "genqueue.locked")
     lock = RunLock(conn, "locked", ttl=1)
