@@ -865,3 +865,11 @@ EXPORT_ACCEPTANCE_DIGITS = 4
 #: Keys per SCAN when the reconcile looks for other producers' claim sets: a few round trips
 #: even in a Redis of millions of keys, each short enough to keep Redis responsive.
 CLAIMS_SCAN = 10_000
+
+# common/features/ (the target's hidden states of each row, for a drafter's trainer)
+#: A feature shard is sealed (and shipped) past this many bytes: a 27B target's row of 2,000
+#: tokens at fp8 is ~41 MB, so ~25 rows a shard and ~1,000 objects a TB (a list of the output
+#: stays short, each upload a few multipart parts), while the spool holds at most this much
+#: per open shard. A row is durable on the spool before the shard is sealed, so the size does
+#: not delay an ack.
+FEATURE_SHARD_MAX_BYTES = 1024**3

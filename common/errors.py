@@ -82,6 +82,34 @@ class PackRangeError(PackError):
     """A range of items the pack does not hold (a job naming items past its end)."""
 
 
+class FeatureError(GenqueueError):
+    """Captured features (common/features/: the target's hidden states of a row) cannot be
+    encoded, stored or read as asked. A subclass says why."""
+
+
+class FeatureValueError(FeatureError):
+    """Hidden states that cannot be encoded: not [tokens, layers, hidden], no tokens, a value
+    that is not finite (a broken engine's output, refused rather than stored)."""
+
+
+class FeatureCorruptError(FeatureError):
+    """A stored row's bytes are not what was written (checksum, framing, or a row that names
+    another row id, shape or dtype than its index entry): names the row, the shard and the
+    offset, so the bad block can be found and re-captured."""
+
+    def __init__(self, row: str, shard: str, offset: int, reason: str) -> None:
+        super().__init__(f"features of row {row!r} in shard {shard} at offset {offset}: {reason}")
+        self.row = row
+        self.shard = shard
+        self.offset = offset
+        self.reason = reason
+
+
+class FeatureManifestConflictError(FeatureError, UserError):
+    """The output already holds a capture manifest with other settings (model, layers, dtype...):
+    features of two recipes would be mixed under one run."""
+
+
 class JobItemsUnreadableError(GenqueueError):
     """The items of a job by reference cannot be read now (its pack is gone or garbled, or the
     store does not answer), for a reader that can go on without them: export notes the job among
