@@ -51,12 +51,12 @@ def write(tmp_path: Path, name: str, data: bytes) -> Path:
         ("d.jsonl", JSONL),
         ("d.json", ARRAY),
         ("d.json", JSONL),  # a .json that is really JSONL
-        ("d.jsonl.gz", gzip.compress(JSONL)),
-        ("d.json.gz", gzip.compress(ARRAY)),
+        ("d.jsonl.gz", gzip.compress(JSONL, mtime=0)),
+        ("d.json.gz", gzip.compress(ARRAY, mtime=0)),
         ("d.jsonl.zst", zstandard.ZstdCompressor().compress(JSONL)),
         ("d.json.zst", zstandard.ZstdCompressor().compress(ARRAY)),
-        ("d.data", gzip.compress(ARRAY)),  # unknown extension: sniffed
-        ("d.json.gz", gzip.compress(JSONL[:100]) + gzip.compress(JSONL[100:])),  # multi-member
+        ("d.data", gzip.compress(ARRAY, mtime=0)),  # unknown extension: sniffed
+        ("d.json.gz", gzip.compress(JSONL[:100], mtime=0) + gzip.compress(JSONL[100:], mtime=0)),  # multi-member
     ],
 )
 def test_formats(tmp_path: Path, name: str, data: bytes) -> None:
@@ -129,7 +129,7 @@ def fake_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [JSONL, ARRAY, gzip.compress(JSONL), zstandard.ZstdCompressor().compress(ARRAY)],
+    [JSONL, ARRAY, gzip.compress(JSONL, mtime=0), zstandard.ZstdCompressor().compress(ARRAY)],
 )
 def test_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     fake_stdin(monkeypatch, data)
