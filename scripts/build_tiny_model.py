@@ -2,6 +2,7 @@
 r"""Build the tiny Qwen2 model that the real-vLLM test tier serves (nothing from a hub).
 
     python scripts/build_tiny_model.py [DIR]      # default ${GENQUEUE_CACHE:-~/.cache/genqueue}/tiny-qwen2
+    python scripts/build_tiny_model.py DIR --mode random
 
 Runs with the vLLM virtualenv's python (transformers, tokenizers and torch come with vLLM).
 Building again is a no-op while DIR holds a model built by this same script (a stamp file
@@ -28,10 +29,18 @@ What it makes (about 1 MB):
   the same probability; `<think>` and text holding `<`/`>` are never generated. So a thinking answer
   is "<random thinking></think><random answer>" and stops by itself within a few dozen tokens,
   and max_tokens=1 always stops inside the thinking.
+
+`--mode random` builds the same tokenizer and template around a model that is random through
+and through (4 layers, every weight drawn at std RANDOM_STD, seeded): each layer moves the hidden
+state by about as much as it holds, so features captured from the engine can be told apart layer
+by layer and position by position. The scripted model's layers barely move it (std 0.02 against
+embeddings of scale 1-6: two layers differ by ~0.13 at bf16 steps of 0.03), and its text is what
+the other tests rely on; the random model's text is noise and need not stop by itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -47,6 +56,8 @@ BPE_VOCAB = 1024
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PLAIN_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 128, 2, 4, 2, 256
+RANDOM_LAYERS, RANDOM_STD = 4, 0.1
+MODES = ("scripted", "random")
 #: Tokens per class the model generates from; small classes keep the end probabilities
 #: close across temperatures.
 CLASS_SIZE = 64
@@ -125,8 +136,9 @@ WORDS = (
 ).split()
 
 
-def stamp_value() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+def stamp_value(mode: str = "scripted") -> str:
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return digest if mode == "scripted" else f"{digest} {mode}"
 
 
 def default_dir() -> Path:
@@ -185,7 +197,7 @@ def token_classes(tok) -> dict[str, list[int]]:
     return {"A": a, "B": b, "newline": [newline]}
 
 
-def build(out: Path) -> None:
+def build(out: Path, mode: str = "scripted") -> None:
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -196,14 +208,25 @@ def build(out: Path) -> None:
     vocab_size = (n_tok + 63) // 64 * 64
     classes = token_classes(tok)
 
+    random_mode = mode == "random"
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        num_hidden_layers=RANDOM_LAYERS if random_mode else LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
         max_position_embeddings=2048, rope_theta=10000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"], torch_dtype="bfloat16", use_sliding_window=False,
+        **({"initializer_range": RANDOM_STD} if random_mode else {}),
     )
     model = Qwen2ForCausalLM(config)  # random layers (initializer_range 0.02), seeded above
+    if random_mode:
+        with torch.no_grad():  # biases and norms start at 0 and 1: random too, so nothing is neutral
+            for name, p in model.named_parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.randn_like(p) * RANDOM_STD + (1.0 if name.endswith("norm.weight") else 0.0))
+        save(out, model.to(torch.bfloat16), tok, ids, {"mode": mode, "vocab_size": vocab_size,
+                                                       "tokenizer_size": n_tok, "ids": ids}, mode)
+        return
 
     # Embedding: dims 0..3 say the token's class (as the previous token), the rest is noise of
     # fixed norm, so every token's RMS-normed hidden state has the same class coordinate.
@@ -244,6 +267,13 @@ def build(out: Path) -> None:
         model.model.embed_tokens.weight.copy_(emb)
         model.lm_head.weight.copy_(head)
     model = model.to(torch.bfloat16)
+    save(out, model, tok, ids, {"classes": {k: len(v) for k, v in classes.items()}, "logit_close": l_close,
+                                "logit_eos": l_eos, "ids": ids, "vocab_size": vocab_size, "tokenizer_size": n_tok},
+         mode)
+
+
+def save(out: Path, model, tok, ids: dict[str, int], about: dict, mode: str) -> None:
+    from transformers import PreTrainedTokenizerFast
 
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                      model_max_length=2048, clean_up_tokenization_spaces=False)
@@ -255,10 +285,8 @@ def build(out: Path) -> None:
         gen_cfg = {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
                    "pad_token_id": ids["<|endoftext|>"]}
         (tmp / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-        (tmp / "genqueue-tiny.json").write_text(json.dumps({
-            "classes": {k: len(v) for k, v in classes.items()}, "logit_close": l_close, "logit_eos": l_eos,
-            "ids": ids, "vocab_size": vocab_size, "tokenizer_size": n_tok}, indent=2) + "\n")
-        (tmp / ".built").write_text(stamp_value() + "\n")
+        (tmp / "genqueue-tiny.json").write_text(json.dumps(about, indent=2) + "\n")
+        (tmp / ".built").write_text(stamp_value(mode) + "\n")
         tmp.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)
@@ -273,14 +301,17 @@ def main() -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else default_dir()
-    out = out.expanduser().resolve()
+    parser = argparse.ArgumentParser(description="Build the tiny model the real-vLLM tier serves.")
+    parser.add_argument("dir", nargs="?", type=Path, default=None)
+    parser.add_argument("--mode", choices=MODES, default="scripted")
+    args = parser.parse_args()
+    out = (args.dir or default_dir()).expanduser().resolve()
     stamp = out / ".built"
-    if stamp.exists() and stamp.read_text().strip() == stamp_value():
+    if stamp.exists() and stamp.read_text().strip() == stamp_value(args.mode):
         print(out)
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    build(out)
+    build(out, args.mode)
     print(out)
     return 0
 
