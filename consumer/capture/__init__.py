@@ -1,0 +1,10 @@
+"""Hidden-states capture: the target's intermediate layers, for a drafter's trainer.
+
+- connector/: the KV connector vLLM loads by module path (runs inside vLLM's own interpreter,
+  so it imports only the standard library, torch and vLLM);
+- engine_args.py: the engine flags and environment that turn capture on, and the request field
+  that keeps the generated tokens' hidden states too;
+- captured.py: one captured file read back (safetensors parsed here; no torch needed).
+
+May import: genqueue.common
+"""
