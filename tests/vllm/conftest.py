@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -50,12 +51,18 @@ def _needs_vllm() -> None:
 class VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` on a free port, logging to a file."""
 
-    def __init__(self, logdir: Path, extra: tuple[str, ...], prefix: tuple[str, ...] = ()) -> None:
+    def __init__(self, logdir: Path, extra: tuple[str, ...], prefix: tuple[str, ...] = (), model: str = "",
+                 env: Mapping[str, str] | None = None) -> None:
         self.extra = extra
         self.prefix = prefix  # e.g. ("taskset", "-c", "0") for benchmarks
+        self.model = model or TINY_MODEL
+        self.env = dict(env) if env is not None else None  # the whole environment, when given
         self.port = free_port()
         tag = "-".join(a.lstrip("-") for a in extra) or "plain"
-        self.log = logdir / f"vllm-{tag}.log"
+        if model:
+            tag = f"{Path(model).name}-{tag}"
+        # flags may hold JSON with paths: a file name of its own characters, of a length it can have
+        self.log = logdir / f"vllm-{re.sub(r'[^A-Za-z0-9_.=-]+', '_', tag)[:120]}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in: float | None = None
 
@@ -68,9 +75,10 @@ class VllmServer:
         return f"{self.root}/v1"
 
     def start(self) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
-        cmd = [*self.prefix, VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", TINY_MODEL,
+        env = {**(self.env if self.env is not None else os.environ), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [*self.prefix, VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16",
                "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port), *self.extra]
         t0 = time.monotonic()
@@ -148,12 +156,15 @@ class VllmPool:
         self.logdir = logdir
         self.current: VllmServer | None = None
 
-    def get(self, *extra: str) -> VllmServer:
-        if self.current is not None and self.current.extra == extra and self.current.proc is not None \
-                and self.current.proc.poll() is None:
-            return self.current
+    def get(self, *extra: str, model: str = "", env: Mapping[str, str] | None = None) -> VllmServer:
+        """A server of TINY_MODEL (or MODEL) with the flags EXTRA, in os.environ (or ENV)."""
+        current = self.current
+        if current is not None and (current.extra, current.model, current.env) == (
+                extra, model or TINY_MODEL, None if env is None else dict(env)) \
+                and current.proc is not None and current.proc.poll() is None:
+            return current
         self.close()
-        server = VllmServer(self.logdir, extra)
+        server = VllmServer(self.logdir, extra, model=model, env=env)
         server.start()
         self.current = server
         return server
