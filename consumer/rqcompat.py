@@ -239,15 +239,22 @@ class GenWorker(BaseWorker):
         """Extend the lease of every held job that is still ours, and the worker's heartbeat.
         Returns the jobs whose lease was lost (swept while Redis was out of reach, or while
         this process stood still): they are someone else's now and are not renewed, since
-        renewing would put a swept lease back. Three round trips, whatever the count (one
-        re-measures the offset to Redis's clock)."""
+        renewing would put a swept lease back. A job whose lease was lost but that waits in its
+        queue again, taken by no one, is taken back first (take_back) and stays ours. Three round
+        trips, whatever the count (one re-measures the offset to Redis's clock), and one more
+        transaction a lost lease."""
         self.clock.measure()
         with self.connection.pipeline() as p:
             for h in held:
                 p.zscore(h.queue.started_job_registry.key, h.execution.composite_key)
             scores = p.execute() if held else []
-        lost = [h for h, score in zip(held, scores, strict=True) if score is None]
-        kept = [h for h, score in zip(held, scores, strict=True) if score is not None]
+        missing = [h for h, score in zip(held, scores, strict=True) if score is None]
+        lost = [h for h in missing if not self.take_back(h)]
+        kept = [h for h, score in zip(held, scores, strict=True) if score is not None or h not in lost]
+        if len(missing) > len(lost):
+            log.warning("%d job(s) whose lease was lost waited in their queue again, taken by no one (a Redis "
+                        "back from an older snapshot, a sweep while this consumer stood still): taken back",
+                        len(missing) - len(lost))
         with self.connection.pipeline() as p:
             self.heartbeat(self.lease + defaults.LEASE_RQ_SLACK, pipeline=p)
             # Put back what a cleaner took while this worker's hash had expired (Redis out of
@@ -266,6 +273,43 @@ class GenWorker(BaseWorker):
             self._idle_if_empty()
         return lost
 
+    def take_back(self, held: Held) -> bool:
+        """Start HELD again here, with an execution of its own, when its lease was lost but the job
+        waits in its queue, taken by no one: a Redis that went back in time (restarted from an
+        older snapshot, a failover) restores the jobs taken since to their queue, and a sweep puts
+        a stopped consumer's jobs there. What it has in flight here and its records in this spool
+        stay ours, where another consumer taking the job would make them again. One transaction
+        (WATCH on the job's hash and its queue, which a take or a sweep changes); False, and
+        nothing changed, when the job is not queued there (taken, acked, failed, deleted)."""
+        job, queue = held.job, held.queue
+        for _ in range(5):  # the queue moves under a busy fleet: look again a few times
+            with self.connection.pipeline() as p:
+                try:
+                    p.watch(job.key, queue.key)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+                    status = p.hget(job.key, "status")
+                    # a job restored by a rewind was among the next to go: near the head (a queue of
+                    # millions is not read whole; a job not found there stays lost)
+                    if status != JobStatus.QUEUED.value.encode() or p.lpos(queue.key, job.id, maxlen=10_000) is None:
+                        return False
+                    ts = self._now()
+                    p.multi()
+                    p.lrem(queue.key, 1, job.id)
+                    execution = Execution.create(job, self.lease, pipeline=p, worker_name=self.name)
+                    self._score_lease(p, job, execution)
+                    p.hset(job.key, mapping={"last_heartbeat": rq.utils.utcformat(ts), "status": JobStatus.STARTED.value,
+                                             "started_at": rq.utils.utcformat(ts), "worker_name": self.name})
+                    p.persist(job.key)
+                    p.execute()
+                except redis.WatchError:
+                    continue
+            self.executions.pop(held.execution.id, None)
+            self.executions[execution.id] = execution
+            held.execution = execution
+            # as Redis has it now (a sweep spent a retry): the ack writes the job whole
+            job.refresh()  # type: ignore[no-untyped-call]
+            return True
+        return False
+
     def still_ours(self, held: Held) -> bool:
         """Whether our execution of the job is still registered (a swept lease is not ours)."""
         score = self.connection.zscore(held.queue.started_job_registry.key, held.execution.composite_key)
@@ -274,8 +318,9 @@ class GenWorker(BaseWorker):
     # --- endings -------------------------------------------------------------------
     def finish(self, held: Held, manifest: dict[str, Any]) -> bool:
         """Ack: move the job to rq's finished registry with a small manifest as its result.
-        Returns False (and does nothing) when the lease was lost to a sweep meanwhile."""
-        if not self.still_ours(held):
+        Returns False (and does nothing) when the lease was lost to a sweep meanwhile and the
+        job is not waiting in its queue again for this worker to take back (take_back)."""
+        if not self.still_ours(held) and not self.take_back(held):
             log.warning("job %s: lease lost before ack; leaving it to its new owner", held.id)
             self.executions.pop(held.execution.id, None)
             return False

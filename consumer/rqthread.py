@@ -55,6 +55,9 @@ class RqThread:
         self._retries = 0
         self._full_since: float | None = None
         self._full_ended: float | None = None
+        # set when Redis answers again after being out of reach: the lease renewer renews at once
+        # (a Redis back from an older snapshot put the jobs taken since back in their queue)
+        self.answers_again = asyncio.Event()
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """FN(*args, **kwargs) in the rq thread; retried while Redis is unreachable."""
@@ -94,6 +97,7 @@ class RqThread:
             if self._unreachable_since is not None:
                 self._warn("Redis answers again after %.1f s", time.time() - self._unreachable_since)
                 self._unreachable_since = None
+                self.answers_again.set()
             if self._full_since is not None and attempt:  # a write went through: there is room again
                 self._warn("Redis takes writes again after %.1f s full; going on", time.time() - self._full_since)
                 self._full_since = None

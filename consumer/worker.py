@@ -112,7 +112,7 @@ class Consumer:
         self._spool_lock: IO[str] | None = None
         # A Redis that rewinds (consumer/guards/rewind.py): stamped marks, held runs, rebuilt marks.
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
-                              store_for=store_for or default_store_for)
+                              store_for=store_for or default_store_for, hold=defaults.renew_every(cfg.lease))
         self.worker.gate = self._rewind.allows
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
         self._trips: set[asyncio.Task[None]] = set()

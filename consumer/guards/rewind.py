@@ -22,6 +22,11 @@ would generate those items again. So:
   shipped shards (common/keepers/marks.py Marks.rebuild, the producer's own code) and sets "done:<nonce>";
   the others find it done and only wait. A rebuilder that dies leaves the state pending and
   the lock expiring: the next one rebuilds.
+- Once the marks are whole again, a consumer takes the run's jobs only after one renewal of its
+  leases: the jobs taken since the snapshot are back in their queue, and each live holder takes
+  back its own (consumer/rqcompat.py GenWorker.take_back, at its renewal, at once when Redis
+  answers again, or at its ack) before another consumer takes them and makes again what the
+  holder has in flight and in its spool.
 
 What is lost then is only what was in flight at the crash (generated again, and removed as a
 duplicate by export), not the seconds of shipped work before it.
@@ -68,7 +73,7 @@ class Rewind:
     """Notices a Redis older than what this consumer wrote, and has the marks rebuilt."""
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, *, runs: Callable[[], list[str]],
-                 store_for: Callable[[str], ShardStore]) -> None:
+                 store_for: Callable[[str], ShardStore], hold: float = 0.0) -> None:
         self.rq = rq
         self.conn = conn
         self.worker = worker
@@ -81,6 +86,11 @@ class Rewind:
         self._server_at = float("-inf")  # when Redis's run_id was last read
         self._retries = 0
         self.pending: set[str] = set()  # runs whose marks are being rebuilt (here or elsewhere)
+        # Seconds a run's jobs are still not taken once its marks are whole again (a renewal of
+        # leases): the jobs the rewind put back in the queue go back to their holders first
+        # (GenWorker.take_back), not to another consumer that would make again what they made.
+        self._hold = hold
+        self._held_until: dict[str, float] = {}  # run -> time.monotonic() its jobs may be taken again
         self.rewinds = 0  # rewinds this consumer found
         self.rebuilt = 0  # runs this consumer rebuilt
 
@@ -103,7 +113,10 @@ class Rewind:
         before it takes anything."""
         if self._due(CHECK_EVERY):
             self.check()
-        return not any(queue == queue_name(run) for run in self.pending)
+        now = time.monotonic()
+        for run in [r for r, until in self._held_until.items() if until <= now]:
+            del self._held_until[run]
+        return not any(queue == queue_name(run) for run in self.pending | self._held_until.keys())
 
     def _due(self, every: float) -> bool:
         """Whether the last look is EVERY seconds old, or the rq thread retried since (Redis was
@@ -162,11 +175,22 @@ class Rewind:
                 outcome = await asyncio.to_thread(self._rebuild, run)
                 if outcome is Rebuild.LOCKED:
                     continue
-                self.rebuilt += outcome is Rebuild.REBUILT
-                self.pending.discard(run)
-                if outcome is not Rebuild.GONE:
-                    log.info("run %s: its marks are whole again; taking its jobs", run)
+                self.settled(run, outcome)
             await asyncio.sleep(CHECK_EVERY)
+
+    def settled(self, run: str, outcome: Rebuild) -> None:
+        """RUN's marks are whole again (rebuilt here or elsewhere) or the run is gone: its jobs
+        are taken again once the hold has passed."""
+        self.rebuilt += outcome is Rebuild.REBUILT
+        self.pending.discard(run)
+        if outcome is Rebuild.GONE:
+            return
+        if self._hold > 0:
+            self._held_until[run] = time.monotonic() + self._hold
+            log.info("run %s: its marks are whole again; taking its jobs in %.1f s, once their holders have taken "
+                     "back those the rewind put back in the queue", run, self._hold)
+        else:
+            log.info("run %s: its marks are whole again; taking its jobs", run)
 
     def _rebuild(self, run: str) -> Rebuild:
         """Rebuild RUN's marks under its lock unless another consumer did."""

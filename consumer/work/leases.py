@@ -2,14 +2,18 @@
 
 Held jobs are renewed every lease/3 seconds. A renewal also finds out which leases were lost
 (swept by another consumer while this one could not reach Redis, or stood still): those jobs
-are dropped here, since their new owner redoes them. Any consumer sweeps expired leases of
-the runs it serves under rq's maintenance lock (consumer.rqcompat.GenWorker.sweep).
+are dropped here, since their new owner redoes them; one that waits in its queue again, taken
+by no one (a Redis back from an older snapshot, a sweep not followed by a take yet), is taken
+back instead (GenWorker.take_back), so what this consumer made of it is not made again. Any
+consumer sweeps expired leases of the runs it serves under rq's maintenance lock
+(consumer.rqcompat.GenWorker.sweep).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -64,9 +68,15 @@ class Leases:
         return len(lost)
 
     async def renew_forever(self) -> None:
+        """Renew every lease/3 seconds, and at once when Redis answers again after an outage:
+        a Redis back from an older snapshot put the jobs taken since in their queue, and the
+        renewal takes them back (GenWorker.take_back) before another consumer takes them."""
         interval = defaults.renew_every(self.lease)
+        back = self.rq.answers_again
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(back.wait(), timeout=interval)
+            back.clear()
             await self.renew_once()
 
     async def sweep_once(self) -> int:
