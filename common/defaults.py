@@ -625,6 +625,12 @@ EXPORT_SADD_BATCH = 10_000
 #: Bit 7: the record is an end-of-run copy's (it ranks after the original among one key's).
 EXPORT_COPY = 1 << 7
 
+# producer/export/features.py, featurewriters.py (`producer export-features`)
+#: Bytes per read when the generic layout copies a feature shard (a ranged GET each from S3).
+EXPORT_FEATURES_COPY_BYTES = 8 * 1024 * 1024
+#: Unmatched rows and features the summary names per reason (all are in genqueue-unmatched.jsonl).
+EXPORT_FEATURES_NAMED = 5
+
 # producer/export/coverage.py
 #: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.
 COVERAGE_WRITE_BUFFER = 256 * 1024
