@@ -249,7 +249,7 @@ def test_the_consumer_floor_is_read_in_one_look() -> None:
 
 
 def test_the_wing_rule_reads_what_it_should() -> None:
-    assert allowed_imports("genqueue.consumer.sim") == ()
+    assert allowed_imports("genqueue.consumer.sim") == ("genqueue.common.features.standin",)
     assert allowed_imports("genqueue.consumer.answer") == ("genqueue.common",)
     assert {f"genqueue.consumer.answer.{m}" for m in ANSWER_MODULES} <= module_files().keys()
     assert "genqueue.common" in allowed_imports("genqueue.producer.export")

@@ -5,10 +5,14 @@ and the benchmarks exercise the real consumer over real HTTP without a GPU.
 - server.py: the click command, SimConfig and SimServer (the process users start);
 - app.py: the aiohttp routes and the engine loop (admission, batching, faults on demand);
 - kv.py: a KV cache in tokens that preempts past its size, a prefix cache, speculative decoding;
-- text.py: deterministic output text, lengths, tool calls and token counts.
+- text.py: deterministic output text, lengths, tool calls and token counts;
+- capture.py: hidden states saved per request as vLLM's KV connector saves them.
 
 The stand-in stands alone: it knows nothing of genqueue's queue or records, only the wire format
 a real vLLM speaks, so nothing it does can leak into what the consumer believes about an engine.
+One exception, and why: its hidden states are common/features/standin.py's deterministic
+function, shared with the tests that check a captured row (a pure function of token id,
+position and layer, with no state and nothing of genqueue's queue or records in it).
 
-May import: nothing outside the wing
+May import: genqueue.common.features.standin
 """

@@ -6,13 +6,16 @@ import asyncio
 import collections
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from genqueue.consumer.sim import capture
 from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield, step_cost
 from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, acceptance_for, draw
 from genqueue.consumer.sim.text import (
@@ -61,6 +64,18 @@ class SimConfig:
     # vLLM's --per-request-spec-decode-metrics: answers carry metrics.speculative_decoding (not at none)
     per_request_spec_decode_metrics: SpecMetrics = SpecMetrics.NONE
     token_ids: bool = True  # honour return_token_ids (False: an engine that ignores it, as vLLM < 0.10.2)
+    # hidden-states capture (sim/capture.py), as vLLM's extract_hidden_states with its connector:
+    # "" is an engine started without it (kv_transfer_params are ignored)
+    capture_dir: str = ""
+    capture_layers: tuple[int, ...] = (2, 4)
+    hidden_size: int = 64
+    capture_wrong_ids: float = 0.0  # the share of captures saved with one token id wrong (tests)
+
+    def capture_config(self) -> capture.CaptureConfig | None:
+        if not self.capture_dir:
+            return None
+        return capture.CaptureConfig(Path(self.capture_dir), tuple(self.capture_layers), self.hidden_size, self.seed,
+                                     self.capture_wrong_ids)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -94,6 +109,7 @@ class SimEngine:
         # vLLM's spec_decode counters: the figures drawn for each answered request, added up
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = 0
         self.chats = 0  # chat requests to generate, since start (error_after counts these)
+        self.capture = config.capture_config()
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -286,6 +302,12 @@ async def _chat(request: web.Request) -> web.Response:
     if body.get("return_token_ids") and cfg.token_ids:  # as vLLM: one id per counted token
         reply["prompt_token_ids"] = prompt_token_ids(cfg.seed, messages)
         choice["token_ids"] = output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction)
+    if eng.capture is not None and (ids := capture.captured_ids(
+            prompt_token_ids(cfg.seed, messages),
+            output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction),
+            body.get("kv_transfer_params"))) is not None:  # as vLLM's connector: a file, named top-level
+        path = await asyncio.to_thread(capture.save, eng.capture, uuid.uuid4().hex, ids, digest)
+        reply["kv_transfer_params"] = {"hidden_states_path": path}
     if spec is not None and cfg.per_request_spec_decode_metrics != SpecMetrics.NONE:
         reply["metrics"] = {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
                             "mean_itl_ms": None, "tokens_per_second": None, "speculative_decoding": spec}

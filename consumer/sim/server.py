@@ -26,6 +26,7 @@ from genqueue.consumer.sim.app import (
     SimEngine,
     build_app,
 )
+from genqueue.consumer.sim.capture import parse_layers
 from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, parse_rule
 from genqueue.consumer.sim.text import TOOL_CALL_MODES, make_output, prompt_tokens, sample_length  # noqa: F401 (public API)
 
@@ -258,7 +259,23 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
 @click.option("--token-ids/--no-token-ids", default=SimConfig.token_ids, show_default=True,
               help="Honour return_token_ids (prompt_token_ids, choices[].token_ids), as vLLM 0.10.2+ does; "
                    "--no-token-ids ignores it, as older engines do.")
+@click.option("--capture-dir", default=SimConfig.capture_dir, metavar="DIR",
+              help="Capture hidden states as vLLM's extract_hidden_states does: a request with kv_transfer_params "
+                   "gets a safetensors file in DIR (hidden_states bf16 [tokens, layers, hidden], token_ids), named "
+                   "in the response's kv_transfer_params.hidden_states_path. Off when not given.")
+@click.option("--capture-layers", default=",".join(map(str, SimConfig.capture_layers)), show_default=True,
+              metavar="IDS", help="The layer ids captured (vLLM's eagle_aux_hidden_state_layer_ids), e.g. 2,4.")
+@click.option("--hidden-size", default=SimConfig.hidden_size, show_default=True, type=click.IntRange(1),
+              help="The width of a captured layer.")
+@click.option("--capture-wrong-ids", default=SimConfig.capture_wrong_ids, show_default=True,
+              type=click.FloatRange(0, 1),
+              help="The share of captures saved with one token id wrong (a misaligned capture, for tests).")
 def simulate_command(host: str, port: int, max_num_seqs: int | None, **settings: Any) -> None:
+    try:
+        settings["capture_layers"] = parse_layers(settings["capture_layers"])
+    except ValueError as e:
+        click.echo(f"error: --capture-layers: {e}", err=True)
+        sys.exit(2)
     if max_num_seqs is not None:
         settings["slots"] = max_num_seqs
     settings["spec_acceptance_for"] = tuple(settings["spec_acceptance_for"])
