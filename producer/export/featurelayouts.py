@@ -152,8 +152,8 @@ class FinalNorm:
     layers: int  # the model's decoder layer count: the final layer's id in a capture
 
     def apply(self, x: Float32Array) -> npt.NDArray[Any]:
-        """X [T, H] normed, as bf16."""
-        x32 = x.astype(np.float32)
+        """X [T, H] normed, as bf16 (X taken as the model holds it: in bf16)."""
+        x32 = bf16(x).astype(np.float32)
         normed = x32 / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(self.eps))
         gain = self.weight + 1 if self.gemma_style else self.weight
         if self.gemma_style:  # Gemma multiplies in float32 and rounds once

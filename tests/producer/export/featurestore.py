@@ -43,17 +43,17 @@ def token_rows(n: int, *, seed: int = 0) -> list[dict[str, object]]:
     return rows
 
 
-def features_of(ids: list[int]) -> np.ndarray:
-    return standin_features(ids, LAYERS, HIDDEN, seed=7)
+def features_of(ids: list[int], hidden: int = HIDDEN) -> np.ndarray:
+    return standin_features(ids, LAYERS, hidden, seed=7)
 
 
 def make_run(tmp: Path, rows: list[dict[str, object]], *, dtype: FeatureDtype = FeatureDtype.FP8_E4M3,
              skip: frozenset[int] = frozenset(), extra: dict[str, list[int]] | None = None,
-             full: frozenset[int] = frozenset()) -> Made:
+             full: frozenset[int] = frozenset(), hidden: int = HIDDEN) -> Made:
     """Store the features of ROWS (all but the last input id each, as vLLM captures during
     generation; the rows in FULL all of them, as a prefill pass) but those in SKIP, plus EXTRA
     (feature row -> token ids) no row names; write ROWS as a tokens export."""
-    manifest = FeatureManifest(model="tiny", revision="r1", layer_ids=LAYERS, dtype=dtype, hidden_size=HIDDEN,
+    manifest = FeatureManifest(model="tiny", revision="r1", layer_ids=LAYERS, dtype=dtype, hidden_size=hidden,
                                chat_template_hash="c", vllm_version="v", genqueue_version="g")
     output = tmp / "out"
     writer = FeatureShardWriter(tmp / "spool", RUN, "w1", manifest, max_bytes=6_000)
@@ -61,7 +61,7 @@ def make_run(tmp: Path, rows: list[dict[str, object]], *, dtype: FeatureDtype = 
     store.put_manifest(RUN, manifest)
 
     def put(row: str, ids: list[int]) -> None:
-        writer.append(row, np.asarray(ids, dtype=np.int64), features_of(ids))
+        writer.append(row, np.asarray(ids, dtype=np.int64), features_of(ids, hidden))
         if writer.full:
             store.put_shard(writer.seal())  # type: ignore[arg-type]
 
