@@ -77,6 +77,7 @@ class ErrorClass(StrEnum):
     INVALID_ITEM = "invalid_item"  # an item a job carried that genqueue cannot answer
     JOB_FAILED = "job_failed"  # export: rq gave up on the item's job
     PACK_UNREADABLE = "pack_unreadable"  # rq gave up on the item's job by reference: its pack did not read
+    BAD_CAPTURE = "bad_capture"  # --capture: the engine's hidden states do not fit the answer (never stored)
 
 
 class RejectReason(StrEnum):
@@ -376,6 +377,19 @@ def _shared(a: list[int], b: list[int]) -> int:
     return i
 
 
+class FeatureRef(TypedDict):
+    """Where an answer's captured features are (--capture): row ROW of the run's feature shard
+    SHARD (`<output>/<run>/features/<shard>`, its index beside it), TOKENS tokens of the LAYERS
+    named, stored as DTYPE. Its token ids are the answer's prompt and completion ids but the
+    last completion id (which was never an input): checked before the row was stored."""
+
+    shard: str
+    row: str
+    tokens: int
+    layers: list[int]
+    dtype: str
+
+
 class SpecFigures(TypedDict):
     """An answer's speculative-decoding figures as the engine returned them (vLLM's
     `metrics.speculative_decoding`, --per-request-spec-decode-metrics summary|detailed),
@@ -449,6 +463,7 @@ class TurnRecord(TypedDict, total=False):
     step: int
     token_ids: TokenIds  # --token-ids only
     spec: SpecFigures  # the engine returned speculative-decoding figures for this answer
+    features: FeatureRef  # --capture: this answer's hidden states
 
 
 class RecordBase(TypedDict, total=False):
@@ -492,6 +507,7 @@ class ResultRecord(RecordBase, total=False):
     truncation: TruncationNote
     token_ids: TokenIds  # --token-ids, modes first/last/each (regenerate: per turn)
     spec: SpecFigures  # speculative-decoding figures, when the engine returned them (regenerate: the turns' sum)
+    features: FeatureRef  # --capture, modes first/last/each: the answer's hidden states (regenerate: per turn)
     # regenerate only
     turns: list[TurnRecord]
     history_reasoning: str

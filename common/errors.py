@@ -145,5 +145,12 @@ class PermanentError(EndpointError):
     """400/404/413/422 and the like: the request itself is wrong; recorded, never retried."""
 
 
+class BadCaptureError(PermanentError):
+    """--capture: the hidden states the engine captured for an answer do not fit it (their token
+    ids are not the answer's prompt and completion ids but the last, their layers or width are
+    not the capture's, or the file cannot be read). Never stored as a row: the item's record is
+    an error of class bad_capture, and the request is not sent again."""
+
+
 class ModelNotServedError(UserError):
     """The run names a model that the consumer's endpoint does not serve."""

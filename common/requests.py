@@ -4,7 +4,8 @@ A run's requests differ only by their messages, tools, the item's own seed and a
 retry's budget; everything else comes from the settings: the sampling fields (`--temperature`,
 `--sampling-json`...), a request variant's fields merged over them (chat-template kwargs such as
 `enable_thinking`, a reasoning effort: common/variants.py), and `return_token_ids` for a
-`--token-ids` run. `RequestShape` holds that part; its `fields` are what the producer checks an
+`--token-ids` run; a `--capture` run's answers also ask the engine for their hidden states
+(`kv_transfer_params`, `body(capture=True)`). `RequestShape` holds that part; its `fields` are what the producer checks an
 OpenAI Batch line against (producer/ingest/sources.py), its `body` what the generator sends
 (consumer/answer/generate.py) and the pre-flight probes (consumer/served.py), and its `sampling`
 what a record says it was sent with (consumer/answer/records.py). `n` is never sent (one answer
@@ -20,7 +21,12 @@ from typing import Any
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant
 
-__all__ = ["RequestShape", "item_seed"]
+__all__ = ["CAPTURE_FIELDS", "RequestShape", "item_seed"]
+
+#: What an answer of a --capture run adds to its request: vLLM's KV connector then saves the
+#: hidden states of the prompt and of the generated tokens but the last (which was never an
+#: input), and names the file in the response's `kv_transfer_params.hidden_states_path`.
+CAPTURE_FIELDS: dict[str, Any] = {"kv_transfer_params": {"include_output_tokens": True}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +38,13 @@ class RequestShape:
     sampling: dict[str, Any]
     #: --token-ids: every request asks for its prompt and completion ids (vLLM's return_token_ids)
     token_ids: bool = False
+    #: --capture: the run's answers ask for their hidden states (CAPTURE_FIELDS)
+    capture: bool = False
 
     @classmethod
     def of(cls, settings: RunSettings, variant: Variant | None = None) -> RequestShape:
         """The shape of SETTINGS' requests sent with VARIANT (None: the run's own)."""
-        return cls(settings.request_params(variant), settings.token_ids)
+        return cls(settings.request_params(variant), settings.token_ids, settings.capture is not None)
 
     @property
     def max_tokens(self) -> Any:
@@ -55,11 +63,15 @@ class RequestShape:
         return self.sampling if seed is None else {**self.sampling, "seed": seed}
 
     def body(self, model: str, messages: Sequence[Mapping[str, object]], *, tools: object = None,
-             max_tokens: int | None = None, seed: int | None = None) -> dict[str, object]:
+             max_tokens: int | None = None, seed: int | None = None, capture: bool = False) -> dict[str, object]:
         """The request body for MODEL on MESSAGES: the shape's fields, then what is this
         request's own: a truncation retry's MAX_TOKENS, the item's SEED (one of several samples
-        of a prompt), the item's TOOLS (when it has any)."""
+        of a prompt), the item's TOOLS (when it has any), and for an answer of a --capture run
+        (CAPTURE, not the pre-flight's probe, whose hidden states nobody would read) the fields
+        that ask for its hidden states."""
         body: dict[str, object] = {"model": model, "messages": messages, **self.fields()}
+        if capture and self.capture:
+            body.update(CAPTURE_FIELDS)
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if seed is not None:

@@ -17,6 +17,7 @@ from typing import Any, TypedDict, TypeVar
 import orjson
 
 from genqueue.common import defaults
+from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.redact import redact
@@ -215,9 +216,25 @@ class RunSettings:
     #: fingerprint changes, so a label outside it would never reach their records after an
     #: update, and records of two drafters in one run are told apart by their fingerprints too.
     drafter: str | None = None
+    #: what the run captures besides its answers (`--capture`): a drafter trainer's hidden states.
+    #: It needs token_ids: each captured row is checked against the answer's ids, and the
+    #: trainer aligns the features with them; it excludes drafter: capture takes the engine's
+    #: speculative slot, so an engine that captures runs no drafter.
+    capture: CaptureSettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
+        if isinstance(self.capture, dict) and self.capture.keys() == {"what", "layers", "dtype"}:
+            # read back from Redis or a run.json; another shape is stored_shape_problem's to name
+            object.__setattr__(self, "capture", CaptureSettings(**self.capture))
+        if self.capture is not None:
+            if not self.token_ids:
+                raise UserError("--capture needs --token-ids: each captured row is checked against the answer's "
+                                "token ids (a row whose ids differ is refused, never stored), and a trainer "
+                                "aligns the features with them")
+            if self.drafter is not None:
+                raise UserError("--capture cannot go with --drafter: capturing takes the engine's speculative "
+                                "slot (vLLM's extract_hidden_states), so an engine that captures runs no drafter")
         object.__setattr__(self, "multi_turn", _choice(Mode, self.multi_turn, "--multi-turn"))
         object.__setattr__(
             self, "history_reasoning", _choice(HistoryReasoning, self.history_reasoning, "--history-reasoning")
@@ -266,6 +283,7 @@ class RunSettings:
                          ("expect_reasoning", isinstance(self.expect_reasoning, bool)),
                          ("token_ids", isinstance(self.token_ids, bool)),
                          ("drafter", self.drafter is None or isinstance(self.drafter, str)),
+                         ("capture", self.capture is None or isinstance(self.capture, CaptureSettings)),
                          ("sampling.max_tokens", _is_int(sp.max_tokens)),
                          ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
                          ("sampling.top_p", sp.top_p is None or _is_number(sp.top_p)),
@@ -318,13 +336,14 @@ SETTING_NAMES = frozenset(_TOP_NAMES) | {f"sampling.{name}" for name in _SAMPLIN
 #: Fields added to RunSettings after runs were first stored, with the default each is left out
 #: of the stored form at (RunSettings.to_dict): the fingerprint of a run that never set one is
 #: the one it had before the field existed.
-NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": (), "drafter": None}
+NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": (), "drafter": None, "capture": None}
 
 
 #: Settings `--update-settings` may not change, and why: a run keeps them for its whole life.
 FIXED_SETTINGS: dict[str, str] = {
     "multi_turn": "an item's key is made from the mode, so another mode is another set of items",
     "output": "the results already shipped are under the old output",
+    "capture": "the features already shipped are of one capture, named by one manifest",
 }
 
 
@@ -332,7 +351,7 @@ def check_update(old: RunSettings, new: RunSettings) -> list[str]:
     """The settings that differ between OLD and NEW; UserError when one of them may not change
     on a live run (FIXED_SETTINGS)."""
     changed = new.differences(old)
-    fixed = [name for name in changed if name in FIXED_SETTINGS]
+    fixed = [name.split(".")[0] for name in changed if name.split(".")[0] in FIXED_SETTINGS]
     if fixed:
         raise UserError(f"--update-settings cannot change {fixed[0]} ({FIXED_SETTINGS[fixed[0]]}); "
                         "name a new run with --run")

@@ -12,6 +12,7 @@ import click
 import orjson
 
 from genqueue.common import __version__, defaults
+from genqueue.common.capture import CaptureDtype, CaptureKind, parse_capture
 from genqueue.common.cli import LazyGroup, friendly_errors, redis_option, setup_logging
 from genqueue.common.contracts import HistoryReasoning, Mode, PromptMode, Truncation
 from genqueue.common.errors import UserError
@@ -70,6 +71,9 @@ class EnqueueArgs(TypedDict):
     expect_reasoning: bool
     token_ids: bool
     drafter: str | None
+    capture: str | None
+    capture_layers: str | None
+    capture_dtype: str | None
     output: str
     shared_fs: bool
     no_output_check: bool
@@ -108,6 +112,7 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
         variants=variants,
         token_ids=options["token_ids"],
         drafter=options["drafter"],
+        capture=parse_capture(options["capture"], options["capture_layers"], options["capture_dtype"]),
     )
     return settings, warnings
 
@@ -120,6 +125,7 @@ SETTING_OPTIONS: dict[str, str] = {
     "sampling_json": "sampling.extra", "variants": "variants", "output": "output",
     "max_prompt_chars": "max_prompt_chars", "history_reasoning": "history_reasoning", "truncation": "truncation",
     "expect_reasoning": "expect_reasoning", "token_ids": "token_ids", "drafter": "drafter",
+    "capture": "capture", "capture_layers": "capture", "capture_dtype": "capture",
 }
 
 
@@ -195,6 +201,16 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
                    "running that candidate): status shows it, every record names it, and `producer "
                    "drafter-report` compares its acceptance with another run's. A label: the requests are "
                    "unchanged (it is in the fingerprint).")
+@click.option("--capture", type=click.Choice([k.value for k in CaptureKind]), default=None,
+              help="Capture the target's hidden states of every answer, for a drafter's trainer (EAGLE-3, DFlash, "
+                   "MTP): stored as feature rows in <output>/<run>/features/, each record naming its row. Needs "
+                   "--token-ids and --capture-layers, and engines started to capture (vLLM's "
+                   "extract_hidden_states), which then run no drafter.")
+@click.option("--capture-layers", default=None, metavar="IDS",
+              help="The layer ids to capture, as vLLM's eagle_aux_hidden_state_layer_ids: 0 the embeddings, k the "
+                   "output of decoder layer k (e.g. 2,16,29,32 for EAGLE-3 on a 32-layer model).")
+@click.option("--capture-dtype", type=click.Choice([d.value for d in CaptureDtype]), default=None,
+              help="How features are stored: fp8 (e4m3, a scale per token: half of bf16) or bf16. [default: fp8]")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
 @click.option("--shared-fs", is_flag=True,

@@ -77,4 +77,7 @@ def settings_flags(s: RunSettings) -> list[str]:
         out.append("--expect-reasoning")
     if s.token_ids:
         out.append("--token-ids")
+    if s.capture is not None:
+        out += ["--capture", s.capture.what.value, "--capture-layers", ",".join(map(str, s.capture.layers)),
+                "--capture-dtype", s.capture.dtype.value]
     return [*out, "--output", s.output]

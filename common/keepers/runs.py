@@ -57,6 +57,11 @@ from genqueue.common.settings import (
 
 RUNS = f"{KEY_PREFIX}:runs"
 
+#: The run's counters (in its stats) of the feature rows shipped to its output (--capture), and
+#: their bytes: a redone item's second row is counted too.
+FEATURE_ROWS = "features_rows"
+FEATURE_BYTES = "features_bytes"
+
 #: Consumers' last snapshots: a sorted set of worker names by last-seen time, and one key each.
 CONSUMERS = f"{KEY_PREFIX}:consumers"
 
@@ -317,6 +322,14 @@ class RunStore:
     def add_warning(self, run: str, worker: str, message: str) -> None:
         """Say MESSAGE about RUN from consumer WORKER (`genqueue:run:<run>:warnings`, one per worker)."""
         self.conn.hset(run_key(run, "warnings"), worker, message)
+
+    def count_features(self, run: str, rows: int, size: int) -> None:
+        """A feature shard of RUN is stored (--capture): ROWS rows of SIZE bytes join the run's
+        counters (FEATURE_ROWS, FEATURE_BYTES)."""
+        with self.conn.pipeline() as p:
+            p.hincrby(run_key(run, "stats"), FEATURE_ROWS, rows)
+            p.hincrby(run_key(run, "stats"), FEATURE_BYTES, size)
+            p.execute()
 
     def count_acked(self, run: str, counts: Mapping[str, int], started_at: float, *,
                     clear_checkpoints: Sequence[str] = ()) -> None:

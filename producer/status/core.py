@@ -25,6 +25,7 @@ import click
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.claims import Claims, HeldClaims
@@ -32,7 +33,7 @@ from genqueue.common.keepers.clock import redis_time
 from genqueue.common.keepers.outcomes import outcome_view, read_failed_jobs
 from genqueue.common.keepers.rqaccess import queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
-from genqueue.common.keepers.runs import RunStore
+from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, RunStore
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.runstate import read_pulse, settle
 from genqueue.common.keepers.snapshots import ConsumerReport, ConsumerState, Snapshots, consumer_state
@@ -51,6 +52,7 @@ from genqueue.producer.status.figures import (
 )
 from genqueue.producer.status.frame import Block, Rank, joined
 from genqueue.producer.status.report import (
+    CaptureView,
     ConsumerRow,
     EngineRow,
     HostView,
@@ -205,7 +207,14 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
         "speculation": speculation,
+        "capture": capture_view(info.settings.capture, stats) if info.settings.capture is not None else None,
     }
+
+
+def capture_view(capture: CaptureSettings, stats: dict[str, int]) -> CaptureView:
+    """A --capture run's capture and what of it has shipped (the run's counters)."""
+    return {"what": capture.what.value, "layers": list(capture.layers), "dtype": capture.dtype.value,
+            "rows": stats.get(FEATURE_ROWS, 0), "bytes": stats.get(FEATURE_BYTES, 0)}
 
 
 def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:

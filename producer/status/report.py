@@ -213,6 +213,17 @@ class ClaimedView(TypedDict):
     line: str  # what they mean, in one line ("" when there are none)
 
 
+class CaptureView(TypedDict):
+    """A --capture run's capture: what, which layers, how stored, and the feature rows (and their
+    bytes) the consumers have shipped to its output so far (a redone item's second row counted)."""
+
+    what: str
+    layers: list[int]
+    dtype: str
+    rows: int
+    bytes: int
+
+
 class StatusReport(OutcomeView, total=False):
     """Everything `producer status` shows about one run, as plain data (its --json)."""
 
@@ -267,3 +278,4 @@ class StatusReport(OutcomeView, total=False):
     priority: int
     share: FleetShare
     speculation: SpeculationView | None  # None: the run has no speculative-decoding figures
+    capture: CaptureView | None  # None: the run captures nothing (no --capture)

@@ -56,6 +56,9 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     rows.append(("model", str(s.get("model") or "(whatever the endpoints serve)")))
     if s.get("drafter"):
         rows.append(("drafter", f"{s['drafter']}  (an evaluation of this drafter: producer drafter-report {r['run']})"))
+    if c := r.get("capture"):
+        rows.append(("capture", (f"on: {c['what']}, layers {','.join(map(str, c['layers']))}, {c['dtype']}; "
+                                f"{c['rows']:,} rows, {c['bytes'] / 1e6:,.1f} MB shipped")))
     rows.append(("output", redact(str(s.get("output")))
                  + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")))
     alarm: set[int] = set()
