@@ -37,6 +37,7 @@ PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT /
 SECTIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("producer", "enqueue"): ("docs/enqueue.md", "## `producer enqueue PATH`"),
     ("producer", "export"): ("docs/export.md", "## `producer export`"),
+    ("producer", "export-features"): ("docs/export.md", "## `producer export-features`"),
     ("producer", "parity"): ("docs/export.md", "## `producer parity`"),
     ("producer", "status"): ("docs/operations.md", "## `producer status`"),
     ("producer", "drafter-report"): ("docs/operations.md", "## `producer drafter-report`"),
@@ -185,7 +186,7 @@ def unknown_options(text: str) -> list[str]:
     and so is what follows ` -- ` (the engine's arguments) or a shell separator."""
     bad: list[str] = []
     for line in command_lines(text):
-        for m in re.finditer(r"(?<![\w/-])(producer|consumer) ([a-z]+)\b", line):
+        for m in re.finditer(r"(?<![\w/-])(producer|consumer) ([a-z]+(?:-[a-z]+)*)(?![\w-])", line):
             group_name, name = m[1], m[2]
             grp = GROUPS[group_name]
             assert isinstance(grp, click.Group)

@@ -12,6 +12,9 @@ reads, and accounts for every item of the run (done, partial, failed, refused, m
 - sources.py: reading shards from a local folder or S3;
 - parity.py / hf_render.py / parity_command.py: `producer parity`, the recorded prompt ids
   against the model's tokenizer and chat template.
+- features.py / featurewriters.py / featurelayouts.py / featurescmd.py: `producer
+  export-features`, the captured hidden states joined by id to the tokens rows, in the files
+  speculators, SpecForge or `datasets` read.
 
 May import: genqueue.common, genqueue.producer.outfiles, genqueue.producer.packitems, genqueue.producer.rungone, genqueue.producer.ingest.sources
 """
