@@ -122,10 +122,7 @@ def export_features(plan: FeaturePlan, index: FeatureIndex, source: str) -> Feat
         _into_place(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    written = [Path(root) / n for root, _, names in os.walk(out) for n in names if n != FILES_MANIFEST]
-    record_written(written)
-    result.files = len(written)
-    result.bytes = sum(p.stat().st_size for p in written)
+    record_written([Path(root) / n for root, _, names in os.walk(out) for n in names if n != FILES_MANIFEST])
     result.seconds = round(time.monotonic() - t0, 3)
     return result
 
@@ -182,6 +179,10 @@ def _write(plan: FeaturePlan, index: FeatureIndex, stage: Path, r: FeatureExport
                            f"{TOKEN_FREQ_JSON} holds the same counts")
     if plan.torch is not None:
         plan.torch.run()
+    # counted once, here, so the summary file and the printed summary say the same (the summary
+    # file and the ownership manifest aside: the summary cannot count its own bytes)
+    data = [Path(root) / n for root, _, names in os.walk(stage) for n in names]
+    r.files, r.bytes = len(data), sum(p.stat().st_size for p in data)
     (stage / SUMMARY_FILE).write_bytes(orjson.dumps(r.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
 
 

@@ -172,6 +172,11 @@ def test_cli_writes_the_folder_and_exits_1_for_rows_without_features(registered:
     assert res.returncode == 1, res.stderr
     summary = orjson.loads(res.stdout)
     assert (summary["rows_exported"], summary["rows_without_features"]) == (2, 1)
+    # the folder's own summary says what the printed one says (it read 0 files, 0 bytes when it was
+    # written before the count)
+    kept = orjson.loads((out / "genqueue-features.json").read_bytes())
+    assert summary["files"] > 0 and summary["bytes"] > 0
+    assert (kept["files"], kept["bytes"], kept["rows_exported"]) == (summary["files"], summary["bytes"], 2)
     assert res.stderr.strip().splitlines()[-1].startswith("error: 1 of 3 tokens rows have no features")
     res = cli("producer", *args, "--allow-partial", check=False)
     assert res.returncode == 0, res.stderr
