@@ -48,6 +48,7 @@ from genqueue.common.storage.packcache import PackCache
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
+from genqueue.consumer.capture.features import CaptureKeeper
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter, Steering
@@ -108,7 +109,10 @@ class Consumer:
         self.outbox = Outbox(cfg.spool, self.worker.name, max_bytes=cfg.shard_max_bytes,
                              max_age=cfg.shard_max_age, spool_limit=cfg.spool_limit,
                              store_for=store_for or default_store_for, output_of=self._output_of,
-                             on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone)
+                             on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone,
+                             on_features=self._features_shipped)
+        # --capture: the engine's capture files become rows of the outbox's feature shards
+        self.capture = CaptureKeeper(self.outbox.features.append)
         self._spool_lock: IO[str] | None = None
         # A Redis that rewinds (consumer/guards/rewind.py): stamped marks, held runs, rebuilt marks.
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
@@ -137,6 +141,10 @@ class Consumer:
             self._shipped_seq[run] = max(seq, self._shipped_seq.get(run, 0))
         if seq is not None and await self.acker.shipped(run, seq):
             self.wake.set()
+
+    async def _features_shipped(self, run: str, rows: int, size: int) -> None:
+        """A feature shard of RUN is stored: its rows and bytes join the run's count (status)."""
+        await self.rq.call(self.store.count_features, run, rows, size)
 
     async def _ended_elsewhere(self, run: str) -> None:
         """A job of RUN completed by an item whose result another consumer shipped: ack it once
@@ -218,6 +226,7 @@ class Consumer:
             with contextlib.suppress(Exception):
                 self._snap_conn.close()
             self.outbox.close()
+            self.capture.close()
             self._release_spool()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(checkpoints.close(), timeout=max(self.stop.left(), 0.5))
@@ -239,7 +248,7 @@ class Consumer:
     async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
         cfg = self.cfg
         gate = Gate(client)
-        gen = Generator(client, gate, max_attempts=cfg.max_attempts, checkpoints=checkpoints)
+        gen = Generator(client, gate, max_attempts=cfg.max_attempts, checkpoints=checkpoints, features=self.capture)
         served = ServedRuns(self.rq, self.store, client, gen, endpoint=cfg.endpoint, only_run=cfg.run,
                             identity=self.identity, worker=self.worker.name,
                             request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait,
@@ -446,9 +455,12 @@ class Consumer:
         The spool's lock (held since start) proves that consumer is dead: every shard here not
         of our own making is a leftover. With the store unreachable, they wait in the queue."""
         mine = self.worker.name
+        features = await self.rq.call(self.outbox.features.leftovers, lambda worker: worker != mine)
         shards = await self.rq.call(leftover_shards, self.cfg.spool, lambda worker: worker != mine)
-        if not shards:
+        if not shards and not features:
             return
+        for feature_shard in features:  # first: the records name them
+            self.outbox.enqueue(feature_shard)
         for shard in shards:
             self.outbox.enqueue(shard)
         log.info("shipping %d shard(s) left in the spool by an earlier consumer", len(shards))

@@ -20,7 +20,7 @@ from typing import Required, TypedDict, cast
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Outcome, ReasoningForm, SpecFigures, TokenIds, ToolCall, Usage
+from genqueue.common.contracts import FeatureRef, Outcome, ReasoningForm, SpecFigures, TokenIds, ToolCall, Usage
 from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.answer.spec import read_spec
 
@@ -70,6 +70,7 @@ class ChatResponse(TypedDict, total=False):
     model: str | None
     usage: _ReplyUsage | None
     prompt_token_ids: list[int] | None  # return_token_ids (vLLM)
+    kv_transfer_params: dict[str, object] | None  # a capturing engine's: hidden_states_path
 
 
 @dataclass(slots=True)
@@ -87,6 +88,8 @@ class Turn:
     token_ids: TokenIds | None = None  # the prompt's and the answer's ids, when the server sent both
     spec: SpecFigures | None = None  # speculative-decoding figures, when the server sent them (consumer/answer/spec.py)
     spec_ignored: str | None = None  # why the server's figures were ignored (malformed; advisory, never fatal)
+    capture_path: str | None = None  # a capturing engine's file of this answer's hidden states
+    features: FeatureRef | None = None  # --capture: the feature row it became, once kept (generate.py)
 
     @property
     def outcome(self) -> Outcome:
@@ -162,6 +165,8 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
     if prompt_ids is not None and completion_ids is not None:
         ids = {"prompt": prompt_ids, "completion": completion_ids}
     spec, spec_ignored = read_spec(cast(dict[str, object], body))
+    kv = body.get("kv_transfer_params") or {}
+    path = kv.get("hidden_states_path")
     return Turn(
         content=content,
         raw_content=raw,
@@ -174,6 +179,7 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
         token_ids=ids,
         spec=spec,
         spec_ignored=spec_ignored,
+        capture_path=path if isinstance(path, str) else None,
     )
 
 
@@ -218,6 +224,9 @@ def _checked(resp: object) -> ChatResponse:
     model = resp.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad(resp, f"model is {_kind(model)}, not a string")
+    kv = resp.get("kv_transfer_params")
+    if kv is not None and not (isinstance(kv, dict) and isinstance(kv.get("hidden_states_path", ""), str)):
+        raise _bad(resp, "kv_transfer_params is not an object with a string hidden_states_path")
     for where, ids in (("prompt_token_ids", resp.get("prompt_token_ids")),
                        ("choices[0].token_ids", choice.get("token_ids"))):
         if ids is not None and not _is_ids(ids):

@@ -14,6 +14,14 @@ recorded results are spliced in, answering the target's call ids, and the target
 again on them; at the first divergence (other calls, none, or a call the recording did not
 make) the conversation ends there, noted `tool_call_diverged`.
 
+Capture (--capture runs): every answer asks the engine for its hidden states, and each answer
+kept is handed with its capture to the FeatureSink (consumer/capture/features.py), which stores
+it as a feature row, checked against the answer's token ids, before the record that names it is
+built; an answer not kept (retried, or dropped) has its capture discarded. A capture that does not
+fit its answer is a BadCaptureError: the item's error (class bad_capture), or in regenerate where
+its conversation stops. A capture run never resumes a conversation from a checkpoint: the earlier
+turns' rows would be in the spool of the consumer that answered them, which may never ship.
+
 Fail closed: every failed attempt spends one of `max_attempts` (faults.RetryPolicy). Only
 while the Gate is closed (its /health check failed) do requests wait without spending
 attempts. Whatever goes wrong, `answer` returns a record: the item never ends in an exception.
@@ -27,13 +35,16 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from genqueue.common import defaults
+from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import (
     ChatMessage,
     ConsumerInfo,
     ErrorClass,
     ErrorRecord,
+    FeatureRef,
     Item,
     Mode,
     Note,
@@ -56,13 +67,30 @@ from genqueue.consumer.answer.completion import Turn, parse_completion
 from genqueue.consumer.answer.faults import EndpointRefused, RetryKind, RetryPolicy
 from genqueue.consumer.answer.tool_turns import call_summary, match_calls, splice_results
 
-__all__ = ["Gate", "Generator", "RunContext", "retry_budget"]
+__all__ = ["FeatureSink", "Gate", "Generator", "RunContext", "retry_budget"]
 
 log = logging.getLogger(__name__)
 
 #: Why an answer of a --token-ids run is not usable when the server left its ids out.
 NO_TOKEN_IDS = ("the run keeps token ids (--token-ids), but the server returned no prompt_token_ids and "
                 "choices[0].token_ids (vLLM's return_token_ids)")
+#: Why an answer of a --capture run is not usable when the server named no capture file.
+NO_CAPTURE = ("the run captures hidden states (--capture), but the server returned no "
+              "kv_transfer_params.hidden_states_path (an engine started without extract_hidden_states and its "
+              "connector?)")
+
+
+class FeatureSink(Protocol):
+    """Where a --capture run's answers' hidden states go (consumer/capture/features.py)."""
+
+    async def keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
+                   expected: list[int]) -> FeatureRef:
+        """Store the capture at PATH as ROW once its token ids are EXPECTED; raises BadCaptureError."""
+        ...
+
+    def discard(self, path: str) -> None:
+        """Remove the capture of an answer that is not kept."""
+        ...
 
 
 @dataclass
@@ -103,12 +131,13 @@ class Generator:
 
     def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = defaults.MAX_ATTEMPTS,
                  checkpoints: Checkpoints | None = None, backoff_base: float = defaults.BACKOFF_BASE,
-                 backoff_cap: float = defaults.BACKOFF_CAP) -> None:
+                 backoff_cap: float = defaults.BACKOFF_CAP, features: FeatureSink | None = None) -> None:
         self.client = client
         self.gate = gate
         self.policy = RetryPolicy(max(1, max_attempts), backoff_base, backoff_cap)
         self.backing_off = 0  # requests sleeping before a retry now
         self.checkpoints = checkpoints
+        self.features = features
         self.failures: collections.Counter[RetryKind] = collections.Counter()  # failed attempts by kind
         self._log = RepeatedLog(log)
         self.spec_ignored = 0  # answers whose speculative-decoding figures were malformed (ignored)
@@ -120,15 +149,21 @@ class Generator:
         waits without spending attempts), or give up. Raises PermanentError, or the last
         TransientError (BadResponseError included) once the attempts are spent. A run with
         --token-ids asks for them; an answer without them is a BadResponseError unless not
-        NEED_IDS (the pre-flight probe, which says so in one line itself)."""
-        body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed)
+        NEED_IDS (the pre-flight probe, which says so in one line itself). An answer of a
+        --capture run (not the probe) asks for its hidden states, and is a BadResponseError
+        without them."""
+        capture = need_ids and ctx.shape.capture
+        body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed, capture=capture)
         attempt = 0
         while True:
             await self.gate.up.wait()
             try:
                 turn = parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
                 if need_ids and ctx.shape.token_ids and turn.token_ids is None:
+                    self.discard(turn)
                     raise BadResponseError(NO_TOKEN_IDS, snippet="")
+                if capture and turn.capture_path is None:
+                    raise BadResponseError(NO_CAPTURE, snippet="")
                 if turn.spec_ignored is not None:  # advisory figures: counted and said, the answer kept
                     self.spec_ignored += 1
                     self._log.warning("spec:ignored", "ignored the speculative-decoding figures of an answer from "
@@ -192,16 +227,38 @@ class Generator:
         if budget is None:
             return turn, note
         note["max_tokens"] = budget
+        self.discard(turn)  # the cut answer is not kept
         return await self.request(ctx, messages, tools, max_tokens=budget, seed=seed), note
+
+    def discard(self, turn: Turn) -> None:
+        """TURN is not kept: its capture, if the engine made one, goes."""
+        if turn.capture_path is not None and self.features is not None:
+            self.features.discard(turn.capture_path)
+
+    async def capture(self, ctx: RunContext, row: str, turn: Turn) -> None:
+        """--capture: TURN is kept; its hidden states become feature row ROW (turn.features names
+        it). Raises BadCaptureError for a capture that does not fit TURN."""
+        capture = ctx.settings.capture
+        if capture is None or turn.capture_path is None:
+            return
+        if self.features is None:
+            raise RuntimeError("a capture run's answer reached a generator with no feature sink")
+        ids = turn.token_ids
+        if ids is None:  # request() refuses such an answer in a capture run (capture needs --token-ids)
+            raise RuntimeError("a captured answer without its token ids")
+        turn.features = await self.features.keep(ctx.run, capture, ctx.model, row, turn.capture_path,
+                                                 ids["prompt"] + ids["completion"][:-1])
 
     async def _single(self, ctx: RunContext, item: Item) -> records.Ending:
         messages = records.messages_of(item)
         try:
             turn, note = await self.complete(ctx, messages, item.get("tools"), item_seed(item))
+            if turn.outcome != Outcome.FINISHED and ctx.settings.truncation == Truncation.ERROR:
+                self.discard(turn)
+                return records.Cut(messages, turn)
+            await self.capture(ctx, item["key"], turn)
         except (PermanentError, TransientError) as e:
             return records.Failed(messages, e)
-        if turn.outcome != Outcome.FINISHED and ctx.settings.truncation == Truncation.ERROR:
-            return records.Cut(messages, turn)
         return records.Answered(messages, turn, note)
 
     async def _regenerate(self, ctx: RunContext, item: Item) -> records.Ending:
@@ -212,7 +269,8 @@ class Generator:
         history: list[ChatMessage] = []
         turns: list[TurnRecord] = []
         pos = 0
-        state = await self._load_checkpoint(ctx, item, len(source)) if total_user_turns > 1 else None
+        resumable = total_user_turns > 1 and ctx.settings.capture is None
+        state = await self._load_checkpoint(ctx, item, len(source)) if resumable else None
         if state is not None:
             history, turns, pos = state
         stopped: Stopped | None = None
@@ -233,6 +291,10 @@ class Generator:
             while True:  # the user turn's answer, and one more after each spliced tool result
                 try:
                     turn, note = await self.complete(ctx, list(history), tools, seed)
+                    if turn.outcome != Outcome.FINISHED and ctx.settings.truncation == Truncation.ERROR:
+                        self.discard(turn)  # dropped below
+                    else:  # kept below, as its turn's answer
+                        await self.capture(ctx, feature_row(item["key"], user_turn, step), turn)
                 except (PermanentError, TransientError) as e:
                     if not turns:
                         return records.Failed(list(history), e)
@@ -276,7 +338,7 @@ class Generator:
                 step += 1
             if stopped is not None:
                 break
-            if self.checkpoints is not None and user_turn + 1 < total_user_turns:
+            if self.checkpoints is not None and resumable and user_turn + 1 < total_user_turns:
                 await self.checkpoints.save(ctx.run, item["key"], {"history": history, "turns": turns, "pos": pos})
         return records.Conversation(history, turns, stopped, history_reasoning, total_user_turns, resumed_at)
 
@@ -305,6 +367,11 @@ class Generator:
             return history, turns, pos
         self._log.warning("checkpoint", "checkpoint of %s does not fit the item; starting at turn 1", item["key"])
         return None
+
+
+def feature_row(key: str, user_turn: int, step: int) -> str:
+    """regenerate: the feature row id of the answer at STEP of USER_TURN of the item KEY."""
+    return f"{key}:{user_turn}" + (f".{step}" if step else "")
 
 
 def retry_budget(max_model_len: int | None, prompt_tokens: int | None, max_tokens: int) -> int | None:

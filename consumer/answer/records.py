@@ -142,6 +142,8 @@ def result_record(base: RecordBase, turn: Turn, model: str, truncation: Truncati
         rec["token_ids"] = turn.token_ids
     if turn.spec is not None:
         rec["spec"] = turn.spec
+    if turn.features is not None:
+        rec["features"] = turn.features
     if truncation is not None:
         rec["truncation"] = truncation
     return rec
@@ -214,6 +216,8 @@ def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | No
         entry["token_ids"] = turn.token_ids
     if turn.spec is not None:
         entry["spec"] = turn.spec
+    if turn.features is not None:
+        entry["features"] = turn.features
     if spliced is not None:
         entry["tool_results_spliced"] = spliced
     return entry

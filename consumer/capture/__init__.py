@@ -4,7 +4,8 @@
   so it imports only the standard library, torch and vLLM);
 - engine_args.py: the engine flags and environment that turn capture on, and the request field
   that keeps the generated tokens' hidden states too;
-- captured.py: one captured file read back (safetensors parsed here; no torch needed).
+- captured.py: one captured file read back (safetensors parsed here; no torch needed);
+- features.py: an answer's capture checked against its token ids and kept as a feature row.
 
 May import: genqueue.common
 """

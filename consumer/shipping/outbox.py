@@ -5,6 +5,11 @@ results from being written: sealed shards queue up on local disk, the shipper re
 backoff, and the consumer pauses admission once the spool passes its size limit. Shards of a
 run are shipped in order, so "shipped up to seq N" is one number per run, and a job is
 acked once the last shard holding its results is shipped.
+
+A --capture run's feature shards (features.py) ride the same line: a run's open feature shard
+is sealed whenever its result shard is, and queued before it, so every feature row a record
+names is stored before that record is (and before its job is acked). A feature shard lost from
+the spool makes every later result shard of ours that names it lost too: its jobs are redone.
 """
 
 from __future__ import annotations
@@ -22,13 +27,18 @@ from enum import StrEnum
 
 from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Record
+from genqueue.common.features import FeatureStore, SealedFeatureShard, feature_store_for
 from genqueue.common.keepers.marks import Place, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
+from genqueue.consumer.shipping.features import FeatureOutputs, FeatureSpool, feature_shards_of
 from genqueue.consumer.shipping.shards import ShardWriter
 
 log = logging.getLogger(__name__)
+
+#: What waits in the shipping line: a result shard, or a feature shard its records may name.
+Sealed = SealedShard | SealedFeatureShard
 
 
 class ShipOutcome(StrEnum):
@@ -74,7 +84,9 @@ class Outbox:
                  store_for: Callable[[str], ShardStore], output_of: Callable[[str], Awaitable[str | None]],
                  on_shipped: Callable[[str, int | None, ShardMarks], Awaitable[object]],
                  on_lost: Callable[[str, int], Awaitable[object]],
-                 on_no_run: Callable[[str], Awaitable[object]]) -> None:
+                 on_no_run: Callable[[str], Awaitable[object]],
+                 feature_store_for: Callable[[str], FeatureStore] = feature_store_for,
+                 on_features: Callable[[str, int, int], Awaitable[object]] | None = None) -> None:
         self.spool = spool
         self.worker = worker
         self.max_bytes = max_bytes
@@ -87,7 +99,13 @@ class Outbox:
         self._on_lost = on_lost
         self._on_no_run = on_no_run
         self.writers: dict[str, ShardWriter] = {}
-        self.queue: collections.deque[SealedShard] = collections.deque()
+        self.queue: collections.deque[Sealed] = collections.deque()
+        # --capture: the open feature shards, where they ship, and what a lost one takes with it
+        self.features = FeatureSpool(spool, worker)
+        self._feature_outputs = FeatureOutputs(self.features, feature_store_for)
+        self._on_features = on_features
+        self._names: dict[tuple[str, int], set[str]] = {}  # (run, seq) of ours -> feature shards its records name
+        self._lost_features: set[tuple[str, str]] = set()  # (run, feature shard)
         self.waiting_bytes = 0  # sealed, not yet shipped
         self.shipping = False
         self.stats: collections.Counter[str] = collections.Counter()
@@ -102,7 +120,7 @@ class Outbox:
         self.stopping_hard = False
         self._orphaned: set[str] = set()
         self._queued_at: dict[str, float] = {}
-        self._parked: dict[str, list[SealedShard]] = {}  # shards of runs gone from Redis
+        self._parked: dict[str, list[Sealed]] = {}  # shards of runs gone from Redis
         self._marks: dict[tuple[str, int], ShardMarks] = {}  # (run, seq) of our own shards
         self._read_marks: dict[str, ShardMarks] = {}  # leftover shards, read back from disk
         # run -> item digest -> seq of our shard not shipped yet that holds a result of it
@@ -117,6 +135,8 @@ class Outbox:
             w = self.writers[run] = ShardWriter(self.spool, run, self.worker, max_bytes=self.max_bytes,
                                                 max_age=self.max_age)
         seq = w.append(record)
+        if names := feature_shards_of(record):
+            self._names.setdefault((run, seq), set()).update(names)
         marks = self._marks.get((run, seq))
         if marks is None:
             marks = self._marks[(run, seq)] = ShardMarks()
@@ -153,7 +173,7 @@ class Outbox:
 
     @property
     def spool_bytes(self) -> int:
-        return self.waiting_bytes + sum(w.open_bytes for w in self.writers.values())
+        return self.waiting_bytes + sum(w.open_bytes for w in self.writers.values()) + self.features.open_bytes
 
     def full(self) -> bool:
         """Whether admission should pause: the spool is past its limit, or its disk refuses
@@ -166,13 +186,18 @@ class Outbox:
         age, whose run has nothing left in flight (idle_runs), or all of them (force). A disk
         that refuses is a pause, not a stall: reported in disk_error, retried at the next call,
         cleared by itself when writes succeed. Returns whether every write succeeded."""
-        for run, w in self.writers.items():
+        for run in [*self.writers, *(r for r in self.features.runs() if force and r not in self.writers)]:
+            w = self.writers.get(run)
             try:
-                if w.records and (force or run in idle_runs or w.due()):
-                    shard = w.seal()
+                if force or (w is not None and w.records and (run in idle_runs or w.due() or self.features.full(run))):
+                    # its feature rows first: every row the records name is in a shard queued before theirs
+                    features = self.features.seal(run)
+                    if features is not None:
+                        self.enqueue(features)
+                    shard = w.seal() if w is not None else None
                     if shard is not None:
                         self.enqueue(shard)
-                else:
+                elif w is not None:
                     w.flush()
             except OSError as e:
                 self._disk_failed(e)
@@ -197,7 +222,7 @@ class Outbox:
             log.error("%s; pausing admission, results kept in memory, leases kept; retrying", msg)
         self.disk_error = msg
 
-    def enqueue(self, shard: SealedShard) -> None:
+    def enqueue(self, shard: Sealed) -> None:
         self.queue.append(shard)
         self._queued_at[shard.name] = time.time()
         self.waiting_bytes += shard.bytes
@@ -214,12 +239,16 @@ class Outbox:
             shard = self.queue[0]
             self.shipping = True
             try:
-                outcome = await self._ship(shard)
+                outcome = await (self._ship_features(shard) if isinstance(shard, SealedFeatureShard)
+                                 else self._ship(shard))
             finally:
                 self.shipping = False
             self.queue.popleft()
             self._queued_at.pop(shard.name, None)
             self.waiting_bytes -= shard.bytes
+            if isinstance(shard, SealedFeatureShard):
+                await self._features_done(shard, outcome)
+                continue
             # A leftover shard of an earlier consumer carries that consumer's sequence numbers:
             # shipped, it marks its items done and acks nothing of ours; lost, it redoes nothing.
             mine = self._mine(shard)
@@ -227,6 +256,7 @@ class Outbox:
                 or self._read_marks.pop(shard.name, None)
             if mine:
                 self._forget_written(shard.run, shard.seq, marks)
+                self._names.pop((shard.run, shard.seq), None)
             if outcome is ShipOutcome.SHIPPED:
                 await self._on_shipped(shard.run, shard.seq if mine else None, marks or ShardMarks())
             elif outcome is ShipOutcome.LOST:
@@ -238,29 +268,26 @@ class Outbox:
                     self._read_marks[shard.name] = marks
                 await self._on_no_run(shard.run)
 
-    async def _ship(self, shard: SealedShard) -> ShipOutcome:
+    async def _output(self, shard: Sealed) -> str | None:
+        """The output SHARD's run ships to; None (said once) while the run is gone from Redis."""
         output = await self._output_of(shard.run)
-        if output is None:
-            if shard.run not in self._orphaned:
-                self._orphaned.add(shard.run)
-                log.info("shards of run %s are kept in %s until the run is back in Redis", shard.run,
-                         shard.path.parent)
-            return ShipOutcome.NO_RUN
-        store = self._stores.get(output)
+        if output is None and shard.run not in self._orphaned:
+            self._orphaned.add(shard.run)
+            log.info("shards of run %s are kept in %s until the run is back in Redis", shard.run, shard.path.parent)
+        return output
+
+    async def _put(self, shard: Sealed, put: Callable[[], str]) -> str | None:
+        """PUT SHARD (in the shipping thread) until it is stored; where it went, or None when the
+        spool lost it (deleted by hand, or a disk problem)."""
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             try:
-                if store is None:
-                    store = self._stores[output] = await loop.run_in_executor(self._pool, self._store_for, output)
-                dest = await loop.run_in_executor(self._pool, store.ship, shard)
-                break
+                return await loop.run_in_executor(self._pool, put)
             except FileNotFoundError as e:
-                # The spool lost the shard (deleted by hand, or a disk problem): its results
-                # are gone, so its jobs must not be acked. Say so and let the consumer redo them.
                 log.error("shard %s vanished from the spool (%s): its jobs will be redone", shard.name, e)
                 self.stats["shards_lost"] += 1
-                return ShipOutcome.LOST
+                return None
             except Exception as e:
                 if self.stopping_hard:
                     raise
@@ -271,6 +298,31 @@ class Outbox:
                 log.warning("shipping %s failed (%s); retrying in %.1f s", shard.name, self.last_error, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
+
+    async def _ship(self, shard: SealedShard) -> ShipOutcome:
+        output = await self._output(shard)
+        if output is None:
+            return ShipOutcome.NO_RUN
+        if self._mine(shard):
+            lost = {name for name in self._names.get((shard.run, shard.seq), ()) if (shard.run, name) in self._lost_features}
+            if lost:  # its records name features that never reached the output: not a result to keep
+                log.error("shard %s names feature shard(s) %s the spool lost: its jobs will be redone", shard.name,
+                          ", ".join(sorted(lost)))
+                self.stats["shards_lost"] += 1
+                shard.path.unlink(missing_ok=True)
+                return ShipOutcome.LOST
+
+        def put() -> str:
+            store = self._stores.get(output)
+            if store is None:
+                store = self._stores[output] = self._store_for(output)
+            return store.ship(shard)
+
+        dest = await self._put(shard, put)
+        if dest is None:
+            # its results are gone, so its jobs must not be acked: the consumer redoes them
+            return ShipOutcome.LOST
+        loop = asyncio.get_running_loop()
         if not self._mine(shard):
             self._read_marks[shard.name] = await loop.run_in_executor(self._pool, marks_of_file, shard.path)
         shard.path.unlink(missing_ok=True)
@@ -283,6 +335,33 @@ class Outbox:
         log.debug("shipped %s (%d records, %d bytes) to %s", shard.name, shard.records, shard.bytes, redact(dest))
         return ShipOutcome.SHIPPED
 
+    async def _ship_features(self, shard: SealedFeatureShard) -> ShipOutcome:
+        """Put a feature shard, its capture's manifest first (once per output), then its index."""
+        output = await self._output(shard)
+        if output is None:
+            return ShipOutcome.NO_RUN
+        dest = await self._put(shard, lambda: self._feature_outputs.put(output, shard))
+        if dest is None:
+            return ShipOutcome.LOST
+        self.last_error = None
+        self.last_upload_at = time.time()
+        self.stats["feature_shards"] += 1
+        self.stats["feature_bytes"] += shard.bytes
+        log.debug("shipped %s (%d feature rows, %d bytes) to %s", shard.name, len(shard.index.entries), shard.bytes,
+                  redact(dest))
+        return ShipOutcome.SHIPPED
+
+    async def _features_done(self, shard: SealedFeatureShard, outcome: ShipOutcome) -> None:
+        if outcome is ShipOutcome.SHIPPED:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.features.shipped, shard)
+            if self._on_features is not None:
+                await self._on_features(shard.run, len(shard.index.entries), shard.bytes)
+        elif outcome is ShipOutcome.LOST:
+            self._lost_features.add((shard.run, shard.name))
+        else:
+            self._parked.setdefault(shard.run, []).append(shard)
+            await self._on_no_run(shard.run)
+
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every sealed shard is shipped; False if TIMEOUT passed first."""
         loop = asyncio.get_running_loop()
@@ -293,7 +372,7 @@ class Outbox:
             await asyncio.sleep(0.05)
         return True
 
-    def unshipped(self) -> list[SealedShard]:
+    def unshipped(self) -> list[Sealed]:
         """Sealed shards still on local disk: queued, or kept for a run gone from Redis. Read at
         exit, after the last flush, so the stop line counts what is truly left."""
         parked = [shard for shards in self._parked.values() for shard in shards]
@@ -311,7 +390,7 @@ class Outbox:
                 log.warning("run %s is back: shipping %s, kept in the spool while it was gone", run, shard.name)
                 self.enqueue(shard)
 
-    def _mine(self, shard: SealedShard) -> bool:
+    def _mine(self, shard: Sealed) -> bool:
         return shard.name.startswith(self.worker + "-")
 
     def snapshot(self) -> OutboxSnapshot:
@@ -324,7 +403,8 @@ class Outbox:
     def _runs(self) -> dict[str, RunShipping]:
         waiting: dict[str, list[SealedShard]] = {}
         for shard in self.queue:
-            waiting.setdefault(shard.run, []).append(shard)
+            if isinstance(shard, SealedShard):
+                waiting.setdefault(shard.run, []).append(shard)
         out = {}
         for run in sorted(set(self._shipped_by_run) | set(waiting) | set(self.writers)):
             n, b, last = self._shipped_by_run.get(run, (0, 0, 0.0))
@@ -337,4 +417,5 @@ class Outbox:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
 

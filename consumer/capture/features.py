@@ -1,0 +1,103 @@
+"""An answer's captured hidden states kept as a feature row, or refused (--capture runs).
+
+For each answer of a capture run the engine writes a file (captured.py reads it); `keep` reads
+it, checks that its token ids are the answer's prompt ids and completion ids but the last (what
+vLLM's connector saves with `include_output_tokens`) and that it holds the capture's layer
+count, stores it as a row of the run's feature shard (through APPEND: the outbox's FeatureSpool,
+durable when it returns), and removes the file. A capture that does not fit raises
+BadCaptureError naming the first place it differs: a misaligned row is never stored.
+
+The work (a file read, the encoding, an fsync) runs in one thread of its own, so rows are
+appended one at a time and the event loop never waits on a disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
+
+from genqueue.common import __version__
+from genqueue.common.capture import CaptureDtype, CaptureSettings
+from genqueue.common.contracts import FeatureRef
+from genqueue.common.errors import BadCaptureError, FeatureValueError, PermanentError
+from genqueue.common.features import FeatureDtype, FeatureManifest, IndexEntry
+from genqueue.consumer.capture.captured import read_capture, remove_capture
+
+log = logging.getLogger(__name__)
+
+#: How a run's --capture-dtype is stored (common/features/codec.py).
+DTYPES: dict[CaptureDtype, FeatureDtype] = {CaptureDtype.FP8: FeatureDtype.FP8_E4M3, CaptureDtype.BF16: FeatureDtype.BF16}
+
+#: Stores one row: (run, manifest, row id, token ids, hidden states) -> its index entry.
+Append = Callable[[str, FeatureManifest, str, npt.NDArray[np.int64], npt.NDArray[np.float32]], IndexEntry]
+
+
+def manifest_for(capture: CaptureSettings, model: str, hidden_size: int) -> FeatureManifest:
+    """The manifest of a run's capture as this consumer answers it (MODEL: the served name)."""
+    return FeatureManifest(model=model, revision="", layer_ids=capture.layers, dtype=DTYPES[capture.dtype],
+                           hidden_size=hidden_size, chat_template_hash="", vllm_version="",
+                           genqueue_version=__version__)
+
+
+def first_difference(found: list[int], expected: list[int]) -> str:
+    """Where FOUND first differs from EXPECTED, in words."""
+    n = min(len(found), len(expected))
+    at = next((i for i in range(n) if found[i] != expected[i]), n)
+    if at < n:
+        return f"token {at} is id {found[at]}, the answer's is {expected[at]}"
+    return f"{len(found)} token ids, the answer has {len(expected)} (prompt and completion but the last)"
+
+
+class CaptureKeeper:
+    """Turns the engine's capture files into feature rows (the generator's FeatureSink)."""
+
+    def __init__(self, append: Append) -> None:
+        self._append = append
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture")
+
+    async def keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
+                   expected: list[int]) -> FeatureRef:
+        """Store the capture at PATH as ROW of RUN, once its token ids are EXPECTED; its reference.
+        Raises BadCaptureError (the file is removed either way)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._keep, run, capture, model, row, path, expected)
+
+    def _keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
+              expected: list[int]) -> FeatureRef:
+        try:
+            try:
+                cap = read_capture(path)
+            except PermanentError as e:
+                raise BadCaptureError(str(e)) from None
+            found = cap.token_ids.tolist()
+            if found != expected:
+                # no path in the message: the breaker groups failures by what they say, less numbers
+                raise BadCaptureError(f"the captured hidden states are not the answer's: "
+                                      f"{first_difference(found, expected)}")
+            tokens, layers, hidden = cap.hidden_states.shape
+            if layers != len(capture.layers):
+                raise BadCaptureError(f"the captured hidden states hold {layers} layers; the run captures "
+                                      f"{len(capture.layers)} ({','.join(map(str, capture.layers))})")
+            try:
+                entry = self._append(run, manifest_for(capture, model, hidden), row, cap.token_ids, cap.hidden_states)
+            except FeatureValueError as e:
+                raise BadCaptureError(f"the captured hidden states do not fit the capture: {e}") from None
+        finally:
+            remove_capture(path)
+        return {"shard": entry.shard, "row": row, "tokens": tokens, "layers": list(capture.layers),
+                "dtype": capture.dtype.value}
+
+    def discard(self, path: str) -> None:
+        """Remove the capture of an answer that is not kept (a retried or dropped one)."""
+        try:
+            remove_capture(path)
+        except OSError as e:
+            log.warning("could not remove the capture %s of an answer not kept: %s", path, e)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
