@@ -56,10 +56,18 @@ class FeatureManifest:
         body["dtype"] = self.dtype.value
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
+    def identity(self) -> bytes:
+        """The canonical JSON less the genqueue version: what makes two captures one. Consumers
+        of two genqueue releases capturing one run make one capture (each record names the code
+        that made it); the manifest stored keeps the version of the first to store it."""
+        body = json.loads(self.to_json())
+        body.pop("genqueue_version", None)
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
     @property
     def digest(self) -> str:
-        """sha256 of the canonical JSON, first 16 hex: what indexes and rows name the capture by."""
-        return hashlib.sha256(self.to_json()).hexdigest()[:16]
+        """sha256 of the identity, first 16 hex: what indexes and rows name the capture by."""
+        return hashlib.sha256(self.identity()).hexdigest()[:16]
 
     @classmethod
     def from_json(cls, raw: bytes) -> FeatureManifest:
@@ -84,7 +92,10 @@ def check_manifest(where: str, stored: bytes, manifest: FeatureManifest) -> None
     if stored == manifest.to_json():
         return
     try:
-        other = FeatureManifest.from_json(stored).to_json().decode()
+        theirs = FeatureManifest.from_json(stored)
+        if theirs.identity() == manifest.identity():
+            return  # the same capture, stored by another genqueue release
+        other = theirs.to_json().decode()
     except FeatureError:
         other = "an unreadable one"
     raise FeatureManifestConflictError(f"{where} holds another capture ({other}); this one is "

@@ -70,6 +70,11 @@ def test_a_directory_output(tmp_path: Path) -> None:
     assert store.get_manifest("run") is None and store.list_shards("run") == []
     store.put_manifest("run", man)
     store.put_manifest("run", man)  # the same capture again: no change
+    # a consumer of another genqueue release capturing the same run: the same capture (it was a
+    # conflict, and that consumer's shipping retried it for ever)
+    later = FeatureManifest("tiny", "rev1", LAYERS, FeatureDtype.FP8_E4M3, 64, "tmpl", "0.32.0", "0.2.0")
+    store.put_manifest("run", later)
+    assert later.digest == man.digest and store.get_manifest("run") == man  # the first stored stays
     other = FeatureManifest("tiny", "rev2", LAYERS, FeatureDtype.FP8_E4M3, 64, "tmpl", "0.32.0", "0.1.0")
     with pytest.raises(FeatureManifestConflictError, match="another capture"):
         store.put_manifest("run", other)
