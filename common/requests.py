@@ -67,8 +67,8 @@ class RequestShape:
         """The request body for MODEL on MESSAGES: the shape's fields, then what is this
         request's own: a truncation retry's MAX_TOKENS, the item's SEED (one of several samples
         of a prompt), the item's TOOLS (when it has any), and for an answer of a --capture run
-        (CAPTURE, not the pre-flight's probe, whose hidden states nobody would read) the fields
-        that ask for its hidden states."""
+        and the pre-flight's capture probe (CAPTURE; not the other probes, whose hidden states
+        nobody would read) the fields that ask for its hidden states."""
         body: dict[str, object] = {"model": model, "messages": messages, **self.fields()}
         if capture and self.capture:
             body.update(CAPTURE_FIELDS)

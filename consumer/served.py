@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from genqueue.common import defaults
+from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
 from genqueue.common.errors import (
     CorruptStateError,
@@ -32,6 +33,7 @@ from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.faults import classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
+from genqueue.consumer.capture import probe as capture_probe
 from genqueue.consumer.engine.readings import engine_view
 from genqueue.consumer.rqthread import RqThread
 
@@ -271,7 +273,10 @@ class ServedRuns:
                 return f"the engine refuses a request of {shape}: {e}"
             except Exception as e:  # noqa: BLE001 - a transient failure says nothing about the run
                 log.warning("run %s: pre-flight request failed (%s); not conclusive, serving it", ctx.run, e)
-        return await self._probe(ctx)
+        failed = await self._probe(ctx)
+        if failed is None and ctx.settings.capture is not None:
+            failed = await self._probe_capture(ctx, ctx.settings.capture)
+        return failed
 
     async def _probe(self, ctx: RunContext) -> str | None:
         """One short request, to learn and record how this server returns thinking; a run that
@@ -302,6 +307,28 @@ class ServedRuns:
             log.error("%s", msg)
             await self.rq.call(self.store.add_warning, ctx.run, self.worker, msg)
         return None
+
+    async def _probe_capture(self, ctx: RunContext, capture: CaptureSettings) -> str | None:
+        """A --capture run: one request that asks for its hidden states, whose answer must name a
+        file this consumer reads, of the run's layer count, over the probe's ids (its file is
+        removed). An engine that does not capture is refused here, not on every item."""
+        timeout = min(self.request_timeout, PROBE_TIMEOUT)
+        try:
+            turn = await asyncio.wait_for(
+                self.gen.request(ctx, capture_probe.MESSAGES, None, need_ids=False, capture=True,
+                                 max_tokens=min(capture_probe.MAX_TOKENS, ctx.settings.sampling.max_tokens)),
+                timeout=timeout)
+        except PermanentError as e:
+            return f"the engine refuses a request that asks for hidden states: {e}"
+        except Exception as e:  # noqa: BLE001 - past its attempts: every item would fail the same way
+            return probe_failed(e, self.gen.policy.max_attempts, timeout)
+        ids = turn.token_ids
+        expected = None if ids is None else ids["prompt"] + ids["completion"][:-1]
+        failed = await asyncio.to_thread(capture_probe.judge, capture, self.endpoint, turn.capture_path, expected)
+        if failed is None:
+            log.info("run %s: the engine captures the run's %d layers (probe of %d tokens)", ctx.run,
+                     len(capture.layers), len(expected or ()))
+        return failed
 
     async def _say_speculation(self, ctx: RunContext, probe: SpecFigures | None) -> None:
         """One line: whether the engine speculates, and whether its answers carry their figures."""

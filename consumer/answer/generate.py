@@ -143,7 +143,8 @@ class Generator:
         self.spec_ignored = 0  # answers whose speculative-decoding figures were malformed (ignored)
 
     async def request(self, ctx: RunContext, messages: Sequence[Mapping[str, object]], tools: object, *,
-                      max_tokens: int | None = None, seed: int | None = None, need_ids: bool = True) -> Turn:
+                      max_tokens: int | None = None, seed: int | None = None, need_ids: bool = True,
+                      capture: bool | None = None) -> Turn:
         """One completion. After a failed attempt faults.RetryPolicy says what to do: back off
         with jitter and ask the gate whether the endpoint is down (while it is, the request
         waits without spending attempts), or give up. Raises PermanentError, or the last
@@ -151,8 +152,10 @@ class Generator:
         --token-ids asks for them; an answer without them is a BadResponseError unless not
         NEED_IDS (the pre-flight probe, which says so in one line itself). An answer of a
         --capture run (not the probe) asks for its hidden states, and is a BadResponseError
-        without them."""
-        capture = need_ids and ctx.shape.capture
+        without them; CAPTURE asks (True) or not (False) whatever NEED_IDS says (the pre-flight's
+        capture probe, which judges the answer itself). A capture the request did not ask for (an
+        engine that captures every request) is removed at once: no one else would."""
+        capture = (need_ids if capture is None else capture) and ctx.shape.capture
         body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed, capture=capture)
         attempt = 0
         while True:
@@ -162,7 +165,10 @@ class Generator:
                 if need_ids and ctx.shape.token_ids and turn.token_ids is None:
                     self.discard(turn)
                     raise BadResponseError(NO_TOKEN_IDS, snippet="")
-                if capture and turn.capture_path is None:
+                if not capture and turn.capture_path is not None:
+                    self.discard(turn)
+                    turn.capture_path = None
+                if capture and need_ids and turn.capture_path is None:
                     raise BadResponseError(NO_CAPTURE, snippet="")
                 if turn.spec_ignored is not None:  # advisory figures: counted and said, the answer kept
                     self.spec_ignored += 1

@@ -5,7 +5,8 @@
 - engine_args.py: the engine flags and environment that turn capture on, and the request field
   that keeps the generated tokens' hidden states too;
 - captured.py: one captured file read back (safetensors parsed here; no torch needed);
-- features.py: an answer's capture checked against its token ids and kept as a feature row.
+- features.py: an answer's capture checked against its token ids and kept as a feature row;
+- probe.py: the pre-flight's capture probe judged (the engine captures the run's layers).
 
 May import: genqueue.common
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,13 @@ class CaptureEngine:
         """BASE with the connector's folder first on PYTHONPATH (vLLM's workers inherit it)."""
         rest = base.get("PYTHONPATH", "")
         return {**base, "PYTHONPATH": str(CONNECTOR_DIR) + (os.pathsep + rest if rest else "")}
+
+
+def start_with(layers: Iterable[int]) -> str:
+    """What to start vLLM with to capture LAYERS, in words a refusal can end with."""
+    engine = CaptureEngine(tuple(layers), Path("DIR"))
+    return (f"start vLLM with {shlex.join(engine.argv())} (DIR: a folder this consumer can read) and "
+            f"PYTHONPATH={shlex.quote(str(CONNECTOR_DIR))}")
 
 
 def request_fields(*, with_output: bool) -> dict[str, Any]:

@@ -17,6 +17,10 @@ import pytest
 from genqueue.common.contracts import full_prompts
 from genqueue.common.features import FP8_ERROR, FeatureDtype, FeatureReader, feature_store_for, read_row, standin_features
 from genqueue.common.features.store import FeatureStore
+from genqueue.consumer.capture import probe as capture_probe
+from genqueue.consumer.capture.captured import read_capture
+from genqueue.consumer.sim.capture import CaptureConfig, save
+from genqueue.consumer.sim.text import request_digest
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.s3server import S3Server, s3_env, s3_server  # noqa: F401 - fixtures
@@ -55,7 +59,7 @@ def answers(rec: dict) -> list[tuple[dict, list[int]]]:
     return [(rec, rec["token_ids"]["prompt"])]
 
 
-def check_features(recs: list[dict], store: FeatureStore, run: str) -> int:
+def check_features(recs: list[dict], store: FeatureStore, run: str, seed: int = 0) -> int:
     """Each answer kept has a features reference; each reads back with its answer's ids (prompt and
     completion but the last) and the stand-in's features within fp8's bound; no row is named twice,
     and each row is its own record's (its id starts with the record's key). The rows checked."""
@@ -80,7 +84,7 @@ def check_features(recs: list[dict], store: FeatureStore, run: str) -> int:
             assert row.token_ids.tolist() == expected, f"row {ref['row']} holds another answer's ids"
             assert (ref["tokens"], ref["layers"], ref["dtype"]) == (len(expected), list(LAYERS), "fp8")
             assert row.encoded.scales is not None
-            assert FP8_ERROR.allows(standin_features(expected, LAYERS, HIDDEN), row.features(), row.encoded.scales)
+            assert FP8_ERROR.allows(standin_features(expected, LAYERS, HIDDEN, seed), row.features(), row.encoded.scales)
     return len(named)
 
 
@@ -158,10 +162,22 @@ def test_a_consumer_killed_mid_capture_leaves_no_record_without_its_features(tmp
     check_features(recs, feature_store_for(str(out)), "kill")
 
 
+def _seed_whose_probe_is_aligned(tmp_path: Path, share: float) -> int:
+    """A stand-in seed whose capture of the pre-flight's probe is right: the pre-flight refuses an
+    engine that misaligns its probe, and this test is about the answers'."""
+    for seed in range(100):
+        digest = request_digest(seed, capture_probe.MESSAGES, None)
+        path = save(CaptureConfig(tmp_path / "draws", LAYERS, 8, seed, share), str(seed), [1, 2, 3], digest)
+        if read_capture(path).token_ids.tolist() == [1, 2, 3]:
+            return seed
+    raise AssertionError("no seed in 100 draws an aligned probe")
+
+
 def test_a_capture_whose_ids_are_not_the_answers_is_an_error_record_never_a_row(tmp_path, redis_url, conn):
     out = tmp_path / "out"
     _enqueue(tmp_path, redis_url, "bad", 30, str(out))
-    sim = _sim(tmp_path, "--mean-tokens", "20", "--capture-wrong-ids", "0.3")
+    seed = _seed_whose_probe_is_aligned(tmp_path, 0.3)
+    sim = _sim(tmp_path, "--mean-tokens", "20", "--capture-wrong-ids", "0.3", "--seed", str(seed))
     try:
         c = _consumer(tmp_path, redis_url, sim, "bad", "c")
         c.wait(60)
@@ -174,7 +190,7 @@ def test_a_capture_whose_ids_are_not_the_answers_is_an_error_record_never_a_row(
     assert errors and {e["class"] for e in errors + stopped} == {"bad_capture"}, (errors, stopped)
     assert all("features" not in r for r in recs if "error" in r)
     assert "the captured hidden states are not the answer's: token" in errors[0]["message"]
-    check_features(recs, feature_store_for(str(out)), "bad")  # what was kept is right
+    check_features(recs, feature_store_for(str(out)), "bad", seed)  # what was kept is right
     assert list((tmp_path / "caps").iterdir()) == [], "a refused capture's file is removed too"
     print(f"{len(errors)} error records and {len(stopped)} conversations stopped by a misaligned capture")
 
