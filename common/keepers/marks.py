@@ -81,6 +81,10 @@ SHIPPED_OUTCOME = "shipped_outcome_"
 SHIPPED_FAILED = "shipped_failed_"
 SHIPPED_TURNS = "shipped_turns"
 SHIPPED_TOOLS = "shipped_tools_"
+#: The feature rows (--capture) the results of newly done items name: a run's distinct rows, each
+#: counted once as its item is done once (a redone answer's second row, or a row whose record was
+#: lost with its consumer, counts nowhere here).
+SHIPPED_FEATURES = "shipped_feature_rows"
 #: When an item was last newly marked by a shipped shard (Redis's clock, whole seconds; a rebuild
 #: from the shards does not move it): a run that is over ended then, and its rate is over the
 #: time it ran, not until now.
@@ -105,10 +109,11 @@ end
 #: Marks the items in ARGV: ARGV[1] the state bits to set (DONE or FAILED, with IN_RUN when a
 #: rebuild puts the items in the run too), ARGV[2] how many packs follow, then each pack's
 #: (number, name), then per item (digest, counter name, turns, tool-turns counter name,
-#: acceptance tallies, place: its pack's number x PACK_SLOTS + its slot + 1, 0 for none), in the
-#: run's item table KEYS[1]; each item newly marked adds 1 to its counter in KEYS[2] (unless it
-#: is an error record of an item with a result already: that counts nowhere), its regenerated
-#: turns to `shipped_turns`, 1 to its tool-turns counter, if any, and its tallies to KEYS[3]
+#: acceptance tallies, place: its pack's number x PACK_SLOTS + its slot + 1, 0 for none, feature
+#: rows), in the run's item table KEYS[1]; each item newly marked adds 1 to its counter in KEYS[2]
+#: (unless it is an error record of an item with a result already: that counts nowhere), its
+#: regenerated turns to `shipped_turns`, its feature rows to SHIPPED_FEATURES, 1 to its
+#: tool-turns counter, if any, and its tallies to KEYS[3]
 #: (common/keepers/spectally.py). The sums are written at the end, one HINCRBY a counter (a
 #: shard's items share a handful).
 #:
@@ -141,7 +146,7 @@ for j = 0, npacks - 1 do
 end
 local olds = {}
 if bits == mark then
-  for i = first, #ARGV, 6 do
+  for i = first, #ARGV, 7 do
     local place = tonumber(ARGV[i + 5]) or 0
     if place > 0 then
       local group = good[math.floor((place - 1) / """ + str(PACK_SLOTS) + """)]
@@ -174,11 +179,11 @@ if bits == mark then
   end
 end
 local rest = {}
-for i = first, #ARGV, 6 do
+for i = first, #ARGV, 7 do
   if olds[i] == nil then rest[#rest + 1] = ARGV[i] end
 end
 preload(tab, rest)
-for i = first, #ARGV, 6 do
+for i = first, #ARGV, 7 do
   local old = olds[i]
   if old == nil then
     if bits == mark then old = mark_one(tab, ARGV[i], mark) else old = change(tab, ARGV[i], bits, 0) end
@@ -189,6 +194,7 @@ for i = first, #ARGV, 6 do
       bump(ARGV[i + 1], 1)
       if ARGV[i + 2] ~= '0' then bump('""" + SHIPPED_TURNS + """', tonumber(ARGV[i + 2]) or 0) end
       if ARGV[i + 3] ~= '' then bump(ARGV[i + 3], 1) end
+      if ARGV[i + 6] ~= '0' then bump('""" + SHIPPED_FEATURES + """', tonumber(ARGV[i + 6]) or 0) end
     end
   end
 end
@@ -248,6 +254,7 @@ class ShardMarks:
     done_turns: list[int] = field(default_factory=list)
     done_tools: list[str] = field(default_factory=list)
     done_spec: list[str] = field(default_factory=list)  # a result's acceptance tallies (SpecTallies.argument)
+    done_features: list[int] = field(default_factory=list)  # the feature rows a result names (--capture)
     # Each item's place (its pack's number x PACK_SLOTS + its slot + 1; 0: none), and the names of
     # those packs by number: by reference the mark is at the place (the marking script).
     done_place: list[int] = field(default_factory=list)
@@ -255,7 +262,7 @@ class ShardMarks:
     packs: dict[int, str] = field(default_factory=dict)
 
     def add(self, item_key: str, *, error: bool, kind: str = "", turns: int = 0,
-            tools: ToolTurns | None = None, spec: str = "", place: Place | None = None) -> None:
+            tools: ToolTurns | None = None, spec: str = "", place: Place | None = None, features: int = 0) -> None:
         (self.failed if error else self.done).append(key_digest(item_key))
         if place is not None and 0 <= place.slot < PACK_SLOTS and place.pack > 0:
             (self.failed_place if error else self.done_place).append(place.pack * PACK_SLOTS + place.slot + 1)
@@ -271,6 +278,7 @@ class ShardMarks:
             self.done_turns.append(turns)
             self.done_tools.append(f"{SHIPPED_TOOLS}{tools.value}" if tools is not None else "")
             self.done_spec.append(spec)
+            self.done_features.append(features)
 
     def add_record(self, rec: Mapping[str, object], place: Place | None = None) -> None:
         """Add the item of record REC (a result or an error record, by its `error` field), at
@@ -281,7 +289,7 @@ class ShardMarks:
         error = "error" in rec
         self.add(key, error=error, kind=record_kind(rec), turns=record_turns(rec),
                  tools=None if error else record_tool_turns(rec), spec="" if error else SpecTallies.argument(rec),
-                 place=place)
+                 place=place, features=0 if error else record_feature_rows(rec))
 
 
 def record_kind(rec: Mapping[str, object]) -> str:
@@ -298,6 +306,14 @@ def record_turns(rec: Mapping[str, object]) -> int:
     the count stays comparable with the run's user turns."""
     turns = rec.get("turns")
     return sum(1 for t in turns if not (isinstance(t, dict) and "step" in t)) if isinstance(turns, list) else 0
+
+
+def record_feature_rows(rec: Mapping[str, object]) -> int:
+    """How many feature rows (--capture) a result record names: its answer's, or each regenerated
+    turn's."""
+    turns = rec.get("turns")
+    answers = turns if isinstance(turns, list) else [rec]
+    return sum(1 for a in answers if isinstance(a, Mapping) and isinstance(a.get("features"), Mapping))
 
 
 def record_tool_turns(rec: Mapping[str, object]) -> ToolTurns | None:
@@ -332,9 +348,9 @@ def marks_of_file(path: Path) -> ShardMarks:
 
 def _args(digests: list[bytes], kinds: list[str], turns: list[int] | None = None,
           tools: list[str] | None = None, spec: list[str] | None = None,
-          places: list[int] | None = None) -> list[bytes | str | int]:
-    """The marking script's items: (digest, counter, turns, tool-turns counter, tallies, place)
-    each."""
+          places: list[int] | None = None, features: list[int] | None = None) -> list[bytes | str | int]:
+    """The marking script's items: (digest, counter, turns, tool-turns counter, tallies, place,
+    feature rows) each."""
     if len(kinds) != len(digests):  # marks built without kinds: nothing to count
         kinds = [""] * len(digests)
     if turns is None or len(turns) != len(digests):
@@ -345,7 +361,9 @@ def _args(digests: list[bytes], kinds: list[str], turns: list[int] | None = None
         spec = [""] * len(digests)
     if places is None or len(places) != len(digests):
         places = [0] * len(digests)
-    return [x for t in zip(digests, kinds, turns, tools, spec, places, strict=True) for x in t]
+    if features is None or len(features) != len(digests):
+        features = [0] * len(digests)
+    return [x for t in zip(digests, kinds, turns, tools, spec, places, features, strict=True) for x in t]
 
 
 def _packs(packs: dict[int, str], places: list[int]) -> list[str | int]:
@@ -419,7 +437,7 @@ class Marks:
         if marks.done:
             p.eval(_MARK, 4, *keys, DONE | also, *_packs(marks.packs, marks.done_place),
                    *_args(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec,
-                          marks.done_place))
+                          marks.done_place, marks.done_features))
         if marks.failed:
             p.eval(_MARK, 4, *keys, FAILED | also, *_packs(marks.packs, marks.failed_place),
                    *_args(marks.failed, marks.failed_kind, places=marks.failed_place))

@@ -30,6 +30,7 @@ from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.claims import Claims, HeldClaims
 from genqueue.common.keepers.clock import redis_time
+from genqueue.common.keepers.marks import SHIPPED_FEATURES
 from genqueue.common.keepers.outcomes import outcome_view, read_failed_jobs
 from genqueue.common.keepers.rqaccess import queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
@@ -212,9 +213,14 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
 
 
 def capture_view(capture: CaptureSettings, stats: dict[str, int]) -> CaptureView:
-    """A --capture run's capture and what of it has shipped (the run's counters)."""
+    """A --capture run's capture and what of it has shipped, from the run's counters (one read):
+    its distinct rows (those the done items' results name, each item once) and every row stored,
+    a redone answer's copy included; their difference is the copies, and the rows whose results
+    have not shipped yet (a feature shard ships before its result shard)."""
+    rows, written = stats.get(SHIPPED_FEATURES, 0), stats.get(FEATURE_ROWS, 0)
     return {"what": capture.what.value, "layers": list(capture.layers), "dtype": capture.dtype.value,
-            "rows": stats.get(FEATURE_ROWS, 0), "bytes": stats.get(FEATURE_BYTES, 0)}
+            "rows": rows, "rows_written": written, "rows_extra": max(written - rows, 0),
+            "bytes": stats.get(FEATURE_BYTES, 0)}
 
 
 def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:

@@ -214,14 +214,17 @@ class ClaimedView(TypedDict):
 
 
 class CaptureView(TypedDict):
-    """A --capture run's capture: what, which layers, how stored, and the feature rows (and their
-    bytes) the consumers have shipped to its output so far (a redone item's second row counted)."""
+    """A --capture run's capture: what, which layers, how stored, and the feature rows the
+    consumers have shipped to its output so far: the run's distinct rows (named by its done items'
+    results), every row stored (a redone answer's copy included) and their bytes."""
 
     what: str
     layers: list[int]
     dtype: str
-    rows: int
-    bytes: int
+    rows: int  # distinct: what a trainer gets
+    rows_written: int  # every row stored (lost with Redis's counters, unlike ROWS, rebuilt from the shards)
+    rows_extra: int  # rows_written beyond rows: copies of redone answers, or rows whose results are on the way
+    bytes: int  # of every row stored
 
 
 class StatusReport(OutcomeView, total=False):

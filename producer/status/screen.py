@@ -57,8 +57,10 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     if s.get("drafter"):
         rows.append(("drafter", f"{s['drafter']}  (an evaluation of this drafter: producer drafter-report {r['run']})"))
     if c := r.get("capture"):
+        extra = (f" ({c['rows_written']:,} written: {c['rows_extra']:,} redone or awaiting their results)"
+                 if c["rows_extra"] else "")
         rows.append(("capture", (f"on: {c['what']}, layers {','.join(map(str, c['layers']))}, {c['dtype']}; "
-                                f"{c['rows']:,} rows, {c['bytes'] / 1e6:,.1f} MB shipped")))
+                                f"{c['rows']:,} rows{extra}, {c['bytes'] / 1e6:,.1f} MB shipped")))
     rows.append(("output", redact(str(s.get("output")))
                  + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")))
     alarm: set[int] = set()
