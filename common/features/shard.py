@@ -231,29 +231,42 @@ class FeatureShardWriter:
         return fd
 
     def seal(self) -> SealedFeatureShard | None:
-        """Close the open shard and move it, with its index, to the spool's sealed folder; None
-        when no row was appended since the last seal."""
+        """Move the open shard, with its index, to the spool's sealed folder; None when no row was
+        appended since the last seal. Raises OSError when the disk refuses, and may be called again:
+        until it succeeds the shard stays open (rows appended meanwhile join it) and its rows stay
+        this writer's, whether or not the shard was already moved."""
         if self._path is None:
             return None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        path, self._path = self._path, None
         if not self._entries:
-            os.remove(path)
+            self._close()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path)
+            self._path = None
             return None
+        sealed_path = self.sealed_dir / self.name
+        path = self._path if self._path.exists() else sealed_path  # moved by a seal the disk then refused
         if path.stat().st_size > self._size:  # a failed append's bytes that ftruncate could not cut off
             os.truncate(path, self._size)
         index = ShardIndex(self.name, self.capture, self._size, self._hash.hexdigest(), tuple(self._entries))
+        shard = seal_as(self.run, path, self.sealed_dir, index)
+        self._close()
+        self._path = None
         self._entries = []
-        return seal_as(self.run, path, self.sealed_dir, index)
+        return shard
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def seal_as(run: str, open_path: Path, sealed_dir: Path, index: ShardIndex) -> SealedFeatureShard:
-    """Move OPEN_PATH into SEALED_DIR under its shard name and write INDEX beside it (fsynced)."""
+    """Move OPEN_PATH into SEALED_DIR under its shard name (unless it is there already) and write
+    INDEX beside it (fsynced)."""
     dest = sealed_dir / index.shard
-    os.replace(open_path, dest)
-    fsync_dir(open_path.parent)
+    if open_path != dest:
+        os.replace(open_path, dest)
+        fsync_dir(open_path.parent)
     idx = sealed_dir / index_name(index.shard)
     tmp = idx.with_name(f".{idx.name}.tmp")
     with open(tmp, "wb") as fh:
