@@ -7,6 +7,10 @@ count, stores it as a row of the run's feature shard (through APPEND: the outbox
 durable when it returns), and removes the file. A capture that does not fit raises
 BadCaptureError naming the first place it differs: a misaligned row is never stored.
 
+A spool disk that refuses the row (full, or an I/O error) is a pause, as it is for results: the
+answer waits with its capture file and its lease while admission pauses (FeatureSpool's
+disk_error), and the row is stored again after a backoff until the disk takes it.
+
 The work (a file read, the encoding, an fsync) runs in one thread of its own, so rows are
 appended one at a time and the event loop never waits on a disk.
 """
@@ -22,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from genqueue.common import __version__
+from genqueue.common.backoff import store_backoff
 from genqueue.common.capture import CaptureDtype, CaptureSettings
 from genqueue.common.contracts import FeatureRef
 from genqueue.common.errors import BadCaptureError, FeatureValueError, PermanentError
@@ -53,6 +58,10 @@ def first_difference(found: list[int], expected: list[int]) -> str:
     return f"{len(found)} token ids, the answer has {len(expected)} (prompt and completion but the last)"
 
 
+class _SpoolRefused(Exception):
+    """The spool's disk refused a row (the OSError is its cause): the capture file is kept."""
+
+
 class CaptureKeeper:
     """Turns the engine's capture files into feature rows (the generator's FeatureSink)."""
 
@@ -63,12 +72,20 @@ class CaptureKeeper:
     async def keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
                    expected: list[int]) -> FeatureRef:
         """Store the capture at PATH as ROW of RUN, once its token ids are EXPECTED; its reference.
-        Raises BadCaptureError (the file is removed either way)."""
+        Raises BadCaptureError (the file is removed). While the spool's disk refuses the row, the
+        file is kept and the row stored again after a backoff (the caller waits)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._keep, run, capture, model, row, path, expected)
+        refused = 0
+        while True:
+            try:
+                return await loop.run_in_executor(self._pool, self._keep, run, capture, model, row, path, expected)
+            except _SpoolRefused:
+                refused += 1
+                await asyncio.sleep(store_backoff(refused))
 
     def _keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
               expected: list[int]) -> FeatureRef:
+        refused = False
         try:
             try:
                 cap = read_capture(path)
@@ -87,8 +104,12 @@ class CaptureKeeper:
                 entry = self._append(run, manifest_for(capture, model, hidden), row, cap.token_ids, cap.hidden_states)
             except FeatureValueError as e:
                 raise BadCaptureError(f"the captured hidden states do not fit the capture: {e}") from None
+            except OSError as e:  # the spool's disk (FeatureSpool says so and pauses admission)
+                refused = True  # the capture stays for the next try
+                raise _SpoolRefused() from e
         finally:
-            remove_capture(path)
+            if not refused:
+                remove_capture(path)
         return {"shard": entry.shard, "row": row, "tokens": tokens, "layers": list(capture.layers),
                 "dtype": capture.dtype.value}
 

@@ -11,14 +11,21 @@ manifest-<digest>.json`) while a shard of it is on the spool, so the shards a cr
 shipped with their manifest by the next consumer on the spool.
 
 `append` runs in the capture thread, `seal` in the event loop: one lock keeps them apart.
+
+A disk that refuses a row (full, or an I/O error) is a pause, not an error of the item: `append`
+raises, `disk_error` says why until a row is stored again, and the outbox pauses admission on it
+as it does on its own disk errors (the capture keeper keeps the answer waiting and tries again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +51,16 @@ log = logging.getLogger(__name__)
 MANIFEST_PREFIX = "manifest-"
 
 
+def disk_error_message(spool: str | Path, e: OSError) -> str:
+    """What a spool disk's refusal E is, with the bytes left free, in words."""
+    try:
+        free = shutil.disk_usage(spool).free
+    except OSError:
+        free = -1
+    what = "spool disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "spool disk error"
+    return f"{what} ({free} bytes free): {e.strerror or e}"
+
+
 class FeatureSpool:
     """The feature shards of one consumer's spool: the open one per run, and the manifests."""
 
@@ -53,6 +70,8 @@ class FeatureSpool:
         self.max_bytes = max_bytes
         self.writers: dict[str, FeatureShardWriter] = {}
         self._lock = threading.Lock()
+        self.disk_error: str | None = None  # why the last row was refused, until one is stored
+        self._disk_error_since: float | None = None
 
     def _dir(self, run: str) -> Path:
         return self.spool / run / FEATURES_DIR
@@ -63,20 +82,41 @@ class FeatureSpool:
     def append(self, run: str, manifest: FeatureManifest, row: str, token_ids: npt.ArrayLike,
                hidden: npt.ArrayLike) -> IndexEntry:
         """Store ROW of RUN's capture MANIFEST (durable when it returns). Raises FeatureValueError
-        for hidden states that do not fit the capture, OSError when the disk refuses."""
+        for hidden states that do not fit the capture, OSError when the disk refuses (disk_error
+        says so until a row is stored)."""
         with self._lock:
-            w = self.writers.get(run)
-            if w is None or (w.rows == 0 and w.manifest != manifest):
-                seq = w.seq if w is not None else 0
-                w = self.writers[run] = FeatureShardWriter(self.spool, run, self.worker, manifest,
-                                                           max_bytes=self.max_bytes)
-                w.seq = seq  # the names this worker used stay used
-            elif w.manifest != manifest:
-                raise FeatureValueError(f"row {row!r}: a capture of {manifest.to_json().decode()} while this shard "
-                                        f"holds {w.manifest.to_json().decode()}")
-            if w.rows == 0:
-                self._keep_manifest(run, manifest)
-            return w.append(row, token_ids, hidden)
+            try:
+                entry = self._append(run, manifest, row, token_ids, hidden)
+            except OSError as e:
+                self._disk_failed(e)
+                raise
+            if self.disk_error is not None:
+                log.warning("spool %s takes feature rows again after %.1f s: resuming admission", self.spool,
+                            time.monotonic() - (self._disk_error_since or time.monotonic()))
+                self.disk_error = self._disk_error_since = None
+            return entry
+
+    def _disk_failed(self, e: OSError) -> None:
+        msg = disk_error_message(self.spool, e)
+        if self.disk_error is None:
+            self._disk_error_since = time.monotonic()
+            log.error("%s; pausing admission, answers wait with their captures, leases kept; retrying", msg)
+        self.disk_error = msg
+
+    def _append(self, run: str, manifest: FeatureManifest, row: str, token_ids: npt.ArrayLike,
+                hidden: npt.ArrayLike) -> IndexEntry:
+        w = self.writers.get(run)
+        if w is None or (w.rows == 0 and w.manifest != manifest):
+            seq = w.seq if w is not None else 0
+            w = self.writers[run] = FeatureShardWriter(self.spool, run, self.worker, manifest,
+                                                       max_bytes=self.max_bytes)
+            w.seq = seq  # the names this worker used stay used
+        elif w.manifest != manifest:
+            raise FeatureValueError(f"row {row!r}: a capture of {manifest.to_json().decode()} while this shard "
+                                    f"holds {w.manifest.to_json().decode()}")
+        if w.rows == 0:
+            self._keep_manifest(run, manifest)
+        return w.append(row, token_ids, hidden)
 
     def _keep_manifest(self, run: str, manifest: FeatureManifest) -> None:
         path = self.manifest_path(run, manifest.digest)

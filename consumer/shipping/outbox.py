@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import logging
-import shutil
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +30,7 @@ from genqueue.common.keepers.marks import Place, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
-from genqueue.consumer.shipping.features import FeatureOutputs, FeatureSpool, feature_shards_of
+from genqueue.consumer.shipping.features import FeatureOutputs, FeatureSpool, disk_error_message, feature_shards_of
 from genqueue.consumer.shipping.shards import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -111,7 +109,7 @@ class Outbox:
         self.stats: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
         self.last_error_at: float | None = None
-        self.disk_error: str | None = None
+        self._disk_error: str | None = None  # the result shards' (the feature rows' is the FeatureSpool's)
         self._disk_error_since: float | None = None
         self.last_upload_at: float | None = None
         self._shipped_by_run: dict[str, tuple[int, int, float]] = {}  # shards, bytes, last upload
@@ -202,25 +200,26 @@ class Outbox:
             except OSError as e:
                 self._disk_failed(e)
                 return False
-        if self.disk_error is not None:
+        if self._disk_error is not None:
             log.warning("spool %s is writable again after %.1f s: resuming admission", self.spool,
                         time.monotonic() - (self._disk_error_since or time.monotonic()))
-            self.disk_error = None
+            self._disk_error = None
             self._disk_error_since = None
         return True
 
+    @property
+    def disk_error(self) -> str | None:
+        """Why the spool's disk refuses writes now (None: it takes them): the result shards' or
+        the feature rows' (--capture), each a pause of admission until a write succeeds."""
+        return self._disk_error or self.features.disk_error
+
     def _disk_failed(self, e: OSError) -> None:
-        try:
-            free = shutil.disk_usage(self.spool).free
-        except OSError:
-            free = -1
-        what = "spool disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "spool disk error"
-        msg = f"{what} ({free} bytes free): {e.strerror or e}"
-        if self.disk_error is None:
+        msg = disk_error_message(self.spool, e)
+        if self._disk_error is None:
             self._disk_error_since = time.monotonic()
             self.stats["disk_errors"] += 1
             log.error("%s; pausing admission, results kept in memory, leases kept; retrying", msg)
-        self.disk_error = msg
+        self._disk_error = msg
 
     def enqueue(self, shard: Sealed) -> None:
         self.queue.append(shard)
