@@ -236,36 +236,44 @@ class Outbox:
                 await self._kick.wait()
                 continue
             shard = self.queue[0]
+            # busy until the shard's outcome is handled too (its items marked, its jobs acked, its
+            # rows counted): a flush that saw the queue empty before that let the consumer exit
+            # with the work undone
             self.shipping = True
             try:
                 outcome = await (self._ship_features(shard) if isinstance(shard, SealedFeatureShard)
                                  else self._ship(shard))
+                await self._shipped(shard, outcome)
             finally:
                 self.shipping = False
-            self.queue.popleft()
-            self._queued_at.pop(shard.name, None)
-            self.waiting_bytes -= shard.bytes
-            if isinstance(shard, SealedFeatureShard):
-                await self._features_done(shard, outcome)
-                continue
-            # A leftover shard of an earlier consumer carries that consumer's sequence numbers:
-            # shipped, it marks its items done and acks nothing of ours; lost, it redoes nothing.
-            mine = self._mine(shard)
-            marks = (self._marks.pop((shard.run, shard.seq), None) if mine else None) \
-                or self._read_marks.pop(shard.name, None)
+
+    async def _shipped(self, shard: Sealed, outcome: ShipOutcome) -> None:
+        """SHARD, first in the queue, came out as OUTCOME: it leaves the queue, and its items are
+        marked and its jobs acked (or redone, or parked)."""
+        self.queue.popleft()
+        self._queued_at.pop(shard.name, None)
+        self.waiting_bytes -= shard.bytes
+        if isinstance(shard, SealedFeatureShard):
+            await self._features_done(shard, outcome)
+            return
+        # A leftover shard of an earlier consumer carries that consumer's sequence numbers:
+        # shipped, it marks its items done and acks nothing of ours; lost, it redoes nothing.
+        mine = self._mine(shard)
+        marks = (self._marks.pop((shard.run, shard.seq), None) if mine else None) \
+            or self._read_marks.pop(shard.name, None)
+        if mine:
+            self._forget_written(shard.run, shard.seq, marks)
+            self._names.pop((shard.run, shard.seq), None)
+        if outcome is ShipOutcome.SHIPPED:
+            await self._on_shipped(shard.run, shard.seq if mine else None, marks or ShardMarks())
+        elif outcome is ShipOutcome.LOST:
             if mine:
-                self._forget_written(shard.run, shard.seq, marks)
-                self._names.pop((shard.run, shard.seq), None)
-            if outcome is ShipOutcome.SHIPPED:
-                await self._on_shipped(shard.run, shard.seq if mine else None, marks or ShardMarks())
-            elif outcome is ShipOutcome.LOST:
-                if mine:
-                    await self._on_lost(shard.run, shard.seq)
-            else:
-                self._parked.setdefault(shard.run, []).append(shard)
-                if marks is not None:
-                    self._read_marks[shard.name] = marks
-                await self._on_no_run(shard.run)
+                await self._on_lost(shard.run, shard.seq)
+        else:
+            self._parked.setdefault(shard.run, []).append(shard)
+            if marks is not None:
+                self._read_marks[shard.name] = marks
+            await self._on_no_run(shard.run)
 
     async def _output(self, shard: Sealed) -> str | None:
         """The output SHARD's run ships to; None (said once) while the run is gone from Redis."""
