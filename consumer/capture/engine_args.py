@@ -86,6 +86,7 @@ def start_with(layers: Iterable[int]) -> str:
 
 
 def request_fields(*, with_output: bool) -> dict[str, Any]:
-    """The top-level fields a request adds: WITH_OUTPUT keeps the generated tokens' hidden states
-    (all but the last, which was never an input); without it, the prompt's alone."""
-    return {"kv_transfer_params": {"include_output_tokens": True}} if with_output else {}
+    """The top-level fields a request adds to ask for its hidden states (genqueue's connector
+    writes none for a request without them): WITH_OUTPUT keeps the generated tokens' too (all but
+    the last, which was never an input); without it, the prompt's alone (a prefill pass)."""
+    return {"kv_transfer_params": {"include_output_tokens": with_output}}
