@@ -819,6 +819,10 @@ LAUNCH_HEALTH_EVERY = 1.0
 # consumer/served.py
 #: The pre-flight probe asks for a short answer; a thinking model may still think for a while.
 SERVED_PROBE_TIMEOUT = 300.0
+#: The pre-flight's capture probe (consumer/capture/probe.py) generates this many tokens, so the
+#: capture of generated tokens (all but the last) is checked too, not only the prompt's; capped by
+#: the run's own max_tokens.
+CAPTURE_PROBE_MAX_TOKENS = 8
 #: Seconds before a run that failed this consumer's pre-flight is checked again (its settings
 #: may have been fixed with --update-settings, or the engine restarted with a longer context).
 SERVED_PREFLIGHT_RETRY = 300.0
