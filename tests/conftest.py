@@ -243,6 +243,26 @@ def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 
 
+#: Every background process tests.consumer.e2e.Proc started (stand-ins, consumers): the ones a
+#: test leaves running are killed after it (_no_leftover_processes).
+LIVE_PROCS: list[Any] = []  # strong references: a test's local Sim is gone before its teardown
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes() -> Iterator[None]:
+    """A test that fails before its own cleanup (a stand-in that did not start, an assertion
+    between a consumer's start and its stop) left the process running for the rest of the run,
+    taking CPU from the tests after it: a loaded run of the suite kept six such for 20 minutes.
+    What a test started is killed when it ends; what a module's or session's fixture started (it
+    was running before the test) is left to that fixture."""
+    before = {id(p) for p in LIVE_PROCS}
+    yield
+    for proc in list(LIVE_PROCS):
+        if id(proc) not in before and proc.p.poll() is None:
+            proc.kill()
+    LIVE_PROCS[:] = [p for p in LIVE_PROCS if p.p.poll() is None]  # the ended ones are let go
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))

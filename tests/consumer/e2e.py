@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from genqueue.common.keepers.items import ItemTable
-from tests.conftest import BIN, free_port, http_text
+from tests.conftest import BIN, LIVE_PROCS, free_port, http_text
 
 
 def _cmd(name: str) -> list[str]:
@@ -29,6 +29,7 @@ class Proc:
         self._fh = open(log, "ab")
         self.p = subprocess.Popen([*_cmd(name), *args], stdout=self._fh, stderr=subprocess.STDOUT,
                                   env={**os.environ, **(env or {})})
+        LIVE_PROCS.append(self)
 
     def wait(self, timeout: float = 120) -> int:
         try:
@@ -73,7 +74,9 @@ class Sim:
                         return
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError("stand-in did not start:\n" + self.proc.output())
+        output = self.proc.output()
+        self.proc.kill()  # a stand-in that never answered is not left running for the next tests
+        raise RuntimeError("stand-in did not start:\n" + output)
 
     def running(self) -> int:
         """Requests on the stand-in's batch now, from its own /metrics (0 if it cannot be read)."""
