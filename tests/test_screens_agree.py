@@ -1,6 +1,7 @@
 """One truth on every screen (issue 46, its proof): a run driven, in both prompt modes, through
 enqueue, generate, ship and ack by a real consumer against the stand-in vLLM, that consumer
-stopped, more enqueued, a --burst consumer's end, rq's TTLs passing (the finished jobs' hashes
+stopped, more enqueued, a --burst consumer's end, a consumer SIGTERMed while its ack is on the
+wire (the stop's give-back queued behind it in the rq thread), rq's TTLs passing (the finished jobs' hashes
 gone as rq's expiry leaves them, then `rq info`'s cleanup) and a Redis restart. After every step
 every screen that shows a figure is read: `producer status --run R` (its --json and its text),
 `producer runs --json`, `producer export --json`'s summary once the run is done, and the live
@@ -15,7 +16,10 @@ this process (the same commands, without an interpreter's start at each of some 
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +48,18 @@ from tests.conftest import (
     write_jsonl,
 )
 from tests.consumer.e2e import Proc, Sim
+from tests.netproxy import accept_pairs
 
 pytestmark = pytest.mark.integration
 
 RUN = "agree"
 FIRST, MORE = 12, 8  # items of the first enqueue, then of the second
 BATCH = 4
+LAST = BATCH  # one job: the one whose ack a SIGTERM meets
+#: How long the ack is held after the SIGTERM: past the drain's wait for shipping (its floor, 5 s,
+#: with --drain-timeout 0), so the give-back is queued behind the ack, and within the give-back's
+#: own wait (STOP_GRACE less that, less its reserve: ~3 s more).
+HOLD_AFTER_SIGTERM = 6.5
 #: Words a consumer that has gone may not be given: its engine's verdict or a present figure.
 PRESENT = ("live", "in flight", "held", "engine", "binds", "so far", "tok/s")
 
@@ -70,6 +80,49 @@ class Look:
         found = [ln for ln in self.text.splitlines() if ln.split(" ", 1)[0] == label]
         assert len(found) == 1, (self.step, label, self.text)
         return found[0]
+
+
+class AckHold:
+    """A TCP proxy to Redis that holds a consumer's first ack of RUN (the transaction that adds
+    the job to rq's finished registry) on its way there until released; all else passes."""
+
+    def __init__(self, redis_port: int, run: str) -> None:
+        key = place_key(run, JobPlace.FINISHED).encode()
+        self.needle = b"ZADD\r\n$%d\r\n%s\r\n" % (len(key), key)
+        self.holding, self._released, self._matched = threading.Event(), threading.Event(), threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        threading.Thread(target=accept_pairs, args=(self._listener, ("127.0.0.1", redis_port), self._relay),
+                         daemon=True, name="ackhold").start()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def close(self) -> None:
+        self._released.set()
+        self._listener.close()
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, asks: bool) -> None:
+        tail = b""
+        try:
+            while data := src.recv(65536):
+                if asks and self.needle in tail + data and self._matched.acquire(blocking=False):
+                    self.holding.set()
+                    self._released.wait(60)
+                tail = data[-len(self.needle):]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -150,7 +203,8 @@ def _healthy_and_finished(look: Look) -> None:
     assert st["state"] == RunState.DONE and look.runs["state"] == RunState.DONE, step
     assert st["malformed_jobs"] == [], (step, st["malformed_jobs"])
     assert st["jobs"]["failed"] == 0 and st["eta_s"] == 0, step
-    for word in ("malformed", "JOBS ", "NOT complete", "STOPPED REPORTING"):
+    assert look.runs["stalled"] == "" and look.runs["failed_jobs"]["jobs"] == 0, (step, look.runs)
+    for word in ("malformed", "JOBS ", "NOT complete", "STOPPED REPORTING", "STALLED"):
         assert word not in look.text, (step, word, look.text)
 
 
@@ -158,6 +212,8 @@ def _gone_are_past_tense(look: Look, *, gone: int) -> None:
     """GONE consumers have gone, none is left, and each is one line of what it did: no present
     figure, no verdict."""
     assert [c["live"] for c in look.status["consumers"]] == [False] * gone, (look.step, look.status["consumers"])
+    assert all((c["state"], c["gone"], c["exited"], c["engine"]) == ("exited", True, True, None)
+               for c in look.status["consumers"]), (look.step, look.status["consumers"])
     assert "no live consumer serves or refuses this run" in look.line("hosts"), look.step
     lines = look.text.splitlines()
     for c in look.status["consumers"]:
@@ -212,7 +268,7 @@ def test_every_screen_shows_the_same_figures_through_a_runs_life(tmp_path: Path,
     """was (before issue 46's fixes): `producer runs` `queued` beside status `run complete`; a
     finished run's speed falling at each look (59.2 items/s, then 0.2); an exited consumer with
     `genqueue binds: the consumer is out of work` under it; `JOBS 10 malformed job(s) …` once rq's
-    TTLs passed. now: at every step the same items, done, failed, state and outcomes on status
+    TTLs passed; a job whose ack a SIGTERM met, finished and queued again by the stop's give-back. now: at every step the same items, done, failed, state and outcomes on status
     (JSON and text), runs, export and the consumer's /metrics; a finished run complete and done
     with one rate; a gone consumer one line `exited … ago`."""
     server = RedisServer(tmp_path, appendonly=True)
@@ -267,17 +323,56 @@ def test_every_screen_shows_the_same_figures_through_a_runs_life(tmp_path: Path,
         _gone_are_past_tense(ended, gone=2)
         assert ended.status["jobs"]["finished"] == jobs, ended.status["jobs"]
 
+        # SIGTERM mid-ack: the next job's ack held on its way to Redis when the signal comes; the
+        # drain's wait for shipping gives up and the give-back is queued behind the ack in the rq
+        # thread, the job still in the consumer's book; then the ack lands. The give-back must
+        # leave the acked job as it is (it used to queue it again: finished and queued at once)
+        _enqueue(tmp_path, url, "last", total, LAST, prompts_mode)
+        hold = AckHold(server.port, RUN)
+        try:
+            held = Proc("consumer", ["run", "--run", RUN, "--endpoint", sim.url, "-c", "8", "--shard-max-age", "0.3",
+                                     "--lease", "60", "--drain-timeout", "0", "--spool", str(tmp_path / "spool3")],
+                        tmp_path / "c3.log",
+                        env={"REDIS_URL": url.replace(f":{server.port}/", f":{hold.port}/") + "?socket_timeout=15"})
+            consumers.append(held)
+            assert hold.holding.wait(60), held.output()
+            assert conn.zcard(place_key(RUN, JobPlace.FINISHED)) == jobs  # its ack not in yet
+            held.signal(signal.SIGTERM)
+            time.sleep(HOLD_AFTER_SIGTERM)
+            assert held.p.poll() is None, held.output()  # still stopping: its ack and give-back wait
+            hold.release()
+            assert held.wait(30) == 0, held.output()
+        finally:
+            hold.close()
+        log = held.output()
+        assert re.search(r"job \S+: no longer ours \(acked or swept meanwhile\); not given back", log), log
+        (worker,) = re.findall(r"consumer (\S+) started:", log)
+        total, jobs = total + LAST, jobs + 1
+        acked = _look("SIGTERM mid-ack", tmp_path, url, export=True)
+        _agree(acked, items=total, done=total)
+        _healthy_and_finished(acked)
+        _gone_are_past_tense(acked, gone=3)
+        st = acked.status
+        assert (st["jobs"]["finished"], st["jobs"]["queued"], st["jobs"]["started"]) == (jobs, 0, 0), st["jobs"]
+        (me,) = [c for c in st["consumers"] if c["worker"] == worker]
+        assert (me["state"], me["gone"], me["held_jobs"], me["in_flight"]) == ("exited", True, 0, 0), me
+        (row_line,) = [ln for ln in acked.text.splitlines() if ln.startswith(f"  {worker} ")]
+        assert " exited " in row_line, row_line
+        runs_text = _producer("runs", url=url).splitlines()  # the table as a user reads it: one line, done
+        assert len(runs_text) == 2 and runs_text[1].split()[0] == RUN, runs_text
+        assert " done " in runs_text[1] and f" {total:,} of {total:,} " in runs_text[1], runs_text
+
         # rq's TTLs pass: each finished job's hash and result go as rq's expiry leaves them (ids stay)
         finished = [m.decode() for m in conn.zrange(place_key(RUN, JobPlace.FINISHED), 0, -1)]
         assert len(finished) == jobs
         conn.delete(*[k for j in finished for k in (Job.key_for(j), Result.get_key(j))])
         conn.zadd(place_key(RUN, JobPlace.FINISHED), dict.fromkeys(finished, time.time() - 1))
-        time.sleep(max(0.0, 2.5 - (time.time() - ended.status["now"])))
+        time.sleep(max(0.0, 2.5 - (time.time() - acked.status["now"])))
         expired = _look("rq's TTLs passed", tmp_path, url, export=True)
         _agree(expired, items=total, done=total)
         _healthy_and_finished(expired)
-        _gone_are_past_tense(expired, gone=2)
-        _rate_stands(ended, expired)
+        _gone_are_past_tense(expired, gone=3)
+        _rate_stands(acked, expired)
 
         info = cli("rq", "info", "-u", url, f"genqueue.{RUN}")  # rq's own cleanup of the registries
         assert "Traceback" not in info.stderr
@@ -285,16 +380,16 @@ def test_every_screen_shows_the_same_figures_through_a_runs_life(tmp_path: Path,
         cleaned = _look("rq info cleaned the registries", tmp_path, url, export=True)
         _agree(cleaned, items=total, done=total)
         _healthy_and_finished(cleaned)
-        _gone_are_past_tense(cleaned, gone=2)
-        _rate_stands(ended, cleaned)
+        _gone_are_past_tense(cleaned, gone=3)
+        _rate_stands(acked, cleaned)
 
         server.stop()  # a Redis restart: appendonly, so everything comes back
         server.start()
         back = _look("Redis restarted", tmp_path, url, export=True)
         _agree(back, items=total, done=total)
         _healthy_and_finished(back)
-        _gone_are_past_tense(back, gone=2)
-        _rate_stands(ended, back)
+        _gone_are_past_tense(back, gone=3)
+        _rate_stands(acked, back)
     finally:
         for c in consumers:
             if c.p.poll() is None:
