@@ -8,6 +8,7 @@ mismatch raises FeatureCorruptError naming the row, the shard and the offset; no
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 
 from genqueue.common.errors import FeatureCorruptError, FeatureError
 from genqueue.common.features.manifest import FeatureManifest
@@ -43,6 +44,17 @@ def read_row(read_range: ReadRange, entry: IndexEntry, *, capture: str | None = 
     return row
 
 
+def capture_entries(store: FeatureStore, run: str, manifest: FeatureManifest) -> Iterator[IndexEntry]:
+    """Every index entry of RUN's feature shards in STORE, in shard order; a shard of another
+    capture than MANIFEST raises FeatureError naming it."""
+    for shard in store.list_shards(run):
+        index = store.get_index(run, shard)
+        if index.capture != manifest.digest:
+            raise FeatureError(f"feature shard {shard} at {store.location(run)} is of capture {index.capture}, "
+                               f"not the manifest's {manifest.digest}")
+        yield from index.entries
+
+
 class FeatureReader:
     """A run's captured features in its output store: the manifest, every shard's index (those
     of another capture refused), and any row by its id. A row stored twice (a job redone after a
@@ -57,16 +69,11 @@ class FeatureReader:
         self.manifest: FeatureManifest = manifest
         self.entries: dict[str, IndexEntry] = {}
         self.duplicates = 0
-        for shard in store.list_shards(run):
-            index = store.get_index(run, shard)
-            if index.capture != manifest.digest:
-                raise FeatureError(f"feature shard {shard} at {store.location(run)} is of capture {index.capture}, "
-                                   f"not the manifest's {manifest.digest}")
-            for entry in index.entries:
-                if entry.row in self.entries:
-                    self.duplicates += 1
-                else:
-                    self.entries[entry.row] = entry
+        for entry in capture_entries(store, run, manifest):
+            if entry.row in self.entries:
+                self.duplicates += 1
+            else:
+                self.entries[entry.row] = entry
 
     def row(self, row: str) -> FeatureRow:
         """ROW's features. Raises KeyError when it has none, FeatureCorruptError."""

@@ -34,9 +34,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genqueue.common import defaults
-from genqueue.common.errors import FeatureCorruptError, FeatureError, UserError
+from genqueue.common.errors import FeatureCorruptError, UserError
 from genqueue.common.features import FeatureRow, FeatureStore, IndexEntry, read_row
 from genqueue.common.features.manifest import FeatureManifest
+from genqueue.common.features.read import capture_entries
 
 log = logging.getLogger(__name__)
 
@@ -212,13 +213,8 @@ class FeatureIndex:
                             "was it enqueued with --capture, and have consumers shipped any?")
         self.manifest: FeatureManifest = manifest
         self.by_row: dict[str, list[IndexEntry]] = {}
-        for shard in store.list_shards(run):
-            index = store.get_index(run, shard)
-            if index.capture != manifest.digest:
-                raise FeatureError(f"feature shard {shard} at {store.location(run)} is of capture {index.capture}, "
-                                   f"not the manifest's {manifest.digest}")
-            for entry in index.entries:
-                self.by_row.setdefault(entry.row, []).append(entry)
+        for entry in capture_entries(store, run, manifest):
+            self.by_row.setdefault(entry.row, []).append(entry)
 
     @property
     def duplicates(self) -> int:
