@@ -10,19 +10,16 @@ a complete shard. A row is read by a ranged GET of its bytes alone.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from s3transfer.utils import ChunksizeAdjuster
 
 from genqueue.common.errors import FeatureError
 from genqueue.common.features.manifest import FeatureManifest, check_manifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
 from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex
 from genqueue.common.storage.base import StoreError
-from genqueue.common.storage.s3 import S3Store, ShipVerifyError
+from genqueue.common.storage.s3 import S3Store
 
 
 class S3FeatureStore:
@@ -44,39 +41,12 @@ class S3FeatureStore:
 
     def put_shard(self, shard: SealedFeatureShard) -> str:
         key = self.key(shard.run, shard.name)
-        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": "application/octet-stream",
-                 "Metadata": {"sha256": shard.sha256, "rows": str(len(shard.index.entries))}}
-        self.client.upload_file(str(shard.path), self.loc.bucket, key, ExtraArgs=extra, Config=self.results.transfer)
-        self._verify(key, shard)
+        self.results.upload_verified(shard.path, key, size=shard.bytes, sha256=shard.sha256, what="the feature shard",
+                                     content_type="application/octet-stream",
+                                     metadata={"rows": str(len(shard.index.entries))})
         self.client.put_object(Bucket=self.loc.bucket, Key=self.key(shard.run, index_name(shard.name)),
                                Body=shard.index.to_json(), ChecksumAlgorithm="SHA256", ContentType="application/json")
         return self.loc.url(key)
-
-    def _verify(self, key: str, shard: SealedFeatureShard) -> None:
-        head = self.client.head_object(Bucket=self.loc.bucket, Key=key, ChecksumMode="ENABLED")
-        size, meta = head.get("ContentLength"), head.get("Metadata", {})
-        if size != shard.bytes or meta.get("sha256") != shard.sha256:
-            raise ShipVerifyError(f"{self.loc.url(key)} holds {size} bytes, sha256 {meta.get('sha256')}; the "
-                                  f"feature shard has {shard.bytes} bytes, sha256 {shard.sha256}")
-        stored = head.get("ChecksumSHA256")
-        if stored and stored != (expected := self._expected_checksum(shard, multipart="-" in stored)):
-            raise ShipVerifyError(f"{self.loc.url(key)}: server checksum {stored} != {expected}")
-
-    def _expected_checksum(self, shard: SealedFeatureShard, *, multipart: bool) -> str:
-        """What S3 reports for the file (whole, or the composite of its parts' sha256 with a
-        -<parts> suffix); re-reads the spool file, so one changed since it was sealed is caught."""
-        whole = hashlib.sha256()
-        chunk = ChunksizeAdjuster().adjust_chunksize(self.results.transfer.multipart_chunksize, shard.bytes)
-        parts: list[bytes] = []
-        with open(shard.path, "rb") as fh:
-            while block := fh.read(chunk):
-                whole.update(block)
-                parts.append(hashlib.sha256(block).digest())
-        if whole.hexdigest() != shard.sha256:
-            raise ShipVerifyError(f"spool file {shard.path} changed since it was sealed")
-        if not multipart:
-            return base64.b64encode(whole.digest()).decode()
-        return f"{base64.b64encode(hashlib.sha256(b''.join(parts)).digest()).decode()}-{len(parts)}"
 
     def put_manifest(self, run: str, manifest: FeatureManifest) -> str:
         key = self.key(run, MANIFEST)

@@ -39,6 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Any
 
 import boto3
@@ -210,41 +211,46 @@ class S3Store:
         """Upload SHARD, verify it, then write its manifest. Raises on any failure."""
         self._sweep_once()
         key, man_key = self.object_keys(shard)
-        client = self.client
-        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": "application/x-ndjson",
-                 "Metadata": {"sha256": shard.sha256, "records": str(shard.records)}}
         t0 = time.monotonic()
-        client.upload_file(str(shard.path), self.loc.bucket, key, ExtraArgs=extra, Config=self.transfer)
-        self._verify(key, shard)
-        client.put_object(Bucket=self.loc.bucket, Key=man_key, Body=orjson.dumps(shard.manifest()),
-                          ChecksumAlgorithm="SHA256", ContentType="application/json")
+        self.upload_verified(shard.path, key, size=shard.bytes, sha256=shard.sha256, what="the shard",
+                             content_type="application/x-ndjson", metadata={"records": str(shard.records)})
+        self.client.put_object(Bucket=self.loc.bucket, Key=man_key, Body=orjson.dumps(shard.manifest()),
+                               ChecksumAlgorithm="SHA256", ContentType="application/json")
         log.debug("uploaded %s (%d bytes) in %.2f s", key, shard.bytes, time.monotonic() - t0)
         return self.loc.url(key)
 
-    def _verify(self, key: str, shard: SealedShard) -> None:
+    def upload_verified(self, path: Path, key: str, *, size: int, sha256: str, what: str, content_type: str,
+                        metadata: dict[str, str]) -> None:
+        """Upload the spool file PATH (SIZE bytes, SHA256) to KEY, the server checking each part
+        (ChecksumAlgorithm SHA256) and keeping its sha256 as metadata beside METADATA, then
+        verify it by a HEAD: size, sha256, and the server's own checksum against the file read
+        again. Raises ShipVerifyError (naming WHAT it uploaded) or the client's error."""
+        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type,
+                 "Metadata": {"sha256": sha256, **metadata}}
+        self.client.upload_file(str(path), self.loc.bucket, key, ExtraArgs=extra, Config=self.transfer)
         head = self.client.head_object(Bucket=self.loc.bucket, Key=key, ChecksumMode="ENABLED")
-        size, meta = head.get("ContentLength"), head.get("Metadata", {})
-        if size != shard.bytes or meta.get("sha256") != shard.sha256:
-            raise ShipVerifyError(f"{self.loc.url(key)} holds {size} bytes, sha256 {meta.get('sha256')}; "
-                                  f"the shard has {shard.bytes} bytes, sha256 {shard.sha256}")
+        stored_size, meta = head.get("ContentLength"), head.get("Metadata", {})
+        if stored_size != size or meta.get("sha256") != sha256:
+            raise ShipVerifyError(f"{self.loc.url(key)} holds {stored_size} bytes, sha256 {meta.get('sha256')}; "
+                                  f"{what} has {size} bytes, sha256 {sha256}")
         stored = head.get("ChecksumSHA256")
         if stored:
-            expected = self._expected_checksum(shard, multipart="-" in stored)
+            expected = self._expected_checksum(path, size, sha256, multipart="-" in stored)
             if stored != expected:
                 raise ShipVerifyError(f"{self.loc.url(key)}: server checksum {stored} != {expected}")
 
-    def _expected_checksum(self, shard: SealedShard, *, multipart: bool) -> str:
+    def _expected_checksum(self, path: Path, size: int, sha256: str, *, multipart: bool) -> str:
         """The SHA256 checksum S3 reports for the file: of the whole object, or (multipart) the
         sha256 of the parts' digests with a -<parts> suffix. Also re-checks the spool file."""
         whole = hashlib.sha256()
-        chunk = ChunksizeAdjuster().adjust_chunksize(self.transfer.multipart_chunksize, shard.bytes)
+        chunk = ChunksizeAdjuster().adjust_chunksize(self.transfer.multipart_chunksize, size)
         parts: list[bytes] = []
-        with open(shard.path, "rb") as fh:
+        with open(path, "rb") as fh:
             while block := fh.read(chunk):
                 whole.update(block)
                 parts.append(hashlib.sha256(block).digest())
-        if whole.hexdigest() != shard.sha256:
-            raise ShipVerifyError(f"spool file {shard.path} changed since it was sealed")
+        if whole.hexdigest() != sha256:
+            raise ShipVerifyError(f"spool file {path} changed since it was sealed")
         if not multipart:
             return base64.b64encode(whole.digest()).decode()
         composite = hashlib.sha256(b"".join(parts)).digest()
