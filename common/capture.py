@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
+from genqueue.common.capture_layers import resolve_layers
 from genqueue.common.errors import UserError
 
 E = TypeVar("E", bound=StrEnum)
@@ -62,12 +63,7 @@ def parse_capture(what: str | None, layers: str | None, dtype: str | None) -> Ca
         return None
     if layers is None:
         raise UserError("--capture hidden-states needs --capture-layers (the engine's layer ids, e.g. 2,16,29)")
-    ids = []
-    for piece in layers.replace(" ", "").split(","):
-        if not piece.lstrip("-").isdigit():
-            raise UserError(f"--capture-layers: {piece!r} in {layers!r} is not a layer id")
-        ids.append(int(piece))
-    return CaptureSettings(_choice(CaptureKind, what, "--capture"), tuple(ids),
+    return CaptureSettings(_choice(CaptureKind, what, "--capture"), resolve_layers(layers),
                            _choice(CaptureDtype, dtype or CaptureDtype.FP8, "--capture-dtype"))
 
 

@@ -206,9 +206,12 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
                    "MTP): stored as feature rows in <output>/<run>/features/, each record naming its row. Needs "
                    "--token-ids and --capture-layers, and engines started to capture (vLLM's "
                    "extract_hidden_states), which then run no drafter.")
-@click.option("--capture-layers", default=None, metavar="IDS",
-              help="The layer ids to capture, as vLLM's eagle_aux_hidden_state_layer_ids: 0 the embeddings, k the "
-                   "output of decoder layer k (e.g. 2,16,29,32 for EAGLE-3 on a 32-layer model).")
+@click.option("--capture-layers", default=None, metavar="SPEC",
+              help="The layers to capture, as vLLM's eagle_aux_hidden_state_layer_ids (0 the embeddings, k the "
+                   "output of decoder layer k), comma-separated and unioned: ids (2,16,29,32), eagle3:L "
+                   "(speculators' [2, L//2, L-3, L] on an L-layer target), dflash:L:N (DFlash's N spaced "
+                   "layers) or a drafter's config.json (the layers vLLM captures for it; add the last layer "
+                   "as an id when the trainer needs it).")
 @click.option("--capture-dtype", type=click.Choice([d.value for d in CaptureDtype]), default=None,
               help="How features are stored: fp8 (e4m3, a scale per token: half of bf16) or bf16. [default: fp8]")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
