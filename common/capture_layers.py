@@ -104,8 +104,8 @@ def drafter_layers(path: str) -> tuple[int, ...]:
 def _config_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
     """vLLM's get_eagle3_aux_layers_from_config over a config as JSON: the first key present wins."""
     plus_one = config.get("model_type") != "deepseek_v41"
-    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
-    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    dflash = _section(config, "dflash_config")
+    eagle = _section(config, "eagle_config")
     found: list[tuple[Any, int]] = [
         (config.get("eagle_aux_hidden_state_layer_ids"), 0),
         (dflash.get("target_layer_ids"), 1),
@@ -120,3 +120,8 @@ def _config_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
                 raise UserError(f"{OPTION}: the drafter config's layer ids are not a list of integers: {value!r}")
             return tuple(sorted({i + shift for i in value}))
     return None
+
+
+def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
