@@ -631,6 +631,14 @@ EXPORT_FEATURES_COPY_BYTES = 8 * 1024 * 1024
 #: Unmatched rows and features the summary names per reason (all are in genqueue-unmatched.jsonl).
 EXPORT_FEATURES_NAMED = 5
 
+# producer/export/featurecheck.py, featurecheckcmd.py (`producer check-features`)
+#: Rows a check recomputes when neither --share nor --rows is given: a forward pass each.
+CHECK_FEATURES_ROWS = 32
+#: How far the engine's bf16 arithmetic may take a token's vector from float32's, relative to its
+#: length (the random tiny model strays up to ~0.045 at its last layer; the wrong layer or a
+#: position off by one are 0.7 and more away).
+CHECK_FEATURES_TOLERANCE = 0.1
+
 # producer/export/coverage.py
 #: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.
 COVERAGE_WRITE_BUFFER = 256 * 1024
