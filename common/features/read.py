@@ -46,9 +46,13 @@ def read_row(read_range: ReadRange, entry: IndexEntry, *, capture: str | None = 
 
 def capture_entries(store: FeatureStore, run: str, manifest: FeatureManifest) -> Iterator[IndexEntry]:
     """Every index entry of RUN's feature shards in STORE, in shard order; a shard of another
-    capture than MANIFEST raises FeatureError naming it."""
+    capture than MANIFEST raises FeatureError naming it (the run's log-probability tables',
+    logprobs.py, are passed over: they are not hidden states)."""
+    tables = store.get_logprobs_manifest(run)
     for shard in store.list_shards(run):
         index = store.get_index(run, shard)
+        if tables is not None and index.capture == tables.digest:
+            continue
         if index.capture != manifest.digest:
             raise FeatureError(f"feature shard {shard} at {store.location(run)} is of capture {index.capture}, "
                                f"not the manifest's {manifest.digest}")

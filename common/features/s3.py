@@ -15,9 +15,12 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from genqueue.common.errors import FeatureError
-from genqueue.common.features.manifest import FeatureManifest, check_manifest
+from genqueue.common.features.logprobs import MANIFEST_NAME as LOGPROBS_MANIFEST
+from genqueue.common.features.logprobs import LogprobsManifest
+from genqueue.common.features.manifest import FeatureManifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
 from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex
+from genqueue.common.features.store import check_any_manifest, manifest_name
 from genqueue.common.storage.base import StoreError
 from genqueue.common.storage.s3 import S3Store
 
@@ -48,19 +51,23 @@ class S3FeatureStore:
                                Body=shard.index.to_json(), ChecksumAlgorithm="SHA256", ContentType="application/json")
         return self.loc.url(key)
 
-    def put_manifest(self, run: str, manifest: FeatureManifest) -> str:
-        key = self.key(run, MANIFEST)
+    def put_manifest(self, run: str, manifest: FeatureManifest | LogprobsManifest) -> str:
+        key = self.key(run, manifest_name(manifest))
         stored = self._get(key)
         if stored is None:
             self.client.put_object(Bucket=self.loc.bucket, Key=key, Body=manifest.to_json(),
                                    ChecksumAlgorithm="SHA256", ContentType="application/json")
             stored = self._get(key)  # two writers at once: the one that landed is the capture
-        check_manifest(self.loc.url(key), stored or b"", manifest)
+        check_any_manifest(self.loc.url(key), stored or b"", manifest)
         return self.loc.url(key)
 
     def get_manifest(self, run: str) -> FeatureManifest | None:
         raw = self._get(self.key(run, MANIFEST))
         return None if raw is None else FeatureManifest.from_json(raw)
+
+    def get_logprobs_manifest(self, run: str) -> LogprobsManifest | None:
+        raw = self._get(self.key(run, LOGPROBS_MANIFEST))
+        return None if raw is None else LogprobsManifest.from_json(raw)
 
     def list_shards(self, run: str) -> list[str]:
         prefix = self.loc.key(features_prefix(run)) + "/"

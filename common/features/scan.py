@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from genqueue.common.errors import FeatureCorruptError
+from genqueue.common.errors import FeatureCorruptError, FeatureValueError
+from genqueue.common.features.logprobs import TableDtype, is_table_row, unpack_table
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, index_name, parse_feature_shard_name
 from genqueue.common.features.row import RowFormatError, unpack_row
 from genqueue.common.features.shard import (
@@ -80,12 +81,17 @@ def scan(path: Path, shard: str | None = None) -> Scan:
                     break  # the last frame, cut short or not on disk whole: the torn end of a crash
                 raise FeatureCorruptError("(unknown)", name, at + FRAME.size, "a garbled row with whole rows after it")
             try:
-                row = unpack_row(blob)
-            except RowFormatError as e:
+                if is_table_row(blob):
+                    t = unpack_table(blob)
+                    entries.append(IndexEntry(t.row, name, at + FRAME.size, length, t.table.tokens, 1, t.table.k,
+                                              TableDtype.FP16, crc))
+                else:
+                    row = unpack_row(blob)
+                    enc = row.encoded
+                    entries.append(IndexEntry(row.row, name, at + FRAME.size, length, enc.tokens, enc.layers,
+                                              enc.hidden, enc.dtype, crc))
+            except (RowFormatError, FeatureValueError) as e:
                 raise FeatureCorruptError("(unknown)", name, at + FRAME.size, str(e)) from None
-            enc = row.encoded
-            entries.append(IndexEntry(row.row, name, at + FRAME.size, length, enc.tokens, enc.layers, enc.hidden,
-                                      enc.dtype, crc))
             zeros = fh.read(pad(length))
             h.update(raw + blob + zeros)
             at = end

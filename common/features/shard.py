@@ -37,6 +37,7 @@ import numpy.typing as npt
 from genqueue.common import defaults
 from genqueue.common.errors import FeatureError, FeatureValueError
 from genqueue.common.features.codec import FeatureDtype, encode
+from genqueue.common.features.logprobs import LogprobsManifest, LogprobsTable, TableDtype, pack_table
 from genqueue.common.features.manifest import FORMAT, FORMAT_VERSION, FeatureManifest
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, feature_shard_name, index_name
 from genqueue.common.features.row import pack_row
@@ -58,7 +59,8 @@ ReadRange = Callable[[int, int], bytes]
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     """Where one row's features are: bytes [OFFSET, OFFSET + LENGTH) of SHARD, a safetensors file
-    whose crc32 is CRC32."""
+    whose crc32 is CRC32. A log-probability table's row (logprobs.py) has 1 layer, K as its
+    hidden size and a TableDtype."""
 
     row: str
     shard: str
@@ -67,8 +69,13 @@ class IndexEntry:
     tokens: int
     layers: int
     hidden: int
-    dtype: FeatureDtype
+    dtype: FeatureDtype | TableDtype
     crc32: int
+
+
+def entry_dtype(name: str) -> FeatureDtype | TableDtype:
+    """An index entry's dtype by its name: a hidden-state dtype or a table's."""
+    return TableDtype(name) if name in {d.value for d in TableDtype} else FeatureDtype(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +103,7 @@ class ShardIndex:
                 raise ValueError(f"not a {FORMAT} {FORMAT_VERSION} index")
             shard = str(body["shard"])
             entries = tuple(IndexEntry(str(r["row"]), shard, int(r["offset"]), int(r["length"]), int(r["tokens"]),
-                                       int(r["layers"]), int(r["hidden"]), FeatureDtype(r["dtype"]), int(r["crc32"]))
+                                       int(r["layers"]), int(r["hidden"]), entry_dtype(r["dtype"]), int(r["crc32"]))
                             for r in body["rows"])
             return cls(shard, str(body["capture"]), int(body["bytes"]), str(body["sha256"]), entries)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -144,7 +151,7 @@ class FeatureShardWriter:
     """Appends rows of one run to its open feature shard on the spool; seals it on demand (the
     caller seals when `full`, or when it wants the rows shipped)."""
 
-    def __init__(self, spool: str | Path, run: str, worker: str, manifest: FeatureManifest, *,
+    def __init__(self, spool: str | Path, run: str, worker: str, manifest: FeatureManifest | LogprobsManifest, *,
                  max_bytes: int = defaults.FEATURE_SHARD_MAX_BYTES) -> None:
         self.dir = Path(spool) / run / FEATURES_DIR
         self.sealed_dir = self.dir / SEALED_DIR
@@ -182,11 +189,25 @@ class FeatureShardWriter:
         dtype, write it and fsync it; returns its index entry (the row is durable on the spool).
         Raises FeatureValueError for hidden states that do not fit the capture, OSError when the
         disk refuses (the shard is left as it was before the call)."""
+        if not isinstance(self.manifest, FeatureManifest):
+            raise FeatureValueError(f"row {row!r}: hidden states in a shard of log-probability tables")
         enc = encode(hidden, self.manifest.dtype)
         if enc.layers != self.manifest.layers or enc.hidden != self.manifest.hidden_size:
             raise FeatureValueError(f"row {row!r}: hidden states of {enc.layers} layers x {enc.hidden}; the capture "
                                     f"takes {self.manifest.layers} x {self.manifest.hidden_size}")
         blob = pack_row(row, self.capture, self.manifest.layer_ids, token_ids, enc)
+        return self._append(row, blob, enc.tokens, enc.layers, enc.hidden, enc.dtype)
+
+    def append_table(self, row: str, table: LogprobsTable) -> IndexEntry:
+        """Write ROW's log-probability TABLE (logprobs.py) and fsync it, as `append` does a row of
+        hidden states. Raises FeatureValueError for a table of another K than the manifest's."""
+        if not isinstance(self.manifest, LogprobsManifest) or table.k != self.manifest.k:
+            raise FeatureValueError(f"row {row!r}: a table of {table.k} entries does not fit this shard's capture")
+        blob = pack_table(row, self.capture, table)
+        return self._append(row, blob, table.tokens, 1, table.k, self.manifest.values)
+
+    def _append(self, row: str, blob: bytes, tokens: int, layers: int, hidden: int,
+                dtype: FeatureDtype | TableDtype) -> IndexEntry:
         data = frame(blob)
         fd = self._open()
         try:
@@ -198,8 +219,8 @@ class FeatureShardWriter:
             except OSError:  # the next append writes over it (pwrite at the end of the last row); seal cuts it
                 log.warning("%s: could not cut off a failed append at %d bytes", self._path, self._size)
             raise
-        entry = IndexEntry(row, self.name, self._size + FRAME.size, len(blob), enc.tokens, enc.layers, enc.hidden,
-                           enc.dtype, zlib.crc32(blob))
+        entry = IndexEntry(row, self.name, self._size + FRAME.size, len(blob), tokens, layers, hidden, dtype,
+                           zlib.crc32(blob))
         self._size += len(data)
         self._hash.update(data)
         self._entries.append(entry)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Protocol
 
 from genqueue.common import defaults
+from genqueue.common.features.logprobs import MANIFEST_NAME as LOGPROBS_MANIFEST
+from genqueue.common.features.logprobs import LogprobsManifest, check_logprobs_manifest, is_logprobs_manifest
 from genqueue.common.features.manifest import FeatureManifest, check_manifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
 from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex, file_range
@@ -39,13 +41,17 @@ class FeatureStore(Protocol):
         went. Raises on any failure (nothing that depends on the shard being stored goes on)."""
         ...
 
-    def put_manifest(self, run: str, manifest: FeatureManifest) -> str:
-        """Store RUN's capture manifest, once: the same one again is no change; another raises
-        FeatureManifestConflictError."""
+    def put_manifest(self, run: str, manifest: FeatureManifest | LogprobsManifest) -> str:
+        """Store RUN's capture manifest (its hidden states' or its log-probability tables'), once:
+        the same one again is no change; another raises FeatureManifestConflictError."""
         ...
 
     def get_manifest(self, run: str) -> FeatureManifest | None:
         """RUN's capture manifest, or None. Raises StoreError, FeatureError."""
+        ...
+
+    def get_logprobs_manifest(self, run: str) -> LogprobsManifest | None:
+        """RUN's log-probability tables' manifest, or None. Raises StoreError, FeatureError."""
         ...
 
     def list_shards(self, run: str) -> list[str]:
@@ -92,18 +98,19 @@ class LocalFeatureStore:
         fsync_dir(d)
         return str(dest)
 
-    def put_manifest(self, run: str, manifest: FeatureManifest) -> str:
+    def put_manifest(self, run: str, manifest: FeatureManifest | LogprobsManifest) -> str:
         d = self.dir(run)
         d.mkdir(parents=True, exist_ok=True)
-        dest = d / MANIFEST
-        tmp = d / f".{MANIFEST}.{os.getpid()}.tmp"
+        name = manifest_name(manifest)
+        dest = d / name
+        tmp = d / f".{name}.{os.getpid()}.tmp"
         tmp.write_bytes(manifest.to_json())
         try:
             fsync_file(tmp)
             os.link(tmp, dest)  # create-if-absent: two writers never replace each other's
             fsync_dir(d)
         except FileExistsError:
-            check_manifest(str(dest), dest.read_bytes(), manifest)
+            check_any_manifest(str(dest), dest.read_bytes(), manifest)
         finally:
             os.remove(tmp)
         return str(dest)
@@ -112,6 +119,15 @@ class LocalFeatureStore:
         path = self.dir(run) / MANIFEST
         try:
             return FeatureManifest.from_json(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
+
+    def get_logprobs_manifest(self, run: str) -> LogprobsManifest | None:
+        path = self.dir(run) / LOGPROBS_MANIFEST
+        try:
+            return LogprobsManifest.from_json(path.read_bytes())
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -135,6 +151,24 @@ class LocalFeatureStore:
 
     def read_range(self, run: str, shard: str) -> ReadRange:
         return file_range(self.dir(run) / shard)
+
+
+def manifest_name(manifest: FeatureManifest | LogprobsManifest) -> str:
+    """The file MANIFEST is kept as in a run's features folder."""
+    return LOGPROBS_MANIFEST if isinstance(manifest, LogprobsManifest) else MANIFEST
+
+
+def manifest_from_json(raw: bytes) -> FeatureManifest | LogprobsManifest:
+    """A manifest of either kind from what its to_json wrote. Raises FeatureError."""
+    return LogprobsManifest.from_json(raw) if is_logprobs_manifest(raw) else FeatureManifest.from_json(raw)
+
+
+def check_any_manifest(where: str, stored: bytes, manifest: FeatureManifest | LogprobsManifest) -> None:
+    """Raise FeatureManifestConflictError when the manifest STORED at WHERE is not MANIFEST."""
+    if isinstance(manifest, LogprobsManifest):
+        check_logprobs_manifest(where, stored, manifest)
+    else:
+        check_manifest(where, stored, manifest)
 
 
 def _copy_hashed(src: Path, dest: Path) -> str:

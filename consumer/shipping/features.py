@@ -42,13 +42,17 @@ from genqueue.common.features import (
     SealedFeatureShard,
     leftover_feature_shards,
 )
+from genqueue.common.features.logprobs import LogprobsManifest, LogprobsTable
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, parse_feature_shard_name
 from genqueue.common.features.shard import HEADER
+from genqueue.common.features.store import manifest_from_json
 from genqueue.common.storage.local import fsync_dir
 
 log = logging.getLogger(__name__)
 
 MANIFEST_PREFIX = "manifest-"
+#: A capture's recipe: its hidden states', or its log-probability tables' (one per run).
+Manifest = FeatureManifest | LogprobsManifest
 
 
 def disk_error_message(spool: str | Path, e: OSError) -> str:
@@ -96,6 +100,21 @@ class FeatureSpool:
                 self.disk_error = self._disk_error_since = None
             return entry
 
+    def append_table(self, run: str, manifest: LogprobsManifest, row: str, table: LogprobsTable) -> IndexEntry:
+        """Store ROW's log-probability TABLE in RUN's shard of MANIFEST, as `append` stores
+        hidden states (durable when it returns; the same errors)."""
+        with self._lock:
+            try:
+                entry = self._writer(run, manifest, row).append_table(row, table)
+            except OSError as e:
+                self._disk_failed(e)
+                raise
+            if self.disk_error is not None:
+                log.warning("spool %s takes feature rows again after %.1f s: resuming admission", self.spool,
+                            time.monotonic() - (self._disk_error_since or time.monotonic()))
+                self.disk_error = self._disk_error_since = None
+            return entry
+
     def _disk_failed(self, e: OSError) -> None:
         msg = disk_error_message(self.spool, e)
         if self.disk_error is None:
@@ -105,6 +124,9 @@ class FeatureSpool:
 
     def _append(self, run: str, manifest: FeatureManifest, row: str, token_ids: npt.ArrayLike,
                 hidden: npt.ArrayLike) -> IndexEntry:
+        return self._writer(run, manifest, row).append(row, token_ids, hidden)
+
+    def _writer(self, run: str, manifest: Manifest, row: str) -> FeatureShardWriter:
         w = self.writers.get(run)
         if w is None or (w.rows == 0 and w.manifest != manifest):
             seq = w.seq if w is not None else 0
@@ -116,9 +138,9 @@ class FeatureSpool:
                                     f"holds {w.manifest.to_json().decode()}")
         if w.rows == 0:
             self._keep_manifest(run, manifest)
-        return w.append(row, token_ids, hidden)
+        return w
 
-    def _keep_manifest(self, run: str, manifest: FeatureManifest) -> None:
+    def _keep_manifest(self, run: str, manifest: Manifest) -> None:
         path = self.manifest_path(run, manifest.digest)
         if path.exists():
             return
@@ -131,10 +153,10 @@ class FeatureSpool:
         os.replace(tmp, path)
         fsync_dir(path.parent)
 
-    def manifest_of(self, run: str, digest: str) -> FeatureManifest | None:
+    def manifest_of(self, run: str, digest: str) -> Manifest | None:
         """The manifest of RUN's capture DIGEST kept on the spool; None when it is not there."""
         try:
-            return FeatureManifest.from_json(self.manifest_path(run, digest).read_bytes())
+            return manifest_from_json(self.manifest_path(run, digest).read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, FeatureError) as e:
