@@ -13,6 +13,7 @@ import aiohttp
 
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
+from genqueue.common.capture_model import check_model
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
 from genqueue.common.errors import (
     CorruptStateError,
@@ -86,6 +87,7 @@ class ServedRuns:
         self.shared_fs = shared_fs
         self.models: list[str] = []
         self.model_lens: dict[str, int | None] = {}
+        self.model_roots: dict[str, str] = {}
         self.contexts: dict[str, RunContext] = {}
         self._skipped: set[str] = set()
         self._refused: dict[str, _Refusal] = {}
@@ -128,6 +130,9 @@ class ServedRuns:
                 await asyncio.sleep(1.0)
         self.models = [m["id"] for m in models if isinstance(m.get("id"), str)]
         self.model_lens = {m["id"]: m.get("max_model_len") for m in models if isinstance(m.get("id"), str)}
+        # vLLM's `root`: the model's folder or hub id, whose config.json a capture run is checked against
+        self.model_roots = {m["id"]: m["root"] for m in models if isinstance(m.get("id"), str)
+                            and isinstance(m.get("root"), str)}
         if not self.models:
             raise UserError(f"endpoint {self.endpoint} serves no model (/v1/models is empty)")
         log.info("endpoint %s serves %s", self.endpoint, ", ".join(self.models))
@@ -311,7 +316,11 @@ class ServedRuns:
     async def _probe_capture(self, ctx: RunContext, capture: CaptureSettings) -> str | None:
         """A --capture run: one request that asks for its hidden states, whose answer must name a
         file this consumer reads, of the run's layer count, over the probe's ids (its file is
-        removed). An engine that does not capture is refused here, not on every item."""
+        removed). An engine that does not capture is refused here, not on every item; a model it
+        cannot capture (MLA, a layer past its last), found on this node, before the probe."""
+        root = self.model_roots.get(ctx.model)
+        if root is not None and (refused := await asyncio.to_thread(check_model, root, capture.layers)) is not None:
+            return refused
         timeout = min(self.request_timeout, PROBE_TIMEOUT)
         try:
             turn = await asyncio.wait_for(
@@ -333,7 +342,8 @@ class ServedRuns:
     async def _say_speculation(self, ctx: RunContext, probe: SpecFigures | None) -> None:
         """One line: whether the engine speculates, and whether its answers carry their figures."""
         view = engine_view(await self.client.metrics() if probe is None else None)
-        warn, line = speculation_note(probe, view.get("metrics", False), view.get("spec_decode", False) is True)
+        warn, line = speculation_note(probe, view.get("metrics", False), view.get("spec_decode", False) is True,
+                                      capturing=ctx.settings.capture is not None)
         (log.warning if warn else log.info)("run %s: %s", ctx.run, line)
 
     def unfinished(self) -> dict[str, tuple[ExitCode, str]]:

@@ -72,10 +72,16 @@ def _count(value: object) -> bool:
 PER_REQUEST_FLAG = defaults.PER_REQUEST_SPEC_FLAG
 
 
-def speculation_note(probe: SpecFigures | None, engine_metrics: bool, engine_spec: bool) -> tuple[bool, str]:
+def speculation_note(probe: SpecFigures | None, engine_metrics: bool, engine_spec: bool, *,
+                     capturing: bool = False) -> tuple[bool, str]:
     """The pre-flight's line on the engine's speculation: (a warning?, the line). PROBE: the
     figures of the probe's answer; ENGINE_METRICS: the engine's /metrics answered; ENGINE_SPEC:
-    they have spec_decode counters (vLLM exports them only when a drafter runs)."""
+    they have spec_decode counters (vLLM exports them only when a drafter runs). CAPTURING: the
+    run captures hidden states, so the engine's speculative slot holds extract_hidden_states
+    (counted as a drafter whose every draft is accepted): no drafter's figures to record."""
+    if capturing:
+        return False, ("the run captures hidden states, so the engine's speculative slot holds "
+                       "extract_hidden_states, not a drafter: no acceptance figures to record")
     if probe is not None:
         return False, (f"the engine speculates, {probe['k']} draft tokens per step (its /metrics do not name the "
                        f"method); each answer's figures are recorded (the probe's answer: {probe['accepted']} of "

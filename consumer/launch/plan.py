@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genqueue.common import defaults
+from genqueue.common.capture_model import captured_layers, check_model
 from genqueue.common.cli import ConsumerArgs, consumer_defaults, consumer_run_args, pick_consumer_args
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
@@ -241,6 +242,10 @@ class LaunchConfig:
             raise UserError(f"engine argument {reserved[0]} is launch's to set: use {reserved[1]} "
                             "(it sets CUDA_VISIBLE_DEVICES to match)")
         vllm_cmd = options["vllm_cmd"]
+        layers = captured_layers(engine_args) if engine == "vllm" else None
+        # before any GPU time: vLLM refuses an MLA model only once up, and captures a copy for a layer past the last
+        if model and layers is not None and (refused := check_model(model, layers)) is not None:
+            raise UserError(refused)
         if engine == "vllm":
             try:
                 vllm_cmd = shlex.join(engine_cmd(vllm_cmd))
@@ -305,9 +310,12 @@ def engine_argv(cfg: LaunchConfig, group: Group) -> list[str]:
 def spec_metrics_args(engine_args: list[str], drafter: str) -> list[str]:
     """`--per-request-spec-decode-metrics summary` for an engine whose arguments start a drafter
     (DRAFTER: vLLM's --speculative-config, the stand-in's --spec-tokens) and do not set the flag:
-    each answer then carries its acceptance figures, which the records keep (consumer/answer/spec.py)."""
+    each answer then carries its acceptance figures, which the records keep (consumer/answer/spec.py).
+    An engine that captures hidden states (extract_hidden_states) runs no drafter: none for it."""
     def given(name: str) -> bool:
         return any(a == name or a.startswith(name + "=") for a in engine_args)
+    if captured_layers(engine_args) is not None:  # extract_hidden_states holds the slot: no drafter
+        return []
     return [defaults.PER_REQUEST_SPEC_FLAG, "summary"] if given(drafter) and not given(defaults.PER_REQUEST_SPEC_FLAG) else []
 
 

@@ -145,6 +145,44 @@ def test_a_capture_run_passes_the_pre_flight_on_its_probe_and_leaves_no_file(tmp
     assert list(caps.iterdir()) == [], "no capture file is left: the probe's, nor any answer's"
 
 
+def test_a_model_capture_cannot_serve_is_refused_in_one_line_before_the_probe(tmp_path, redis_url, conn):
+    """The engine serves a model whose folder (vLLM's /v1/models `root`) is on this node: a layer
+    id past its last layer (vLLM captures it as a copy of another, silently) is refused from its
+    config.json before any request asks for hidden states."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 3}')
+    _enqueue(tmp_path, redis_url, "deep", 4, *CAPTURE)
+    caps, record = tmp_path / "caps", tmp_path / "sent.jsonl"
+    sim = Sim(tmp_path, "--model", str(model), "--mean-tokens", "10", "--capture-dir", str(caps),
+              "--capture-layers", "2,4", "--record-requests", str(record))
+    try:
+        c = _consumer(tmp_path, redis_url, sim, "deep", "--burst")
+        code = c.wait(60)
+    finally:
+        sim.stop()
+    assert code == ExitCode.PREFLIGHT, c.output()
+    line = _refusal(c.output())
+    assert f"layer id 4 is past model {model}'s last layer (3 decoder layers" in line, line
+    assert not [b for b in _sent(record) if b.get("kv_transfer_params")], "no request asked for hidden states"
+
+
+def test_the_pre_flight_gives_a_capture_run_no_per_request_spec_advice(tmp_path, redis_url, conn):
+    """A capturing engine counts drafts (extract_hidden_states holds the speculative slot) but runs
+    no drafter: --per-request-spec-decode-metrics would record nothing worth having."""
+    _enqueue(tmp_path, redis_url, "capspec", 4, *CAPTURE)
+    sim = Sim(tmp_path, "--mean-tokens", "10", "--capture-dir", str(tmp_path / "caps"), "--capture-layers", "2,4",
+              "--spec-tokens", "1", "--per-request-spec-decode-metrics", "none")
+    try:
+        c = _consumer(tmp_path, redis_url, sim, "capspec", "--burst")
+        code = c.wait(60)
+    finally:
+        sim.stop()
+    assert code == ExitCode.DONE, c.output()
+    assert "--per-request-spec-decode-metrics" not in c.output()
+    assert "holds extract_hidden_states, not a drafter: no acceptance figures to record" in c.output()
+
+
 def test_a_capture_no_request_asked_for_is_removed_at_once(tmp_path, monkeypatch):
     """An engine whose connector captures every request (vLLM's stock one) names a file in every
     answer; a run without --capture, and the probes, asked for none: the consumer removes it."""

@@ -114,3 +114,7 @@ def test_the_preflight_line_says_whether_the_engine_speculates_and_names_the_mis
         False, "the engine does not speculate (no spec_decode counters on its /metrics)")
     warn, line = speculation_note(None, False, False)
     assert not warn and "unknown" in line
+    # a capture run's engine counts drafts (extract_hidden_states) but runs no drafter: no advice
+    for probe, spec in ((None, True), (FIGURES, True), (None, False)):
+        warn, line = speculation_note(probe, True, spec, capturing=True)
+        assert not warn and "not a drafter" in line and "--per-request" not in line

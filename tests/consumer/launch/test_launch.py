@@ -591,3 +591,57 @@ def test_an_engine_that_never_starts_is_given_up_with_its_last_log_line(tmp_path
     assert "5 failed starts in a row, giving up on gpu0" in out
     assert "its log ends: ModuleNotFoundError: No module named 'vllm'" in out
     assert "every engine failed to start" in out
+
+
+# --- an engine that captures hidden states -------------------------------------------------
+CAPTURE_SPEC = ('{"method":"extract_hidden_states","num_speculative_tokens":1,'
+                '"draft_model_config":{"hf_config":{"eagle_aux_hidden_state_layer_ids":[2,16,32]}}}')
+
+
+def test_a_capturing_engine_gets_no_per_request_spec_flag():
+    """extract_hidden_states holds the speculative slot but runs no drafter: no figures to ask for."""
+    for args in (["--speculative-config", CAPTURE_SPEC], [f"--speculative-config={CAPTURE_SPEC}"]):
+        argv = engine_argv(LaunchConfig(gpus=[0], model="/m", engine_args=args), g(0))
+        assert defaults.PER_REQUEST_SPEC_FLAG not in argv and argv[-len(args):] == args
+
+
+def write_model(tmp_path: Path, **config: object) -> str:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, **config}))
+    return str(model)
+
+
+@pytest.mark.parametrize("config, msg", [
+    ({"model_type": "deepseek_v3", "kv_lora_rank": 512, "q_lora_rank": 1536}, "uses MLA attention"),
+    ({"model_type": "deepseek_v2", "kv_lora_rank": 512, "q_lora_rank": None}, "uses MLA attention"),
+    ({"text_config": {"model_type": "kimi_k2", "kv_lora_rank": 512, "num_hidden_layers": 61}}, "uses MLA attention"),
+    ({"num_hidden_layers": 28}, "layer id 32 is past model"),
+])
+def test_launch_refuses_a_model_capture_cannot_serve_before_starting_anything(tmp_path, config, msg):
+    """vLLM refuses an MLA model only once its engine is up (its connector), and captures a
+    layer id past the last layer as a copy of another, silently: launch refuses both, in one line,
+    from the model's config.json, before a process starts."""
+    model = write_model(tmp_path, **config)
+    res = CliRunner().invoke(launch_command, ["--gpus", "0", "--model", model, "--vllm-cmd", "true serve",
+                                              "--log-dir", str(tmp_path / "logs"), "--",
+                                              "--speculative-config", CAPTURE_SPEC])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], res.output
+    assert not (tmp_path / "logs").exists(), "nothing may start before the checks pass"
+
+
+def test_the_model_check_reads_a_folder_or_the_hub_cache(tmp_path, monkeypatch):
+    from genqueue.common.capture_model import captured_layers, check_model
+    assert captured_layers(["--speculative-config", CAPTURE_SPEC]) == (2, 16, 32)
+    assert captured_layers(["--speculative-config", '{"method":"eagle3"}']) is None
+    assert check_model(write_model(tmp_path), (2, 16, 32)) is None  # 32 is the last layer: served
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert check_model("org/absent", (40,)) is None  # not on this node: the engine has the last word
+    snap = tmp_path / "hub" / "models--org--mla" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512}))
+    (tmp_path / "hub" / "models--org--mla" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--mla" / "refs" / "main").write_text("abc")
+    assert "model org/mla uses MLA attention" in (check_model("org/mla", (2,)) or "")
