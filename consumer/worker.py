@@ -48,6 +48,7 @@ from genqueue.common.storage.packcache import PackCache
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
+from genqueue.consumer.capture.facts import EngineFactsReader
 from genqueue.consumer.capture.features import CaptureKeeper
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
@@ -112,7 +113,7 @@ class Consumer:
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone,
                              on_features=self._features_shipped)
         # --capture: the engine's capture files become rows of the outbox's feature shards
-        self.capture = CaptureKeeper(self.outbox.features.append)
+        self.capture = CaptureKeeper(self.outbox.features.append, facts=EngineFactsReader(cfg.endpoint).of)
         self._spool_lock: IO[str] | None = None
         # A Redis that rewinds (consumer/guards/rewind.py): stamped marks, held runs, rebuilt marks.
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),

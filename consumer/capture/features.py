@@ -29,9 +29,12 @@ from genqueue.common import __version__
 from genqueue.common.backoff import store_backoff
 from genqueue.common.capture import CaptureDtype, CaptureSettings
 from genqueue.common.contracts import FeatureRef
-from genqueue.common.errors import BadCaptureError, FeatureValueError, PermanentError
+from genqueue.common.errors import BadCaptureError, FeatureManifestConflictError, FeatureValueError, PermanentError
 from genqueue.common.features import FeatureDtype, FeatureManifest, IndexEntry
+from genqueue.common.features.manifest import check_manifest
+from genqueue.common.features.store import feature_store_for
 from genqueue.consumer.capture.captured import read_capture, remove_capture
+from genqueue.consumer.capture.facts import EngineFacts
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +45,28 @@ DTYPES: dict[CaptureDtype, FeatureDtype] = {CaptureDtype.FP8: FeatureDtype.FP8_E
 Append = Callable[[str, FeatureManifest, str, npt.NDArray[np.int64], npt.NDArray[np.float32]], IndexEntry]
 
 
-def manifest_for(capture: CaptureSettings, model: str, hidden_size: int) -> FeatureManifest:
-    """The manifest of a run's capture as this consumer answers it (MODEL: the served name)."""
-    return FeatureManifest(model=model, revision="", layer_ids=capture.layers, dtype=DTYPES[capture.dtype],
-                           hidden_size=hidden_size, chat_template_hash="", vllm_version="",
+def manifest_for(capture: CaptureSettings, model: str, hidden_size: int,
+                 facts: EngineFacts = EngineFacts()) -> FeatureManifest:  # noqa: B008 - frozen
+    """The manifest of a run's capture as this consumer answers it (MODEL: the served name;
+    FACTS: its engine's, facts.py)."""
+    return FeatureManifest(model=model, revision=facts.revision, layer_ids=capture.layers,
+                           dtype=DTYPES[capture.dtype], hidden_size=hidden_size,
+                           chat_template_hash=facts.chat_template_hash, vllm_version=facts.vllm_version,
                            genqueue_version=__version__)
+
+
+def other_capture(output: str, run: str, capture: CaptureSettings, model: str, facts: EngineFacts) -> str | None:
+    """Why RUN's features from this consumer (serving MODEL, its engine's FACTS) cannot join
+    those at OUTPUT, in one line: the manifest there is another capture's (another engine
+    version, revision or template); None when there is none yet, or it is this one."""
+    stored = feature_store_for(output).get_manifest(run)
+    if stored is None:
+        return None
+    try:
+        check_manifest(f"run {run}'s output", stored.to_json(), manifest_for(capture, model, stored.hidden_size, facts))
+    except FeatureManifestConflictError as e:
+        return str(e)
+    return None
 
 
 def first_difference(found: list[int], expected: list[int]) -> str:
@@ -65,8 +85,9 @@ class _SpoolRefused(Exception):
 class CaptureKeeper:
     """Turns the engine's capture files into feature rows (the generator's FeatureSink)."""
 
-    def __init__(self, append: Append) -> None:
+    def __init__(self, append: Append, facts: Callable[[str], EngineFacts] | None = None) -> None:
         self._append = append
+        self._facts = facts  # a model's engine facts for the manifest (facts.EngineFactsReader.of)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture")
 
     async def keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
@@ -101,7 +122,9 @@ class CaptureKeeper:
                 raise BadCaptureError(f"the captured hidden states hold {layers} layers; the run captures "
                                       f"{len(capture.layers)} ({','.join(map(str, capture.layers))})")
             try:
-                entry = self._append(run, manifest_for(capture, model, hidden), row, cap.token_ids, cap.hidden_states)
+                facts = self._facts(model) if self._facts is not None else EngineFacts()
+                entry = self._append(run, manifest_for(capture, model, hidden, facts), row, cap.token_ids,
+                                     cap.hidden_states)
             except FeatureValueError as e:
                 raise BadCaptureError(f"the captured hidden states do not fit the capture: {e}") from None
             except OSError as e:  # the spool's disk (FeatureSpool says so and pauses admission)
