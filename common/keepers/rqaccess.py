@@ -98,7 +98,7 @@ def job_items(job_args: Any) -> list[Item]:
 #: run (common/keepers/packs.py's table names it) and the block's number in the pack. In `meta`,
 #: not the argument: rq keeps a job's hash compact only while each field is at most 64 bytes,
 #: which `meta` keeps and the payload with a function name and two numbers does not always
-#: (docs/design.md, "Prompts by reference").
+#: (docs/decisions.md, "A job by reference names its pack in `meta`").
 META_ITEMS = "items"
 META_PACK = "pack"
 META_BLOCK = "block"
