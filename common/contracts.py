@@ -78,6 +78,7 @@ class ErrorClass(StrEnum):
     JOB_FAILED = "job_failed"  # export: rq gave up on the item's job
     PACK_UNREADABLE = "pack_unreadable"  # rq gave up on the item's job by reference: its pack did not read
     BAD_CAPTURE = "bad_capture"  # --capture: the engine's hidden states do not fit the answer (never stored)
+    BAD_LOGPROBS = "bad_logprobs"  # --logprobs: the engine's tables do not fit the answer (never stored)
 
 
 class RejectReason(StrEnum):
@@ -377,6 +378,19 @@ def _shared(a: list[int], b: list[int]) -> int:
     return i
 
 
+class LogprobsRef(TypedDict):
+    """Where an answer's log-probability tables are (--logprobs): row ROW of the run's feature shard
+    SHARD, a table of K entries for each of its TOKENS generated tokens, stored as DTYPE. Its sampled
+    ids are the answer's completion ids: checked before the row was stored
+    (common/features/logprobs.py)."""
+
+    shard: str
+    row: str
+    tokens: int
+    k: int
+    dtype: str
+
+
 class FeatureRef(TypedDict):
     """Where an answer's captured features are (--capture): row ROW of the run's feature shard
     SHARD (`<output>/<run>/features/<shard>`, its index beside it), TOKENS tokens of the LAYERS
@@ -464,6 +478,7 @@ class TurnRecord(TypedDict, total=False):
     token_ids: TokenIds  # --token-ids only
     spec: SpecFigures  # the engine returned speculative-decoding figures for this answer
     features: FeatureRef  # --capture: this answer's hidden states
+    logprobs: LogprobsRef  # --logprobs: this answer's top-K tables
 
 
 class RecordBase(TypedDict, total=False):
@@ -508,6 +523,7 @@ class ResultRecord(RecordBase, total=False):
     token_ids: TokenIds  # --token-ids, modes first/last/each (regenerate: per turn)
     spec: SpecFigures  # speculative-decoding figures, when the engine returned them (regenerate: the turns' sum)
     features: FeatureRef  # --capture, modes first/last/each: the answer's hidden states (regenerate: per turn)
+    logprobs: LogprobsRef  # --logprobs, modes first/last/each: the answer's top-K tables (regenerate: per turn)
     # regenerate only
     turns: list[TurnRecord]
     history_reasoning: str

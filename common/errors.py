@@ -152,5 +152,12 @@ class BadCaptureError(PermanentError):
     an error of class bad_capture, and the request is not sent again."""
 
 
+class BadLogprobsError(PermanentError):
+    """--logprobs: the log-probability tables the engine returned for an answer do not fit it (none,
+    sampled ids that are not its completion ids, a table of another width, unsorted, NaN, or
+    summing past 1). Never stored as a row: the item's record is an error of class
+    bad_logprobs, and the request is not sent again."""
+
+
 class ModelNotServedError(UserError):
     """The run names a model that the consumer's endpoint does not serve."""

@@ -4,7 +4,8 @@ A run's requests differ only by their messages, tools, the item's own seed and a
 retry's budget; everything else comes from the settings: the sampling fields (`--temperature`,
 `--sampling-json`...), a request variant's fields merged over them (chat-template kwargs such as
 `enable_thinking`, a reasoning effort: common/variants.py), and `return_token_ids` for a
-`--token-ids` run; a `--capture` run's answers also ask the engine for their hidden states
+`--token-ids` run, `logprobs`/`top_logprobs`/`return_tokens_as_token_ids` for a `--logprobs K` run
+(common/logprobs.py); a `--capture` run's answers also ask the engine for their hidden states
 (`kv_transfer_params`, `body(capture=True)`). `RequestShape` holds that part; its `fields` are what the producer checks an
 OpenAI Batch line against (producer/ingest/sources.py), its `body` what the generator sends
 (consumer/answer/generate.py) and the pre-flight probes (consumer/served.py), and its `sampling`
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from genqueue.common.logprobs import request_fields
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant
 
@@ -40,11 +42,14 @@ class RequestShape:
     token_ids: bool = False
     #: --capture: the run's answers ask for their hidden states (CAPTURE_FIELDS)
     capture: bool = False
+    #: --logprobs K: every request asks for each generated token's top-K log-probabilities
+    logprobs: int | None = None
 
     @classmethod
     def of(cls, settings: RunSettings, variant: Variant | None = None) -> RequestShape:
         """The shape of SETTINGS' requests sent with VARIANT (None: the run's own)."""
-        return cls(settings.request_params(variant), settings.token_ids, settings.capture is not None)
+        return cls(settings.request_params(variant), settings.token_ids, settings.capture is not None,
+                   settings.logprobs)
 
     @property
     def max_tokens(self) -> Any:
@@ -56,6 +61,8 @@ class RequestShape:
         out = dict(self.sampling)
         if self.token_ids:
             out["return_token_ids"] = True
+        if self.logprobs is not None:
+            out.update(request_fields(self.logprobs))
         return out
 
     def sampling_of(self, seed: int | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
+from genqueue.common.logprobs import check_logprobs
 from genqueue.common.redact import redact
 from genqueue.common.variants import Variant, check_variants, draw, merged
 
@@ -221,6 +222,9 @@ class RunSettings:
     #: trainer aligns the features with them; it excludes drafter: capture takes the engine's
     #: speculative slot, so an engine that captures runs no drafter.
     capture: CaptureSettings | None = None
+    #: the teacher's distribution (`--logprobs K`): every generated token's top-K log-probabilities,
+    #: stored as feature rows (common/logprobs.py); needs token_ids, which each table is checked against
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
@@ -235,6 +239,11 @@ class RunSettings:
             if self.drafter is not None:
                 raise UserError("--capture cannot go with --drafter: capturing takes the engine's speculative "
                                 "slot (vLLM's extract_hidden_states), so an engine that captures runs no drafter")
+        if _is_int(self.logprobs):  # another type is stored_shape_problem's to name
+            check_logprobs(self.logprobs, token_ids=self.token_ids, extra=self.sampling.extra)
+            if self.capture is not None:
+                raise UserError("--logprobs cannot go with --capture in one run yet: run the tables and the "
+                                "hidden states as two runs of the same input")
         object.__setattr__(self, "multi_turn", _choice(Mode, self.multi_turn, "--multi-turn"))
         object.__setattr__(
             self, "history_reasoning", _choice(HistoryReasoning, self.history_reasoning, "--history-reasoning")
@@ -283,6 +292,7 @@ class RunSettings:
                          ("expect_reasoning", isinstance(self.expect_reasoning, bool)),
                          ("token_ids", isinstance(self.token_ids, bool)),
                          ("drafter", self.drafter is None or isinstance(self.drafter, str)),
+                         ("logprobs", self.logprobs is None or _is_int(self.logprobs)),
                          ("capture", self.capture is None or isinstance(self.capture, CaptureSettings)),
                          ("sampling.max_tokens", _is_int(sp.max_tokens)),
                          ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
@@ -336,7 +346,8 @@ SETTING_NAMES = frozenset(_TOP_NAMES) | {f"sampling.{name}" for name in _SAMPLIN
 #: Fields added to RunSettings after runs were first stored, with the default each is left out
 #: of the stored form at (RunSettings.to_dict): the fingerprint of a run that never set one is
 #: the one it had before the field existed.
-NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": (), "drafter": None, "capture": None}
+NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": (), "drafter": None, "capture": None,
+                               "logprobs": None}
 
 
 #: Settings `--update-settings` may not change, and why: a run keeps them for its whole life.
@@ -344,6 +355,7 @@ FIXED_SETTINGS: dict[str, str] = {
     "multi_turn": "an item's key is made from the mode, so another mode is another set of items",
     "output": "the results already shipped are under the old output",
     "capture": "the features already shipped are of one capture, named by one manifest",
+    "logprobs": "the tables already shipped are of one K, named by one manifest",
 }
 
 

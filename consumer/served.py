@@ -17,7 +17,6 @@ from genqueue.common.capture_model import check_model
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
 from genqueue.common.errors import (
     CorruptStateError,
-    GenqueueError,
     ModelNotServedError,
     PermanentError,
     TransientError,
@@ -36,8 +35,7 @@ from genqueue.consumer.answer.faults import classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
 from genqueue.consumer.capture import probe as capture_probe
-from genqueue.consumer.capture.facts import EngineFactsReader
-from genqueue.consumer.capture.features import other_capture
+from genqueue.consumer.capture import tables
 from genqueue.consumer.engine.readings import engine_view
 from genqueue.consumer.rqthread import RqThread
 
@@ -90,7 +88,6 @@ class ServedRuns:
         self.shared_fs = shared_fs
         self.models: list[str] = []
         self.model_lens: dict[str, int | None] = {}
-        self.facts = EngineFactsReader(endpoint)  # the engine's version, model revision and template hash
         self.model_roots: dict[str, str] = {}
         self.contexts: dict[str, RunContext] = {}
         self._skipped: set[str] = set()
@@ -273,6 +270,8 @@ class ServedRuns:
             return (f"max_tokens {max_tokens} does not fit the model's context of {ctx.max_model_len} tokens "
                     f"(served by {self.endpoint}); fix the run with `producer enqueue ... --run {ctx.run} "
                     f"--max-tokens N --update-settings`")
+        if ctx.settings.logprobs is not None and (failed := await self._probe_logprobs(ctx)) is not None:
+            return failed  # first: a K above the engine's --max-logprobs in its own line
         for variant in ctx.settings.variants or (None,):  # every request shape the run sends
             body = preflight_body(ctx, variant)
             shape = "this run's shape" if variant is None else f"this run's variant {variant.name}"
@@ -285,6 +284,26 @@ class ServedRuns:
         failed = await self._probe(ctx)
         if failed is None and ctx.settings.capture is not None:
             failed = await self._probe_capture(ctx, ctx.settings.capture)
+        return failed
+
+    async def _probe_logprobs(self, ctx: RunContext) -> str | None:
+        """A --logprobs run: one request of its shape (top_logprobs K), before any other: a K above
+        the engine's --max-logprobs is refused in one line, and so are tables that do not fit the
+        probe's answer (consumer/capture/tables.py: judge)."""
+        k = ctx.settings.logprobs or 0
+        timeout = min(self.request_timeout, PROBE_TIMEOUT)
+        try:
+            turn = await asyncio.wait_for(
+                self.gen.request(ctx, tables.PROBE_MESSAGES, None, need_ids=False,
+                                 max_tokens=min(tables.PROBE_TOKENS, ctx.settings.sampling.max_tokens)),
+                timeout=timeout)
+        except PermanentError as e:
+            return tables.refused(k, self.endpoint, e)
+        except Exception as e:  # noqa: BLE001 - past its attempts: every item would fail the same way
+            return probe_failed(e, self.gen.policy.max_attempts, timeout)
+        failed = await asyncio.to_thread(tables.judge, k, self.endpoint, turn.logprobs_content, turn.token_ids)
+        if failed is None:
+            log.info("run %s: the engine returns top-%d log-probability tables", ctx.run, k)
         return failed
 
     async def _probe(self, ctx: RunContext) -> str | None:
@@ -338,12 +357,6 @@ class ServedRuns:
         ids = turn.token_ids
         expected = None if ids is None else ids["prompt"] + ids["completion"][:-1]
         failed = await asyncio.to_thread(capture_probe.judge, capture, self.endpoint, turn.capture_path, expected)
-        if failed is None:  # consumers of one run make one capture: an engine that differs is refused here
-            try:
-                facts = await asyncio.to_thread(self.facts.of, ctx.model)
-                failed = await asyncio.to_thread(other_capture, ctx.settings.output, ctx.run, capture, ctx.model, facts)
-            except (GenqueueError, OSError) as e:
-                failed = f"the capture's manifest could not be checked against the run's output: {e}"
         if failed is None:
             log.info("run %s: the engine captures the run's %d layers (probe of %d tokens)", ctx.run,
                      len(capture.layers), len(expected or ()))

@@ -48,8 +48,8 @@ from genqueue.common.storage.packcache import PackCache
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
-from genqueue.consumer.capture.facts import EngineFactsReader
 from genqueue.consumer.capture.features import CaptureKeeper
+from genqueue.consumer.capture.tables import TableKeeper
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter, Steering
@@ -113,7 +113,9 @@ class Consumer:
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone,
                              on_features=self._features_shipped)
         # --capture: the engine's capture files become rows of the outbox's feature shards
-        self.capture = CaptureKeeper(self.outbox.features.append, facts=EngineFactsReader(cfg.endpoint).of)
+        self.capture = CaptureKeeper(self.outbox.features.append)
+        # --logprobs: the answers' tables become rows of the same feature shards
+        self.tables = TableKeeper(self.outbox.features.append_table)
         self._spool_lock: IO[str] | None = None
         # A Redis that rewinds (consumer/guards/rewind.py): stamped marks, held runs, rebuilt marks.
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
@@ -228,6 +230,7 @@ class Consumer:
                 self._snap_conn.close()
             self.outbox.close()
             self.capture.close()
+            self.tables.close()
             self._release_spool()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(checkpoints.close(), timeout=max(self.stop.left(), 0.5))
@@ -249,7 +252,8 @@ class Consumer:
     async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
         cfg = self.cfg
         gate = Gate(client)
-        gen = Generator(client, gate, max_attempts=cfg.max_attempts, checkpoints=checkpoints, features=self.capture)
+        gen = Generator(client, gate, max_attempts=cfg.max_attempts, checkpoints=checkpoints, features=self.capture,
+                        tables=self.tables)
         served = ServedRuns(self.rq, self.store, client, gen, endpoint=cfg.endpoint, only_run=cfg.run,
                             identity=self.identity, worker=self.worker.name,
                             request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait,

@@ -72,6 +72,7 @@ class EnqueueArgs(TypedDict):
     expect_reasoning: bool
     token_ids: bool
     drafter: str | None
+    logprobs: int | None
     capture: str | None
     capture_layers: str | None
     capture_dtype: str | None
@@ -113,6 +114,7 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
         variants=variants,
         token_ids=options["token_ids"],
         drafter=options["drafter"],
+        logprobs=options["logprobs"],
         capture=parse_capture(options["capture"], options["capture_layers"], options["capture_dtype"]),
     )
     return settings, warnings
@@ -126,6 +128,7 @@ SETTING_OPTIONS: dict[str, str] = {
     "sampling_json": "sampling.extra", "variants": "variants", "output": "output",
     "max_prompt_chars": "max_prompt_chars", "history_reasoning": "history_reasoning", "truncation": "truncation",
     "expect_reasoning": "expect_reasoning", "token_ids": "token_ids", "drafter": "drafter",
+    "logprobs": "logprobs",
     "capture": "capture", "capture_layers": "capture", "capture_dtype": "capture",
 }
 
@@ -215,6 +218,11 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
                    "as an id when the trainer needs it).")
 @click.option("--capture-dtype", type=click.Choice([d.value for d in CaptureDtype]), default=None,
               help="How features are stored: fp8 (e4m3, a scale per token: half of bf16) or bf16. [default: fp8]")
+@click.option("--logprobs", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Record the teacher's distribution for distillation: every generated token's own log-probability "
+                   "and the K most likely ids with theirs (vLLM's top_logprobs; K at most the engines' "
+                   "--max-logprobs, checked at each consumer's pre-flight), stored as feature rows in "
+                   "<output>/<run>/features/, each record naming its row. Needs --token-ids.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,
               help="Where consumers put results: a directory, or s3://bucket/prefix (credentials from boto3's chain).")
 @click.option("--shared-fs", is_flag=True,

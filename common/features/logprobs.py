@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from genqueue.common.errors import FeatureCorruptError, FeatureError, FeatureManifestConflictError, FeatureValueError
+from genqueue.common.logprobs import LogprobsMode
 
 if TYPE_CHECKING:
     from genqueue.common.features.shard import IndexEntry
@@ -76,20 +77,6 @@ _LENGTH = struct.Struct("<Q")
 Int32Array = npt.NDArray[np.int32]
 Float32Array = npt.NDArray[np.float32]
 ReadRange = Callable[[int, int], bytes]
-
-
-class LogprobsMode(StrEnum):
-    """What the engine's values are (vLLM's --logprobs-mode)."""
-
-    RAW_LOGPROBS = "raw_logprobs"  # the model's log-softmax, before any sampling processor (vLLM's default)
-    RAW_LOGITS = "raw_logits"
-    PROCESSED_LOGPROBS = "processed_logprobs"  # after temperature, penalties, top-k/top-p
-    PROCESSED_LOGITS = "processed_logits"
-
-    @property
-    def probabilities(self) -> bool:
-        """Whether the values are log-probabilities (at most 0, summing to at most 1)."""
-        return self in (LogprobsMode.RAW_LOGPROBS, LogprobsMode.PROCESSED_LOGPROBS)
 
 
 class TableDtype(StrEnum):

@@ -20,7 +20,16 @@ from typing import Required, TypedDict, cast
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import FeatureRef, Outcome, ReasoningForm, SpecFigures, TokenIds, ToolCall, Usage
+from genqueue.common.contracts import (
+    FeatureRef,
+    LogprobsRef,
+    Outcome,
+    ReasoningForm,
+    SpecFigures,
+    TokenIds,
+    ToolCall,
+    Usage,
+)
 from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.answer.spec import read_spec
 
@@ -49,6 +58,7 @@ class _Choice(TypedDict, total=False):
     finish_reason: Required[str]
     message: Required[_ReplyMessage]
     token_ids: list[int] | None  # return_token_ids (vLLM)
+    logprobs: dict[str, object] | None  # --logprobs: {"content": one entry per generated token}
 
 
 class _UsageDetails(TypedDict, total=False):
@@ -90,6 +100,8 @@ class Turn:
     spec_ignored: str | None = None  # why the server's figures were ignored (malformed; advisory, never fatal)
     capture_path: str | None = None  # a capturing engine's file of this answer's hidden states
     features: FeatureRef | None = None  # --capture: the feature row it became, once kept (generate.py)
+    logprobs_content: object = None  # --logprobs: the server's logprobs.content, read when kept (capture/tables.py)
+    tables: LogprobsRef | None = None  # --logprobs: the feature row its tables became, once kept (generate.py)
 
     @property
     def outcome(self) -> Outcome:
@@ -180,6 +192,7 @@ def parse_completion(resp: object, *, think_opened: bool = False) -> Turn:
         spec=spec,
         spec_ignored=spec_ignored,
         capture_path=path if isinstance(path, str) else None,
+        logprobs_content=(choice.get("logprobs") or {}).get("content"),
     )
 
 
@@ -224,6 +237,8 @@ def _checked(resp: object) -> ChatResponse:
     model = resp.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad(resp, f"model is {_kind(model)}, not a string")
+    if (lp := choice.get("logprobs")) is not None and not isinstance(lp, dict):
+        raise _bad(resp, f"choices[0].logprobs is {_kind(lp)}, not an object")
     kv = resp.get("kv_transfer_params")
     if kv is not None and not (isinstance(kv, dict) and isinstance(kv.get("hidden_states_path", ""), str)):
         raise _bad(resp, "kv_transfer_params is not an object with a string hidden_states_path")

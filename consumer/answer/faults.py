@@ -22,7 +22,14 @@ from enum import StrEnum
 from genqueue.common import defaults
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import ErrorClass
-from genqueue.common.errors import BadCaptureError, BadResponseError, EndpointError, PermanentError, TransientError
+from genqueue.common.errors import (
+    BadCaptureError,
+    BadLogprobsError,
+    BadResponseError,
+    EndpointError,
+    PermanentError,
+    TransientError,
+)
 
 __all__ = ["PERMANENT_STATUSES", "STORM_CLASSES", "DeadlineExceeded", "EndpointDown", "NextStep",
            "RetryKind", "RetryPolicy", "classify_status", "error_class", "retry_kind"]
@@ -78,6 +85,8 @@ def error_class(e: EndpointError) -> ErrorClass:
     refusal, or the last transient failure once the attempts are spent)."""
     if isinstance(e, BadCaptureError):
         return ErrorClass.BAD_CAPTURE
+    if isinstance(e, BadLogprobsError):
+        return ErrorClass.BAD_LOGPROBS
     if isinstance(e, PermanentError):
         return ErrorClass.PERMANENT
     if isinstance(e, BadResponseError):

@@ -46,6 +46,7 @@ from genqueue.common.contracts import (
     ErrorRecord,
     FeatureRef,
     Item,
+    LogprobsRef,
     Mode,
     Note,
     Outcome,
@@ -93,6 +94,15 @@ class FeatureSink(Protocol):
         ...
 
 
+class TableSink(Protocol):
+    """Where a --logprobs run's answers' tables go (consumer/capture/tables.py)."""
+
+    async def keep(self, run: str, settings: RunSettings, model: str, row: str, content: object,
+                   expected: list[int]) -> LogprobsRef:
+        """Store CONTENT's tables as ROW once their sampled ids are EXPECTED; raises BadLogprobsError."""
+        ...
+
+
 @dataclass
 class RunContext:
     """What every item of one run shares on this consumer."""
@@ -131,13 +141,15 @@ class Generator:
 
     def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = defaults.MAX_ATTEMPTS,
                  checkpoints: Checkpoints | None = None, backoff_base: float = defaults.BACKOFF_BASE,
-                 backoff_cap: float = defaults.BACKOFF_CAP, features: FeatureSink | None = None) -> None:
+                 backoff_cap: float = defaults.BACKOFF_CAP, features: FeatureSink | None = None,
+                 tables: TableSink | None = None) -> None:
         self.client = client
         self.gate = gate
         self.policy = RetryPolicy(max(1, max_attempts), backoff_base, backoff_cap)
         self.backing_off = 0  # requests sleeping before a retry now
         self.checkpoints = checkpoints
         self.features = features
+        self.tables = tables
         self.failures: collections.Counter[RetryKind] = collections.Counter()  # failed attempts by kind
         self._log = RepeatedLog(log)
         self.spec_ignored = 0  # answers whose speculative-decoding figures were malformed (ignored)
@@ -243,7 +255,10 @@ class Generator:
 
     async def capture(self, ctx: RunContext, row: str, turn: Turn) -> None:
         """--capture: TURN is kept; its hidden states become feature row ROW (turn.features names
-        it). Raises BadCaptureError for a capture that does not fit TURN."""
+        it), and with --logprobs its tables another (turn.tables). Raises BadCaptureError for a
+        capture that does not fit TURN, BadLogprobsError for tables that do not."""
+        if ctx.settings.logprobs is not None:
+            await self.keep_tables(ctx, row, turn)
         capture = ctx.settings.capture
         if capture is None or turn.capture_path is None:
             return
@@ -254,6 +269,15 @@ class Generator:
             raise RuntimeError("a captured answer without its token ids")
         turn.features = await self.features.keep(ctx.run, capture, ctx.model, row, turn.capture_path,
                                                  ids["prompt"] + ids["completion"][:-1])
+
+    async def keep_tables(self, ctx: RunContext, row: str, turn: Turn) -> None:
+        """--logprobs: TURN's tables become feature row ROW (turn.tables names it)."""
+        if self.tables is None:
+            raise RuntimeError("a --logprobs run's answer reached a generator with no table sink")
+        if turn.token_ids is None:  # request() refuses such an answer (--logprobs needs --token-ids)
+            raise RuntimeError("an answer with tables but without its token ids")
+        turn.tables = await self.tables.keep(ctx.run, ctx.settings, ctx.model, row, turn.logprobs_content,
+                                             turn.token_ids["completion"])
 
     async def _single(self, ctx: RunContext, item: Item) -> records.Ending:
         messages = records.messages_of(item)
@@ -275,7 +299,8 @@ class Generator:
         history: list[ChatMessage] = []
         turns: list[TurnRecord] = []
         pos = 0
-        resumable = total_user_turns > 1 and ctx.settings.capture is None
+        # a checkpoint's turns would name rows a lost spool took with it: capture runs redo them
+        resumable = total_user_turns > 1 and ctx.settings.capture is None and ctx.settings.logprobs is None
         state = await self._load_checkpoint(ctx, item, len(source)) if resumable else None
         if state is not None:
             history, turns, pos = state

@@ -144,6 +144,8 @@ def result_record(base: RecordBase, turn: Turn, model: str, truncation: Truncati
         rec["spec"] = turn.spec
     if turn.features is not None:
         rec["features"] = turn.features
+    if turn.tables is not None:
+        rec["logprobs"] = turn.tables
     if truncation is not None:
         rec["truncation"] = truncation
     return rec
@@ -218,6 +220,8 @@ def turn_record(turn: Turn, user_turn: int, step: int, note: TruncationNote | No
         entry["spec"] = turn.spec
     if turn.features is not None:
         entry["features"] = turn.features
+    if turn.tables is not None:
+        entry["logprobs"] = turn.tables
     if spliced is not None:
         entry["tool_results_spliced"] = spliced
     return entry

@@ -235,16 +235,15 @@ class FeatureOutputs:
 
 
 def feature_shards_of(record: Record) -> set[str]:
-    """The feature shards RECORD names (--capture: its answer's, or each regenerated turn's)."""
+    """The feature shards RECORD names (--capture, --logprobs: its answer's rows, or each
+    regenerated turn's)."""
     names: set[str] = set()
-    ref = record.get("features")
-    if isinstance(ref, dict):
-        names.add(ref["shard"])
     turns = record.get("turns")
-    for turn in turns if isinstance(turns, list) else ():
-        ref = turn.get("features") if isinstance(turn, dict) else None
-        if isinstance(ref, dict):
-            names.add(ref["shard"])
+    for answer in [record, *(turns if isinstance(turns, list) else ())]:
+        for field in ("features", "logprobs"):
+            ref = answer.get(field) if isinstance(answer, dict) else None
+            if isinstance(ref, dict):
+                names.add(ref["shard"])
     return names
 
 

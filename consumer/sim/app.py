@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from genqueue.common import __version__
 from genqueue.consumer.sim import capture
+from genqueue.consumer.sim import logprobs as sim_logprobs
 from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield, step_cost
 from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, acceptance_for, draw
 from genqueue.consumer.sim.text import (
@@ -30,8 +30,6 @@ from genqueue.consumer.sim.text import (
 )
 
 REASONING_MODES = ("field", "inline", "none", "reasoning_content")
-#: What the stand-in's GET /version answers (vLLM answers its own release).
-SIM_VERSION = f"genqueue-sim {__version__}"
 
 
 @dataclass
@@ -73,6 +71,10 @@ class SimConfig:
     capture_layers: tuple[int, ...] = (2, 4)
     hidden_size: int = 64
     capture_wrong_ids: float = 0.0  # the share of captures saved with one token id wrong (tests)
+    # log-probabilities (sim/logprobs.py): vLLM's --max-logprobs, and the share of answers whose
+    # tables are planted out of order (tests)
+    max_logprobs: int = sim_logprobs.MAX_LOGPROBS
+    logprobs_garbled: float = 0.0
 
     def capture_config(self) -> capture.CaptureConfig | None:
         if not self.capture_dir:
@@ -219,6 +221,8 @@ async def _chat(request: web.Request) -> web.Response:
     except orjson.JSONDecodeError:
         body = None
     bad = _validate(body, cfg)
+    if bad is None and (too_many := sim_logprobs.too_many(body, cfg.max_logprobs)) is not None:
+        bad = _error(400, too_many, "BadRequestError")  # as vLLM: before any engine time
     if bad is not None:
         eng.counts["rejected"] += 1
         return bad
@@ -311,6 +315,9 @@ async def _chat(request: web.Request) -> web.Response:
             body.get("kv_transfer_params"))) is not None:  # as vLLM's connector: a file, named top-level
         path = await asyncio.to_thread(capture.save, eng.capture, uuid.uuid4().hex, ids, digest)
         reply["kv_transfer_params"] = {"hidden_states_path": path}
+    choice["logprobs"] = sim_logprobs.content(
+        body, output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction), digest,
+        cfg.logprobs_garbled)
     if spec is not None and cfg.per_request_spec_decode_metrics != SpecMetrics.NONE:
         reply["metrics"] = {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
                             "mean_itl_ms": None, "tokens_per_second": None, "speculative_decoding": spec}
@@ -398,11 +405,6 @@ async def _models(request: web.Request) -> web.Response:
         "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len}]})
 
 
-async def _version(_request: web.Request) -> web.Response:
-    """vLLM's GET /version: what a capture's manifest records as the engine's version."""
-    return _json({"version": SIM_VERSION})
-
-
 async def _metrics(request: web.Request) -> web.Response:
     eng = request.app[SIM_ENGINE]
     cfg = eng.config
@@ -467,7 +469,6 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
-    app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/sim/stats", _sim_stats)
     app.router.add_post("/sim/stats", _sim_stats)

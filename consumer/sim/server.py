@@ -270,6 +270,12 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
 @click.option("--capture-wrong-ids", default=SimConfig.capture_wrong_ids, show_default=True,
               type=click.FloatRange(0, 1),
               help="The share of captures saved with one token id wrong (a misaligned capture, for tests).")
+@click.option("--max-logprobs", default=SimConfig.max_logprobs, show_default=True, type=click.IntRange(0),
+              help="The most top_logprobs a request may ask for (vLLM's --max-logprobs); more is a 400.")
+@click.option("--logprobs-garbled", default=SimConfig.logprobs_garbled, show_default=True,
+              type=click.FloatRange(0, 1),
+              help="The share of answers whose log-probability tables come out of order (a broken engine, "
+                   "for tests).")
 def simulate_command(host: str, port: int, max_num_seqs: int | None, **settings: Any) -> None:
     try:
         settings["capture_layers"] = parse_layers(settings["capture_layers"])

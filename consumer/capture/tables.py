@@ -1,0 +1,165 @@
+"""An answer's log-probability tables kept as a feature row, or refused (--logprobs runs).
+
+vLLM returns, in `choices[0].logprobs.content`, one entry per generated token: its `token`
+(`"token_id:123"` with return_tokens_as_token_ids), its `logprob`, and `top_logprobs`, the K most
+likely tokens in the same form. `parse_tables` reads them into a LogprobsTable; `TableKeeper.keep`
+checks it against the answer's completion ids and the run's K and mode
+(common/features/logprobs.py: check_table) and stores it as a row of the run's feature shard
+(through APPEND: the outbox's FeatureSpool, durable when it returns). Tables that do not fit raise
+BadLogprobsError naming the first place they differ: a misaligned row is never stored.
+
+A spool disk that refuses the row is a pause, as it is for hidden states: the answer waits, the
+outbox pauses admission (FeatureSpool.disk_error) and the row is stored again after a backoff.
+The parsing, checks and fsync run in a thread of their own, so the event loop never waits on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from genqueue.common import __version__
+from genqueue.common.backoff import store_backoff
+from genqueue.common.contracts import LogprobsRef, TokenIds
+from genqueue.common.errors import BadLogprobsError, FeatureValueError
+from genqueue.common.features import IndexEntry
+from genqueue.common.features.logprobs import LogprobsManifest, LogprobsTable, check_table
+from genqueue.common.logprobs import RUN_MODE
+from genqueue.common.settings import RunSettings
+
+#: Stores one row: (run, manifest, row id, table) -> its index entry.
+AppendTable = Callable[[str, LogprobsManifest, str, LogprobsTable], IndexEntry]
+TOKEN_PREFIX = "token_id:"
+
+
+def manifest_for(settings: RunSettings, model: str) -> LogprobsManifest:
+    """The manifest of a run's tables as this consumer answers it (MODEL: the served name)."""
+    if settings.logprobs is None:
+        raise ValueError("a run without --logprobs has no table manifest")
+    return LogprobsManifest(model=model, k=settings.logprobs, mode=RUN_MODE,
+                            temperature=settings.sampling.temperature, genqueue_version=__version__)
+
+
+def _token_id(entry: object, where: str) -> int:
+    token = entry.get("token") if isinstance(entry, dict) else None
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or not token[len(TOKEN_PREFIX):].isdigit():
+        raise BadLogprobsError(f"{where} names its token {token!r}, not {TOKEN_PREFIX}<id> "
+                               "(vLLM's return_tokens_as_token_ids)")
+    return int(token[len(TOKEN_PREFIX):])
+
+
+def _logprob(entry: object, where: str) -> float:
+    value = entry.get("logprob") if isinstance(entry, dict) else None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadLogprobsError(f"{where} has no numeric logprob")
+    return float(value)
+
+
+def parse_tables(content: object) -> LogprobsTable:
+    """The tables in vLLM's `choices[0].logprobs.content` (a list, one entry per generated
+    token). Raises BadLogprobsError for anything else, naming the first token that is not."""
+    if not isinstance(content, list) or not content:
+        raise BadLogprobsError("the server returned no logprobs.content for the answer's tokens (a run of "
+                               "--logprobs asks for logprobs and top_logprobs)")
+    ids, lps, top_ids, top_lps = [], [], [], []
+    width = None
+    for t, entry in enumerate(content):
+        where = f"logprobs.content[{t}]"
+        ids.append(_token_id(entry, where))
+        lps.append(_logprob(entry, where))
+        top = entry.get("top_logprobs") if isinstance(entry, dict) else None
+        if not isinstance(top, list) or (width is not None and len(top) != width) or not top:
+            raise BadLogprobsError(f"{where}.top_logprobs holds {len(top) if isinstance(top, list) else 'no'} "
+                                   f"entries{'' if width is None else f', the tokens before it {width}'}")
+        width = len(top)
+        top_ids.append([_token_id(e, f"{where}.top_logprobs[{j}]") for j, e in enumerate(top)])
+        top_lps.append([_logprob(e, f"{where}.top_logprobs[{j}]") for j, e in enumerate(top)])
+    try:
+        return LogprobsTable.of(ids, lps, top_ids, top_lps)
+    except FeatureValueError as e:
+        raise BadLogprobsError(f"the log-probability tables do not fit: {e}") from None
+
+
+class _SpoolRefused(Exception):
+    """The spool's disk refused a row (the OSError is its cause)."""
+
+
+class TableKeeper:
+    """Turns answers' logprobs into feature rows (the generator's TableSink)."""
+
+    def __init__(self, append: AppendTable) -> None:
+        self._append = append
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logprobs")
+
+    async def keep(self, run: str, settings: RunSettings, model: str, row: str, content: object,
+                   expected: list[int]) -> LogprobsRef:
+        """Store the tables in CONTENT (vLLM's logprobs.content) as ROW of RUN (of SETTINGS, answered
+        by MODEL), once their sampled ids are EXPECTED (the answer's completion ids); their
+        reference. Raises BadLogprobsError. While the spool's disk refuses the row, it is stored
+        again after a backoff."""
+        manifest = manifest_for(settings, model)
+        loop = asyncio.get_running_loop()
+        refused = 0
+        while True:
+            try:
+                return await loop.run_in_executor(self._pool, self._keep, run, manifest, row, content, expected)
+            except _SpoolRefused:
+                refused += 1
+                await asyncio.sleep(store_backoff(refused))
+
+    def _keep(self, run: str, manifest: LogprobsManifest, row: str, content: object,
+              expected: list[int]) -> LogprobsRef:
+        table = parse_tables(content)
+        try:
+            # no ids in a message's first words: the breaker groups failures by what they say, less numbers
+            check_table(table, k=manifest.k, mode=manifest.mode, expected_ids=expected)
+        except FeatureValueError as e:
+            raise BadLogprobsError(f"the log-probability tables are not the answer's: {e}") from None
+        try:
+            entry = self._append(run, manifest, row, table)
+        except FeatureValueError as e:
+            raise BadLogprobsError(f"the log-probability tables do not fit the run's: {e}") from None
+        except OSError as e:  # the spool's disk (FeatureSpool says so and pauses admission)
+            raise _SpoolRefused() from e
+        return {"shard": entry.shard, "row": row, "tokens": table.tokens, "k": table.k,
+                "dtype": manifest.values.value}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: The pre-flight's probe of a --logprobs run: a short answer whose tables are judged.
+PROBE_MESSAGES = [{"role": "user", "content": "Count from 1 to 5."}]
+PROBE_TOKENS = 16
+_BOUND = re.compile(r"logprobs of (\d+)\D+?(\d+)")
+
+
+def refused(k: int, endpoint: str, error: Exception) -> str:
+    """Why a run of --logprobs K is not served when the engine refused the probe with ERROR: one
+    line naming the engine's --max-logprobs when vLLM's 400 says K is above it."""
+    text = str(error)
+    if "logprobs" in text and "max" in text:
+        m = _BOUND.search(text)
+        bound = f" is {m[2]}" if m else ""
+        return (f"--logprobs {k} is more than the engine at {endpoint} returns (its --max-logprobs{bound}): start "
+                f"vLLM with --max-logprobs {k} or more, or queue the run with --logprobs {m[2] if m else 'N'} or "
+                "less")
+    return f"the engine refuses a request that asks for log-probabilities: {text}"
+
+
+def judge(k: int, endpoint: str, content: object, token_ids: TokenIds | None) -> str | None:
+    """Why the probe's answer shows the engine cannot give a --logprobs K run its tables (none,
+    not named by id, not the answer's tokens, not sorted, not log-probabilities: an engine whose
+    --logprobs-mode is not the run's), or None."""
+    if token_ids is None:
+        return None  # the thinking probe says so in its own line
+    try:
+        table = parse_tables(content)
+        check_table(table, k=k, mode=RUN_MODE, expected_ids=token_ids["completion"])
+    except (BadLogprobsError, FeatureValueError) as e:
+        return (f"the engine at {endpoint} does not return the run's log-probability tables ({e}); vLLM returns "
+                f"them with logprobs, top_logprobs and return_tokens_as_token_ids, as {RUN_MODE.value} "
+                "(--logprobs-mode)")
+    return None
