@@ -17,6 +17,7 @@ from genqueue.common.capture_model import check_model
 from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
 from genqueue.common.errors import (
     CorruptStateError,
+    GenqueueError,
     ModelNotServedError,
     PermanentError,
     TransientError,
@@ -36,6 +37,8 @@ from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
 from genqueue.consumer.capture import probe as capture_probe
 from genqueue.consumer.capture import tables
+from genqueue.consumer.capture.facts import EngineFactsReader
+from genqueue.consumer.capture.features import other_capture
 from genqueue.consumer.engine.readings import engine_view
 from genqueue.consumer.rqthread import RqThread
 
@@ -88,6 +91,7 @@ class ServedRuns:
         self.shared_fs = shared_fs
         self.models: list[str] = []
         self.model_lens: dict[str, int | None] = {}
+        self.facts = EngineFactsReader(endpoint)  # the engine's version, model revision and template hash
         self.model_roots: dict[str, str] = {}
         self.contexts: dict[str, RunContext] = {}
         self._skipped: set[str] = set()
@@ -357,6 +361,12 @@ class ServedRuns:
         ids = turn.token_ids
         expected = None if ids is None else ids["prompt"] + ids["completion"][:-1]
         failed = await asyncio.to_thread(capture_probe.judge, capture, self.endpoint, turn.capture_path, expected)
+        if failed is None:  # consumers of one run make one capture: an engine that differs is refused here
+            try:
+                facts = await asyncio.to_thread(self.facts.of, ctx.model)
+                failed = await asyncio.to_thread(other_capture, ctx.settings.output, ctx.run, capture, ctx.model, facts)
+            except (GenqueueError, OSError) as e:
+                failed = f"the capture's manifest could not be checked against the run's output: {e}"
         if failed is None:
             log.info("run %s: the engine captures the run's %d layers (probe of %d tokens)", ctx.run,
                      len(capture.layers), len(expected or ()))

@@ -48,6 +48,7 @@ from genqueue.common.storage.packcache import PackCache
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
+from genqueue.consumer.capture.facts import EngineFactsReader
 from genqueue.consumer.capture.features import CaptureKeeper
 from genqueue.consumer.capture.tables import TableKeeper
 from genqueue.consumer.config import ConsumerConfig
@@ -113,7 +114,7 @@ class Consumer:
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone,
                              on_features=self._features_shipped)
         # --capture: the engine's capture files become rows of the outbox's feature shards
-        self.capture = CaptureKeeper(self.outbox.features.append)
+        self.capture = CaptureKeeper(self.outbox.features.append, facts=EngineFactsReader(cfg.endpoint).of)
         # --logprobs: the answers' tables become rows of the same feature shards
         self.tables = TableKeeper(self.outbox.features.append_table)
         self._spool_lock: IO[str] | None = None

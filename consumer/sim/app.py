@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from genqueue.common import __version__
 from genqueue.consumer.sim import capture
 from genqueue.consumer.sim import logprobs as sim_logprobs
 from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield, step_cost
@@ -30,6 +31,8 @@ from genqueue.consumer.sim.text import (
 )
 
 REASONING_MODES = ("field", "inline", "none", "reasoning_content")
+#: What the stand-in's GET /version answers (vLLM answers its own release).
+SIM_VERSION = f"genqueue-sim {__version__}"
 
 
 @dataclass
@@ -405,6 +408,11 @@ async def _models(request: web.Request) -> web.Response:
         "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len}]})
 
 
+async def _version(_request: web.Request) -> web.Response:
+    """vLLM's GET /version: what a capture's manifest records as the engine's version."""
+    return _json({"version": SIM_VERSION})
+
+
 async def _metrics(request: web.Request) -> web.Response:
     eng = request.app[SIM_ENGINE]
     cfg = eng.config
@@ -469,6 +477,7 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/sim/stats", _sim_stats)
     app.router.add_post("/sim/stats", _sim_stats)
