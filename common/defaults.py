@@ -631,6 +631,16 @@ EXPORT_FEATURES_COPY_BYTES = 8 * 1024 * 1024
 #: Unmatched rows and features the summary names per reason (all are in genqueue-unmatched.jsonl).
 EXPORT_FEATURES_NAMED = 5
 
+# producer/export/logprobscmd.py, logprobrows.py (`producer export-logprobs`)
+#: Rows per Parquet file (DistillKit's sample_logits_vllm.py writes 256); a new file past it.
+EXPORT_LOGPROBS_ROWS_PER_FILE = 4096
+#: Rows per row group: a loader reads a group at a time, and 256 rows of 2,000 tokens at K = 128
+#: are ~100 MB of plain Parquet in memory.
+EXPORT_LOGPROBS_ROWS_PER_GROUP = 256
+#: The other entries of the one-hot table DistillKit's layout puts at a prompt position: finite
+#: (its polynomial fit and quantiser take no -inf) and exp(-100) ~ 4e-44, no probability in float32.
+EXPORT_LOGPROBS_PLACEHOLDER = -100.0
+
 # producer/export/featurecheck.py, featurecheckcmd.py (`producer check-features`)
 #: Rows a check recomputes when neither --share nor --rows is given: a forward pass each.
 CHECK_FEATURES_ROWS = 32

@@ -38,6 +38,7 @@ SECTIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("producer", "enqueue"): ("docs/enqueue.md", "## `producer enqueue PATH`"),
     ("producer", "export"): ("docs/export.md", "## `producer export`"),
     ("producer", "export-features"): ("docs/export.md", "## `producer export-features`"),
+    ("producer", "export-logprobs"): ("docs/export.md", "## `producer export-logprobs`"),
     ("producer", "check-features"): ("docs/export.md", "## `producer check-features`"),
     ("producer", "parity"): ("docs/export.md", "## `producer parity`"),
     ("producer", "status"): ("docs/operations.md", "## `producer status`"),
