@@ -145,6 +145,7 @@ class CheckReport:
     ids_checked: int = 0  # tokens rows whose features' ids were compared with theirs
     ids_differ: int = 0
     rows_without_features: int = 0  # tokens rows no stored row is named for (not a capture's fault)
+    features_without_rows: int = 0  # stored rows no tokens row names (an outcome the export leaves out)
 
     def add(self, comparison: RowComparison, tokens: int) -> None:
         self.rows_checked += 1
@@ -167,9 +168,13 @@ class CheckReport:
 
     def summary(self, tolerance: float) -> str:
         worst = ", ".join(f"{k} {v:.4f}" for k, v in sorted(self.worst.items())) or "none"
-        ids = (f"; token ids: {self.ids_checked:,} tokens rows checked, {self.ids_differ:,} differ"
-               f"{f', {self.rows_without_features:,} without features' if self.rows_without_features else ''}"
-               if self.ids_checked or self.ids_differ or self.rows_without_features else "")
+        ids = ""
+        if self.ids_checked or self.rows_without_features or self.features_without_rows:
+            ids = f"; token ids: {self.ids_checked:,} tokens rows checked, {self.ids_differ:,} differ"
+            if self.rows_without_features:
+                ids += f", {self.rows_without_features:,} without features"
+            if self.features_without_rows:
+                ids += f", {self.features_without_rows:,} stored rows no tokens row names"
         verdict = "all match" if self.ok else f"{self.rows_failed:,} rows fail"
         return (f"{verdict}: {self.rows_checked:,} of {self.rows_stored:,} rows checked ({self.tokens_checked:,} "
                 f"tokens), largest relative error by layer: {worst} (tolerance {tolerance} + the dtype's bound)"

@@ -41,9 +41,12 @@ Reference = Callable[[list[int], tuple[int, ...]], Float32Array]
 def check_ids(index: FeatureIndex, tokens: Path, report: CheckReport, *, regenerate: bool) -> None:
     """Every row of the tokens export TOKENS joined to its stored features (export-features' join):
     a row whose features hold other token ids (or are unreadable) is a problem; one without
-    features is counted (the capture did not fail: an answer cut or failed has none)."""
+    features, and stored features no row names, are counted (an answer failed has no features,
+    and the export leaves out answers of some outcomes)."""
+    named: set[str] = set()
     for raw in read_token_rows(tokens):
         row = token_row(raw, regenerate=regenerate, path=tokens)
+        named.add(row.feature_row)
         got, why, detail = index.join(row)
         if why is Unmatched.NO_FEATURES:
             report.rows_without_features += 1
@@ -53,6 +56,7 @@ def check_ids(index: FeatureIndex, tokens: Path, report: CheckReport, *, regener
             report.ids_differ += 1
             report.problems.append(RowProblem(row.feature_row, f"token ids are not those of tokens row {row.id}: "
                                                                f"{detail}"))
+    report.features_without_rows = len(set(index.by_row) - named)
 
 
 def check_rows(index: FeatureIndex, rows: list[str], reference: Reference, report: CheckReport,
@@ -156,7 +160,8 @@ def check_features_command(run_name: str, model_dir: str, share: float | None, c
                                  "worst": {str(k): v for k, v in report.worst.items()}, "tolerance": tolerance,
                                  "mismatches": report.lines(), "ids_checked": report.ids_checked,
                                  "ids_differ": report.ids_differ,
-                                 "rows_without_features": report.rows_without_features}).decode())
+                                 "rows_without_features": report.rows_without_features,
+                                 "features_without_rows": report.features_without_rows}).decode())
     else:
         for line in report.lines():
             click.echo(line)

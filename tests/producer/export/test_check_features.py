@@ -95,13 +95,16 @@ def test_the_reach_is_the_tolerance_plus_the_dtypes_bound() -> None:
 
 def test_token_ids_are_checked_against_every_row_of_the_tokens_export(tmp_path: Path) -> None:
     rows = token_rows(5)
-    made = make_run(tmp_path, rows, skip=frozenset({1}))
+    made = make_run(tmp_path, rows, skip=frozenset({1}), extra={"orphan": [5, 6, 7]})
     rows[3]["input_ids"][4] += 1  # type: ignore[index]
     made.tokens.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     index = FeatureIndex(LocalFeatureStore(made.output), RUN)
     report = CheckReport(LAYERS, rows_stored=len(index.by_row))
     check_ids(index, made.tokens, report, regenerate=False)
-    assert (report.ids_checked, report.ids_differ, report.rows_without_features) == (4, 1, 1)
+    assert (report.ids_checked, report.ids_differ, report.rows_without_features, report.features_without_rows) == \
+        (4, 1, 1, 1)
+    assert report.summary(TOLERANCE).endswith("token ids: 4 tokens rows checked, 1 differ, 1 without features, "
+                                              "1 stored rows no tokens row names")
     assert report.lines() == [(f"row {rows[3]['key']}: token ids are not those of tokens row rec3-a0: features in "
                               f"{index.by_row[str(rows[3]['key'])][0].shard}: token 4 is id "
                               f"{rows[3]['input_ids'][4] - 1}, the row's is {rows[3]['input_ids'][4]}")]  # type: ignore[index]
