@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -39,6 +40,7 @@ from genqueue.consumer.capture import probe as capture_probe
 from genqueue.consumer.capture import tables
 from genqueue.consumer.capture.facts import EngineFactsReader
 from genqueue.consumer.capture.features import other_capture
+from genqueue.consumer.capture.owner import CaptureOwner
 from genqueue.consumer.engine.readings import engine_view
 from genqueue.consumer.rqthread import RqThread
 
@@ -93,6 +95,7 @@ class ServedRuns:
         self.model_lens: dict[str, int | None] = {}
         self.facts = EngineFactsReader(endpoint)  # the engine's version, model revision and template hash
         self.model_roots: dict[str, str] = {}
+        self.capture_owner: CaptureOwner | None = None  # names this consumer's capture files (worker sets it)
         self.contexts: dict[str, RunContext] = {}
         self._skipped: set[str] = set()
         self._refused: dict[str, _Refusal] = {}
@@ -361,6 +364,8 @@ class ServedRuns:
         ids = turn.token_ids
         expected = None if ids is None else ids["prompt"] + ids["completion"][:-1]
         failed = await asyncio.to_thread(capture_probe.judge, capture, self.endpoint, turn.capture_path, expected)
+        if turn.capture_path is not None and self.capture_owner is not None:  # now the engine's folder is known
+            await asyncio.to_thread(self._sweep, self.capture_owner, Path(turn.capture_path).parent)
         if failed is None:  # consumers of one run make one capture: an engine that differs is refused here
             try:
                 facts = await asyncio.to_thread(self.facts.of, ctx.model)
@@ -371,6 +376,13 @@ class ServedRuns:
             log.info("run %s: the engine captures the run's %d layers (probe of %d tokens)", ctx.run,
                      len(capture.layers), len(expected or ()))
         return failed
+
+    @staticmethod
+    def _sweep(owner: CaptureOwner, folder: Path) -> None:
+        """The capture files an earlier consumer on this spool left in the engine's FOLDER go."""
+        if removed := owner.sweep(folder):
+            log.warning("removed %d capture files an earlier consumer on this spool left in %s (it stopped with "
+                        "requests in flight)", removed, folder)
 
     async def _say_speculation(self, ctx: RunContext, probe: SpecFigures | None) -> None:
         """One line: whether the engine speculates, and whether its answers carry their figures."""

@@ -50,6 +50,7 @@ from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
 from genqueue.consumer.capture.facts import EngineFactsReader
 from genqueue.consumer.capture.features import CaptureKeeper
+from genqueue.consumer.capture.owner import CaptureOwner
 from genqueue.consumer.capture.tables import TableKeeper
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.dispatch import Dispatcher
@@ -259,6 +260,9 @@ class Consumer:
                             identity=self.identity, worker=self.worker.name,
                             request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait,
                             shared_fs=cfg.shared_fs)
+        # capture files carry this consumer's spool in their name; a dead predecessor's are removed
+        owner = CaptureOwner.of(cfg.spool)
+        gen.request_id, served.capture_owner = owner.request_id, owner
         steering = Steering(self.limiter, client.metrics, auto=cfg.auto_concurrency,
                             max_concurrency=cfg.max_concurrency, endpoint=cfg.endpoint,
                             gate_paused=lambda: gate.paused, in_flight=lambda: self.book.in_flight,

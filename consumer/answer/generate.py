@@ -150,6 +150,9 @@ class Generator:
         self.checkpoints = checkpoints
         self.features = features
         self.tables = tables
+        #: names each request that asks for hidden states, so its file carries this consumer's
+        #: name on the engine's disk (consumer/capture/owner.py); None: the engine names it
+        self.request_id: Callable[[], str] | None = None
         self.failures: collections.Counter[RetryKind] = collections.Counter()  # failed attempts by kind
         self._log = RepeatedLog(log)
         self.spec_ignored = 0  # answers whose speculative-decoding figures were malformed (ignored)
@@ -169,6 +172,8 @@ class Generator:
         engine that captures every request) is removed at once: no one else would."""
         capture = (need_ids if capture is None else capture) and ctx.shape.capture
         body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed, capture=capture)
+        if capture and self.request_id is not None:
+            body["request_id"] = self.request_id()
         attempt = 0
         while True:
             await self.gate.up.wait()

@@ -6,7 +6,6 @@ import asyncio
 import collections
 import random
 import time
-import uuid
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -316,7 +315,8 @@ async def _chat(request: web.Request) -> web.Response:
             prompt_token_ids(cfg.seed, messages),
             output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction),
             body.get("kv_transfer_params"))) is not None:  # as vLLM's connector: a file, named top-level
-        path = await asyncio.to_thread(capture.save, eng.capture, uuid.uuid4().hex, ids, digest)
+        stem = capture.file_stem(body, request.headers.get("X-Request-Id"))  # named as vLLM names it
+        path = await asyncio.to_thread(capture.save, eng.capture, stem, ids, digest)
         reply["kv_transfer_params"] = {"hidden_states_path": path}
     choice["logprobs"] = sim_logprobs.content(
         body, output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction), digest,

@@ -17,6 +17,7 @@ import json
 import os
 import random
 import struct
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,13 @@ def captured_ids(prompt: list[int], output: list[int], params: object) -> list[i
     if not isinstance(params, dict):
         return None
     return prompt + output[:-1] if params.get("include_output_tokens") else list(prompt)
+
+
+def file_stem(body: dict[str, object], header: str | None) -> str:
+    """The name vLLM's connector gives a chat request's file: its internal request id,
+    `chatcmpl-<X-Request-Id header, else the body's request_id, else a random id>-<8 hex>`."""
+    given = header if header is not None else body.get("request_id")
+    return f"chatcmpl-{given if isinstance(given, str) and given else uuid.uuid4().hex}-{uuid.uuid4().hex[:8]}"
 
 
 def save(cfg: CaptureConfig, request_id: str, ids: list[int], digest: int) -> str:

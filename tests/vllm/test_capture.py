@@ -260,3 +260,23 @@ def test_a_prefix_cache_hit_does_not_truncate_the_capture(capturing: Capturing) 
     print(f"\nprefix-cache hit: {reused:.0f} of the second request's {len(second)} prompt tokens reused")
     got = check(capturing, "second of two sharing a prefix (cache hit, then generation)", body, generated_ids(body))
     assert got.token_ids.size >= len(second)
+
+
+def test_a_prefix_cache_hit_on_blocks_written_while_decoding_is_captured_whole(capturing: Capturing) -> None:
+    """A conversation's next turn (what regenerate sends): its prompt is the last turn's prompt and
+    answer, so the cached block it reuses holds hidden states the engine wrote while decoding the
+    answer one token a step, beside those of the last turn's prefill."""
+    rng = random.Random(4)
+    first = some_ids(rng, 100)
+    body = complete(capturing.server, first, 60, with_output=True)
+    answer = body["choices"][0]["token_ids"]
+    assert len(answer) == 60, body
+    check(capturing, "a turn: prefill, then 60 tokens decoded", body, generated_ids(body))
+    block = parse_prometheus(capturing.server.get_text("/metrics"))
+    second = [*first, *answer, *some_ids(rng, 40)]  # 200 tokens: the first block's 128 cached, 28 of them decoded
+    body = complete(capturing.server, second, 8, with_output=True)
+    reused = parse_prometheus(capturing.server.get_text("/metrics"))[HITS] - block[HITS]
+    assert reused >= 128, f"the next turn reused {reused} cached tokens: no hit on the decoded block to test"
+    print(f"\nnext turn: {reused:.0f} of its {len(second)} prompt tokens reused, {128 - len(first)} of them decoded")
+    check(capturing, "the next turn (a cache hit on a decoded block, chunked prefill, then generation)", body,
+          generated_ids(body))
