@@ -488,8 +488,9 @@ class Telemetry:
         lag = self.lag.take()
         LOOP_LAG.set(lag)
         related = any(ctx.settings.multi_turn == Mode.EACH for ctx in self.parts.served().runs.values())
+        capturing = any(ctx.settings.capture is not None for ctx in self.parts.served().runs.values())
         snap["engine"] = self.doctor.check(now, snap, related_prompts=related, queue_depth=self._depth, cpu=cores,
-                                           backing_off=self.parts.backing_off(), loop_lag=lag)
+                                           backing_off=self.parts.backing_off(), loop_lag=lag, capturing=capturing)
         if spec_notes := self.spec.notes():  # the drafter's weakest category, beside the doctor's notes
             snap["engine"] = {**snap["engine"], "notes": [*snap["engine"].get("notes", []), *spec_notes]}
         for bound in EngineBound:

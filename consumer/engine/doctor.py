@@ -69,6 +69,7 @@ class ConsumerView:
     related_prompts: bool = False  # items share prefixes (turns of one conversation in `each` mode)
     backing_off: int = 0  # requests in flight that sleep before a retry (not counted in in_flight)
     loop_lag: float = 0.0  # seconds its event loop woke late at most since the last look
+    capturing: bool = False  # a served run captures hidden states: the speculative slot is extract_hidden_states
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +248,8 @@ def diagnose(samples: list[Sample], s: DoctorSettings | None = None) -> Verdict:
     speculation pays at its load."""
     s = s or DoctorSettings()
     v = _diagnose(samples, s)
-    if not samples or not samples[-1].engine.get("metrics") or "endpoint_down" in samples[-1].consumer.paused:
+    if not samples or not samples[-1].engine.get("metrics") or "endpoint_down" in samples[-1].consumer.paused \
+            or samples[-1].consumer.capturing:  # its draft counters are the capture's, not a drafter's
         return v
     return replace(v, spec=_judge_window(_recent(samples, samples[-1].t, s), s))
 
@@ -429,7 +431,10 @@ def _notes(recent: list[Sample], c: ConsumerView, s: DoctorSettings) -> tuple[tu
 
     out = []
     drafts, tokens, accepted = change("spec_drafts"), change("spec_draft_tokens"), change("spec_accepted_tokens")
-    if last.get("spec_draft_tokens") is None:
+    if recent[-1].consumer.capturing and last.get("spec_draft_tokens") is not None:
+        out.append("capturing hidden states: extract_hidden_states holds the speculative slot (its draft "
+                   "counters are not a drafter's: no advice on speculation)")
+    elif last.get("spec_draft_tokens") is None:
         out.append("speculative decoding off")
     elif tokens and accepted is not None:
         length = f", mean accepted length {1 + accepted / drafts:.2f}" if drafts else ""
@@ -519,18 +524,19 @@ class Doctor:
             self.spec, self._spec_said, self._spec_candidate, self._spec_held = j, True, None, 0
 
     def check(self, now: float, snap: ConsumerSnapshot, *, related_prompts: bool, queue_depth: int | None,
-              cpu: float, backing_off: int = 0, loop_lag: float = 0.0) -> EngineView:
+              cpu: float, backing_off: int = 0, loop_lag: float = 0.0, capturing: bool = False) -> EngineView:
         """Observe the consumer's snapshot SNAP taken at NOW; its engine view with the verdict.
         RELATED_PROMPTS: a served run regenerates conversations turn by turn (prefixes repeat).
         BACKING_OFF: requests of those in flight that sleep before a retry: at the engine they
         neither run nor wait (seen on real vLLM: 3 of 4 in flight in backoff after dropped
-        connections read as 3 waiting on a plateau of 1, "raise --max-num-seqs from 1")."""
+        connections read as 3 waiting on a plateau of 1, "raise --max-num-seqs from 1").
+        CAPTURING: a served run captures hidden states (no judgement on speculation)."""
         view = ConsumerView(
             limit=snap["concurrency"], auto=snap["concurrency_mode"] == "auto",
             in_flight=max(0, snap["in_flight"] - backing_off), backing_off=backing_off,
             pending=snap["pending_items"], queue_depth=queue_depth, paused=tuple(sorted(snap["paused"])), cpu=cpu,
             loop_lag=loop_lag,
-            related_prompts=related_prompts)
+            related_prompts=related_prompts, capturing=capturing)
         self.observe(Sample(now, snap["engine"], view))
         return self.view(snap["engine"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -413,6 +414,18 @@ def test_the_window_judges_from_the_engine_counters():
     assert costly.spec.mean_length == pytest.approx(1.425) and costly.spec.batch == 64
     paying = diagnose(_spec_window(8, (100, 300, 195.2)), S)
     assert paying.spec is not None and paying.spec.pays == SpecPays.PAYS and paying.spec.k == 3
+
+
+def test_a_capturing_engines_draft_counters_get_no_advice_on_speculation():
+    """extract_hidden_states holds the speculative slot and counts drafts, but is no drafter: the
+    doctor neither judges nor advises on it (turn it off, lower num_speculative_tokens)."""
+    drafting = _spec_window(64, (1000, 1000, 100))
+    assert diagnose(drafting, S).spec is not None  # a drafter with these counters would be judged
+    capturing = [Sample(s.t, s.engine, replace(s.consumer, capturing=True)) for s in drafting]
+    v = diagnose(capturing, S)
+    assert v.spec is None
+    assert v.notes[0].startswith("capturing hidden states: extract_hidden_states holds the speculative slot")
+    assert not any("speculative decoding on" in n or "num_speculative_tokens" in n for n in v.notes)
 
 
 def test_no_readings_no_claim_on_speculation():
