@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 import urllib.error
@@ -31,19 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from genqueue.common import defaults
+from genqueue.common.capture_model import hub_cache
 from genqueue.common.errors import BadCaptureError
 
 log = logging.getLogger(__name__)
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def hub_cache() -> Path:
-    """Where huggingface_hub keeps downloaded models (its own environment variables, in its order)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    return Path(home).expanduser() / "hub"
 
 
 @dataclass(frozen=True, slots=True)
