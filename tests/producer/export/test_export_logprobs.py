@@ -38,7 +38,7 @@ from genqueue.producer.export.logprobscmd import (
     plan_k,
 )
 from tests.conftest import cli
-from tests.producer.export.logprobfakes import VOCAB, FakeSource, run_of, tables_for, token_row, write_tokens
+from tests.producer.export.logprobtables import VOCAB, MemorySource, run_of, tables_for, token_row, write_tokens
 
 K = 20
 #: exact values in bf16, no fit: each decoded log-probability within bf16's rounding of the stored
@@ -49,7 +49,7 @@ RECOMMENDED = {"d": VOCAB, "k": K, "exact_k": 8, "exact_dtype": "bfloat16", "pol
                "term_dtype": "float32", "residual_bins": [], "delta_encoding": False}
 
 
-def export(tmp_path: Path, rows: list[dict[str, Any]], src: FakeSource, layout: Layout,
+def export(tmp_path: Path, rows: list[dict[str, Any]], src: MemorySource, layout: Layout,
            config: dict[str, Any] | None = None, name: str = "out") -> Any:
     tokens = write_tokens(tmp_path / "tokens.jsonl", rows)
     cfg = dk.DistillKitConfig.from_mapping(config, where="test") if config else None
@@ -57,7 +57,7 @@ def export(tmp_path: Path, rows: list[dict[str, Any]], src: FakeSource, layout: 
     return export_logprobs(plan, src, "memory")
 
 
-def with_faults(n: int) -> tuple[list[dict[str, Any]], FakeSource]:
+def with_faults(n: int) -> tuple[list[dict[str, Any]], MemorySource]:
     """N good rows, then one without tables, one whose tables are of other tokens, and tables no row names."""
     rows, src = run_of(n, K)
     rows.append(token_row("lost", 6, 5, seed=90))
@@ -68,7 +68,7 @@ def with_faults(n: int) -> tuple[list[dict[str, Any]], FakeSource]:
     return rows, src
 
 
-def stored(src: FakeSource, row: dict[str, Any]) -> Any:
+def stored(src: MemorySource, row: dict[str, Any]) -> Any:
     return src.tables[row["key"]]
 
 
@@ -165,12 +165,12 @@ def test_encoder_round_trips_every_kind_of_config() -> None:
 
 
 def test_refusals(tmp_path: Path) -> None:
-    src = FakeSource(K)
+    src = MemorySource(K)
     with pytest.raises(UserError, match="k = 64, the run stored top-20"):
         plan_k(Layout.DISTILLKIT, dk.DistillKitConfig.from_mapping({**RECOMMENDED, "k": 64}, where="x"), src.manifest)
     with pytest.raises(UserError, match="DistillKit's offline teacher reads log-probabilities"):
         plan_k(Layout.DISTILLKIT, dk.DistillKitConfig.from_mapping(RECOMMENDED, where="x"),
-               FakeSource(K, mode="raw_logits").manifest)
+               MemorySource(K, mode="raw_logits").manifest)
     for bad, words in (({**RECOMMENDED, "topk": 3}, "topk is no field"), ({"k": 3, "exact_k": 3}, "d missing"),
                        ({**RECOMMENDED, "exact_k": 30}, "k must be >= exact_k"),
                        ({**RECOMMENDED, "polynomial_terms": []}, "needs polynomial_terms"),

@@ -1,6 +1,6 @@
-"""A run's top-k tables without a store: the shape common/features/logprobs.py's reader returns
+"""A run's top-k tables held in memory (no store), in the shape common/features/logprobs.py's reader returns
 (sampled_ids int32 [T], sampled_logprobs float32 [T], topk_ids int32 [T, K], topk_logprobs
-float32 [T, K], sorted descending), held in memory, and the tokens rows they belong to."""
+float32 [T, K], sorted descending), and the tokens rows they belong to."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ VOCAB = 300
 
 
 @dataclass(frozen=True)
-class FakeTables:
+class MemoryTables:
     sampled_ids: np.ndarray
     sampled_logprobs: np.ndarray
     topk_ids: np.ndarray
@@ -24,11 +24,11 @@ class FakeTables:
 
 
 @dataclass
-class FakeSource:
-    """LogprobsReader's surface: entries, duplicates, manifest, row(id)."""
+class MemorySource:
+    """LogprobsReader's surface (entries, duplicates, manifest, row(id)) over tables in a dict."""
 
     k: int
-    tables: dict[str, FakeTables] = field(default_factory=dict)
+    tables: dict[str, MemoryTables] = field(default_factory=dict)
     duplicates: int = 0
     mode: str = "raw_logprobs"
 
@@ -40,11 +40,11 @@ class FakeSource:
     def manifest(self) -> Any:
         return SimpleNamespace(model="tiny", k=self.k, mode=self.mode, temperature=None)
 
-    def row(self, row: str) -> FakeTables:
+    def row(self, row: str) -> MemoryTables:
         return self.tables[row]
 
 
-def tables_for(completion: list[int], k: int, *, seed: int) -> FakeTables:
+def tables_for(completion: list[int], k: int, *, seed: int) -> MemoryTables:
     """Tables of a softmax over VOCAB at each position, the sampled id put in its top-k (as a
     sampler at temperature 1 mostly draws), values rounded through fp16 as the store keeps them."""
     rng = np.random.default_rng(seed)
@@ -54,7 +54,7 @@ def tables_for(completion: list[int], k: int, *, seed: int) -> FakeTables:
     lp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
     lp = lp.astype(np.float16).astype(np.float32)
     order = np.argsort(-lp, axis=-1, kind="stable")[:, :k]
-    return FakeTables(np.asarray(completion, np.int32), lp[np.arange(t), completion].astype(np.float32),
+    return MemoryTables(np.asarray(completion, np.int32), lp[np.arange(t), completion].astype(np.float32),
                       order.astype(np.int32), np.take_along_axis(lp, order, axis=-1))
 
 
@@ -70,10 +70,10 @@ def write_tokens(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def run_of(n: int, k: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], FakeSource]:
+def run_of(n: int, k: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], MemorySource]:
     """N tokens rows, each with its tables (K entries)."""
     rows = [token_row(f"item{i}", 5 + 3 * i, 4 + 2 * i, seed=seed + i) for i in range(n)]
-    src = FakeSource(k)
+    src = MemorySource(k)
     for i, r in enumerate(rows):
         answer = [t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m]
         src.tables[r["key"]] = tables_for(answer, k, seed=seed + 100 + i)
