@@ -54,6 +54,26 @@ def captured_layers(argv: Sequence[str]) -> tuple[int, ...] | None:
     return tuple(i for i in ids if isinstance(i, int)) if isinstance(ids, list) else ()
 
 
+#: The KV-cache dtypes vLLM's hidden-states cache layer takes (a quantized cache fails its start).
+CAPTURE_KV_DTYPES = ("auto", "bfloat16", "float16")
+
+
+def engine_refusal(argv: Sequence[str]) -> str | None:
+    """Why vLLM started with ARGV (an extract_hidden_states engine) would fail once its weights
+    are loaded, in one line; None when nothing in ARGV stands in the way."""
+    spec = speculative_config(argv) or {}
+    kv = flag_value(argv, "--kv-cache-dtype")
+    if kv is not None and kv not in CAPTURE_KV_DTYPES:
+        return (f"--kv-cache-dtype {kv}: vLLM's hidden-states capture keeps the layers in the KV cache and takes "
+                f"no quantized cache ({', '.join(CAPTURE_KV_DTYPES)}); drop it for a capturing engine")
+    if spec.get("num_speculative_tokens", 1) != 1:
+        return (f"num_speculative_tokens {spec['num_speculative_tokens']} in --speculative-config: "
+                f"{CAPTURE_METHOD} takes exactly 1")
+    if spec.get("disable_padded_drafter_batch"):
+        return f"disable_padded_drafter_batch in --speculative-config: {CAPTURE_METHOD} does not support it"
+    return None
+
+
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's part of a model's config (a multimodal model nests it)."""
     inner = config.get("text_config")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genqueue.common import defaults
-from genqueue.common.capture_model import captured_layers, check_model
+from genqueue.common.capture_model import captured_layers, check_model, engine_refusal
 from genqueue.common.cli import ConsumerArgs, consumer_defaults, consumer_run_args, pick_consumer_args
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
@@ -244,7 +244,7 @@ class LaunchConfig:
         vllm_cmd = options["vllm_cmd"]
         layers = captured_layers(engine_args) if engine == "vllm" else None
         # before any GPU time: vLLM refuses an MLA model only once up, and captures a copy for a layer past the last
-        if model and layers is not None and (refused := check_model(model, layers)) is not None:
+        if layers is not None and (refused := engine_refusal(engine_args) or (model and check_model(model, layers))):
             raise UserError(refused)
         if engine == "vllm":
             try:

@@ -632,6 +632,25 @@ def test_launch_refuses_a_model_capture_cannot_serve_before_starting_anything(tm
     assert not (tmp_path / "logs").exists(), "nothing may start before the checks pass"
 
 
+@pytest.mark.parametrize("engine, msg", [
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: vLLM's hidden-states capture"),
+    (["--kv-cache-dtype=fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    (["--speculative-config", CAPTURE_SPEC.replace('"num_speculative_tokens":1', '"num_speculative_tokens":3')],
+     "num_speculative_tokens 3"),
+])
+def test_launch_refuses_engine_flags_capture_cannot_start_with(tmp_path, engine, msg):
+    """What vLLM refuses only once the target's weights are loaded (an assert in its hidden-states
+    cache layer, its proposer) is refused before anything starts."""
+    res = CliRunner().invoke(launch_command, ["--gpus", "0", "--model", write_model(tmp_path), "--vllm-cmd", "true serve",
+                                              "--log-dir", str(tmp_path / "logs"), "--",
+                                              *(engine if engine[0] == "--speculative-config"
+                                                else ["--speculative-config", CAPTURE_SPEC, *engine])])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0], res.output
+    assert not (tmp_path / "logs").exists()
+
+
 def test_the_model_check_reads_a_folder_or_the_hub_cache(tmp_path, monkeypatch):
     from genqueue.common.capture_model import captured_layers, check_model
     assert captured_layers(["--speculative-config", CAPTURE_SPEC]) == (2, 16, 32)
