@@ -56,6 +56,16 @@ def _item_requests(sent: list[dict]) -> list[dict]:
     return [b for b in sent if any("question" in str(m.get("content")) for m in b["messages"])]
 
 
+def _burst(tmp_path: Path, redis_url: str, run: str, *sim_args: str) -> tuple[int, str]:
+    """A --burst consumer of RUN against the stand-in started with SIM_ARGS: its exit code and log."""
+    sim = Sim(tmp_path, "--mean-tokens", "10", *sim_args)
+    try:
+        c = _consumer(tmp_path, redis_url, sim, run, "--burst")
+        return c.wait(60), c.output()
+    finally:
+        sim.stop()
+
+
 def _refusal(log: str) -> str:
     lines = [line for line in log.splitlines() if "pre-flight failed" in line]
     assert len(lines) == 1, log
@@ -129,15 +139,10 @@ def test_an_engine_capturing_other_than_the_run_asks_is_refused_in_one_line(tmp_
 def test_a_capture_run_passes_the_pre_flight_on_its_probe_and_leaves_no_file(tmp_path, redis_url, conn):
     _enqueue(tmp_path, redis_url, "cap", 8, *CAPTURE)
     caps, record = tmp_path / "caps", tmp_path / "sent.jsonl"
-    sim = Sim(tmp_path, "--mean-tokens", "10", "--capture-dir", str(caps), "--capture-layers", "2,4",
-              "--record-requests", str(record))
-    try:
-        c = _consumer(tmp_path, redis_url, sim, "cap", "--burst")
-        code = c.wait(60)
-    finally:
-        sim.stop()
-    assert code == ExitCode.DONE, c.output()
-    assert "the engine captures the run's 2 layers" in c.output()
+    code, log = _burst(tmp_path, redis_url, "cap", "--capture-dir", str(caps), "--capture-layers", "2,4",
+                       "--record-requests", str(record))
+    assert code == ExitCode.DONE, log
+    assert "the engine captures the run's 2 layers" in log
     sent = _sent(record)
     probes = [b for b in sent if b.get("kv_transfer_params") and not _item_requests([b])]
     assert len(probes) == 1, "one capture probe"
@@ -153,16 +158,11 @@ def test_a_model_capture_cannot_serve_is_refused_in_one_line_before_the_probe(tm
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 3}')
     _enqueue(tmp_path, redis_url, "deep", 4, *CAPTURE)
-    caps, record = tmp_path / "caps", tmp_path / "sent.jsonl"
-    sim = Sim(tmp_path, "--model", str(model), "--mean-tokens", "10", "--capture-dir", str(caps),
-              "--capture-layers", "2,4", "--record-requests", str(record))
-    try:
-        c = _consumer(tmp_path, redis_url, sim, "deep", "--burst")
-        code = c.wait(60)
-    finally:
-        sim.stop()
-    assert code == ExitCode.PREFLIGHT, c.output()
-    line = _refusal(c.output())
+    record = tmp_path / "sent.jsonl"
+    code, log = _burst(tmp_path, redis_url, "deep", "--model", str(model), "--capture-dir", str(tmp_path / "caps"),
+                       "--capture-layers", "2,4", "--record-requests", str(record))
+    assert code == ExitCode.PREFLIGHT, log
+    line = _refusal(log)
     assert f"layer id 4 is past model {model}'s last layer (3 decoder layers" in line, line
     assert not [b for b in _sent(record) if b.get("kv_transfer_params")], "no request asked for hidden states"
 
@@ -171,16 +171,11 @@ def test_the_pre_flight_gives_a_capture_run_no_per_request_spec_advice(tmp_path,
     """A capturing engine counts drafts (extract_hidden_states holds the speculative slot) but runs
     no drafter: --per-request-spec-decode-metrics would record nothing worth having."""
     _enqueue(tmp_path, redis_url, "capspec", 4, *CAPTURE)
-    sim = Sim(tmp_path, "--mean-tokens", "10", "--capture-dir", str(tmp_path / "caps"), "--capture-layers", "2,4",
-              "--spec-tokens", "1", "--per-request-spec-decode-metrics", "none")
-    try:
-        c = _consumer(tmp_path, redis_url, sim, "capspec", "--burst")
-        code = c.wait(60)
-    finally:
-        sim.stop()
-    assert code == ExitCode.DONE, c.output()
-    assert "--per-request-spec-decode-metrics" not in c.output()
-    assert "holds extract_hidden_states, not a drafter: no acceptance figures to record" in c.output()
+    code, log = _burst(tmp_path, redis_url, "capspec", "--capture-dir", str(tmp_path / "caps"), "--capture-layers",
+                       "2,4", "--spec-tokens", "1", "--per-request-spec-decode-metrics", "none")
+    assert code == ExitCode.DONE, log
+    assert "--per-request-spec-decode-metrics" not in log
+    assert "holds extract_hidden_states, not a drafter: no acceptance figures to record" in log
 
 
 def test_a_capture_no_request_asked_for_is_removed_at_once(tmp_path, monkeypatch):
