@@ -228,9 +228,8 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
-        if isinstance(self.capture, dict) and self.capture.keys() == {"what", "layers", "dtype"}:
-            # read back from Redis or a run.json; another shape is stored_shape_problem's to name
-            object.__setattr__(self, "capture", CaptureSettings(**self.capture))
+        # read back from Redis or a run.json; another shape is stored_shape_problem's to name
+        object.__setattr__(self, "capture", CaptureSettings.stored(self.capture))
         if self.capture is not None:
             if not self.token_ids:
                 raise UserError("--capture needs --token-ids: each captured row is checked against the answer's "
@@ -261,6 +260,8 @@ class RunSettings:
         """The stored form: a field added since runs were first stored is left out while it holds
         its default (NEW_FIELDS), so a run made before it existed keeps its fingerprint."""
         data = asdict(self)
+        if self.capture is not None:  # its choice's fields only when set (CaptureSettings.to_dict)
+            data["capture"] = self.capture.to_dict()
         for name, default in NEW_FIELDS.items():
             if data.get(name) == default:
                 del data[name]

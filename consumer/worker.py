@@ -35,6 +35,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import CorruptStateError, UserError
+from genqueue.common.keepers.captured import CaptureBudget
 from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
@@ -115,7 +116,8 @@ class Consumer:
                              on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone,
                              on_features=self._features_shipped)
         # --capture: the engine's capture files become rows of the outbox's feature shards
-        self.capture = CaptureKeeper(self.outbox.features.append, facts=EngineFactsReader(cfg.endpoint).of)
+        self.capture = CaptureKeeper(self.outbox.features.append, budget=CaptureBudget(conn),
+                                     facts=EngineFactsReader(cfg.endpoint).of)
         # --logprobs: the answers' tables become rows of the same feature shards
         self.tables = TableKeeper(self.outbox.features.append_table)
         self._spool_lock: IO[str] | None = None

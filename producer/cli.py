@@ -76,6 +76,9 @@ class EnqueueArgs(TypedDict):
     logprobs: int | None
     capture: str | None
     capture_layers: str | None
+    capture_share: float | None
+    capture_sources: str | None
+    capture_budget: str | None
     capture_dtype: str | None
     output: str
     shared_fs: bool
@@ -116,7 +119,8 @@ def run_settings(options: EnqueueArgs) -> tuple[RunSettings, list[str]]:
         token_ids=options["token_ids"],
         drafter=options["drafter"],
         logprobs=options["logprobs"],
-        capture=parse_capture(options["capture"], options["capture_layers"], options["capture_dtype"]),
+        capture=parse_capture(options["capture"], options["capture_layers"], options["capture_dtype"],
+                              options["capture_share"], options["capture_sources"], options["capture_budget"]),
     )
     return settings, warnings
 
@@ -130,6 +134,7 @@ SETTING_OPTIONS: dict[str, str] = {
     "max_prompt_chars": "max_prompt_chars", "history_reasoning": "history_reasoning", "truncation": "truncation",
     "expect_reasoning": "expect_reasoning", "token_ids": "token_ids", "drafter": "drafter",
     "logprobs": "logprobs",
+    "capture_share": "capture", "capture_sources": "capture", "capture_budget": "capture",
     "capture": "capture", "capture_layers": "capture", "capture_dtype": "capture",
 }
 
@@ -218,6 +223,16 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
                    "layers) or a drafter's config.json (the layers vLLM captures for it; add the last layer "
                    "as an id when the trainer needs it).")
 @click.option("--capture-dtype", type=click.Choice([d.value for d in CaptureDtype]), default=None,
+@click.option("--capture-share", type=float, default=None, metavar="F",
+              help="Capture the answers of a share F in (0, 1] of each source's items, drawn from each item's key "
+                   "(a redo makes the same choice); the others ask for nothing and cost nothing. [default: 1]")
+@click.option("--capture-sources", default=None, metavar="NAMES",
+              help="Capture only the items of these inputs (NAME[=SHARE],...: a name as given to enqueue, its file "
+                   "name, or that without .jsonl/.gz...; wildcards allowed), each of its own share (default "
+                   "--capture-share): a stratified choice, e.g. code=0.5,chat=0.05.")
+@click.option("--capture-budget", default=None, metavar="SIZE",
+              help="Stop capturing once the run's features reach SIZE (e.g. 2TB, 500GB, 1.5TiB): later answers are "
+                   "generated without features (overshoot: at most one row per consumer).")
               help="How features are stored: fp8 (e4m3, a scale per token: half of bf16) or bf16. [default: fp8]")
 @click.option("--logprobs", type=click.IntRange(min=1), default=None, metavar="K",
               help="Record the teacher's distribution for distillation: every generated token's own log-probability "

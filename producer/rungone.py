@@ -78,6 +78,5 @@ def settings_flags(s: RunSettings) -> list[str]:
     if s.token_ids:
         out.append("--token-ids")
     if s.capture is not None:
-        out += ["--capture", s.capture.what.value, "--capture-layers", ",".join(map(str, s.capture.layers)),
-                "--capture-dtype", s.capture.dtype.value]
+        out += s.capture.options()
     return [*out, "--output", s.output]

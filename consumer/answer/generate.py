@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from genqueue.common import defaults
-from genqueue.common.capture import CaptureSettings
+from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision, CaptureSettings
 from genqueue.common.contracts import (
     ChatMessage,
     ConsumerInfo,
@@ -93,6 +93,10 @@ class FeatureSink(Protocol):
         """Remove the capture of an answer that is not kept."""
         ...
 
+    async def admits(self, run: str, capture: CaptureSettings) -> bool:
+        """Whether an answer of RUN may ask for capture now (--capture-budget not spent)."""
+        ...
+
 
 class TableSink(Protocol):
     """Where a --logprobs run's answers' tables go (consumer/capture/tables.py)."""
@@ -116,11 +120,14 @@ class RunContext:
     think_opened: bool = False  # the template opens <think> in the prompt (only </think> comes back)
     fingerprint: str = ""
     variant: Variant | None = None  # the request variant of one item (for_item), its fields in shape
+    chosen: bool = True  # --capture: the item's answers ask for capture (CaptureSettings.decide; for_item)
     shape: RequestShape = field(init=False)  # what every request of this context carries (common/requests.py)
 
     def __post_init__(self) -> None:
         self.fingerprint = self.settings.fingerprint
         self.shape = RequestShape.of(self.settings, self.variant)
+        if not self.chosen:  # not chosen: it asks for nothing, and costs nothing
+            self.shape = replace(self.shape, capture=False)
 
     @property
     def drafter(self) -> str | None:
@@ -129,10 +136,15 @@ class RunContext:
 
     def for_item(self, item: object) -> RunContext:
         """This context as ITEM is sent: with the request variant its key draws, when the run
-        has a mix (the same on every consumer and every attempt; all turns of a conversation)."""
+        has a mix (the same on every consumer and every attempt; all turns of a conversation),
+        and in a --capture run whether its answers are chosen for capture (the same way)."""
         key = item.get("key") if isinstance(item, dict) else None
         variant = self.settings.variant_of(key) if isinstance(key, str) else None
-        return self if variant is None else replace(self, variant=variant)
+        capture = self.settings.capture
+        source = item.get("source") if isinstance(item, dict) else None
+        chosen = (capture is None or not isinstance(key, str)
+                  or capture.decide(key, source if isinstance(source, str) else None) is CaptureDecision.CAPTURE)
+        return self if variant is None and chosen else replace(self, variant=variant, chosen=chosen)
 
 
 class Generator:
@@ -171,6 +183,8 @@ class Generator:
         capture probe, which judges the answer itself). A capture the request did not ask for (an
         engine that captures every request) is removed at once: no one else would."""
         capture = (need_ids if capture is None else capture) and ctx.shape.capture
+        if capture and need_ids and self.features is not None and ctx.settings.capture is not None:
+            capture = await self.features.admits(ctx.run, ctx.settings.capture)  # --capture-budget
         body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed, capture=capture)
         if capture and self.request_id is not None:
             body["request_id"] = self.request_id()
@@ -272,8 +286,11 @@ class Generator:
         ids = turn.token_ids
         if ids is None:  # request() refuses such an answer in a capture run (capture needs --token-ids)
             raise RuntimeError("a captured answer without its token ids")
-        turn.features = await self.features.keep(ctx.run, capture, ctx.model, row, turn.capture_path,
-                                                 ids["prompt"] + ids["completion"][:-1])
+        try:
+            turn.features = await self.features.keep(ctx.run, capture, ctx.model, row, turn.capture_path,
+                                                     ids["prompt"] + ids["completion"][:-1])
+        except CaptureBudgetSpent:  # reached while it was answered: the answer is kept without features
+            turn.capture_path = None
 
     async def keep_tables(self, ctx: RunContext, row: str, turn: Turn) -> None:
         """--logprobs: TURN's tables become feature row ROW (turn.tables names it)."""

@@ -13,6 +13,14 @@ disk_error), and the row is stored again after a backoff until the disk takes it
 
 The work (a file read, the encoding, an fsync) runs in one thread of its own, so rows are
 appended one at a time and the event loop never waits on a disk.
+
+A --capture-budget run (common/keepers/captured.py): `admits` says whether an answer may still
+ask (the run's bytes captured below its budget; once they are not, this consumer asks no more for
+the run); `keep` checks again in the capture thread, right before the row is stored (a row whose
+budget was reached while it was answered is not stored: CaptureBudgetSpent), and adds the row's
+bytes right after it is durable. Rows are stored one at a time, so the run's budget is overshot by
+at most one row per consumer (each consumer's row between its check and its count). A Redis that
+does not answer a check is a no (the budget is never overshot by it); a count that fails is logged.
 """
 
 from __future__ import annotations
@@ -24,15 +32,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
+import redis
 
 from genqueue.common import __version__
 from genqueue.common.backoff import store_backoff
-from genqueue.common.capture import CaptureDtype, CaptureSettings
+from genqueue.common.capture import CaptureBudgetSpent, CaptureDtype, CaptureSettings
 from genqueue.common.contracts import FeatureRef
 from genqueue.common.errors import BadCaptureError, FeatureManifestConflictError, FeatureValueError, PermanentError
 from genqueue.common.features import FeatureDtype, FeatureManifest, IndexEntry
 from genqueue.common.features.manifest import check_manifest
 from genqueue.common.features.store import feature_store_for
+from genqueue.common.keepers.captured import CaptureBudget
 from genqueue.consumer.capture.captured import read_capture, remove_capture
 from genqueue.consumer.capture.facts import EngineFacts
 
@@ -85,16 +95,44 @@ class _SpoolRefused(Exception):
 class CaptureKeeper:
     """Turns the engine's capture files into feature rows (the generator's FeatureSink)."""
 
-    def __init__(self, append: Append, facts: Callable[[str], EngineFacts] | None = None) -> None:
+    def __init__(self, append: Append, facts: Callable[[str], EngineFacts] | None = None, *,
+                 budget: CaptureBudget | None = None) -> None:
         self._append = append
         self._facts = facts  # a model's engine facts for the manifest (facts.EngineFactsReader.of)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture")
+        self._budget = budget
+        self._spent: set[str] = set()  # runs whose budget this consumer saw spent: it asks no more
+
+    async def admits(self, run: str, capture: CaptureSettings) -> bool:
+        """Whether an answer of RUN may ask for capture now: always without --capture-budget;
+        with one, while the run's bytes captured are below it (and Redis answers)."""
+        if capture.budget is None or self._budget is None:
+            return True
+        return await asyncio.to_thread(self._within, run, capture.budget)
+
+    def _within(self, run: str, budget: int) -> bool:
+        """RUN's bytes captured are below BUDGET (False once seen otherwise: they only grow)."""
+        if run in self._spent:
+            return False
+        if self._budget is None:
+            return True
+        try:
+            allowed = self._budget.allows(run, budget)
+        except redis.exceptions.RedisError as e:
+            log.warning("run %s: the capture budget was not read (%s): this answer gets no features", run, e)
+            return False
+        if not allowed and run not in self._spent:
+            log.info("run %s: its capture budget (%d bytes) is spent: answers from now on are generated without "
+                     "features", run, budget)
+            self._spent.add(run)
+        return allowed
 
     async def keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
                    expected: list[int]) -> FeatureRef:
         """Store the capture at PATH as ROW of RUN, once its token ids are EXPECTED; its reference.
-        Raises BadCaptureError (the file is removed). While the spool's disk refuses the row, the
-        file is kept and the row stored again after a backoff (the caller waits)."""
+        Raises BadCaptureError (the file is removed), CaptureBudgetSpent when the run's budget was
+        reached (the file is removed). While the spool's disk refuses the row, the file is kept and
+        the row stored again after a backoff (the caller waits)."""
         loop = asyncio.get_running_loop()
         refused = 0
         while True:
@@ -108,6 +146,8 @@ class CaptureKeeper:
               expected: list[int]) -> FeatureRef:
         refused = False
         try:
+            if capture.budget is not None and not self._within(run, capture.budget):
+                raise CaptureBudgetSpent(f"run {run}: its capture budget of {capture.budget} bytes is spent")
             try:
                 cap = read_capture(path)
             except PermanentError as e:
@@ -130,6 +170,12 @@ class CaptureKeeper:
             except OSError as e:  # the spool's disk (FeatureSpool says so and pauses admission)
                 refused = True  # the capture stays for the next try
                 raise _SpoolRefused() from e
+            if capture.budget is not None and self._budget is not None:
+                try:
+                    self._budget.add(run, entry.length)
+                except redis.exceptions.RedisError as e:
+                    log.warning("run %s: row %s's %d bytes not counted against its capture budget: %s", run, row,
+                                entry.length, e)
         finally:
             if not refused:
                 remove_capture(path)

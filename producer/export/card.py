@@ -43,6 +43,8 @@ from typing import Any
 import orjson
 
 from genqueue.common import __version__
+from genqueue.common.capture import format_size
+from genqueue.common.keepers.captured import CaptureFigures
 from genqueue.common.keepers.runs import RunInfo
 from genqueue.producer.export.core import ExportResult
 from genqueue.producer.export.rowstats import RowStats, read_rows, row_stats
@@ -132,11 +134,13 @@ class CardResult:
 
 
 def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None,
-               incomplete: str = "", stats: RowStats | None = None) -> CardResult:
+               incomplete: str = "", stats: RowStats | None = None,
+               capture: CaptureFigures | None = None) -> CardResult:
     """Write the card of the export RESULT describes (its dataset already in place) from STATS,
     the count of the rows the export wrote (Exporter.written: the one count its summary reads
     too; None: one pass over the dataset file), the pictures (when matplotlib is installed), the
-    card. INCOMPLETE:
+    card. CAPTURE: the run's capture figures (common/keepers/captured.py, status's too), for a
+    --capture run. INCOMPLETE:
     what the dataset lacks, in words, when the export was incomplete (items missing, or failed
     past --max-failed): the card says so first. The same export writes the same bytes: no clock
     is read."""
@@ -160,7 +164,7 @@ def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path |
     done.images = [str(p) for p in pictures.values()]
     links = {name: _link(p, path.parent) for name, p in pictures.items()}
     section = _section(result, info, stats, links, plots=plots is not None, folder=path.parent,
-                       incomplete=incomplete)
+                       incomplete=incomplete, capture=capture)
     kind = "parquet" if result.container == "parquet" else "json"
     meta = {"config": config, "file": _link(output, path.parent), "kind": kind, "rows": stats.rows,
             "thinking": bool(stats.thinking) or _has_thinking(info)}
@@ -289,7 +293,7 @@ def _counter(c: Counter[str], what: str) -> str:
 
 
 def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[str, str], *, plots: bool,
-             folder: Path, incomplete: str = "") -> str:
+             folder: Path, incomplete: str = "", capture: CaptureFigures | None = None) -> str:
     out = Path(r.output)
     parts = [f"## {out.name}\n\n",
              *([f"> **Incomplete export.** {incomplete}\n\n"] if incomplete else []),
@@ -343,6 +347,8 @@ def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[
     if r.acceptance:
         parts += ["### Speculative decoding: the drafter's acceptance\n\n", _acceptance(r)]
     parts += ["### Model and sampling\n\n", _recipe(info, s)]
+    if capture is not None:
+        parts += ["### Hidden states captured (for a drafter's trainer)\n\n", _capture(capture)]
     parts += ["### Token lengths per generation\n\n", _lengths(s, links, plots=plots)]
     parts += ["### Files\n\n", _files(r, folder)]
     return "".join(parts)
@@ -405,6 +411,29 @@ _LAYOUT_FIELDS = (
     ("traces_kept_generation", "traces kept by rows per generation"),
     ("traces_kept_conversation", "traces kept by rows per conversation (as Qwen3-style templates render)"),
 )
+
+
+def _capture(c: CaptureFigures) -> str:
+    """What the run captured and why: the figures `producer status` shows, of the whole run (not
+    only the rows of this export; `producer export-features` writes the features themselves)."""
+    budget = c["budget"]
+    rows: list[tuple[str, object]] = [
+        ("what", c["what"]), ("layers (vLLM's aux layer ids)", ", ".join(map(str, c["layers"]))),
+        ("stored as", c["dtype"]), ("answers captured (the choice)", c["chosen"]),
+        ("chosen by", ", ".join(c["choice"])),
+        ("budget", format_size(budget) + (" (spent: later answers have no features)" if c["budget_spent"] else "")
+         if budget is not None else "none"),
+        ("rows captured (distinct, shipped)", c["rows"]), ("answers generated (done items)", c["answers"]),
+        ("rows captured / answers generated", f"{c['rows'] / c['answers']:.1%}" if c["answers"] else "-"),
+        ("bytes shipped", f"{format_size(c['bytes'])} ({c['bytes']:,} bytes)"),
+    ]
+    if budget is not None:
+        rows.append(("bytes counted against the budget", f"{format_size(c['spent'])} ({c['spent']:,} bytes)"))
+    if c["items_left"] and c["projected_bytes"] is not None:
+        rows.append(("projected for the run", format_size(c["projected_bytes"])))
+    return ("The run's capture as `producer status` shows it (the whole run, not only this export's rows); the "
+            "features are written by `producer export-features`, joined to these rows by id.\n\n"
+            + _table(rows, ("", "")))
 
 
 def _when(epoch: float) -> str:

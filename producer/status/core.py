@@ -25,16 +25,15 @@ import click
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
+from genqueue.common.keepers.captured import capture_figures
 from genqueue.common.keepers.claims import Claims, HeldClaims
 from genqueue.common.keepers.clock import redis_time
-from genqueue.common.keepers.marks import SHIPPED_FEATURES
 from genqueue.common.keepers.outcomes import outcome_view, read_failed_jobs
 from genqueue.common.keepers.rqaccess import queue_name, refused_jobs
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line, scan_jobs
-from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, RunStore
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.runstate import read_pulse, settle
 from genqueue.common.keepers.snapshots import ConsumerReport, ConsumerState, Snapshots, consumer_state
@@ -53,7 +52,6 @@ from genqueue.producer.status.figures import (
 )
 from genqueue.producer.status.frame import Block, Rank, joined
 from genqueue.producer.status.report import (
-    CaptureView,
     ConsumerRow,
     EngineRow,
     HostView,
@@ -208,19 +206,8 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
         "speculation": speculation,
-        "capture": capture_view(info.settings.capture, stats) if info.settings.capture is not None else None,
+        "capture": capture_figures(info.settings, counted),
     }
-
-
-def capture_view(capture: CaptureSettings, stats: dict[str, int]) -> CaptureView:
-    """A --capture run's capture and what of it has shipped, from the run's counters (one read):
-    its distinct rows (those the done items' results name, each item once) and every row stored,
-    a redone answer's copy included; their difference is the copies, and the rows whose results
-    have not shipped yet (a feature shard ships before its result shard)."""
-    rows, written = stats.get(SHIPPED_FEATURES, 0), stats.get(FEATURE_ROWS, 0)
-    return {"what": capture.what.value, "layers": list(capture.layers), "dtype": capture.dtype.value,
-            "rows": rows, "rows_written": written, "rows_extra": max(written - rows, 0),
-            "bytes": stats.get(FEATURE_BYTES, 0)}
 
 
 def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:

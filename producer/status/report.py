@@ -9,6 +9,7 @@ from typing import Any, Required, TypedDict
 
 from genqueue.common.acceptance import Figures
 from genqueue.common.contracts import EngineView
+from genqueue.common.keepers.captured import CaptureFigures
 from genqueue.common.keepers.outcomes import FailedJobsView, OutcomeView
 from genqueue.common.keepers.pause import PauseInfo
 from genqueue.common.keepers.rqaccess import JobCounts
@@ -213,18 +214,9 @@ class ClaimedView(TypedDict):
     line: str  # what they mean, in one line ("" when there are none)
 
 
-class CaptureView(TypedDict):
-    """A --capture run's capture: what, which layers, how stored, and the feature rows the
-    consumers have shipped to its output so far: the run's distinct rows (named by its done items'
-    results), every row stored (a redone answer's copy included) and their bytes."""
-
-    what: str
-    layers: list[int]
-    dtype: str
-    rows: int  # distinct: what a trainer gets
-    rows_written: int  # every row stored (lost with Redis's counters, unlike ROWS, rebuilt from the shards)
-    rows_extra: int  # rows_written beyond rows: copies of redone answers, or rows whose results are on the way
-    bytes: int  # of every row stored
+#: A --capture run's capture and what of it has shipped (common/keepers/captured.py: the one
+#: computation status and the card share).
+CaptureView = CaptureFigures
 
 
 class StatusReport(OutcomeView, total=False):

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from genqueue.common import defaults
+from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.outcomes import failed_jobs_line
@@ -25,6 +26,7 @@ from genqueue.common.keepers.runstate import RunState
 from genqueue.common.redact import redact
 from genqueue.producer.cost import CostView
 from genqueue.producer.status.report import (
+    CaptureView,
     FileView,
     HostView,
     InputView,
@@ -57,10 +59,7 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     if s.get("drafter"):
         rows.append(("drafter", f"{s['drafter']}  (an evaluation of this drafter: producer drafter-report {r['run']})"))
     if c := r.get("capture"):
-        extra = (f" ({c['rows_written']:,} written: {c['rows_extra']:,} redone or awaiting their results)"
-                 if c["rows_extra"] else "")
-        rows.append(("capture", (f"on: {c['what']}, layers {','.join(map(str, c['layers']))}, {c['dtype']}; "
-                                f"{c['rows']:,} rows{extra}, {c['bytes'] / 1e6:,.1f} MB shipped")))
+        rows += capture_rows(c)
     rows.append(("output", redact(str(s.get("output")))
                  + (f"  ({r['output_placement']['where']})" if r.get("output_placement") else "")))
     alarm: set[int] = set()
@@ -346,3 +345,35 @@ def fit(line: str, width: int | None) -> str:
 
 def num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def capture_rows(c: CaptureView) -> list[tuple[str, str]]:
+    """The capture's rows: what is captured and shipped, which answers and why, the budget, and the
+    projection for the run (common/keepers/captured.py's figures)."""
+    extra = (f" ({c['rows_written']:,} written: {c['rows_extra']:,} redone or awaiting their results)"
+             if c["rows_extra"] else "")
+    rows = [("capture", (f"on: {c['what']}, layers {','.join(map(str, c['layers']))}, {c['dtype']}; "
+                         f"{c['rows']:,} rows{extra}, {c['bytes'] / 1e6:,.1f} MB shipped")),
+            ("  chosen", f"{c['chosen']}: {c['rows']:,} rows of {c['answers']:,} answers generated")]
+    budget = c["budget"]
+    if budget is not None:
+        if c["budget_spent"]:
+            rows.append(("  budget", (f"{format_size(budget)}: budget spent ({format_size(c['spent'])} captured); "
+                                      "answers from now on are generated without features")))
+        else:
+            rows.append(("  budget", (f"{format_size(budget)}: {format_size(c['spent'])} captured "
+                                      f"({c['spent'] / budget:.0%})")))
+    projected = c["projected_bytes"]
+    if not c["items_left"]:
+        return rows  # over: what shipped is what there is
+    if projected is None:
+        rows.append(("  forecast", "none yet: no row shipped"))
+    else:
+        how = (f"{format_size(c['bytes_per_row'] or 0)} a row x {c['rows_per_item'] or 0:.2f} rows an item x "
+               f"{c['items_left']:,} items left, plus what shipped")
+        keeps = ""
+        if budget is not None and c["projected_kept"] is not None and projected > 0:
+            kept = c["projected_kept"]
+            keeps = f"; the budget keeps {format_size(kept)} ({min(kept / projected, 1):.0%})"
+        rows.append(("  forecast", f"{format_size(projected)} for the run ({how}){keeps}"))
+    return rows

@@ -1,0 +1,122 @@
+"""What a --capture run has captured: the budget's count, and the figures every screen shows.
+
+Key: genqueue:run:<run>:stats  field SPENT (with the run's other counters, so status reads it in
+its one read of them)
+
+The budget (--capture-budget) is checked, then added to: before an answer asks for its hidden
+states, its consumer reads SPENT and asks only while it is below the budget; once the answer's row
+is stored on the consumer's spool, the row's bytes are added (HINCRBY). A row's size is known only
+after the answer, so nothing is reserved ahead: every answer that asked while SPENT was below the
+budget is kept, and the budget is overshot by at most the rows in flight when it was reached (the
+answers that passed the check before the last rows were added), never by rows started after. Rows
+not chosen ask nothing and add nothing; a redone answer's second row is stored, so it counts too.
+SPENT goes with the run's counters: deleting the run deletes it, and a Redis that loses the run
+loses it (a run brought back then counts its budget again from 0).
+
+`capture_figures` is the one computation of a capture's figures from one read of the run's
+counters (a marks.Progress): `producer status` (text and --json) and the export's card show them.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+import redis
+
+from genqueue.common.contracts import Mode
+from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Marks, Progress
+from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, run_key
+from genqueue.common.settings import RunSettings
+
+#: The field of the run's stats hash that counts the bytes of the rows captured (as stored).
+SPENT = "capture_spent_bytes"
+
+
+class CaptureBudget:
+    """A run's captured bytes on CONN: whether another answer may ask, and adding a row's bytes.
+    Raises what redis-py raises: the caller decides what a failure costs."""
+
+    def __init__(self, conn: redis.Redis) -> None:
+        self.conn = conn
+
+    def spent(self, run: str) -> int:
+        """The bytes of RUN's rows captured so far (0 before any)."""
+        raw = self.conn.hget(run_key(run, "stats"), SPENT)
+        try:
+            return int(raw) if raw is not None else 0
+        except ValueError:
+            return 0
+
+    def allows(self, run: str, budget: int) -> bool:
+        """Whether an answer of RUN may still ask for capture under BUDGET bytes."""
+        return self.spent(run) < budget
+
+    def add(self, run: str, size: int) -> int:
+        """A row of SIZE bytes of RUN is stored: the bytes captured after it."""
+        return int(self.conn.hincrby(run_key(run, "stats"), SPENT, size))
+
+
+class CaptureFigures(TypedDict):
+    """A --capture run's capture: what, which layers, how stored, which answers and why, and what
+    of it the consumers have shipped so far and will at this rate."""
+
+    what: str
+    layers: list[int]
+    dtype: str
+    choice: list[str]  # common.capture.CaptureChoice values: what chooses the answers captured
+    chosen: str  # the choice in words
+    share: float  # of each source's items (when no sources are named)
+    sources: list[tuple[str, float]]  # the sources named, each with its share (none: every source)
+    rows: int  # distinct rows shipped: what a trainer gets (named by the done items' results)
+    rows_written: int  # every row stored (lost with Redis's counters, unlike ROWS, rebuilt from the shards)
+    rows_extra: int  # rows_written beyond rows: copies of redone answers, or rows whose results are on the way
+    bytes: int  # of every row stored in the output
+    answers: int  # answers the done items hold (user turns answered, in regenerate): the rows generated
+    budget: int | None  # --capture-budget, bytes (None: no budget)
+    spent: int  # bytes captured as the budget counts them (each row as it was stored on a spool)
+    budget_spent: bool  # the budget is reached: answers from now on are generated without features
+    bytes_per_row: float | None  # shipped so far (None before a row shipped)
+    rows_per_item: float | None  # distinct rows per done item so far: the choice's rate
+    items_left: int  # items not done nor failed
+    projected_bytes: int | None  # the run's features at the end, at the rates so far, the budget aside
+    projected_kept: int | None  # what the budget lets of them (projected_bytes without a budget)
+
+
+def capture_figures(settings: RunSettings, progress: Progress) -> CaptureFigures | None:
+    """The capture figures of a run of SETTINGS from PROGRESS (one read of its marks and counters),
+    None for a run that captures nothing. The projection: the bytes shipped, plus the bytes per row
+    shipped so far times the rows still to capture (the rows per done item so far, which is the
+    choice at work, times the items left)."""
+    c = settings.capture
+    if c is None:
+        return None
+    st = progress.stats
+    rows, written, size = st.get(SHIPPED_FEATURES, 0), st.get(FEATURE_ROWS, 0), st.get(FEATURE_BYTES, 0)
+    spent = st.get(SPENT, 0)
+    answers = st.get(SHIPPED_TURNS, 0) if settings.multi_turn == Mode.REGENERATE else progress.done
+    left = max(progress.items - progress.done - progress.failed_only, 0)
+    per_row = size / written if written else None
+    per_item = rows / progress.done if progress.done else None
+    projected = None
+    if per_row is not None and per_item is not None:
+        projected = round(size + per_row * per_item * left)
+    elif left == 0 and progress.items:
+        projected = size  # over, and nothing shipped: nothing will be
+    budget_spent = c.budget is not None and spent >= c.budget
+    kept = projected
+    if c.budget is not None and projected is not None:
+        kept = max(size, min(projected, c.budget)) if not budget_spent else max(size, spent)
+    return {"what": c.what.value, "layers": list(c.layers), "dtype": c.dtype.value,
+            "choice": [x.value for x in c.choices], "chosen": c.describe(), "share": c.share,
+            "sources": [(s.name, s.share) for s in c.sources],
+            "rows": rows, "rows_written": written, "rows_extra": max(written - rows, 0), "bytes": size,
+            "answers": answers, "budget": c.budget, "spent": spent, "budget_spent": budget_spent,
+            "bytes_per_row": per_row, "rows_per_item": per_item, "items_left": left,
+            "projected_bytes": projected, "projected_kept": kept}
+
+
+def read_capture_figures(conn: redis.Redis, run: str, settings: RunSettings) -> CaptureFigures | None:
+    """capture_figures of RUN (of SETTINGS) from one read of its marks and counters."""
+    if settings.capture is None:
+        return None
+    return capture_figures(settings, Marks(conn, run).progress())
