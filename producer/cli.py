@@ -223,6 +223,7 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
                    "layers) or a drafter's config.json (the layers vLLM captures for it; add the last layer "
                    "as an id when the trainer needs it).")
 @click.option("--capture-dtype", type=click.Choice([d.value for d in CaptureDtype]), default=None,
+              help="How features are stored: fp8 (e4m3, a scale per token: half of bf16) or bf16. [default: fp8]")
 @click.option("--capture-share", type=float, default=None, metavar="F",
               help="Capture the answers of a share F in (0, 1] of each source's items, drawn from each item's key "
                    "(a redo makes the same choice); the others ask for nothing and cost nothing. [default: 1]")
@@ -233,7 +234,6 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
 @click.option("--capture-budget", default=None, metavar="SIZE",
               help="Stop capturing once the run's features reach SIZE (e.g. 2TB, 500GB, 1.5TiB): later answers are "
                    "generated without features (overshoot: at most one row per consumer).")
-              help="How features are stored: fp8 (e4m3, a scale per token: half of bf16) or bf16. [default: fp8]")
 @click.option("--logprobs", type=click.IntRange(min=1), default=None, metavar="K",
               help="Record the teacher's distribution for distillation: every generated token's own log-probability "
                    "and the K most likely ids with theirs (vLLM's top_logprobs; K at most the engines' "
