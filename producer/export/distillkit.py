@@ -210,19 +210,27 @@ def _from_bytes(b: U8, dtype: TermDtype, n: int) -> F64:
 
 # --- bit packing (bitpack.py) -----------------------------------------------------------------
 
+def _word(bits: int) -> np.dtype[Any]:
+    return np.dtype(">u4") if bits <= 32 else np.dtype(">u8")
+
+
 def pack_bits(x: npt.NDArray[Any], bits: int) -> U8:
     """X [N, m] non-negative ints, BITS each, most significant first, into [N, ceil(m*bits/8)] bytes."""
-    u = np.asarray(x, dtype=np.uint64) & np.uint64((1 << bits) - 1 if bits < 64 else 2**64 - 1)
-    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint64)
-    stream = ((u[..., None] >> shifts) & np.uint64(1)).astype(np.uint8).reshape(u.shape[0], -1)
-    return np.packbits(stream, axis=-1, bitorder="big")
+    word = _word(bits)
+    n, m = x.shape
+    stream = np.unpackbits(np.ascontiguousarray(x, dtype=word).view(np.uint8).reshape(n, m, word.itemsize),
+                           axis=-1, bitorder="big")[:, :, word.itemsize * 8 - bits:]  # each value's low BITS
+    return np.packbits(stream.reshape(n, m * bits), axis=-1, bitorder="big")
 
 
 def unpack_bits(b: U8, bits: int, n: int) -> I64:
     """pack_bits undone: [N, n] ints."""
-    stream = np.unpackbits(b, axis=-1, bitorder="big")[:, : n * bits].reshape(b.shape[0], n, bits)
-    weights = np.uint64(1) << np.arange(bits - 1, -1, -1, dtype=np.uint64)
-    out: I64 = (stream.astype(np.uint64) * weights).sum(axis=-1).astype(np.int64)
+    word = _word(bits)
+    rows = b.shape[0]
+    stream = np.unpackbits(b, axis=-1, bitorder="big")[:, : n * bits].reshape(rows, n, bits)
+    full = np.zeros((rows, n, word.itemsize * 8), np.uint8)
+    full[:, :, word.itemsize * 8 - bits:] = stream
+    out: I64 = np.packbits(full, axis=-1, bitorder="big").view(word).reshape(rows, n).astype(np.int64)
     return out
 
 
