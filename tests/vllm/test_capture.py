@@ -32,6 +32,7 @@ import pytest
 
 from genqueue.consumer.capture.captured import Capture, read_capture, remove_capture
 from genqueue.consumer.capture.engine_args import CaptureEngine, request_fields
+from genqueue.consumer.capture.owner import CaptureOwner
 from genqueue.consumer.engine.readings import parse_prometheus
 from tests.vllm.conftest import MAX_MODEL_LEN, SERVED_NAME, TINY_MODEL, VLLM_PYTHON, VllmPool, VllmServer
 
@@ -280,3 +281,21 @@ def test_a_prefix_cache_hit_on_blocks_written_while_decoding_is_captured_whole(c
     print(f"\nnext turn: {reused:.0f} of its {len(second)} prompt tokens reused, {128 - len(first)} of them decoded")
     check(capturing, "the next turn (a cache hit on a decoded block, chunked prefill, then generation)", body,
           generated_ids(body))
+
+
+def test_a_capture_file_carries_its_consumers_request_id_and_a_later_consumer_sweeps_it(capturing: Capturing) -> None:
+    """The request id a consumer sends (consumer/capture/owner.py) names the file vLLM writes; a
+    consumer started later on the same spool (another process) removes it and its lock; one on
+    another spool does not."""
+    spool = capturing.storage / "spool"
+    rid = CaptureOwner.of(spool).request_id()
+    status, body = capturing.server.post("/v1/chat/completions", {
+        "model": SERVED_NAME, "messages": [{"role": "user", "content": "Name three colours, please."}],
+        "max_tokens": 8, "request_id": rid, **request_fields(with_output=True)})
+    assert status == 200, body
+    path = Path(body["kv_transfer_params"]["hidden_states_path"])
+    assert path.name.startswith(f"chatcmpl-{rid}-") and path.name.endswith(".safetensors"), path.name
+    read_capture(path)  # whole (its lock released)
+    assert CaptureOwner.of(capturing.storage / "other-spool").sweep(capturing.storage) == 0
+    assert CaptureOwner.of(spool).sweep(capturing.storage) == 1
+    assert not path.exists() and not path.with_name(path.name + ".lock").exists()
