@@ -8,6 +8,9 @@ on the first answers, each a bad response after its retries.
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+import numpy as np
 
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
@@ -50,9 +53,22 @@ def judge(capture: CaptureSettings, endpoint: str, path: str | None, expected: l
         if found != expected:
             return (f"the probe's captured hidden states are not its answer's ({first_difference(found, expected)}): "
                     f"{start}")
-        return None
+        return same_layers(cap.hidden_states, capture.layers, endpoint)
     finally:
         try:
             remove_capture(path)
         except OSError as e:
             log.warning("could not remove the capture probe's file %s: %s", path, e)
+
+
+def same_layers(hidden: np.ndarray[Any, np.dtype[np.float32]], layers: tuple[int, ...], endpoint: str) -> str | None:
+    """Why a capture whose two layers are equal to the bit over every token is not the run's:
+    vLLM 0.32 starts with a layer id past the model's last layer and captures a copy of another
+    layer in its place (a real model's layers never agree to the bit). None when they all differ."""
+    for i in range(len(layers)):
+        for j in range(i + 1, len(layers)):
+            if hidden.shape[0] and np.array_equal(hidden[:, i], hidden[:, j]):
+                return (f"{endpoint} captured layers {layers[i]} and {layers[j]} identical over all {hidden.shape[0]} "
+                        f"tokens of the probe: a layer id past the model's last layer (vLLM captures a copy of another "
+                        f"in its place)? check --capture-layers against the model's num_hidden_layers")
+    return None

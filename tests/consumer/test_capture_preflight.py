@@ -205,3 +205,19 @@ def test_a_capture_no_request_asked_for_is_removed_at_once(tmp_path, monkeypatch
     assert asyncio.run(go()) == [None] * 4
     assert len(written) == 4, "the engine captured every request"
     assert list(caps.iterdir()) == [], "every unasked capture is removed"
+
+
+def test_a_probe_capture_with_two_identical_layers_is_refused(tmp_path):
+    """vLLM 0.32 started with one real layer id and one past the model's last (ids 1,6 of a 4-layer
+    model) captures the real layer twice, silently: where the model's config is not on this node,
+    the probe's capture tells it (no real model has two layers equal to the bit)."""
+    from genqueue.common.capture import CaptureKind, CaptureSettings
+    from genqueue.consumer.capture.probe import judge
+    ids = list(range(5, 40))
+    run = CaptureSettings(CaptureKind.HIDDEN_STATES, (1, 6))
+    copied = sim_capture.save(sim_capture.CaptureConfig(tmp_path, (1, 1), 32), "copied", ids, digest=1)
+    why = judge(run, "http://engine/v1", copied, ids)
+    assert why is not None and "captured layers 1 and 6 identical over all 35 tokens" in why, why
+    assert not Path(copied).exists(), "the probe's file is removed either way"
+    distinct = sim_capture.save(sim_capture.CaptureConfig(tmp_path, (1, 6), 32), "distinct", ids, digest=1)
+    assert judge(run, "http://engine/v1", distinct, ids) is None
