@@ -841,6 +841,16 @@ SERVED_PROBE_TIMEOUT = 300.0
 #: capture of generated tokens (all but the last) is checked too, not only the prompt's; capped by
 #: the run's own max_tokens.
 CAPTURE_PROBE_MAX_TOKENS = 8
+#: The pre-flight's probe of a --logprobs run (consumer/capture/tables.py) generates this many
+#: tokens: enough tables to judge (ids, order, sums), cheap on any engine; capped by max_tokens.
+LOGPROBS_PROBE_TOKENS = 16
+
+# common/features/tables.py
+#: A log-probability table's probabilities may sum past 1 by this much before it is refused: the
+#: engine's float32 log-softmax and its rounding of each value (measured sums stay below 1e-6).
+LOGPROBS_SUM_EPS = 1e-3
+#: A log-probability may be above 0 by this much (float32 rounding of a probability of ~1).
+LOGPROBS_ZERO_EPS = 1e-4
 #: Seconds before a run that failed this consumer's pre-flight is checked again (its settings
 #: may have been fixed with --update-settings, or the engine restarted with a longer context).
 SERVED_PREFLIGHT_RETRY = 300.0

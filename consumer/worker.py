@@ -149,9 +149,9 @@ class Consumer:
         if seq is not None and await self.acker.shipped(run, seq):
             self.wake.set()
 
-    async def _features_shipped(self, run: str, rows: int, size: int) -> None:
-        """A feature shard of RUN is stored: its rows and bytes join the run's count (status)."""
-        await self.rq.call(self.store.count_features, run, rows, size)
+    async def _features_shipped(self, run: str, rows: int, size: int, tokens: int) -> None:
+        """A feature shard of RUN is stored: its rows, bytes and tokens join the run's count (status)."""
+        await self.rq.call(self.store.count_features, run, rows, size, tokens)
 
     async def _ended_elsewhere(self, run: str) -> None:
         """A job of RUN completed by an item whose result another consumer shipped: ack it once

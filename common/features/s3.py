@@ -15,12 +15,11 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from genqueue.common.errors import FeatureError
-from genqueue.common.features.logprobs import MANIFEST_NAME as LOGPROBS_MANIFEST
-from genqueue.common.features.logprobs import LogprobsManifest
 from genqueue.common.features.manifest import FeatureManifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
 from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex
-from genqueue.common.features.store import check_any_manifest, manifest_name
+from genqueue.common.features.tables import MANIFEST_NAME as LOGPROBS_MANIFEST
+from genqueue.common.features.tables import LogprobsManifest, check_any_manifest, manifest_name
 from genqueue.common.storage.base import StoreError
 from genqueue.common.storage.s3 import S3Store
 

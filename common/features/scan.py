@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genqueue.common.errors import FeatureCorruptError, FeatureValueError
-from genqueue.common.features.logprobs import TableDtype, is_table_row, unpack_table
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, index_name, parse_feature_shard_name
 from genqueue.common.features.row import RowFormatError, unpack_row
 from genqueue.common.features.shard import (
@@ -34,6 +33,7 @@ from genqueue.common.features.shard import (
     pad,
     seal_as,
 )
+from genqueue.common.features.tables import TableDtype, is_table_row, unpack_table
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ import numpy.typing as npt
 from genqueue.common import defaults
 from genqueue.common.errors import FeatureError, FeatureValueError
 from genqueue.common.features.codec import FeatureDtype, encode
-from genqueue.common.features.logprobs import LogprobsManifest, LogprobsTable, TableDtype, pack_table
 from genqueue.common.features.manifest import FORMAT, FORMAT_VERSION, FeatureManifest
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, feature_shard_name, index_name
 from genqueue.common.features.row import pack_row
+from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, TableDtype, pack_table
 from genqueue.common.storage.local import fsync_dir
 
 log = logging.getLogger(__name__)

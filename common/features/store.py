@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Protocol
 
 from genqueue.common import defaults
-from genqueue.common.features.logprobs import MANIFEST_NAME as LOGPROBS_MANIFEST
-from genqueue.common.features.logprobs import LogprobsManifest, check_logprobs_manifest, is_logprobs_manifest
-from genqueue.common.features.manifest import FeatureManifest, check_manifest
+from genqueue.common.features.manifest import FeatureManifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
 from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex, file_range
+from genqueue.common.features.tables import MANIFEST_NAME as LOGPROBS_MANIFEST
+from genqueue.common.features.tables import LogprobsManifest, check_any_manifest, manifest_name
 from genqueue.common.storage.base import StoreError
 from genqueue.common.storage.local import fsync_dir, fsync_file
 
@@ -151,24 +151,6 @@ class LocalFeatureStore:
 
     def read_range(self, run: str, shard: str) -> ReadRange:
         return file_range(self.dir(run) / shard)
-
-
-def manifest_name(manifest: FeatureManifest | LogprobsManifest) -> str:
-    """The file MANIFEST is kept as in a run's features folder."""
-    return LOGPROBS_MANIFEST if isinstance(manifest, LogprobsManifest) else MANIFEST
-
-
-def manifest_from_json(raw: bytes) -> FeatureManifest | LogprobsManifest:
-    """A manifest of either kind from what its to_json wrote. Raises FeatureError."""
-    return LogprobsManifest.from_json(raw) if is_logprobs_manifest(raw) else FeatureManifest.from_json(raw)
-
-
-def check_any_manifest(where: str, stored: bytes, manifest: FeatureManifest | LogprobsManifest) -> None:
-    """Raise FeatureManifestConflictError when the manifest STORED at WHERE is not MANIFEST."""
-    if isinstance(manifest, LogprobsManifest):
-        check_logprobs_manifest(where, stored, manifest)
-    else:
-        check_manifest(where, stored, manifest)
 
 
 def _copy_hashed(src: Path, dest: Path) -> str:

@@ -61,6 +61,8 @@ RUNS = f"{KEY_PREFIX}:runs"
 #: their bytes: a redone item's second row is counted too.
 FEATURE_ROWS = "features_rows"
 FEATURE_BYTES = "features_bytes"
+#: ... and the tokens their rows hold (--logprobs: the generated tokens with tables).
+FEATURE_TOKENS = "features_tokens"
 
 #: Consumers' last snapshots: a sorted set of worker names by last-seen time, and one key each.
 CONSUMERS = f"{KEY_PREFIX}:consumers"
@@ -323,12 +325,13 @@ class RunStore:
         """Say MESSAGE about RUN from consumer WORKER (`genqueue:run:<run>:warnings`, one per worker)."""
         self.conn.hset(run_key(run, "warnings"), worker, message)
 
-    def count_features(self, run: str, rows: int, size: int) -> None:
-        """A feature shard of RUN is stored (--capture): ROWS rows of SIZE bytes join the run's
-        counters (FEATURE_ROWS, FEATURE_BYTES)."""
+    def count_features(self, run: str, rows: int, size: int, tokens: int = 0) -> None:
+        """A feature shard of RUN is stored (--capture, --logprobs): ROWS rows of SIZE bytes
+        holding TOKENS tokens join the run's counters (FEATURE_ROWS, FEATURE_BYTES, FEATURE_TOKENS)."""
         with self.conn.pipeline() as p:
             p.hincrby(run_key(run, "stats"), FEATURE_ROWS, rows)
             p.hincrby(run_key(run, "stats"), FEATURE_BYTES, size)
+            p.hincrby(run_key(run, "stats"), FEATURE_TOKENS, tokens)
             p.execute()
 
     def count_acked(self, run: str, counts: Mapping[str, int], started_at: float, *,

@@ -20,12 +20,12 @@ import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from genqueue.common import __version__
+from genqueue.common import __version__, defaults
 from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import LogprobsRef, TokenIds
 from genqueue.common.errors import BadLogprobsError, FeatureValueError
 from genqueue.common.features import IndexEntry
-from genqueue.common.features.logprobs import LogprobsManifest, LogprobsTable, check_table
+from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, check_table
 from genqueue.common.logprobs import RUN_MODE
 from genqueue.common.settings import RunSettings
 
@@ -132,7 +132,7 @@ class TableKeeper:
 
 #: The pre-flight's probe of a --logprobs run: a short answer whose tables are judged.
 PROBE_MESSAGES = [{"role": "user", "content": "Count from 1 to 5."}]
-PROBE_TOKENS = 16
+PROBE_TOKENS = defaults.LOGPROBS_PROBE_TOKENS
 _BOUND = re.compile(r"logprobs of (\d+)\D+?(\d+)")
 
 

@@ -42,10 +42,9 @@ from genqueue.common.features import (
     SealedFeatureShard,
     leftover_feature_shards,
 )
-from genqueue.common.features.logprobs import LogprobsManifest, LogprobsTable
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, parse_feature_shard_name
 from genqueue.common.features.shard import HEADER
-from genqueue.common.features.store import manifest_from_json
+from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, manifest_from_json
 from genqueue.common.storage.local import fsync_dir
 
 log = logging.getLogger(__name__)

@@ -65,6 +65,7 @@ from genqueue.producer.status.report import (
 )
 from genqueue.producer.status.screen import DETAIL, WIDTH, fit, num, screen_rows, wrap, wrap_keeping_command
 from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
+from genqueue.producer.status.tables import logprobs_figures
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
@@ -206,6 +207,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
         "speculation": speculation,
+        "logprobs": logprobs_figures(info.settings, stats),
         "capture": capture_figures(info.settings, counted),
     }
 

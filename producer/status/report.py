@@ -14,6 +14,7 @@ from genqueue.common.keepers.outcomes import FailedJobsView, OutcomeView
 from genqueue.common.keepers.pause import PauseInfo
 from genqueue.common.keepers.rqaccess import JobCounts
 from genqueue.producer.cost import CostView
+from genqueue.producer.status.tables import LogprobsView
 
 
 class ReadCounts(TypedDict):
@@ -274,3 +275,4 @@ class StatusReport(OutcomeView, total=False):
     share: FleetShare
     speculation: SpeculationView | None  # None: the run has no speculative-decoding figures
     capture: CaptureView | None  # None: the run captures nothing (no --capture)
+    logprobs: LogprobsView | None  # None: the run records no log-probabilities (no --logprobs)

@@ -33,6 +33,7 @@ from genqueue.producer.status.report import (
     ShippingSummary,
     StatusReport,
 )
+from genqueue.producer.status.tables import logprobs_line
 
 WIDTH = defaults.STATUS_WIDTH
 #: The rows that are cut to the screen's width rather than wrapped: a consumer's last shipping
@@ -58,6 +59,8 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     rows.append(("model", str(s.get("model") or "(whatever the endpoints serve)")))
     if s.get("drafter"):
         rows.append(("drafter", f"{s['drafter']}  (an evaluation of this drafter: producer drafter-report {r['run']})"))
+    if lp := r.get("logprobs"):
+        rows.append(("logprobs", logprobs_line(lp)))
     if c := r.get("capture"):
         rows += capture_rows(c)
     rows.append(("output", redact(str(s.get("output")))
