@@ -6,7 +6,9 @@
   that keeps the generated tokens' hidden states too;
 - captured.py: one captured file read back (safetensors parsed here; no torch needed);
 - features.py: an answer's capture checked against its token ids and kept as a feature row;
-- probe.py: the pre-flight's capture probe judged (the engine captures the run's layers).
+- probe.py: the pre-flight's capture probe judged (the engine captures the run's layers);
+- owner.py: whose capture file is whose on the engine's disk (a request id naming the spool), and
+  a dead predecessor's files removed.
 
 May import: genqueue.common
 """
