@@ -2,7 +2,8 @@
 and each joined row laid out as a distillation trainer reads it (pure: arrays in, Arrow out).
 
 The join. A tokens row (id, key, turn, step, input_ids, loss_mask) names the table row its answer
-was stored under by the rule export-features uses (features.feature_row_id). Its tables cover
+was stored under: its own `logprobs.row` when it carries one, else the rule export-features uses
+(features.feature_row_id: the item key; regenerate `<key>:<turn>`, `.<step>` after tool results). Its tables cover
 the last T input_ids: table t is the distribution token L - T + t was sampled from. A row is
 accepted when its tables' sampled ids are exactly those last T ids and every loss-masked token
 is among them (the tokens export's loss mask is 1 on exactly the generated ids); anything else
@@ -37,7 +38,7 @@ import pyarrow as pa
 
 from genqueue.common import defaults
 from genqueue.producer.export import distillkit as dk
-from genqueue.producer.export.features import TokenRow
+from genqueue.producer.export.features import TokenRow, feature_row_id
 
 IGNORE = dk.Theirs.IGNORE
 PLACEHOLDER_LOGPROB = defaults.EXPORT_LOGPROBS_PLACEHOLDER
@@ -94,6 +95,14 @@ class Aligned:
     def positions(self) -> int:
         """Tokens with a table."""
         return int(self.tables.sampled_ids.shape[0])
+
+
+def table_row_id(raw: Mapping[str, Any], *, regenerate: bool) -> str | None:
+    """The table row a tokens export row RAW's answer was stored under (see the module docstring)."""
+    ref = raw.get("logprobs")
+    if isinstance(ref, Mapping) and isinstance(ref.get("row"), str):
+        return str(ref["row"])
+    return feature_row_id(dict(raw), regenerate=regenerate)
 
 
 def align(row: TokenRow, tables: Tables) -> tuple[Aligned | None, str]:

@@ -18,7 +18,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -50,6 +50,7 @@ from genqueue.producer.export.logprobrows import (
     distillkit_batch,
     manifest_dict,
     plain_batch,
+    table_row_id,
 )
 from genqueue.producer.outfiles import MANIFEST as FILES_MANIFEST
 from genqueue.producer.outfiles import record_written
@@ -170,6 +171,7 @@ def export_logprobs(plan: LogprobPlan, source: TableSource, where: str) -> Logpr
     r = LogprobExportResult(plan.run, plan.layout.value, str(out), str(plan.tokens), where,
                             tables=dict(manifest_dict(source.manifest)), k=plan.k)
     r.duplicate_tables = source.duplicates
+    r.notes.extend(mode_notes(plan.layout, str(source.manifest.mode), source.manifest.temperature))
     stage = out.parent / f".{out.name}.gq-{os.getpid()}-{secrets.token_hex(3)}"
     stage.mkdir()
     try:
@@ -180,6 +182,16 @@ def export_logprobs(plan: LogprobPlan, source: TableSource, where: str) -> Logpr
     record_written([Path(root) / n for root, _, names in os.walk(out) for n in names if n != FILES_MANIFEST])
     r.seconds = round(time.monotonic() - t0, 3)
     return r
+
+
+def mode_notes(layout: Layout, mode: str, temperature: float | None) -> list[str]:
+    """What the summary says of the engine's --logprobs-mode, where a trainer could misread it."""
+    if not mode.endswith("logprobs"):
+        return [f"the tables are {mode} (the engine's --logprobs-mode): topk_logprobs holds logits"]
+    if layout is Layout.DISTILLKIT and mode.startswith("processed") and temperature not in (None, 1.0):
+        return [(f"the tables are after sampling's processing at temperature {temperature}: DistillKit's offline "
+                "teacher reads them as temperature 1")]
+    return []
 
 
 def _write(plan: LogprobPlan, source: TableSource, stage: Path, r: LogprobExportResult) -> None:
@@ -203,6 +215,7 @@ def _write(plan: LogprobPlan, source: TableSource, stage: Path, r: LogprobExport
     with open(stage / ROWS_FILE, "wb") as rows, open(stage / UNMATCHED_FILE, "wb") as unmatched:
         for raw in read_token_rows(plan.tokens):
             row = token_row(raw, regenerate=plan.regenerate, path=plan.tokens)
+            row = replace(row, feature_row=table_row_id(raw, regenerate=plan.regenerate) or "")
             r.rows_read += 1
             try:
                 tables = source.row(row.feature_row) if row.feature_row else None

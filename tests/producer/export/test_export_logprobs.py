@@ -28,13 +28,14 @@ from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import distillkit as dk
 from genqueue.producer.export.featurescmd import check_folder
-from genqueue.producer.export.logprobrows import IGNORE, Layout
+from genqueue.producer.export.logprobrows import IGNORE, Layout, table_row_id
 from genqueue.producer.export.logprobscmd import (
     CONFIG_FILE,
     ROWS_FILE,
     UNMATCHED_FILE,
     LogprobPlan,
     export_logprobs,
+    mode_notes,
     plan_k,
 )
 from tests.conftest import cli
@@ -271,3 +272,16 @@ def test_cli_exports_a_stored_run_and_exits_1_for_rows_without_tables(tmp_path: 
     res = cli("producer", *args, "--allow-partial", check=False)  # over its own folder: replaced
     assert res.returncode == 0, res.stderr
     assert "without tables" in res.stdout and "item3-a0" in res.stdout and "item2-a0" in res.stdout
+
+
+def test_a_row_naming_its_tables_is_joined_to_them_and_modes_are_said(tmp_path: Path) -> None:
+    rows, src = run_of(2, K)
+    src.tables["elsewhere"] = src.tables.pop(rows[1]["key"])
+    rows[1]["logprobs"] = {"row": "elsewhere", "tokens": sum(rows[1]["loss_mask"]), "k": K, "dtype": "fp16"}
+    r = export(tmp_path, rows, src, Layout.PLAIN)
+    assert (r.rows_exported, r.tables_without_rows, r.notes) == (2, 0, [])
+    assert table_row_id({"key": "a", "turn": 1}, regenerate=True) == "a:1"
+    assert mode_notes(Layout.PLAIN, "raw_logits", None) == [
+        "the tables are raw_logits (the engine's --logprobs-mode): topk_logprobs holds logits"]
+    assert "temperature 0.7" in mode_notes(Layout.DISTILLKIT, "processed_logprobs", 0.7)[0]
+    assert mode_notes(Layout.DISTILLKIT, "raw_logprobs", 0.7) == []
