@@ -222,6 +222,16 @@ class Item(TypedDict, total=False):
     # several samples per prompt (--samples N > 1): the sample's number and its request seed
     sample: int
     seed: int
+    prefill: PrefillRow  # a capture pass's item (common/prefill.py): the row to capture; messages are empty
+
+
+class PrefillRow(TypedDict):
+    """A capture pass's item: the source run's feature ROW (`<key>`, or `<key>:<turn>[.<step>]`)
+    and its TOKEN_IDS (the prompt the engine rendered and the ids it generated), sent as the
+    prompt of a prefill-only request."""
+
+    row: str
+    token_ids: list[int]
 
 
 class ItemError(ValueError):
@@ -247,6 +257,8 @@ def parse_item(value: object, *, max_chars: int, where: str = "item") -> Item:
     turn = value.get("turn")
     if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool)):
         raise ItemError(f"{where}: turn is not an integer or null")
+    if "prefill" in value:
+        return _prefill_item(value, where)
     messages = value.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ItemError(f"{where}: messages is not a non-empty list")
@@ -273,6 +285,20 @@ def parse_item(value: object, *, max_chars: int, where: str = "item") -> Item:
     if note is not None and not isinstance(note, str):
         raise ItemError(f"{where}: note is not a string")
     return cast(Item, value)  # checked above, field by field
+
+
+def _prefill_item(value: dict[str, Any], where: str) -> Item:
+    """A capture pass's item: a row id and at least one token id, no messages."""
+    pre = value["prefill"]
+    if not isinstance(pre, dict) or not isinstance(pre.get("row"), str) or not pre["row"]:
+        raise ItemError(f"{where}: prefill is not an object with a row id")
+    ids = pre.get("token_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                         for i in ids):
+        raise ItemError(f"{where}: prefill.token_ids is not a non-empty list of token ids")
+    if value.get("messages") != []:
+        raise ItemError(f"{where}: a prefill item carries no messages")
+    return cast(Item, value)
 
 
 #: The `error` field of an error record (`class` is a keyword, hence the functional form).
@@ -523,6 +549,7 @@ class ResultRecord(RecordBase, total=False):
     token_ids: TokenIds  # --token-ids, modes first/last/each (regenerate: per turn)
     spec: SpecFigures  # speculative-decoding figures, when the engine returned them (regenerate: the turns' sum)
     features: FeatureRef  # --capture, modes first/last/each: the answer's hidden states (regenerate: per turn)
+    prefill: str  # a capture pass's record (no text): the run whose answer's ids `features` captured
     logprobs: LogprobsRef  # --logprobs, modes first/last/each: the answer's top-K tables (regenerate: per turn)
     # regenerate only
     turns: list[TurnRecord]

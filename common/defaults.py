@@ -911,3 +911,8 @@ CLAIMS_SCAN = 10_000
 #: per open shard. A row is durable on the spool before the shard is sealed, so the size does
 #: not delay an ack.
 FEATURE_SHARD_MAX_BYTES = 1024**3
+
+# producer/ingest/prefill.py (a capture pass's items, producer capture)
+#: Characters a token id takes in a capture pass's item (JSON), about: the memory plan's size of
+#: an item. Ids of a 150k vocabulary are 5-6 digits, with the comma.
+PREFILL_ID_CHARS = 6

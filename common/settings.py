@@ -21,6 +21,7 @@ from genqueue.common.capture import CaptureSettings
 from genqueue.common.contracts import HistoryReasoning, Mode, Truncation
 from genqueue.common.errors import UserError
 from genqueue.common.logprobs import check_logprobs
+from genqueue.common.prefill import PrefillSettings
 from genqueue.common.redact import redact
 from genqueue.common.variants import Variant, check_variants, draw, merged
 
@@ -226,8 +227,17 @@ class RunSettings:
     #: stored as feature rows (common/logprobs.py); needs token_ids, which each table is checked against
     logprobs: int | None = None
 
+    #: a capture pass (`producer capture`): the run whose answers its items capture, and how
+    #: they were chosen (common/prefill.py); needs capture
+    prefill: PrefillSettings | None = None
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "variants", tuple(self.variants))
+        if isinstance(self.prefill, dict) and self.prefill.keys() <= set(PrefillSettings.__dataclass_fields__):
+            # read back from Redis or a run.json; another shape is stored_shape_problem's to name
+            object.__setattr__(self, "prefill", PrefillSettings(**self.prefill))
+        if self.prefill is not None and self.capture is None:
+            raise UserError("a capture pass (producer capture) captures hidden states: it needs --capture-layers")
         # read back from Redis or a run.json; another shape is stored_shape_problem's to name
         object.__setattr__(self, "capture", CaptureSettings.stored(self.capture))
         if self.capture is not None:
@@ -295,6 +305,7 @@ class RunSettings:
                          ("drafter", self.drafter is None or isinstance(self.drafter, str)),
                          ("logprobs", self.logprobs is None or _is_int(self.logprobs)),
                          ("capture", self.capture is None or isinstance(self.capture, CaptureSettings)),
+                         ("prefill", self.prefill is None or isinstance(self.prefill, PrefillSettings)),
                          ("sampling.max_tokens", _is_int(sp.max_tokens)),
                          ("sampling.temperature", sp.temperature is None or _is_number(sp.temperature)),
                          ("sampling.top_p", sp.top_p is None or _is_number(sp.top_p)),
@@ -338,7 +349,8 @@ class RunSettings:
 
 
 _SAMPLING_NAMES = tuple(f.name for f in fields(Sampling))
-_TOP_NAMES = tuple(f.name for f in fields(RunSettings) if f.name != "sampling")
+# prefill is no option of `producer enqueue`: a capture pass's is `producer capture`'s, given whole
+_TOP_NAMES = tuple(f.name for f in fields(RunSettings) if f.name not in ("sampling", "prefill"))
 #: Every setting by the name differences() gives it ("sampling.max_tokens"): what
 #: RunSettings.keeping takes from the command line.
 SETTING_NAMES = frozenset(_TOP_NAMES) | {f"sampling.{name}" for name in _SAMPLING_NAMES}
@@ -348,7 +360,8 @@ SETTING_NAMES = frozenset(_TOP_NAMES) | {f"sampling.{name}" for name in _SAMPLIN
 #: of the stored form at (RunSettings.to_dict): the fingerprint of a run that never set one is
 #: the one it had before the field existed.
 NEW_FIELDS: dict[str, object] = {"token_ids": False, "variants": (), "drafter": None, "capture": None,
-                               "logprobs": None}
+                               "logprobs": None,
+                               "prefill": None}
 
 
 #: Settings `--update-settings` may not change, and why: a run keeps them for its whole life.

@@ -33,6 +33,7 @@ PRIORITY = click.IntRange(-1_000_000, 1_000_000)
 _LAZY = {
     "export": "genqueue.producer.export.command:export_command",
     "export-features": "genqueue.producer.export.featurescmd:export_features_command",
+    "capture": "genqueue.producer.prefill.command:capture_command",
     "export-logprobs": "genqueue.producer.export.logprobscmd:export_logprobs_command",
     "check-features": "genqueue.producer.export.featurecheckcmd:check_features_command",
     "parity": "genqueue.producer.export.parity_command:parity_command",

@@ -81,6 +81,7 @@ from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.inputcheck import checked
 from genqueue.producer.ingest.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
+from genqueue.producer.ingest.prefill import prefill_item
 from genqueue.producer.ingest.reader import RawRecord, iter_records
 from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
 from genqueue.producer.ingest.sources import bind
@@ -248,6 +249,8 @@ class Enqueuer:
             self._reject(rec, rec.error)
             return None
         try:
+            if self.settings.prefill is not None:  # a capture pass: its lines are rows (ingest/prefill.py)
+                return [prefill_item(rec.value, rec.index, self.origin.of(rec.value))]
             conv = normalize(rec.value)
             chars = conv.text_chars()
             if chars > self.settings.max_prompt_chars:
@@ -602,7 +605,8 @@ def enqueue_file(path: str, run: str, settings: RunSettings, conn: redis.Redis |
         settings = setup.settings
     summary = Summary(run=run, source=source_id(path), fingerprint=settings.fingerprint, dry_run=conn is None)
     records = iter_records(path, max_record_bytes=opts.max_record_bytes)  # a missing file raises here
-    records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
+    if settings.prefill is None:  # a capture pass's input is producer capture's own (ingest/prefill.py)
+        records = checked(records, "stdin" if path == "-" else path)  # no JSON object ahead: refused
     head, records, complete = memplan.sample(records)  # what the run takes of Redis, before any write
     summary.input_head = input_head(head)
     if conn is not None and setup is not None:  # nothing is written yet: an input not the run's is refused

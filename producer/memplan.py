@@ -36,6 +36,7 @@ from genqueue.common.settings import RunSettings
 from genqueue.common.storage.runfile import RunFile
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import Origin, make_items
+from genqueue.producer.ingest.prefill import prefill_chars, prefill_item
 from genqueue.producer.ingest.reader import RawRecord
 from genqueue.producer.ingest.rejects import Rejected
 
@@ -131,11 +132,13 @@ def estimate(path: str, head: list[RawRecord], settings: RunSettings, origin: Or
         if rec.error is not None:
             continue
         try:
-            made = make_items(normalize(rec.value), settings.multi_turn, rec.index, origin.of(rec.value))
+            made = ([prefill_item(rec.value, rec.index, origin.of(rec.value))] if settings.prefill is not None
+                    else make_items(normalize(rec.value), settings.multi_turn, rec.index, origin.of(rec.value)))
         except (Rejected, ValueError, TypeError, KeyError):  # the enqueue rejects it; nothing of it is queued
             continue
         items += len(made)
         prompt += sum(len(m.get("content") or "") for it in made for m in it["messages"])
+        prompt += sum(prefill_chars(it) for it in made)
     scale = _input_scale(path, head, complete)
     return Estimate(round(items * (scale or 1.0)), prompt / items if items else 0.0, scale is not None)
 

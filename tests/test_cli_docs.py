@@ -36,6 +36,7 @@ PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT /
 #: command -> (the page, the heading of its section, with its subsections) that explains it
 SECTIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("producer", "enqueue"): ("docs/enqueue.md", "## `producer enqueue PATH`"),
+    ("producer", "capture"): ("docs/enqueue.md", "## `producer capture`: a capture pass over a finished run"),
     ("producer", "export"): ("docs/export.md", "## `producer export`"),
     ("producer", "export-features"): ("docs/export.md", "## `producer export-features`"),
     ("producer", "export-logprobs"): ("docs/export.md", "## `producer export-logprobs`"),

@@ -86,9 +86,16 @@ class EndpointClient:
         sampling fields); the body of a 200 as a JSON object (its fields are checked by
         completion.parse_completion). Raises PermanentError, EndpointDown, DeadlineExceeded,
         BadResponseError or TransientError (faults.py)."""
+        return await self._post("chat/completions", body)
+
+    async def completions(self, body: dict[str, object]) -> dict[str, object]:
+        """POST /v1/completions with BODY (a capture pass's prefill: a prompt of token ids); as chat."""
+        return await self._post("completions", body)
+
+    async def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
         try:
             async with asyncio.timeout(self.request_timeout):
-                async with self.session.post(f"{self.base_url}/chat/completions", data=orjson.dumps(body),
+                async with self.session.post(f"{self.base_url}/{path}", data=orjson.dumps(body),
                                              headers=self._headers) as resp:
                     status = resp.status
                     raw = await resp.read()

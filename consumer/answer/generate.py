@@ -33,9 +33,9 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision, CaptureSettings
@@ -66,11 +66,13 @@ from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
 from genqueue.consumer.answer.completion import Turn, parse_completion
 from genqueue.consumer.answer.faults import EndpointRefused, RetryKind, RetryPolicy
+from genqueue.consumer.answer.prefill import prefill
 from genqueue.consumer.answer.tool_turns import call_summary, match_calls, splice_results
 
 __all__ = ["FeatureSink", "Gate", "Generator", "RunContext", "retry_budget"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Why an answer of a --token-ids run is not usable when the server left its ids out.
 NO_TOKEN_IDS = ("the run keeps token ids (--token-ids), but the server returned no prompt_token_ids and "
@@ -188,25 +190,34 @@ class Generator:
         body = ctx.shape.body(ctx.model, messages, tools=tools, max_tokens=max_tokens, seed=seed, capture=capture)
         if capture and self.request_id is not None:
             body["request_id"] = self.request_id()
+
+        async def once() -> Turn:
+            turn = parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
+            if need_ids and ctx.shape.token_ids and turn.token_ids is None:
+                self.discard(turn)
+                raise BadResponseError(NO_TOKEN_IDS, snippet="")
+            if not capture and turn.capture_path is not None:
+                self.discard(turn)
+                turn.capture_path = None
+            if capture and need_ids and turn.capture_path is None:
+                raise BadResponseError(NO_CAPTURE, snippet="")
+            if turn.spec_ignored is not None:  # advisory figures: counted and said, the answer kept
+                self.spec_ignored += 1
+                self._log.warning("spec:ignored", "ignored the speculative-decoding figures of an answer from "
+                                  "%s (%d so far): %s", self.client.base_url, self.spec_ignored,
+                                  turn.spec_ignored)
+            return turn
+
+        return await self.retrying(once)
+
+    async def retrying(self, once: Callable[[], Awaitable[T]]) -> T:
+        """ONCE's answer, asked again after each failed attempt as faults.RetryPolicy says (request's
+        loop, and a capture pass's prefill: consumer/answer/prefill.py)."""
         attempt = 0
         while True:
             await self.gate.up.wait()
             try:
-                turn = parse_completion(await self.client.chat(body), think_opened=ctx.think_opened)
-                if need_ids and ctx.shape.token_ids and turn.token_ids is None:
-                    self.discard(turn)
-                    raise BadResponseError(NO_TOKEN_IDS, snippet="")
-                if not capture and turn.capture_path is not None:
-                    self.discard(turn)
-                    turn.capture_path = None
-                if capture and need_ids and turn.capture_path is None:
-                    raise BadResponseError(NO_CAPTURE, snippet="")
-                if turn.spec_ignored is not None:  # advisory figures: counted and said, the answer kept
-                    self.spec_ignored += 1
-                    self._log.warning("spec:ignored", "ignored the speculative-decoding figures of an answer from "
-                                      "%s (%d so far): %s", self.client.base_url, self.spec_ignored,
-                                      turn.spec_ignored)
-                return turn
+                return await once()
             except TransientError as e:
                 attempt += 1
                 step = self.policy.after(e, attempt)
@@ -235,7 +246,9 @@ class Generator:
         ctx = ctx.for_item(item)
         ending: records.Ending
         try:
-            if ctx.settings.multi_turn == Mode.REGENERATE:
+            if "prefill" in item:  # a capture pass's item (consumer/answer/prefill.py)
+                ending = await prefill(self, ctx, item)
+            elif ctx.settings.multi_turn == Mode.REGENERATE:
                 ending = await self._regenerate(ctx, item)
             else:
                 ending = await self._single(ctx, item)

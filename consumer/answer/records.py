@@ -28,11 +28,13 @@ from genqueue.common.contracts import (
     ErrorClass,
     ErrorInfo,
     ErrorRecord,
+    FeatureRef,
     HistoryReasoning,
     Item,
     Note,
     Outcome,
     PartialAnswer,
+    ReasoningForm,
     RecordBase,
     ResultRecord,
     Stopped,
@@ -50,7 +52,7 @@ from genqueue.common.variants import Variant
 from genqueue.consumer.answer.completion import Turn
 from genqueue.consumer.answer.faults import error_class
 
-__all__ = ["Answered", "Conversation", "Crashed", "Cut", "Ending", "Failed", "Refused", "RunFacts",
+__all__ = ["Answered", "Conversation", "Crashed", "Cut", "Ending", "Failed", "Prefilled", "Refused", "RunFacts",
            "answered_turn", "assistant_message", "conversation_record", "error_record", "fault_error", "fault_info",
            "internal_error", "messages_of", "record", "record_base", "result_record", "stop", "timings",
            "truncated_error", "truncated_info", "turn_record"]
@@ -148,6 +150,15 @@ def result_record(base: RecordBase, turn: Turn, model: str, truncation: Truncati
         rec["logprobs"] = turn.tables
     if truncation is not None:
         rec["truncation"] = truncation
+    return rec
+
+
+def prefilled_record(base: RecordBase, features: FeatureRef, source: str, model: str) -> ResultRecord:
+    """The record of a capture pass's item: no text, its row's FEATURES, the SOURCE run it captured."""
+    rec = cast(ResultRecord, dict(base))
+    rec.update({"content": "", "reasoning": None, "reasoning_form": ReasoningForm.NONE, "tool_calls": [],
+                "finish_reason": None, "outcome": Outcome.FINISHED, "usage": {"prompt_tokens": features["tokens"]},
+                "model": model, "features": features, "prefill": source})
     return rec
 
 
@@ -364,6 +375,14 @@ class Conversation:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefilled:
+    """A capture pass's item (consumer/answer/prefill.py): its row of SOURCE's ids stored as FEATURES."""
+
+    features: FeatureRef
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class Crashed:
     """Answering raised where nothing should (a genqueue bug)."""
 
@@ -371,7 +390,7 @@ class Crashed:
 
 
 #: What answering an item came to: each becomes one record (`record`).
-Ending = Answered | Cut | Failed | Refused | Conversation | Crashed
+Ending = Answered | Cut | Failed | Refused | Conversation | Prefilled | Crashed
 
 
 def record(ctx: RunFacts, item: Item, attempt: int, ending: Ending, *, timings: Timings | None = None,
@@ -392,6 +411,8 @@ def record(ctx: RunFacts, item: Item, attempt: int, ending: Ending, *, timings: 
             rec = conversation_record(record_base(ctx, item, attempt, history), turns, history, stopped,
                                       history_reasoning=history_reasoning, turns_total=turns_total,
                                       resumed_at=resumed_at)
+        case Prefilled(features, source):
+            rec = prefilled_record(record_base(ctx, item, attempt, []), features, source, ctx.model)
         case Crashed(error):
             rec = internal_error(ctx, item, attempt, error)
     # the last fields, in this order: a record's JSON is the same whoever builds it

@@ -17,6 +17,7 @@ from aiohttp import web
 from genqueue.common import __version__
 from genqueue.consumer.sim import capture
 from genqueue.consumer.sim import logprobs as sim_logprobs
+from genqueue.consumer.sim.completions import completions
 from genqueue.consumer.sim.kv import KvScheduler, PrefixCache, Seq, spec_yield, step_cost
 from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, acceptance_for, draw
 from genqueue.consumer.sim.text import (
@@ -475,6 +476,7 @@ def build_app(config: SimConfig) -> web.Application:
     app = web.Application(client_max_size=64 * 1024**2)
     app[SIM_ENGINE] = SimEngine(config)
     app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", completions)  # a capture pass's prefill (sim/completions.py)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/version", _version)
