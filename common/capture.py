@@ -142,6 +142,13 @@ class CaptureSettings:
             return 0.0
         return next((s.share for s in self.sources if s.matches(source)), 0.0)
 
+    def source_note(self, source: str) -> str | None:
+        """A warning for an input SOURCE whose items this capture takes none of (None: it takes some)."""
+        if self.sources and self.share_of(source) <= 0:
+            return (f"--capture-sources names none of {source!r} ({', '.join(s.name for s in self.sources)}): "
+                    "its items are answered without capture")
+        return None
+
     def decide(self, key: str, source: str | None) -> CaptureDecision:
         """Whether the answers of the item KEY, of SOURCE, ask for capture (the budget aside): a
         pure function of the two and the run's choice, the same on every consumer and every redo."""

@@ -77,10 +77,10 @@ class EnqueueArgs(TypedDict):
     logprobs: int | None
     capture: str | None
     capture_layers: str | None
+    capture_dtype: str | None
     capture_share: float | None
     capture_sources: str | None
     capture_budget: str | None
-    capture_dtype: str | None
     output: str
     shared_fs: bool
     no_output_check: bool
@@ -135,8 +135,8 @@ SETTING_OPTIONS: dict[str, str] = {
     "max_prompt_chars": "max_prompt_chars", "history_reasoning": "history_reasoning", "truncation": "truncation",
     "expect_reasoning": "expect_reasoning", "token_ids": "token_ids", "drafter": "drafter",
     "logprobs": "logprobs",
-    "capture_share": "capture", "capture_sources": "capture", "capture_budget": "capture",
     "capture": "capture", "capture_layers": "capture", "capture_dtype": "capture",
+    "capture_share": "capture", "capture_sources": "capture", "capture_budget": "capture",
 }
 
 
@@ -300,6 +300,8 @@ def enqueue(path: str, as_json: bool, redis_url: str, **options: Unpack[EnqueueA
     run_name = options["run_name"]
     run = check_run_name(run_name) if run_name else run_name_from_path(path)
     settings, warnings = run_settings(options)  # everything is checked before anything is opened or written
+    if settings.capture is not None and (note := settings.capture.source_note(path)) is not None:
+        warnings.append(note)
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
     from genqueue.producer.enqueue import enqueue_file

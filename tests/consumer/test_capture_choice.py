@@ -255,3 +255,11 @@ def test_the_choice_is_fixed_for_the_runs_life_and_its_fingerprint_kept_without_
     assert 0.27 < drawn / len(keys) < 0.33 and capture_fraction(keys[7]) == capture_fraction(keys[7])
     with pytest.raises(UserError, match="--capture-share must be a share"):
         parse_capture("hidden-states", "2,4", None, float("nan"))
+
+
+def test_an_input_the_sources_do_not_name_is_said_at_enqueue(tmp_path, redis_url):
+    data = write_jsonl(tmp_path / "other.jsonl", [sharegpt(0)])
+    p = cli("producer", "enqueue", str(data), "--run", "x", "--output", str(tmp_path / "out"), *CAPTURE,
+            "--capture-sources", "code,chat=0.1", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url})
+    assert (f"warning: --capture-sources names none of '{data}' (code, chat): its items are answered without "
+            "capture") in p.stderr, p.stderr
