@@ -23,6 +23,7 @@ from typing import TypedDict
 
 import redis
 
+from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
 from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Marks, Progress
 from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, run_key
@@ -56,6 +57,19 @@ class CaptureBudget:
         return int(self.conn.hincrby(run_key(run, "stats"), SPENT, size))
 
 
+class PassFigures(TypedDict):
+    """A capture pass's choice (`producer capture`: RunSettings.prefill), as it came to when the
+    pass was enqueued: ROWS of its SOURCE run's SOURCE_ROWS, BY which order, under BUDGET."""
+
+    source: str
+    by: str  # common.prefill.PrefillChoice
+    budget: int | None
+    rows: int
+    source_rows: int
+    tokens: int
+    bytes: int | None  # the features' bytes the rows come to (None: the hidden size was not given)
+
+
 class CaptureFigures(TypedDict):
     """A --capture run's capture: what, which layers, how stored, which answers and why, and what
     of it the consumers have shipped so far and will at this rate."""
@@ -80,6 +94,7 @@ class CaptureFigures(TypedDict):
     items_left: int  # items not done nor failed
     projected_bytes: int | None  # the run's features at the end, at the rates so far, the budget aside
     projected_kept: int | None  # what the budget lets of them (projected_bytes without a budget)
+    capture_pass: PassFigures | None  # a capture pass's source and choice (None: a capture during generation)
 
 
 def capture_figures(settings: RunSettings, progress: Progress) -> CaptureFigures | None:
@@ -106,13 +121,27 @@ def capture_figures(settings: RunSettings, progress: Progress) -> CaptureFigures
     kept = projected
     if c.budget is not None and projected is not None:
         kept = max(size, min(projected, c.budget)) if not budget_spent else max(size, spent)
-    return {"what": c.what.value, "layers": list(c.layers), "dtype": c.dtype.value,
-            "choice": [x.value for x in c.choices], "chosen": c.describe(), "share": c.share,
-            "sources": [(s.name, s.share) for s in c.sources],
-            "rows": rows, "rows_written": written, "rows_extra": max(written - rows, 0), "bytes": size,
-            "answers": answers, "budget": c.budget, "spent": spent, "budget_spent": budget_spent,
-            "bytes_per_row": per_row, "rows_per_item": per_item, "items_left": left,
-            "projected_bytes": projected, "projected_kept": kept}
+    figures: CaptureFigures = {
+        "what": c.what.value, "layers": list(c.layers), "dtype": c.dtype.value,
+        "choice": [x.value for x in c.choices], "chosen": c.describe(), "share": c.share,
+        "sources": [(s.name, s.share) for s in c.sources],
+        "rows": rows, "rows_written": written, "rows_extra": max(written - rows, 0), "bytes": size,
+        "answers": answers, "budget": c.budget, "spent": spent, "budget_spent": budget_spent,
+        "bytes_per_row": per_row, "rows_per_item": per_item, "items_left": left,
+        "projected_bytes": projected, "projected_kept": kept, "capture_pass": None}
+    pf = settings.prefill
+    if pf is not None:  # a pass chose its rows when it was enqueued: its choice, and their bytes exactly
+        figures["capture_pass"] = {"source": pf.source, "by": pf.by.value, "budget": pf.budget, "rows": pf.rows,
+                                   "source_rows": pf.source_rows, "tokens": pf.tokens, "bytes": pf.bytes}
+        figures["choice"] = ["pass", pf.by.value]
+        figures["chosen"] = (f"a capture pass over run {pf.source}: {pf.rows:,} of its {pf.source_rows:,} rows, "
+                             + ("the drafter's worst first" if pf.by.value == "acceptance" else "in its order")
+                             + (f", within {format_size(pf.budget)}" if pf.budget is not None else ""))
+        figures["budget"] = pf.budget
+        figures["answers"] = progress.done  # a pass's item is one row to capture
+        if pf.bytes is not None and left:
+            figures["projected_bytes"] = figures["projected_kept"] = max(pf.bytes, size)
+    return figures
 
 
 def read_capture_figures(conn: redis.Redis, run: str, settings: RunSettings) -> CaptureFigures | None:

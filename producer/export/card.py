@@ -427,7 +427,13 @@ def _capture(c: CaptureFigures) -> str:
         ("rows captured / answers generated", f"{c['rows'] / c['answers']:.1%}" if c["answers"] else "-"),
         ("bytes shipped", f"{format_size(c['bytes'])} ({c['bytes']:,} bytes)"),
     ]
-    if budget is not None:
+    pf = c["capture_pass"]
+    if pf is not None:
+        rows += [("capture pass over run", pf["source"]), ("rows chosen of the source's", (f"{pf['rows']:,} of "
+                 f"{pf['source_rows']:,}")), ("tokens chosen", pf["tokens"])]
+        if pf["bytes"] is not None:
+            rows.append(("bytes the chosen rows come to", f"{format_size(pf['bytes'])} ({pf['bytes']:,} bytes)"))
+    elif budget is not None:
         rows.append(("bytes counted against the budget", f"{format_size(c['spent'])} ({c['spent']:,} bytes)"))
     if c["items_left"] and c["projected_bytes"] is not None:
         rows.append(("projected for the run", format_size(c["projected_bytes"])))

@@ -358,7 +358,16 @@ def capture_rows(c: CaptureView) -> list[tuple[str, str]]:
     rows = [("capture", (f"on: {c['what']}, layers {','.join(map(str, c['layers']))}, {c['dtype']}; "
                          f"{c['rows']:,} rows{extra}, {c['bytes'] / 1e6:,.1f} MB shipped")),
             ("  chosen", f"{c['chosen']}: {c['rows']:,} rows of {c['answers']:,} answers generated")]
-    budget = c["budget"]
+    budget, pf = c["budget"], c["capture_pass"]
+    if pf is not None:  # a pass: chosen, budget and bytes exactly, when it was enqueued
+        size = f", {format_size(pf['bytes'])} of features" if pf["bytes"] is not None else ""
+        rows[1] = ("  chosen", (f"{c['chosen']}: {c['rows']:,} rows captured of the {pf['rows']:,} chosen "
+                               f"({pf['tokens']:,} tokens{size})"))
+        if budget is not None:
+            rows.append(("  budget", f"{format_size(budget)}: applied when the pass was enqueued"))
+        if c["items_left"] and c["projected_bytes"] is not None:
+            rows.append(("  forecast", f"{format_size(c['projected_bytes'])} for the pass (its rows' tokens, exactly)"))
+        return rows
     if budget is not None:
         if c["budget_spent"]:
             rows.append(("  budget", (f"{format_size(budget)}: budget spent ({format_size(c['spent'])} captured); "

@@ -66,3 +66,24 @@ def test_nothing_shipped_yet_forecasts_nothing() -> None:
     f = capture_figures(_settings(parse_capture("hidden-states", "2", None)), Progress(10, 0, 0, 0, {}))
     assert f is not None and f["projected_bytes"] is None and f["bytes_per_row"] is None
     assert dict(capture_rows(f))["  forecast"] == "none yet: no row shipped"
+
+
+def test_a_capture_pass_shows_its_source_and_choice_and_the_bytes_its_rows_come_to() -> None:
+    from genqueue.common.prefill import PrefillChoice, PrefillSettings
+    from genqueue.producer.export.card import _capture
+
+    pf = PrefillSettings(source="gen", by=PrefillChoice.ACCEPTANCE, budget=2 * 10**12, hidden_size=5120,
+                         rows=48_000, source_rows=1_000_000, tokens=96_000_000, bytes=1_967_000_000_000)
+    settings = RunSettings(token_ids=True, capture=parse_capture("hidden-states", "2,16,29,32", None), prefill=pf)
+    f = capture_figures(settings, Progress(48_000, 12_000, 0, 0, {SHIPPED_FEATURES: 12_000, FEATURE_ROWS: 12_000,
+                                                                  FEATURE_BYTES: 491_000_000_000}))
+    assert f is not None and f["capture_pass"] is not None
+    assert f["choice"] == ["pass", "acceptance"] and f["budget"] == 2 * 10**12 and not f["budget_spent"]
+    assert f["chosen"] == "a capture pass over run gen: 48,000 of its 1,000,000 rows, the drafter's worst first, within 2.0 TB"
+    assert f["projected_bytes"] == 1_967_000_000_000, "a pass's bytes are known exactly from its rows' tokens"
+    rows = dict(capture_rows(f))
+    assert rows["  chosen"].endswith(": 12,000 rows captured of the 48,000 chosen (96,000,000 tokens, 2.0 TB of features)")
+    assert rows["  budget"] == "2.0 TB: applied when the pass was enqueued"
+    card = _capture(f)
+    assert "| capture pass over run | gen |" in card and "| rows chosen of the source's | 48,000 of 1,000,000 |" in card
+    assert "| chosen by | pass, acceptance |" in card and "| bytes the chosen rows come to | 2.0 TB (1,967,000,000,000 bytes) |" in card
