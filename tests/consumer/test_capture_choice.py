@@ -63,6 +63,7 @@ class Picked:
     text: str
     card: str
     rows: int  # feature rows checked against their answers
+    url: str  # the module's Redis (tests after the module's ones flush it)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def picked(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Picke
     (tmp / "export").mkdir()
     cli("producer", "export", "--run", "pick", "-o", str(tmp / "export" / "pick.jsonl"), "--allow-partial", env=env)
     card = (tmp / "export" / "README.md").read_text()
-    return Picked(tmp, list(latest.values()), errors, sent, status, text, card, rows)
+    return Picked(tmp, list(latest.values()), errors, sent, status, text, card, rows, url)
 
 
 def _has_features(rec: dict[str, Any]) -> bool:
@@ -175,6 +176,25 @@ def test_status_json_text_and_the_card_show_the_same_capture_figures(picked: Pic
                          ("layers (vLLM's aux layer ids)", "2, 4"), ("stored as", "fp8"), ("budget", "none")):
         assert f"| {label} | {value} |" in picked.card, (label, value, picked.card)
     assert f"({c['bytes']:,} bytes)" in picked.card
+
+
+def test_a_capture_pass_over_the_run_shows_its_source_and_choice(picked: Picked) -> None:
+    """A pass (`producer capture`) chooses its rows when it is enqueued: status and --json show that
+    choice (its source run, the order, the budget, the rows, tokens and bytes), not 'every answer'."""
+    env = {"REDIS_URL": picked.url}
+    p = cli("producer", "capture", "--from-run", str(picked.tmp / "out" / "pick"), "--run", "pick-hs", "--capture-layers", "2,4", "--output",
+            str(picked.tmp / "hs"), "--capture-budget", "100KB", "--hidden-size", str(HIDDEN), "--json", env=env)
+    report = orjson.loads(p.stdout)["capture"]
+    c = json.loads(cli("producer", "status", "--run", "pick-hs", "--json", env=env).stdout)["capture"]
+    assert c["choice"] == ["pass", "all"] and c["budget"] == 100_000 and c["rows"] == 0
+    assert c["capture_pass"] == {k: report[k] for k in ("source", "by", "budget", "rows", "source_rows", "tokens",
+                                                         "bytes")}, (c["capture_pass"], report)
+    assert 0 < report["rows"] < report["source_rows"] and c["projected_bytes"] == report["bytes"] <= 100_000
+    text = " ".join(cli("producer", "status", "--run", "pick-hs", env=env).stdout.split())  # lines wrap
+    assert "budget 100.0 KB: applied when the pass was enqueued" in text, text
+    assert (f"chosen a capture pass over run pick: {report['rows']:,} of its {report['source_rows']:,} rows, in its "
+            f"order, within 100.0 KB: 0 rows captured of the {report['rows']:,} chosen ({report['tokens']:,} tokens"
+            ) in text, text
 
 
 def test_a_budget_stops_capture_within_the_rows_in_flight_with_two_consumers(tmp_path, redis_url, conn):
@@ -263,3 +283,4 @@ def test_an_input_the_sources_do_not_name_is_said_at_enqueue(tmp_path, redis_url
             "--capture-sources", "code,chat=0.1", "--rejects", str(tmp_path / "rej.jsonl"), env={"REDIS_URL": redis_url})
     assert (f"warning: --capture-sources names none of '{data}' (code, chat): its items are answered without "
             "capture") in p.stderr, p.stderr
+
