@@ -116,9 +116,15 @@ def trainer_reads(folder: Path, out: Path) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.parametrize("config", [LOSSLESS_BF16, RECOMMENDED, DELTA_BINS], ids=["exact-bf16", "fit", "delta-bins"])
+#: DistillKit's README "recommended" config itself (its t reaches 111: its own float32 fit strays
+#: far, BENCHMARKS.md; genqueue's float64 one, decoded by its code, is within the summary's figure)
+RECOMMENDED_128 = {**RECOMMENDED, "k": 128, "exact_k": 16}
+
+
+@pytest.mark.parametrize("config", [LOSSLESS_BF16, RECOMMENDED, DELTA_BINS, RECOMMENDED_128],
+                         ids=["exact-bf16", "fit", "delta-bins", "recommended-128"])
 def test_distillkit_reads_the_export_aligned_to_its_loss_mask(tmp_path: Path, config: dict[str, Any]) -> None:
-    rows, src = run_of(6, K)
+    rows, src = run_of(6, max(K, config["k"]))
     tokens = write_tokens(tmp_path / "tokens.jsonl", rows)
     cfg = dk.DistillKitConfig.from_mapping(config, where="test")
     folder = tmp_path / "dk"
