@@ -24,7 +24,7 @@ import redis
 from genqueue.common.capture import CaptureDtype
 from genqueue.common.features import FP8_ERROR, FeatureReader, feature_store_for, read_row, standin_features
 from genqueue.common.prefill import bytes_per_token
-from tests.conftest import BY_REFERENCE, INLINE, Prompts, cli, sharegpt, write_jsonl
+from tests.conftest import BY_REFERENCE, INLINE, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
 from tests.consumer.test_capture_faults import busy, made_twice, sent_not_shipped, spooled
 
@@ -170,21 +170,23 @@ def test_a_pass_captures_every_row_and_export_features_joins_them(module, redis_
     assert again["enqueue"]["items"] == 0 and again["enqueue"]["already_done"] == len(src.rows), again["enqueue"]
 
 
-def test_a_consumer_killed_mid_pass_costs_at_most_its_work_in_flight(module, redis_url, conn, tmp_path) -> None:
+@both_modes_reference_slow  # ~12 s each: inline in the default suite, by reference in the slow tier
+def test_a_consumer_killed_mid_pass_costs_at_most_its_work_in_flight(module, redis_url, conn, tmp_path,
+                                                                     prompts_mode: Prompts) -> None:
     src: Source = module.drafted
-    run, out = "pass-kill", tmp_path / "out"
-    capture(redis_url, src, run, out, "--batch-size", "4")
+    run, out = f"pass-kill-{prompts_mode}", tmp_path / "out"
+    capture(redis_url, src, run, out, "--batch-size", "4", *prompts_mode.args)
     # an engine whose prefill takes long enough (5 ms a token) to be killed in
     slow = Sim(tmp_path, "--capture-dir", str(module.tmp / "caps"), "--capture-layers", "2,4", "--hidden-size",
                str(HIDDEN), "--prefill-time", "0.005")
     try:
-        a = consumer(module, redis_url, run, "ka", "-c", "4", "--lease", "3", "--burst", sim=slow)
+        a = consumer(module, redis_url, run, f"ka-{prompts_mode}", "-c", "4", "--lease", "3", "--burst", sim=slow)
         snap = busy(conn, a, shards=1, in_flight=3)
         a.signal(signal.SIGKILL)
         a.wait(10)
         in_flight = sent_not_shipped(snap, run)
-        written = spooled(module.tmp / "spool-ka")
-        b = consumer(module, redis_url, run, "ka", "--lease", "3", "--burst")  # a fresh one on the dead one's spool
+        written = spooled(module.tmp / f"spool-ka-{prompts_mode}")
+        b = consumer(module, redis_url, run, f"ka-{prompts_mode}", "--lease", "3", "--burst")  # a fresh one on the dead one's spool
         assert b.wait(90) == 0, b.output()
     finally:
         slow.stop()
@@ -197,6 +199,8 @@ def test_a_consumer_killed_mid_pass_costs_at_most_its_work_in_flight(module, red
     assert set(twice) <= written | {r["key"] for r in recs if r["consumer"]["worker"] == snap["worker"]}
     assert sum(len(c) - 1 for c in rows.values()) <= in_flight
     assert list((module.tmp / "caps").iterdir()) == [], "the dead consumer's capture files are removed by the next"
+    st = orjson.loads(cli("producer", "status", "--run", run, "--json", env={"REDIS_URL": redis_url}).stdout)
+    assert st["capture"]["rows"] == len(src.rows), st["capture"]  # each row once, however often it was stored
 
 
 def test_a_capture_of_other_ids_is_a_bad_capture_record_never_a_row(module, redis_url, conn, tmp_path) -> None:
