@@ -91,7 +91,7 @@ def read_records(output: str, run: str) -> Iterator[dict[str, Any]]:
 def plan_path(src: str, src_output: str, run: str, output: str) -> Path:
     """Where the pass's input is written: the same for the same runs and outputs."""
     tag = hashlib.blake2b(f"{src_output}\x00{src}\x00{output}".encode(), digest_size=6).hexdigest()
-    return Path(tempfile.gettempdir()) / "genqueue-capture" / f"{run}-{tag}.jsonl"
+    return Path(tempfile.gettempdir()) / f"genqueue-capture-{os.getuid()}" / f"{run}-{tag}.jsonl"
 
 
 def write_plan(path: Path, rows: list[SourceRow]) -> None:

@@ -301,3 +301,19 @@ def test_a_source_without_token_ids_is_refused_in_one_line(redis_url, tmp_path) 
     p = cli("producer", "capture", "--from-run", "noids", "--run", "p", "--capture-layers", "2,4",
             env={"REDIS_URL": redis_url}, check=False)
     assert p.returncode == 2 and "kept no token ids" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_pass_redis_lost_comes_back_from_its_output_by_the_same_command(module, redis_url, conn, tmp_path) -> None:
+    src: Source = module.plain
+    run, out = "pass-lost", tmp_path / "out"
+    first = orjson.loads(capture(redis_url, src, run, out, "--json").stdout)["enqueue"]
+    c = consumer(module, redis_url, run, "lost", "--burst")
+    assert c.wait(90) == 0, c.output()
+    conn.flushall()  # Redis lost everything: the pass's run, its marks, its counters
+    p = capture(redis_url, src, run, out, "--json")
+    again = orjson.loads(p.stdout)["enqueue"]
+    assert "re-created from" in p.stderr and again["recreated_run"], p.stderr
+    assert again["fingerprint"] == first["fingerprint"]
+    assert again["items"] == 0 and again["already_done"] == len(src.rows), again
+    st = orjson.loads(cli("producer", "status", "--run", run, "--json", env={"REDIS_URL": redis_url}).stdout)
+    assert st["capture"]["rows"] == len(src.rows), st["capture"]
