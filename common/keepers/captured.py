@@ -27,6 +27,7 @@ from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
 from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Marks, Progress
 from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, run_key
+from genqueue.common.prefill import PrefillChoice
 from genqueue.common.settings import RunSettings
 
 #: The field of the run's stats hash that counts the bytes of the rows captured (as stored).
@@ -135,7 +136,7 @@ def capture_figures(settings: RunSettings, progress: Progress) -> CaptureFigures
                                    "source_rows": pf.source_rows, "tokens": pf.tokens, "bytes": pf.bytes}
         figures["choice"] = ["pass", pf.by.value]
         figures["chosen"] = (f"a capture pass over run {pf.source}: {pf.rows:,} of its {pf.source_rows:,} rows, "
-                             + ("the drafter's worst first" if pf.by.value == "acceptance" else "in its order")
+                             + ("the drafter's worst first" if pf.by is PrefillChoice.ACCEPTANCE else "in its order")
                              + (f", within {format_size(pf.budget)}" if pf.budget is not None else ""))
         figures["budget"] = pf.budget
         figures["answers"] = progress.done  # a pass's item is one row to capture
