@@ -25,7 +25,7 @@ import orjson
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.capture import CaptureDtype, CaptureSettings, parse_capture
+from genqueue.common.capture import CaptureDtype, CaptureSettings, parse_capture, parse_size
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.contracts import Mode
 from genqueue.common.errors import UserError
@@ -38,23 +38,6 @@ from genqueue.common.storage.runfile import read_run_file
 from genqueue.producer.memplan import PromptsAsked
 from genqueue.producer.prefill.select import SourceRow, choose, source_rows
 from genqueue.producer.rungone import run_gone
-
-_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-          "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """--capture-budget: bytes, with an optional unit (K, M, G, T, KiB ... TiB). UserError."""
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGTIB")
-    unit = t[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or not value > 0:
-        raise UserError(f"--capture-budget takes bytes (e.g. 40T, 500GB, 2GiB), not {text!r}")
-    return int(value * _UNITS[unit])
 
 
 def hidden_size_of(model_dir: str) -> int:
@@ -147,7 +130,7 @@ def source_settings(conn: redis.Redis, src: str, output: str | None) -> RunSetti
               help="Which rows first: all in the source's order, or acceptance (the drafter's worst first, from "
                    "the acceptance figures the source's records carry).")
 @click.option("--capture-budget", "budget", default=None, metavar="BYTES",
-              help="Capture rows, in --capture-by's order, while their features fit BYTES (e.g. 40T, 500GB): "
+              help="Capture rows, in --capture-by's order, while their features fit BYTES (e.g. 40TB, 500GB): "
                    "tokens x bytes per token of the layers, dtype and hidden size. Needs --hidden-size or --model-dir.")
 @click.option("--hidden-size", type=click.IntRange(1), default=None, metavar="N", help="The model's hidden size.")
 @click.option("--model-dir", default=None, metavar="DIR",
@@ -180,7 +163,7 @@ def capture_command(src_name: str, run_name: str, layers: str, dtype: str, by: s
     assert capture is not None
     choice = PrefillChoice(by)
     size = hidden_size if hidden_size is not None else hidden_size_of(model_dir) if model_dir else None
-    limit = parse_bytes(budget) if budget is not None else None
+    limit = parse_size(budget) if budget is not None else None
     if limit is not None and size is None:
         raise UserError("--capture-budget needs the model's hidden size: give --hidden-size, or --model-dir "
                         "(the folder with its config.json)")
