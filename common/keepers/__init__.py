@@ -7,8 +7,10 @@ marks.py Marks (done and failed marks, their counters and Lua), claims.py Claims
 claim sets: their keys and every write to them), checkpoints.py CheckpointStore, flights.py
 Flights, hungry.py Hungry, pause.py Pause, runlock.py RunLock, runsources.py RunSources,
 snapshots.py Snapshots, exportsets.py ExportSets and ScratchSet, markstamps.py MarkStamp and
-RebuildState, spectally.py SpecTallies (a run's acceptance tallies). What issues no command (a
-record's kind, a key's digest, a snapshot's reading) stays a plain function beside its class.
+RebuildState, spectally.py SpecTallies (a run's acceptance tallies), captured.py CaptureBudget (a
+--capture run's bytes captured, against its budget; and capture_figures, what every screen shows of
+a capture). What issues no command (a record's kind, a key's digest, a snapshot's reading) stays a
+plain function beside its class.
 rundelete.py deletes every key of a run, genqueue's and rq's. And the Redis plumbing they stand
 on: redisconn.py (every connection), clock.py (Redis's clock), redismem.py (its memory),
 rqaccess.py and rqjobs.py (rq's own keys, read through rq's documented surface).
