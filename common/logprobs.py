@@ -2,11 +2,15 @@
 the run's settings (common/settings.py), so every consumer asks the same; the tables themselves
 are stored as feature rows (common/features/logprobs.py).
 
-Every answer's request asks vLLM for the log-probability of each generated token and the K most
-likely (`logprobs: true, top_logprobs: K`) with tokens named by id (`return_tokens_as_token_ids`:
-`"token_id:123"`), so a table is aligned to the answer's completion ids exactly. vLLM's
-`--max-logprobs` (20 by default) bounds K: the consumer's pre-flight refuses a larger K in one
-line. The engine's `--logprobs-mode` is not readable from its API, so a run states the mode it
+Every answer's request asks vLLM for the log-probability of each generated token and the most
+likely ones (`logprobs: true, top_logprobs: K + 1`, `request_fields`) with tokens named by id
+(`return_tokens_as_token_ids`: `"token_id:123"`), so a table is aligned to the answer's completion
+ids exactly. One more than K, because vLLM (0.32) lists the sampled token first and then the
+most likely in rank order, cut at top_logprobs: when the sampled token is not among the K most
+likely, a list of K would hold it and lose the K-th. A list of K + 1 always holds the true top K
+(the top K + 1, or the sampled token and the top K), which the consumer sorts and keeps
+(consumer/capture/tables.py). vLLM's `--max-logprobs` (20 by default) bounds K + 1: the
+consumer's pre-flight refuses a larger K in one line. The engine's `--logprobs-mode` is not readable from its API, so a run states the mode it
 expects (RUN_MODE: vLLM's default, the model's own log-softmax before any sampling processor)
 and the pre-flight checks the probe's tables fit it (at most 0, summing to at most 1).
 """
@@ -42,9 +46,14 @@ FIELDS = ("logprobs", "top_logprobs", "return_tokens_as_token_ids")
 MAX_LOGPROBS_WORDS = ("max_logprobs", "max-logprobs")
 
 
+def asked(k: int) -> int:
+    """The top_logprobs a run of --logprobs K asks for: one more (the module's docstring says why)."""
+    return k + 1
+
+
 def request_fields(k: int) -> dict[str, Any]:
     """What every request of a run of --logprobs K carries."""
-    return {"logprobs": True, "top_logprobs": k, "return_tokens_as_token_ids": True}
+    return {"logprobs": True, "top_logprobs": asked(k), "return_tokens_as_token_ids": True}
 
 
 def check_logprobs(k: object, *, token_ids: bool, extra: dict[str, Any]) -> None:

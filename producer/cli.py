@@ -237,7 +237,7 @@ def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
                    "generated without features (overshoot: at most one row per consumer).")
 @click.option("--logprobs", type=click.IntRange(min=1), default=None, metavar="K",
               help="Record the teacher's distribution for distillation: every generated token's own log-probability "
-                   "and the K most likely ids with theirs (vLLM's top_logprobs; K at most the engines' "
+                   "and the K most likely ids with theirs (vLLM's top_logprobs, asked for K + 1: at most the engines' "
                    "--max-logprobs, checked at each consumer's pre-flight), stored as feature rows in "
                    "<output>/<run>/features/, each record naming its row. Needs --token-ids.")
 @click.option("--output", default=defaults.OUTPUT, show_default=True, envvar="GENQUEUE_OUTPUT", show_envvar=True,

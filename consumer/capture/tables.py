@@ -1,8 +1,10 @@
 """An answer's log-probability tables kept as a feature row, or refused (--logprobs runs).
 
 vLLM returns, in `choices[0].logprobs.content`, one entry per generated token: its `token`
-(`"token_id:123"` with return_tokens_as_token_ids), its `logprob`, and `top_logprobs`, the K most
-likely tokens in the same form. `parse_tables` reads them into a LogprobsTable; `TableKeeper.keep`
+(`"token_id:123"` with return_tokens_as_token_ids), its `logprob`, and `top_logprobs` in the same
+form: the K + 1 a run asks for (common/logprobs.py), the sampled token first and then the most
+likely in rank order. `parse_tables` reads them into a LogprobsTable, each position's list sorted
+by log-probability (stable) and cut to its K most likely: the true top K whatever the order; `TableKeeper.keep`
 checks it against the answer's completion ids and the run's K and mode
 (common/features/logprobs.py: check_table) and stores it as a row of the run's feature shard
 (through APPEND: the outbox's FeatureSpool, durable when it returns). Tables that do not fit raise
@@ -16,6 +18,7 @@ The parsing, checks and fsync run in a thread of their own, so the event loop ne
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +29,7 @@ from genqueue.common.contracts import LogprobsRef, TokenIds
 from genqueue.common.errors import BadLogprobsError, FeatureValueError
 from genqueue.common.features import IndexEntry
 from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, check_table
-from genqueue.common.logprobs import RUN_MODE
+from genqueue.common.logprobs import RUN_MODE, asked
 from genqueue.common.settings import RunSettings
 
 #: Stores one row: (run, manifest, row id, table) -> its index entry.
@@ -57,25 +60,39 @@ def _logprob(entry: object, where: str) -> float:
     return float(value)
 
 
-def parse_tables(content: object) -> LogprobsTable:
-    """The tables in vLLM's `choices[0].logprobs.content` (a list, one entry per generated
-    token). Raises BadLogprobsError for anything else, naming the first token that is not."""
+def parse_tables(content: object, k: int) -> LogprobsTable:
+    """The top-K tables in vLLM's `choices[0].logprobs.content` (a list, one entry per generated
+    token, each with at least asked(K) top_logprobs). Raises BadLogprobsError for anything else,
+    naming the first token that is not: too few entries, an id listed twice, the sampled token
+    listed with another log-probability than its own."""
     if not isinstance(content, list) or not content:
         raise BadLogprobsError("the server returned no logprobs.content for the answer's tokens (a run of "
                                "--logprobs asks for logprobs and top_logprobs)")
-    ids, lps, top_ids, top_lps = [], [], [], []
-    width = None
+    ids: list[int] = []
+    lps: list[float] = []
+    top_ids: list[list[int]] = []
+    top_lps: list[list[float]] = []
     for t, entry in enumerate(content):
         where = f"logprobs.content[{t}]"
         ids.append(_token_id(entry, where))
         lps.append(_logprob(entry, where))
         top = entry.get("top_logprobs") if isinstance(entry, dict) else None
-        if not isinstance(top, list) or (width is not None and len(top) != width) or not top:
+        if not isinstance(top, list) or len(top) < asked(k):
             raise BadLogprobsError(f"{where}.top_logprobs holds {len(top) if isinstance(top, list) else 'no'} "
-                                   f"entries{'' if width is None else f', the tokens before it {width}'}")
-        width = len(top)
-        top_ids.append([_token_id(e, f"{where}.top_logprobs[{j}]") for j, e in enumerate(top)])
-        top_lps.append([_logprob(e, f"{where}.top_logprobs[{j}]") for j, e in enumerate(top)])
+                                   f"entries, the run asks for {asked(k)}")
+        listed = {}
+        for j, e in enumerate(top):
+            i = _token_id(e, f"{where}.top_logprobs[{j}]")
+            if i in listed:
+                raise BadLogprobsError(f"{where}.top_logprobs lists token {i} twice")
+            listed[i] = _logprob(e, f"{where}.top_logprobs[{j}]")
+        # vLLM writes both from one tensor: the same float, give or take JSON's printing
+        if ids[-1] in listed and not math.isclose(listed[ids[-1]], lps[-1], rel_tol=1e-6, abs_tol=1e-6):
+            raise BadLogprobsError(f"{where}: the sampled token's log-probability {lps[-1]} is listed as "
+                                   f"{listed[ids[-1]]}")
+        best = sorted(listed.items(), key=lambda kv: -kv[1])[:k]  # stable: ties keep the engine's order
+        top_ids.append([i for i, _ in best])
+        top_lps.append([v for _, v in best])
     try:
         return LogprobsTable.of(ids, lps, top_ids, top_lps)
     except FeatureValueError as e:
@@ -111,7 +128,7 @@ class TableKeeper:
 
     def _keep(self, run: str, manifest: LogprobsManifest, row: str, content: object,
               expected: list[int]) -> LogprobsRef:
-        table = parse_tables(content)
+        table = parse_tables(content, manifest.k)
         try:
             # no ids in a message's first words: the breaker groups failures by what they say, less numbers
             check_table(table, k=manifest.k, mode=manifest.mode, expected_ids=expected)
@@ -143,9 +160,10 @@ def refused(k: int, endpoint: str, error: Exception) -> str:
     if "logprobs" in text and "max" in text:
         m = _BOUND.search(text)
         bound = f" is {m[2]}" if m else ""
-        return (f"--logprobs {k} is more than the engine at {endpoint} returns (its --max-logprobs{bound}): start "
-                f"vLLM with --max-logprobs {k} or more, or queue the run with --logprobs {m[2] if m else 'N'} or "
-                "less")
+        fits = str(int(m[2]) - 1) if m else "N - 1"
+        return (f"--logprobs {k} is more than the engine at {endpoint} returns (its --max-logprobs{bound}; a run "
+                f"asks for K + 1, as vLLM lists the sampled token first): start vLLM with --max-logprobs "
+                f"{asked(k)} or more, or queue the run with --logprobs {fits} or less")
     return f"the engine refuses a request that asks for log-probabilities: {text}"
 
 
@@ -156,7 +174,7 @@ def judge(k: int, endpoint: str, content: object, token_ids: TokenIds | None) ->
     if token_ids is None:
         return None  # the thinking probe says so in its own line
     try:
-        table = parse_tables(content)
+        table = parse_tables(content, k)
         check_table(table, k=k, mode=RUN_MODE, expected_ids=token_ids["completion"])
     except (BadLogprobsError, FeatureValueError) as e:
         return (f"the engine at {endpoint} does not return the run's log-probability tables ({e}); vLLM returns "

@@ -1,13 +1,17 @@
-"""The stand-in's log-probabilities, as vLLM's chat completions return them: with `logprobs: true`
-and `top_logprobs: K`, `choices[0].logprobs.content` holds one entry per generated token, its
-`token`, `logprob` and `top_logprobs` (K entries, most likely first); with
-`return_tokens_as_token_ids` a token is named `"token_id:<id>"`, else by a text piece.
+"""The stand-in's log-probabilities, as vLLM 0.32's chat completions return them: with `logprobs:
+true` and `top_logprobs: N`, `choices[0].logprobs.content` holds one entry per generated token, its
+`token`, `logprob` and `top_logprobs`: the generated token first, then the most likely in rank
+order (the generated one not again), cut at N, as vLLM builds its dict (sampled first, then the
+top N, a repeated id keeping its first place). With `return_tokens_as_token_ids` a token is named
+`"token_id:<id>"`, else by a text piece.
 
-The tables are a fixed function of the generated ids (`standin_tables`): at each position the
-generated token is the most likely, then K - 1 other ids, with log-probabilities -(j + 1) ln 2
-less a small step by position, so each table is sorted and sums to less than 1. A K above the
-stand-in's `--max-logprobs` is refused with vLLM's own 400. `garbled` plants a broken engine's
-table (tests): that share of the answers, drawn from the request, has one table out of order.
+The distribution is a fixed function of the generated ids (`standin_tables` gives its true top K,
+for tests): at position t the rank-j token (j from 1) has log-probability -j ln 2 less a small step
+by position, so probabilities sum below 1; the generated token sits at rank 1 + (id + t) % 8, so it
+is often not the most likely and sometimes outside the top K, as sampling makes it. A request for
+more than the stand-in's `--max-logprobs` is refused with vLLM's own 400. `garbled` plants a broken
+engine (tests): that share of the answers, drawn from the request, names one generated token by
+another id than the one generated.
 """
 
 from __future__ import annotations
@@ -18,21 +22,34 @@ from typing import Any
 
 #: vLLM's default --max-logprobs.
 MAX_LOGPROBS = 20
-#: The other ids of a table step through the stand-in's ids by this (a prime: distinct ids).
+#: The other ids of a distribution step through the ids by this (a prime: distinct ids).
 _STRIDE = 7919
 _VOCAB = 1 << 17
+_RANKS = 8  # the generated token's rank runs over 1.._RANKS
 _GARBLE_STREAM = 0x10B5
 
 
+def _ranked(tok: int, t: int, n: int) -> list[tuple[int, float]]:
+    """The N most likely (id, log-probability) at position T whose generated token is TOK."""
+    rank = 1 + (tok + t) % _RANKS
+    others = ((tok + _STRIDE * m) % _VOCAB for m in range(1, n + 1))
+    ids = [tok if j == rank else next(others) for j in range(1, n + 1)]
+    return [(i, -j * math.log(2) - 0.001 * (t % 7)) for j, i in enumerate(ids, start=1)]
+
+
+def _sampled(tok: int, t: int) -> float:
+    return -(1 + (tok + t) % _RANKS) * math.log(2) - 0.001 * (t % 7)
+
+
 def standin_tables(output_ids: list[int], k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
-    """The sampled log-probabilities [T], top-K ids [T][K] and log-probabilities [T][K] of an
-    answer whose generated ids are OUTPUT_IDS."""
+    """The sampled log-probabilities [T], the true top-K ids [T][K] and their log-probabilities
+    [T][K], most likely first, of an answer whose generated ids are OUTPUT_IDS."""
     sampled, top_ids, top_lps = [], [], []
     for t, tok in enumerate(output_ids):
-        lps = [-(j + 1) * math.log(2) - 0.001 * (t % 7) for j in range(k)]
-        top_ids.append([tok] + [(tok + _STRIDE * j) % _VOCAB for j in range(1, k)])
-        top_lps.append(lps)
-        sampled.append(lps[0])
+        top = _ranked(tok, t, k)
+        top_ids.append([i for i, _ in top])
+        top_lps.append([v for _, v in top])
+        sampled.append(_sampled(tok, t))
     return sampled, top_ids, top_lps
 
 
@@ -48,16 +65,18 @@ def content(body: dict[str, Any], output_ids: list[int], digest: int, garbled: f
     """`choices[0].logprobs` for a request BODY answered with OUTPUT_IDS (None: it asked for none)."""
     if not body.get("logprobs") or not output_ids:
         return None
-    k = body.get("top_logprobs") or 0
+    n = body.get("top_logprobs") or 0
     as_ids = bool(body.get("return_tokens_as_token_ids"))
 
-    def name(i: int) -> str:
-        return f"token_id:{i}" if as_ids else f"w{i}"
+    def entry(i: int, lp: float) -> dict[str, Any]:
+        return {"token": f"token_id:{i}" if as_ids else f"w{i}", "logprob": lp, "bytes": None}
 
-    sampled, top_ids, top_lps = standin_tables(output_ids, k)
-    if k >= 2 and garbled and random.Random(digest ^ _GARBLE_STREAM).random() < garbled:
-        at = len(output_ids) // 2
-        top_lps[at][0], top_lps[at][1] = top_lps[at][1], top_lps[at][0]
-    return {"content": [{"token": name(tok), "logprob": lp, "bytes": None,
-                         "top_logprobs": [{"token": name(i), "logprob": v, "bytes": None} for i, v in zip(ids, lps)]}
-                        for tok, lp, ids, lps in zip(output_ids, sampled, top_ids, top_lps)]}
+    wrong = len(output_ids) // 2 if garbled and random.Random(digest ^ _GARBLE_STREAM).random() < garbled else -1
+    out = []
+    for t, tok in enumerate(output_ids):
+        listed = {tok: _sampled(tok, t)}  # vLLM's order: the sampled token first, then by rank
+        for i, lp in _ranked(tok, t, n):
+            listed.setdefault(i, lp)
+        top = [entry(i, lp) for i, lp in list(listed.items())[:n]]
+        out.append({**entry(tok + 1 if t == wrong else tok, _sampled(tok, t)), "top_logprobs": top})
+    return {"content": out}
