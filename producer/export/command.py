@@ -265,6 +265,10 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
     refusal = info.placement.refusal(run, info.settings.output, this_host())
     if refusal is not None:  # this host's directory of that name holds none of the run's shards
         raise UserError(refusal)
+    if info.settings.prefill is not None:  # a capture pass (producer capture): features, no text
+        src = info.settings.prefill.source
+        raise UserError(f"run {run} is a capture pass over run {src}: its records hold no text; export run {src}, "
+                        f"and this run's features with producer export-features --run {run}")
     spec = FORMATS[shape]
     if spec.token_ids and not info.settings.token_ids:
         raise UserError(f"--format {shape} needs the token ids the engine returned, and run {run} kept none: "

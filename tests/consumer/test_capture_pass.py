@@ -156,6 +156,11 @@ def test_a_pass_captures_every_row_and_export_features_joins_them(module, redis_
     rows = check_pass(recs, src, out, run, set(src.rows))
     assert all(len(copies) == 1 for copies in rows.values())
     assert list((module.tmp / "caps").iterdir()) == [], "every capture file is removed once kept"
+    # a pass's records hold no text: no dataset is made of them
+    e = cli("producer", "export", "--run", run, "-o", str(tmp_path / "x.jsonl"), env={"REDIS_URL": redis_url},
+            check=False)
+    assert e.returncode == 2 and f"is a capture pass over run {src.run}" in e.stderr, e.stderr
+    assert len(e.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.jsonl").exists(), e.stderr
     # the join by id, with the source's own tokens export
     fx = tmp_path / "fx"
     j = cli("producer", "export-features", "--run", run, "--tokens", str(src.tokens), "-o", str(fx), "--layout",
