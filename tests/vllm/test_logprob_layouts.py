@@ -25,13 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
+import yaml
 
+from genqueue.common.features import feature_store_for
+from genqueue.common.features.logprobs import LogprobsReader
 from genqueue.producer.export import distillkit as dk
 from genqueue.producer.export.logprobrows import Layout
 from genqueue.producer.export.logprobscmd import LogprobPlan, export_logprobs, plan_k
+from tests.conftest import cli, sharegpt
 from tests.producer.export.logprobtables import VOCAB, run_of, write_tokens
-from tests.vllm.conftest import VLLM_PYTHON
+from tests.vllm.conftest import TINY_MODEL, VLLM_PYTHON, VllmServer
+from tests.vllm.pipeline import consume, enqueue
 
 VENDOR = Path(__file__).resolve().parents[1] / "vendor" / "distillkit-a61c2e7"
 K = 20
@@ -155,3 +161,39 @@ def test_distillkit_reads_the_export_aligned_to_its_loss_mask(tmp_path: Path, co
     # its packer fills sequences of max_len, cutting the row that overflows one: aligned all the same
     assert 0 < info["packed_tokens"] <= sum(len(x["input_ids"]) - 1 for x in rows) and info["packed_aligned"]
     assert info["packed_signal"][:2] == info["packed_batch"]
+
+
+def test_distillkit_reads_a_real_runs_tables(tmp_path: Path, redis_url: str, vllm: VllmServer) -> None:
+    """The tables vLLM itself returned during generation (a multi-turn regenerate run with
+    --logprobs 16: the engine is asked for K + 1, within its --max-logprobs of 20), through the
+    commands a user runs, then DistillKit's data path: every tokens row accepted, its mask on the
+    tables after each generated token, the ids and values the reader's within the export's
+    reported bound."""
+    env = {"REDIS_URL": redis_url}
+    enqueue(tmp_path, redis_url, "lpr", [sharegpt(i, turns=2) for i in range(4)], "--token-ids", "--logprobs", "16",
+            "--max-tokens", "32")
+    consume(tmp_path, redis_url, vllm.url, "lpr")
+    tokens = tmp_path / "tokens.jsonl"
+    cli("producer", "export", "--run", "lpr", "--format", "tokens", "-o", str(tokens), "--include-outcomes", "all", env=env)
+    rows = [orjson.loads(x) for x in tokens.read_bytes().splitlines()]
+    vocab = int(json.loads((Path(TINY_MODEL) / "config.json").read_text())["vocab_size"])
+    config = tmp_path / "compression.yaml"
+    config.write_text(yaml.safe_dump({"d": vocab, "k": 16, "exact_k": 8, "exact_dtype": "bfloat16",
+                                      "polynomial_terms": [0, 1, 2, "sqrt"], "term_dtype": "float32",
+                                      "residual_bins": [], "delta_encoding": False}))
+    folder = tmp_path / "dk"
+    res = cli("producer", "export-logprobs", "--run", "lpr", "--tokens", str(tokens), "-o", str(folder), "--layout",
+              "distillkit", "--distillkit-config", str(config), "--json", env=env)
+    summary = orjson.loads(res.stdout)
+    assert summary["rows_read"] == summary["rows_exported"] == len(rows) == 8, summary
+    assert summary["tables_without_rows"] == 0, summary
+    info = trainer_reads(folder, tmp_path / "theirs.npz")
+    assert info["rows"] == len(rows) and all(np.isfinite(x) for x in info["losses"])
+    got = np.load(tmp_path / "theirs.npz")
+    reader = LogprobsReader(feature_store_for(str(tmp_path / "out")), "lpr")
+    for i, row in enumerate(rows):
+        t = reader.row(f"{row['key']}:{row['turn']}")
+        at = got[f"mask{i}"]
+        assert at.tolist() == [bool(m) for m in row["loss_mask"][1:]]
+        assert np.array_equal(got[f"ids{i}"][at], t.topk_ids)
+        assert np.abs(got[f"values{i}"][at] - t.topk_logprobs).max() <= summary["max_error"] + 1e-5
