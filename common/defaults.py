@@ -851,6 +851,10 @@ LOGPROBS_PROBE_TOKENS = 16
 LOGPROBS_SUM_EPS = 1e-3
 #: A log-probability may be above 0 by this much (float32 rounding of a probability of ~1).
 LOGPROBS_ZERO_EPS = 1e-4
+#: The pre-flight's mode probe (consumer/capture/tables.py) takes a table whose values move by more
+#: than this between temperatures 1 and 0.25 for a processed one: raw values move only by the engine's
+#: batch-to-batch rounding (hundredths in bf16), processed ones by whole units.
+LOGPROBS_MODE_GAP = 0.25
 #: Seconds before a run that failed this consumer's pre-flight is checked again (its settings
 #: may have been fixed with --update-settings, or the engine restarted with a longer context).
 SERVED_PREFLIGHT_RETRY = 300.0

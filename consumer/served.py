@@ -309,6 +309,13 @@ class ServedRuns:
         except Exception as e:  # noqa: BLE001 - past its attempts: every item would fail the same way
             return probe_failed(e, self.gen.policy.max_attempts, timeout)
         failed = await asyncio.to_thread(tables.judge, k, self.endpoint, turn.logprobs_content, turn.token_ids)
+        if failed is None:  # the values are the mode the run stores
+            try:
+                failed = await asyncio.wait_for(tables.probe_mode(
+                    lambda body: self.gen.retrying(lambda: self.client.chat(body)),
+                    ctx.shape.body(ctx.model, tables.PROBE_MESSAGES), k, self.endpoint), timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - past its attempts: every item would fail the same way
+                return probe_failed(e, self.gen.policy.max_attempts, timeout)
         if failed is None:
             log.info("run %s: the engine returns top-%d log-probability tables", ctx.run, k)
         return failed

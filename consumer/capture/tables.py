@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from genqueue.common import __version__, defaults
@@ -180,4 +180,35 @@ def judge(k: int, endpoint: str, content: object, token_ids: TokenIds | None) ->
         return (f"the engine at {endpoint} does not return the run's log-probability tables ({e}); vLLM returns "
                 f"them with logprobs, top_logprobs and return_tokens_as_token_ids, as {RUN_MODE.value} "
                 "(--logprobs-mode)")
+    return None
+
+
+#: The mode probe's two temperatures: raw values do not depend on the temperature, processed ones
+#: are the logits over it (a quarter of it moves every value of a table by whole units).
+MODE_TEMPERATURES = (1.0, 0.25)
+
+
+async def probe_mode(chat: Callable[[dict[str, object]], Awaitable[dict[str, object]]], body: dict[str, object],
+                     k: int, endpoint: str) -> str | None:
+    """Why the engine's values are not RUN_MODE's, or None: BODY (the run's shape on the probe's
+    prompt) asked at two temperatures for one token; the first position's table is the same
+    prompt's distribution, so raw values come back the same and processed ones do not (the
+    engine's --logprobs-mode cannot be read from its API)."""
+    tables: list[LogprobsTable] = []
+    for t in MODE_TEMPERATURES:
+        answer = await chat({**body, "temperature": t, "max_tokens": 1, "seed": 0})
+        try:
+            choice = answer["choices"][0]  # type: ignore[index]
+            content = choice["logprobs"]["content"][:1]
+        except (KeyError, IndexError, TypeError):
+            content = None
+        try:
+            tables.append(parse_tables(content, k))
+        except BadLogprobsError as e:
+            return f"the engine at {endpoint} returns no usable log-probability table to the mode probe: {e}"
+    gap = float(abs(tables[0].topk_logprobs[0] - tables[1].topk_logprobs[0]).max())
+    if gap > defaults.LOGPROBS_MODE_GAP:
+        return (f"the engine at {endpoint} returns log-probabilities that change with the temperature (by {gap:.2f} "
+                f"between {MODE_TEMPERATURES[0]} and {MODE_TEMPERATURES[1]}): its --logprobs-mode is a processed "
+                f"one, the run stores {RUN_MODE.value}; start vLLM with --logprobs-mode {RUN_MODE.value} (its default)")
     return None

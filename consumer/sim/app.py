@@ -78,6 +78,7 @@ class SimConfig:
     # tables are planted out of order (tests)
     max_logprobs: int = sim_logprobs.MAX_LOGPROBS
     logprobs_garbled: float = 0.0
+    logprobs_processed: bool = False  # vLLM's --logprobs-mode processed_logprobs (not its default)
 
     def capture_config(self) -> capture.CaptureConfig | None:
         if not self.capture_dir:
@@ -321,7 +322,7 @@ async def _chat(request: web.Request) -> web.Response:
         reply["kv_transfer_params"] = {"hidden_states_path": path}
     choice["logprobs"] = sim_logprobs.content(
         body, output_token_ids(digest, mean, max_tokens, cfg.reasoning, cfg.think_fraction), digest,
-        cfg.logprobs_garbled)
+        cfg.logprobs_garbled, cfg.logprobs_processed)
     if spec is not None and cfg.per_request_spec_decode_metrics != SpecMetrics.NONE:
         reply["metrics"] = {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
                             "mean_itl_ms": None, "tokens_per_second": None, "speculative_decoding": spec}

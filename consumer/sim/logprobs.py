@@ -9,7 +9,9 @@ The distribution is a fixed function of the generated ids (`standin_tables` give
 for tests): at position t the rank-j token (j from 1) has log-probability -j ln 2 less a small step
 by position, so probabilities sum below 1; the generated token sits at rank 1 + (id + t) % 8, so it
 is often not the most likely and sometimes outside the top K, as sampling makes it. A request for
-more than the stand-in's `--max-logprobs` is refused with vLLM's own 400. `garbled` plants a broken
+more than the stand-in's `--max-logprobs` is refused with vLLM's own 400. `processed` answers as an
+engine started with a processed `--logprobs-mode` does: the values over the request's temperature.
+`garbled` plants a broken
 engine (tests): that share of the answers, drawn from the request, names one generated token by
 another id than the one generated.
 """
@@ -61,15 +63,19 @@ def too_many(body: dict[str, Any], max_logprobs: int) -> str | None:
     return None
 
 
-def content(body: dict[str, Any], output_ids: list[int], digest: int, garbled: float) -> dict[str, Any] | None:
+def content(body: dict[str, Any], output_ids: list[int], digest: int, garbled: float,
+            processed: bool = False) -> dict[str, Any] | None:
     """`choices[0].logprobs` for a request BODY answered with OUTPUT_IDS (None: it asked for none)."""
     if not body.get("logprobs") or not output_ids:
         return None
     n = body.get("top_logprobs") or 0
     as_ids = bool(body.get("return_tokens_as_token_ids"))
 
+    temperature = body.get("temperature")
+    scale = 1 / temperature if processed and isinstance(temperature, int | float) and temperature > 0 else 1.0
+
     def entry(i: int, lp: float) -> dict[str, Any]:
-        return {"token": f"token_id:{i}" if as_ids else f"w{i}", "logprob": lp, "bytes": None}
+        return {"token": f"token_id:{i}" if as_ids else f"w{i}", "logprob": lp * scale, "bytes": None}
 
     wrong = len(output_ids) // 2 if garbled and random.Random(digest ^ _GARBLE_STREAM).random() < garbled else -1
     out = []

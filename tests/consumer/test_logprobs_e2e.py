@@ -186,3 +186,22 @@ def test_a_logprobs_run_that_cannot_be_asked_is_refused_in_one_line(tmp_path, re
     p = cli("producer", "enqueue", str(data), "--run", "x", "--output", str(tmp_path / "out"), *args,
             env={"REDIS_URL": redis_url}, check=False)
     assert p.returncode == 2 and said in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_an_engine_whose_values_are_processed_is_refused_at_the_pre_flight(tmp_path, redis_url, conn):
+    _enqueue(tmp_path, redis_url, "proc", 6)
+    jobs = conn.llen("rq:queue:genqueue.proc")
+    sim = Sim(tmp_path, "--mean-tokens", "10", "--logprobs-processed")
+    c = _consumer(tmp_path, redis_url, sim, "proc", "c")
+    try:
+        deadline = time.monotonic() + 60
+        while "pre-flight failed" not in c.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lines = [line for line in c.output().splitlines() if "pre-flight failed" in line]
+        assert len(lines) == 1, c.output()
+        assert "log-probabilities that change with the temperature" in lines[0], lines[0]
+        assert "start vLLM with --logprobs-mode raw_logprobs" in lines[0], lines[0]
+    finally:
+        c.kill()
+        sim.stop()
+    assert conn.llen("rq:queue:genqueue.proc") == jobs, "every job still waits in its queue"
