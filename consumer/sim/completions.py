@@ -16,12 +16,11 @@ import orjson
 from aiohttp import web
 
 from genqueue.consumer.sim import capture
+from genqueue.consumer.sim.engine import SIM_ENGINE, _error, _generate_slots, _json
 from genqueue.consumer.sim.text import output_token_ids, request_digest
 
 
 async def completions(request: web.Request) -> web.Response:
-    from genqueue.consumer.sim.app import SIM_ENGINE, _error, _generate_slots, _json
-
     eng = request.app[SIM_ENGINE]
     cfg = eng.config
     eng.counts["requests"] += 1

@@ -19,14 +19,9 @@ from typing import Any, Self
 import click
 from aiohttp import web
 
-from genqueue.consumer.sim.app import (
-    REASONING_MODES,
-    SIM_ENGINE,
-    SimConfig,
-    SimEngine,
-    build_app,
-)
+from genqueue.consumer.sim.app import build_app
 from genqueue.consumer.sim.capture import parse_layers
+from genqueue.consumer.sim.engine import REASONING_MODES, SIM_ENGINE, SimConfig, SimEngine
 from genqueue.consumer.sim.spec import SpecMetrics, SpecRule, parse_rule
 from genqueue.consumer.sim.text import TOOL_CALL_MODES, make_output, prompt_tokens, sample_length  # noqa: F401 (public API)
 
@@ -276,6 +271,12 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               type=click.FloatRange(0, 1),
               help="The share of answers whose log-probability tables name a generated token by another id (a "
                    "broken engine, for tests).")
+@click.option("--max-logprobs", default=SimConfig.max_logprobs, show_default=True, type=click.IntRange(0),
+              help="The most top_logprobs a request may ask for (vLLM's --max-logprobs); more is a 400.")
+@click.option("--logprobs-garbled", default=SimConfig.logprobs_garbled, show_default=True,
+              type=click.FloatRange(0, 1),
+              help="The share of answers whose log-probability tables come out of order (a broken engine, "
+                   "for tests).")
 @click.option("--logprobs-processed", is_flag=True,
               help="Answer log-probabilities as vLLM's --logprobs-mode processed_logprobs does (over the "
                    "request's temperature), not as its default raw_logprobs.")

@@ -17,7 +17,7 @@ from genqueue.common.errors import BadCaptureError
 from genqueue.common.features import FeatureReader, LocalFeatureStore
 from genqueue.consumer.capture.facts import EngineFacts, EngineFactsReader, model_folder, revision_of, template_hash
 from genqueue.consumer.capture.features import manifest_for, other_capture
-from genqueue.consumer.sim.app import SIM_VERSION
+from genqueue.consumer.sim.engine import SIM_VERSION
 from tests.conftest import free_port
 from tests.consumer.e2e import Sim
 from tests.consumer.test_capture_e2e import _consumer, _enqueue, _sim
