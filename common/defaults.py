@@ -648,6 +648,8 @@ CHECK_FEATURES_ROWS = 32
 #: length (the random tiny model strays up to ~0.045 at its last layer; the wrong layer or a
 #: position off by one are 0.7 and more away).
 CHECK_FEATURES_TOLERANCE = 0.1
+#: A reference vector shorter than this is taken as this long (an all-zero state: no division by 0).
+CHECK_FEATURES_NORM_FLOOR = 1e-6
 
 # producer/export/coverage.py
 #: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.

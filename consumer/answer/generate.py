@@ -35,18 +35,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from genqueue.common import defaults
-from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision, CaptureSettings
+from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision
 from genqueue.common.contracts import (
     ChatMessage,
     ConsumerInfo,
     ErrorClass,
     ErrorRecord,
-    FeatureRef,
     Item,
-    LogprobsRef,
     Mode,
     Note,
     Outcome,
@@ -67,6 +65,7 @@ from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
 from genqueue.consumer.answer.completion import Turn, parse_completion
 from genqueue.consumer.answer.faults import EndpointRefused, RetryKind, RetryPolicy
 from genqueue.consumer.answer.prefill import prefill
+from genqueue.consumer.answer.sinks import FeatureSink, TableSink
 from genqueue.consumer.answer.tool_turns import call_summary, match_calls, splice_results
 
 __all__ = ["FeatureSink", "Gate", "Generator", "RunContext", "retry_budget"]
@@ -81,32 +80,6 @@ NO_TOKEN_IDS = ("the run keeps token ids (--token-ids), but the server returned 
 NO_CAPTURE = ("the run captures hidden states (--capture), but the server returned no "
               "kv_transfer_params.hidden_states_path (an engine started without extract_hidden_states and its "
               "connector?)")
-
-
-class FeatureSink(Protocol):
-    """Where a --capture run's answers' hidden states go (consumer/capture/features.py)."""
-
-    async def keep(self, run: str, capture: CaptureSettings, model: str, row: str, path: str,
-                   expected: list[int]) -> FeatureRef:
-        """Store the capture at PATH as ROW once its token ids are EXPECTED; raises BadCaptureError."""
-        ...
-
-    def discard(self, path: str) -> None:
-        """Remove the capture of an answer that is not kept."""
-        ...
-
-    async def admits(self, run: str, capture: CaptureSettings) -> bool:
-        """Whether an answer of RUN may ask for capture now (--capture-budget not spent)."""
-        ...
-
-
-class TableSink(Protocol):
-    """Where a --logprobs run's answers' tables go (consumer/capture/tables.py)."""
-
-    async def keep(self, run: str, settings: RunSettings, model: str, row: str, content: object,
-                   expected: list[int]) -> LogprobsRef:
-        """Store CONTENT's tables as ROW once their sampled ids are EXPECTED; raises BadLogprobsError."""
-        ...
 
 
 @dataclass
@@ -247,7 +220,9 @@ class Generator:
         ending: records.Ending
         try:
             if "prefill" in item:  # a capture pass's item (consumer/answer/prefill.py)
-                ending = await prefill(self, ctx, item)
+                ending = await prefill(item, ctx.run, ctx.settings, ctx.model, sink=self.features,
+                                       complete=self.client.completions, retrying=self.retrying,
+                                       request_id=self.request_id)
             elif ctx.settings.multi_turn == Mode.REGENERATE:
                 ending = await self._regenerate(ctx, item)
             else:

@@ -11,16 +11,15 @@ as every request is (Generator.retrying); the one token generated is not kept.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from genqueue.common.contracts import ErrorClass, Item, error_info
 from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.common.prefill import PREFILL_FIELDS
+from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer import records
 from genqueue.consumer.answer.completion import snippet
-
-if TYPE_CHECKING:
-    from genqueue.consumer.answer.generate import Generator, RunContext
+from genqueue.consumer.answer.sinks import FeatureSink
 
 #: Why a prefill answer is not usable when the server named no capture file.
 NO_CAPTURE = ("a capture pass's prefill came back without kv_transfer_params.hidden_states_path (an engine started "
@@ -44,24 +43,29 @@ def capture_path(resp: object) -> str:
     return path
 
 
-async def prefill(gen: Generator, ctx: RunContext, item: Item) -> records.Ending:
-    """What ITEM, a capture pass's item, comes to: its row stored, or why not."""
+async def prefill(item: Item, run: str, settings: RunSettings, model: str, *, sink: FeatureSink | None,
+                  complete: Callable[[dict[str, object]], Awaitable[object]],
+                  retrying: Callable[[Callable[[], Awaitable[str]]], Awaitable[str]],
+                  request_id: Callable[[], str] | None) -> records.Ending:
+    """What ITEM, a capture pass's item of RUN, comes to: its row stored in SINK, or why not.
+    COMPLETE posts a /v1/completions body, RETRYING runs a request under the generator's retry
+    policy, REQUEST_ID names this consumer on the engine's capture file."""
     spec = item["prefill"]
-    capture, sink = ctx.settings.capture, gen.features
-    if capture is None or ctx.settings.prefill is None or sink is None:
+    capture = settings.capture
+    if capture is None or settings.prefill is None or sink is None:
         return records.Refused([], error_info(ErrorClass.INVALID_ITEM, "InvalidItem",
                                               "a capture pass's item in a run that is no capture pass"))
     ids = spec["token_ids"]
-    body = prefill_body(ctx.model, ids)
-    if gen.request_id is not None:  # names this consumer on the engine's file (consumer/capture/owner.py)
-        body["request_id"] = gen.request_id()
+    body = prefill_body(model, ids)
+    if request_id is not None:  # names this consumer on the engine's file (consumer/capture/owner.py)
+        body["request_id"] = request_id()
 
     async def once() -> str:
-        return capture_path(await gen.client.completions(body))
+        return capture_path(await complete(body))
 
     try:
-        path = await gen.retrying(once)
-        ref = await sink.keep(ctx.run, capture, ctx.model, spec["row"], path, ids)
+        path = await retrying(once)
+        ref = await sink.keep(run, capture, model, spec["row"], path, ids)
     except (PermanentError, TransientError) as e:
         return records.Failed([], e)
-    return records.Prefilled(ref, ctx.settings.prefill.source)
+    return records.Prefilled(ref, settings.prefill.source)
