@@ -7,7 +7,8 @@ position its top 5 are the top 5 of a transformers forward pass's log-softmax ov
 the completion so far (tests/vllm/reference_logprobs.py, float32): each stored value within
 TOLERANCE of the reference's value for the same id, and no id left out whose reference value is
 above the fifth stored one by more than TOLERANCE (near ties may swap). A K above the engine's
---max-logprobs (20, vLLM's default) is refused at the pre-flight in one line, the job left queued.
+--max-logprobs (20, vLLM's default) is refused at the pre-flight in one line, the job left queued, and so
+is an engine started with --logprobs-mode processed_logprobs (its values move with the temperature).
 """
 
 from __future__ import annotations
@@ -135,3 +136,18 @@ def test_a_k_above_the_engines_max_logprobs_is_refused_at_the_pre_flight(engine,
     assert "(its --max-logprobs is 20; a run asks for K + 1" in lines[0], lines[0]
     assert "start vLLM with --max-logprobs 31 or more, or queue the run with --logprobs 19 or less" in lines[0]
     assert conn.llen("rq:queue:genqueue.big") == 1, "its job waits in its queue"
+
+
+def test_an_engine_in_a_processed_logprobs_mode_is_refused_at_the_pre_flight(vllm_pool: VllmPool, tmp_path: Path,
+                                                                              redis_url: str, conn) -> None:
+    server = vllm_pool.get("--logprobs-mode", "processed_logprobs", model=random_model_dir())
+    status, body = server.post("/v1/completions", {"model": SERVED_NAME, "prompt": list(range(10, 26)),
+                                                   "max_tokens": 1})
+    assert status == 200, body
+    enqueue(tmp_path, redis_url, "proc", [sharegpt(i) for i in range(3)], "--token-ids", "--logprobs", str(K))
+    c = consume(tmp_path, redis_url, server.url, "proc", code=ExitCode.PREFLIGHT)
+    lines = [line for line in c.output().splitlines() if "pre-flight failed" in line]
+    assert len(lines) == 1 and "log-probabilities that change with the temperature" in lines[0], c.output()
+    assert "start vLLM with --logprobs-mode raw_logprobs" in lines[0], lines[0]
+    assert conn.llen("rq:queue:genqueue.proc") == 1, "its job waits in its queue"
+    print("\n" + lines[0].split("pre-flight failed, not serving it on this consumer: ")[-1])
