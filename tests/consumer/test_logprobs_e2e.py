@@ -24,6 +24,8 @@ from genqueue.consumer.sim.logprobs import standin_tables
 from genqueue.consumer.sim.text import request_digest
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys
+from tests.consumer.test_capture_e2e import _s3_records
+from tests.s3server import s3_env, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +49,7 @@ def _answers(rec: dict) -> list[dict]:
     return rec["turns"] if "turns" in rec else [rec]
 
 
-def check_tables(recs: list[dict], out: Path, run: str) -> int:
+def check_tables(recs: list[dict], out: Path | str, run: str) -> int:
     """Every answer kept names its table row; each reads back with its own completion ids as the
     sampled ids, K entries sorted descending, the stand-in's values within fp16; no row is named
     twice and each is its own record's. The rows checked."""
@@ -205,3 +207,20 @@ def test_an_engine_whose_values_are_processed_is_refused_at_the_pre_flight(tmp_p
         c.kill()
         sim.stop()
     assert conn.llen("rq:queue:genqueue.proc") == jobs, "every job still waits in its queue"
+
+
+def test_a_logprobs_run_to_s3_keeps_every_answers_tables(tmp_path, redis_url, conn, s3_server, s3_env):
+    prefix, env = "runs/logprobs", {"REDIS_URL": redis_url, **s3_server.env}
+    data = write_jsonl(tmp_path / "lps3.jsonl", [sharegpt(i, turns=1 + i % 3) for i in range(16)])
+    cli("producer", "enqueue", str(data), "--run", "lps3", "--output", s3_server.url(prefix), "--batch-size", "8",
+        "--max-tokens", "64", "--rejects", str(tmp_path / "rej.jsonl"), "--token-ids", "--logprobs", str(K), env=env)
+    sim = Sim(tmp_path, "--mean-tokens", "20")
+    try:
+        c = Proc("consumer", ["run", "--run", "lps3", "--endpoint", sim.url, "--burst", "--shard-max-age", "0.5",
+                              "--spool", str(tmp_path / "spool")], tmp_path / "c.log", env=env)
+        assert c.wait(60) == 0, c.output()
+    finally:
+        sim.stop()
+    recs = _s3_records(s3_server, prefix, "lps3")
+    assert {r["key"] for r in recs} == run_keys(conn, "lps3") and not [r for r in recs if "error" in r]
+    assert check_tables(recs, s3_server.url(prefix), "lps3") == sum(len(_answers(r)) for r in recs)
