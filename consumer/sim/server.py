@@ -271,12 +271,6 @@ async def _serve_forever(config: SimConfig, host: str, port: int) -> None:
               type=click.FloatRange(0, 1),
               help="The share of answers whose log-probability tables name a generated token by another id (a "
                    "broken engine, for tests).")
-@click.option("--max-logprobs", default=SimConfig.max_logprobs, show_default=True, type=click.IntRange(0),
-              help="The most top_logprobs a request may ask for (vLLM's --max-logprobs); more is a 400.")
-@click.option("--logprobs-garbled", default=SimConfig.logprobs_garbled, show_default=True,
-              type=click.FloatRange(0, 1),
-              help="The share of answers whose log-probability tables come out of order (a broken engine, "
-                   "for tests).")
 @click.option("--logprobs-processed", is_flag=True,
               help="Answer log-probabilities as vLLM's --logprobs-mode processed_logprobs does (over the "
                    "request's temperature), not as its default raw_logprobs.")
