@@ -1,5 +1,5 @@
 """Faults with capture on, in both prompt modes: a consumer SIGKILLed mid-capture, a Redis loss,
-an S3 outage (the last two for each kind of row a run stores: hidden states, and --logprobs's
+an S3 outage (those three for each kind of row a run stores: hidden states, and --logprobs's
 tables). Real redis-server, the stand-in over HTTP capturing as vLLM's connector does, real
 consumer processes, a local output or SeaweedFS behind a TCP proxy the test cuts.
 
