@@ -37,6 +37,8 @@ FULL = {
     "producer_packs": ["bench.bench_producer_packs", "--items", "200000"],
     "chatter": ["bench.bench_chatter", "--seconds", "60", "--warmup", "15"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
+    "logprobs_cost": ["bench.bench_logprobs_cost", "--items", "400", "--rounds", "3"],
+    "real_vllm_logprobs": ["tests.vllm.bench_logprobs", "--requests", "128", "--concurrency", "32", "--rounds", "3"],
 }
 QUICK = {
     # a faster stand-in (step 0.5 ms, not 2 ms): the smoke run checks that each bench runs
@@ -56,9 +58,10 @@ QUICK = {
     "producer_packs": ["bench.bench_producer_packs", "--items", "500"],
     "chatter": ["bench.bench_chatter", "--items", "300", "--seconds", "4", "--warmup", "4", "--step-time", "0.01",
                 "--mean-tokens", "20"],
+    "logprobs_cost": ["bench.bench_logprobs_cost", "--items", "40", "--rounds", "1", "--mean-tokens", "32"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
-NEEDS_VLLM = {"real_vllm"}
+NEEDS_VLLM = {"real_vllm", "real_vllm_logprobs"}
 TITLES = {
     "saturation": "1. Saturation: genqueue vs a batch-at-a-time client vs a bare client (stand-in vLLM)",
     "consumer": "2. Cost: consumer CPU per completion, whole path on, stand-in with zero delay",
@@ -75,6 +78,9 @@ TITLES = {
     "producer_packs": "Producer by reference, packs on S3 (issue 34)",
     "chatter": "What a consumer sends Redis a second on a slow engine (issue 34)",
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
+    "logprobs_cost": "Log-probability tables (--logprobs K): throughput and consumer CPU at K = 0, 20 and the engine's "
+                     "maximum (stand-in)",
+    "real_vllm_logprobs": "Log-probability tables on real vLLM (the tiny model): K = 0, 20 and the engine's maximum",
 }
 
 

@@ -21,6 +21,7 @@ def test_benchmark_suite_runs_at_smoke_sizes(tmp_path):
     text = out.read_text()
     for title in ("Saturation", "Cost", "Producer", "Export", "Longest first", "Client CPU", "2b. Consumer CPU",
                   "Fleet end of run", "Prefix-cache locality", "Pack cache",
-                  "Producer by reference, packs on S3", "What a consumer sends Redis a second"):
+                  "Producer by reference, packs on S3", "What a consumer sends Redis a second",
+                  "Log-probability tables (--logprobs K)"):
         assert title in text, title
     assert "FAILED" not in text
