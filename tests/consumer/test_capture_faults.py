@@ -673,7 +673,7 @@ def test_a_flush_returns_once_what_shipped_is_counted_and_marked(tmp_path: Path)
     async def shipped(run: str, seq: int | None, marks: ShardMarks) -> None:
         await slowly(f"marked {seq}")
 
-    async def features(run: str, rows: int, size: int) -> None:
+    async def features(run: str, rows: int, size: int, tokens: int) -> None:
         await slowly(f"counted {rows}")
 
     async def never(*args: object) -> None:

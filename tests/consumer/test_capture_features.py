@@ -99,7 +99,7 @@ def _outbox(tmp_path: Path, events: list[str]) -> Outbox:
     async def no_run(run: str) -> None:
         events.append("no_run")
 
-    async def features(run: str, rows: int, size: int) -> None:
+    async def features(run: str, rows: int, size: int, tokens: int) -> None:
         events.append(f"features {rows}")
 
     return Outbox(str(tmp_path / "spool"), "w", max_bytes=1 << 20, max_age=60, spool_limit=1 << 30,
