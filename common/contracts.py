@@ -225,13 +225,15 @@ class Item(TypedDict, total=False):
     prefill: PrefillRow  # a capture pass's item (common/prefill.py): the row to capture; messages are empty
 
 
-class PrefillRow(TypedDict):
+class PrefillRow(TypedDict, total=False):
     """A capture pass's item: the source run's feature ROW (`<key>`, or `<key>:<turn>[.<step>]`)
     and its TOKEN_IDS (the prompt the engine rendered and the ids it generated), sent as the
-    prompt of a prefill-only request."""
+    prompt of a prefill-only request; COMPLETION, how many of the last ids the engine generated
+    (a --logprobs pass keeps their positions' tables)."""
 
-    row: str
-    token_ids: list[int]
+    row: Required[str]
+    token_ids: Required[list[int]]
+    completion: int
 
 
 class ItemError(ValueError):
@@ -296,6 +298,9 @@ def _prefill_item(value: dict[str, Any], where: str) -> Item:
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                          for i in ids):
         raise ItemError(f"{where}: prefill.token_ids is not a non-empty list of token ids")
+    n = pre.get("completion", 0)
+    if type(n) is not int or not 0 <= n < len(ids):
+        raise ItemError(f"{where}: prefill.completion is not a count of generated ids below the ids' {len(ids)}")
     if value.get("messages") != []:
         raise ItemError(f"{where}: a prefill item carries no messages")
     return cast(Item, value)

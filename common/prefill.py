@@ -1,5 +1,6 @@
-"""A capture pass (`producer capture`): the target's hidden states of a finished run's answers,
-captured by a second, prefill-only request over the engine's own token ids.
+"""A capture pass (`producer capture`): the target's hidden states of a finished run's answers
+(`--capture-layers`), or the top-K log-probability tables of their generated tokens
+(`--logprobs K`), made by a second, prefill-only request over the engine's own token ids.
 
 The pass is a run of its own (NEW) whose items each name one feature row of the source run
 (SRC): the answer's row id (`<key>`, or `<key>:<turn>[.<step>]` in mode regenerate, the names a
@@ -8,6 +9,13 @@ the ids it generated, as SRC's tokens export holds them). A consumer sends the i
 /v1/completions prompt with `max_tokens: 1` and `kv_transfer_params` (prompt only), checks the
 captured ids are the ones it sent, and stores the row under that id, so
 `producer export-features --run NEW --tokens <SRC's tokens export>` joins every row by id.
+
+A --logprobs pass asks instead for `prompt_logprobs: K + 1` (PROMPT_FIELDS: vLLM's list per
+prompt position, None first, each a dict id -> {logprob, rank, decoded_token} holding the
+position's own token and the most likely ones; K + 1 as in generation, common/logprobs.py) and
+keeps the positions of the answer's generated tokens (the item's `completion` last ids): the
+same table rows, under the same row ids, an in-generation --logprobs run stores, so
+`producer export-logprobs --run NEW --tokens <SRC's tokens export>` joins every row by id.
 
 Part of NEW's settings (`RunSettings.prefill`): where the rows come from and how they were
 chosen, which status and the card read.
@@ -24,6 +32,7 @@ import numpy as np
 
 from genqueue.common.capture import CaptureDtype
 from genqueue.common.errors import UserError
+from genqueue.common.logprobs import asked
 
 #: The id bytes a stored row holds beside its hidden states (token_ids, int64 per token).
 ID_BYTES = np.dtype(np.int64).itemsize
@@ -34,6 +43,12 @@ SCALE_BYTES = np.dtype(np.float32).itemsize
 #: What a prefill adds to its /v1/completions body: the prompt's hidden states, the prompt's alone
 #: (genqueue's connector writes none for a request without kv_transfer_params).
 PREFILL_FIELDS: dict[str, Any] = {"kv_transfer_params": {"include_output_tokens": False}}
+
+
+def prompt_fields(k: int) -> dict[str, Any]:
+    """What a --logprobs K pass's prefill adds to its /v1/completions body: the prompt's top
+    asked(K) log-probabilities at every position."""
+    return {"prompt_logprobs": asked(k)}
 
 
 class PrefillChoice(StrEnum):

@@ -228,7 +228,7 @@ class RunSettings:
     logprobs: int | None = None
 
     #: a capture pass (`producer capture`): the run whose answers its items capture, and how
-    #: they were chosen (common/prefill.py); needs capture
+    #: they were chosen (common/prefill.py); needs capture or logprobs
     prefill: PrefillSettings | None = None
 
     def __post_init__(self) -> None:
@@ -236,8 +236,9 @@ class RunSettings:
         if isinstance(self.prefill, dict) and self.prefill.keys() <= set(PrefillSettings.__dataclass_fields__):
             # read back from Redis or a run.json; another shape is stored_shape_problem's to name
             object.__setattr__(self, "prefill", PrefillSettings(**self.prefill))
-        if self.prefill is not None and self.capture is None:
-            raise UserError("a capture pass (producer capture) captures hidden states: it needs --capture-layers")
+        if self.prefill is not None and self.capture is None and self.logprobs is None:
+            raise UserError("a capture pass (producer capture) captures hidden states or log-probability tables: "
+                            "it needs --capture-layers or --logprobs")
         # read back from Redis or a run.json; another shape is stored_shape_problem's to name
         object.__setattr__(self, "capture", CaptureSettings.stored(self.capture))
         if self.capture is not None:

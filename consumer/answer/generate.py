@@ -222,7 +222,7 @@ class Generator:
             if "prefill" in item:  # a capture pass's item (consumer/answer/prefill.py)
                 ending = await prefill(item, ctx.run, ctx.settings, ctx.model, sink=self.features,
                                        complete=self.client.completions, retrying=self.retrying,
-                                       request_id=self.request_id)
+                                       request_id=self.request_id, tables=self.tables)
             elif ctx.settings.multi_turn == Mode.REGENERATE:
                 ending = await self._regenerate(ctx, item)
             else:

@@ -31,6 +31,7 @@ from genqueue.common.contracts import (
     FeatureRef,
     HistoryReasoning,
     Item,
+    LogprobsRef,
     Note,
     Outcome,
     PartialAnswer,
@@ -153,12 +154,18 @@ def result_record(base: RecordBase, turn: Turn, model: str, truncation: Truncati
     return rec
 
 
-def prefilled_record(base: RecordBase, features: FeatureRef, source: str, model: str) -> ResultRecord:
-    """The record of a capture pass's item: no text, its row's FEATURES, the SOURCE run it captured."""
+def prefilled_record(base: RecordBase, done: Prefilled, model: str) -> ResultRecord:
+    """The record of a capture pass's item: no text, its row's features or tables, the source run
+    it captured."""
     rec = cast(ResultRecord, dict(base))
     rec.update({"content": "", "reasoning": None, "reasoning_form": ReasoningForm.NONE, "tool_calls": [],
-                "finish_reason": None, "outcome": Outcome.FINISHED, "usage": {"prompt_tokens": features["tokens"]},
-                "model": model, "features": features, "prefill": source})
+                "finish_reason": None, "outcome": Outcome.FINISHED, "usage": {"prompt_tokens": done.prompt_tokens},
+                "model": model})
+    if done.features is not None:
+        rec["features"] = done.features
+    if done.tables is not None:
+        rec["logprobs"] = done.tables
+    rec["prefill"] = done.source
     return rec
 
 
@@ -376,10 +383,13 @@ class Conversation:
 
 @dataclass(frozen=True, slots=True)
 class Prefilled:
-    """A capture pass's item (consumer/answer/prefill.py): its row of SOURCE's ids stored as FEATURES."""
+    """A capture pass's item (consumer/answer/prefill.py): its row of SOURCE's ids, PROMPT_TOKENS
+    of them, stored as FEATURES (hidden states) or as TABLES (log-probabilities)."""
 
-    features: FeatureRef
+    features: FeatureRef | None
     source: str
+    prompt_tokens: int
+    tables: LogprobsRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,8 +421,8 @@ def record(ctx: RunFacts, item: Item, attempt: int, ending: Ending, *, timings: 
             rec = conversation_record(record_base(ctx, item, attempt, history), turns, history, stopped,
                                       history_reasoning=history_reasoning, turns_total=turns_total,
                                       resumed_at=resumed_at)
-        case Prefilled(features, source):
-            rec = prefilled_record(record_base(ctx, item, attempt, []), features, source, ctx.model)
+        case Prefilled():
+            rec = prefilled_record(record_base(ctx, item, attempt, []), ending, ctx.model)
         case Crashed(error):
             rec = internal_error(ctx, item, attempt, error)
     # the last fields, in this order: a record's JSON is the same whoever builds it

@@ -1,7 +1,8 @@
 """The stand-in's /v1/completions, as far as a capture pass uses it (consumer/answer/prefill.py): a
 prompt of token ids, prefilled and answered with one token; with `kv_transfer_params` (and a
 --capture-dir) the prompt's hidden states are saved as vLLM's connector saves them (capture.py),
-its `include_output_tokens` honoured as on chat. The faults a chat request meets (down, injected
+its `include_output_tokens` honoured as on chat; with `prompt_logprobs` every prompt position's
+table as vLLM returns them (sim/logprobs.py: prompt_tables). The faults a chat request meets (down, injected
 errors, hangs) are met here too, drawn from the same counters.
 """
 
@@ -16,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from genqueue.consumer.sim import capture
+from genqueue.consumer.sim import logprobs as sim_logprobs
 from genqueue.consumer.sim.engine import SIM_ENGINE, _error, _generate_slots, _json
 from genqueue.consumer.sim.text import output_token_ids, request_digest
 
@@ -43,6 +45,8 @@ async def completions(request: web.Request) -> web.Response:
         bad = "the stand-in's /v1/completions takes a prompt of token ids (a non-empty list of integers)"
     elif type(max_tokens) is not int or max_tokens < 1:
         bad = f"max_tokens must be a positive integer, got {max_tokens!r}"
+    elif (too_many := sim_logprobs.too_many_prompt(body, cfg.max_logprobs)) is not None:
+        bad = too_many
     elif len(prompt) + max_tokens > cfg.max_model_len:
         bad = (f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} in the completion).")
@@ -75,6 +79,8 @@ async def completions(request: web.Request) -> web.Response:
                      "finish_reason": "length" if len(out) >= max_tokens else "stop", "stop_reason": None}],
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)},
     }
+    if (scored := sim_logprobs.prompt_tables(body, list(prompt))) is not None:
+        reply["choices"][0]["prompt_logprobs"] = scored
     if eng.capture is not None and (ids := capture.captured_ids(list(prompt), out,
                                                                 body.get("kv_transfer_params"))) is not None:
         # named as vLLM names a completion's: cmpl-<request id>-<8 hex>

@@ -11,6 +11,8 @@ by position, so probabilities sum below 1; the generated token sits at rank 1 + 
 is often not the most likely and sometimes outside the top K, as sampling makes it. A request for
 more than the stand-in's `--max-logprobs` is refused with vLLM's own 400. `processed` answers as an
 engine started with a processed `--logprobs-mode` does: the values over the request's temperature.
+`prompt_tables` answers a
+completion's `prompt_logprobs` with the same distribution, a prompt position p as position t = p.
 `garbled` plants a broken
 engine (tests): that share of the answers, drawn from the request, names one generated token by
 another id than the one generated.
@@ -43,11 +45,13 @@ def _sampled(tok: int, t: int) -> float:
     return -(1 + (tok + t) % _RANKS) * math.log(2) - 0.001 * (t % 7)
 
 
-def standin_tables(output_ids: list[int], k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
+def standin_tables(output_ids: list[int], k: int, start: int = 0) -> tuple[list[float], list[list[int]],
+                                                                           list[list[float]]]:
     """The sampled log-probabilities [T], the true top-K ids [T][K] and their log-probabilities
-    [T][K], most likely first, of an answer whose generated ids are OUTPUT_IDS."""
+    [T][K], most likely first, of an answer whose generated ids are OUTPUT_IDS (a prompt's
+    positions from START on: `prompt_logprobs`' tables of ids whose first is at START)."""
     sampled, top_ids, top_lps = [], [], []
-    for t, tok in enumerate(output_ids):
+    for t, tok in enumerate(output_ids, start=start):
         top = _ranked(tok, t, k)
         top_ids.append([i for i, _ in top])
         top_lps.append([v for _, v in top])
@@ -61,6 +65,33 @@ def too_many(body: dict[str, Any], max_logprobs: int) -> str | None:
     if body.get("logprobs") and isinstance(k, int) and k > max_logprobs:
         return f"Requested sample logprobs of {k}, which is greater than max allowed: {max_logprobs}"
     return None
+
+
+def too_many_prompt(body: dict[str, Any], max_logprobs: int) -> str | None:
+    """vLLM's 400 message for a completion asking for more prompt log-probabilities than MAX_LOGPROBS."""
+    k = body.get("prompt_logprobs")
+    if isinstance(k, int) and k > max_logprobs:
+        return f"Requested prompt logprobs of {k}, which is greater than max allowed: {max_logprobs}"
+    return None
+
+
+def prompt_tables(body: dict[str, Any], ids: list[int]) -> list[dict[str, Any] | None] | None:
+    """`choices[0].prompt_logprobs` for a /v1/completions BODY whose prompt is IDS (None: it asked
+    for none): None for the first position, then a dict id -> {logprob, rank, decoded_token} per
+    position, the N most likely and the position's own token (with its own rank), the distribution
+    at position p that of a generated token ids[p] at t = p (standin_tables with START)."""
+    n = body.get("prompt_logprobs")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return None
+    out: list[dict[str, Any] | None] = [None]
+    for p in range(1, len(ids)):
+        tok = ids[p]
+        rank = 1 + (tok + p) % _RANKS
+        table = {str(i): {"logprob": lp, "rank": j, "decoded_token": f"w{i}"}
+                 for j, (i, lp) in enumerate(_ranked(tok, p, n), start=1)}
+        table.setdefault(str(tok), {"logprob": _sampled(tok, p), "rank": rank, "decoded_token": f"w{tok}"})
+        out.append(table)
+    return out
 
 
 def content(body: dict[str, Any], output_ids: list[int], digest: int, garbled: float,

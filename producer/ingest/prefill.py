@@ -1,5 +1,5 @@
 """A capture pass's input line as its item (common/prefill.py): the enqueue of a run whose
-settings name a pass reads lines `{"prefill": {"row", "token_ids"}, "turn", "id"}` (what
+settings name a pass reads lines `{"prefill": {"row", "token_ids", "completion"}, "turn", "id"}` (what
 `producer capture` writes, producer/prefill/) instead of conversations, one item each, keyed by
 its row id. Everything after the conversion (claims, jobs inline or by reference, the item
 table, the reconcile) is the enqueue's own.
@@ -27,10 +27,16 @@ def prefill_item(value: object, index: int, prov: Provenance) -> Item:
     ids = pre.get("token_ids")
     if not isinstance(ids, list) or not ids or not all(type(i) is int and i >= 0 for i in ids):
         raise Rejected(RejectReason.EMPTY_CONVERSATION, "a capture pass's line has no prefill.token_ids")
+    completion = pre.get("completion", 0)
+    if type(completion) is not int or not 0 <= completion < len(ids):
+        raise Rejected(RejectReason.EMPTY_CONVERSATION, "a capture pass's line has a prefill.completion that is no "
+                       "count of its generated ids")
     turn = value.get("turn")
     item: Item = {"key": prefill_key(pre["row"]), "index": index,
                   "turn": turn if type(turn) is int else None, "messages": [],
                   "prefill": {"row": pre["row"], "token_ids": ids}}
+    if completion:
+        item["prefill"]["completion"] = completion
     if prov.id is not None:
         item["id"] = prov.id
     if prov.source is not None:

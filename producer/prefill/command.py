@@ -1,4 +1,5 @@
-"""`producer capture`: enqueue a capture pass over a finished run's answers (common/prefill.py).
+"""`producer capture`: enqueue a capture pass over a finished run's answers (common/prefill.py):
+their hidden states (--capture-layers) or their generated tokens' log-probability tables (--logprobs).
 
 It reads the source run's records from its output (one copy per key, as export keeps it:
 select.py), chooses its rows, writes them as the pass's input (one line a row, under the
@@ -16,7 +17,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from genqueue.common.contracts import Mode
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.runs import RunStore
+from genqueue.common.logprobs import check_logprobs
 from genqueue.common.prefill import PrefillChoice, PrefillSettings, bytes_per_token
 from genqueue.common.settings import RunSettings, Sampling, check_run_name
 from genqueue.common.storage import store_for
@@ -83,7 +85,8 @@ def write_plan(path: Path, rows: list[SourceRow]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     with open(tmp, "wb") as fh:
         for r in rows:
-            line: dict[str, Any] = {"prefill": {"row": r.row, "token_ids": r.token_ids}, "turn": r.turn}
+            line: dict[str, Any] = {"prefill": {"row": r.row, "token_ids": r.token_ids, "completion": r.completion},
+                                    "turn": r.turn}
             if r.id is not None:
                 line["id"] = r.id
             fh.write(orjson.dumps(line) + b"\n")
@@ -118,11 +121,15 @@ def source_settings(conn: redis.Redis, src: str, output: str | None) -> RunSetti
 
 @click.command("capture")
 @click.option("--from-run", "src_name", required=True, metavar="SRC",
-              help="The finished run (made with --token-ids) whose answers' hidden states the pass captures: a run "
+              help="The finished run (made with --token-ids) whose answers the pass captures: a run "
                    "in Redis, or its output (<output>/<run>, a folder or s3://...; its run.json gives its settings).")
 @click.option("--run", "run_name", required=True, metavar="NAME", help="The pass's own run.")
-@click.option("--capture-layers", "layers", required=True, metavar="IDS",
-              help="The engine's layer ids to capture (0 = the embeddings), e.g. 2,16,29.")
+@click.option("--capture-layers", "layers", default=None, metavar="IDS",
+              help="The engine's layer ids to capture (0 = the embeddings), e.g. 2,16,29. This or --logprobs.")
+@click.option("--logprobs", "logprobs", type=int, default=None, metavar="K",
+              help="Instead of hidden states: the top-K log-probability tables of each answer's generated tokens "
+                   "(vLLM's prompt_logprobs, K + 1 asked), stored as a `producer enqueue --logprobs K` run stores "
+                   "them, so `producer export-logprobs` joins them with the source's tokens export.")
 @click.option("--capture-dtype", "dtype", type=click.Choice([d.value for d in CaptureDtype]),
               default=CaptureDtype.FP8.value, show_default=True, help="How the hidden states are stored.")
 @click.option("--capture-by", "by", type=click.Choice([c.value for c in PrefillChoice]),
@@ -144,13 +151,16 @@ def source_settings(conn: redis.Redis, src: str, output: str | None) -> RunSetti
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the lines.")
 @redis_option
 @friendly_errors
-def capture_command(src_name: str, run_name: str, layers: str, dtype: str, by: str, budget: str | None,
+def capture_command(src_name: str, run_name: str, layers: str | None, logprobs: int | None, dtype: str, by: str,
+                    budget: str | None,
                     hidden_size: int | None, model_dir: str | None, output: str | None, prompts: str,
                     batch_size: int | None, retry_failed: bool, as_json: bool, redis_url: str) -> None:
-    """Capture a finished run's hidden states by a prefill-only pass over the engine's own token ids:
+    """Capture a finished run's hidden states (--capture-layers) or its answers' top-K
+    log-probability tables (--logprobs K) by a prefill-only pass over the engine's own token ids:
     a run of its own whose items are the source's answers (each turn's its own row), served by
-    `consumer run` on an engine that captures, each row stored under the source's row id, so
-    `producer export-features --run NAME --tokens <the source's tokens export>` joins them."""
+    `consumer run` (on an engine that captures, for hidden states), each row stored under the
+    source's row id, so `producer export-features` (or `export-logprobs`) `--run NAME --tokens
+    <the source's tokens export>` joins them."""
     run = check_run_name(run_name)
     src_out: str | None = None
     if "/" in src_name or os.sep in src_name:  # a run's output, <output>/<run>: its run.json holds its settings
@@ -159,8 +169,15 @@ def capture_command(src_name: str, run_name: str, layers: str, dtype: str, by: s
         src = check_run_name(src_name)
     if src == run:
         raise UserError(f"--run {run} is the source run: name the pass's own run")
-    capture: CaptureSettings | None = parse_capture("hidden-states", layers, dtype)
-    assert capture is not None
+    if (layers is None) == (logprobs is None):
+        raise UserError("a capture pass captures one thing: give --capture-layers (hidden states) or --logprobs K "
+                        "(log-probability tables), not both nor neither")
+    capture: CaptureSettings | None = parse_capture("hidden-states", layers, dtype) if layers is not None else None
+    if logprobs is not None:
+        check_logprobs(logprobs, token_ids=True, extra={})
+        if budget is not None:
+            raise UserError("--capture-budget sizes hidden states; a --logprobs pass makes every chosen row's tables "
+                            "(choose fewer rows with --capture-by)")
     choice = PrefillChoice(by)
     size = hidden_size if hidden_size is not None else hidden_size_of(model_dir) if model_dir else None
     limit = parse_size(budget) if budget is not None else None
@@ -179,7 +196,10 @@ def capture_command(src_name: str, run_name: str, layers: str, dtype: str, by: s
     if choice is PrefillChoice.ACCEPTANCE and all(r.rate is None for r in reading.rows):
         raise UserError(f"--capture-by acceptance: run {src}'s records carry no acceptance figures (a run served "
                         "by an engine with a drafter and --per-request-spec-decode-metrics)")
-    per_token = bytes_per_token(len(capture.layers), size, capture.dtype) if size is not None else None
+    if logprobs is not None:  # a table per generated token: an answer that generated none has nothing to score
+        reading = replace(reading, rows=[r for r in reading.rows if r.completion])
+    per_token = (bytes_per_token(len(capture.layers), size, capture.dtype)
+                 if size is not None and capture is not None else None)
     chosen = choose(reading.rows, choice, limit, per_token)
     if not chosen:
         raise UserError(f"--capture-budget {budget} holds no row of run {src} (the smallest takes "
@@ -190,18 +210,19 @@ def capture_command(src_name: str, run_name: str, layers: str, dtype: str, by: s
                           bytes=tokens * per_token if per_token is not None else None)
     out = output or have.output
     settings = RunSettings(model=have.model, multi_turn=have.multi_turn, sampling=Sampling(max_tokens=1),
-                           output=out, token_ids=True, capture=capture, prefill=pre)
+                           output=out, token_ids=True, capture=capture, logprobs=logprobs, prefill=pre)
     path = plan_path(src, have.output, run, out)
     write_plan(path, chosen)
     from genqueue.producer.enqueue import EnqueueOptions, enqueue_file
 
     opts = EnqueueOptions(batch_size=batch_size, prompts=PromptsAsked(prompts), retry_failed=retry_failed)
     summary = enqueue_file(str(path), run, settings, conn, opts, note=lambda line: click.echo(line, err=True))
-    report = {"run": run, "source": src, "capture": asdict(pre), "enqueue": summary.to_dict()}
+    report = {"run": run, "source": src, "capture": asdict(pre), "logprobs": logprobs, "enqueue": summary.to_dict()}
     if as_json:
         click.echo(orjson.dumps(report).decode())
         return
-    click.echo(f"run {run}: a capture pass over run {src}: {pre.rows:,} of {pre.source_rows:,} rows "
+    what = f"top-{logprobs} log-probability tables" if logprobs is not None else "hidden states"
+    click.echo(f"run {run}: a capture pass ({what}) over run {src}: {pre.rows:,} of {pre.source_rows:,} rows "
                f"({choice.value} order), {tokens:,} tokens"
                + (f", {pre.bytes:,} bytes of features" if pre.bytes is not None else "")
                + (f" (budget {limit:,})" if limit is not None else ""))

@@ -27,13 +27,15 @@ from genqueue.common.prefill import PrefillChoice
 @dataclass(frozen=True, slots=True)
 class SourceRow:
     """One answer a pass may capture: its feature ROW id, TOKEN_IDS, the user TURN it answers,
-    the input record's ID, and its acceptance RATE (None: the engine returned no figures)."""
+    the input record's ID, its acceptance RATE (None: the engine returned no figures), and how
+    many of the last ids the engine generated (COMPLETION)."""
 
     row: str
     token_ids: list[int]
     turn: int | None
     id: str | None
     rate: float | None
+    completion: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,8 @@ def source_rows(records: Iterable[Mapping[str, Any]], *, regenerate: bool) -> Re
                     continue
                 rate = spec["accepted"] / spec["drafted"] if spec is not None and spec.get("drafted") else None
                 rows.append(SourceRow(row_id(str(rec["key"]), turn, step, regenerate=regenerate),
-                                      prompt + ids["completion"], turn, rid if isinstance(rid, str) else None, rate))
+                                      prompt + ids["completion"], turn, rid if isinstance(rid, str) else None, rate,
+                                      len(ids["completion"])))
         except (ValueError, TypeError, KeyError):
             broken += 1
     return Reading(rows, n, without, broken)
