@@ -35,7 +35,9 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
 from genqueue.common.errors import CorruptStateError, UserError
+from genqueue.common.features import ShardIndex
 from genqueue.common.keepers.captured import CaptureBudget
+from genqueue.common.keepers.featurecounts import FeatureCounts, ShardCount
 from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
@@ -149,9 +151,10 @@ class Consumer:
         if seq is not None and await self.acker.shipped(run, seq):
             self.wake.set()
 
-    async def _features_shipped(self, run: str, rows: int, size: int, tokens: int) -> None:
-        """A feature shard of RUN is stored: its rows, bytes and tokens join the run's count (status)."""
-        await self.rq.call(self.store.count_features, run, rows, size, tokens)
+    async def _features_shipped(self, run: str, index: ShardIndex) -> None:
+        """A feature shard of RUN is stored: its rows, bytes and tokens join the run's count (status),
+        once (common/keepers/featurecounts.py)."""
+        await self.rq.call(FeatureCounts(self.conn, run).count, ShardCount.of(index))
 
     async def _ended_elsewhere(self, run: str) -> None:
         """A job of RUN completed by an item whose result another consumer shipped: ack it once

@@ -45,6 +45,7 @@ import redis
 
 from genqueue.common.contracts import PromptMode
 from genqueue.common.errors import UserError
+from genqueue.common.features import feature_store_for
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.runs import RunInfo, RunStore, conflict
@@ -85,7 +86,7 @@ class RunSetup:
                  "re-created from there should Redis lose it")
         if self.existing is None and self.run_file is not None:
             rf = self.run_file
-            rebuilt = Marks(self.conn, self.run).rebuild(self.output)
+            rebuilt = Marks(self.conn, self.run).rebuild(self.output, feature_store_for(rf.settings.output))
             placement = Placement.new(self.settings.output, shared_fs=self.shared_fs or rf.placement.shared_fs)
             if store.recreate(self.run, rf.settings, rf.created_at, rf.version, rf.fingerprints, placement):
                 self.outcome["recreated_run"] = True
@@ -101,7 +102,7 @@ class RunSetup:
         elif self.existing is None:
             shards = self._shards(note)
             if shards:
-                rebuilt = Marks(self.conn, self.run).rebuild(self.output)
+                rebuilt = Marks(self.conn, self.run).rebuild(self.output, feature_store_for(self.settings.output))
                 self.outcome["recreated_run"] = store.create_or_check(self.run, self.settings, self._placement())
                 self.outcome["marks_rebuilt"] = {"shards": rebuilt.shards, "records": rebuilt.records,
                                                  "done": rebuilt.done, "failed": rebuilt.failed}

@@ -5,16 +5,20 @@ its one read of them)
 
 The budget (--capture-budget) is checked, then added to: before an answer asks for its hidden
 states, its consumer reads SPENT and asks only while it is below the budget; once the answer's row
-is stored on the consumer's spool, the row's bytes are added (HINCRBY). A row's size is known only
+is stored on the consumer's spool, the row's bytes are added (HINCRBY; featurecounts.py keeps them
+under the row's shard too, until the shard is counted). A row's size is known only
 after the answer, so nothing is reserved ahead: every answer that asked while SPENT was below the
 budget is kept, and the budget is overshot by at most the rows in flight when it was reached (the
 answers that passed the check before the last rows were added), never by rows started after. Rows
 not chosen ask nothing and add nothing; a redone answer's second row is stored, so it counts too.
-SPENT goes with the run's counters: deleting the run deletes it, and a Redis that loses the run
-loses it (a run brought back then counts its budget again from 0).
+SPENT goes with the run's counters: deleting the run deletes it. A Redis that loses the run loses
+it, and the run brought back gets it again from its output (featurecounts.py: every shard's rows
+counted once, those on a spool then as their shard is stored), so a budget is not spent twice.
 
 `capture_figures` is the one computation of a capture's figures from one read of the run's
 counters (a marks.Progress): `producer status` (text and --json) and the export's card show them.
+`logprobs_figures` is its sibling for a --logprobs run's tables (rows, tokens, bytes and the
+projection for the run), from the same one read, for the same screens.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import redis
 
 from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
+from genqueue.common.keepers.featurecounts import SPENT, pending_key
 from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Marks, Progress
-from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, run_key
+from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS, run_key
 from genqueue.common.prefill import PrefillChoice
 from genqueue.common.settings import RunSettings
 
-#: The field of the run's stats hash that counts the bytes of the rows captured (as stored).
-SPENT = "capture_spent_bytes"
+__all__ = ["SPENT", "CaptureBudget", "CaptureFigures", "LogprobsFigures", "PassFigures", "capture_figures",
+           "logprobs_figures", "read_capture_figures", "read_logprobs_figures"]
 
 
 class CaptureBudget:
@@ -53,9 +58,13 @@ class CaptureBudget:
         """Whether an answer of RUN may still ask for capture under BUDGET bytes."""
         return self.spent(run) < budget
 
-    def add(self, run: str, size: int) -> int:
-        """A row of SIZE bytes of RUN is stored: the bytes captured after it."""
-        return int(self.conn.hincrby(run_key(run, "stats"), SPENT, size))
+    def add(self, run: str, size: int, shard: str) -> int:
+        """A row of SIZE bytes of RUN is stored in feature shard SHARD: the bytes captured after it."""
+        with self.conn.pipeline() as p:
+            p.hincrby(run_key(run, "stats"), SPENT, size)
+            p.hincrby(pending_key(run), shard, size)
+            spent, _ = p.execute()
+        return int(spent)
 
 
 class PassFigures(TypedDict):
@@ -83,7 +92,7 @@ class CaptureFigures(TypedDict):
     share: float  # of each source's items (when no sources are named)
     sources: list[tuple[str, float]]  # the sources named, each with its share (none: every source)
     rows: int  # distinct rows shipped: what a trainer gets (named by the done items' results)
-    rows_written: int  # every row stored (lost with Redis's counters, unlike ROWS, rebuilt from the shards)
+    rows_written: int  # every row stored (after a Redis loss, recounted from the feature shards' indexes)
     rows_extra: int  # rows_written beyond rows: copies of redone answers, or rows whose results are on the way
     bytes: int  # of every row stored in the output
     answers: int  # answers the done items hold (user turns answered, in regenerate): the rows generated
@@ -150,3 +159,56 @@ def read_capture_figures(conn: redis.Redis, run: str, settings: RunSettings) -> 
     if settings.capture is None:
         return None
     return capture_figures(settings, Marks(conn, run).progress())
+
+
+class LogprobsFigures(TypedDict):
+    """A --logprobs run's tables: K, what the consumers have shipped so far, and what the run's
+    tables will come to at this rate."""
+
+    k: int
+    rows: int  # every table row stored (a redone answer's second row counted)
+    rows_distinct: int  # rows the done items' results name, each item once: what a trainer gets
+    rows_extra: int  # rows beyond those: copies of redone answers, or rows whose results are on the way
+    tokens: int  # generated tokens with a table, of every row stored
+    bytes: int  # of every row stored in the output
+    answers: int  # answers the done items hold (user turns answered, in regenerate)
+    bytes_per_token: float | None  # None before a row shipped
+    bytes_per_row: float | None
+    rows_per_item: float | None  # distinct rows per done item so far
+    items_left: int  # items not done nor failed
+    projected_tokens: int | None  # tokens with a table at the run's end, at the rates so far
+    projected_bytes: int | None  # the tables' bytes at the run's end: bytes per row x rows still to come, plus what shipped
+
+
+def logprobs_figures(settings: RunSettings, progress: Progress) -> LogprobsFigures | None:
+    """The table figures of a run of SETTINGS from PROGRESS (one read of its marks and counters),
+    None for a run without --logprobs. The projection is capture_figures': the bytes (tokens)
+    shipped, plus the bytes (tokens) per row stored so far times the rows still to come (the
+    distinct rows per done item so far times the items left)."""
+    if settings.logprobs is None:
+        return None
+    st = progress.stats
+    written, distinct = st.get(FEATURE_ROWS, 0), st.get(SHIPPED_FEATURES, 0)
+    tokens, size = st.get(FEATURE_TOKENS, 0), st.get(FEATURE_BYTES, 0)
+    answers = st.get(SHIPPED_TURNS, 0) if settings.multi_turn == Mode.REGENERATE else progress.done
+    left = max(progress.items - progress.done - progress.failed_only, 0)
+    per_item = distinct / progress.done if progress.done else None
+    to_come = per_item * left if per_item is not None and written else None
+    projected_bytes = projected_tokens = None
+    if to_come is not None:
+        projected_bytes = round(size + size / written * to_come)
+        projected_tokens = round(tokens + tokens / written * to_come)
+    elif left == 0 and progress.items:  # over, and nothing shipped: nothing will be
+        projected_bytes, projected_tokens = size, tokens
+    return {"k": settings.logprobs, "rows": written, "rows_distinct": distinct, "rows_extra": max(written - distinct, 0),
+            "tokens": tokens, "bytes": size, "answers": answers,
+            "bytes_per_token": size / tokens if tokens else None, "bytes_per_row": size / written if written else None,
+            "rows_per_item": per_item, "items_left": left, "projected_tokens": projected_tokens,
+            "projected_bytes": projected_bytes}
+
+
+def read_logprobs_figures(conn: redis.Redis, run: str, settings: RunSettings) -> LogprobsFigures | None:
+    """logprobs_figures of RUN (of SETTINGS) from one read of its marks and counters."""
+    if settings.logprobs is None:
+        return None
+    return logprobs_figures(settings, Marks(conn, run).progress())

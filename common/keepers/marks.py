@@ -50,6 +50,8 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Note, ToolTurns
+from genqueue.common.features.store import FeatureStore
+from genqueue.common.keepers.featurecounts import FeatureCounts, Recounted
 from genqueue.common.keepers.items import (
     DONE,
     FAILED,
@@ -81,7 +83,7 @@ SHIPPED_OUTCOME = "shipped_outcome_"
 SHIPPED_FAILED = "shipped_failed_"
 SHIPPED_TURNS = "shipped_turns"
 SHIPPED_TOOLS = "shipped_tools_"
-#: The feature rows (--capture) the results of newly done items name: a run's distinct rows, each
+#: The feature rows (--capture, --logprobs) the results of newly done items name: a run's distinct rows, each
 #: counted once as its item is done once (a redone answer's second row, or a row whose record was
 #: lost with its consumer, counts nowhere here).
 SHIPPED_FEATURES = "shipped_feature_rows"
@@ -309,11 +311,12 @@ def record_turns(rec: Mapping[str, object]) -> int:
 
 
 def record_feature_rows(rec: Mapping[str, object]) -> int:
-    """How many feature rows (--capture) a result record names: its answer's, or each regenerated
-    turn's."""
+    """How many feature rows (--capture's hidden states, or --logprobs's tables: a run stores one
+    kind) a result record names: its answer's, or each regenerated turn's."""
     turns = rec.get("turns")
     answers = turns if isinstance(turns, list) else [rec]
-    return sum(1 for a in answers if isinstance(a, Mapping) and isinstance(a.get("features"), Mapping))
+    return sum(1 for a in answers if isinstance(a, Mapping)
+               and any(isinstance(ref := a.get(f), Mapping) and "row" in ref for f in ("features", "logprobs")))
 
 
 def record_tool_turns(rec: Mapping[str, object]) -> ToolTurns | None:
@@ -410,10 +413,13 @@ class Rebuilt:
     failed: int = 0
     unreadable: int = 0  # lines that are not a record with a key (a torn or foreign line)
     seconds: float = 0.0
+    features: Recounted | None = None  # the feature counters, when the run's feature store was given
 
     def line(self) -> str:
         text = (f"{self.records:,} records in {self.shards:,} shards: {self.done:,} items done, "
                 f"{self.failed:,} with an error record")
+        if self.features is not None and self.features.shards:
+            text += f"; {self.features.line()}"
         return text + (f", {self.unreadable:,} unreadable lines skipped" if self.unreadable else "")
 
 
@@ -522,13 +528,15 @@ class Marks:
         return c.in_run, c.done, c.failed
 
     # --- after a Redis loss (or a rewind): the marks, from the shipped shards --------------
-    def rebuild(self, store: ShardStore) -> Rebuilt:
+    def rebuild(self, store: ShardStore, features: FeatureStore | None = None) -> Rebuilt:
         """Rebuild the run's DONE and FAILED marks, and its items (IN_RUN), from every record of its
         shipped shards (streamed: memory holds one batch of digests). The marks are written by
         the marking script the consumers ship with, so each item newly marked bumps the counters
         it would have bumped when its shard shipped (outcome or error class, turns, tool turns):
         after a Redis loss status shows the figures it showed before. Idempotent: marks only get
-        added, and an item already marked counts nothing more."""
+        added, and an item already marked counts nothing more. With FEATURES (the run's feature
+        store), its feature counters too (rows, bytes, tokens, the capture budget's bytes), from
+        the feature shards' indexes, each shard counted once (featurecounts.py)."""
         conn, run = self.conn, self.run
         t0 = time.perf_counter()
         out = Rebuilt()
@@ -573,6 +581,8 @@ class Marks:
                 log.warning("shard %s holds %d records, its manifest says %d", shard.name, lines,
                             manifest["records"])
         flush()
+        if features is not None:
+            out.features = FeatureCounts(conn, run).rebuild(features)
         c = self.table.counts()
         out.done, out.failed = c.done, c.failed
         out.seconds = time.perf_counter() - t0

@@ -172,7 +172,7 @@ class CaptureKeeper:
                 raise _SpoolRefused() from e
             if capture.budget is not None and self._budget is not None:
                 try:
-                    self._budget.add(run, entry.length)
+                    self._budget.add(run, entry.length, entry.shard)
                 except redis.exceptions.RedisError as e:
                     log.warning("run %s: row %s's %d bytes not counted against its capture budget: %s", run, row,
                                 entry.length, e)

@@ -44,6 +44,7 @@ from enum import StrEnum
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.features import feature_store_for
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.markstamps import KEEP, MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import queue_name
@@ -210,7 +211,8 @@ class Rewind:
             if not state.startswith("pending:"):
                 return Rebuild.DONE
             t0 = time.monotonic()
-            rebuilt = Marks(self.conn, run).rebuild(self._store_for(info.settings.output))
+            rebuilt = Marks(self.conn, run).rebuild(self._store_for(info.settings.output),
+                                                    feature_store_for(info.settings.output))
             RebuildState(self.conn, run).rebuilt(state)
             log.warning("run %s: marks rebuilt from %s in %.1f s", run, rebuilt.line(), time.monotonic() - t0)
             return Rebuild.REBUILT

@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Record
-from genqueue.common.features import FeatureStore, SealedFeatureShard, feature_store_for
+from genqueue.common.features import FeatureStore, SealedFeatureShard, ShardIndex, feature_store_for
 from genqueue.common.keepers.marks import Place, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest
 from genqueue.common.redact import redact
@@ -84,7 +84,7 @@ class Outbox:
                  on_lost: Callable[[str, int], Awaitable[object]],
                  on_no_run: Callable[[str], Awaitable[object]],
                  feature_store_for: Callable[[str], FeatureStore] = feature_store_for,
-                 on_features: Callable[[str, int, int, int], Awaitable[object]] | None = None) -> None:
+                 on_features: Callable[[str, ShardIndex], Awaitable[object]] | None = None) -> None:
         self.spool = spool
         self.worker = worker
         self.max_bytes = max_bytes
@@ -362,8 +362,7 @@ class Outbox:
         if outcome is ShipOutcome.SHIPPED:
             await asyncio.get_running_loop().run_in_executor(self._pool, self.features.shipped, shard)
             if self._on_features is not None:
-                await self._on_features(shard.run, len(shard.index.entries), shard.bytes,
-                                        sum(e.tokens for e in shard.index.entries))
+                await self._on_features(shard.run, shard.index)
         elif outcome is ShipOutcome.LOST:
             self._lost_features.add((shard.run, shard.name))
         else:

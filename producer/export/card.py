@@ -44,7 +44,7 @@ import orjson
 
 from genqueue.common import __version__
 from genqueue.common.capture import format_size
-from genqueue.common.keepers.captured import CaptureFigures
+from genqueue.common.keepers.captured import CaptureFigures, LogprobsFigures
 from genqueue.common.keepers.runs import RunInfo
 from genqueue.producer.export.core import ExportResult
 from genqueue.producer.export.rowstats import RowStats, read_rows, row_stats
@@ -135,12 +135,12 @@ class CardResult:
 
 def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path | None = None,
                incomplete: str = "", stats: RowStats | None = None,
-               capture: CaptureFigures | None = None) -> CardResult:
+               capture: CaptureFigures | None = None, logprobs: LogprobsFigures | None = None) -> CardResult:
     """Write the card of the export RESULT describes (its dataset already in place) from STATS,
     the count of the rows the export wrote (Exporter.written: the one count its summary reads
     too; None: one pass over the dataset file), the pictures (when matplotlib is installed), the
     card. CAPTURE: the run's capture figures (common/keepers/captured.py, status's too), for a
-    --capture run. INCOMPLETE:
+    --capture run; LOGPROBS: its tables' figures (the same module's), for a --logprobs run. INCOMPLETE:
     what the dataset lacks, in words, when the export was incomplete (items missing, or failed
     past --max-failed): the card says so first. The same export writes the same bytes: no clock
     is read."""
@@ -164,7 +164,7 @@ def write_card(result: ExportResult, info: RunInfo | None, *, images_dir: Path |
     done.images = [str(p) for p in pictures.values()]
     links = {name: _link(p, path.parent) for name, p in pictures.items()}
     section = _section(result, info, stats, links, plots=plots is not None, folder=path.parent,
-                       incomplete=incomplete, capture=capture)
+                       incomplete=incomplete, capture=capture, logprobs=logprobs)
     kind = "parquet" if result.container == "parquet" else "json"
     meta = {"config": config, "file": _link(output, path.parent), "kind": kind, "rows": stats.rows,
             "thinking": bool(stats.thinking) or _has_thinking(info)}
@@ -293,7 +293,8 @@ def _counter(c: Counter[str], what: str) -> str:
 
 
 def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[str, str], *, plots: bool,
-             folder: Path, incomplete: str = "", capture: CaptureFigures | None = None) -> str:
+             folder: Path, incomplete: str = "", capture: CaptureFigures | None = None,
+             logprobs: LogprobsFigures | None = None) -> str:
     out = Path(r.output)
     parts = [f"## {out.name}\n\n",
              *([f"> **Incomplete export.** {incomplete}\n\n"] if incomplete else []),
@@ -349,6 +350,8 @@ def _section(r: ExportResult, info: RunInfo | None, s: RowStats, links: Mapping[
     parts += ["### Model and sampling\n\n", _recipe(info, s)]
     if capture is not None:
         parts += ["### Hidden states captured (for a drafter's trainer)\n\n", _capture(capture)]
+    if logprobs is not None:
+        parts += ["### Log-probability tables (for a distillation trainer)\n\n", _logprobs(logprobs)]
     parts += ["### Token lengths per generation\n\n", _lengths(s, links, plots=plots)]
     parts += ["### Files\n\n", _files(r, folder)]
     return "".join(parts)
@@ -439,6 +442,22 @@ def _capture(c: CaptureFigures) -> str:
         rows.append(("projected for the run", format_size(c["projected_bytes"])))
     return ("The run's capture as `producer status` shows it (the whole run, not only this export's rows); the "
             "features are written by `producer export-features`, joined to these rows by id.\n\n"
+            + _table(rows, ("", "")))
+
+
+def _logprobs(v: LogprobsFigures) -> str:
+    """The run's log-probability tables: the figures `producer status` shows, of the whole run."""
+    rows: list[tuple[str, object]] = [
+        ("top log-probabilities a token", v["k"]), ("rows shipped", v["rows"]),
+        ("rows the done items' results name", v["rows_distinct"]), ("tokens with a table", v["tokens"]),
+        ("bytes shipped", f"{format_size(v['bytes'])} ({v['bytes']:,} bytes)"),
+        ("bytes a token", f"{v['bytes_per_token']:,.1f}" if v["bytes_per_token"] is not None else "-"),
+    ]
+    if v["items_left"] and v["projected_bytes"] is not None:
+        rows += [("projected for the run", f"{format_size(v['projected_bytes'])} ({v['projected_bytes']:,} bytes)"),
+                 ("tokens projected for the run", v["projected_tokens"])]
+    return ("The run's log-probability tables as `producer status` shows them (the whole run, not only this "
+            "export's rows); the tables are written by `producer export-logprobs`, joined to these rows by id.\n\n"
             + _table(rows, ("", "")))
 
 

@@ -31,7 +31,7 @@ from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.contracts import Mode, Outcome
 from genqueue.common.errors import UserError
-from genqueue.common.keepers.captured import read_capture_figures
+from genqueue.common.keepers.captured import read_capture_figures, read_logprobs_figures
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqjobs import malformed_line, refused_line
 from genqueue.common.keepers.runs import RunInfo, RunStore
@@ -394,7 +394,8 @@ def export_command(as_json: bool, redis_url: str, **options: Unpack[ExportArgs])
     try:
         made = (write_card(result, info, images_dir=Path(card_images).absolute() if card_images else None,
                            incomplete=shortfall.card if shortfall is not None else "", stats=exporter.written,
-                           capture=read_capture_figures(conn, run, info.settings))
+                           capture=read_capture_figures(conn, run, info.settings),
+                           logprobs=read_logprobs_figures(conn, run, info.settings))
                 if options["card"] else None)
     finally:  # what is in place is genqueue's, even when the card failed
         record_written([p for p, target in files.written() if target is not PICTURE and p.exists()]

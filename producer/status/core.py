@@ -27,7 +27,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
-from genqueue.common.keepers.captured import capture_figures
+from genqueue.common.keepers.captured import capture_figures, logprobs_figures
 from genqueue.common.keepers.claims import Claims, HeldClaims
 from genqueue.common.keepers.clock import redis_time
 from genqueue.common.keepers.outcomes import outcome_view, read_failed_jobs
@@ -65,7 +65,6 @@ from genqueue.producer.status.report import (
 )
 from genqueue.producer.status.screen import DETAIL, WIDTH, fit, num, screen_rows, wrap, wrap_keeping_command
 from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
-from genqueue.producer.status.tables import logprobs_figures
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
@@ -207,7 +206,7 @@ def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
         "share": {"in_flight": sum(c["runs"][run].get("in_flight", 0) for c in live),
                   "of": sum(c.get("in_flight", 0) for c in live), "consumers": len(live)},
         "speculation": speculation,
-        "logprobs": logprobs_figures(info.settings, stats),
+        "logprobs": logprobs_figures(info.settings, counted),
         "capture": capture_figures(info.settings, counted),
     }
 

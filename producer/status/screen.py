@@ -33,7 +33,7 @@ from genqueue.producer.status.report import (
     ShippingSummary,
     StatusReport,
 )
-from genqueue.producer.status.tables import logprobs_line
+from genqueue.producer.status.tables import logprobs_rows
 
 WIDTH = defaults.STATUS_WIDTH
 #: The rows that are cut to the screen's width rather than wrapped: a consumer's last shipping
@@ -60,7 +60,7 @@ def screen_rows(r: StatusReport, *, wide: bool = False) -> tuple[list[tuple[str,
     if s.get("drafter"):
         rows.append(("drafter", f"{s['drafter']}  (an evaluation of this drafter: producer drafter-report {r['run']})"))
     if lp := r.get("logprobs"):
-        rows.append(("logprobs", logprobs_line(lp)))
+        rows += logprobs_rows(lp)
     if c := r.get("capture"):
         rows += capture_rows(c)
     rows.append(("output", redact(str(s.get("output")))

@@ -36,6 +36,7 @@ from genqueue.common.features import (
     FP8_ERROR,
     FeatureDtype,
     FeatureReader,
+    ShardIndex,
     feature_store_for,
     read_row,
     scan,
@@ -291,6 +292,24 @@ def capture_status(redis_url: str, run: str, section: str = "capture") -> dict[s
     return capture
 
 
+def output_counts(output: str, run: str) -> dict[str, int]:
+    """What RUN's feature shards in the local OUTPUT hold: rows, tokens, the shards' files' bytes,
+    and the bytes of their hidden-state rows (what a capture budget counts)."""
+    store = feature_store_for(output)
+    held = {"rows": 0, "tokens": 0, "bytes": 0, "captured": 0}
+    for shard in store.list_shards(run):
+        entries = store.get_index(run, shard).entries
+        held["rows"] += len(entries)
+        held["tokens"] += sum(e.tokens for e in entries)
+        held["bytes"] += (Path(store.location(run)) / shard).stat().st_size
+        held["captured"] += sum(e.length for e in entries if e.dtype is FeatureDtype.FP8_E4M3)
+    return held
+
+
+#: A budget the flush test's run never reaches (bytes).
+FLUSH_BUDGET = 10**12
+
+
 @dataclass(frozen=True)
 class Kind:
     """A kind of row a run stores beside its records: its enqueue options, its engine, the field
@@ -398,7 +417,9 @@ def test_redis_flushed_mid_capture_comes_back_from_the_output(tmp_path, redis_ur
     leftovers of a table capture passed over) leaves records naming rows not in the output"""
     run = "cflush"
     out = tmp_path / "out"
-    first = enqueue(tmp_path, redis_url, run, 240, str(out), prompts_mode, capture=kind.options)
+    # hidden states under a budget never reached: the budget's count is kept row by row on the spools
+    options = kind.options + (("--capture-budget", str(FLUSH_BUDGET)) if kind is HIDDEN_STATES else ())
+    first = enqueue(tmp_path, redis_url, run, 240, str(out), prompts_mode, capture=options)
     sim = kind.sim(tmp_path)
     try:
         c1 = consumer(tmp_path, redis_url, sim, run, "c1", "-c", "16", "--lease", "5", spool="one")
@@ -409,7 +430,7 @@ def test_redis_flushed_mid_capture_comes_back_from_the_output(tmp_path, redis_ur
         assert c1.wait(60) == 0, c1.output()
         left = sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "spool-one").rglob("*.jsonl*"))
         features_left = list((tmp_path / "spool-one").rglob("*.gqfeat*"))
-        s = enqueue(tmp_path, redis_url, run, 240, str(out), prompts_mode, capture=kind.options)
+        s = enqueue(tmp_path, redis_url, run, 240, str(out), prompts_mode, capture=options)
         assert "was not in Redis: re-created from" in s["stderr"] and s["recreated_run"], s["stderr"]
         assert s["fingerprint"] == first["fingerprint"], (s["fingerprint"], first["fingerprint"])
         c2 = consumer(tmp_path, redis_url, sim, run, "c2", "-c", "16", "--lease", "5", "--burst", spool="one")
@@ -428,10 +449,18 @@ def test_redis_flushed_mid_capture_comes_back_from_the_output(tmp_path, redis_ur
           f"status {capture}")
     assert sum(twice.values()) <= left + 16, "made twice beyond what was not shipped when Redis was lost"
     assert len(found.unnamed) <= left + 16
+    # every counter Redis lost is rebuilt from the output's feature shards when the run comes back,
+    # and the spool's leftovers, shipped after, are counted once: status is the output's
+    held = output_counts(str(out), run)
     if kind is HIDDEN_STATES:
         assert capture["rows"] == found.distinct, capture
-    else:  # the rows shipped since the run came back: the counters Redis lost are not rebuilt from the output
-        assert 0 < capture["rows"] <= found.stored, capture
+        assert (capture["rows_written"], capture["bytes"]) == (found.stored, held["bytes"]), (capture, held)
+        # the budget's count too: rows counted on the spool before the loss, lost with it, come back
+        assert capture["spent"] == held["captured"], (capture, held)
+        assert capture["budget"] == FLUSH_BUDGET and not capture["budget_spent"], capture
+    else:
+        assert (capture["rows"], capture["rows_distinct"], capture["tokens"], capture["bytes"]) == \
+            (found.stored, found.distinct, held["tokens"], held["bytes"]), (capture, held)
 
 
 # --- (c) an S3 outage ------------------------------------------------------------------------
@@ -673,8 +702,8 @@ def test_a_flush_returns_once_what_shipped_is_counted_and_marked(tmp_path: Path)
     async def shipped(run: str, seq: int | None, marks: ShardMarks) -> None:
         await slowly(f"marked {seq}")
 
-    async def features(run: str, rows: int, size: int, tokens: int) -> None:
-        await slowly(f"counted {rows}")
+    async def features(run: str, index: ShardIndex) -> None:
+        await slowly(f"counted {len(index.entries)}")
 
     async def never(*args: object) -> None:
         raise AssertionError(args)

@@ -11,7 +11,7 @@ import pytest
 
 from genqueue.common.contracts import ErrorClass, FeatureRef, ResultRecord
 from genqueue.common.errors import BadCaptureError
-from genqueue.common.features import FP8_ERROR, FeatureReader, LocalFeatureStore, standin_features
+from genqueue.common.features import FP8_ERROR, FeatureReader, LocalFeatureStore, ShardIndex, standin_features
 from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.capture import CaptureDtype, CaptureKind, CaptureSettings
 from genqueue.common.storage import LocalStore
@@ -99,8 +99,8 @@ def _outbox(tmp_path: Path, events: list[str]) -> Outbox:
     async def no_run(run: str) -> None:
         events.append("no_run")
 
-    async def features(run: str, rows: int, size: int, tokens: int) -> None:
-        events.append(f"features {rows}")
+    async def features(run: str, index: ShardIndex) -> None:
+        events.append(f"features {len(index.entries)}")
 
     return Outbox(str(tmp_path / "spool"), "w", max_bytes=1 << 20, max_age=60, spool_limit=1 << 30,
                   store_for=LocalStore, output_of=output_of, on_shipped=shipped, on_lost=lost, on_no_run=no_run,
