@@ -47,8 +47,9 @@ PREFILL_FIELDS: dict[str, Any] = {"kv_transfer_params": {"include_output_tokens"
 
 def prompt_fields(k: int) -> dict[str, Any]:
     """What a --logprobs K pass's prefill adds to its /v1/completions body: the prompt's top
-    asked(K) log-probabilities at every position."""
-    return {"prompt_logprobs": asked(k)}
+    asked(K) log-probabilities at every position, and the ids the engine scored
+    (`prompt_token_ids`), checked to be those sent."""
+    return {"prompt_logprobs": asked(k), "return_token_ids": True}
 
 
 class PrefillChoice(StrEnum):

@@ -16,7 +16,8 @@ ids) are put in the shape a chat completion's `logprobs.content` has (`prompt_co
 position's own token as the sampled one, and handed to the TableSink: the parse, the checks
 (sorted true top K, no NaN, at most 0, summing to at most 1, sampled ids the answer's completion
 ids) and the row are an in-generation table's own. A list not of one entry per id sent, or a
-position whose dict lacks its own token, is a BadLogprobsError: nothing stored.
+position whose dict lacks its own token, or ids scored (`prompt_token_ids`, asked with
+`return_token_ids`) that are not those sent, is a BadLogprobsError: nothing stored.
 
 The request is retried as every request is (Generator.retrying); the one token generated is not kept.
 """
@@ -60,8 +61,9 @@ def capture_path(resp: object) -> str:
     return path
 
 
-def prompt_logprobs(resp: object) -> list[Any]:
-    """`choices[0].prompt_logprobs` of a /v1/completions answer. Raises BadResponseError."""
+def prompt_logprobs(resp: object) -> tuple[list[Any], object]:
+    """`choices[0].prompt_logprobs` of a /v1/completions answer, and its `prompt_token_ids` (None:
+    the engine returned none). Raises BadResponseError."""
     choices = resp.get("choices") if isinstance(resp, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise BadResponseError("a prefill's answer is not a completion (no choices)", snippet=snippet(str(resp)))
@@ -69,14 +71,21 @@ def prompt_logprobs(resp: object) -> list[Any]:
     if not isinstance(listed, list):
         raise BadResponseError("a --logprobs pass's prefill came back without choices[0].prompt_logprobs (an "
                                "engine that does not score prompts?)", snippet="")
-    return listed
+    return listed, choices[0].get("prompt_token_ids")
 
 
-def prompt_content(listed: list[Any], ids: list[int], completion: int) -> list[dict[str, Any]]:
+def prompt_content(listed: list[Any], ids: list[int], completion: int,
+                   scored: object = None) -> list[dict[str, Any]]:
     """The last COMPLETION positions of LISTED (vLLM's prompt_logprobs for the prompt IDS) in the
     shape of a chat completion's `logprobs.content` with tokens named by id: the position's own
     token as `token` and `logprob`, every listed entry in `top_logprobs`, in vLLM's order. Raises
-    BadLogprobsError when LISTED is not one entry per id, or a position lacks its own token."""
+    BadLogprobsError when SCORED (the engine's prompt_token_ids, when it returned them) are not
+    IDS, LISTED is not one entry per id, or a position lacks its own token."""
+    if scored is not None and scored != ids:
+        theirs = scored if isinstance(scored, list) else []
+        at = next((p for p, (a, b) in enumerate(zip(ids, theirs, strict=False)) if a != b), min(len(ids), len(theirs)))
+        raise BadLogprobsError(f"the engine scored other ids than those sent (prompt_token_ids differ at position "
+                               f"{at} of {len(ids)})")
     if len(listed) != len(ids):
         raise BadLogprobsError(f"the prompt's log-probabilities hold {len(listed)} positions, the prompt sent "
                                f"{len(ids)}: not the ids sent")
@@ -144,12 +153,12 @@ async def _tables(item: Item, run: str, settings: RunSettings, model: str, sourc
         return records.Refused([], error_info(ErrorClass.INVALID_ITEM, "InvalidItem", why))
     body = prefill_body(model, ids, settings.logprobs)
 
-    async def once() -> list[Any]:
+    async def once() -> tuple[list[Any], object]:
         return prompt_logprobs(await complete(body))
 
     try:
-        listed = await retrying(once)
-        content = await asyncio.to_thread(prompt_content, listed, ids, completion)
+        listed, scored = await retrying(once)
+        content = await asyncio.to_thread(prompt_content, listed, ids, completion, scored)
         ref = await tables.keep(run, settings, model, spec["row"], content, ids[len(ids) - completion:])
     except (PermanentError, TransientError) as e:
         return records.Failed([], e)

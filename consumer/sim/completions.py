@@ -79,8 +79,13 @@ async def completions(request: web.Request) -> web.Response:
                      "finish_reason": "length" if len(out) >= max_tokens else "stop", "stop_reason": None}],
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)},
     }
-    if (scored := sim_logprobs.prompt_tables(body, list(prompt))) is not None:
-        reply["choices"][0]["prompt_logprobs"] = scored
+    if body.get("prompt_logprobs"):  # garbled: the ids scored are not all those sent, as its prompt_token_ids say
+        scored = sim_logprobs.prompt_scored(list(prompt), digest, cfg.logprobs_garbled)
+        reply["choices"][0]["prompt_logprobs"] = sim_logprobs.prompt_tables(body, scored)
+        if body.get("return_token_ids"):
+            reply["choices"][0].update({"prompt_token_ids": scored, "token_ids": out})
+    elif body.get("return_token_ids"):
+        reply["choices"][0].update({"prompt_token_ids": list(prompt), "token_ids": out})
     if eng.capture is not None and (ids := capture.captured_ids(list(prompt), out,
                                                                 body.get("kv_transfer_params"))) is not None:
         # named as vLLM names a completion's: cmpl-<request id>-<8 hex>

@@ -12,7 +12,8 @@ is often not the most likely and sometimes outside the top K, as sampling makes 
 more than the stand-in's `--max-logprobs` is refused with vLLM's own 400. `processed` answers as an
 engine started with a processed `--logprobs-mode` does: the values over the request's temperature.
 `prompt_tables` answers a
-completion's `prompt_logprobs` with the same distribution, a prompt position p as position t = p.
+completion's `prompt_logprobs` with the same distribution, a prompt position p as position t = p
+(`garbled`: that share scores one prompt id wrong, prompt_scored).
 `garbled` plants a broken
 engine (tests): that share of the answers, drawn from the request, names one generated token by
 another id than the one generated.
@@ -73,6 +74,17 @@ def too_many_prompt(body: dict[str, Any], max_logprobs: int) -> str | None:
     if isinstance(k, int) and k > max_logprobs:
         return f"Requested prompt logprobs of {k}, which is greater than max allowed: {max_logprobs}"
     return None
+
+
+def prompt_scored(ids: list[int], digest: int, garbled: float) -> list[int]:
+    """The ids a completion's prompt_logprobs score for a prompt of IDS: IDS, but for a GARBLED
+    share of the requests (drawn from DIGEST) one in the middle replaced by the next id, as an
+    engine that scored other ids than those sent (its prompt_token_ids say so)."""
+    if not garbled or len(ids) < 2 or random.Random(digest ^ _GARBLE_STREAM).random() >= garbled:
+        return ids
+    wrong = list(ids)
+    wrong[len(ids) // 2] += 1
+    return wrong
 
 
 def prompt_tables(body: dict[str, Any], ids: list[int]) -> list[dict[str, Any] | None] | None:

@@ -8,7 +8,8 @@ their outputs (`--from-run <output>/<run>`). After a pass every row of the sourc
 under its row id, its sampled ids the answer's completion ids and its tables the stand-in's at
 those prompt positions; `producer export-logprobs --run PASS --tokens <source tokens>` joins every
 row; a consumer SIGKILLed mid-pass costs at most what it had in flight; a K whose K + 1 is above
-the engine's --max-logprobs is refused at the pre-flight in one line."""
+the engine's --max-logprobs is refused at the pre-flight in one line; tables an engine made of
+other ids than those sent are an error record, never a row."""
 
 from __future__ import annotations
 
@@ -209,6 +210,36 @@ def test_a_k_above_the_engines_max_logprobs_is_refused_at_the_pass_pre_flight(mo
         sim.stop()
     assert not read_results(tmp_path / "out", run), "no item was taken"
     assert conn.llen(f"rq:queue:genqueue.{run}") > 0
+
+
+def test_tables_of_other_ids_than_those_sent_are_an_error_record_never_a_row(module, redis_url, conn,
+                                                                              tmp_path) -> None:
+    from tests.consumer.test_logprobs_e2e import _seed_whose_probe_is_whole
+
+    src: Source = module.plain
+    run, out = "lpass-bad", tmp_path / "out"
+    capture(redis_url, src, run, out)
+    # an engine that scores one prompt id other than the one sent in 30 % of its prefills (its
+    # prompt_token_ids say so); its pre-flight probe whole
+    bad = Sim(tmp_path, "--logprobs-garbled", "0.3", "--seed", str(_seed_whose_probe_is_whole(0.3)))
+    try:
+        c = consumer(module, redis_url, run, "bad", "--burst", sim=bad)
+        c.wait(60)
+    finally:
+        bad.stop()
+    recs = read_results(out, run)
+    assert {r["key"] for r in recs} == run_keys(conn, run)
+    errors = [r for r in recs if "error" in r]
+    assert errors and {r["error"]["class"] for r in errors} == {"bad_logprobs"}, [r["error"] for r in errors][:3]
+    assert "the engine scored other ids than those sent (prompt_token_ids differ at position" in \
+        errors[0]["error"]["message"], errors[0]["error"]
+    good = {r["logprobs"]["row"] for r in recs if "error" not in r}
+    assert good and len(good) + len(errors) == len(src.rows)
+    reader = LogprobsReader(feature_store_for(str(out)), run)
+    assert set(reader.entries) == good, "tables of other ids are never stored"
+    for row, t in reader.rows():
+        ids, n = src.rows[row]
+        assert t.sampled_ids.tolist() == ids[len(ids) - n:]
 
 
 @pytest.mark.parametrize(("args", "said"), [

@@ -111,3 +111,13 @@ def test_a_pass_whose_k_is_above_the_engines_max_logprobs_is_refused_at_the_pre_
     status, body = server.post("/v1/completions", {"model": SERVED_NAME, "prompt": list(range(10, 26)),
                                                    "max_tokens": 1, "prompt_logprobs": 21})
     assert status == 400 and "prompt logprobs of 21" in str(body), (status, body)
+    # what a pass's prefill asks (common/prefill.py: prompt_fields): the ids scored come back to be checked
+    prompt = list(range(10, 26))
+    status, body = server.post("/v1/completions", {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1,
+                                                   "prompt_logprobs": 6, "return_token_ids": True})
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["prompt_token_ids"] == prompt and len(choice["prompt_logprobs"]) == len(prompt), choice
+    assert choice["prompt_logprobs"][0] is None and all(str(i) in t for i, t in zip(prompt[1:],
+                                                                                      choice["prompt_logprobs"][1:],
+                                                                                      strict=True))
