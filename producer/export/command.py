@@ -267,8 +267,10 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
         raise UserError(refusal)
     if info.settings.prefill is not None:  # a capture pass (producer capture): features, no text
         src = info.settings.prefill.source
+        rows = ("tables with producer export-logprobs" if info.settings.logprobs is not None
+                else "features with producer export-features")
         raise UserError(f"run {run} is a capture pass over run {src}: its records hold no text; export run {src}, "
-                        f"and this run's features with producer export-features --run {run}")
+                        f"and this run's {rows} --run {run}")
     spec = FORMATS[shape]
     if spec.token_ids and not info.settings.token_ids:
         raise UserError(f"--format {shape} needs the token ids the engine returned, and run {run} kept none: "

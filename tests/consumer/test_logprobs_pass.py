@@ -155,6 +155,10 @@ def test_a_logprobs_pass_stores_every_rows_tables_and_export_logprobs_joins_them
     assert not (joined["rows_without_tables"] or joined["rows_tokens_differ"] or joined["tables_without_rows"])
     st = orjson.loads(cli("producer", "status", "--run", run, "--json", env={"REDIS_URL": redis_url}).stdout)
     assert st["logprobs"]["rows"] == len(src.rows), st["logprobs"]
+    # a pass's records hold no text: no dataset is made of them, and the refusal names the tables' export
+    e = cli("producer", "export", "--run", run, "-o", str(tmp_path / "x.jsonl"), env={"REDIS_URL": redis_url},
+            check=False)
+    assert e.returncode == 2 and f"this run's tables with producer export-logprobs --run {run}" in e.stderr, e.stderr
     # the same command again is the reconcile: nothing queued twice
     again = orjson.loads(capture(redis_url, src, run, out, *prompts.args, "--json").stdout)
     assert again["enqueue"]["items"] == 0 and again["enqueue"]["already_done"] == len(src.rows), again["enqueue"]
