@@ -917,6 +917,17 @@ CLAIMS_SCAN = 10_000
 #: per open shard. A row is durable on the spool before the shard is sealed, so the size does
 #: not delay an ack.
 FEATURE_SHARD_MAX_BYTES = 1024**3
+#: Rows read together (common/features/read.py read_entries, an export's rows) share one read (a
+#: ranged GET from S3) while it spans at most this much, so a GET's cost (~ms) is spread over
+#: many rows and one read's memory stays bounded; a larger row is read alone.
+FEATURE_READ_SPAN_BYTES = 64 * 1024 * 1024
+#: ... and while the rows are at most this far apart: bytes read and thrown away cost about a
+#: GET's latency at ~1 GB/s.
+FEATURE_READ_GAP_BYTES = 1024 * 1024
+#: The rows an export reads at once (read.windows): their bytes, and how many (a tokens row's
+#: input_ids are Python ints, ~36 B each, held with its features until written).
+FEATURE_READ_WINDOW_BYTES = 128 * 1024 * 1024
+FEATURE_READ_WINDOW_ROWS = 1024
 
 # producer/ingest/prefill.py (a capture pass's items, producer capture)
 #: Characters a token id takes in a capture pass's item (JSON), about: the memory plan's size of

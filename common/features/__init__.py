@@ -7,7 +7,8 @@
                the shard's index by row id
     scan       a shard read from its bytes alone: the index rebuilt, a crash's leftovers sealed
     store      feature shards put in the run's output (a directory or S3) as result shards are
-    read       one row read back by its id, checked, without reading its shard
+    read       one row read back by its id, checked, without reading its shard; an export's
+               rows grouped by shard and read in few large reads, each checked alone
     manifest   the capture: model, revision, layer ids, dtype, hidden size, template, versions
     standin    the stand-in engine's deterministic features
 

@@ -39,10 +39,18 @@ table shard for one of theirs.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from genqueue.common.errors import FeatureCorruptError, FeatureError, FeatureValueError
+from genqueue.common.features.read import (
+    StoredRows,
+    capture_entries,
+    check_frame,
+    corrupt,
+    read_by_id,
+    read_entries,
+    windows,
+)
 from genqueue.common.features.shard import IndexEntry, ReadRange
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.features.tables import (
@@ -64,31 +72,29 @@ __all__ = ["MANIFEST_NAME", "SUM_EPS", "LogprobsManifest", "LogprobsMode", "Logp
            "unpack_table"]
 
 
-def read_table(read_range: ReadRange, entry: IndexEntry, *, capture: str | None = None) -> LogprobsTable:
-    """The table ENTRY names, read alone through READ_RANGE(offset, length) and checked: its
-    crc32, its layout, its row id, tokens and K against the entry (and CAPTURE, a manifest's
-    digest, when given). Raises FeatureCorruptError naming the row, shard and offset."""
-    data = read_range(entry.offset, entry.length)
-
-    def bad(reason: str) -> FeatureCorruptError:
-        return FeatureCorruptError(entry.row, entry.shard, entry.offset, reason)
-
-    if len(data) != entry.length:
-        raise bad(f"{len(data)} bytes read of {entry.length}")
-    if (crc := zlib.crc32(data)) != entry.crc32:
-        raise bad(f"crc32 {crc:08x}, the index says {entry.crc32:08x}")
+def check_stored_table(data: bytes, entry: IndexEntry, *, capture: str | None = None) -> LogprobsTable:
+    """DATA, the bytes read of ENTRY's row, checked as the table ENTRY names: its crc32, its
+    layout, its row id, tokens and K against the entry (and CAPTURE, a manifest's digest, when
+    given). Raises FeatureCorruptError naming the row, shard and offset."""
+    check_frame(data, entry)
     try:
         stored = unpack_table(data)
     except FeatureValueError as e:
-        raise bad(str(e)) from None
+        raise corrupt(entry, str(e)) from None
     if stored.row != entry.row:
-        raise bad(f"the stored row is {stored.row!r}")
+        raise corrupt(entry, f"the stored row is {stored.row!r}")
     if (stored.table.tokens, stored.table.k) != (entry.tokens, entry.hidden):
-        raise bad(f"{stored.table.tokens} tokens x {stored.table.k} stored, the index says "
-                  f"{entry.tokens} x {entry.hidden}")
+        raise corrupt(entry, f"{stored.table.tokens} tokens x {stored.table.k} stored, the index says "
+                             f"{entry.tokens} x {entry.hidden}")
     if capture is not None and stored.capture != capture:
-        raise bad(f"a row of capture {stored.capture}, not {capture}")
+        raise corrupt(entry, f"a row of capture {stored.capture}, not {capture}")
     return stored.table
+
+
+def read_table(read_range: ReadRange, entry: IndexEntry, *, capture: str | None = None) -> LogprobsTable:
+    """The table ENTRY names, read alone through READ_RANGE(offset, length) and checked
+    (check_stored_table). Raises FeatureCorruptError naming the row, shard and offset."""
+    return check_stored_table(read_range(entry.offset, entry.length), entry, capture=capture)
 
 
 class LogprobsReader:
@@ -109,28 +115,31 @@ class LogprobsReader:
         if manifest is None:
             raise FeatureError(f"no log-probability manifest at {store.location(run)}")
         self.manifest: LogprobsManifest = manifest
-        self.entries: dict[str, IndexEntry] = {}
-        self.duplicates = 0
-        for shard in store.list_shards(run):
-            index = store.get_index(run, shard)
-            if index.capture != manifest.digest:
-                continue
-            for entry in index.entries:
-                if entry.row in self.entries:
-                    self.duplicates += 1
-                else:
-                    self.entries[entry.row] = entry
+        stored = StoredRows(capture_entries(store, run, manifest))
+        self.entries: dict[str, IndexEntry] = stored.first()
+        self.duplicates = stored.duplicates
 
     def row(self, row: str) -> LogprobsTable:
         """ROW's tables. Raises KeyError when it has none, FeatureCorruptError."""
         entry = self.entries[row]
         return read_table(self.store.read_range(self.run, entry.shard), entry, capture=self.manifest.digest)
 
+    def read_tables(self, rows: Iterable[str]) -> dict[str, LogprobsTable | FeatureCorruptError]:
+        """Each of ROWS' tables (or why they are unreadable), read together (read.py
+        read_entries: few large reads); rows without tables are not in it."""
+        return read_by_id(self.store, self.run, self.entries, rows, self._check)
+
     def rows(self) -> Iterator[tuple[str, LogprobsTable]]:
-        """Every row's id and tables, in shard order (one read per row)."""
-        by_shard: dict[str, ReadRange] = {}
-        for row, entry in self.entries.items():
-            read = by_shard.get(entry.shard)
-            if read is None:
-                read = by_shard[entry.shard] = self.store.read_range(self.run, entry.shard)
-            yield row, read_table(read, entry, capture=self.manifest.digest)
+        """Every row's id and tables, in shard order, read a window at a time. Raises
+        FeatureCorruptError for the first unreadable one."""
+        ordered = sorted(self.entries.values(), key=lambda e: (e.shard, e.offset))
+        for window in windows(ordered, lambda e: e.length):
+            got = read_entries(self.store, self.run, window, self._check)
+            for entry in window:
+                table = got[entry]
+                if isinstance(table, FeatureCorruptError):
+                    raise table
+                yield entry.row, table
+
+    def _check(self, data: bytes, entry: IndexEntry) -> LogprobsTable:
+        return check_stored_table(data, entry, capture=self.manifest.digest)

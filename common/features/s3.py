@@ -5,11 +5,13 @@ transfer settings (multipart sizes, concurrency), so features go where the resul
 same credentials and endpoint. A shard is uploaded as a result shard is (ChecksumAlgorithm
 SHA256, the server checks each part; its sha256 as metadata), then verified by a HEAD (size,
 sha256, the server's own checksum), and only then is its index put: an index that exists names
-a complete shard. A row is read by a ranged GET of its bytes alone.
+a complete shard. A row is read by a ranged GET of its bytes alone, and an export's rows by one
+ranged GET of a span of many (read.py read_entries).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -99,6 +101,11 @@ class S3FeatureStore:
             except (ClientError, BotoCoreError) as e:
                 raise StoreError(f"cannot read {self.loc.url(key)} bytes {offset}+{length}: {e}") from None
         return read
+
+    def read_spans(self, run: str, shard: str, spans: Sequence[tuple[int, int]]) -> Iterator[bytes]:
+        read = self.read_range(run, shard)
+        for offset, length in spans:
+            yield read(offset, length)
 
     def _get(self, key: str) -> bytes | None:
         try:

@@ -311,11 +311,16 @@ def file_range(path: Path) -> ReadRange:
     def read(offset: int, length: int) -> bytes:
         fd = os.open(path, os.O_RDONLY)
         try:
-            parts, at, left = [], offset, length
-            while left > 0 and (chunk := os.pread(fd, left, at)):
-                parts.append(chunk)
-                at, left = at + len(chunk), left - len(chunk)
-            return b"".join(parts)
+            return pread_all(fd, offset, length)
         finally:
             os.close(fd)
     return read
+
+
+def pread_all(fd: int, offset: int, length: int) -> bytes:
+    """LENGTH bytes of FD at OFFSET (fewer where the file ends)."""
+    parts, at, left = [], offset, length
+    while left > 0 and (chunk := os.pread(fd, left, at)):
+        parts.append(chunk)
+        at, left = at + len(chunk), left - len(chunk)
+    return b"".join(parts)

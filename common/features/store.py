@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from genqueue.common import defaults
 from genqueue.common.features.manifest import FeatureManifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
-from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex, file_range
+from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex, file_range, pread_all
 from genqueue.common.features.tables import MANIFEST_NAME as LOGPROBS_MANIFEST
 from genqueue.common.features.tables import LogprobsManifest, check_any_manifest, manifest_name
 from genqueue.common.storage.base import StoreError
@@ -64,6 +65,12 @@ class FeatureStore(Protocol):
 
     def read_range(self, run: str, shard: str) -> ReadRange:
         """Reads of byte ranges of RUN's feature shard SHARD (each its own read or ranged GET)."""
+        ...
+
+    def read_spans(self, run: str, shard: str, spans: Sequence[tuple[int, int]]) -> Iterator[bytes]:
+        """The bytes of each (offset, length) of SPANS of RUN's feature shard SHARD, in turn: one
+        ranged GET each from S3, one open of the file on disk. Fewer bytes than asked where the
+        shard ends. Raises StoreError."""
         ...
 
 
@@ -151,6 +158,18 @@ class LocalFeatureStore:
 
     def read_range(self, run: str, shard: str) -> ReadRange:
         return file_range(self.dir(run) / shard)
+
+    def read_spans(self, run: str, shard: str, spans: Sequence[tuple[int, int]]) -> Iterator[bytes]:
+        path = self.dir(run) / shard
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror}") from None
+        try:
+            for offset, length in spans:
+                yield pread_all(fd, offset, length)
+        finally:
+            os.close(fd)
 
 
 def _copy_hashed(src: Path, dest: Path) -> str:

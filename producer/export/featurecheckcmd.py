@@ -12,7 +12,6 @@ folder, no Python with torch and transformers, a run without features).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,14 +24,12 @@ from genqueue.common.contracts import Mode
 from genqueue.common.errors import FeatureCorruptError, UserError
 from genqueue.common.features import feature_store_for
 from genqueue.common.features.codec import Float32Array
-from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.runs import RunStore
+from genqueue.common.features.read import windows
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export.featurecheck import CheckReport, RowProblem, compare_row, sampled
 from genqueue.producer.export.featureforward import ReferenceForward, check_python
 from genqueue.producer.export.features import FeatureIndex, Unmatched, read_token_rows, token_row
-from genqueue.producer.export.featurescmd import torch_python
-from genqueue.producer.rungone import run_gone
+from genqueue.producer.export.featurescmd import check_paths, run_info, torch_python
 
 #: The reference's features of (token ids, layer ids): [tokens, layers, hidden] float32.
 Reference = Callable[[list[int], tuple[int, ...]], Float32Array]
@@ -44,10 +41,9 @@ def check_ids(index: FeatureIndex, tokens: Path, report: CheckReport, *, regener
     features, and stored features no row names, are counted (an answer failed has no features,
     and the export leaves out answers of some outcomes)."""
     named: set[str] = set()
-    for raw in read_token_rows(tokens):
-        row = token_row(raw, regenerate=regenerate, path=tokens)
+    rows = (token_row(raw, regenerate=regenerate, path=tokens) for raw in read_token_rows(tokens))
+    for row, got, why, detail in index.joins(rows):
         named.add(row.feature_row)
-        got, why, detail = index.join(row)
         if why is Unmatched.NO_FEATURES:
             report.rows_without_features += 1
             continue
@@ -61,14 +57,16 @@ def check_ids(index: FeatureIndex, tokens: Path, report: CheckReport, *, regener
 
 def check_rows(index: FeatureIndex, rows: list[str], reference: Reference, report: CheckReport,
                tolerance: float) -> None:
-    """Each stored copy of ROWS recomputed by REFERENCE over its own token ids and compared."""
+    """Each stored copy of ROWS recomputed by REFERENCE over its own token ids and compared (read
+    a window of rows at a time, in few large reads)."""
     layers = index.manifest.layer_ids
-    for name in rows:
-        for entry in index.by_row[name]:
-            try:
-                row = index.read(entry)
-            except FeatureCorruptError as e:
-                report.problems.append(RowProblem(name, f"unreadable: {e.reason} (shard {e.shard}, offset {e.offset})"))
+    for window in windows(rows, lambda name: sum(e.length for e in index.by_row[name])):
+        got = index.read_many(e for name in window for e in index.by_row[name])
+        for name, entry in [(n, e) for n in window for e in index.by_row[n]]:
+            row = got[entry]
+            if isinstance(row, FeatureCorruptError):
+                report.problems.append(RowProblem(name, f"unreadable: {row.reason} (shard {row.shard}, "
+                                                        f"offset {row.offset})"))
                 continue
             want = reference(row.token_ids.tolist(), layers)
             try:
@@ -128,19 +126,13 @@ def check_features_command(run_name: str, model_dir: str, share: float | None, c
     if share is not None and count is not None:
         raise UserError("--share and --rows choose the sample two ways: give one")
     n_layers, hidden = model_shape(model_dir)
-    tokens_path = Path(os.path.abspath(tokens)) if tokens else None
-    if tokens_path is not None and not tokens_path.is_file():
-        raise UserError(f"--tokens {tokens}: no such file (make it with producer export --run {run} --format tokens)")
+    tokens_path = check_paths(run, tokens, None)[0] if tokens else None
     python = torch_python(torch_python_path)
     if python is None:
         raise UserError("the reference forward pass needs torch and transformers: give --torch-python, a Python "
                         "with both (e.g. the trainer's or vLLM's)")
     check_python(python)
-    conn = connect(redis_url)
-    info = RunStore(conn).get(run)
-    if info is None:
-        usual = os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT
-        raise run_gone(run, usual if "://" in usual else os.path.abspath(usual), conn)
+    info = run_info(run, redis_url)
     index = FeatureIndex(feature_store_for(info.settings.output), run)
     manifest = index.manifest
     if manifest.hidden_size != hidden or max(manifest.layer_ids) > n_layers:

@@ -23,7 +23,7 @@ import contextlib
 import gzip
 import io
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -37,7 +37,7 @@ from genqueue.common import defaults
 from genqueue.common.errors import FeatureCorruptError, UserError
 from genqueue.common.features import FeatureRow, FeatureStore, IndexEntry, read_row
 from genqueue.common.features.manifest import FeatureManifest
-from genqueue.common.features.read import capture_entries
+from genqueue.common.features.read import StoredRows, capture_entries, check_row, read_entries, windows
 
 log = logging.getLogger(__name__)
 
@@ -212,29 +212,51 @@ class FeatureIndex:
             raise UserError(f"run {run} has no captured features at {store.location(run)} (no manifest.json): "
                             "was it enqueued with --capture, and have consumers shipped any?")
         self.manifest: FeatureManifest = manifest
-        self.by_row: dict[str, list[IndexEntry]] = {}
-        for entry in capture_entries(store, run, manifest):
-            self.by_row.setdefault(entry.row, []).append(entry)
+        self.stored = StoredRows(capture_entries(store, run, manifest))
+        self.by_row: dict[str, list[IndexEntry]] = self.stored.by_row
 
     @property
     def duplicates(self) -> int:
-        return sum(len(v) - 1 for v in self.by_row.values())
+        return self.stored.duplicates
 
     def read(self, entry: IndexEntry) -> FeatureRow:
         return read_row(self.store.read_range(self.run, entry.shard), entry, capture=self.manifest.digest)
 
+    def read_many(self, entries: Iterable[IndexEntry]) -> dict[IndexEntry, FeatureRow | FeatureCorruptError]:
+        """Each of ENTRIES' rows (or why it is unreadable), read together (read_entries: grouped by
+        shard, few large reads)."""
+        return read_entries(self.store, self.run, entries, self._check)
+
+    def _check(self, data: bytes, entry: IndexEntry) -> FeatureRow:
+        return check_row(data, entry, capture=self.manifest.digest)
+
+    def copies(self, row: TokenRow) -> list[IndexEntry]:
+        """The stored copies of ROW's features."""
+        return self.by_row.get(row.feature_row, []) if row.feature_row else []
+
     def join(self, row: TokenRow) -> tuple[Joined | None, Unmatched | None, str]:
         """ROW with the first stored copy of its features whose token ids are the row's (input_ids
         but the last, or all); else why not, in words."""
-        copies = self.by_row.get(row.feature_row, []) if row.feature_row else []
+        return self._join(row, self.read_many(self.copies(row)))
+
+    def joins(self, rows: Iterable[TokenRow]) -> Iterator[tuple[TokenRow, Joined | None, Unmatched | None, str]]:
+        """Each of ROWS, in order, joined as `join` does, their features read a window of rows at a
+        time (read.windows) in few large reads."""
+        for window in windows(rows, lambda r: sum(e.length for e in self.copies(r))):
+            got = self.read_many(e for r in window for e in self.copies(r))
+            for row in window:
+                yield (row, *self._join(row, got))
+
+    def _join(self, row: TokenRow, got: Mapping[IndexEntry, FeatureRow | FeatureCorruptError]
+              ) -> tuple[Joined | None, Unmatched | None, str]:
+        copies = self.copies(row)
         if not copies:
             return None, Unmatched.NO_FEATURES, f"no stored features of row {row.feature_row or '(no key)'}"
         why = ""
         for entry in copies:
-            try:
-                features = self.read(entry)
-            except FeatureCorruptError as e:
-                why = str(e)
+            features = got[entry]
+            if isinstance(features, FeatureCorruptError):
+                why = str(features)
                 continue
             ids = features.token_ids.tolist()
             if len(row.input_ids) - 1 <= len(ids) <= len(row.input_ids) and ids == row.input_ids[:len(ids)]:

@@ -16,7 +16,9 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
@@ -29,7 +31,7 @@ from genqueue.common.contracts import Mode
 from genqueue.common.errors import UserError
 from genqueue.common.features import feature_store_for
 from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.runs import RunStore
+from genqueue.common.keepers.runs import RunInfo, RunStore
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export.featurelayouts import FinalNorm, final_norm, token_freq_json
 from genqueue.producer.export.features import (
@@ -83,6 +85,60 @@ def check_folder(out: Path) -> None:
     probe(out.parent / f".gq-probe-{os.getpid()}", OUTPUT_DIR, shown=out.parent)
 
 
+def check_paths(run: str, tokens: str, output: str | None) -> tuple[Path, Path | None]:
+    """(--tokens, --output) made absolute; refuses (UserError) a tokens file that is not there
+    and an output folder that holds it."""
+    tokens_path = Path(os.path.abspath(tokens))
+    if not tokens_path.is_file():
+        raise UserError(f"--tokens {tokens}: no such file (make it with producer export --run {run} --format tokens)")
+    out = Path(os.path.abspath(output)) if output is not None else None
+    if out is not None and (out == tokens_path.parent or out in tokens_path.parents):
+        raise UserError(f"--output {out} holds the --tokens file: name another folder")
+    return tokens_path, out
+
+
+def run_info(run: str, redis_url: str) -> RunInfo:
+    """RUN's record (its settings name its output); a run Redis no longer holds is refused
+    (rungone: where its output usually is)."""
+    conn = connect(redis_url)
+    info = RunStore(conn).get(run)
+    if info is None:
+        usual = os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT
+        raise run_gone(run, usual if "://" in usual else os.path.abspath(usual), conn)
+    return info
+
+
+class UnmatchedLog:
+    """An export's genqueue-unmatched.jsonl: a line for each row or stored row left out, with its
+    reason; the first NAMED names of each reason kept for the summary."""
+
+    def __init__(self, fh: IO[bytes], reasons: Iterable[StrEnum]) -> None:
+        self.fh = fh
+        self._named: dict[str, list[str]] = {u.value: [] for u in reasons}
+
+    def note(self, what: StrEnum, name: str, line: dict[str, object]) -> None:
+        if len(self._named[what.value]) < NAMED:
+            self._named[what.value].append(name)
+        self.fh.write(orjson.dumps({"reason": what.value, **line}) + b"\n")
+
+    @property
+    def named(self) -> dict[str, list[str]]:
+        """The reasons any name was noted for, and those names."""
+        return {k: v for k, v in self._named.items() if v}
+
+
+def names_of(named: dict[str, list[str]], what: StrEnum) -> str:
+    """The summary's `(e.g. ...)` of WHAT's names in NAMED."""
+    names = named.get(what.value) or []
+    return f"  (e.g. {', '.join(names)})" if names else ""
+
+
+def summary_table(rows: list[tuple[str, str]]) -> str:
+    """A human summary: one `key  value` line a row, the values aligned."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
 def torch_python(given: str | None) -> str | None:
     """The Python that runs torch.save: --torch-python, else this one when it has torch."""
     if given:
@@ -132,22 +188,17 @@ def _write(plan: FeaturePlan, index: FeatureIndex, stage: Path, r: FeatureExport
     freq: Counter[int] = Counter()
     joined: set[str] = set()
     asked: set[str] = set()  # the feature rows the tokens rows name
-    named: dict[str, list[str]] = {u.value: [] for u in Unmatched}
 
-    def note(fh: IO[bytes], what: Unmatched, name: str, line: dict[str, object]) -> None:
-        if len(named[what.value]) < NAMED:
-            named[what.value].append(name)
-        fh.write(orjson.dumps({"reason": what.value, **line}) + b"\n")
-
-    with open(stage / ROWS_FILE, "wb") as rows, open(stage / UNMATCHED_FILE, "wb") as unmatched:
-        for raw in read_token_rows(plan.tokens):
-            row = token_row(raw, regenerate=plan.regenerate, path=plan.tokens)
+    with open(stage / ROWS_FILE, "wb") as rows, open(stage / UNMATCHED_FILE, "wb") as fh:
+        unmatched = UnmatchedLog(fh, Unmatched)
+        tokens_rows = (token_row(raw, regenerate=plan.regenerate, path=plan.tokens)
+                       for raw in read_token_rows(plan.tokens))
+        for row, got, why, detail in index.joins(tokens_rows):
             r.rows_read += 1
             asked.add(row.feature_row)
-            got, why, detail = index.join(row)
             if got is None:
                 assert why is not None
-                note(unmatched, why, row.id, {"id": row.id, "feature_row": row.feature_row, "detail": detail})
+                unmatched.note(why, row.id, {"id": row.id, "feature_row": row.feature_row, "detail": detail})
                 if why is Unmatched.NO_FEATURES:
                     r.rows_without_features += 1
                 else:
@@ -165,9 +216,9 @@ def _write(plan: FeaturePlan, index: FeatureIndex, stage: Path, r: FeatureExport
             r.features_without_rows += 1
             detail = ("the tokens row naming them has other tokens" if feature_row in asked else
                       "no row of the tokens export names these features")
-            note(unmatched, Unmatched.NO_ROW, feature_row,
-                 {"feature_row": feature_row, "shard": index.by_row[feature_row][0].shard, "detail": detail})
-    r.named = {k: v for k, v in named.items() if v}
+            unmatched.note(Unmatched.NO_ROW, feature_row,
+                           {"feature_row": feature_row, "shard": index.by_row[feature_row][0].shard, "detail": detail})
+    r.named = unmatched.named
     r.token_freq_ids, r.token_freq_tokens = len(freq), sum(freq.values())
     (stage / TOKEN_FREQ_JSON).write_bytes(token_freq_json(freq))
     writer.finish(index, plan.torch)
@@ -211,9 +262,9 @@ def format_features(r: FeatureExportResult) -> str:
                     f"{cap.get('dtype')}, hidden {cap.get('hidden_size')}")),
         ("tokens rows", f"{r.rows_read:,} read from {r.tokens_file}"),
         ("exported", f"{r.rows_exported:,} rows, {r.tokens_exported:,} tokens"),
-        ("  without features", f"{r.rows_without_features:,}" + _names(r, Unmatched.NO_FEATURES)),
-        ("  other tokens", f"{r.rows_tokens_differ:,}" + _names(r, Unmatched.TOKENS_DIFFER)),
-        ("features without rows", f"{r.features_without_rows:,}" + _names(r, Unmatched.NO_ROW)),
+        ("  without features", f"{r.rows_without_features:,}" + names_of(r.named, Unmatched.NO_FEATURES)),
+        ("  other tokens", f"{r.rows_tokens_differ:,}" + names_of(r.named, Unmatched.TOKENS_DIFFER)),
+        ("features without rows", f"{r.features_without_rows:,}" + names_of(r.named, Unmatched.NO_ROW)),
         ("stored twice", (f"{r.duplicate_features:,}  (copies of a redone job's row; the one of the row's tokens "
                          "is used)")),
         ("token frequencies", (f"{r.token_freq_ids:,} ids over {r.token_freq_tokens:,} loss-masked tokens "
@@ -223,13 +274,7 @@ def format_features(r: FeatureExportResult) -> str:
         ("output", f"{r.output}  ({r.files:,} files, {r.bytes:,} bytes; unmatched in {UNMATCHED_FILE})"),
         ("time", f"{r.seconds:.1f} s"),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
-def _names(r: FeatureExportResult, what: Unmatched) -> str:
-    names = r.named.get(what.value) or []
-    return f"  (e.g. {', '.join(names)})" if names else ""
+    return summary_table(rows)
 
 
 @click.command("export-features")
@@ -266,12 +311,8 @@ def export_features_command(run_name: str, tokens: str, output: str, layout: str
     the token frequencies a draft vocabulary is built from."""
     run = check_run_name(run_name)
     kind = FeatureLayout(layout)
-    out = Path(os.path.abspath(output))
-    tokens_path = Path(os.path.abspath(tokens))
-    if not tokens_path.is_file():
-        raise UserError(f"--tokens {tokens}: no such file (make it with producer export --run {run} --format tokens)")
-    if out == tokens_path.parent or out in tokens_path.parents:
-        raise UserError(f"--output {out} holds the --tokens file: name another folder")
+    tokens_path, out = check_paths(run, tokens, output)
+    assert out is not None
     check_folder(out)
     norm = final_norm(Path(model_dir)) if model_dir else None
     python = torch_python(torch_python_path)
@@ -284,11 +325,7 @@ def export_features_command(run_name: str, tokens: str, output: str, layout: str
     torch = TorchWriter(python) if python is not None and kind is not FeatureLayout.GENERIC else None
     if torch is not None:
         torch.check()
-    conn = connect(redis_url)
-    info = RunStore(conn).get(run)
-    if info is None:
-        usual = os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT
-        raise run_gone(run, usual if "://" in usual else os.path.abspath(usual), conn)
+    info = run_info(run, redis_url)
     store = feature_store_for(info.settings.output)
     index = FeatureIndex(store, run)
     check_layers(kind, index.manifest.layer_ids, norm)

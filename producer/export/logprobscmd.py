@@ -18,9 +18,10 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import click
 import orjson
@@ -32,12 +33,19 @@ from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.contracts import Mode
 from genqueue.common.errors import FeatureCorruptError, FeatureError, UserError
 from genqueue.common.features import feature_store_for
-from genqueue.common.keepers.redisconn import connect
-from genqueue.common.keepers.runs import RunStore
+from genqueue.common.features.read import windows
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export import distillkit as dk
-from genqueue.producer.export.features import NAMED, read_token_rows, token_row
-from genqueue.producer.export.featurescmd import _into_place, check_folder
+from genqueue.producer.export.features import TokenRow, read_token_rows, token_row
+from genqueue.producer.export.featurescmd import (
+    UnmatchedLog,
+    _into_place,
+    check_folder,
+    check_paths,
+    names_of,
+    run_info,
+    summary_table,
+)
 from genqueue.producer.export.logprobrows import (
     DISTILLKIT_SCHEMA,
     PLAIN_SCHEMA,
@@ -54,7 +62,6 @@ from genqueue.producer.export.logprobrows import (
 )
 from genqueue.producer.outfiles import MANIFEST as FILES_MANIFEST
 from genqueue.producer.outfiles import record_written
-from genqueue.producer.rungone import run_gone
 
 ROWS_FILE = "genqueue-rows.jsonl"
 UNMATCHED_FILE = "genqueue-unmatched.jsonl"
@@ -74,8 +81,9 @@ class TableSource(Protocol):
     duplicates: int
     manifest: Any
 
-    def row(self, row: str) -> Tables:
-        """ROW's tables. Raises KeyError when it has none, FeatureCorruptError."""
+    def read_tables(self, rows: Iterable[str]) -> Mapping[str, Tables | FeatureCorruptError]:
+        """Each of ROWS' tables, or why they are unreadable, read together; rows without tables
+        are not in it."""
         ...
 
 
@@ -200,42 +208,34 @@ def _write(plan: LogprobPlan, source: TableSource, stage: Path, r: LogprobExport
     fidelity = Fidelity()
     pending: list[Aligned] = []
     joined: set[str] = set()
-    named: dict[str, list[str]] = {u.value: [] for u in Unmatched}
-
-    def note(fh: IO[bytes], what: Unmatched, name: str, line: dict[str, object]) -> None:
-        if len(named[what.value]) < NAMED:
-            named[what.value].append(name)
-        fh.write(orjson.dumps({"reason": what.value, **line}) + b"\n")
 
     def flush() -> None:
         if pending:
             files.write(distillkit_batch(pending, cfg, fidelity) if cfg is not None else plain_batch(pending, plan.k))
             pending.clear()
 
-    with open(stage / ROWS_FILE, "wb") as rows, open(stage / UNMATCHED_FILE, "wb") as unmatched:
-        for raw in read_token_rows(plan.tokens):
-            row = token_row(raw, regenerate=plan.regenerate, path=plan.tokens)
-            row = replace(row, feature_row=table_row_id(raw, regenerate=plan.regenerate) or "")
+    with open(stage / ROWS_FILE, "wb") as rows, open(stage / UNMATCHED_FILE, "wb") as fh:
+        unmatched = UnmatchedLog(fh, Unmatched)
+        tokens_rows = (replace(token_row(raw, regenerate=plan.regenerate, path=plan.tokens),
+                               feature_row=table_row_id(raw, regenerate=plan.regenerate) or "")
+                       for raw in read_token_rows(plan.tokens))
+        for row, tables in _with_tables(source, tokens_rows):
             r.rows_read += 1
-            try:
-                tables = source.row(row.feature_row) if row.feature_row else None
-            except KeyError:
-                tables = None
-            except FeatureCorruptError as e:
+            if isinstance(tables, FeatureCorruptError):
                 r.rows_unreadable += 1
-                note(unmatched, Unmatched.UNREADABLE, row.id, {"id": row.id, "table_row": row.feature_row,
-                                                               "detail": str(e)})
+                unmatched.note(Unmatched.UNREADABLE, row.id, {"id": row.id, "table_row": row.feature_row,
+                                                               "detail": str(tables)})
                 continue
             if tables is None:
                 r.rows_without_tables += 1
-                note(unmatched, Unmatched.NO_TABLES, row.id, {"id": row.id, "table_row": row.feature_row,
+                unmatched.note(Unmatched.NO_TABLES, row.id, {"id": row.id, "table_row": row.feature_row,
                                                               "detail": f"no stored tables of row "
                                                                         f"{row.feature_row or '(no key)'}"})
                 continue
             got, why = align(row, tables)
             if got is None:
                 r.rows_tokens_differ += 1
-                note(unmatched, Unmatched.TOKENS_DIFFER, row.id, {"id": row.id, "table_row": row.feature_row,
+                unmatched.note(Unmatched.TOKENS_DIFFER, row.id, {"id": row.id, "table_row": row.feature_row,
                                                                   "detail": why})
                 continue
             rows.write(orjson.dumps({"index": r.rows_exported, "id": row.id, "file": files.name(),
@@ -252,10 +252,10 @@ def _write(plan: LogprobPlan, source: TableSource, stage: Path, r: LogprobExport
         files.close()
         for table_row in sorted(set(source.entries) - joined):
             r.tables_without_rows += 1
-            note(unmatched, Unmatched.NO_ROW, table_row,
+            unmatched.note(Unmatched.NO_ROW, table_row,
                  {"table_row": table_row, "detail": "no row of the tokens export names these tables, or its "
                                                     "tokens differ"})
-    r.named = {k: v for k, v in named.items() if v}
+    r.named = unmatched.named
     if cfg is not None:
         (stage / CONFIG_FILE).write_text(yaml.safe_dump(cfg.to_mapping(), sort_keys=False))
         r.max_error, r.mean_error = round(fidelity.max_error, 6), round(fidelity.mean_error, 6)
@@ -266,6 +266,20 @@ def _write(plan: LogprobPlan, source: TableSource, stage: Path, r: LogprobExport
     # and the ownership manifest aside: the summary cannot count its own bytes)
     r.files, r.bytes = len(every), sum(p.stat().st_size for p in every)
     (stage / SUMMARY_FILE).write_bytes(orjson.dumps(r.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def _with_tables(source: TableSource, rows: Iterable[TokenRow]
+                 ) -> Iterator[tuple[TokenRow, Tables | FeatureCorruptError | None]]:
+    """Each of ROWS with its tables (None: it has none), read a window of rows at a time (read.windows:
+    the rows' stored bytes, as the index says, bound it) in few large reads."""
+    def size(row: TokenRow) -> int:
+        entry = source.entries.get(row.feature_row)
+        return int(getattr(entry, "length", 0) or 0)
+
+    for window in windows(rows, size):
+        got = source.read_tables(r.feature_row for r in window if r.feature_row)
+        for row in window:
+            yield row, got.get(row.feature_row) if row.feature_row else None
 
 
 def _schema(layout: Layout) -> Any:
@@ -282,10 +296,10 @@ def format_logprobs(r: LogprobExportResult) -> str:
                     + (f", temperature {temp}" if temp is not None else "") + f"), {r.k} exported a token")),
         ("tokens rows", f"{r.rows_read:,} read from {r.tokens_file}"),
         ("exported", f"{r.rows_exported:,} rows, {r.tokens_exported:,} tokens, {r.tables_exported:,} with tables"),
-        ("  without tables", f"{r.rows_without_tables:,}" + _names(r, Unmatched.NO_TABLES)),
-        ("  other tokens", f"{r.rows_tokens_differ:,}" + _names(r, Unmatched.TOKENS_DIFFER)),
-        ("  unreadable", f"{r.rows_unreadable:,}" + _names(r, Unmatched.UNREADABLE)),
-        ("tables without rows", f"{r.tables_without_rows:,}" + _names(r, Unmatched.NO_ROW)),
+        ("  without tables", f"{r.rows_without_tables:,}" + names_of(r.named, Unmatched.NO_TABLES)),
+        ("  other tokens", f"{r.rows_tokens_differ:,}" + names_of(r.named, Unmatched.TOKENS_DIFFER)),
+        ("  unreadable", f"{r.rows_unreadable:,}" + names_of(r.named, Unmatched.UNREADABLE)),
+        ("tables without rows", f"{r.tables_without_rows:,}" + names_of(r.named, Unmatched.NO_ROW)),
         ("stored twice", f"{r.duplicate_tables:,}  (a redone job's copy; the first is used)"),
         *([("fidelity", (f"max |decompressed - stored| {r.max_error:.4g}, mean {r.mean_error:.3g} "
                         "(log-probability, as DistillKit's decoder reads them)"))]
@@ -296,13 +310,7 @@ def format_logprobs(r: LogprobExportResult) -> str:
         ("output", f"{r.output}  ({r.files:,} files, {r.bytes:,} bytes; unmatched in {UNMATCHED_FILE})"),
         ("time", f"{r.seconds:.1f} s"),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
-def _names(r: LogprobExportResult, what: Unmatched) -> str:
-    names = r.named.get(what.value) or []
-    return f"  (e.g. {', '.join(names)})" if names else ""
+    return summary_table(rows)
 
 
 def read_config(path: str) -> dk.DistillKitConfig:
@@ -360,12 +368,8 @@ def export_logprobs_command(run_name: str, tokens: str, output: str, layout: str
 
     run = check_run_name(run_name)
     kind = Layout(layout)
-    out = Path(os.path.abspath(output))
-    tokens_path = Path(os.path.abspath(tokens))
-    if not tokens_path.is_file():
-        raise UserError(f"--tokens {tokens}: no such file (make it with producer export --run {run} --format tokens)")
-    if out == tokens_path.parent or out in tokens_path.parents:
-        raise UserError(f"--output {out} holds the --tokens file: name another folder")
+    tokens_path, out = check_paths(run, tokens, output)
+    assert out is not None
     if kind is Layout.DISTILLKIT and distillkit_config is None:
         raise UserError("--layout distillkit needs --distillkit-config: DistillKit's trainer decodes the tables "
                         "with the same compression config they were written with")
@@ -373,11 +377,7 @@ def export_logprobs_command(run_name: str, tokens: str, output: str, layout: str
         raise UserError(f"--distillkit-config is for --layout distillkit, not {kind}")
     cfg = read_config(distillkit_config) if distillkit_config else None
     check_folder(out)
-    conn = connect(redis_url)
-    info = RunStore(conn).get(run)
-    if info is None:
-        usual = os.environ.get("GENQUEUE_OUTPUT") or defaults.OUTPUT
-        raise run_gone(run, usual if "://" in usual else os.path.abspath(usual), conn)
+    info = run_info(run, redis_url)
     store = feature_store_for(info.settings.output)
     try:
         reader = LogprobsReader(store, run)

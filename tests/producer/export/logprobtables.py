@@ -4,6 +4,7 @@ float32 [T, K], sorted descending), and the tokens rows they belong to."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ class MemoryTables:
 
 @dataclass
 class MemorySource:
-    """LogprobsReader's surface (entries, duplicates, manifest, row(id)) over tables in a dict."""
+    """LogprobsReader's surface (entries, duplicates, manifest, row(id), read_tables(ids)) over tables in a dict."""
 
     k: int
     tables: dict[str, MemoryTables] = field(default_factory=dict)
@@ -42,6 +43,9 @@ class MemorySource:
 
     def row(self, row: str) -> MemoryTables:
         return self.tables[row]
+
+    def read_tables(self, rows: Iterable[str]) -> dict[str, MemoryTables]:
+        return {r: self.tables[r] for r in rows if r in self.tables}
 
 
 def tables_for(completion: list[int], k: int, *, seed: int) -> MemoryTables:
