@@ -18,10 +18,15 @@ The parsing, checks and fsync run in a thread of their own, so the event loop ne
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import operator
 import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
 
 from genqueue.common import __version__, defaults
 from genqueue.common.backoff import store_backoff
@@ -64,7 +69,97 @@ def parse_tables(content: object, k: int) -> LogprobsTable:
     """The top-K tables in vLLM's `choices[0].logprobs.content` (a list, one entry per generated
     token, each with at least asked(K) top_logprobs). Raises BadLogprobsError for anything else,
     naming the first token that is not: too few entries, an id listed twice, the sampled token
-    listed with another log-probability than its own."""
+    listed with another log-probability than its own.
+
+    An answer as vLLM writes it is read in one pass into arrays and checked and sorted whole
+    (`_parse_arrays`); anything that pass cannot vouch for, every refusal included, is read entry
+    by entry (`_parse_entries`), which gives the refusal its words. Both give the same table."""
+    table = _parse_arrays(content, k)
+    return table if table is not None else _parse_entries(content, k)
+
+
+_ENTRY_KEYS = (operator.itemgetter("token"), operator.itemgetter("logprob"), operator.itemgetter("top_logprobs"))
+_PREFIX = TOKEN_PREFIX.encode()
+_COMMA, _ZERO, _NINE = ord(","), ord("0"), ord("9")
+_MAX_DIGITS = 18  # an id of at most 18 digits fits int64 exactly
+
+
+def _parse_arrays(content: object, k: int) -> LogprobsTable | None:
+    """The table of CONTENT when it is an answer as vLLM writes it: every entry a dict, every
+    token `token_id:<ASCII digits>`, every logprob a finite float, every top list of one length
+    (at least asked(K)) without a repeated id and with the sampled token at its own value; else
+    None (then `_parse_entries` reads it). The same arithmetic as `_parse_entries`: float64
+    values, math.isclose's test, a stable sort on the negated values."""
+    if not isinstance(content, list) or not content or k < 1:
+        return None
+    get_token, get_logprob, get_top = _ENTRY_KEYS
+    try:
+        if set(map(type, content)) != {dict}:
+            return None
+        tops = list(map(get_top, content))
+        if set(map(type, tops)) != {list}:
+            return None
+        widths = set(map(len, tops))
+        width = widths.pop()
+        if widths or width < asked(k):
+            return None
+        listed = list(itertools.chain.from_iterable(tops))
+        if set(map(type, listed)) != {dict}:
+            return None
+        values = list(map(get_logprob, content))
+        values.extend(map(get_logprob, listed))
+        tokens = list(map(get_token, content))
+        tokens.extend(map(get_token, listed))
+        if set(map(type, values)) != {float}:
+            return None
+        text = ",".join(tokens).encode("ascii")  # a token other than a str raises TypeError
+    except (KeyError, TypeError, UnicodeEncodeError):
+        return None
+    ids = _token_ids(text, len(tokens))
+    lps = np.array(values, dtype=np.float64)
+    if ids is None or not np.isfinite(lps).all():
+        return None
+    rows = len(content)
+    ids_top, lps_top = ids[rows:].reshape(rows, width), lps[rows:].reshape(rows, width)
+    ids_sampled, lps_sampled = ids[:rows], lps[:rows]
+    ordered = np.sort(ids_top, axis=1)
+    if (ordered[:, 1:] == ordered[:, :-1]).any():
+        return None
+    at = ids_top == ids_sampled[:, None]
+    a, b = lps_top[at], lps_sampled[at.any(axis=1)]  # ids are unique a row: one match where any
+    gap = np.abs(b - a)
+    if not ((a == b) | (gap <= np.abs(1e-6 * b)) | (gap <= np.abs(1e-6 * a)) | (gap <= 1e-6)).all():
+        return None
+    best = np.argsort(-lps_top, axis=1, kind="stable")[:, :k]
+    try:
+        return LogprobsTable.of(ids_sampled, lps_sampled, np.take_along_axis(ids_top, best, axis=1),
+                                np.take_along_axis(lps_top, best, axis=1))
+    except FeatureValueError:
+        return None
+
+
+def _token_ids(text: bytes, n: int) -> npt.NDArray[np.int64] | None:
+    """The N ids of TEXT, N tokens `token_id:<ASCII digits>` joined by commas, or None when it is not."""
+    raw = np.frombuffer(text, dtype=np.uint8)
+    commas = np.flatnonzero(raw == _COMMA)
+    # no comma inside a token, each starts with the prefix, and every byte but those is a digit
+    if commas.size != n - 1 or not text.startswith(_PREFIX) or text.count(b"," + _PREFIX) != n - 1:
+        return None
+    ends = np.append(commas, raw.size)
+    digits = ends - np.insert(commas + 1, 0, 0) - len(_PREFIX)
+    if digits.min() < 1 or digits.max() > _MAX_DIGITS \
+            or int(np.count_nonzero((raw >= _ZERO) & (raw <= _NINE))) != int(digits.sum()):
+        return None
+    first, ids = ends - digits, np.zeros(n, dtype=np.int64)
+    width = int(digits.max())
+    for j in range(width, 0, -1):  # the figures right-aligned: the j-th from each id's end
+        at = ends - j
+        np.copyto(ids, ids * 10 + raw[at].astype(np.int64) - _ZERO, where=at >= first)
+    return ids
+
+
+def _parse_entries(content: object, k: int) -> LogprobsTable:
+    """parse_tables entry by entry: any content, refusals named by the first entry that is wrong."""
     if not isinstance(content, list) or not content:
         raise BadLogprobsError("the server returned no logprobs.content for the answer's tokens (a run of "
                                "--logprobs asks for logprobs and top_logprobs)")
