@@ -183,9 +183,10 @@ def test_a_corrupt_row_in_a_shared_read_is_named_and_left_out(tmp_path: Path) ->
     report = CheckReport(index.manifest.layer_ids)
     check_rows(index, sorted(index.by_row), lambda ids, layers: features_of(ids), report, 0.05)
     feat_shard = next(s for s in garbled if not s.startswith("t1"))
-    assert [p.line() for p in report.problems] == [
-        f"row {bad}: unreadable: crc32 {_crc(plain, feat_shard, garbled[feat_shard]):08x}, the index says "
-        f"{garbled[feat_shard].crc32:08x} (shard {feat_shard}, offset {garbled[feat_shard].offset})"]
+    e = garbled[feat_shard]
+    assert [p.line() for p in report.problems] == [(
+        f"row {bad}: unreadable: crc32 {_crc(plain, feat_shard, e):08x}, the index says {e.crc32:08x} "
+        f"(shard {feat_shard}, offset {e.offset})")]
     assert report.rows_checked == 39
 
 
