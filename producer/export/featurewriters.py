@@ -119,11 +119,9 @@ class GenericWriter:
         (dest / MANIFEST).write_bytes(index.manifest.to_json())
         for shard in sorted(self.shards):
             shard_index = index.store.get_index(index.run, shard)
-            read = index.store.read_range(index.run, shard)
+            chunks = [(at, min(COPY_CHUNK, shard_index.size - at)) for at in range(0, shard_index.size, COPY_CHUNK)]
             with open(dest / shard, "wb") as fh:
-                for at in range(0, shard_index.size, COPY_CHUNK):
-                    want = min(COPY_CHUNK, shard_index.size - at)
-                    data = read(at, want)
+                for (at, want), data in zip(chunks, index.store.read_spans(index.run, shard, chunks), strict=True):
                     if len(data) != want:
                         raise FeatureError(f"feature shard {shard}: {len(data)} bytes read at {at} of {want}")
                     fh.write(data)
