@@ -21,6 +21,7 @@ from enum import StrEnum
 from hashlib import blake2b
 from typing import Any, TypeVar
 
+from genqueue.common.capture_layers import resolve_layers
 from genqueue.common.errors import GenqueueError, UserError
 
 E = TypeVar("E", bound=StrEnum)
@@ -273,13 +274,9 @@ def parse_capture(what: str | None, layers: str | None, dtype: str | None, share
         return None
     if layers is None:
         raise UserError("--capture hidden-states needs --capture-layers (the engine's layer ids, e.g. 2,16,29)")
-    ids = []
-    for piece in layers.replace(" ", "").split(","):
-        if not piece.lstrip("-").isdigit():
-            raise UserError(f"--capture-layers: {piece!r} in {layers!r} is not a layer id")
-        ids.append(int(piece))
+    ids = resolve_layers(layers)
     run_share = 1.0 if share is None else _check_share(share, "--capture-share")
-    return CaptureSettings(_choice(CaptureKind, what, "--capture"), tuple(ids),
+    return CaptureSettings(_choice(CaptureKind, what, "--capture"), ids,
                            _choice(CaptureDtype, dtype or CaptureDtype.FP8, "--capture-dtype"),
                            share=run_share if sources is None else 1.0,
                            sources=parse_sources(sources, run_share) if sources is not None else (),

@@ -651,6 +651,11 @@ CHECK_FEATURES_TOLERANCE = 0.1
 #: A reference vector shorter than this is taken as this long (an all-zero state: no division by 0).
 CHECK_FEATURES_NORM_FLOOR = 1e-6
 
+# consumer/capture/tables.py (`--logprobs`: the fast parse of vLLM's `token_id:<id>` names)
+#: The most digits an id may have on the fast path: 18 always fit int64 exactly (a longer one,
+#: never a real vocabulary's, goes through the entry-by-entry parse and its refusal).
+LOGPROBS_ID_MAX_DIGITS = 18
+
 # producer/export/coverage.py
 #: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.
 COVERAGE_WRITE_BUFFER = 256 * 1024

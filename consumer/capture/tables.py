@@ -81,7 +81,7 @@ def parse_tables(content: object, k: int) -> LogprobsTable:
 _ENTRY_KEYS = (operator.itemgetter("token"), operator.itemgetter("logprob"), operator.itemgetter("top_logprobs"))
 _PREFIX = TOKEN_PREFIX.encode()
 _COMMA, _ZERO, _NINE = ord(","), ord("0"), ord("9")
-_MAX_DIGITS = 18  # an id of at most 18 digits fits int64 exactly
+_MAX_DIGITS = defaults.LOGPROBS_ID_MAX_DIGITS
 
 
 def _parse_arrays(content: object, k: int) -> LogprobsTable | None:

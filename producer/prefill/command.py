@@ -124,8 +124,9 @@ def source_settings(conn: redis.Redis, src: str, output: str | None) -> RunSetti
               help="The finished run (made with --token-ids) whose answers the pass captures: a run "
                    "in Redis, or its output (<output>/<run>, a folder or s3://...; its run.json gives its settings).")
 @click.option("--run", "run_name", required=True, metavar="NAME", help="The pass's own run.")
-@click.option("--capture-layers", "layers", default=None, metavar="IDS",
-              help="The engine's layer ids to capture (0 = the embeddings), e.g. 2,16,29. This or --logprobs.")
+@click.option("--capture-layers", "layers", default=None, metavar="SPEC",
+              help="The layers to capture, as `producer enqueue --capture-layers` reads them: ids (0 = the "
+                   "embeddings, e.g. 2,16,29), eagle3:L, dflash:L:N or a drafter's config.json. This or --logprobs.")
 @click.option("--logprobs", "logprobs", type=int, default=None, metavar="K",
               help="Instead of hidden states: the top-K log-probability tables of each answer's generated tokens "
                    "(vLLM's prompt_logprobs, K + 1 asked), stored as a `producer enqueue --logprobs K` run stores "
