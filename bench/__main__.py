@@ -38,6 +38,7 @@ FULL = {
     "chatter": ["bench.bench_chatter", "--seconds", "60", "--warmup", "15"],
     "real_vllm": ["tests.vllm.bench_real", "--items", "2000", "--concurrency", "32", "--rounds", "4", "--pin"],
     "logprobs_cost": ["bench.bench_logprobs_cost", "--items", "400", "--rounds", "3"],
+    "capture_cost": ["bench.bench_capture_cost", "--items", "400", "--rounds", "3"],
     "real_vllm_logprobs": ["tests.vllm.bench_logprobs", "--requests", "128", "--concurrency", "32", "--rounds", "3"],
 }
 QUICK = {
@@ -59,6 +60,7 @@ QUICK = {
     "chatter": ["bench.bench_chatter", "--items", "300", "--seconds", "4", "--warmup", "4", "--step-time", "0.01",
                 "--mean-tokens", "20"],
     "logprobs_cost": ["bench.bench_logprobs_cost", "--items", "40", "--rounds", "1", "--mean-tokens", "32"],
+    "capture_cost": ["bench.bench_capture_cost", "--items", "40", "--rounds", "1", "--mean-tokens", "32"],
 }
 #: Run only where scripts/vllm-tier has built its virtualenv and model (not in --quick).
 NEEDS_VLLM = {"real_vllm", "real_vllm_logprobs"}
@@ -80,6 +82,8 @@ TITLES = {
     "real_vllm": "4. Real vLLM on CPU (the tiny model): genqueue vs a bare client at the same concurrency",
     "logprobs_cost": "Log-probability tables (--logprobs K): throughput and consumer CPU at K = 0, 20 and the engine's "
                      "maximum (stand-in)",
+    "capture_cost": "Hidden-state capture (--capture): throughput and consumer CPU with capture off, fp8 and bf16 "
+                    "(stand-in)",
     "real_vllm_logprobs": "Log-probability tables on real vLLM (the tiny model): K = 0, 20 and the engine's maximum",
 }
 

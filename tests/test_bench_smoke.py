@@ -22,6 +22,6 @@ def test_benchmark_suite_runs_at_smoke_sizes(tmp_path):
     for title in ("Saturation", "Cost", "Producer", "Export", "Longest first", "Client CPU", "2b. Consumer CPU",
                   "Fleet end of run", "Prefix-cache locality", "Pack cache",
                   "Producer by reference, packs on S3", "What a consumer sends Redis a second",
-                  "Log-probability tables (--logprobs K)"):
+                  "Log-probability tables (--logprobs K)", "Hidden-state capture (--capture)"):
         assert title in text, title
     assert "FAILED" not in text
