@@ -328,7 +328,9 @@ class Kind:
 
 HIDDEN_STATES = Kind("hidden-states", CAPTURE, capturing_sim, "features", check_capture, "capture")
 LOGPROBS = Kind("logprobs", TABLES, tables_sim, "logprobs", check_tables, "logprobs")
-both_kinds = pytest.mark.parametrize("kind", [HIDDEN_STATES, LOGPROBS], ids=str)
+# the tables' variants in the slow tier: the default suite keeps the hidden states' (the same spool, shipping
+# and recovery paths; tests/consumer/test_logprobs_e2e.py runs a --logprobs run end to end there)
+both_kinds = pytest.mark.parametrize("kind", [HIDDEN_STATES, pytest.param(LOGPROBS, marks=pytest.mark.slow)], ids=str)
 
 
 # --- (a) a consumer killed mid-capture --------------------------------------------------------

@@ -28,6 +28,7 @@ def tagged(caps: Path, spool: Path) -> set[str]:
     return {p.name for p in caps.iterdir() if tag in p.name} if caps.exists() else set()
 
 
+@pytest.mark.slow  # 27 s: a SIGSTOP, a SIGKILL and a second consumer; the sweep itself is unit-tested below
 def test_a_killed_consumers_capture_files_go_when_it_starts_again_and_no_one_elses(tmp_path, redis_url, conn):
     """Consumer a is frozen (SIGSTOP) with requests in flight: the engine finishes them, writes
     their files and sends the answers into a's socket, which no one reads; then a is SIGKILLed.

@@ -140,7 +140,8 @@ def check_pass(recs: list[dict[str, Any]], src: Source, out: Path, run: str, cho
     return rows
 
 
-@pytest.mark.parametrize(("prompts", "which"), [(INLINE, "plain"), (BY_REFERENCE, "drafted")], ids=str)
+@pytest.mark.parametrize(("prompts", "which"), [(INLINE, "plain"),
+                                               pytest.param(BY_REFERENCE, "drafted", marks=pytest.mark.slow)], ids=str)
 def test_a_pass_captures_every_row_and_export_features_joins_them(module, redis_url, conn, tmp_path,
                                                                    prompts: Prompts, which: str) -> None:
     src: Source = getattr(module, which)
@@ -185,7 +186,8 @@ def test_a_pass_captures_every_row_and_export_features_joins_them(module, redis_
     assert st["capture"]["rows"] == len(src.rows), st["capture"]
 
 
-@both_modes_reference_slow  # ~12 s each: inline in the default suite, by reference in the slow tier
+@pytest.mark.slow  # 18-27 s each, both modes: the pass is a run of items as any, whose kill the default suite proves
+@both_modes_reference_slow
 def test_a_consumer_killed_mid_pass_costs_at_most_its_work_in_flight(module, redis_url, conn, tmp_path,
                                                                      prompts_mode: Prompts) -> None:
     src: Source = module.drafted

@@ -149,6 +149,7 @@ def test_a_table_of_another_token_is_an_error_record_never_a_row(tmp_path, redis
     check_tables(recs, tmp_path / "out", "bad")  # what was kept is right
 
 
+@pytest.mark.slow  # 20 s: test_capture_faults kills a --logprobs run in both modes in the slow tier too
 def test_a_consumer_killed_mid_run_loses_no_table_and_misaligns_none(tmp_path, redis_url, conn):
     _enqueue(tmp_path, redis_url, "kill", 120)
     sim = Sim(tmp_path, "--mean-tokens", "30", "--step-time", "0.01", "--slots", "32")
@@ -209,6 +210,7 @@ def test_an_engine_whose_values_are_processed_is_refused_at_the_pre_flight(tmp_p
     assert conn.llen("rq:queue:genqueue.proc") == jobs, "every job still waits in its queue"
 
 
+@pytest.mark.slow  # 13 s with SeaweedFS: the S3 fault test keeps a --logprobs run on S3 too
 def test_a_logprobs_run_to_s3_keeps_every_answers_tables(tmp_path, redis_url, conn, s3_server, s3_env):
     prefix, env = "runs/logprobs", {"REDIS_URL": redis_url, **s3_server.env}
     data = write_jsonl(tmp_path / "lps3.jsonl", [sharegpt(i, turns=1 + i % 3) for i in range(16)])

@@ -132,7 +132,8 @@ def check_pass(recs: list[dict[str, Any]], src: Source, out: Path, run: str) -> 
     return reader
 
 
-@pytest.mark.parametrize(("prompts", "which"), [(INLINE, "plain"), (BY_REFERENCE, "regen")], ids=str)
+@pytest.mark.parametrize(("prompts", "which"), [(INLINE, "plain"),
+                                               pytest.param(BY_REFERENCE, "regen", marks=pytest.mark.slow)], ids=str)
 def test_a_logprobs_pass_stores_every_rows_tables_and_export_logprobs_joins_them(module, redis_url, conn, tmp_path,
                                                                                  prompts: Prompts, which: str) -> None:
     src: Source = getattr(module, which)
@@ -164,6 +165,7 @@ def test_a_logprobs_pass_stores_every_rows_tables_and_export_logprobs_joins_them
     assert again["enqueue"]["items"] == 0 and again["enqueue"]["already_done"] == len(src.rows), again["enqueue"]
 
 
+@pytest.mark.slow  # 19 s and more, both modes: the hidden-state pass and the generation kill tests cover the path
 @both_modes_reference_slow
 def test_a_consumer_killed_mid_logprobs_pass_costs_at_most_its_work_in_flight(module, redis_url, conn, tmp_path,
                                                                               prompts_mode: Prompts) -> None:
