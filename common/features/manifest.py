@@ -60,14 +60,12 @@ class FeatureManifest:
         """The canonical JSON less the genqueue version: what makes two captures one. Consumers
         of two genqueue releases capturing one run make one capture (each record names the code
         that made it); the manifest stored keeps the version of the first to store it."""
-        body = json.loads(self.to_json())
-        body.pop("genqueue_version", None)
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return identity_of(self.to_json())
 
     @property
     def digest(self) -> str:
         """sha256 of the identity, first 16 hex: what indexes and rows name the capture by."""
-        return hashlib.sha256(self.identity()).hexdigest()[:16]
+        return digest_of(self.identity())
 
     @classmethod
     def from_json(cls, raw: bytes) -> FeatureManifest:
@@ -85,6 +83,18 @@ class FeatureManifest:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise FeatureError(f"unreadable feature manifest: {e}") from None
+
+
+def identity_of(manifest_json: bytes) -> bytes:
+    """A manifest's canonical JSON less the genqueue version (hidden states' and tables' alike)."""
+    body = json.loads(manifest_json)
+    body.pop("genqueue_version", None)
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def digest_of(identity: bytes) -> str:
+    """sha256 of a manifest's identity, first 16 hex: what shards, indexes and rows name a capture by."""
+    return hashlib.sha256(identity).hexdigest()[:16]
 
 
 def check_manifest(where: str, stored: bytes, manifest: FeatureManifest) -> None:

@@ -10,7 +10,6 @@ shapes and the format, and reads rows back from a store).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from dataclasses import asdict, dataclass
@@ -22,7 +21,7 @@ import numpy.typing as npt
 
 from genqueue.common import defaults
 from genqueue.common.errors import FeatureError, FeatureManifestConflictError, FeatureValueError
-from genqueue.common.features.manifest import FeatureManifest, check_manifest
+from genqueue.common.features.manifest import FeatureManifest, check_manifest, digest_of, identity_of
 from genqueue.common.features.names import MANIFEST as HIDDEN_MANIFEST_NAME
 from genqueue.common.logprobs import LogprobsMode
 
@@ -80,14 +79,12 @@ class LogprobsManifest:
 
     def identity(self) -> bytes:
         """The canonical JSON less the genqueue version: what makes two table captures one."""
-        body = json.loads(self.to_json())
-        body.pop("genqueue_version", None)
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return identity_of(self.to_json())
 
     @property
     def digest(self) -> str:
         """sha256 of the identity, first 16 hex: what shards and rows name the capture by."""
-        return hashlib.sha256(self.identity()).hexdigest()[:16]
+        return digest_of(self.identity())
 
     @classmethod
     def from_json(cls, raw: bytes) -> LogprobsManifest:
