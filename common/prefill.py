@@ -24,20 +24,19 @@ chosen, which status and the card read.
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-
-import numpy as np
 
 from genqueue.common.capture import CaptureDtype
 from genqueue.common.errors import UserError
 from genqueue.common.logprobs import asked
 
 #: The id bytes a stored row holds beside its hidden states (token_ids, int64 per token).
-ID_BYTES = np.dtype(np.int64).itemsize
+ID_BYTES = struct.calcsize("<q")
 #: The fp8 scale a stored row holds per token (float32).
-SCALE_BYTES = np.dtype(np.float32).itemsize
+SCALE_BYTES = struct.calcsize("<f")
 
 
 #: What a prefill adds to its /v1/completions body: the prompt's hidden states, the prompt's alone

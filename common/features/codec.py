@@ -27,22 +27,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from genqueue.common.errors import FeatureValueError
 
-F8: np.dtype[Any] = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+
+@cache
+def _ml_dtypes() -> tuple[np.dtype[Any], np.dtype[Any]]:
+    """(float8_e4m3fn, bfloat16): ml_dtypes is imported on first use, not with the module, as it
+    costs every command that only names a FeatureDtype (status, the consumer's start) ~0.5 s of CPU."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.bfloat16)
+
+
+def f8_dtype() -> np.dtype[Any]:
+    return _ml_dtypes()[0]
+
+
+def bf16_dtype() -> np.dtype[Any]:
+    return _ml_dtypes()[1]
+
+
 #: The largest finite e4m3fn value, code S.1111.110 (448): a token's largest |x| is encoded as this.
-FP8_MAX = np.float32(np.array([0x7E], dtype=np.uint8).view(F8).astype(np.float32)[0])
+FP8_MAX = np.float32(448.0)
 #: The scale's floor, as speculators clamps it: an all-zero token keeps a usable scale.
 SCALE_FLOOR = np.float32(1e-12)
 #: bf16's largest finite value (code 0x7F7F): a float32 above it would round to infinity.
-BF16_MAX = np.float32(np.array([0x7F7F], dtype=np.uint16).view(BF16).astype(np.float32)[0])
+BF16_MAX = np.array([0x7F7F0000], dtype=np.uint32).view(np.float32)[0]
 
 Float32Array = npt.NDArray[np.float32]
 
@@ -65,7 +81,7 @@ class FeatureDtype(StrEnum):
 
     @property
     def numpy(self) -> np.dtype[Any]:
-        return F8 if self is FeatureDtype.FP8_E4M3 else BF16
+        return f8_dtype() if self is FeatureDtype.FP8_E4M3 else bf16_dtype()
 
     @property
     def safetensors(self) -> str:
@@ -142,9 +158,9 @@ def encode(hidden: npt.ArrayLike, dtype: FeatureDtype) -> EncodedFeatures:
         over = np.flatnonzero(amax > BF16_MAX)
         if over.size:
             raise FeatureValueError(f"hidden states of token {int(over[0])} exceed bfloat16's range")
-        return EncodedFeatures(dtype, x.astype(BF16), None)
+        return EncodedFeatures(dtype, x.astype(bf16_dtype()), None)
     scales = np.maximum(amax / FP8_MAX, SCALE_FLOOR).astype(np.float32)
-    codes = (x / scales[:, None, None]).astype(F8)
+    codes = (x / scales[:, None, None]).astype(f8_dtype())
     return EncodedFeatures(dtype, codes, scales)
 
 
@@ -154,7 +170,7 @@ def _checked(hidden: npt.ArrayLike) -> Float32Array:
         raise FeatureValueError(f"hidden states must be [tokens, layers, hidden]; got shape {list(x.shape)}")
     if 0 in x.shape:
         raise FeatureValueError(f"hidden states hold no values: shape {list(x.shape)}")
-    if x.dtype.kind != "f" and x.dtype not in (BF16, F8):
+    if x.dtype.kind != "f" and x.dtype not in _ml_dtypes():
         raise FeatureValueError(f"hidden states must be floating point; got {x.dtype}")
     return x.astype(np.float32, copy=False)
 

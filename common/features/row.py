@@ -120,12 +120,13 @@ def unpack_row(blob: bytes | memoryview) -> FeatureRow:
         raise RowFormatError(f"not a features row: {e}") from None
 
 
-_NUMPY: dict[str, np.dtype[Any]] = {"I64": np.dtype("<i8"), "F32": np.dtype("<f4"),
-                                    **{d.safetensors: d.numpy for d in FeatureDtype}}
+_NUMPY: dict[str, np.dtype[Any]] = {"I64": np.dtype("<i8"), "F32": np.dtype("<f4")}
+_FEATURE_DTYPES = {d.safetensors: d for d in FeatureDtype}
 
 
 def _tensor(data: memoryview, spec: dict[str, Any]) -> npt.NDArray[Any]:
-    dtype = _NUMPY.get(spec["dtype"])
+    feature = _FEATURE_DTYPES.get(spec["dtype"])
+    dtype = feature.numpy if feature is not None else _NUMPY.get(spec["dtype"])
     if dtype is None:
         raise RowFormatError(f"a tensor of dtype {spec['dtype']}")
     start, end = (int(v) for v in spec["data_offsets"])

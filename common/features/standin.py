@@ -9,11 +9,10 @@ bfloat16, as vLLM hands hidden states over. The same inputs give the same bits o
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from genqueue.common.features.codec import Float32Array
+from genqueue.common.features.codec import Float32Array, bf16_dtype
 
 U64 = npt.NDArray[np.uint64]
 
@@ -51,5 +50,5 @@ def _features(ids: npt.NDArray[np.int64], positions: npt.NDArray[np.int64], laye
     bits = _splitmix(key ^ np.arange(hidden, dtype=np.uint64)[None, None, :])  # [T, L, H]
     unit = (bits >> np.uint64(40)).astype(np.float64) / float(1 << 23) - 1.0  # 24 bits in [-1, 1)
     magnitude = (layers.astype(np.float64) + 1.0)[None, :, None]
-    out: Float32Array = (unit * magnitude).astype(ml_dtypes.bfloat16).astype(np.float32)
+    out: Float32Array = (unit * magnitude).astype(bf16_dtype()).astype(np.float32)
     return out

@@ -4,6 +4,8 @@ error each dtype may carry (measured against the stated bound), and the inputs i
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from genqueue.common.errors import FeatureValueError
-from genqueue.common.features import BF16_ERROR, FP8_ERROR, FeatureDtype, bytes_per_token, encode
+from genqueue.common.features import BF16_ERROR, FP8_ERROR, FeatureDtype, bytes_per_token, codec, encode
 from genqueue.common.features.codec import EncodedFeatures
 
 
@@ -150,3 +152,17 @@ def test_bytes_per_token() -> None:
     assert bytes_per_token(4, 5120, FeatureDtype.BF16) == 40_968
     with pytest.raises(ValueError):
         bytes_per_token(0, 128, FeatureDtype.BF16)
+
+
+def test_the_range_limits_are_ml_dtypes_own() -> None:
+    assert codec.FP8_MAX == np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+    assert codec.BF16_MAX == np.float32(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+
+
+def test_commands_start_without_ml_dtypes() -> None:
+    """ml_dtypes costs ~0.5 s of CPU to import: the CLIs and the consumer load it only when a row
+    is encoded or decoded, not at start."""
+    code = ("import sys, genqueue.producer.cli, genqueue.producer.status.core, genqueue.consumer.worker, "
+            "genqueue.common.features; print(sorted(m for m in ('ml_dtypes',) if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
