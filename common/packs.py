@@ -1,14 +1,8 @@
 """Packs: a run's converted items, written once, compressed, and read back by range (pure).
 
-Issue 34 moves the prompts out of Redis: the producer writes its items into packs in the run's
-output store (common/storage/names.py names them) and a job names a pack and a range of items
-instead of carrying them. This module is the format alone: bytes in, bytes out, no I/O.
-
-The format was chosen by measurement (bench/bench_packs.py, BENCHMARKS.md "Packs"): a zstd frame
-per block of items with an index at the end, against Parquet row groups and Arrow IPC batches.
-Items are nested JSON of varying shape, so both columnar formats hold them as one JSON column
-and add their own framing and a decode to Python on top; this one decodes a block straight
-into the items' dicts. Layout, little-endian:
+By reference (`--prompts reference`) the producer writes its items into packs in the run's output
+store (common/storage/names.py names them) and a job names a pack and a block instead of carrying
+its items. This module is the format alone: bytes in, bytes out, no I/O. Layout, little-endian:
 
     header   b"GQPK", u16 version, u16 reserved                           (8 bytes)
     blocks   one zstd frame each (content size and content checksum on):
@@ -18,11 +12,11 @@ into the items' dicts. Layout, little-endian:
              u16 version, u16 reserved, b"GQPK"                            (28 bytes)
 
 The footer is at the end so a reader holding only the pack's size can fetch its tail, then the
-blocks it needs (a ranged GET), as Parquet readers do; a block's entry (offset, length, crc32)
-is all a reader needs to check and decode it alone. Every read checks what it reads: the magic
-and version, the index's crc32, each block's crc32 (and zstd's own checksum of the content),
-and that a block holds as many items as its entry says. A pack that fails raises a PackError
-subclass naming the pack; nothing is ever skipped.
+blocks it needs (a ranged GET); a block's entry (offset, length, crc32) is all a reader needs to
+check and decode it alone. Every read checks what it reads: the magic and version, the index's
+crc32, each block's crc32 (and zstd's own checksum), and that a block holds as many items as
+its entry says. A pack that fails raises a PackError subclass naming the pack; nothing is ever
+skipped. Why this format: docs/decisions.md, "Packs: a zstd frame a block, an index at the end".
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ The pass is a run of its own (NEW) whose items each name one feature row of the 
 capture during generation gives) and its token ids (the prompt the engine rendered followed by
 the ids it generated, as SRC's tokens export holds them). A consumer sends the ids as a
 /v1/completions prompt with `max_tokens: 1` and `kv_transfer_params` (prompt only), checks the
-captured ids are the ones it sent, and stores the row under that id, so
-`producer export-features --run NEW --tokens <SRC's tokens export>` joins every row by id.
+captured ids are the ones it sent, and stores the row under that id, so `producer
+export-features --run NEW --tokens <SRC's tokens export>` joins every row by id.
 
 A --logprobs pass asks instead for `prompt_logprobs: K + 1` (PROMPT_FIELDS: vLLM's list per
 prompt position, None first, each a dict id -> {logprob, rank, decoded_token} holding the
@@ -17,8 +17,7 @@ keeps the positions of the answer's generated tokens (the item's `completion` la
 same table rows, under the same row ids, an in-generation --logprobs run stores, so
 `producer export-logprobs --run NEW --tokens <SRC's tokens export>` joins every row by id.
 
-Part of NEW's settings (`RunSettings.prefill`): where the rows come from and how they were
-chosen, which status and the card read.
+NEW's settings hold where the rows come from and how they were chosen (`RunSettings.prefill`).
 """
 
 from __future__ import annotations

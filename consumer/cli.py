@@ -126,11 +126,10 @@ def _tune_gc() -> None:
     """Make the cyclic collector cheap for a process that allocates a few dicts per item.
 
     Everything imported so far lives for the whole run, so it is frozen out of every later
-    collection; and the youngest generation is collected every 10,000 net allocations instead
-    of 700, since almost everything an item allocates is freed by reference counting anyway.
-    Measured on bench.bench_consumer's load (20,000 items, 256 in flight): the collector's time
-    falls from 0.39 s in 1,400 collections to 0.06 s in 136, about 17 -> 3 us per item. Memory
-    is unchanged but for the few cycles an item makes, which wait a little longer.
+    collection; and the youngest generation is collected every GC_YOUNG_THRESHOLD net
+    allocations, since almost everything an item allocates is freed by reference counting
+    anyway (the collector's time: BENCHMARKS.md, "What limited each figure"). Memory is
+    unchanged but for the few cycles an item makes, which wait a little longer.
     """
     gc.collect()
     gc.freeze()

@@ -6,8 +6,7 @@ loop and never run concurrently with each other) and rides out Redis being unrea
 it retries with jittered backoff until Redis answers, or until a hard stop. A Redis at its
 maxmemory (common/keepers/redismem.py: a refused write is not applied) is ridden out the same way:
 every write waits, held jobs stay held and results stay in the spool, until memory is freed. The call is
-typed with ParamSpec, so a call with the wrong arguments fails type-checking (the
-positional `retry` that made a poison pill of a malformed job could not be written today).
+typed with ParamSpec, so a call with the wrong arguments fails type-checking.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The items of a run's jobs by reference, for the producer's readers of jobs (the reconcile):
-the pack table read once, each pack's index once, a ranged read per job (issue 34).
+the pack table read once, each pack's index once, a ranged read per job.
 
 A pack that cannot be read now is no reason to guess: the reconcile needs every live job's
 items, or it would take them for lost and queue them twice. So it stops with one line naming

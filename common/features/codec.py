@@ -7,20 +7,14 @@ They are stored in one of two dtypes (FeatureDtype):
   bytes torch.float8_e4m3fn and safetensors' F8_E4M3 hold, with **one float32 scale per token**,
   shared by all its layers and its whole hidden vector. That is what speculators' fp8 connector
   writes (`hidden_states` fp8 [T, L, H] beside `hidden_states_scales` fp32 [T, 1, 1]), with the
-  same arithmetic: scale = max(amax(|x[t]|) / 448, 1e-12), code = RNE(x / scale), all in float32.
-  So a row encoded here is bit for bit the row speculators' trainer would have read from its own
-  connector, and acceptance at parity with bf16 was measured there. (ml_dtypes' cast and torch's
-  agree on every float32 up to 464 in magnitude; past it torch saturates and ml_dtypes gives
-  NaN, but x / scale never passes 448.)
+  same arithmetic: scale = max(amax(|x[t]|) / 448, 1e-12), code = RNE(x / scale), all in float32,
+  so a row encoded here is bit for bit the row speculators' trainer reads from its own connector.
+  (ml_dtypes' cast and torch's differ only past 464 in magnitude, which x / scale never reaches.)
 - BF16: bfloat16, round to nearest even; vLLM's own bf16 comes through unchanged.
 
 Decoding gives float32: code x scale in float32 (fp8), or the bf16 value widened (exact).
-
-The error of a decoded element x' of x, with s the token's scale (FP8_ERROR, BF16_ERROR):
-    fp8:  |x' - x| <= |x| / 17 + 2**-10 * s  (+ 2**-22 * |x| of float32 arithmetic): half an ulp
-          of a 3-bit mantissa is at most 1/17 of the value, so at most 5.9 % of |x| for
-          |x| >= amax / 28672 (fp8's normal range), and at most amax / 458752 below it.
-    bf16: |x' - x| <= 2**-8 * |x| + 2**-134  (0 when x is a bf16 value already, as vLLM's are).
+The error a decoded element may carry is FP8_ERROR's or BF16_ERROR's (`error_bound`): for fp8
+at most 1/17 of |x| plus 2**-10 of the token's scale, for bf16 2**-8 of |x|.
 """
 
 from __future__ import annotations

@@ -4,37 +4,19 @@ the feature store, beside (never inside) hidden-state rows.
 What a table row reads back as (`LogprobsTable`; `LogprobsReader.row`, `read_table`), for an
 answer of T generated tokens at a run's K:
 
-    sampled_ids       int32   [T]     the token the engine generated at each position: the
-                                      answer's completion token ids, in order
+    sampled_ids       int32   [T]     the token the engine generated at each position (the
+                                      answer's completion token ids, in order)
     sampled_logprobs  float32 [T]     that token's log-probability
     topk_ids          int32   [T, K]  the K most likely ids at each position, most likely first
     topk_logprobs     float32 [T, K]  their log-probabilities, sorted descending (ties in any order)
 
-Position t is the distribution the engine sampled completion token t from (its prompt is the
-conversation so far plus completion tokens 0..t-1). The values are what the engine's
-`--logprobs-mode` gives (the manifest names it; `raw_logprobs`, vLLM's default, is the model's
-own log-softmax before temperature and the other sampling processors), as vLLM's OpenAI server
-returns them: a log-probability below -9999 reads as -9999.
-
-Stored (safetensors, one file a row, framed in a feature shard as hidden-state rows are):
-
-    sampled_ids I32 [T], sampled_logprobs F16 [T], topk_ids I32 [T, K], topk_logprobs F16 [T, K]
-    __metadata__  format, version, row, kind "logprobs", k, capture (the manifest's digest)
-
-so a token costs 6 x (K + 1) bytes (126 B at K = 20, 774 B at K = 128) and a row ~300 B more.
-Ids are int32 (vocabularies pass 65,536). Values are IEEE fp16: a log-probability x comes back
-within |x| x 2**-11 (half an ulp of an 11-bit significand), 0.005 at x = -10, a relative error of
-0.5 % on a probability of 4.5e-5; bf16 (2**-8) is 8 times coarser for the same two bytes, and
-8-bit codes with a scale (DistillKit's) save one byte a value at ~30 times the error. fp16's
-range (to -65504) holds vLLM's floor of -9999, and rounding is monotone, so a sorted table stays
-sorted. A row is checked before it is stored (`check_table`): the sampled ids are the answer's
-completion ids, every table has K entries sorted descending, nothing is NaN, and in a
-log-probability mode no value is above 0 and a table's probabilities sum to at most 1 + SUM_EPS.
-
-The run's manifest for its tables (`LogprobsManifest`: model, K, mode, temperature, value dtype)
-is stored once as `<run>/features/logprobs.json`, beside the hidden states' `manifest.json`;
-every table shard's header and index name its digest, so hidden-state readers never take a
-table shard for one of theirs.
+Position t is the distribution completion token t was sampled from. The values are what the
+engine's `--logprobs-mode` gives (the manifest names it), as vLLM's OpenAI server returns them
+(below -9999 reads as -9999). Stored as safetensors rows (tables.py): ids int32, values fp16,
+6 x (K + 1) bytes a token; a value comes back within |x| x 2**-11, and a sorted table stays sorted.
+The tables' manifest (`LogprobsManifest`) is `<run>/features/logprobs.json`; every table shard's
+header and index name its digest, so hidden-state readers never take a table shard for theirs.
+Why fp16: docs/decisions.md, "Log-probability values in fp16".
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class LocalStore:
     def put_run_file(self, run: str, data: bytes) -> str:
         return _put_whole(self.root / run_settings_name(run), data)
 
-    # --- packs (issue 34) ------------------------------------------------------------
+    # --- packs -----------------------------------------------------------------------
     def _pack_path(self, run: str, name: str) -> Path:
         if parse_pack_name(name) is None:
             raise StoreError(f"not a pack name: {name!r}")

@@ -10,7 +10,7 @@ pre-flight write, read back and remove (ShardStore.probe): beside run.json, wher
 outside `shards/` (a probe left behind is never listed as a shard). The consumer's spool, the local store,
 the S3 store and the export all take names from here, so a change of layout is one edit.
 
-Packs (issue 34, prompts by reference; common/packs.py is their format) live beside the shards,
+Packs (prompts by reference; common/packs.py is their format) live beside the shards,
 under `<output>/<run>/packs/`: each is `<writer>-<seq:06d>.gqpack`, WRITER naming one producer
 invocation (unique, as a shard's worker is), SEQ its packs in order. A pack is written once, whole,
 and never changed: a job that names it reads the items it was enqueued with.

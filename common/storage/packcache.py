@@ -1,42 +1,22 @@
-"""A host's disk cache of whole packs (issue 34, by reference), shared by its consumers.
+"""A host's disk cache of whole packs (prompts by reference), shared by its consumers.
 
-A pack (about 1,024 items, 1-3 MB) is read by its 32 jobs, which land on whichever consumers
-dequeue them; the consumers of one host (`consumer launch` starts one per GPU) share one
-directory, so the pack is fetched once, whole, for all of them, and each job's block is read
-from the local file. Measured (bench/bench_packcache.py, BENCHMARKS.md "Pack cache, 4 consumers
-on one host"): against a ranged GET per job, one whole GET per pack and host.
+A pack's jobs land on whichever consumers dequeue them; the consumers of one host share one
+directory, so a pack is fetched once, whole, for all of them, and each job's block is read from
+the local file (why: docs/decisions.md, "A host caches whole packs"). The rules:
 
-The rules:
-
-- **Complete files only.** A fetch writes the pack to a temporary file in the cache directory
-  (`.tmp-<pid>-<random>-<name>`) and renames it into place (os.replace), after checking it all:
-  its header, footer and index (common/packs.py) and every block's crc32. Another consumer sees
-  the whole file or none. No fsync: a cache file cut short by a crash fails its own checks.
-- **Checked when read.** A cached file's footer and index are checked when a reader opens it,
-  and the block it reads against its index entry; a file that fails is deleted and the pack
-  fetched again, never served. A pack that fails its checks as fetched is the pack's fault
-  (PackError), as without the cache.
-- **One key per pack, store and run.** A file is named `<digest>-<pack name>`, the digest a
-  sha256 of the store's endpoint (S3) and the pack's location (its bucket or directory, run and
-  name): two runs, outputs or buckets holding a pack of the same name never share a file.
-  Packs are written once and never changed (names.py: a writer's name is its invocation's own),
-  so a cached file never goes stale.
-- **Bounded, least recently used out.** Each read touches its file's mtime (atime is unreliable
-  under relatime); after each fetch, the oldest files go until the cache holds at most
-  max_bytes. A file another consumer is reading may be removed: POSIX keeps an open file
-  readable, and a reader that finds its file gone fetches it again. Temporary files older than
-  PACK_CACHE_TEMP_AGE (a fetcher that died) go in the same sweep.
-- **One fetch per pack and host.** Consumers take a pack's jobs one after another (they are
-  queued together), so all of a host's consumers miss a new pack at once. The first takes its
-  lock file (`.lock-<file>`, O_EXCL, its pid inside) and fetches; the others wait until the pack
-  is in place (threads of one consumer wait on a lock in memory first). Never a deadlock: a lock
-  whose pid is not alive is taken over at once, and after PACK_CACHE_LOCK_WAIT seconds a waiter
-  fetches the pack itself; should two fetch at once all the same, the second rename replaces
-  the first's identical file. A fetch that fails (the store is out) removes its lock, and the
-  next waiter tries itself.
-- **The cache never fails a job.** A cache directory that cannot be written (read-only, full)
-  logs a warning once and the fetched pack is read from memory; the store's own errors
-  (PackNotFoundError, StoreError) pass through as without the cache.
+- **Complete files only**: a fetch is checked whole (header, footer, index, every block's crc32)
+  in a temporary file (`.tmp-<pid>-<random>-<name>`) renamed into place; no fsync, since a file
+  cut short by a crash fails its own checks. A pack that fails as fetched is a PackError.
+- **Checked when read**: a cached file's footer and index when opened, the block against its
+  entry; a file that fails is deleted and the pack fetched again, never served.
+- **One key per pack, store and run**: `<digest>-<pack name>`, the digest a sha256 of the S3
+  endpoint and the pack's location; packs are never changed, so a file never goes stale.
+- **Bounded, least recently used out**: reads touch the mtime; after each fetch the oldest files
+  go down to max_bytes (an open file stays readable; a reader that finds its file gone fetches
+  again), and temporary files older than PACK_CACHE_TEMP_AGE with them.
+- **One fetch per pack and host**, under a lock file (`PackCache.fetching`), never a deadlock.
+- **The cache never fails a job**: a directory that cannot be written logs a warning once and
+  the pack is read from memory; the store's own errors pass through as without the cache.
 """
 
 from __future__ import annotations
@@ -132,7 +112,13 @@ class PackCache:
     @contextlib.contextmanager
     def fetching(self, path: Path) -> Iterator[None]:
         """Held while this process fetches PATH: its other threads, and the host's other
-        consumers, wait until PATH is in place (or the fetch failed), then look again."""
+        consumers, wait until PATH is in place (or the fetch failed), then look again.
+
+        A host's consumers miss a new pack at once (its jobs are queued together). The first takes
+        the lock file (`.lock-<file>`, O_EXCL, its pid inside) and fetches; the others wait (threads
+        of one consumer on a lock in memory first). A lock whose pid is not alive is taken over at
+        once, and after PACK_CACHE_LOCK_WAIT seconds a waiter fetches the pack itself (two renames
+        of the same pack replace identical files). A fetch that fails removes its lock."""
         with self._stripes[hash(path) % _STRIPES]:
             lock = self._lock(path)
             try:

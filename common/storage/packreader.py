@@ -1,26 +1,22 @@
-"""Reading a job's items from its pack (issue 34, by reference): from the host's disk cache of
+"""Reading a job's items from its pack (prompts by reference): from the host's disk cache of
 whole packs when there is one, else the pack's index once and one ranged GET of the job's block.
 
-With a disk cache (common/storage/packcache.py, `consumer run --pack-cache`): a pack not cached
-is fetched whole (one GET), checked and renamed into the cache directory, which the consumers
-of the host share; each job's block is then read from the local file. Without one: per pack the
-reader fetches the tail once (PACK_TAIL_BYTES: the footer and, mostly, the whole index; a
-larger index takes one more ranged GET), and each job costs one ranged GET of its block (about
-36 KB for 32 items of 1-4 KB). Either way the index is kept in memory for the last
-PACK_INDEX_CACHE packs read (least recently used first out), and each block is decompressed
-and checked against its index entry.
+With a disk cache (common/storage/packcache.py, `consumer run --pack-cache`) a pack not cached is
+fetched whole, checked and renamed into the cache directory the host's consumers share; each
+job's block is then read from the local file. Without one, per pack the reader fetches the tail
+once (PACK_TAIL_BYTES: the footer and, mostly, the whole index; a larger index takes one more
+ranged GET), and each job one ranged GET of its block. Either way the index of the last
+PACK_INDEX_CACHE packs read stays in memory, and each block is decompressed and checked.
 
 Errors: a pack that is not there raises PackNotFoundError, one that does not read as a pack a
-PackError (common/errors.py); both are the pack's fault, and its job fails with them (never a
-skip). A StoreError is the store's trouble now (an outage, a timeout): the job goes back to its
-queue. An index found bad is dropped from the memory cache, so the next read fetches it again;
-a cached file found bad is deleted and the pack fetched again at once (the store's copy is the
-truth). Thread-safe: the consumer reads from worker threads (the intake's, the end-of-run
-copies').
+PackError; both are the pack's fault, and its job fails with them (never a skip). A StoreError
+is the store's trouble now (an outage): the job goes back to its queue. An index found bad is
+dropped (the next read fetches it), a cached file found bad deleted and fetched again at once.
+Thread-safe: the consumer reads from worker threads (the intake's, the end-of-run copies').
 
-Counters (`counts()`, shown in the consumer's metrics as genqueue_pack_reads): GETs by kind
-(whole packs, ranges: tails, indexes and blocks), the bytes they brought, and the blocks read
-from the disk cache (hits) or after fetching their pack (misses).
+Counters (`counts()`, the consumer's genqueue_pack_reads): GETs by kind (whole packs, tails,
+indexes, blocks), the bytes they brought, and the blocks read from the disk cache (hits) or after
+fetching their pack (misses).
 """
 
 from __future__ import annotations

@@ -1,30 +1,23 @@
 """A run's output in S3 (or any S3-compatible store: SeaweedFS, MinIO, Ceph RGW).
 
-Object names follow `names.py` under the URL's prefix: `<prefix>/<run>/shards/<worker>-<seq>.jsonl`,
-then its `<worker>-<seq>.manifest.json`. The manifest is written only after the shard was
-uploaded and verified, so a manifest's presence means its shard is complete.
+Object names follow `names.py` under the URL's prefix; a shard's manifest is written only after
+the shard was uploaded and verified, so a manifest's presence means its shard is complete.
+Credentials come from boto3's standard chain only. An S3-compatible endpoint comes from
+`GENQUEUE_S3_ENDPOINT`, or from `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3` (read by botocore);
+with a custom endpoint, path-style addressing is used (what self-hosted stores expect).
 
-Credentials come from boto3's standard chain only (env, shared files, instance roles). An
-S3-compatible endpoint comes from `GENQUEUE_S3_ENDPOINT`, or from `AWS_ENDPOINT_URL` /
-`AWS_ENDPOINT_URL_S3`, which botocore reads itself; with a custom endpoint, path-style addressing
-is used (what self-hosted stores expect).
+Integrity: every upload carries `ChecksumAlgorithm=SHA256` (the server checks each part as it
+arrives) and the whole file's sha256 as object metadata; after it, a HEAD must show the right
+size and sha256, and the server's own checksum (whole-object, or COMPOSITE per part) must match.
 
-Integrity: every upload carries `ChecksumAlgorithm=SHA256`, so the server checks each part as it
-arrives (SeaweedFS answers a mismatch with BadDigest), and the whole file's sha256 as object
-metadata. After the upload, a HEAD must show the right size and sha256, and the server's own
-checksum (whole-object, or COMPOSITE per part for a multipart upload) must match the file.
+`ship` raises on any failure; the consumer retries with backoff. A multipart upload a dead server
+left open is aborted by `abort_stale_uploads`, which each store runs before its first upload until
+one sweep has reached the server (in the shipping thread: never the event loop). Reading (`open`)
+downloads to an anonymous temporary file with the transfer manager (ranged, retried GETs), so a
+reader never holds a long-lived HTTP stream that a blip would break.
 
-`ship` raises on any failure; the consumer retries with backoff. A server that dies in the
-middle of a multipart upload leaves the upload open: `abort_stale_uploads` aborts those under
-the prefix; each store runs it before its first upload, until one sweep has reached the server
-(in the shipping thread, so a slow or absent server never blocks the consumer's event loop).
-Reading (`open`) downloads to an anonymous temporary file with the transfer manager (ranged,
-retried GETs): a reader never holds a long-lived HTTP stream that a blip would break.
-
-Packs (issue 34) are one PUT each (whole or not at all, checked by the server's SHA256) and are
-read whole, by a byte range (a GET with `Range: bytes=a-b`), or by their tail (`bytes=-n`, whose
-Content-Range gives the pack's size): a consumer fetches a pack's index once and then only the
-blocks its jobs name.
+Packs are one PUT each (whole or not at all, checked by the server's SHA256) and are read whole,
+by a byte range, or by their tail (`bytes=-n`, whose Content-Range gives the pack's size).
 """
 
 from __future__ import annotations
@@ -383,7 +376,7 @@ class S3Store:
             raise
         return fh
 
-    # --- packs (issue 34) ------------------------------------------------------------------
+    # --- packs -------------------------------------------------------------------------
     def _pack_key(self, run: str, name: str) -> str:
         if parse_pack_name(name) is None:
             raise StoreError(f"not a pack name: {name!r}")

@@ -60,8 +60,8 @@ class DeadlineExceeded(TransientError):
 
 class RetryKind(StrEnum):
     """What a failed attempt is counted as (the `kind` label of genqueue_request_retries and
-    the keys of Generator.failures). The values are the exception names they always were,
-    so dashboards and tests read the same series."""
+    the keys of Generator.failures). The values are the exception names: the label values
+    dashboards and tests read."""
 
     TRANSIENT = "TransientError"  # 5xx, 408/429, a body cut off, a server-aborted request
     ENDPOINT_DOWN = "EndpointDown"

@@ -3,29 +3,21 @@ truncation policy. What a failed attempt calls for is faults.py's to say; a requ
 built from the run's settings by common/requests.py (RunContext.shape); a flow comes to a
 records.Ending, which records.py turns into the item's complete record (`answer` calls it once).
 
-Modes first/last/each: one request on the item's messages. Mode regenerate: the user turns
-are answered in order, each on the history of the answers so far (the original assistant
-turns were dropped by the producer), so every assistant token comes from the target model.
-A turn cut by max_tokens or failed permanently ends the conversation there; what came before
-is kept and the record says where and why it stopped (`stopped`); a conversation whose later
-turn failed is `partial`, never `finished`. Tool turns (the item keeps the recorded calls and
-their results): when the target's calls match the recorded ones (tool_turns.py), the
-recorded results are spliced in, answering the target's call ids, and the target answers
-again on them; at the first divergence (other calls, none, or a call the recording did not
-make) the conversation ends there, noted `tool_call_diverged`.
+Modes first/last/each: one request on the item's messages. Mode regenerate: the user turns are
+answered in order, each on the history of the answers so far, so every assistant token comes
+from the target model. A turn cut by max_tokens or failed permanently ends the conversation
+there, what came before kept and the record saying where and why (`stopped`; `partial`, never
+`finished`). Tool turns: while the target's calls match the recorded ones (tool_turns.py) the
+recorded results are spliced in and the target answers again; at the first divergence the
+conversation ends there, noted `tool_call_diverged`.
 
-Capture (--capture runs): every answer asks the engine for its hidden states, and each answer
-kept is handed with its capture to the FeatureSink (consumer/capture/features.py), which stores
-it as a feature row, checked against the answer's token ids, before the record that names it is
-built; an answer not kept (retried, or dropped) has its capture discarded. A capture that does not
-fit its answer is a BadCaptureError: the item's error (class bad_capture), or in regenerate where
-its conversation stops. A capture run never resumes a conversation from a checkpoint: the earlier
-turns' rows would be in the spool of the consumer that answered them, which may never ship.
+Capture: each answer kept goes with its capture to the FeatureSink (consumer/capture/features.py),
+stored as a checked row before the record naming it (one that does not fit: BadCaptureError). A
+capture run never resumes a conversation from a checkpoint: the earlier turns' rows would be in
+the spool of the consumer that answered them, which may never ship.
 
-Fail closed: every failed attempt spends one of `max_attempts` (faults.RetryPolicy). Only
-while the Gate is closed (its /health check failed) do requests wait without spending
-attempts. Whatever goes wrong, `answer` returns a record: the item never ends in an exception.
-"""
+Fail closed: a failed attempt spends one of `max_attempts` (only while the Gate is closed do
+requests wait unspent), and `answer` always returns a record, never an exception."""
 
 from __future__ import annotations
 

@@ -9,17 +9,15 @@ those ids (a capture that is not is a BadCaptureError: the item's error, class b
 nothing stored) and stores the row under the source's row id before the record is built.
 
 For a --logprobs K pass the body asks `prompt_logprobs: K + 1` (prompt_fields). vLLM answers
-`choices[0].prompt_logprobs`: one entry per prompt position, None for the first (no token before
-it), each a dict id -> {logprob, rank, decoded_token} holding that position's own token and the
-most likely ones. The positions of the answer's generated tokens (the item's `completion` last
-ids) are put in the shape a chat completion's `logprobs.content` has (`prompt_content`), the
-position's own token as the sampled one, and handed to the TableSink: the parse, the checks
-(sorted true top K, no NaN, at most 0, summing to at most 1, sampled ids the answer's completion
-ids) and the row are an in-generation table's own. A list not of one entry per id sent, or a
-position whose dict lacks its own token, or ids scored (`prompt_token_ids`, asked with
-`return_token_ids`) that are not those sent, is a BadLogprobsError: nothing stored.
+`choices[0].prompt_logprobs`: per prompt position (None for the first) a dict id -> {logprob,
+rank, decoded_token} of the position's own token and the most likely ones. The positions of the
+answer's generated tokens (the item's `completion` last ids) are put in the shape of a chat
+completion's `logprobs.content` (`prompt_content`), the position's own token as the sampled one,
+and handed to the TableSink: parse, checks and row as an in-generation table's. A list not of
+one entry per id sent, a position whose dict lacks its own token, or ids scored
+(`prompt_token_ids`) that are not those sent, is a BadLogprobsError: nothing stored.
 
-The request is retried as every request is (Generator.retrying); the one token generated is not kept.
+The request is retried as every request is (Generator.retrying); its one token is not kept.
 """
 
 from __future__ import annotations

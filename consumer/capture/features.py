@@ -5,22 +5,17 @@ it, checks that its token ids are the answer's prompt ids and completion ids but
 vLLM's connector saves with `include_output_tokens`) and that it holds the capture's layer
 count, stores it as a row of the run's feature shard (through APPEND: the outbox's FeatureSpool,
 durable when it returns), and removes the file. A capture that does not fit raises
-BadCaptureError naming the first place it differs: a misaligned row is never stored.
-
-A spool disk that refuses the row (full, or an I/O error) is a pause, as it is for results: the
-answer waits with its capture file and its lease while admission pauses (FeatureSpool's
-disk_error), and the row is stored again after a backoff until the disk takes it.
-
-The work (a file read, the encoding, an fsync) runs in one thread of its own, so rows are
-appended one at a time and the event loop never waits on a disk.
+BadCaptureError naming the first place it differs: a misaligned row is never stored. A spool
+disk that refuses the row is a pause, as for results: the answer waits with its capture file and
+its lease while admission pauses (FeatureSpool's disk_error), and the row is stored again later.
+The work (a file read, the encoding, an fsync) runs in one thread of its own: rows are appended
+one at a time and the event loop never waits on a disk.
 
 A --capture-budget run (common/keepers/captured.py): `admits` says whether an answer may still
-ask (the run's bytes captured below its budget; once they are not, this consumer asks no more for
-the run); `keep` checks again in the capture thread, right before the row is stored (a row whose
-budget was reached while it was answered is not stored: CaptureBudgetSpent), and adds the row's
-bytes right after it is durable. Rows are stored one at a time, so the run's budget is overshot by
-at most one row per consumer (each consumer's row between its check and its count). A Redis that
-does not answer a check is a no (the budget is never overshot by it); a count that fails is logged.
+ask (the run's bytes captured below its budget); `keep` checks again in the capture thread right
+before the row is stored (else CaptureBudgetSpent) and adds the row's bytes once it is durable,
+so the budget is overshot by at most one row per consumer. A Redis that does not answer a check
+is a no; a count that fails is logged.
 """
 
 from __future__ import annotations

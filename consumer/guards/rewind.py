@@ -1,35 +1,23 @@
 """A Redis that went back in time costs nothing already shipped.
 
-Redis restarted from an RDB snapshot, or a replica promoted after a failover, has lost its
-last seconds of writes: among them the done marks of the items shipped then (common/keepers/marks.py),
-whose shards sit in the output. Their jobs come back (queued or started in the older data) and
-would generate those items again. So:
+Redis restarted from an RDB snapshot, or a replica promoted after a failover, has lost its last
+seconds of writes, among them the done marks of items shipped then (common/keepers/marks.py);
+their jobs come back and would generate those items again. So:
 
-- Every marks write of this consumer carries a stamp of its own, in the same pipeline after
-  the marks (`genqueue:marks_stamp:<worker>`, a counter, set with GET): Redis holding a stamp
-  lower than the last one written, or none, holds data older than what this consumer has seen,
-  found by the next marks write or the next look (below), whichever comes first. Redis's
-  `run_id` (INFO server) says when it restarted (logged; a restart that lost nothing is fine).
-- The consumer that finds its stamp gone back marks each run it serves as rebuilding
-  (`genqueue:run:<run>:rebuild` = "pending:<nonce>"). Every consumer reads that state (once a
-  second at most, in one round trip with the stamp, before it dequeues; and every WATCH_EVERY
-  seconds while it takes nothing): it takes no job of a pending run until the state says done.
-  Redis's run_id is read with it every SERVER_EVERY seconds, and at once after the rq thread
-  found Redis out of reach: it only tells the log, and a consumer that holds its jobs for minutes
-  does not ask Redis three things a second.
-- Each consumer that sees a run pending takes the run's lock (common/keepers/runlock.py: one at a
-  time, and no producer reconciles meanwhile). The first rebuilds the run's marks from its
-  shipped shards (common/keepers/marks.py Marks.rebuild, the producer's own code) and sets "done:<nonce>";
-  the others find it done and only wait. A rebuilder that dies leaves the state pending and
-  the lock expiring: the next one rebuilds.
-- Once the marks are whole again, a consumer takes the run's jobs only after one renewal of its
-  leases: the jobs taken since the snapshot are back in their queue, and each live holder takes
-  back its own (consumer/rqcompat.py GenWorker.take_back, at its renewal, at once when Redis
-  answers again, or at its ack) before another consumer takes them and makes again what the
-  holder has in flight and in its spool.
-
-What is lost then is only what was in flight at the crash (generated again, and removed as a
-duplicate by export), not the seconds of shipped work before it.
+- Every marks write of this consumer carries a stamp of its own, in the same pipeline after the
+  marks (`genqueue:marks_stamp:<worker>`, a counter, set with GET): a stamp lower than the last
+  one written, or none, means Redis holds older data than this consumer has seen, found by the
+  next marks write or look, whichever comes first. Redis's `run_id` (read every SERVER_EVERY
+  seconds, and at once after Redis was out of reach) only tells the log of a restart.
+- The consumer that finds its stamp gone back marks each run it serves rebuilding
+  (`genqueue:run:<run>:rebuild` = "pending:<nonce>"). Every consumer reads that state (at most
+  once a second, with the stamp, before it dequeues; every WATCH_EVERY seconds while it takes
+  nothing) and takes no job of a pending run. Under the run's lock (common/keepers/runlock.py)
+  the first rebuilds the marks from the shipped shards (Marks.rebuild) and sets "done:<nonce>";
+  a rebuilder that dies leaves it pending, and the next one rebuilds.
+- With the marks whole again, a consumer takes the run's jobs only after one renewal of its
+  leases, so each live holder first takes back its own jobs the snapshot put back in the queue
+  (GenWorker.take_back). What is lost is only what was in flight at the crash.
 """
 
 from __future__ import annotations

@@ -1,28 +1,23 @@
 """The supervisor behind `consumer launch`: one engine and one consumer per GPU (or per group
-of GPUs), kept alive.
+of GPUs), kept alive by a plain poll loop in the main thread (signals set flags; /health probes
+run in a small thread pool, so nothing blocks for long):
 
-A plain poll loop in the main thread (signals set flags; /health probes run in a small thread
-pool, so nothing blocks for long):
-
-- an engine is started, and its consumer only once the engine answers /health;
-- an engine that exits is restarted with backoff; its consumer keeps running and pauses by
-  itself while the endpoint refuses connections, so no job is failed or dropped meanwhile;
-- an engine that answered /health once and then fails it for --engine-hang-timeout while its
-  process lives (hung) is killed and restarted the same way;
-- an engine that never answers /health is given up after a few starts, with the last line of
-  its log (say, `No module named 'vllm'`) in launch's own error;
-- a consumer that exits non-zero is restarted with backoff once its engine is healthy;
-  one that exits 0 (--burst, drained) is done, and when every consumer is done launch stops;
-  one that exits 3-8 (--burst: a run refused, failed pre-flight, paused, gone from Redis, or
-  drained with items that ended as errors or with items in no job)
-  is done too, with the reason logged: restarted, it would only end the same way; launch then
-  exits with the highest such code, so a scheduler does not take the job for a success;
-- SIGTERM/SIGINT: every consumer drains (SIGTERM), then the engines stop (SIGTERM, then
-  SIGKILL). A second signal SIGKILLs everything at once.
+- an engine is started, its consumer once it answers /health; an engine that exits is restarted
+  with backoff, its consumer pausing by itself while the endpoint refuses (no job failed);
+- an engine that answered /health and then fails it for --engine-hang-timeout, its process
+  alive (hung), is killed and restarted the same way;
+- an engine that never answers /health is given up after a few starts, its log's last line
+  (`No module named 'vllm'`) in launch's own error;
+- a consumer that exits non-zero is restarted with backoff once its engine is healthy; one that
+  exits 0 (--burst, drained) is done, and when every consumer is done launch stops; one that
+  exits 3-8 (--burst: a run refused, failed pre-flight, paused, gone from Redis, or drained with
+  errors or items in no job) is done too, its reason logged, and launch exits with the highest
+  such code, so a scheduler does not take the job for a success;
+- SIGTERM/SIGINT: every consumer drains, then the engines stop (SIGTERM, then SIGKILL); a
+  second signal SIGKILLs everything at once.
 
 Every child runs in its own process group, so vLLM's engine-core processes go with it, and a
-terminal's Ctrl-C reaches only launch, which stops the children in order.
-"""
+terminal's Ctrl-C reaches only launch, which stops the children in order."""
 
 from __future__ import annotations
 

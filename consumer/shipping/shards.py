@@ -57,7 +57,7 @@ class ShardWriter:
         self._bytes = 0
         # The sha256 of the lines, fed a whole chunk at a time in flush(), not a line at a time
         # in append(): hashlib drops the GIL for any input of 2 KB or more, so hashing each
-        # record made the event loop hand the GIL to the rq thread and back for every item.
+        # record would make the event loop hand the GIL to the rq thread and back for every item.
         self._hash = hashlib.sha256()
         self._hashed = 0  # lines of _lines in _hash
         self._keys: set[str] = set()

@@ -217,7 +217,7 @@ async def _metrics(request: web.Request) -> web.Response:
         ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", label,
          eng.counts["tokens"]),
     ]
-    if kv is not None:  # without the KV model there is no cache to report on (issue 31)
+    if kv is not None:  # without the KV model there is no cache to report on
         rows.append(("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", label,
                      float(kv.usage())))
     if eng.prefix is not None:

@@ -7,7 +7,8 @@
   ShareGPT or OpenAI conversation into prompts, and the reasons a record is rejected;
 - items.py: the work items a conversation is cut into, and the keys that name them;
 - rejects.py: the rejects file (every refused line, its reason);
-- sources.py: the order of a run's input files (each gets its place the first time it is enqueued).
+- sources.py: the order of a run's input files (each gets its place the first time it is enqueued);
+- prefill.py: a capture pass's input line (what `producer capture` writes) as its item.
 
 The wing reads and converts; it never writes to Redis (enqueue.py does that with what it yields).
 

@@ -8,35 +8,13 @@ Accepted input, per record (a file may mix both):
 - OpenAI chat: ``messages`` = list of ``{"role", "content"}``; ``content`` a string or a list
   of ``{"type": "text", "text"}`` parts, joined with "\\n"; assistant ``tool_calls``; tool
   messages with ``tool_call_id``; optional top-level ``tools``.
-- An OpenAI Batch API request line: ``{"custom_id", "method": "POST", "url":
-  "/v1/chat/completions", "body": {"messages", "tools"?, ...}}``: the body is read as an
-  OpenAI chat record. Another endpoint or method: ``unsupported_request``. (Its ``custom_id``
-  and sampling fields are the items module's business: producer.ingest.items.Origin.)
+- An OpenAI Batch API request line (``custom_id``, ``method``: POST, ``url``:
+  /v1/chat/completions, ``body``): the body is read as an OpenAI chat record; another endpoint
+  or method is ``unsupported_request``. Its ``custom_id`` and sampling are producer.ingest.items'.
 
 Normalised messages are ``{"role": "system"|"user", "content"}``, ``{"role": "assistant",
-"content"[, "tool_calls"]}`` and ``{"role": "tool", "content", "tool_call_id"}``.
-
-The rules, in the order a reader of a rejects file needs them:
-
-- Roles (case-insensitive, stripped): human/user -> user; gpt/assistant/chatgpt/bing/bard/
-  model -> assistant; system/developer -> system; function_call -> assistant with
-  ``tool_calls``; observation/tool -> tool. No role: ``missing_role``; any other:
-  ``unknown_role``.
-- Tool calls get ids ``call_0``, ``call_1``... numbered through the conversation (an OpenAI
-  call keeps its own id). Arguments are a JSON string, as the OpenAI API sends them. A tool
-  result without an id answers the earliest unanswered call of the latest assistant
-  message (parallel calls are answered in order), else ``call_unknown``.
-- LLaMA-Factory tools (bare ``{"name", "parameters"}``) are wrapped as
-  ``{"type": "function", "function": ...}``, the form vLLM accepts.
-- Empty system messages (top-level or in the list) are dropped; the top-level ``system``
-  comes first. An empty user message, or an empty assistant message without tool calls,
-  rejects the record (``empty_message``), except an empty assistant message at the very
-  end, which dumps often carry (an unanswered last turn): it is dropped.
-- Merge rule: consecutive messages of the same role are merged into one, their texts joined
-  with a blank line ("\\n\\n"). Assistant tool calls merge too (text then calls, or calls
-  then more calls), but text after an assistant's tool calls starts a new message, and tool
-  results are never merged. After merging, every user message is one turn.
-- Any string with a lone UTF-16 surrogate: ``invalid_unicode``.
+"content"[, "tool_calls"]}`` and ``{"role": "tool", "content", "tool_call_id"}``; the rules
+(roles, tool call ids, merging, what is rejected) are `normalize`'s docstring.
 
 No length limit here: the producer compares :meth:`Conversation.text_chars` with the
 user's limit (``too_long``). Items and keys are made in :mod:`producer.ingest.items`.
@@ -73,7 +51,30 @@ _SORT = orjson.OPT_SORT_KEYS
 
 
 def normalize(value: object) -> Conversation:
-    """Turn one parsed record into a Conversation; raises Rejected with the reason."""
+    """Turn one parsed record into a Conversation; raises Rejected with the reason.
+
+    The rules, in the order a reader of a rejects file needs them:
+
+    - Roles (case-insensitive, stripped): human/user -> user; gpt/assistant/chatgpt/bing/bard/
+      model -> assistant; system/developer -> system; function_call -> assistant with
+      ``tool_calls``; observation/tool -> tool. No role: ``missing_role``; any other:
+      ``unknown_role``.
+    - Tool calls get ids ``call_0``, ``call_1``... numbered through the conversation (an OpenAI
+      call keeps its own id). Arguments are a JSON string, as the OpenAI API sends them. A tool
+      result without an id answers the earliest unanswered call of the latest assistant
+      message (parallel calls are answered in order), else ``call_unknown``.
+    - LLaMA-Factory tools (bare ``{"name", "parameters"}``) are wrapped as
+      ``{"type": "function", "function": ...}``, the form vLLM accepts.
+    - Empty system messages (top-level or in the list) are dropped; the top-level ``system``
+      comes first. An empty user message, or an empty assistant message without tool calls,
+      rejects the record (``empty_message``), except an empty assistant message at the very
+      end, which dumps often carry (an unanswered last turn): it is dropped.
+    - Merge rule: consecutive messages of the same role are merged into one, their texts joined
+      with a blank line ("\\n\\n"). Assistant tool calls merge too (text then calls, or calls
+      then more calls), but text after an assistant's tool calls starts a new message, and tool
+      results are never merged. After merging, every user message is one turn.
+    - Any string with a lone UTF-16 surrogate: ``invalid_unicode``.
+    """
     if not isinstance(value, dict):
         raise Rejected(RejectReason.NOT_OBJECT, f"a JSON {type(value).__name__}, not an object")
     if "body" in value and value.get("conversations") is None and value.get("messages") is None:

@@ -1,34 +1,23 @@
 """Cut a normalised conversation into work items, and the keys that name them (pure).
 
-An item is a plain JSON-serialisable dict: ``key``, ``index`` (the record's index in the
-input), ``turn``, ``messages``, ``tools`` (only when the conversation has tools) and
-``note`` (only when something was cut). Its messages are the conversation's own dicts,
-shared, not copied: treat them as read-only.
-
-Modes (`contracts.Mode`), as ``--multi-turn`` names them:
+An item is a plain JSON-serialisable dict: ``key``, ``index`` (the record's in the input),
+``turn``, ``messages`` (the conversation's own dicts, shared: read-only), ``tools`` (when the
+conversation has tools) and ``note`` (when something was cut). Modes (``--multi-turn``):
 
 - ``first``: the system messages before the first user turn, and that turn; turn 0.
-- ``last``: the original history up to and including the last user turn (original
-  assistant answers and tool turns kept); turn = number of user turns - 1.
+- ``last``: the original history up to and including the last user turn; turn = user turns - 1.
 - ``each``: one item per user turn k: the original history before it, then that turn.
-- ``regenerate`` (the default): one item per conversation holding the system messages and
-  the user turns only; the consumer regenerates every assistant turn on the regenerated
-  history. Tool rule: the item keeps each recorded assistant message with tool calls and the
-  tool messages answering it (the consumer splices those results in when the target makes the
-  same calls, and stops where it does not). A tool call whose results are not all there (one
-  missing, or a result answering another call) cannot be replayed: the conversation is cut
-  before it, the user turns after it are dropped and the item carries ``"note":
-  "stopped_at_tool_turn"``. A tool call before any user turn leaves nothing to regenerate:
-  ``tool_turn_first``. ``turn`` is None. Items of conversations without tool calls hold the
-  system and user messages only, as they always did (their keys are unchanged).
+- ``regenerate`` (the default): one item per conversation holding the system messages, the user
+  turns, and each recorded tool call with its results (the consumer splices those in while the
+  target makes the same calls); ``turn`` is None. A call whose results are not all there cuts the
+  conversation before it (``"note": "stopped_at_tool_turn"``); a call before any user turn
+  rejects the record (``tool_turn_first``).
 
-The key hashes mode, messages and tools only, so identical items from different records
-share a key: that is how duplicates are found, and it is intended. Provenance (the record's
-own id, its source and position) rides along on every item and is never hashed, so keys of
-existing runs stay what they were. With several samples per prompt (``--samples N``) each
-prompt becomes N items: sample 0 keeps the plain key (a later ``--samples 4`` adds samples
-1-3 to a run made with one), sample k > 0 hashes k too; every sample carries its number and
-its own request seed (the run's seed, or 0, plus k), so N answers are N draws, reproducibly.
+The key hashes mode, messages and tools only, so identical items from different records share
+a key (that is how duplicates are found); provenance (the record's id, source, position) rides
+along unhashed. With ``--samples N`` each prompt becomes N items: sample 0 keeps the plain key
+(so a later ``--samples 4`` adds samples 1-3 to a run of one), sample k > 0 hashes k too, and
+each carries its own request seed (the run's seed, or 0, plus k): N answers are N draws.
 """
 
 from __future__ import annotations
