@@ -14,7 +14,7 @@ an item and a run's context; it answers with records, whatever the endpoint did.
 - checkpoints.py: a multi-turn conversation's progress, saved so a redo resumes mid-way.
 
 The wing knows nothing of the queue: no rq job, lease, shard or admission; the worker's parts
-(dispatch, served, hedge, breaker, telemetry) stand on it, never the other way round.
+(dispatch, served, copies, breaker, telemetry) stand on it, never the other way round.
 
 May import: genqueue.common
 """
