@@ -97,7 +97,7 @@ def run_cmd(ctx: click.Context, verbose: int, quiet: bool, **options: Unpack[Run
     """Pull jobs from Redis and generate them against ENDPOINT, C requests in flight."""
     from genqueue.common.contracts import ExitCode
     from genqueue.consumer.guards.stop import Stop, Stopped
-    from genqueue.consumer.telemetry import serve_metrics
+    from genqueue.consumer.metrics import serve_metrics
     from genqueue.consumer.worker import Consumer
 
     outer = ctx.obj or {}

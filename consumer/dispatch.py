@@ -47,13 +47,13 @@ class Dispatcher:
         self.internal_errors = 0
         self.spool_pauses = 0
         self._on_won = on_won
-        # The end of a run (consumer/hedge.py): what is in flight here, by (run, item key), so a
+        # The end of a run (consumer/copies.py): what is in flight here, by (run, item key), so a
         # copy that shipped first elsewhere cancels ours; and the copies this consumer runs.
         self._flying: dict[tuple[str, str], tuple[asyncio.Task[None], JobState[Held], float]] = {}
         self._won: set[tuple[str, str]] = set()
         self.copies: dict[tuple[str, str], asyncio.Task[bool]] = {}
         self.copies_shipped = self.copies_lost = self.cancelled_won = self.copies_yielded = 0
-        # Copies that ended here without a result, whose claims the hedger gives back (oldest
+        # Copies that ended here without a result, whose claims the copier gives back (oldest
         # first); and those that ended in an error, which this consumer does not copy again.
         self.unclaimed: collections.deque[tuple[str, str]] = collections.deque()
         self.copies_failed: set[tuple[str, str]] = set()
@@ -118,8 +118,8 @@ class Dispatcher:
         self._on_record(js.run, rec)
         self.wake.set()
 
-    # --- the end of a run: copies (consumer/hedge.py) ----------------------------------
-    def flights(self, run: str) -> list[Flight]:
+    # --- the end of a run: copies (consumer/copies.py) ----------------------------------
+    def held_items(self, run: str) -> list[Flight]:
         """What this consumer holds of RUN: its items in flight (with how long) and those waiting."""
         now = time.monotonic()
         out = [Flight(js.id, key, now - t) for (r, key), (_, js, t) in self._flying.items()

@@ -1,23 +1,22 @@
 """The consumer: one asyncio loop per GPU that keeps its endpoint's queue full.
 
-This module is the composition root: it builds the parts, wires them, and runs their loops
-under supervision. The parts, each in its own module with its own small interface:
+This module is the composition root: it builds the parts, wires them to the consumer's named
+events (events.py), and runs their loops under supervision. The parts, each in its own module:
 
 - config: ConsumerConfig, how this consumer runs (built once from `consumer run`'s options);
-- rqthread: the one thread every rq/Redis call runs in (rides out Redis outages);
-- rqcompat: the rq worker subclass (every touch of rq's internals);
+- rqthread, rqcompat: the one thread every rq/Redis call runs in; the rq worker subclass;
 - served: which runs this consumer serves, and their start-up probe;
-- intake: dequeue jobs, check their items, hold them;
-- book: held jobs, their pending items, what is in flight, what is ackable (pure);
-- dispatch: admission and one guarded task per item (every item ends in a record);
+- intake, book, dispatch: take jobs, hold them, send their items (every item ends in a record);
 - outbox: shard writing, sealing, ordered shipping with an explicit outcome per shard;
-- acker: ack / redo / refuse / give back, in rq and in the book;
-- leases: renew what is held (dropping leases found lost), sweep what the dead left;
+- settle, acker, leases: what a shard's outcome does to held jobs; acks and give-backs; leases;
 - admission: the in-flight limit and --concurrency auto;
-- telemetry: the snapshot for `producer status` and Prometheus, fed by the parts' snapshots.
+- copies: the end-of-run copies of items other consumers hold;
+- telemetry, metrics: the snapshot for `producer status`, and Prometheus.
 
-Every long-lived loop runs in one asyncio.TaskGroup under `supervise.supervised`: a loop
-that fails is restarted with a log line, or stops the consumer with a non-zero exit.
+A part reports through an event: the consumer's duty on it runs first (settle), then its
+listeners (telemetry, the copies' rate, the breaker), each isolated from the others. Every
+long-lived loop runs in one asyncio.TaskGroup under `supervise.supervised`: a loop that fails
+is restarted with a log line, or stops the consumer with a non-zero exit.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import IO
 
 import redis
@@ -38,7 +38,6 @@ from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.features import ShardIndex
 from genqueue.common.keepers.captured import CaptureBudget
 from genqueue.common.keepers.featurecounts import FeatureCounts, ShardCount
-from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.redismem import RedisEvictsError, check_policy
@@ -56,36 +55,45 @@ from genqueue.consumer.capture.features import CaptureKeeper
 from genqueue.consumer.capture.owner import CaptureOwner
 from genqueue.consumer.capture.tables import TableKeeper
 from genqueue.consumer.config import ConsumerConfig
+from genqueue.consumer.copies import Copier, copies_clause
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter, Steering
+from genqueue.consumer.events import Events
 from genqueue.consumer.guards.breaker import Breaker
 from genqueue.consumer.guards.ended import unfinished_runs
 from genqueue.consumer.guards.rewind import Rewind
 from genqueue.consumer.guards.stop import Stop, Stopped, until
 from genqueue.consumer.guards.supervise import LoopFailed, supervised
-from genqueue.consumer.hedge import Hedger
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
 from genqueue.consumer.shipping.outbox import Outbox
 from genqueue.consumer.shipping.shards import SpoolBusyError, leftover_shards, lock_spool, release_spool
-from genqueue.consumer.telemetry import Parts, PauseReason, Telemetry
+from genqueue.consumer.telemetry import Parts, PauseReasons, Telemetry
 from genqueue.consumer.work.acker import Acker
 from genqueue.consumer.work.book import Book
-from genqueue.consumer.work.intake import Intake, PackOutages
+from genqueue.consumer.work.intake import Intake
 from genqueue.consumer.work.leases import Leases
+from genqueue.consumer.work.packs import PackOutages
+from genqueue.consumer.work.settle import Settler
 
 log = logging.getLogger(__name__)
 
 LEFTOVER_WAIT = defaults.WORKER_LEFTOVER_WAIT
 
 
-def copies_clause(counts: dict[str, int]) -> str:
-    """The end line's account of the end-of-run copies (Hedger.counts); '' when there were none."""
-    if not (counts.get("sent") or counts.get("ended_elsewhere")):
-        return ""
-    return (f", copies: {counts.get('sent', 0)} sent for others ({counts.get('shipped', 0)} written), "
-            f"{counts.get('ended_elsewhere', 0)} of ours ended by others")
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    """The parts `_serve` builds once the endpoint's client is open, wired to the events."""
+
+    gate: Gate
+    served: ServedRuns
+    steering: Steering
+    leases: Leases
+    dispatcher: Dispatcher
+    intake: Intake
+    copier: Copier
+    telemetry: Telemetry
 
 
 class Consumer:
@@ -112,11 +120,12 @@ class Consumer:
         self.wake = asyncio.Event()
         self.limiter = Limiter(min(defaults.AUTO_START, cfg.max_concurrency) if cfg.auto_concurrency
                                else cfg.concurrency)
+        ev = self.events = Events()
         self.outbox = Outbox(cfg.spool, self.worker.name, max_bytes=cfg.shard_max_bytes,
                              max_age=cfg.shard_max_age, spool_limit=cfg.spool_limit,
                              store_for=store_for or default_store_for, output_of=self._output_of,
-                             on_shipped=self._shipped, on_lost=self._shard_lost, on_no_run=self._run_gone,
-                             on_features=self._features_shipped)
+                             on_shipped=ev.shipped, on_lost=ev.shard_lost, on_no_run=ev.run_gone,
+                             on_features=ev.features_shipped)
         # --capture: the engine's capture files become rows of the outbox's feature shards
         self.capture = CaptureKeeper(self.outbox.features.append, budget=CaptureBudget(conn),
                                      facts=EngineFactsReader(cfg.endpoint).of)
@@ -127,14 +136,22 @@ class Consumer:
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
                               store_for=store_for or default_store_for, hold=defaults.renew_every(cfg.lease))
         self.worker.gate = self._rewind.allows
+        # the consumer's own handling of what its parts report (consumer/events.py)
+        settle = Settler(self.rq, self._rewind, self.acker, self.book, self.wake)
+        ev.shipped.duty(settle.shipped)
+        ev.shard_lost.duty(settle.shard_lost)
+        ev.run_gone.duty(settle.run_gone)
+        ev.ended_elsewhere.duty(settle.ended_elsewhere)
+        ev.arrived_done.duty(settle.arrived_done)
+        ev.runs_resolved.duty(self.outbox.unpark)
+        ev.swept.duty(self.wake.set)
+        ev.limit_raised.duty(self.wake.set)
+        ev.features_shipped.add(self._count_features)
         self._breakers: dict[str, tuple[RunContext, Breaker]] = {}
         self._trips: set[asyncio.Task[None]] = set()
         self._registered = False  # an rq worker in Redis: its stop is reported
-        self._shipped_seq: dict[str, int] = {}  # run -> the last of our shards shipped (in order)
-        self._hedger: Hedger | None = None
-        self._intake: Intake | None = None
 
-    # --- wiring callbacks ----------------------------------------------------------
+    # --- what the outbox asks, and the consumer's own listeners -----------------------
     async def _output_of(self, run: str) -> str | None:
         try:
             info = await self.rq.call(self.store.get, run)
@@ -142,44 +159,13 @@ class Consumer:
             return None
         return info.settings.output if info is not None else None
 
-    async def _shipped(self, run: str, seq: int | None, marks: ShardMarks) -> None:
-        """A shard of RUN is stored: mark its items done, then ack the jobs it completes (in
-        that order: a crash in between leaves jobs that, run again, skip those items)."""
-        await self.rq.call(self._rewind.mark_shipped, run, marks)
-        if seq is not None:
-            self._shipped_seq[run] = max(seq, self._shipped_seq.get(run, 0))
-        if seq is not None and await self.acker.shipped(run, seq):
-            self.wake.set()
-
-    async def _features_shipped(self, run: str, index: ShardIndex) -> None:
+    async def _count_features(self, run: str, index: ShardIndex) -> None:
         """A feature shard of RUN is stored: its rows, bytes and tokens join the run's count (status),
         once (common/keepers/featurecounts.py)."""
         await self.rq.call(FeatureCounts(self.conn, run).count, ShardCount.of(index))
 
-    async def _ended_elsewhere(self, run: str) -> None:
-        """A job of RUN completed by an item whose result another consumer shipped: ack it once
-        its own records are shipped (shards ship in order: all up to the last one shipped are)."""
-        if await self.acker.shipped(run, self._shipped_seq.get(run, 0)):
-            self.wake.set()
-
-    async def _complete_on_arrival(self, run: str) -> None:
-        """A job arrived with every item already shipped: nothing waits for a shard; ack it."""
-        await self.acker.shipped(run, 0)
-
-    async def _shard_lost(self, run: str, seq: int) -> None:
-        if await self.acker.shard_lost(run, seq):
-            self.wake.set()
-
-    async def _run_gone(self, run: str) -> None:
-        for js in self.book:
-            if js.run == run:
-                self.book.abandon(js)
-
-    def _on_record(self, run: str, rec: Record) -> None:
-        """A record is written: count it, and let the run's breaker look at it."""
-        self._telemetry.record(run, rec)
-        if self._hedger is not None:
-            self._hedger.observe(rec)
+    def _check_breaker(self, run: str, rec: Record) -> None:
+        """A record is written: the run's breaker looks at it, and a storm pauses the run."""
         ctx = self._served.contexts.get(run)
         if ctx is None:
             return
@@ -256,76 +242,59 @@ class Consumer:
         if lock is not None and release_spool(self.cfg.spool, lock):
             log.info("spool %s held nothing to ship: removed", self.cfg.spool)
 
-    async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
-        cfg = self.cfg
+    def _assemble(self, client: EndpointClient, checkpoints: Checkpoints) -> Assembly:
+        """Build the parts that need the endpoint's client, each reporting through self.events,
+        and add the listeners: telemetry counts records and shows the start-up, the copies learn
+        this engine's rate, the breaker watches for storms."""
+        cfg, ev = self.cfg, self.events
         gate = Gate(client)
         gen = Generator(client, gate, max_attempts=cfg.max_attempts, checkpoints=checkpoints, features=self.capture,
                         tables=self.tables)
-        served = ServedRuns(self.rq, self.store, client, gen, endpoint=cfg.endpoint, only_run=cfg.run,
-                            identity=self.identity, worker=self.worker.name,
-                            request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait,
-                            shared_fs=cfg.shared_fs)
+        served = self._served = ServedRuns(self.rq, self.store, client, gen, endpoint=cfg.endpoint, only_run=cfg.run,
+                                           identity=self.identity, worker=self.worker.name,
+                                           request_timeout=cfg.request_timeout, endpoint_wait=cfg.endpoint_wait,
+                                           shared_fs=cfg.shared_fs)
         # capture files carry this consumer's spool in their name; a dead predecessor's are removed
         owner = CaptureOwner.of(cfg.spool)
         gen.request_id, served.capture_owner = owner.request_id, owner
         steering = Steering(self.limiter, client.metrics, auto=cfg.auto_concurrency,
                             max_concurrency=cfg.max_concurrency, endpoint=cfg.endpoint,
                             gate_paused=lambda: gate.paused, in_flight=lambda: self.book.in_flight,
-                            on_grow=self.wake.set)
-        leases = Leases(self.rq, self.worker, self.book, lease=cfg.lease, runs=served.names,
-                        on_swept=self.wake.set)
-
+                            on_grow=ev.limit_raised)
+        leases = Leases(self.rq, self.worker, self.book, lease=cfg.lease, runs=served.names, on_swept=ev.swept)
         outages = PackOutages()
-
-        def paused() -> dict[str, str]:
-            reasons: dict[str, str] = {}  # keyed by the plain values: a snapshot is written by orjson
-            if gate.paused:
-                reasons[PauseReason.ENDPOINT_DOWN.value] = f"endpoint {cfg.endpoint} is down"
-            if self.outbox.disk_error is not None:
-                reasons[PauseReason.SPOOL_DISK.value] = self.outbox.disk_error
-            elif self.outbox.full():
-                reasons[PauseReason.SPOOL_FULL.value] = f"{self.outbox.spool_bytes} unshipped bytes in the spool"
-            rq = self.rq.snapshot()
-            if rq.unreachable_since is not None:
-                reasons[PauseReason.REDIS_UNREACHABLE.value] = "Redis is unreachable"
-            if rq.full_since is not None:
-                reasons[PauseReason.REDIS_FULL.value] = (
-                    "Redis is full (at its maxmemory): writes wait, jobs held, results in the spool; goes on once "
-                    "memory is freed")
-            packs = outages.reason()
-            if packs is not None:
-                reasons[PauseReason.PACKS_UNREACHABLE.value] = packs
-            for run, why in served.snapshot().refused.items():
-                reasons[f"run {run}"] = why
-            return reasons
-
-        telemetry = self._new_telemetry(Parts(
-            book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
-            outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot, paused=paused,
-            stopping=self.stopping.is_set, retries=lambda: dict(gen.failures),
-            copies=lambda: self._hedger.counts() if self._hedger is not None else {},
-            packs=lambda: self._intake.packs.counts() if self._intake is not None else {},
-            backing_off=lambda: gen.backing_off))
-        self._telemetry, self._served = telemetry, served
-        telemetry.only_run, telemetry.spool = cfg.run, os.path.abspath(cfg.spool)
-        telemetry.start_metrics_server()  # from the start: a consumer stuck in its pre-flight is seen
-        dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=self._on_record,
+        dispatcher = Dispatcher(self.book, self.limiter, gate, self.outbox, gen, on_record=ev.recorded,
                                 wake=self.wake, stopping=self.stopping, low_water=self._low_water,
-                                on_won=self._ended_elsewhere)
+                                on_won=ev.ended_elsewhere)
         intake = Intake(self.rq, self.worker, self.book, self.acker, served, low_water=self._low_water,
                         may_fetch=lambda: not gate.paused, burst=cfg.burst, poll_interval=cfg.poll_interval,
-                        wake=self.wake, stopping=self.stopping, on_complete=self._complete_on_arrival,
-                        on_runs=self.outbox.unpark,
-                        has_room=dispatcher.room_for_work, outages=outages,
+                        wake=self.wake, stopping=self.stopping, on_complete=ev.arrived_done,
+                        on_runs=ev.runs_resolved, has_room=dispatcher.room_for_work, outages=outages,
                         pack_cache=PackCache(cfg.pack_cache, max_bytes=cfg.pack_cache_bytes)
                         if cfg.pack_cache_bytes > 0 else None, written_here=self.outbox.unshipped_results)
-        self._intake = intake
-        hedger = self._hedger = Hedger(self.rq, self.conn, self.worker.name, dispatcher,
-                              contexts=lambda: served.contexts, tail_runs=intake.tail_runs,
-                              stopped=lambda: set(served.paused) | set(served.vanished),
-                              clock=self.worker.clock.now, read_reference=intake.read_reference,
-                              hungry=intake.hungry, book=self.book)
+        copier = Copier(self.rq, self.conn, self.worker.name, dispatcher, contexts=lambda: served.contexts,
+                        tail_runs=intake.tail_runs, stopped=lambda: set(served.paused) | set(served.vanished),
+                        clock=self.worker.clock.now, read_reference=intake.read_reference,
+                        hungry=intake.hungry, book=self.book)
+        telemetry = self._new_telemetry(Parts(
+            book=self.book.snapshot, acker=self.acker.snapshot, leases=leases.snapshot, served=served.snapshot,
+            outbox=self.outbox.snapshot, admission=steering.snapshot, rq=self.rq.snapshot,
+            paused=PauseReasons(cfg.endpoint, gate, self.outbox, self.rq, outages, served),
+            stopping=self.stopping.is_set, retries=gen.failures.copy, copies=copier.counts,
+            packs=intake.packs.counts, backing_off=lambda: gen.backing_off))
+        telemetry.only_run, telemetry.spool = cfg.run, os.path.abspath(cfg.spool)
+        ev.recorded.add(telemetry.record)
+        ev.recorded.add(copier.recorded)
+        ev.recorded.add(self._check_breaker)
+        ev.phase.add(telemetry.set_phase)
+        ev.serving.add(telemetry.start_run)
+        return Assembly(gate, served, steering, leases, dispatcher, intake, copier, telemetry)
 
+    async def _serve(self, client: EndpointClient, checkpoints: Checkpoints) -> int:
+        cfg = self.cfg
+        parts = self._assemble(client, checkpoints)
+        gate, served, telemetry = parts.gate, parts.served, parts.telemetry
+        telemetry.start_metrics_server()  # from the start: a consumer stuck in its pre-flight is seen
         t0 = time.monotonic()
         code: int = ExitCode.DONE
         started = False
@@ -335,7 +304,7 @@ class Consumer:
         try:
             try:
                 # Start-up waits on the endpoint and on Redis, which may never answer: a stop ends it.
-                started = await until(self.stopping, self._start(served, telemetry))
+                started = await until(self.stopping, self._start(served))
             except Stopped:
                 log.info("consumer %s stopping before start-up finished (nothing held)", self.worker.name)
             finally:
@@ -343,7 +312,7 @@ class Consumer:
                 await asyncio.gather(publisher, return_exceptions=True)
             if started:
                 t0 = time.monotonic()
-                code = await self._work(dispatcher, intake, leases, telemetry, steering, hedger)
+                code = await self._work(parts)
         finally:
             await gate.aclose()
             if self._registered:
@@ -378,7 +347,7 @@ class Consumer:
         items = sum(t["completions"] for t in telemetry.totals.values())
         errors = sum(t["errors"] for t in telemetry.totals.values())
         a = self.acker.snapshot()
-        copies = copies_clause(self._hedger.counts() if self._hedger is not None else {})
+        copies = copies_clause(parts.copier.counts())
         log.log(logging.INFO if code == ExitCode.DONE else logging.ERROR,
                 "consumer %s stopped after %.1f s: %d items (%d errors), %d jobs acked, %d given back%s, "
                 "%.1f items/s (exit %d%s)", self.worker.name, elapsed, items, errors, a.acked, a.given_back, copies,
@@ -386,7 +355,7 @@ class Consumer:
                 "" if code == ExitCode.DONE else f": {ExitCode(code).name.lower().replace('_', ' ')}, not done")
         return code
 
-    async def _start(self, served: ServedRuns, telemetry: Telemetry) -> bool:
+    async def _start(self, served: ServedRuns) -> bool:
         """Pre-flight, register, ship what an earlier consumer left; each step is the phase its
         snapshot shows (`producer status`: "pre-flight: waiting on the engine ... for 2m 39s").
         False when a --burst consumer has nothing it may serve (every run it would serve refused
@@ -396,31 +365,32 @@ class Consumer:
         except RedisEvictsError as e:
             e.exit_code = ExitCode.PREFLIGHT
             raise
-        telemetry.set_phase("pre-flight: waiting on the engine (/v1/models)")
+        phase = self.events.phase
+        phase("pre-flight: waiting on the engine (/v1/models)")
         await served.wait_for_models()
-        telemetry.set_phase("pre-flight: waiting on the engine (the runs' probe requests)")
+        phase("pre-flight: waiting on the engine (the runs' probe requests)")
         runs = await served.resolve()
         if self.cfg.burst and not runs and served.unfinished():
             return False
         for run in runs:
-            telemetry.start_run(run)
-        telemetry.set_phase("registering its rq worker")
+            self.events.serving(run)
+        phase("registering its rq worker")
         await self.rq.call(self.worker.start)
         self._registered = True
         log.info("consumer %s started: endpoint %s, concurrency %s, runs %s", self.worker.name, self.cfg.endpoint,
                  "auto" if self.cfg.auto_concurrency else self.cfg.concurrency, self.cfg.run or "(all open)")
-        telemetry.set_phase("shipping an earlier consumer's leftover shards")
+        phase("shipping an earlier consumer's leftover shards")
         await self._ship_leftovers()
-        telemetry.set_phase(None)
+        phase(None)
         return True
 
-    async def _work(self, dispatcher: Dispatcher, intake: Intake, leases: Leases, telemetry: Telemetry,
-                    steering: Steering, hedger: Hedger) -> int:
+    async def _work(self, parts: Assembly) -> int:
         """Run every loop until the intake ends (a stop, or a --burst end) and the drain is done."""
+        dispatcher, intake, leases, telemetry = parts.dispatcher, parts.intake, parts.leases, parts.telemetry
         background: dict[str, Callable[[], Awaitable[None]]] = {
             "dispatcher": dispatcher.run, "renewer": leases.renew_forever, "sweeper": leases.sweep_forever,
             "sealer": self._sealer, "shipper": self.outbox.shipper, "telemetry": telemetry.loop,
-            "steering": steering.run, "rewind": self._rewind.watch, "hedger": hedger.run,
+            "steering": parts.steering.run, "rewind": self._rewind.watch, "copies": parts.copier.run,
             "loop-lag": telemetry.lag.run,
         }
         code = ExitCode.DONE

@@ -72,7 +72,7 @@ def registered() -> dict[str, tuple[str, tuple[str, ...]]]:
     in prometheus_client's default registry. prometheus_client has no public way to list a
     metric's label names before it has children, hence _labelnames."""
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    from genqueue.consumer.telemetry import ReadingGauge  # a gauge with no sample until a reading
+    from genqueue.consumer.metrics import ReadingGauge  # a gauge with no sample until a reading
 
     for collector in list(prometheus_client.REGISTRY._collector_to_names):
         if not isinstance(collector, MetricWrapperBase | ReadingGauge):

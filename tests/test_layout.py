@@ -182,10 +182,10 @@ ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool
 MOVED_OFF_THE_CONSUMER_FLOOR = ("outbox", "shards", "engine", "doctor", "admission", "intake", "leases", "acker",
                                 "book", "shares", "breaker", "ended", "rewind", "stop", "supervise")
 #: consumer/'s top level: the composition root (worker), its CLI and config, the job function rq
-#: names (task: stored in every job, it cannot move), rq's adapter and thread, and the parts that
-#: join the wings (dispatch, served, hedge, telemetry).
+#: names (task: stored in every job, it cannot move), rq's adapter and thread, the events the parts
+#: report through, and the parts that join the wings (dispatch, served, copies, telemetry, metrics).
 CONSUMER_FLOOR = ("__init__", "__main__", "cli", "config", "worker", "task", "rqcompat", "rqthread",
-                  "dispatch", "served", "hedge", "telemetry")
+                  "events", "dispatch", "served", "copies", "telemetry", "metrics")
 
 
 def allowed_imports(wing: str) -> tuple[str, ...]:

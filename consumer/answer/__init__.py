@@ -14,8 +14,8 @@ an item and a run's context; it answers with records, whatever the endpoint did.
 - prefill.py: a capture pass's item, one prefill-only request; sinks.py: where a kept answer's
   hidden states and tables go (the capture wing's FeatureSink and TableSink).
 
-The wing knows nothing of the queue (no rq job, lease, shard or admission); the worker's parts
-(dispatch, served, hedge, breaker, telemetry) stand on it, never the other way round.
+The wing knows nothing of the queue: no rq job, lease, shard or admission; the worker's parts
+(dispatch, served, copies, breaker, telemetry) stand on it, never the other way round.
 
 May import: genqueue.common
 """

@@ -406,7 +406,7 @@ Ending = Answered | Cut | Failed | Refused | Conversation | Prefilled | Crashed
 def record(ctx: RunFacts, item: Item, attempt: int, ending: Ending, *, timings: Timings | None = None,
            copy: bool = False) -> ResultRecord | ErrorRecord:
     """The complete record of ITEM whose answering came to ENDING: with its TIMINGS (when
-    timed), and marked a COPY when it is the answer of an end-of-run copy (consumer/hedge.py)."""
+    timed), and marked a COPY when it is the answer of an end-of-run copy (consumer/copies.py)."""
     rec: ResultRecord | ErrorRecord
     match ending:
         case Answered(messages, turn, truncation):

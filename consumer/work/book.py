@@ -96,7 +96,7 @@ class Book(Generic[H]):
         self._priority: dict[str, int] = {}
         self._share: dict[str, int] = {}  # items each run may hold waiting (the intake's, shares.py)
         self.below_share = False  # the last take left its run under its share: time to fetch
-        # Waiting items another consumer is copying (claimed, consumer/hedge.py), per run and key:
+        # Waiting items another consumer is copying (claimed, consumer/copies.py), per run and key:
         # not sent here while the copy lives, back in the queue when it ends without a result.
         self._aside: dict[str, dict[str, tuple[JobState[H], Item]]] = {}
 
@@ -193,7 +193,7 @@ class Book(Generic[H]):
 
     def won_elsewhere(self, js: JobState[H]) -> None:
         """An item of JS needs no record here: a result of it is in a shard shipped by another
-        consumer (a copy at the end of the run, consumer/hedge.py), so the item is done."""
+        consumer (a copy at the end of the run, consumer/copies.py), so the item is done."""
         js.remaining -= 1
         js.counts["items_done"] += 1
         js.counts["items_won_elsewhere"] += 1

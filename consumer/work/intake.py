@@ -1,30 +1,16 @@
 """Taking work: dequeue jobs of the served runs, check what they carry, hold them.
 
-A job whose payload genqueue cannot use is failed (or, when rq cannot even load it,
-dropped from the queue) with its reason, and the consumer serves on: a malformed job must
-never crash a consumer, or it would walk through the whole fleet as its lease expires and
-it is swept to the next one.
+A job whose payload genqueue cannot use is failed (or, when rq cannot even load it, dropped
+from the queue) with its reason, and the consumer serves on: a malformed job must never crash
+a consumer, or it would walk through the whole fleet as its lease expires and it is swept to
+the next one. A job carries its items in its argument (inline) or names them by reference: its
+`meta` naming a pack of the run and a block of it, read here from the run's output store
+(packs.py: what an unreadable pack or an unreachable store does to the job and the run).
 
-A job carries its items in its argument (inline) or names them by reference: no argument, and
-its `meta` naming a pack of the run and a block of it (issue 34; rqaccess.job_reference tells
-the two apart). Those items are read from the pack in the run's output store (PackReader: its
-index once, then one ranged GET of the block) and checked like inline ones. A pack that is not
-there or does not read (PackNotFoundError, PackError), or a pack number the run's table does not
-name, fails the job for good with the reason `pack_unreadable: ...` (JOB_FAILURE_PACK): rq's
-failed registry holds it, and `rq requeue` runs it again once the pack is back. A store that
-cannot be reached now (StoreError) is no fault of the job: it goes back to its queue without
-spending a retry, nothing fails, and the run is in a pack outage (PackOutages): the consumer's
-`packs_unreachable` pause reason (`producer status`, `genqueue_paused`) says since when and why,
-a log line says where it starts and another where it ends, and the run's queue is asked again
-after the store backoff (common/backoff.py's store_backoff, as shipping waits), longer with each
-failed read in a row. The first pack of the run read ends it; so does the run leaving the served
-runs, or its queue found empty (nothing left here to prove the store by).
-
-A pack's number turns into its name by the run's pack table (PackTable) once per run and
-number: a name never changes once written, so it is kept (PackNames); a number the table lacks
-is asked again at its next job, never kept as missing. Only a rewind gives a number out again
-(it restores the counter), under another writer's name: the job's writer tag (PackRef.writer)
-tells a kept name from before it, which is then asked again.
+Each served run is fetched for by its share of the low-water mark (shares.py). At a run's end
+here (its queue seen empty lately) a job is taken only when it can start at once, and jobs not
+started are given back when another consumer calls for work of their run. A job taken again
+skips the items a shipped shard holds, and those written here and not shipped yet.
 """
 
 from __future__ import annotations
@@ -34,11 +20,8 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from genqueue.common import defaults
-from genqueue.common.backoff import store_backoff
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.errors import PackError
 from genqueue.common.keepers.hungry import Hungry, HungryLook
@@ -50,13 +33,13 @@ from genqueue.common.storage import PackNotFoundError, PackStore, StoreError
 from genqueue.common.storage import store_for as default_store_for
 from genqueue.common.storage.packcache import PackCache
 from genqueue.common.storage.packreader import PackReader
-from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.guards.stop import Stopped, until
 from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.served import ServedRuns
 from genqueue.consumer.work.acker import Acker
 from genqueue.consumer.work.book import Book, JobState
+from genqueue.consumer.work.packs import JOB_FAILURE_PACK, PackNames, PackOutages, PackUnreadable
 from genqueue.consumer.work.shares import RunDemand, fetch_order, targets
 
 log = logging.getLogger(__name__)
@@ -73,84 +56,8 @@ TAIL_WINDOW = defaults.INTAKE_TAIL_WINDOW
 #: GENQUEUE_TAIL_BALANCE=0 turns both off, to measure what they buy (bench/bench_fleet.py).
 TAIL_BALANCE = os.environ.get("GENQUEUE_TAIL_BALANCE", "1") != "0"
 
-#: The reason a job by reference whose pack cannot be read fails with (module docstring).
-JOB_FAILURE_PACK = "pack_unreadable"
-
-
 class InvalidJob(ValueError):
     """A job naming genqueue's task whose arguments are not a list of valid items."""
-
-
-class PackUnreadable(Exception):
-    """A job by reference whose items cannot be read: its pack is not there, does not read, or
-    its number is not in the run's pack table."""
-
-
-@dataclass
-class PackOutage:
-    """A run whose packs the output store cannot serve now: its last pack read raised StoreError."""
-
-    since: float  # time.time() of the first failed read
-    began: float  # time.monotonic() of it
-    error: str  # the last failure, redacted
-    failures: int = 0  # failed reads in a row
-    retry_in: float = 0.0  # seconds before the run's queue is asked again (store_backoff)
-
-
-class PackOutages:
-    """The runs in a pack outage here (the `packs_unreachable` pause reason), per run."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, PackOutage] = {}
-
-    def failed(self, run: str, error: str) -> PackOutage:
-        """A read of RUN's packs failed now with ERROR; its outage (new or longer)."""
-        outage = self.runs.get(run)
-        if outage is None:
-            outage = self.runs[run] = PackOutage(time.time(), time.monotonic(), error)
-        outage.error = error
-        outage.failures += 1
-        outage.retry_in = store_backoff(outage.failures)
-        return outage
-
-    def end(self, run: str) -> PackOutage | None:
-        """RUN's outage is over (a pack read, or nothing left to read): the outage it ended, if any."""
-        return self.runs.pop(run, None)
-
-    def reason(self) -> str | None:
-        """The pause reason's text, or None with every run's packs readable."""
-        if not self.runs:
-            return None
-        return "; ".join(
-            f"run {run}: packs unreachable since {datetime.fromtimestamp(o.since, UTC):%Y-%m-%d %H:%M:%S} UTC "
-            f"({o.failures} failed read{'s' if o.failures != 1 else ''} in a row): {o.error}"
-            for run, o in sorted(self.runs.items()))
-
-
-class PackNames:
-    """Pack number -> name per run, as the run's pack table has them (PackTable.name_of): a name
-    never changes once written, so each is asked once a run; a number the table lacks is not kept
-    (its next job asks again). Kept per served context: a run re-created, resumed or with new
-    settings is served under a new one, and asks again."""
-
-    def __init__(self) -> None:
-        self._runs: dict[str, tuple[RunContext, dict[int, str]]] = {}
-        self.table_reads = 0  # HGETs of a pack table: what the cache saves
-
-    def known(self, ctx: RunContext, number: int) -> str | None:
-        kept = self._runs.get(ctx.run)
-        return kept[1].get(number) if kept is not None and kept[0] is ctx else None
-
-    def keep(self, ctx: RunContext, number: int, name: str) -> None:
-        kept = self._runs.get(ctx.run)
-        if kept is None or kept[0] is not ctx:
-            kept = self._runs[ctx.run] = (ctx, {})
-        kept[1][number] = name
-
-    def keep_only(self, runs: set[str]) -> None:
-        """Forget the runs not in RUNS (no longer served here)."""
-        for run in set(self._runs) - runs:
-            del self._runs[run]
 
 
 def parse_items(args: object, kwargs: object, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
@@ -402,7 +309,7 @@ class Intake:
     async def read_reference(self, run: str, ref: PackRef) -> list[object]:
         """The raw items of the job by reference REF of RUN, from its pack. Raises PackUnreadable,
         StoreError (after noting the run's pack outage: PackOutages). The end-of-run copies read
-        through here too (consumer/hedge.py)."""
+        through here too (consumer/copies.py)."""
         return (await self._read_placed(run, ref))[0]
 
     async def _read_placed(self, run: str, ref: PackRef) -> tuple[list[object], str, int]:
@@ -475,7 +382,7 @@ class Intake:
         lost (Book.lose_shard). A job taken before (a sweep, a give-back, a requeue) or with items
         done or written already is retaken: items its last holder made may still ship (a consumer
         that stood still and goes on, a restart on the same spool), so the marks of what it holds
-        here are looked at again while it is held (consumer/hedge.py)."""
+        here are looked at again while it is held (consumer/copies.py)."""
         todo = js.items if js.todo is None else js.todo
         written = self._written_here(js.run, [it["key"] for it in todo]) if todo else {}
         if written:

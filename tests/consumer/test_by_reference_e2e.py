@@ -90,7 +90,7 @@ def test_a_run_by_reference_completes_every_item_once(tmp_path: Path, redis_url:
     bitfields = int(conn.info("commandstats").get("cmdstat_bitfield", {}).get("calls", 0))
     assert 1 <= bitfields < 300, bitfields
     assert ItemTable(conn, "byref").counts().in_run_done == 300
-    # an item answered twice only by an end-of-run copy (consumer/hedge.py: the race is said on the record)
+    # an item answered twice only by an end-of-run copy (consumer/copies.py: the race is said on the record)
     originals = collections.Counter(r["key"] for r in recs if not r.get("copy"))
     assert max(originals.values()) == 1, "no job's item answered twice"
     copies = len(recs) - 300

@@ -259,7 +259,7 @@ def check_tables(recs: list[dict[str, Any]], output: str, run: str) -> Capture:
 
 def made_twice(recs: list[dict[str, Any]], keys: set[str]) -> collections.Counter[str]:
     """Records beyond one an item, by item key (every item of KEYS has a record), of the items no
-    end-of-run copy made: a copy (consumer/hedge.py) of an item in flight elsewhere may ship beside
+    end-of-run copy made: a copy (consumer/copies.py) of an item in flight elsewhere may ship beside
     it, fault or not (tests/consumer/test_rewind.py counts the same way)."""
     counts = collections.Counter(r["key"] for r in recs)
     assert keys <= set(counts), f"{len(keys - set(counts))} items without a record"

@@ -1,4 +1,4 @@
-"""Copies at the end of a run (consumer/hedge.py, common/keepers/flights.py): an idle consumer sends a
+"""Copies at the end of a run (consumer/copies.py, common/keepers/flights.py): an idle consumer sends a
 copy of what another still holds; the first result shipped ends the item everywhere; nothing
 rests on a copy.
 
@@ -26,9 +26,8 @@ from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter
-from genqueue.consumer.hedge import FASTER, Rate, choose, copyable
+from genqueue.consumer.copies import FASTER, Rate, choose, copies_clause, copyable
 from genqueue.consumer.work.book import Book
-from genqueue.consumer.worker import copies_clause
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 from tests.doubles import FakeGate, FakeOutbox, item, job, result, run_context
@@ -149,7 +148,7 @@ def test_an_item_in_flight_shipped_elsewhere_is_cancelled_and_its_job_completes_
                        low_water=lambda: 8, on_won=on_won)
         task = asyncio.create_task(d.run())
         await _until(lambda: len(outbox.records) == 1 and book.in_flight == 1, "item 0 answered, item 1 in flight")
-        assert [f.key for f in d.flights("r")] == [item(1)["key"]] and d.flights("r")[0].age is not None
+        assert [f.key for f in d.held_items("r")] == [item(1)["key"]] and d.held_items("r")[0].age is not None
         assert await d.done_elsewhere("r", {item(1)["key"]}) == 1
         await _until(lambda: js.complete, "the job completes once item 1 is ended here")
         task.cancel()
@@ -237,7 +236,7 @@ def test_a_copy_gives_its_slot_to_an_item_held_here_and_a_copy_cut_before_it_ran
 
 
 def test_no_copy_takes_a_slot_while_an_item_of_a_held_job_waits_for_one() -> None:
-    """The hedger's look awaits Redis between its check and each copy it sends: an item that
+    """The copier's look awaits Redis between its check and each copy it sends: an item that
     arrived meanwhile, waiting for the slot a cut copy freed, must not lose it to a new copy."""
     async def scenario() -> None:
         book: Book[Any] = Book()
@@ -397,7 +396,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
     loop goes on; every held item is untouched."""
     import logging
 
-    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.copies import Copier
     from genqueue.consumer.rqthread import RqThread
 
     conn = redis.Redis.from_url(redis_url)
@@ -412,7 +411,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
         def held_keys(self, run: str) -> list[str]:
             return [item(0)["key"]]
 
-        def flights(self, run: str) -> list[Flight]:
+        def held_items(self, run: str) -> list[Flight]:
             return [Flight("j", item(0)["key"], 0.1)]
 
         def copy_slots(self) -> int:
@@ -420,7 +419,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
 
     async def scenario() -> None:
         rq = RqThread()
-        h = Hedger(rq, conn, "me", Idle(), contexts=lambda: {"r": run_context("r")},  # type: ignore[arg-type]
+        h = Copier(rq, conn, "me", Idle(), contexts=lambda: {"r": run_context("r")},  # type: ignore[arg-type]
                    tail_runs=lambda: ["r"], stopped=set)
         h.rate.observe(100, 1.0)
         loop = asyncio.create_task(h.run())
@@ -429,7 +428,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
         loop.cancel()
         rq.close()
 
-    with caplog.at_level(logging.WARNING, logger="genqueue.consumer.hedge"):
+    with caplog.at_level(logging.WARNING, logger="genqueue.consumer.copies"):
         asyncio.run(scenario())
     said = [r.getMessage() for r in caplog.records if "copies paused" in r.getMessage()]
     assert len(said) == 1 and "WRONGTYPE" in said[0], said
@@ -438,7 +437,7 @@ def test_odd_content_under_the_offer_keys_pauses_copies_and_crashes_nothing(tmp_
 def test_copies_of_a_run_paused_or_gone_are_cut_and_others_run_on(redis_url):
     """`producer pause` (or the breaker, or the run deleted) while copies of it run here: the
     next look cuts them and leaves the copies of other runs alone."""
-    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.copies import Copier
     from genqueue.consumer.rqthread import RqThread
 
     conn = redis.Redis.from_url(redis_url)
@@ -450,7 +449,7 @@ def test_copies_of_a_run_paused_or_gone_are_cut_and_others_run_on(redis_url):
                        on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
                        low_water=lambda: 4)
         stopped: set[str] = set()
-        h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r"), "s": run_context("s")},
+        h = Copier(rq, conn, "me", d, contexts=lambda: {"r": run_context("r"), "s": run_context("s")},
                    tail_runs=lambda: ["r", "s"], stopped=lambda: stopped)
         h.rate.observe(100, 1.0)
         assert d.start_copy(run_context("r"), item(7)) and d.start_copy(run_context("s"), item(8))
@@ -483,7 +482,7 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
     from rq import Queue
 
     from genqueue.common.keepers.rqaccess import SERIALIZER
-    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.copies import Copier
     from genqueue.consumer.rqthread import RqThread
 
     conn = redis.Redis.from_url(redis_url)
@@ -497,7 +496,7 @@ def test_a_copy_ended_without_a_result_gives_its_claim_back_and_one_that_failed_
         d = Dispatcher(Book(), Limiter(4), FakeGate(), FakeOutbox(), ErrsOnEight(),  # type: ignore[arg-type]
                        on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
                        low_water=lambda: 4)
-        h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
+        h = Copier(rq, conn, "me", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
                    stopped=set)
         h.rate.observe(100, 1.0)
         await h.look()
@@ -522,7 +521,7 @@ def test_offers_are_stamped_and_judged_by_redis_clock_so_skewed_nodes_see_each_o
     """Offers last OFFER_TTL (3 s): stamped with each node's own clock, a node 100 s behind
     wrote offers every other node took for stale, and its items were never copied."""
     from genqueue.common.keepers.clock import redis_time
-    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.copies import Copier
     from genqueue.consumer.rqthread import RqThread
 
     conn = redis.Redis.from_url(redis_url)
@@ -537,7 +536,7 @@ def test_offers_are_stamped_and_judged_by_redis_clock_so_skewed_nodes_see_each_o
                        low_water=lambda: 4)
         # this node's clock is 100 s behind; rqcompat's RedisClock corrects it by the measured offset
         real = time.time
-        h = Hedger(rq, conn, "behind", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
+        h = Copier(rq, conn, "behind", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
                    stopped=set, clock=lambda: time.time() + (100.0 + offset))
         with monkeypatch.context() as m:
             m.setattr(time, "time", lambda: real() - 100.0)
@@ -579,7 +578,7 @@ def test_items_of_a_job_by_reference_are_copied_through_the_pack_reader(redis_ur
     from rq import Queue
 
     from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, PackRef, reference_meta
-    from genqueue.consumer.hedge import Hedger
+    from genqueue.consumer.copies import Copier
     from genqueue.consumer.rqthread import RqThread
 
     conn = redis.Redis.from_url(redis_url)
@@ -598,7 +597,7 @@ def test_items_of_a_job_by_reference_are_copied_through_the_pack_reader(redis_ur
                        on_record=lambda run, rec: None, wake=asyncio.Event(), stopping=asyncio.Event(),
                        low_water=lambda: 4)
         Flights(conn, "r").offer("other", 10.0, [Flight("gq-byref", k7, None), Flight("gq-byref", k8, None)])
-        h = Hedger(rq, conn, "me", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
+        h = Copier(rq, conn, "me", d, contexts=lambda: {"r": run_context("r")}, tail_runs=lambda: ["r"],
                    stopped=set, read_reference=reader)
         h.rate.observe(100, 1.0)
         await h.look()

@@ -339,7 +339,7 @@ def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monk
 
 # --- does speculation pay (issue 33) -------------------------------------------------------
 from genqueue.common.contracts import SpecPays  # noqa: E402
-from genqueue.consumer.engine.doctor import (  # noqa: E402
+from genqueue.consumer.engine.speculation import (  # noqa: E402
     SpecRegime,
     draft_acceptance,
     judge_spec,

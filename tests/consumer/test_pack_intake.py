@@ -34,7 +34,8 @@ from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.work.acker import Acker
 from genqueue.consumer.work.book import Book
-from genqueue.consumer.work.intake import Intake, PackOutages, PackUnreadable
+from genqueue.consumer.work.intake import Intake
+from genqueue.consumer.work.packs import PackOutages, PackUnreadable
 from tests.doubles import IDENT
 
 pytestmark = pytest.mark.integration

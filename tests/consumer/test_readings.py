@@ -80,14 +80,14 @@ def test_status_shows_the_rows_the_table_gives_it(monkeypatch: pytest.MonkeyPatc
 def test_the_consumer_exports_a_gauge_for_each_exported_row() -> None:
     from prometheus_client import REGISTRY
 
-    from genqueue.consumer import telemetry
+    from genqueue.consumer import metrics
 
     exported = {r.key: r.exported for r in ENGINE_READINGS if r.exported is not None}
-    assert set(telemetry.ENGINE_GAUGES) | set(telemetry.ENGINE_READING_GAUGES) == set(exported)
-    telemetry.set_engine_gauges({"metrics": True, **{k: 2.0 for k in exported}})
+    assert set(metrics.ENGINE_GAUGES) | set(metrics.ENGINE_READING_GAUGES) == set(exported)
+    metrics.set_engine_gauges({"metrics": True, **{k: 2.0 for k in exported}})
     for key, ex in exported.items():
         assert isinstance(ex, Exported)
         assert REGISTRY.get_sample_value(ex.name) == 2.0, key
-    telemetry.set_engine_gauges({"metrics": False})
+    metrics.set_engine_gauges({"metrics": False})
     for key, ex in exported.items():  # without a reading: 0, or no sample for those exported absent
         assert REGISTRY.get_sample_value(ex.name) == (None if ex.absent_without_reading else 0.0), key

@@ -107,7 +107,7 @@ def test_a_stopped_then_resumed_consumer_costs_at_most_its_work_in_flight(tmp_pa
     assert duplicates <= in_flight, f"{duplicates} items made twice for {in_flight} in flight at the stop"
     # By reference the other held the stopped one's jobs whole (128 items) at the end of the run,
     # and its end-of-run copies of the items waiting there were sent there too: 61 records twice
-    # against 8 inline. A copy of an item that waits is its transfer (consumer/hedge.py).
+    # against 8 inline. A copy of an item that waits is its transfer (consumer/copies.py).
     assert duplicates <= snap["in_flight"], f"{duplicates} items made twice for {snap['in_flight']} requests " \
                                             f"in flight at the stop ({copies} with an end-of-run copy)"
 
@@ -151,7 +151,7 @@ def test_a_killed_consumer_costs_at_most_its_work_in_flight(tmp_path, redis_url,
 def test_items_a_consumer_holds_unsent_are_made_once_at_the_end_of_a_run(tmp_path, redis_url, conn,
                                                                           prompts_mode: Prompts) -> None:
     """A slow consumer (4 slots) holds a whole job while a fast one (32) runs out of work and
-    copies what waits there (consumer/hedge.py). A copy of an item that waits is its transfer:
+    copies what waits there (consumer/copies.py). A copy of an item that waits is its transfer:
     the holder sets it aside instead of sending it too.
 
     old: the holder offered its waiting items from the next to go and sent them as well (by

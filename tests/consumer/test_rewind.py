@@ -124,7 +124,7 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
     results = read_results(tmp_path / "out", "rw")
     counts = collections.Counter(r["key"] for r in results)
     twice = sum(n - 1 for n in counts.values())
-    # an end-of-run copy (consumer/hedge.py) of an item in flight may ship beside it, fault or not
+    # an end-of-run copy (consumer/copies.py) of an item in flight may ship beside it, fault or not
     copied = {r["key"] for r in results if r.get("copy")}
     by_fault = sum(n - 1 for k, n in counts.items() if k not in copied)
     window = at_crash - at_snapshot

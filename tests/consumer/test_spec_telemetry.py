@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from genqueue.common.acceptance import AcceptanceTable, answers_of, table_of
-from genqueue.consumer.telemetry import OTHER_CATEGORY, SpecCounts
+from genqueue.consumer.metrics import OTHER_CATEGORY, SpecCounts
 from genqueue.producer.status.screen import wrap
 from genqueue.producer.status.speculation import SHOWN_CATEGORIES, speculation_lines, speculation_view
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from genqueue.common.contracts import RunCounters
-from genqueue.consumer.telemetry import RUN_GAUGES, set_run_gauges
+from genqueue.consumer.metrics import RUN_GAUGES, set_run_gauges
 
 
 def value(name: str, run: str) -> float | None:
@@ -38,7 +38,7 @@ def test_kv_cache_usage_has_no_sample_until_the_engine_gives_a_reading() -> None
     """It read 0 (an idle cache) when the engine gave no KV reading at all."""
     from prometheus_client import generate_latest
 
-    from genqueue.consumer.telemetry import set_engine_gauges
+    from genqueue.consumer.metrics import set_engine_gauges
 
     def kv() -> float | None:
         return REGISTRY.get_sample_value("genqueue_engine_kv_cache_usage")

@@ -78,7 +78,8 @@ def test_every_record_carries_the_engines_figures_and_they_add_up_to_its_counter
     assert view["speculation"]["drafted"] == total["drafted"] and view["speculation"]["accepted"] == total["accepted"]
     assert {row["category"] for row in view["speculation"]["by"]["turn"]} == {"1", "2"}
     # the doctor reads k from the same counters: draft tokens / drafts is num_speculative_tokens
-    from genqueue.consumer.engine.doctor import DoctorSettings, judge_spec
+    from genqueue.consumer.engine.doctor import DoctorSettings
+    from genqueue.consumer.engine.speculation import judge_spec
 
     drafts, accepted = growth["vllm:spec_decode_num_drafts_total"], growth["vllm:spec_decode_num_accepted_tokens_total"]
     k = round(growth["vllm:spec_decode_num_draft_tokens_total"] / drafts)

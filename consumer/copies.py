@@ -1,39 +1,22 @@
-"""The end of a run: copies of what other consumers still hold, sent by one that sits idle.
+"""The end-of-run copies: copies of what other consumers still hold, sent by one that sits idle.
 
-When a run's queue is empty, what keeps a fleet busy is only what its consumers already hold:
-items in flight, and items of a job taken whole that wait for a slot. An engine that finished
-its own cannot take those (they are in another consumer's job), and the run ends when the last
-of them does. So at the end of a run (its queue seen empty here lately, intake.tail_runs):
-
-- every consumer that holds items of the run (at its end here, or called for work of it by an
-  idle one) offers them (common/keepers/flights.py): each item's job,
-  and how long it has been in flight or that it waits unsent, with the consumer's own rate
-  (output tokens per second per request, measured on its recent results);
-- a consumer with a slot free and nothing of the run waiting sends a copy of an offered item
-  when it would likely finish it sooner: an item that waits unsent, from a consumer not over
-  twice as fast (UNSENT_FASTER); an item in flight, from a consumer at least FASTER times
-  slower per request (on equal engines a copy started later never catches up), the youngest
-  first (the most left to gain). One copy per item across the fleet at a time (a claim in
-  Redis, given back when the copy ends without a result, and taken over from a consumer no
-  longer live; a consumer whose copy of an item ended in an error does not copy it again);
-- a copy's result is written and shipped like any other; an error or a cancel writes nothing
-  (the original goes on, so nothing rests on a copy);
-- a copy of an item that waits unsent is its transfer: the holder offers its waiting items from
-  the last to go (a copy of one about to be sent there would make it twice), and sets aside
-  those another live consumer has claimed, sending them only if that copy ends without a
-  result (else a job by reference, 128 items or more, had many of them sent twice);
-- every consumer looks at the marks of what it holds of the run: an item marked done (a
-  result shipped, whichever consumer's) is cancelled here if in flight (vLLM stops computing
-  it), dropped if waiting, and counts as done in its job, which is acked as usual once its
-  own records are shipped.
-
-A result shipped is the only thing that ends an item elsewhere, so a copy that dies or a
-consumer that crashes costs nothing but the copy's tokens. Both answers may ship when they end
-together; export keeps the original (producer/export/core.py), and the marks count it once.
-Conversations regenerated turn by turn are not copied: their turns checkpoint in Redis under
-the item's key, and two writers would interleave them.
-
-GENQUEUE_TAIL_COPIES=0 turns copies off (bench/bench_fleet.py measures what they buy).
+At the end of a run here (its queue seen empty lately, intake.tail_runs, or another consumer
+calling for work of it):
+- each consumer offers what it holds of the run (common/keepers/flights.py): each item's job, how
+  long it has been in flight or that it waits unsent, and its rate (output tokens/s per request);
+- a consumer with a slot free and nothing of the run waiting copies an offered item it would
+  likely finish sooner: a waiting one from a consumer not over UNSENT_FASTER times as fast, one in
+  flight from a consumer FASTER times slower, the youngest first; one copy per item across the
+  fleet (a claim in Redis, given back when the copy ends without a result, taken over from a
+  consumer no longer live), never again by a consumer whose copy of it ended in an error;
+- a copy of a waiting item is its transfer: the holder offers its waiting items from the last to
+  go and sets aside those a live consumer claimed, sending them only if that copy ends unanswered;
+- a copy's result is written and shipped like any; an error or a cancel writes nothing;
+- each consumer reads the marks of what it holds: an item with a result shipped (anyone's) is
+  cancelled in flight or dropped waiting, and counts as done in its job.
+A shipped result is the only thing that ends an item elsewhere, so a lost copy costs its tokens
+only; export keeps the original when both ship. Conversations regenerated turn by turn are not
+copied (their checkpoints would interleave). GENQUEUE_TAIL_COPIES=0 turns copies off.
 """
 
 from __future__ import annotations
@@ -59,7 +42,8 @@ from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.rqcompat import Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.work.book import Book
-from genqueue.consumer.work.intake import PackUnreadable, parse_items
+from genqueue.consumer.work.intake import parse_items
+from genqueue.consumer.work.packs import PackUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +94,8 @@ def choose(offers: list[Offer], me: str, my_rate: float, slots: int, exclude: se
     return (unsent + [(o, f) for _, o, f in flying])[:slots]
 
 
-class Hedger:
-    """The end-of-run loop (module docstring)."""
+class Copier:
+    """The end-of-run copies' loop (module docstring)."""
 
     def __init__(self, rq: RqThread, conn: redis.Redis, worker: str, dispatcher: Dispatcher, *,
                  contexts: Callable[[], dict[str, RunContext]], tail_runs: Callable[[], list[str]],
@@ -123,7 +107,7 @@ class Hedger:
         self.book = book
         # the calls for work of other consumers: the intake's look, so both read Redis as one
         self._hungry = hungry if hungry is not None else HungryLook(conn, worker)
-        # the items of a job by reference (issue 34): the intake's pack reader; None copies none of them
+        # the items of a job by reference: the intake's pack reader; None copies none of them
         self._read_reference = read_reference
         self.conn = conn
         self.worker = worker
@@ -139,8 +123,9 @@ class Hedger:
         self.copies_sent = 0
         self._retaken_looked = 0.0  # time.monotonic() of the last look at the marks of jobs taken again
 
-    def observe(self, rec: Record) -> None:
-        """A record written here: its tokens and latency feed the rate per request."""
+    def recorded(self, run: str, rec: Record) -> None:
+        """A record of RUN written here (the `recorded` event): its tokens and latency feed the rate
+        per request."""
         if is_error(rec):
             return
         usage, timings = rec.get("usage"), rec.get("timings")
@@ -244,16 +229,16 @@ class Hedger:
                       back)
 
     async def _offer(self, run: str) -> None:
-        flights = self.dispatcher.flights(run)
-        if not flights and run not in self._offered:
+        held = self.dispatcher.held_items(run)
+        if not held and run not in self._offered:
             return
         # the items waiting here offered from the last to go: a copy of one about to be sent here
         # would make it twice (those copied are set aside here at the next look, _yield_claimed)
-        unsent = [f for f in flights if f.age is None][::-1]
-        flying = sorted((f for f in flights if f.age is not None), key=lambda f: f.age or 0.0)
+        unsent = [f for f in held if f.age is None][::-1]
+        flying = sorted((f for f in held if f.age is not None), key=lambda f: f.age or 0.0)
         await self.rq.call(Flights(self.conn, run).offer, self.worker, self.rate.value, (unsent + flying)[:MAX_OFFER],
                            now=self._clock())
-        if flights:
+        if held:
             self._offered.add(run)
         else:
             self._offered.discard(run)
@@ -318,3 +303,11 @@ def copyable(ctx: RunContext, item: Item) -> bool:
         return True
     users: int = sum(m["role"] == "user" for m in item["messages"])
     return users <= 1
+
+
+def copies_clause(counts: dict[str, int]) -> str:
+    """The end line's account of the end-of-run copies (Copier.counts); '' when there were none."""
+    if not (counts.get("sent") or counts.get("ended_elsewhere")):
+        return ""
+    return (f", copies: {counts.get('sent', 0)} sent for others ({counts.get('shipped', 0)} written), "
+            f"{counts.get('ended_elsewhere', 0)} of ours ended by others")

@@ -1,4 +1,4 @@
-"""One look of the end-of-run loop (consumer/hedge.py) reads each run's marks at most once: a run
+"""One look of the end-of-run loop (consumer/copies.py) reads each run's marks at most once: a run
 both taken again here and with items set aside for copies elsewhere was looked at by two loops,
 each reading the marks of every item held (a round trip and a script over up to thousands of
 keys, per run, per look). In-process: a book and a dispatcher of their own, the Redis calls
@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from genqueue.consumer.hedge import Hedger
+from genqueue.consumer.copies import Copier
 from tests.doubles import run_context
 
 
@@ -68,7 +68,7 @@ class Holding:
     def held_keys(self, run: str) -> list[str]:
         return [f"{run}-k"]
 
-    def flights(self, run: str) -> list[Any]:
+    def held_items(self, run: str) -> list[Any]:
         return []
 
     def copy_slots(self) -> int:
@@ -78,7 +78,7 @@ class Holding:
 def _looks(tail: list[str]) -> Counter[tuple[str, str]]:
     rq = CountingRq()
     contexts = {run: run_context(run) for run in ("r", "s", "t")}
-    h = Hedger(rq, redis.Redis(), "me", Holding(), contexts=lambda: contexts,  # type: ignore[arg-type]
+    h = Copier(rq, redis.Redis(), "me", Holding(), contexts=lambda: contexts,  # type: ignore[arg-type]
                tail_runs=lambda: tail, stopped=set, book=Book())  # type: ignore[arg-type]
     asyncio.run(h.look())
     return rq.calls
