@@ -85,7 +85,6 @@ from genqueue.common.contracts import (
 from genqueue.common.errors import JobItemsUnreadableError, UserError
 from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
 from genqueue.common.keepers.items import ItemTable
-from genqueue.common.keepers.marks import record_tool_turns
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import JobPlace, PackRef, refused_jobs
 from genqueue.common.keepers.rqjobs import (
@@ -98,6 +97,7 @@ from genqueue.common.keepers.rqjobs import (
     placed_keys,
     read_jobs,
 )
+from genqueue.common.records import record_tool_turns
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
@@ -864,7 +864,7 @@ def _pack_failed(key: str, place: tuple[str, int], run: str, error: ErrorInfo) -
 
 def _tool_turns(rec: ResultRecord) -> int:
     """What became of a regenerate conversation's tool turns, as a _TOOLS_ code (0: it had none,
-    or it stopped elsewhere): marks.record_tool_turns, the rule status counts by too."""
+    or it stopped elsewhere): records.record_tool_turns, the rule status counts by too."""
     tools = record_tool_turns(rec)
     return 0 if tools is None else _TOOLS_CODE[tools]
 

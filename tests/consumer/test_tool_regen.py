@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Item, Mode
-from genqueue.common.keepers.marks import record_turns
+from genqueue.common.records import record_turns
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.generate import Generator
 from genqueue.consumer.answer.tool_turns import match_calls, splice_results
