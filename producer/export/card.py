@@ -1,7 +1,7 @@
 """The dataset card beside an export: a README.md in the Hugging Face Hub's convention, holding
 what a person checks before training on the file.
 
-The card is built from the export's summary (core.ExportResult: every coverage count is the
+The card is built from the export's summary (plan.ExportResult: every coverage count is the
 summary's own, never recounted) and the run's record (model, sampling, fingerprints, version),
 plus the count of the rows the export wrote (rowstats.RowStats, the one its summary's rows,
 items and traces come from, after any selection): rows, conversations, generations per
@@ -46,7 +46,7 @@ from genqueue.common import __version__
 from genqueue.common.capture import format_size
 from genqueue.common.keepers.captured import CaptureFigures, LogprobsFigures
 from genqueue.common.keepers.runs import RunInfo
-from genqueue.producer.export.core import ExportResult
+from genqueue.producer.export.plan import ExportResult
 from genqueue.producer.export.rowstats import RowStats, read_rows, row_stats
 from genqueue.producer.export.sinks import stem
 from genqueue.producer.export.tempnames import sweep_dead, temp_beside
