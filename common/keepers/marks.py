@@ -49,7 +49,7 @@ import orjson
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Note, ToolTurns
+from genqueue.common.contracts import ToolTurns
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.keepers.featurecounts import FeatureCounts, Recounted
 from genqueue.common.keepers.items import (
@@ -69,6 +69,7 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.redismem import pipeline_read
 from genqueue.common.keepers.runs import key_digest, run_key
 from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
+from genqueue.common.records import record_feature_rows, record_kind, record_tool_turns, record_turns
 from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
@@ -292,49 +293,6 @@ class ShardMarks:
         self.add(key, error=error, kind=record_kind(rec), turns=record_turns(rec),
                  tools=None if error else record_tool_turns(rec), spec="" if error else SpecTallies.argument(rec),
                  place=place, features=0 if error else record_feature_rows(rec))
-
-
-def record_kind(rec: Mapping[str, object]) -> str:
-    """The outcome of a result record, or the class of an error record ("" when neither)."""
-    err = rec.get("error")
-    if isinstance(err, dict):
-        return str(err.get("class") or "")
-    return str(rec.get("outcome") or "")
-
-
-def record_turns(rec: Mapping[str, object]) -> int:
-    """How many user turns a regenerate record answered (0 for any other record): the answers
-    after tool results within a user turn (they have a `step`) are not turns of their own, so
-    the count stays comparable with the run's user turns."""
-    turns = rec.get("turns")
-    return sum(1 for t in turns if not (isinstance(t, dict) and "step" in t)) if isinstance(turns, list) else 0
-
-
-def record_feature_rows(rec: Mapping[str, object]) -> int:
-    """How many feature rows (--capture's hidden states, or --logprobs's tables: a run stores one
-    kind) a result record names: its answer's, or each regenerated turn's."""
-    turns = rec.get("turns")
-    answers = turns if isinstance(turns, list) else [rec]
-    return sum(1 for a in answers if isinstance(a, Mapping)
-               and any(isinstance(ref := a.get(f), Mapping) and "row" in ref for f in ("features", "logprobs")))
-
-
-def record_tool_turns(rec: Mapping[str, object]) -> ToolTurns | None:
-    """What became of a regenerate record's recorded tool turns (None: it had none, it stopped
-    elsewhere, or it is no regenerate record): the one rule status and export count by.
-    Regenerated to the end: tool results were spliced in and nothing stopped it."""
-    turns = rec.get("turns")
-    if not isinstance(turns, list):
-        return None
-    note, stopped = rec.get("note"), rec.get("stopped")
-    stopped = stopped if isinstance(stopped, dict) else None
-    if note == Note.TOOL_CALL_DIVERGED or (stopped is not None and stopped.get("reason") == Note.TOOL_CALL_DIVERGED):
-        return ToolTurns.DIVERGED
-    if note == Note.STOPPED_AT_TOOL_TURN or (stopped is not None and stopped.get("step")):
-        return ToolTurns.STOPPED  # cut by the producer, or an answer after tool results failed or was cut
-    if stopped is None and any(isinstance(t, dict) and t.get("tool_results_spliced") for t in turns):
-        return ToolTurns.TO_END
-    return None
 
 
 def marks_of_file(path: Path) -> ShardMarks:

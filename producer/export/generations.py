@@ -49,7 +49,7 @@ class Generation:
 def single_answer(rec: ResultRecord) -> ChatMessage:
     """The answer of a record without turns (one generation), as a chat message: its content,
     its thinking as reasoning_content, its tool calls. The one spelling export's conversations
-    (formats.py) and generations share."""
+    (formats/) and generations share."""
     answer: ChatMessage = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
         answer["reasoning_content"] = rec["reasoning"]
@@ -62,7 +62,7 @@ def answer_outcomes(rec: ResultRecord, gens: list[Generation]) -> list[str]:
     """Each answer's fate, for GENS = generations(REC): `finished` when it and every answer
     before it finished, else the first outcome that was not (a generation that names none takes
     the record's, `unknown` for a `partial` one). The one rule that decides which answers a
-    dataset holds: generation rows (genrows.py), `tokens` rows (formats.to_tokens) and every
+    dataset holds: generation rows (genrows.py), `tokens` rows (tokens.to_tokens) and every
     count of them go by it, so text and token rows hold the same answers under the same ids."""
     outcome = str(rec.get("outcome") or "unknown")
     fallback = outcome if outcome != Outcome.PARTIAL.value else "unknown"

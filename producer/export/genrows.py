@@ -1,37 +1,21 @@
 """One row per generation (pure, no I/O): what a record becomes under `--rows`, and what each
 layout keeps of its thinking.
 
-`--rows generation` (the default for the conversation-level formats, formats.FormatSpec
-.conversation_rows) writes one row per answer the target generated (generations.py): the
-history exactly as the server was sent it (earlier answers with or without their thinking as
---history-reasoning said, tool results as spliced), then that answer with its thinking, the
-row's last assistant turn and its one training target. A tool-calling turn is one row per
-request. Each row is the format's own line (formats.py) of that one generation, plus:
+`--rows generation` (the default for the formats whose line is a conversation: FormatSpec
+.generation_line) writes one row per answer the target generated (generations.py): the history
+exactly as the server was sent it, then that answer with its thinking, the row's last assistant
+turn and its one training target. Each row is the format's own line of that one generation, plus
+`id` (the record's line id with `-a<n>`, as the `tokens` row of the same answer), `generation`
+(n), `turn`, `step` (its place after tool results), and the answer's own `outcome`, `usage` and
+`acceptance`; in a format with FormatSpec.weighted, `weight` 1 on the answer and 0 on every
+history answer. Reasoning models' chat templates render thinking only after the last user
+message, so a conversation row trains its earlier answers on a history the server never saw;
+in a generation row every trace is rendered, on the context the server had.
 
-- `id`: the record's line id with `-a<n>` (its n-th answer, from 0): the id the `tokens` format
-  gives the same answer, so a text row and its token row join;
-- `generation` (n), `turn` (the user turn it answers), `step` (its place after tool results
-  within that turn, 0 for the turn's first answer);
-- `outcome`, `usage`, `acceptance`: the answer's own (its outcome as generations.answer_outcomes
-  judges it; formats.py for
-  `acceptance`), beside the record's provenance;
-- which turn trains: `openai`/`parquet`/`specforge` put `weight` 1 on the answer and 0 on every
-  history answer (OpenAI fine-tuning's per-message field); `generated_by_target` (and sharegpt's
-  `target_turns`) still say who wrote each turn. SpecForge trains the last turn alone with
-  `data.train_only_last_turn: true`, LLaMA-Factory with `mask_history: true`.
-
-Why it is the default: reasoning models' chat templates (Qwen3's and most others) render an
-assistant turn's thinking only after the last user message, so a conversation row renders the
-thinking of its last user turn's answers only, and trains its earlier answers on a history
-(their own thinking in it) the server never saw. In a generation row every trace is the row's
-answer, rendered after the last user message, on the context the server had.
-
-A row is complete (outcome `finished`) when its own answer finished and every answer of its
-history did; else its outcome is the first one that did not (generations.answer_outcomes, the
-rule `--format tokens` judges its rows by too). So a `partial`
-conversation (a later turn failed) gives its finished answers as complete rows, and a cut one
-its answers before the cut; the rest go to the truncated file, and nothing half-generated is
-passed off as complete.
+A row is complete (outcome `finished`) when its own answer and every answer of its history
+finished; else its outcome is the first one that did not (generations.answer_outcomes, the rule
+`--format tokens` judges its rows by too). Complete rows go to the dataset, the rest to the
+truncated file: nothing half-generated is passed off as complete.
 """
 
 from __future__ import annotations
@@ -40,21 +24,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from genqueue.common.contracts import ResultRecord
-from genqueue.producer.export.formats import (
-    ExportFormat,
-    Line,
-    RowLayout,
-    line_id,
-    target_turns,
-    to_openai,
-    to_sharegpt,
-    to_specforge,
-)
+from genqueue.producer.export.formats import FORMATS, ExportFormat
+from genqueue.producer.export.formats.lines import line_id, target_turns
+from genqueue.producer.export.formats.spec import Line, RowLayout
 from genqueue.producer.export.generations import Generation, answer_outcomes, generations
 
-_CONVERT = {ExportFormat.OPENAI: to_openai, ExportFormat.SHAREGPT: to_sharegpt, ExportFormat.SPECFORGE: to_specforge}
-#: The formats whose turns carry a per-message `weight` (sharegpt's stay exactly {from, value}).
-_WEIGHTED = {ExportFormat.OPENAI: "messages", ExportFormat.SPECFORGE: "conversations"}
 #: The per-message field that says which answer a generation row trains: 1 on it, 0 on the history's.
 WEIGHT = "weight"
 
@@ -84,9 +58,12 @@ def generation_row(fmt: ExportFormat, rec: ResultRecord, g: Generation, outcome:
     authored = target_turns(rec)
     before = sum(1 for m in g.history if m.get("role") == "assistant")
     one = _one_generation(rec, g, outcome)
-    line = _CONVERT[fmt](one, per_turn=per_turn, marks=[*authored[:before], True])
+    spec = FORMATS[fmt]
+    if spec.generation_line is None:
+        raise ValueError(f"--format {fmt} has no generation rows")
+    line = spec.generation_line(one, per_turn=per_turn, marks=[*authored[:before], True])
     line["id"] = f"{line_id(rec, per_turn=per_turn)}-a{g.index}"
-    container = _WEIGHTED.get(fmt)
+    container = spec.weighted
     if container is not None:
         turns = cast(list[Line], line[container])
         last = max(i for i, t in enumerate(turns) if t.get("role") == "assistant")
@@ -134,6 +111,6 @@ def _one_generation(rec: ResultRecord, g: Generation, outcome: str) -> ResultRec
         one["reasoning"] = g.answer["reasoning_content"]
     if g.answer.get("tool_calls"):
         one["tool_calls"] = g.answer["tool_calls"]
-    if g.spec:  # the row's acceptance is its one answer's (formats.acceptance)
+    if g.spec:  # the row's acceptance is its one answer's (lines.acceptance)
         one["spec"] = g.spec
     return cast(ResultRecord, one)

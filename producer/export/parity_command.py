@@ -27,9 +27,9 @@ from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
 from genqueue.common.settings import check_run_name
-from genqueue.producer.export.core import DEFAULT_OUTCOMES
-from genqueue.producer.export.formats import record_outcome
+from genqueue.producer.export.formats.lines import record_outcome
 from genqueue.producer.export.parity import MAX_SHOWN, ParityReport, RecordParity, Renderer, check_record
+from genqueue.producer.export.plan import DEFAULT_OUTCOMES
 from genqueue.producer.export.records import BAD_LINE, read_line
 from genqueue.producer.export.sources import ShardSource, source_for
 from genqueue.producer.rungone import run_gone

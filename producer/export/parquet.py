@@ -1,9 +1,9 @@
-"""Writing the dataset as Parquet: one fixed Arrow schema per shape, row groups as it streams.
+"""Writing the dataset as Parquet: the shape's own Arrow schema, row groups as it streams.
 
 The export's pass 2 hands over JSON lines already in the dataset's shape; they are parsed by
-Arrow's own JSON reader against the shape's explicit schema (C++, no Python object per
-field) and written as one row group per ~ROW_GROUP_BYTES of JSON, so memory stays bounded by
-a row group whatever the dataset's size. Fields whose content is arbitrary JSON (tool
+Arrow's own JSON reader against the schema the shape's FormatSpec builds (C++, no Python object
+per field) and written as one row group per ~ROW_GROUP_BYTES of JSON, so memory stays bounded
+by a row group whatever the dataset's size. Fields whose content is arbitrary JSON (tool
 schemas, the `stopped` note) are JSON strings in Parquet: a column has one type.
 A field the schema does not know is an error, not a silent loss.
 """
@@ -19,59 +19,22 @@ import pyarrow.parquet as pq
 
 from genqueue.common import defaults
 from genqueue.common.errors import WriteFailedError
-from genqueue.producer.export.formats import ExportFormat, Line
+from genqueue.producer.export.formats import FORMATS, ExportFormat
+from genqueue.producer.export.formats.arrow import USAGE
+from genqueue.producer.export.formats.spec import Line
 from genqueue.producer.export.stage import WEIGHT_COLUMN
 from genqueue.producer.outfiles import OUTPUT, write_failed
 
 ROW_GROUP_BYTES = defaults.PARQUET_ROW_GROUP_BYTES
 
-_TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
-                        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
-_USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-                    ("total_tokens", pa.int64()), ("reasoning_tokens", pa.int64())])
-#: A row's speculative-decoding acceptance (formats.acceptance; null where it has no figures).
-_ACCEPTANCE = pa.struct([("rate", pa.float64()), ("mean_length", pa.float64()), ("steps", pa.int64()),
-                         ("drafted", pa.int64()), ("accepted", pa.int64())])
-_META: list[tuple[str, pa.DataType]] = [
-    ("key", pa.string()), ("source", pa.string()), ("index", pa.int64()), ("turn", pa.int64()),
-    ("sample", pa.int64()), ("seed", pa.int64()), ("model", pa.string()), ("fingerprint", pa.string()),
-    ("outcome", pa.string()), ("usage", _USAGE), ("stopped", pa.string()), ("note", pa.string()),
-    ("variant", pa.string()), ("acceptance", _ACCEPTANCE),
-]
-#: A generation row's place in its record (genrows.py; null in conversation rows).
-_GENERATION: list[tuple[str, pa.DataType]] = [("generation", pa.int64()), ("step", pa.int64())]
-
-#: The formats that may be written as Parquet (formats.FormatSpec.parquet), each with its schema.
-SCHEMAS: dict[ExportFormat, pa.Schema] = {
-    ExportFormat.OPENAI: pa.schema([
-        ("id", pa.string()),
-        ("messages", pa.list_(pa.struct([
-            ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
-            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string()),
-            ("generated_by_target", pa.bool_()), ("weight", pa.int64())]))),
-        ("tools", pa.string()), *_META, *_GENERATION]),
-    ExportFormat.SHAREGPT: pa.schema([
-        ("id", pa.string()),
-        ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
-        ("tools", pa.string()), ("target_turns", pa.list_(pa.int64())), *_META, *_GENERATION]),
-    ExportFormat.SPECFORGE: pa.schema([
-        ("id", pa.string()),
-        ("conversations", pa.list_(pa.struct([
-            ("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
-            ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string()),
-            ("generated_by_target", pa.bool_()), ("weight", pa.int64())]))),
-        ("tools", pa.string()), ("status", pa.string()), *_META, *_GENERATION]),
-    ExportFormat.TOKENS: pa.schema([
-        ("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-        ("step", pa.int64()), *_META]),
-}
-
-
 
 def schema_for(shape: ExportFormat, grouped: bool = False, *, weighted: bool = False) -> pa.Schema:
     """The Arrow schema of SHAPE's lines, or of the grouped lines (--group-samples) holding them;
     WEIGHTED: each line has its `sample_weight` (--weight-by-acceptance, stage.py)."""
-    schema = SCHEMAS[shape]
+    build = FORMATS[shape].schema
+    if build is None:
+        raise ValueError(f"--format {shape} is never written as Parquet")
+    schema = build()
     if weighted:
         schema = schema.append(pa.field(WEIGHT_COLUMN, pa.float64()))
     if not grouped:
@@ -82,9 +45,7 @@ def schema_for(shape: ExportFormat, grouped: bool = False, *, weighted: bool = F
 
 #: Fields holding arbitrary JSON, stored as JSON text.
 _AS_JSON = ("tools", "stopped")
-
-
-_USAGE_KEYS = frozenset(_USAGE.names)
+_USAGE_KEYS = frozenset(USAGE.names)
 
 
 def arrow_row(row: Line) -> Line:

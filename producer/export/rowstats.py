@@ -23,7 +23,7 @@ from typing import IO, Any, cast
 import orjson
 
 from genqueue.common import defaults
-from genqueue.producer.export.formats import THINK_CLOSE, THINK_OPEN
+from genqueue.producer.export.formats.sharegpt import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["RowStats", "read_rows", "row_stats"]
 
@@ -214,7 +214,7 @@ def _traces(row: Mapping[str, Any]) -> int:
 
 def _thought(turn: Mapping[str, Any]) -> bool:
     """TURN holds thinking: its `reasoning_content`, or (sharegpt) a value that opens with the
-    thought words formats.thinking_text writes."""
+    thought words sharegpt.thinking_text writes."""
     reasoning = turn.get("reasoning_content")
     if reasoning is None:
         value = turn.get("value")

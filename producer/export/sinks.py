@@ -10,7 +10,7 @@ from typing import IO, Protocol, cast
 import orjson
 
 from genqueue.common import defaults
-from genqueue.producer.export.formats import Line
+from genqueue.producer.export.formats.spec import Line
 from genqueue.producer.export.rowstats import RowStats
 from genqueue.producer.outfiles import OUTPUT, GuardedWriter, Target, write_failed
 

@@ -1,4 +1,4 @@
-"""Selection by acceptance on a streamed export (issue 33): `--weight-by-acceptance` and
+"""Selection by acceptance on a streamed export: `--weight-by-acceptance` and
 `--keep-lowest-acceptance SHARE`.
 
 Both need every row's acceptance before the first row is written: a weight is normalised over
@@ -32,7 +32,7 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.producer.export import selection
-from genqueue.producer.export.formats import ACCEPTANCE
+from genqueue.producer.export.formats.lines import ACCEPTANCE
 from genqueue.producer.export.sinks import WRITE_BUFFER, Group, GroupingSink, Sink
 from genqueue.producer.outfiles import PARTITIONS, write_failed
 

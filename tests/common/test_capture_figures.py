@@ -70,7 +70,7 @@ def test_nothing_shipped_yet_forecasts_nothing() -> None:
 
 def test_a_capture_pass_shows_its_source_and_choice_and_the_bytes_its_rows_come_to() -> None:
     from genqueue.common.prefill import PrefillChoice, PrefillSettings
-    from genqueue.producer.export.card import _capture
+    from genqueue.producer.export.cardsection import _capture
 
     pf = PrefillSettings(source="gen", by=PrefillChoice.ACCEPTANCE, budget=2 * 10**12, hidden_size=5120,
                          rows=48_000, source_rows=1_000_000, tokens=96_000_000, bytes=1_967_000_000_000)

@@ -70,7 +70,7 @@ def test_an_answer_without_ids_is_a_bad_response_not_a_record_without_them() -> 
 
 
 def test_answers_after_tool_results_have_their_own_prompt_ids_and_rows() -> None:
-    from genqueue.producer.export.formats import to_tokens
+    from genqueue.producer.export.formats.tokens import to_tokens
     from tests.consumer.test_tool_regen import agentic, item_of
 
     rec = answer(SimConfig(mean_tokens=15, seed=3, tool_calls="recorded"), item_of(agentic(1)), token_ids=True)

@@ -11,13 +11,13 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Item, Mode
-from genqueue.common.keepers.marks import record_turns
+from genqueue.common.records import record_turns
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.generate import Generator
 from genqueue.consumer.answer.tool_turns import match_calls, splice_results
 from genqueue.consumer.sim.server import SimConfig, SimServer
 from genqueue.consumer.sim.text import call_hints, tool_calls_for
-from genqueue.producer.export.core import _tool_turns
+from genqueue.producer.export.parts import tool_turns_code
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import make_items
 from tests.conftest import cli, write_jsonl
@@ -179,12 +179,12 @@ def test_a_checkpoint_resumes_after_the_tool_turns_of_the_turns_done(redis_url: 
 
 def test_export_tells_the_tool_turns_apart() -> None:
     spliced = [{"tool_results_spliced": True}, {}]
-    assert _tool_turns({"turns": spliced}) == 1  # regenerated to the end
-    assert _tool_turns({"turns": spliced, "note": "tool_call_diverged", "stopped": {"reason": "tool_call_diverged"}}) == 2
-    assert _tool_turns({"turns": [{}], "note": "stopped_at_tool_turn"}) == 3
-    assert _tool_turns({"turns": spliced, "stopped": {"turn": 0, "step": 1, "reason": "error"}}) == 3
-    assert _tool_turns({"turns": spliced, "stopped": {"turn": 1, "reason": "cut_in_answer"}}) == 0  # cut elsewhere
-    assert _tool_turns({"turns": [{}]}) == 0 and _tool_turns({"content": "x"}) == 0  # no tool turns; not regenerate
+    assert tool_turns_code({"turns": spliced}) == 1  # regenerated to the end
+    assert tool_turns_code({"turns": spliced, "note": "tool_call_diverged", "stopped": {"reason": "tool_call_diverged"}}) == 2
+    assert tool_turns_code({"turns": [{}], "note": "stopped_at_tool_turn"}) == 3
+    assert tool_turns_code({"turns": spliced, "stopped": {"turn": 0, "step": 1, "reason": "error"}}) == 3
+    assert tool_turns_code({"turns": spliced, "stopped": {"turn": 1, "reason": "cut_in_answer"}}) == 0  # cut elsewhere
+    assert tool_turns_code({"turns": [{}]}) == 0 and tool_turns_code({"content": "x"}) == 0  # no tool turns; not regenerate
 
 
 # --- a whole run -------------------------------------------------------------------------

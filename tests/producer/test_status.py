@@ -20,7 +20,7 @@ from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.readings import engine_view, parse_prometheus
-from genqueue.producer.export.core import _tool_turns
+from genqueue.producer.export.parts import tool_turns_code
 from genqueue.producer.status import format_status, run_status
 from genqueue.producer.status.figures import eta_view, placement
 from genqueue.producer.status.report import Rates
@@ -241,7 +241,7 @@ def test_tool_turns_are_counted_with_the_marks_once_in_exports_words(conn: redis
     counted = (view["tool_turns_to_end"], view["tool_call_diverged"], view["stopped_at_tool_turn"])
     assert counted == (2, 1, 2)
     # export's codes from the same rule: to the end 1, diverged 2, stopped 3
-    assert [_tool_turns(r) for r in recs] == [1, 1, 2, 3, 3, 0, 0]  # type: ignore[arg-type]
+    assert [tool_turns_code(r) for r in recs] == [1, 1, 2, 3, 3, 0, 0]  # type: ignore[arg-type]
     assert view["complete"] == 6 and view["partial"] == 1  # a diverged conversation ends complete
 
 

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from genqueue.producer.export.formats import to_openai
+from genqueue.producer.export.formats.openai import to_openai
 from tests.conftest import sharegpt, write_jsonl
 from tests.producer.export.test_formats import CALL, CALL2, TOOLS, regenerated, single, with_tools
 

@@ -17,9 +17,13 @@ from genqueue.common.contracts import Mode
 from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.runs import RunStore, run_key
 from genqueue.common.settings import RunSettings
-from genqueue.producer.export.command import export_command, stem
-from genqueue.producer.export.core import Exporter, ExportPlan
-from genqueue.producer.export.formats import ExportFormat, to_openai, to_sharegpt
+from genqueue.producer.export.command import export_command
+from genqueue.producer.export.core import Exporter
+from genqueue.producer.export.formats import ExportFormat
+from genqueue.producer.export.formats.openai import to_openai
+from genqueue.producer.export.formats.sharegpt import to_sharegpt
+from genqueue.producer.export.plan import ExportPlan
+from genqueue.producer.export.sinks import stem
 from genqueue.producer.export.sources import source_for
 from tests import s3server
 from tests.conftest import cli

@@ -17,7 +17,12 @@ from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.command import export_command
-from genqueue.producer.export.formats import ExportFormat, RowLayout, acceptance, to_batch, to_openai, to_tokens
+from genqueue.producer.export.formats import ExportFormat
+from genqueue.producer.export.formats.batch import to_batch
+from genqueue.producer.export.formats.lines import acceptance
+from genqueue.producer.export.formats.openai import to_openai
+from genqueue.producer.export.formats.spec import RowLayout
+from genqueue.producer.export.formats.tokens import to_tokens
 from genqueue.producer.export.genrows import record_rows
 from genqueue.producer.export.stage import WEIGHT_COLUMN
 from tests.conftest import cli
@@ -225,7 +230,7 @@ def test_a_run_without_figures_exports_as_before_and_refuses_selection(tmp_path:
 
 def test_the_summary_lists_turns_and_lengths_in_their_own_order() -> None:
     from genqueue.common.acceptance import AcceptanceTable, Answer
-    from genqueue.producer.export.core import acceptance_summary
+    from genqueue.producer.export.reduce import acceptance_summary
 
     table = AcceptanceTable()
     for turn, length in (("4+", "4k+"), ("10", "<256"), ("2", "256-1k"), ("1", "1k-4k"), ("-", "<256")):

@@ -28,8 +28,10 @@ from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export import parquet as export_parquet
 from genqueue.producer.export.command import export_command
-from genqueue.producer.export.core import Exporter, ExportPlan
-from genqueue.producer.export.formats import ExportFormat, RowLayout
+from genqueue.producer.export.core import Exporter
+from genqueue.producer.export.formats import ExportFormat
+from genqueue.producer.export.formats.spec import RowLayout
+from genqueue.producer.export.plan import ExportPlan
 from genqueue.producer.export.sources import source_for
 from tests.conftest import BIN, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results

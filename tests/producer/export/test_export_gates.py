@@ -13,8 +13,9 @@ import redis
 from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
-from genqueue.producer.export.core import Exporter, ExportPlan
+from genqueue.producer.export.core import Exporter
 from genqueue.producer.export.formats import ExportFormat
+from genqueue.producer.export.plan import ExportPlan
 from genqueue.producer.export.sources import source_for
 from tests.producer.export.test_export import RUN, key, read_jsonl, run_export, success, write_shard
 

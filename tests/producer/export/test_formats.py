@@ -18,22 +18,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from genqueue.common.errors import UserError
 from genqueue.producer.export import parquet as export_parquet
 from genqueue.producer.export.command import _shape_and_container, export_command
-from genqueue.producer.export.formats import (
-    FORMATS,
-    THINK_CLOSE,
-    THINK_OPEN,
-    ExportFormat,
-    batch_error,
-    converter,
-    has_original_turns,
-    line_id,
-    llamafactory_dataset_info,
-    target_turns,
-    to_batch,
-    to_openai,
-    to_sharegpt,
-    to_specforge,
-)
+from genqueue.producer.export.formats import FORMATS, ExportFormat, converter
+from genqueue.producer.export.formats.batch import batch_error, to_batch
+from genqueue.producer.export.formats.lines import has_original_turns, line_id, target_turns
+from genqueue.producer.export.formats.openai import to_openai
+from genqueue.producer.export.formats.sharegpt import THINK_CLOSE, THINK_OPEN, llamafactory_dataset_info, to_sharegpt
+from genqueue.producer.export.formats.specforge import to_specforge
 from tests.producer.export import loaders
 from tests.producer.export.specforge_validation import validate_row
 
@@ -90,8 +80,8 @@ def with_tools() -> dict[str, Any]:
 
 # --- the registry: one entry per --format ------------------------------------------------------
 def test_every_format_is_one_registry_entry_and_one_choice_of_the_command() -> None:
-    """A format is added in formats.py alone: the enum, its entry, and the CLI's choices and
-    help all follow from them."""
+    """A format is added as its module of formats/ and its member and row in the registry alone:
+    the CLI's choices and help all follow from them."""
     assert list(FORMATS) == list(ExportFormat)
     option = next(p for p in export_command.params if p.name == "fmt")
     assert list(option.type.choices) == [f.value for f in ExportFormat]  # type: ignore[attr-defined]
@@ -104,7 +94,8 @@ def test_a_format_is_written_as_parquet_only_with_a_schema_and_otherwise_refused
     for fmt, spec in FORMATS.items():
         shape = spec.lines or fmt
         if spec.parquet:
-            assert shape in export_parquet.SCHEMAS, f"{fmt} may be written as Parquet but has no Arrow schema"
+            assert FORMATS[shape].schema is not None, f"{fmt} may be written as Parquet but has no Arrow schema"
+            assert export_parquet.schema_for(shape).names
             assert _shape_and_container(fmt, tmp_path / "d.parquet") == (shape, True)
         else:
             with pytest.raises(UserError, match=f"--format {fmt} writes .*: name the output"):

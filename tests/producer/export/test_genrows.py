@@ -6,9 +6,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from genqueue.common.contracts import ResultRecord
-from genqueue.producer.export.formats import ExportFormat, RowLayout, record_outcome, to_openai
+from genqueue.producer.export.formats import ExportFormat
+from genqueue.producer.export.formats.lines import record_outcome
+from genqueue.producer.export.formats.openai import to_openai
+from genqueue.producer.export.formats.spec import RowLayout
 from genqueue.producer.export.genrows import record_rows
-from genqueue.producer.export.parquet import SCHEMAS
+from genqueue.producer.export.parquet import schema_for
 
 FINISHED = frozenset({"finished"})
 
@@ -66,14 +69,15 @@ def test_sharegpt_rows_keep_their_turns_and_parquet_has_no_system_column() -> No
     last = rows.included[1]
     assert all(set(t) == {"from", "value"} for t in last["conversations"])
     assert last["conversations"][-1]["value"] == "<think>\nr1\n</think>\n\na1" and last["target_turns"] == [2, 4]
-    assert "system" not in SCHEMAS[ExportFormat.SHAREGPT].names
-    assert {"generation", "step"} <= set(SCHEMAS[ExportFormat.SHAREGPT].names)
+    assert "system" not in schema_for(ExportFormat.SHAREGPT).names
+    assert {"generation", "step"} <= set(schema_for(ExportFormat.SHAREGPT).names)
 
 
 def test_the_rows_written_count_the_traces_each_layout_keeps_as_pass_one_does() -> None:
     """rowstats (the count of the rows written, which the summary and the card read) finds in
     the rows exactly the traces genrows says each layout keeps, in every text format."""
-    from genqueue.producer.export.formats import to_sharegpt, to_specforge
+    from genqueue.producer.export.formats.sharegpt import to_sharegpt
+    from genqueue.producer.export.formats.specforge import to_specforge
     from genqueue.producer.export.rowstats import row_stats
 
     blank = _conversation(["finished"] * 3)

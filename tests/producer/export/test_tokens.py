@@ -19,7 +19,7 @@ from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.sim.text import decode_ids, prompt_token_ids
-from genqueue.producer.export.formats import NoTokenIdsError, to_tokens
+from genqueue.producer.export.formats.tokens import NoTokenIdsError, to_tokens
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results
 

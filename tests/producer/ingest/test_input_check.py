@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from genqueue.common.contracts import RejectReason
-from genqueue.producer.export.formats import to_openai
+from genqueue.producer.export.formats.openai import to_openai
 from genqueue.producer.ingest.inputcheck import looks_like
 from genqueue.producer.ingest.items import Origin
 from genqueue.producer.ingest.reader import RawRecord
