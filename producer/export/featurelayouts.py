@@ -64,7 +64,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from genqueue.common.errors import UserError
-from genqueue.common.features.codec import BF16, Float32Array
+from genqueue.common.features.codec import Float32Array, bf16_dtype
 
 #: speculators: the folder of its hidden-state files, and each file's name.
 SPECULATORS_HIDDEN = "hidden_states"
@@ -73,7 +73,7 @@ GEMMA_STYLE = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_5", 
 
 #: Where transformers checkpoints keep the final norm's weight (text models, then multimodal ones).
 NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
-_ST_DTYPES: dict[str, np.dtype[Any]] = {"I64": np.dtype("<i8"), "F32": np.dtype("<f4"), "BF16": BF16,
+_ST_DTYPES: dict[str, np.dtype[Any]] = {"I64": np.dtype("<i8"), "F32": np.dtype("<f4"), "BF16": bf16_dtype(),
                                         "F16": np.dtype("<f2"), "I32": np.dtype("<i4")}
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
@@ -123,7 +123,7 @@ def read_safetensors(data: bytes) -> dict[str, npt.NDArray[Any]]:
 
 def bf16(x: Float32Array) -> npt.NDArray[Any]:
     """X rounded to bfloat16 (to nearest even), as vLLM and the trainers hold hidden states."""
-    return x.astype(BF16)
+    return x.astype(bf16_dtype())
 
 
 def speculators_sample(token_ids: npt.NDArray[np.int64], hidden: Float32Array) -> bytes:
