@@ -1,52 +1,18 @@
 """The files each drafter trainer reads its target's hidden states from, made without torch
 where the format allows (pure, but for the file writes named so).
 
-What the trainers read, at the releases the tests pin (tests/trainers.txt):
+- speculators 0.9.0: the dataset folder (`save_to_disk`: input_ids, loss_mask, seq_len),
+  `token_freq.pt`, and `hidden_states/hs_{i}.safetensors` (`token_ids` I64 [T], `hidden_states`
+  bf16 [T, L, H], the last layer before the final norm);
+- SpecForge a6b6b023: `rows_{g}-{g+2000}/data_{i}.ckpt`, a `torch.save` of input_ids, loss_mask,
+  aux_hidden_state [1, T, n*H] and hidden_state [1, T, H] after the final norm.
+What each trainer's code reads, file by file, is docs/export.md's "What the drafter trainers read".
+speculators' files and its dataset folder need no torch; `token_freq.pt` and `.ckpt` are pickles
+only torch writes, so a Python with torch writes them (TORCH_WRITER, run by features.py).
 
-speculators 0.9.0 (PyPI; vllm-project/speculators, whose scripts/ are read at c05b95b3):
-- `speculators prepare-data` (src/speculators/cli/prepare_data.py) saves the training rows with
-  `dataset.save_to_disk(<data>)`: columns `input_ids`, `loss_mask`, `seq_len`, format torch
-  (data_generation/preprocessing.py build_speculator_training_dataset: `set_format("torch")`;
-  pre-tokenized rows pass through `_passthrough_pretokenized`), and `<data>/token_freq.pt`:
-  `torch.save` of {token id: count} over the ids whose loss_mask is 1
-  (train/vocab_mapping.py save_token_frequency_distribution).
-- scripts/data_generation_offline.py moves vLLM's per-request file to
-  `<data>/hidden_states/hs_{i}.safetensors`, i the dataset's row index: `token_ids` I64 [T] and
-  `hidden_states` [T, L, H] in the model's dtype (bf16), checked by
-  data_generation/offline.py check_hidden_states (token_ids == the row's input_ids, T rows).
-- Training reads it as train/data.py ArrowDataset: `load_from_disk(<data>)`, and through
-  hs_connectors 0.9.0's FileTransfer(`<data>/hidden_states`).get_cached(i)
-  (`safetensors.torch.load_file`); a row whose token_ids differ from its input_ids is skipped;
-  `hidden_states[:, :-1]` flattened are the aux layers, `hidden_states[:, -1]` the verifier's
-  last hidden state, before the final norm (model.py load_verifier_weights loads
-  `model.norm.weight` into `verifier_norm` and applies it). No fp8 scales are read at 0.9.0: its
-  files are bf16. The draft vocabulary comes from `<data>/d2t-N.npy` and `t2d-N.npy`, else from
-  token_freq.pt (train/cli.py parse_vocab_mappings).
-
-SpecForge a6b6b023 (= specforge 0.2.0's specforge/):
-- scripts/prepare_hidden_states.py (HiddenStatesGenerator) writes one file per sample,
-  `<out>/rows_{g}-{g+2000}/data_{i}.ckpt` (`.ckpt.gz` with --compress), a `torch.save` of the
-  eagle3 record (specforge/algorithms/eagle3/providers.py OfflineCaptureLayout): `input_ids` I64
-  [T], `loss_mask` I64 [T], `aux_hidden_state` [1, T, n*H] (the aux layers concatenated on the
-  last axis, as SGLang captures them) and `hidden_state` [1, T, H]: the final hidden state after
-  the final norm, since SpecForge's TargetHead (specforge/modeling/target/target_head.py) is the
-  lm_head alone. The vocabulary mapping goes to `<out>/vocab_mapping/vocab_mapping.pt`, or the
-  trainer counts it from the files (specforge/training/vocab_mapping.py
-  count_effective_feature_tokens).
-- Training reads it as specforge/runtime/data_plane/offline_reader.py list_feature_files (every
-  `.ckpt`/`.ckpt.gz` under the folder, sorted), feature_store.py load_feature_file
-  (`torch.load(path, weights_only=False, mmap=True)`) and algorithms/eagle3/data.py
-  normalize_offline_sample (which zeroes the last position's loss).
-
-So: speculators' hidden-state files and its dataset folder (Arrow, written here as `datasets`
-writes it) need no torch; `token_freq.pt` and SpecForge's `.ckpt` are pickles only torch writes,
-so they are written by a Python with torch (TORCH_WRITER, run by features.py), from
-safetensors files made here.
-
-Alignment: vLLM captures the prompt and the answer's tokens but the last (the last was never an
-input), so a row's features cover its input_ids less one token, or all of them for a prefill
-pass: every layout writes the row's first `tokens` input_ids and loss_mask, the tokens its
-features cover (the last answer token is still a target: the state before it predicts it).
+Alignment: vLLM captures the prompt and the answer's tokens but the last (never an input), so a
+row's features cover its input_ids less one token, or all of them for a prefill pass: every
+layout writes the row's first `tokens` input_ids and loss_mask, the tokens its features cover.
 """
 
 from __future__ import annotations

@@ -3,26 +3,23 @@ and each joined row laid out as a distillation trainer reads it (pure: arrays in
 
 The join. A tokens row (id, key, turn, step, input_ids, loss_mask) names the table row its answer
 was stored under: its own `logprobs.row` when it carries one, else the rule export-features uses
-(features.feature_row_id: the item key; regenerate `<key>:<turn>`, `.<step>` after tool results). Its tables cover
-the last T input_ids: table t is the distribution token L - T + t was sampled from. A row is
-accepted when its tables' sampled ids are exactly those last T ids and every loss-masked token
-is among them (the tokens export's loss mask is 1 on exactly the generated ids); anything else
-is counted and named (Unmatched), never dropped silently.
+(features.feature_row_id). Its tables cover the last T input_ids: table t is the distribution
+token L - T + t was sampled from. A row is accepted when its tables' sampled ids are exactly
+those last T ids and every loss-masked token is among them; anything else is counted and named
+(Unmatched), never dropped silently.
 
 The layouts (Layout):
-- plain: one row per answer, every list one entry per token: `input_ids` int32, `loss_mask`
-  int8, `topk_ids` int32 [K] and `topk_logprobs` float32 [K] at each generated token (the
-  distribution that token was sampled from, so a trainer compares it with the student's
-  logits one position earlier, as a causal LM's labels are shifted) and an empty list at every
-  other, `sampled_logprobs` (null where no table), and `id`.
+- plain: one row per answer, a list entry per token: `input_ids` int32, `loss_mask` int8,
+  `topk_ids` int32 [K] and `topk_logprobs` float32 [K] at each generated token (the distribution
+  it was sampled from), empty elsewhere, `sampled_logprobs` (null where no table), and `id`.
 - distillkit: DistillKit's own (sample_logits_vllm.py at distillkit.DISTILLKIT_COMMIT):
   `input_ids` uint64 [L], `compressed_logprobs` and `bytepacked_indices` uint8 [L - 1][bytes]
   (position j's table is the distribution of token j + 1, as vLLM's prompt_logprobs without its
   empty first), and `labels` int64 [L]. DistillKit's trainer masks its KL term by `labels >= 0`
   at the table's own position, so labels[j] is input_ids[j] where token j + 1 has a table and
-  -100 elsewhere: the KL sees exactly the stored tables. Positions without one (the prompt) hold
-  a one-hot table on the next token. No `id` column (DistillKit's packer concatenates every
-  column token-wise): genqueue-rows.jsonl maps each row index to its id.
+  -100 elsewhere. Positions without one (the prompt) hold a one-hot table on the next token.
+  No `id` column (DistillKit's packer concatenates every column token-wise):
+  genqueue-rows.jsonl maps each row index to its id. docs/export.md says why, layout by layout.
 """
 
 from __future__ import annotations

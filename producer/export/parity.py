@@ -2,17 +2,13 @@
 model's own tokenizer and chat template, compared id for id with the `prompt_token_ids` the
 engine recorded for it (runs made with --token-ids).
 
-A trainer renders its dataset with the tokenizer's chat template; a drafter trained on ids
-other than the ones the target saw learns another distribution. What drifts: the template
-(another revision than the server's, a --chat-template the server was given), a BOS token
-added twice (the template writes one and the tokenizer adds another), thinking kept or
-dropped against what the server did (`enable_thinking`, `--history-reasoning`). So each
-generation is rendered as vLLM's chat endpoint renders a request (vLLM 0.32,
-vllm/renderers/hf.py, vllm/entrypoints/openai/chat_completion/protocol.py):
+What drifts: the template (another revision, the server's --chat-template), a BOS token added
+twice, thinking kept or dropped. So each generation is rendered as vLLM 0.32's chat endpoint
+renders a request (vllm/renderers/hf.py, vllm/entrypoints/openai/chat_completion/protocol.py):
 
 - the messages as vLLM reads them (`request_conversation`): role, content as a string, the
   name, tool calls with their arguments parsed into objects, a tool result's call id, and the
-  thinking under both `reasoning` and `reasoning_content` (vLLM renames the one to the other);
+  thinking under both `reasoning` and `reasoning_content`;
   every other field is dropped;
 - the chat template (the request's `chat_template`, else the server's --chat-template, else
   the tokenizer's) applied with the record's `tools`, `add_generation_prompt` (default true),

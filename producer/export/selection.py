@@ -1,4 +1,4 @@
-"""Which rows the next training round should see more of: selection by acceptance (issue 33).
+"""Which rows the next training round should see more of: selection by acceptance.
 
 Pure: each row is given as its acceptance rate (common.acceptance.record_rate), None for a row
 whose answers carry no speculative-decoding figures.

@@ -13,8 +13,7 @@ objects of a column across rows, so a tool schema as an object would gain null p
 server never saw. So `tools` is JSON text in every format (tools_text).
 
 Which assistant turns the target generated is stated per turn (target_turns): in regenerate
-every one, else only the final one (the history's are the input's).
-
+every one, else only the final one.
 `acceptance`, last on a line whose answers carry the engine's speculative-decoding figures:
 `{"rate", "mean_length", "steps", "drafted", "accepted"}`, vLLM's `draft_acceptance_rate` and
 `mean_acceptance_length` with the exact counts beside them; a line of one answer carries that
