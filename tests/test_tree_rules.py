@@ -50,7 +50,6 @@ SPLIT_IN_PROGRESS: dict[str, str] = {
     "common/keepers/snapshots.py": "split in progress (common-rooms): docstring, history",
     "producer/cost.py": "split in progress (wing-enqueue): docstring",
     "producer/enqueue.py": "split in progress (wing-enqueue): lines, docstring, history",
-    "producer/export/logprobrows.py": "split in progress (cut-export): docstring",
     "producer/jobwriter.py": "split in progress (wing-enqueue): docstring, history",
     "producer/reconcile.py": "split in progress (wing-enqueue): docstring, history",
     "producer/runsetup.py": "split in progress (wing-enqueue): docstring",

@@ -1,9 +1,8 @@
 """`producer export-logprobs`: a run's top-k tables joined by id to the rows of its tokens export,
 and each joined row laid out as a distillation trainer reads it (pure: arrays in, Arrow out).
 
-The join. A tokens row (id, key, turn, step, input_ids, loss_mask) names the table row its answer
-was stored under: its own `logprobs.row` when it carries one, else the rule export-features uses
-(features.feature_row_id). Its tables cover the last T input_ids: table t is the distribution
+The join. A tokens row names the table row its answer was stored under: its own `logprobs.row`,
+else export-features' rule (features.feature_row_id). Its tables cover the last T input_ids: table t is the distribution
 token L - T + t was sampled from. A row is accepted when its tables' sampled ids are exactly
 those last T ids and every loss-masked token is among them; anything else is counted and named
 (Unmatched), never dropped silently.
@@ -17,8 +16,7 @@ The layouts (Layout):
   (position j's table is the distribution of token j + 1, as vLLM's prompt_logprobs without its
   empty first), and `labels` int64 [L]. DistillKit's trainer masks its KL term by `labels >= 0`
   at the table's own position, so labels[j] is input_ids[j] where token j + 1 has a table and
-  -100 elsewhere. Positions without one (the prompt) hold a one-hot table on the next token.
-  No `id` column (DistillKit's packer concatenates every column token-wise):
+  -100 elsewhere; the prompt's positions hold a one-hot table on the next token. No `id` column:
   genqueue-rows.jsonl maps each row index to its id. docs/export.md says why, layout by layout.
 """
 
