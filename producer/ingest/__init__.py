@@ -9,7 +9,8 @@
 - rejects.py: the rejects file (every refused line, its reason);
 - sources.py: the order of a run's input files (each gets its place the first time it is enqueued).
 
-The wing reads and converts; it never writes to Redis (enqueue.py does that with what it yields).
+The wing reads and converts; it never writes to Redis (the enqueue wing does that with what
+it yields).
 
 May import: genqueue.common, genqueue.producer.outfiles
 """

@@ -23,9 +23,9 @@ from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import StoreError, store_for
-from genqueue.producer.enqueue import _NEW, Enqueuer
+from genqueue.producer.enqueue.core import _NEW, Enqueuer
+from genqueue.producer.enqueue.jobwriter import JobWriter
 from genqueue.producer.ingest.reader import RawRecord, iter_records
-from genqueue.producer.jobwriter import JobWriter
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from genqueue.common.errors import UserError
 from genqueue.common.settings import RunSettings, Sampling, check_update, fingerprint_entry
 from genqueue.common.storage import StoreError
 from genqueue.common.storage.runfile import RunFile
-from genqueue.producer import enqueue as enq
+from genqueue.producer.enqueue import core as enq
 
 
 def test_a_record_takes_the_bucket_of_its_most_pressing_item() -> None:

@@ -75,22 +75,12 @@ from genqueue.common.keepers.runs import RunStore, key_digest
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import probe_output, store_for
-from genqueue.producer import memplan
 from genqueue.producer.cost import estimated_tokens, output_chars
-from genqueue.producer.ingest.conversation import Conversation
-from genqueue.producer.ingest.convert import normalize
-from genqueue.producer.ingest.inputcheck import checked
-from genqueue.producer.ingest.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
-from genqueue.producer.ingest.prefill import prefill_item
-from genqueue.producer.ingest.reader import RawRecord, iter_records
-from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
-from genqueue.producer.ingest.sources import bind
-from genqueue.producer.jobwriter import JobWriter, Requeue, record_batches, same_record
-from genqueue.producer.memplan import PromptsAsked
-from genqueue.producer.order import LongestFirst
-from genqueue.producer.outfiles import OUTPUT_DIR, REJECTS, probe, refuse_replacing
-from genqueue.producer.packitems import PackItems
-from genqueue.producer.reconcile import (
+from genqueue.producer.enqueue import memplan
+from genqueue.producer.enqueue.jobwriter import JobWriter, Requeue, record_batches, same_record
+from genqueue.producer.enqueue.memplan import PromptsAsked
+from genqueue.producer.enqueue.order import LongestFirst
+from genqueue.producer.enqueue.reconcile import (
     DONE,
     FAILED,
     IN_RUN,
@@ -105,7 +95,17 @@ from genqueue.producer.reconcile import (
     same_input,
     take_view,
 )
-from genqueue.producer.runsetup import Note, RunSetup, prepare
+from genqueue.producer.enqueue.runsetup import Note, RunSetup, prepare
+from genqueue.producer.ingest.conversation import Conversation
+from genqueue.producer.ingest.convert import normalize
+from genqueue.producer.ingest.inputcheck import checked
+from genqueue.producer.ingest.items import STOPPED_AT_TOOL_TURN, Origin, answer_lengths, estimate_cost, make_items
+from genqueue.producer.ingest.prefill import prefill_item
+from genqueue.producer.ingest.reader import RawRecord, iter_records
+from genqueue.producer.ingest.rejects import Rejected, RejectsWriter
+from genqueue.producer.ingest.sources import bind
+from genqueue.producer.outfiles import OUTPUT_DIR, REJECTS, probe, refuse_replacing
+from genqueue.producer.packitems import PackItems
 
 log = logging.getLogger(__name__)
 
