@@ -187,7 +187,7 @@ MOVED_OFF_THE_CONSUMER_FLOOR = ("outbox", "shards", "engine", "doctor", "admissi
 CONSUMER_FLOOR = ("__init__", "__main__", "cli", "config", "worker", "task", "rqcompat", "rqthread",
                   "dispatch", "served", "hedge", "telemetry")
 #: The enqueue wing's modules that once sat on producer/'s top level.
-MOVED_OFF_THE_PRODUCER_FLOOR = ("enqueue", "jobwriter", "memplan", "order", "reconcile", "runsetup")
+MOVED_OFF_THE_PRODUCER_FLOOR = ("enqueue", "jobwriter", "memplan", "order", "reconcile", "runsetup", "cost")
 
 
 def allowed_imports(wing: str) -> tuple[str, ...]:

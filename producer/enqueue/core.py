@@ -75,8 +75,8 @@ from genqueue.common.keepers.runs import RunStore, key_digest
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import probe_output, store_for
-from genqueue.producer.cost import estimated_tokens, output_chars
 from genqueue.producer.enqueue import memplan
+from genqueue.producer.enqueue.estimate import estimated_tokens, output_chars
 from genqueue.producer.enqueue.jobwriter import JobWriter, Requeue, record_batches, same_record
 from genqueue.producer.enqueue.memplan import PromptsAsked
 from genqueue.producer.enqueue.order import LongestFirst
@@ -167,7 +167,7 @@ class Summary:
     user_turns: int = 0  # user turns in the records converted (status: the multi-turn rule's input)
     multi_turn_records: int = 0  # of those records: with more than one user turn
     stopped_at_tool_turn: int = 0  # items cut at a tool turn (regenerate)
-    # the run's output tokens as the input's original answers say (producer/cost.py): of every
+    # the run's output tokens as the input's original answers say (estimate.py): of every
     # item converted from this input, not only those queued now; None when it has no answers
     estimated_output_tokens: int | None = None
     # Redis memory, estimated before anything was written (producer/memplan.py)
