@@ -22,7 +22,8 @@ from genqueue.common.variants import normalised, parse_variant
 from genqueue.producer.enqueue.memplan import PromptsAsked
 
 if TYPE_CHECKING:
-    from genqueue.producer.enqueue.core import EnqueueOptions, Summary
+    from genqueue.producer.enqueue.core import EnqueueOptions
+    from genqueue.producer.enqueue.summary import Summary
     from genqueue.producer.ingest.reader import RawRecord
 
 #: A run's priority: any integer in a range no one needs to leave.
@@ -438,7 +439,7 @@ def _prompts_row(s: Summary) -> str:
 
 
 def _records_rows(s: Summary) -> list[tuple[str, str]]:
-    """The records line; for an input not read (input_unchanged: enqueue.py's "Cost") it says so,
+    """The records line; for an input not read (input_unchanged: enqueue/unchanged.py) it says so,
     and the counts below it are those of the last complete enqueue of the same file."""
     if not s.input_unchanged:
         return [("records read", f"{s.records:,}")]

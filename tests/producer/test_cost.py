@@ -14,8 +14,8 @@ import pytest
 
 from genqueue.common.contracts import Item
 from genqueue.producer.enqueue.estimate import estimated_tokens, output_chars
-from genqueue.producer.status.cost import consumer_hours, remaining_tokens, run_cost
 from genqueue.producer.status import WIDTH
+from genqueue.producer.status.cost import consumer_hours, remaining_tokens, run_cost
 from tests.conftest import cli, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 

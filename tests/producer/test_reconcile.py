@@ -173,7 +173,7 @@ def test_a_run_whose_producer_died_after_its_claim_says_so_and_is_never_done(tmp
     what queues them, and the run is never `done` (it was, with 0 of 8 items done)."""
     from genqueue.common.contracts import ExitCode
     from genqueue.producer.cli import format_summary
-    from genqueue.producer.enqueue.core import Summary
+    from genqueue.producer.enqueue.summary import Summary
     from genqueue.producer.status import format_status, run_status
     from tests.consumer.e2e import Proc, Sim
 
