@@ -13,9 +13,9 @@ fresh stand-ins (`--prefix-cache-blocks`, an LRU of prompt blocks counted as vLL
 - no locality: jobs of one item, so a conversation's turns go to whichever consumer dequeues
   them, on any engine;
 - locality, input order: jobs of --batch-size; a job holds whole conversations
-  (producer/jobwriter.py) and a consumer sends a job's items in order;
+  (producer/enqueue/jobwriter.py) and a consumer sends a job's items in order;
 - locality, --longest-first: conversations ordered by their summed cost, their turns kept
-  together (producer/order.py).
+  together (producer/enqueue/order.py).
 
 computed / requested = 1 - hits / queries over the four engines; "ideal" is what an engine
 that held every earlier turn would compute: each conversation's last prompt once (within a

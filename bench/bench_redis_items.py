@@ -16,7 +16,7 @@ a finished job, its payload included, for RESULT_TTL). Redis commands per item a
 each key of the run (job hashes sampled).
 
 Then the job of a run by reference: the same rq job the producer makes (queue.prepare_data, as
-producer/jobwriter.py calls it, with rq's JSON serializer and the producer's zlib level), its
+producer/enqueue/jobwriter.py calls it, with rq's JSON serializer and the producer's zlib level), its
 one argument naming a pack, a block and a range of items instead of carrying them; 2,000 of
 them are enqueued into an empty server and measured the same way. That is a projection, not
 a run by reference (the producer does not write packs yet): its per-item figure is the job's
@@ -44,6 +44,7 @@ from bench.bench_packs import SYSTEM, corpus
 from bench.common import BIN, start_redis, start_sim, table
 from genqueue.common import defaults
 from genqueue.common.keepers.marks import Marks, Place, ShardMarks
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import (
     TASK,
     JobPlace,
@@ -52,7 +53,6 @@ from genqueue.common.keepers.rqaccess import (
     queue_for,
     use_fast_job_compression,
 )
-from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqjobs import JobScan, RunJob, read_jobs
 from genqueue.common.storage import pack_name
 from genqueue.producer.packitems import PackItems

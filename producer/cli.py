@@ -19,10 +19,11 @@ from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, check_variant_params, run_name_from_path
 from genqueue.common.variants import normalised, parse_variant
-from genqueue.producer.memplan import PromptsAsked
+from genqueue.producer.enqueue.memplan import PromptsAsked
 
 if TYPE_CHECKING:
-    from genqueue.producer.enqueue import EnqueueOptions, Summary
+    from genqueue.producer.enqueue.core import EnqueueOptions
+    from genqueue.producer.enqueue.summary import Summary
     from genqueue.producer.ingest.reader import RawRecord
 
 #: A run's priority: any integer in a range no one needs to leave.
@@ -149,7 +150,7 @@ def settings_given(ctx: click.Context) -> frozenset[str]:
 def enqueue_options(options: EnqueueArgs, run: str) -> EnqueueOptions:
     """How `producer enqueue` OPTIONS ask to queue RUN; the rejects file is <run>.rejects.jsonl
     unless named (none with --dry-run)."""
-    from genqueue.producer.enqueue import EnqueueOptions
+    from genqueue.producer.enqueue.core import EnqueueOptions
     from genqueue.producer.ingest.items import Origin
 
     dry_run = options["dry_run"]
@@ -304,7 +305,7 @@ def enqueue(path: str, as_json: bool, redis_url: str, **options: Unpack[EnqueueA
         warnings.append(note)
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
-    from genqueue.producer.enqueue import enqueue_file
+    from genqueue.producer.enqueue.core import enqueue_file
 
     conn = None if options["dry_run"] else connect(redis_url)
     opts = replace(enqueue_options(options, run), settings_given=settings_given(click.get_current_context()))
@@ -329,7 +330,7 @@ def priority(run_name: str, level: int | None, redis_url: str) -> None:
     between runs of equal priority; a change takes effect within seconds, for the slots that
     free up from then on (requests in flight finish). The run's settings and fingerprint stay."""
     from genqueue.common.keepers.runs import RunStore
-    from genqueue.producer.runsetup import keep_priority
+    from genqueue.producer.enqueue.runsetup import keep_priority
 
     store = RunStore(connect(redis_url))
     run = check_run_name(run_name)
@@ -438,7 +439,7 @@ def _prompts_row(s: Summary) -> str:
 
 
 def _records_rows(s: Summary) -> list[tuple[str, str]]:
-    """The records line; for an input not read (input_unchanged: enqueue.py's "Cost") it says so,
+    """The records line; for an input not read (input_unchanged: enqueue/unchanged.py) it says so,
     and the counts below it are those of the last complete enqueue of the same file."""
     if not s.input_unchanged:
         return [("records read", f"{s.records:,}")]

@@ -2,7 +2,7 @@
 
 After Redis restarted empty, a run's settings still sit in `<output>/<run>/run.json`
 (common/storage/runfile.py), and re-running `producer enqueue` on its inputs re-creates it
-(producer/runsetup.py). `producer status` and `producer export` name that file and print the
+(producer/enqueue/runsetup.py). `producer status` and `producer export` name that file and print the
 exact command, with the settings that make the same fingerprint (a command with other
 settings is refused as a conflict) and the input sources run.json recorded.
 """

@@ -173,8 +173,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 WINGS = ("genqueue.consumer.launch", "genqueue.consumer.sim", "genqueue.consumer.answer",
          "genqueue.consumer.dashboard", "genqueue.consumer.shipping", "genqueue.consumer.engine",
          "genqueue.consumer.work", "genqueue.consumer.guards", "genqueue.producer.ingest",
-         "genqueue.producer.export", "genqueue.producer.status", "genqueue.producer.drafter",
-         "genqueue.common.keepers")
+         "genqueue.producer.enqueue", "genqueue.producer.export", "genqueue.producer.status",
+         "genqueue.producer.drafter", "genqueue.common.keepers")
 
 #: The answering wing's modules, once on consumer/'s top level.
 ANSWER_MODULES = ("generate", "records", "completion", "client", "faults", "tool_turns", "checkpoints")
@@ -186,6 +186,8 @@ MOVED_OFF_THE_CONSUMER_FLOOR = ("outbox", "shards", "engine", "doctor", "admissi
 #: report through, and the parts that join the wings (dispatch, served, copies, telemetry, metrics).
 CONSUMER_FLOOR = ("__init__", "__main__", "cli", "config", "worker", "task", "rqcompat", "rqthread",
                   "events", "dispatch", "served", "copies", "telemetry", "metrics")
+#: The enqueue wing's modules that once sat on producer/'s top level.
+MOVED_OFF_THE_PRODUCER_FLOOR = ("enqueue", "jobwriter", "memplan", "order", "reconcile", "runsetup", "cost")
 
 
 def allowed_imports(wing: str) -> tuple[str, ...]:
@@ -218,11 +220,13 @@ def test_a_wing_imports_only_what_its_docstring_allows(wing: str) -> None:
     ("genqueue.producer.export", ("genqueue.producer.cli",)),
     ("genqueue.producer.status", ("genqueue.producer.cli",)),
     ("genqueue.producer.drafter", ("genqueue.producer.cli",)),
+    ("genqueue.producer.enqueue", ("genqueue.producer.cli", "genqueue.producer.prefill.command")),
 ])
 def test_the_worker_and_the_run_never_reach_into_a_wing(wing: str, users: tuple[str, ...]) -> None:
-    """The stand-in, the launcher, the dashboard, the export and the status are commands: only the
-    CLI that registers them imports them, so the worker cannot come to depend on the stand-in (or
-    enqueue on export, or cost on status's report)."""
+    """The stand-in, the launcher, the dashboard, the export, the status and the enqueue are
+    commands: only the CLI that registers them imports them (the enqueue: the capture pass too),
+    so the worker cannot come to depend on the stand-in (or enqueue on export, or status on
+    enqueue)."""
     graph, _ = import_graph()
     edges = sorted(f"{m} -> {n}" for m, deps in graph.items() if not allowed(m, (wing,)) and m not in users
                    for n in deps if allowed(n, (wing,)))
@@ -235,7 +239,8 @@ def test_every_wing_is_in_its_folder() -> None:
                                                            "consumer/dashboard*.py", "producer/export*.py",
                                                            "producer/status*.py",
                                                            *(f"consumer/{m}.py" for m in ANSWER_MODULES),
-                                                           *(f"consumer/{m}.py" for m in MOVED_OFF_THE_CONSUMER_FLOOR))
+                                                           *(f"consumer/{m}.py" for m in MOVED_OFF_THE_CONSUMER_FLOOR),
+                                                           *(f"producer/{m}.py" for m in MOVED_OFF_THE_PRODUCER_FLOOR))
                   for p in ROOT.glob(pattern))
     assert flat == []
     for wing in WINGS:

@@ -224,7 +224,7 @@ def test_the_checker_leaves_everyday_python_alone() -> None:
 
 def test_every_module_is_read_and_the_adapter_is_seen() -> None:
     files = {p.relative_to(ROOT).as_posix() for p in scanned_files()}
-    assert {"consumer/worker.py", "consumer/work/intake.py", "producer/reconcile.py", "producer/jobwriter.py",
+    assert {"consumer/worker.py", "consumer/work/intake.py", "producer/enqueue/reconcile.py", "producer/enqueue/jobwriter.py",
             "consumer/sim/app.py", "producer/export/core.py"} <= files
     # the allowed adapter does issue commands: the check would see them anywhere else
     assert len(commands_by_module().get("consumer/rqcompat.py", [])) >= 10

@@ -48,11 +48,6 @@ SPLIT_IN_PROGRESS: dict[str, str] = {
     "common/keepers/rqjobs.py": "split in progress (common-rooms): lines, docstring, history",
     "common/keepers/runs.py": "split in progress (common-rooms): docstring",
     "common/keepers/snapshots.py": "split in progress (common-rooms): docstring, history",
-    "producer/cost.py": "split in progress (wing-enqueue): docstring",
-    "producer/enqueue.py": "split in progress (wing-enqueue): lines, docstring, history",
-    "producer/jobwriter.py": "split in progress (wing-enqueue): docstring, history",
-    "producer/reconcile.py": "split in progress (wing-enqueue): docstring, history",
-    "producer/runsetup.py": "split in progress (wing-enqueue): docstring",
 }
 
 

@@ -10,7 +10,8 @@
 - sources.py: the order of a run's input files (each gets its place the first time it is enqueued);
 - prefill.py: a capture pass's input line (what `producer capture` writes) as its item.
 
-The wing reads and converts; it never writes to Redis (enqueue.py does that with what it yields).
+The wing reads and converts; it never writes to Redis (the enqueue wing does that with what
+it yields).
 
 May import: genqueue.common, genqueue.producer.outfiles
 """

@@ -44,7 +44,7 @@ class RejectsWriter:
     raises WriteFailedError (exit 1); `discard` then removes the .partial file. A PATH that is
     not a regular file (/dev/null, a pipe) is written as it is: renaming onto it would replace
     the device. A rejects file in place is listed as genqueue's (outfiles.record_written): the
-    enqueue refuses to replace any other file of that name (enqueue.py).
+    enqueue refuses to replace any other file of that name (enqueue/core.py).
     """
 
     def __init__(self, path: str) -> None:

@@ -5,7 +5,7 @@ It reads the source run's records from its output (one copy per key, as export k
 select.py), chooses its rows, writes them as the pass's input (one line a row, under the
 temporary folder, named by the runs and their outputs, so running the command again reads the
 same file) and enqueues that input into the pass's run through `producer enqueue`'s own machinery
-(producer/enqueue.py, which turns each line into one item: ingest/prefill.py): the claims, jobs
+(producer/enqueue/core.py, which turns each line into one item: ingest/prefill.py): the claims, jobs
 inline or by reference, the item table, rq, status, coverage and the reconcile are the
 generation runs' own. Running it again is the reconcile.
 """
@@ -37,7 +37,7 @@ from genqueue.common.prefill import PrefillChoice, PrefillSettings, bytes_per_to
 from genqueue.common.settings import RunSettings, Sampling, check_run_name
 from genqueue.common.storage import store_for
 from genqueue.common.storage.runfile import read_run_file
-from genqueue.producer.memplan import PromptsAsked
+from genqueue.producer.enqueue.memplan import PromptsAsked
 from genqueue.producer.prefill.select import SourceRow, choose, source_rows
 from genqueue.producer.rungone import run_gone
 
@@ -214,7 +214,7 @@ def capture_command(src_name: str, run_name: str, layers: str | None, logprobs: 
                            output=out, token_ids=True, capture=capture, logprobs=logprobs, prefill=pre)
     path = plan_path(src, have.output, run, out)
     write_plan(path, chosen)
-    from genqueue.producer.enqueue import EnqueueOptions, enqueue_file
+    from genqueue.producer.enqueue.core import EnqueueOptions, enqueue_file
 
     opts = EnqueueOptions(batch_size=batch_size, prompts=PromptsAsked(prompts), retry_failed=retry_failed)
     summary = enqueue_file(str(path), run, settings, conn, opts, note=lambda line: click.echo(line, err=True))

@@ -40,7 +40,7 @@ from genqueue.common.keepers.snapshots import ConsumerReport, ConsumerState, Sna
 from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.redact import redact
 from genqueue.common.retryhint import enqueue_again_command, failed_summary, next_steps
-from genqueue.producer.cost import remaining_tokens, run_cost
+from genqueue.producer.status.cost import remaining_tokens, run_cost
 from genqueue.producer.status.figures import (
     eta_view,
     input_view,
@@ -225,8 +225,8 @@ def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:
 
 
 def _estimate(sources: dict[str, dict[str, Any]]) -> int | None:
-    """The run's estimated output tokens: the sum of its inputs' (producer/cost.py); None when
-    no input recorded one."""
+    """The run's estimated output tokens: the sum of its inputs' (producer/enqueue/estimate.py);
+    None when no input recorded one."""
     found = [e for s in sources.values()
              if isinstance(e := s.get("estimated_output_tokens"), int) and not isinstance(e, bool)]
     return sum(found) if found else None

@@ -113,7 +113,7 @@ def speed_note(items: int, done: int, failed: int, live: int, answering: float |
 def eta_view(remaining: int, tokens_left: float | None, measured: bool, recent: Rates,
              note: str | None) -> tuple[float | None, str | None]:
     """(seconds left, what they assume): the run's one ETA, REMAINING items at the last minute's
-    rates RECENT. Tokens: TOKENS_LEFT (producer/cost.py remaining_tokens, the figure the cost
+    rates RECENT. Tokens: TOKENS_LEFT (cost.py remaining_tokens, the figure the cost
     projects from too) at the completion-token rate, when MEASURED (from the tokens per item
     answered so far); else, with no token to go by (every item an error), at the items rate.
     None exactly when the rates are blank (NOTE says why); 0 with nothing left."""

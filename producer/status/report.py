@@ -1,6 +1,6 @@
 """The shape of what `producer status` reports of a run (its --json, and what its screen is
-drawn from): core.py fills it, figures.py and producer/cost.py make its figures (the cost's
-shape is cost.py's, CostView), screen.py draws it. Types only.
+drawn from): core.py fills it, figures.py and cost.py make its figures (the cost's shape is
+cost.py's, CostView), screen.py draws it. Types only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from genqueue.common.keepers.captured import CaptureFigures
 from genqueue.common.keepers.outcomes import FailedJobsView, OutcomeView
 from genqueue.common.keepers.pause import PauseInfo
 from genqueue.common.keepers.rqaccess import JobCounts
-from genqueue.producer.cost import CostView
+from genqueue.producer.status.cost import CostView
 from genqueue.producer.status.tables import LogprobsView
 
 

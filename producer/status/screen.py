@@ -24,7 +24,7 @@ from genqueue.common.eta import format_duration
 from genqueue.common.keepers.outcomes import failed_jobs_line
 from genqueue.common.keepers.runstate import RunState
 from genqueue.common.redact import redact
-from genqueue.producer.cost import CostView
+from genqueue.producer.status.cost import CostView
 from genqueue.producer.status.report import (
     CaptureView,
     FileView,

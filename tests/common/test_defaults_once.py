@@ -28,7 +28,7 @@ from genqueue.consumer.config import ConsumerConfig, RunOptions
 from genqueue.consumer.launch.plan import LaunchConfig, LaunchOptions
 from genqueue.producer.cli import SETTING_OPTIONS, EnqueueArgs, enqueue_options, run_settings, settings_given
 from genqueue.producer.cli import main as producer_main
-from genqueue.producer.enqueue import EnqueueOptions
+from genqueue.producer.enqueue.core import EnqueueOptions
 from genqueue.producer.export.command import ExportArgs
 from genqueue.producer.ingest.items import Origin
 

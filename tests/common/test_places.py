@@ -30,7 +30,7 @@ from genqueue.common.keepers.rqaccess import job_reference, queue_for
 from genqueue.common.keepers.runs import key_digest, lock_key
 from genqueue.common.storage import store_for
 from genqueue.common.storage.packreader import PackReader
-from genqueue.producer.jobwriter import JobWriter, pack_parts
+from genqueue.producer.enqueue.jobwriter import JobWriter, pack_parts
 from tests.common.test_items import assert_table_is, clear_failed, model_counts
 
 RUN = "pl"

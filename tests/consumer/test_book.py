@@ -43,7 +43,7 @@ def test_book_lost_shard_abandons_its_jobs_and_their_waiting_items() -> None:
 
 
 def test_a_jobs_items_go_out_in_their_order_jobs_in_the_order_taken() -> None:
-    """Prefix-cache locality: a job holds a conversation's turns in order (producer/jobwriter.py);
+    """Prefix-cache locality: a job holds a conversation's turns in order (producer/enqueue/jobwriter.py);
     the book sends them in that order, one job's after the other's, so turn k reaches the engine
     before turn k+1, whose prompt begins with turn k's."""
     book: Book[Any] = Book()

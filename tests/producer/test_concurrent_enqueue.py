@@ -17,7 +17,7 @@ from rq.job import Job
 
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
-from genqueue.producer.enqueue import SLICE_ITEMS
+from genqueue.producer.enqueue.slices import SLICE_ITEMS
 from genqueue.producer.packitems import PackItems
 from tests.conftest import BIN, Prompts, items_of_job, sharegpt
 

@@ -1,5 +1,6 @@
-"""The cost of a run: the input's estimate of output tokens, GPU-hours spent and projected, and
-the same in money (producer/cost.py), and what enqueue and status say of them."""
+"""The cost of a run: the input's estimate of output tokens (producer/enqueue/estimate.py),
+GPU-hours spent and projected, and the same in money (producer/status/cost.py), and what enqueue
+and status say of them."""
 
 from __future__ import annotations
 
@@ -12,14 +13,9 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Item
-from genqueue.producer.cost import (
-    consumer_hours,
-    estimated_tokens,
-    output_chars,
-    remaining_tokens,
-    run_cost,
-)
+from genqueue.producer.enqueue.estimate import estimated_tokens, output_chars
 from genqueue.producer.status import WIDTH
+from genqueue.producer.status.cost import consumer_hours, remaining_tokens, run_cost
 from tests.conftest import cli, wait_for, write_jsonl
 from tests.consumer.e2e import Proc, Sim
 

@@ -23,9 +23,10 @@ from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import StoreError, store_for
-from genqueue.producer.enqueue import _NEW, Enqueuer
+from genqueue.producer.enqueue.enqueuer import Enqueuer
+from genqueue.producer.enqueue.jobwriter import JobWriter
+from genqueue.producer.enqueue.summary import Flag
 from genqueue.producer.ingest.reader import RawRecord, iter_records
-from genqueue.producer.jobwriter import JobWriter
 from tests.conftest import BIN, cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -89,7 +90,7 @@ def test_the_input_is_read_on_while_a_chunks_slices_are_written(tmp_path: Path, 
         e.process(read())
     finally:
         e.close()
-    assert e.counts["items"] == n == jobs_items(conn, "ov")
+    assert e.tally.counts["items"] == n == jobs_items(conn, "ov")
     assert ItemTable(conn, "ov").counts().in_run == n
 
 
@@ -106,18 +107,18 @@ def test_a_failed_pack_counts_nothing_of_its_slice_or_after_it_and_gives_their_c
             e.process(iter_records(str(data)))
         finally:
             e.close()
-    landed = e.counts["items"]
+    landed = e.tally.counts["items"]
     assert landed == jobs_items(conn, "ov") == ItemTable(conn, "ov").counts().in_run
     assert landed % SLICE == 0 and landed < (defaults.ENQUEUE_WRITERS + 1) * SLICE
     assert not list(conn.scan_iter(match="genqueue:run:ov:claim:*"))
     # the slices queued are the first ones handed out: the first records of the input
-    assert [i for i, f in enumerate(e.flags) if f & _NEW] == list(range(landed))
+    assert [i for i, f in enumerate(e.tally.flags) if f & Flag.NEW] == list(range(landed))
     again = enqueuer(conn, tmp_path, Store(tmp_path / "out"))
     try:
         again.process(iter_records(str(data)))
     finally:
         again.close()
-    assert again.counts["items"] == n - landed and jobs_items(conn, "ov") == n
+    assert again.tally.counts["items"] == n - landed and jobs_items(conn, "ov") == n
 
 
 def test_a_store_that_refuses_the_packs_is_one_line_and_the_same_command_queues_them(

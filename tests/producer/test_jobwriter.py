@@ -21,7 +21,7 @@ from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.runs import key_digest, run_key
-from genqueue.producer.jobwriter import JobWriter
+from genqueue.producer.enqueue.jobwriter import JobWriter
 from tests.conftest import ROOT, RedisServer
 from tests.netproxy import accept_pairs
 
@@ -115,7 +115,7 @@ def test_a_producer_killed_between_claim_and_enqueue_leaves_its_claim_named(redi
     script = f"""
 import os
 from genqueue.common.keepers.redisconn import connect
-from genqueue.producer.jobwriter import JobWriter
+from genqueue.producer.enqueue.jobwriter import JobWriter
 from tests.producer.test_jobwriter import items
 w = JobWriter({RUN!r}, connect({redis_url!r}), batch_size=2)
 w._commit = lambda *a, **k: os._exit(9)

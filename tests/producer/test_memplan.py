@@ -1,4 +1,4 @@
-"""producer/memplan.py: by reference (issue 34) the estimate leaves the prompt text out, which
+"""producer/enqueue/memplan.py: by reference (issue 34) the estimate leaves the prompt text out, which
 the jobs no longer hold."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from genqueue.common import defaults
 from genqueue.common.contracts import PromptMode
 from genqueue.common.keepers.redismem import Memory, RedisFullError
 from genqueue.common.settings import RunSettings
-from genqueue.producer import memplan
+from genqueue.producer.enqueue import memplan
 from genqueue.producer.ingest.reader import iter_records
 from tests.conftest import write_jsonl
 
@@ -77,7 +77,7 @@ def test_an_enqueue_that_takes_a_run_past_its_tables_size_says_so(conn, caplog: 
     more bytes an item than the estimate's (one an earlier genqueue made, past Redis's compact
     hashes)."""
     from genqueue.common.keepers.items import ItemTable
-    from genqueue.producer.enqueue import _item_table
+    from genqueue.producer.enqueue.core import _item_table
 
     ItemTable(conn, "grow").ensure(10, hashes=hashes)
     entries = ItemTable(conn, "grow").listpack_entries()

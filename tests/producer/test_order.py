@@ -10,10 +10,10 @@ from rq.job import Job
 
 from genqueue.common.contracts import Item, Mode
 from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
+from genqueue.producer.enqueue.jobwriter import record_batches
+from genqueue.producer.enqueue.order import LongestFirst, cost_class
 from genqueue.producer.ingest.convert import normalize
 from genqueue.producer.ingest.items import answer_lengths, estimate_cost, make_items
-from genqueue.producer.jobwriter import record_batches
-from genqueue.producer.order import LongestFirst, cost_class
 from tests.conftest import cli, write_jsonl
 
 

@@ -24,7 +24,7 @@ from genqueue.common.keepers.rqaccess import LIVE_PLACES, queue_for
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runlock import LockLostError, RunLock
 from genqueue.common.keepers.runs import key_digest, lock_key, run_key
-from genqueue.producer.jobwriter import JobWriter
+from genqueue.producer.enqueue.jobwriter import JobWriter
 from genqueue.producer.packitems import PackItems
 from tests.conftest import BIN, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
 
@@ -129,7 +129,7 @@ def test_a_claim_left_by_a_killed_producer_is_taken_over_after_its_grace(tmp_pat
     mode = [*prompts_mode.args, "--output", str(out)]
     script = f"""
 import os, sys
-from genqueue.producer import jobwriter
+from genqueue.producer.enqueue import jobwriter
 real, calls = jobwriter.JobWriter._commit, []
 def commit(self, *a, **k):
     calls.append(1)
@@ -173,14 +173,14 @@ def test_a_run_whose_producer_died_after_its_claim_says_so_and_is_never_done(tmp
     what queues them, and the run is never `done` (it was, with 0 of 8 items done)."""
     from genqueue.common.contracts import ExitCode
     from genqueue.producer.cli import format_summary
-    from genqueue.producer.enqueue import Summary
+    from genqueue.producer.enqueue.summary import Summary
     from genqueue.producer.status import format_status, run_status
     from tests.consumer.e2e import Proc, Sim
 
     data = write_jsonl(tmp_path / "one.jsonl", [sharegpt(i) for i in range(8)])
     script = f"""
 import os
-from genqueue.producer import jobwriter
+from genqueue.producer.enqueue import jobwriter
 jobwriter.JobWriter._commit = lambda self, *a, **k: os._exit(9)  # its one slice claimed, never queued
 from genqueue.producer.cli import main
 main(["enqueue", {str(data)!r}, "--run", "dead", "--batch-size", "8", "--rejects", os.devnull,

@@ -4,30 +4,32 @@ from __future__ import annotations
 
 import pytest
 
+from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import UserError
 from genqueue.common.settings import RunSettings, Sampling, check_update, fingerprint_entry
 from genqueue.common.storage import StoreError
 from genqueue.common.storage.runfile import RunFile
-from genqueue.producer import enqueue as enq
+from genqueue.producer.enqueue.enqueuer import Enqueuer
+from genqueue.producer.enqueue.summary import Flag, Summary, bucket
 
 
 def test_a_record_takes_the_bucket_of_its_most_pressing_item() -> None:
-    c = enq._CONVERTED
-    assert enq._bucket(c) == "duplicates"
-    assert enq._bucket(c | enq._DONE) == "already_done"
-    assert enq._bucket(c | enq._DONE | enq._FAILED) == "already_failed"
-    assert enq._bucket(c | enq._DONE | enq._FAILED | enq._QUEUED) == "already_queued"
-    assert enq._bucket(c | enq._QUEUED | enq._RETRIED) == "retried_failed"
-    assert enq._bucket(c | enq._RETRIED | enq._NEW | enq._DONE) == "enqueued"
+    c = Flag.CONVERTED
+    assert bucket(c) == "duplicates"
+    assert bucket(c | Flag.DONE) == "already_done"
+    assert bucket(c | Flag.DONE | Flag.FAILED) == "already_failed"
+    assert bucket(c | Flag.DONE | Flag.FAILED | Flag.QUEUED) == "already_queued"
+    assert bucket(c | Flag.QUEUED | Flag.RETRIED) == "retried_failed"
+    assert bucket(c | Flag.RETRIED | Flag.NEW | Flag.DONE) == "enqueued"
 
 
 def test_fill_counts_every_converted_record_once() -> None:
-    e = enq.Enqueuer("r", RunSettings(), None)
-    e.flags = bytearray([enq._CONVERTED | f for f in (enq._NEW, enq._DONE, enq._FAILED, enq._QUEUED, 0,
-                                                      enq._RETRIED | enq._DONE)] + [0])  # the last: rejected
-    e.counts["records"] = 7
-    e.reasons[enq.RejectReason.INVALID_JSON] = 1
-    s = enq.Summary(run="r", source="-", fingerprint="f", dry_run=True)
+    e = Enqueuer("r", RunSettings(), None)
+    e.tally.flags = bytearray([Flag.CONVERTED | f for f in (Flag.NEW, Flag.DONE, Flag.FAILED, Flag.QUEUED, 0,
+                                                            Flag.RETRIED | Flag.DONE)] + [0])  # the last: rejected
+    e.tally.counts["records"] = 7
+    e.tally.reasons[RejectReason.INVALID_JSON] = 1
+    s = Summary(run="r", source="-", fingerprint="f", dry_run=True)
     e.fill(s)
     buckets = (s.enqueued, s.retried_failed, s.already_queued, s.already_failed, s.already_done, s.duplicates,
                s.rejected)

@@ -387,7 +387,7 @@ def test_an_output_another_commands_probe_made_and_removed_is_taken_as_empty(
     output directory ... does not exist", exit 2). That is an empty output, not an error; and
     run.json, written into a directory a probe removes under it, is written all the same."""
     from genqueue.common.storage import local
-    from genqueue.producer.runsetup import prepare
+    from genqueue.producer.enqueue.runsetup import prepare
 
     out = tmp_path / "not-yet"
     setup = prepare(conn, "raced", RunSettings(output=str(out)), update=False)

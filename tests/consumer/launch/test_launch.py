@@ -109,7 +109,7 @@ def test_tensor_and_data_parallel_engines():
     assert engine_env(tp, groups[1], {"CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == "2,3"
     con = consumer_argv(tp, groups[1])
     assert con[con.index("--gpu") + 1] == "2" and con[con.index("--spool") + 1] == "genqueue-spool/gpu2-3"
-    assert con[con.index("--engine-gpus") + 1] == "2"  # GPU-hours count the engine's GPUs (producer/cost.py)
+    assert con[con.index("--engine-gpus") + 1] == "2"  # GPU-hours count the engine's GPUs (producer/status/cost.py)
     assert con[con.index("--endpoint") + 1] == "http://127.0.0.1:8002/v1" and "--max-concurrency" not in con
 
     dp = LaunchConfig(gpus=list(range(8)), model="/m", data_parallel=4, gpus_per_engine=2)

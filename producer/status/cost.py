@@ -1,24 +1,17 @@
-"""What a run costs: its estimated output tokens, and GPU-hours (and money) spent and projected
-(pure arithmetic, no I/O).
-
-The estimate comes from the input: each item's original assistant answer(s), the ones it
-regenerates (all of a conversation's in regenerate mode, its own turn's otherwise), in
-characters, at CHARS_PER_TOKEN characters a token (the usual figure for English text with a
-BPE tokenizer; code and other languages run denser, so it is a rough guide, shown beside the
-tokens actually generated). An item with no original answer counts as the mean of those with
-one: a dataset of bare prompts has no estimate (None).
+"""What a run costs: GPU-hours (and money) spent and projected (pure arithmetic, no I/O).
 
 GPU-hours spent are each consumer's GPUs times its wall time while it held the run's work (jobs,
 items waiting or in flight, records written), split between the runs it held work of by the
 completion tokens each generated meanwhile: each consumer adds its part at every report to the
-run's spent hash (common/keepers/snapshots.py), so what was spent stays spent when consumers drain, crash
-or give their jobs back (consumer_hours, which works it out from live snapshots instead: each
-consumer's time from the later of its start and the run's first job to its last report, is
-what status showed before, and went down as consumers went). A consumer's GPUs are its snapshot's `gpus` (`consumer run --engine-gpus N`, which
-`consumer launch` sets to --gpus-per-engine x --data-parallel); a consumer of an earlier
-version that does not say counts one.
+run's spent hash (common/keepers/snapshots.py), so what was spent stays spent when consumers
+drain, crash or give their jobs back. Without that hash, consumer_hours works it out from the
+live snapshots (each consumer's time from the later of its start and the run's first job to its
+last report). A consumer's GPUs are its snapshot's `gpus` (`consumer run --engine-gpus N`, which
+`consumer launch` sets to --gpus-per-engine x --data-parallel); a snapshot that does not say
+counts one.
 Projected: spent, plus the live consumers' GPUs for as long as the remaining tokens take at the
-fleet's completion-token rate of the last minute.
+fleet's completion-token rate of the last minute. The input's estimate of the run's output
+tokens is the enqueue's (producer/enqueue/estimate.py).
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ from __future__ import annotations
 from typing import TypedDict
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Item
 from genqueue.common.keepers.snapshots import ConsumerReport
 
 
@@ -48,26 +40,6 @@ class CostView(TypedDict):
     projected_money: float | None
     estimated_output_tokens: int | None
     basis: CostBasis
-
-
-CHARS_PER_TOKEN = defaults.COST_CHARS_PER_TOKEN
-
-
-def output_chars(item: Item, answers: list[int]) -> int:
-    """Characters of the original answers ITEM regenerates (ANSWERS: per user turn, as
-    items.answer_lengths gives them); 0 when the input has none."""
-    turn = item.get("turn")
-    if turn is None:
-        return sum(answers)
-    return answers[turn] if 0 <= turn < len(answers) else 0
-
-
-def estimated_tokens(chars: int, items: int, answered: int) -> int | None:
-    """Output tokens of ITEMS items, ANSWERED of which have original answers of CHARS characters
-    in all; None when none has one."""
-    if not answered:
-        return None
-    return round(chars / CHARS_PER_TOKEN * items / answered)
 
 
 def gpus_of(c: ConsumerReport) -> int:
@@ -120,7 +92,7 @@ def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float
     completion tokens a second for it now; PRICE: money a GPU-hour (None: not given); COMPLETE:
     RUN is over (consumer_hours); SPENT_HOURS: the GPU-hours the consumers added up as they
     went (the run's spent hash, common/keepers/snapshots.py), which never go down; None: worked out
-    from the snapshots of CONSUMERS (consumer_hours), as consumers before that did."""
+    from the snapshots of CONSUMERS (consumer_hours)."""
     durable = spent_hours is not None
     spent = spent_hours if spent_hours is not None else \
         sum(consumer_hours(c, run, run_started_at, complete=complete) for c in consumers)
@@ -151,7 +123,7 @@ def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float
                                  + ("; 1 GPU per consumer assumed (its report does not say)" if assumed else ""))),
             "gpu_hours_projected": how,
             "price": "--gpu-hour-price / GENQUEUE_GPU_HOUR_PRICE" if price is not None else "not given",
-            "estimated_output_tokens": (f"the original answers' characters / {CHARS_PER_TOKEN:g}, recorded by "
+            "estimated_output_tokens": (f"the original answers' characters / {defaults.COST_CHARS_PER_TOKEN:g}, recorded by "
                                         "`producer enqueue`" if estimate is not None else
                                         "none: the input has no original answers (or was enqueued before estimates)"),
         },

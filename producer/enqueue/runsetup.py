@@ -3,34 +3,20 @@
 `prepare` reads only (Redis, and the output's run.json when Redis has no such run) and refuses a
 conflicting run before a byte of the input is read. `RunSetup.apply`, once the input's first
 record is read, makes the run what the command asks:
-
-- in Redis with the same settings: nothing to do (run.json is written if the output lacks it);
-  a setting the command line did not give counts as the run's own (prepare's GIVEN), so only
-  an option given with another value differs;
+- in Redis with the same settings (a setting the command line did not give counts as the run's
+  own): nothing to do but write run.json where the output lacks it;
 - not in Redis, no run.json at the output: a new run, and its run.json;
-- not in Redis, a run.json at the output (Redis lost the run: flushed, restarted empty): the
-  done and failed marks are rebuilt from the shipped shards, then the run is re-created with the
-  same settings, creation time and fingerprint history, and a line says so; shards without a
-  run.json beside them (a run made before run.json was written) get their marks rebuilt too,
-  and the run takes the command's settings;
-- other settings: refused as a conflict, unless --update-settings: then the run takes the new
-  settings (a new fingerprint, added to its history) for its items not done yet.
-
-The run's priority (`--priority`, else what run.json kept for a re-created run, else what Redis
-has) is set before any job is queued, and kept in run.json (so is a later `producer priority`,
-through keep_priority).
-
-A run whose output is a local path records the host that made it (common/placement.py); an
-enqueue on another host is refused before anything is read, unless `--shared-fs` declares the
-path one filesystem every node mounts (then the run records that, and any host may ship).
-
-run.json is written through the output's store (a directory, or S3) by the run's first enqueue,
-whatever the output's state: a local output directory that does not exist yet is made for it
-(the probe before proved it can be; a run whose output held no run.json could not come back
-from it after a Redis loss). An output that fails its probe is refused before
-this runs (enqueue.py, storage.probe_output); a producer that cannot reach the output and skips
-the probe (`--no-output-check`: no S3 credentials on its machine, the consumers' nodes have them)
-enqueues all the same, with a warning: it can neither keep run.json nor re-create the run from it.
+- not in Redis, a run.json at the output (Redis lost the run): the done and failed marks rebuilt
+  from the shipped shards, the run re-created with the same settings, creation time and
+  fingerprint history; shards with no run.json beside them get their marks rebuilt too, and the
+  run takes the command's settings;
+- other settings: refused as a conflict, unless --update-settings (a new fingerprint, added to
+  the run's history, for its items not done yet).
+The run's priority (--priority, else run.json's for a re-created run, else Redis's) is set before
+any job is queued and kept in run.json (keep_priority). A run whose local output is another
+host's is refused unless --shared-fs (common/placement.py). run.json is written through the
+output's store by the run's first enqueue; an enqueue that skipped the output's probe
+(--no-output-check) and cannot reach it goes on with a warning, without run.json.
 """
 
 from __future__ import annotations

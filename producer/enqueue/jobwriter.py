@@ -1,37 +1,23 @@
 """Put items into a run's queue exactly once, however many producers race on the run.
 
-For each slice of new items: claim them (`Claims.claim`, one atomic script), cut the items
-this producer won into jobs, and enqueue those jobs in one MULTI/EXEC that also deletes the
-claim set. Racing producers split the items between them; each item lands in exactly one
-job. A job ends where a record's items end when the next record's would not fit (the turns of
-a conversation in `each` mode, the samples of a prompt: they share a prompt prefix, and in one
-job one engine's prefix cache serves them, sent in order); a record with more items than a job
-holds fills jobs of its own. Under a race a slice's last job may be short, so a run fed by N racing producers can
-have up to N-1 short jobs per slice more than one fed once.
+For each slice of new items: claim them (`Claims.claim`, one atomic script), cut the items this
+producer won into jobs, and enqueue those jobs in one MULTI/EXEC that also deletes the claim set:
+racing producers split the items, each lands in exactly one job. A job ends where a record's
+items end when the next record's would not fit (a conversation's turns, a prompt's samples share
+a prompt prefix, which one engine's prefix cache then serves, sent in order); a record with more
+items than a job holds fills jobs of its own. Under a race a slice's last job may be short.
 
-The one window: a producer killed (SIGKILL, power loss) after its claim and before its
-transaction leaves the slice's won items in the run (its item table) and in no job (the
-enqueue writes up to ENQUEUE_WRITERS slices at once: as many slices). Their claim set
-(`genqueue:run:<run>:claim:<id>`, kept CLAIM_TTL) still names them; see common/keepers/claims.py. An error or
-Ctrl-C in that window releases the claim instead, so running the command again queues them.
-The next `producer enqueue` of the run closes the window: once the claim set is older than
-CLAIM_GRACE it takes it over and queues its items like any item with no result and no job
-(producer/reconcile.py).
+The one window: a producer killed after its claim and before its transaction leaves its won
+items in the run and in no job; their claim set (kept CLAIM_TTL: common/keepers/claims.py) names
+them, and the next `producer enqueue` takes it over once older than CLAIM_GRACE (reconcile.py).
+An error or Ctrl-C in that window gives the claim back instead.
 
-Re-queueing (`requeue`): items already in the run with no result and no live job (lost from
-rq, or failed with --retry-failed) go through the same two steps, under the run's lock
-(common/keepers/runlock.py): a re-claim script (common/keepers/claims.py) puts the ones still in that state in
-a claim set of this producer, fenced by the lock's token, then the same transaction enqueues
-them, WATCHing the lock too. A producer that lost its lock re-queues nothing; a re-claim that did not end in its
-transaction is dropped (the items stay in the run, for a later reconcile).
-
-By reference (`--prompts reference`, issue 34: a PACK_STORE is given), a slice's jobs carry no
-items: before the transaction, the slice's items are written as one pack (common/packs.py), one
-block per job, into the run's output store under a pack number the run's pack table gives out
-(common/keepers/packs.py); each job's `meta` names its pack and block (rqaccess.PackRef), and the
-transaction that queues the jobs also writes the table's entry naming the pack. A pack is
-written before any job names it; a transaction that never lands leaves a pack no job names.
-Job ids and descriptions are the same in both modes.
+`requeue`: items in the run with no result and no live job (lost, or failed with --retry-failed)
+take the same two steps under the run's lock: a re-claim script fenced by the lock's token, then
+the transaction, WATCHing the lock (a producer that lost its lock re-queues nothing). By
+reference (a PACK_STORE given), a slice's items are first written as one pack, one block a job,
+and the transaction also names the pack in the run's pack table (common/keepers/packs.py); each
+job's `meta` names its pack and block. Job ids and descriptions are the same in both modes.
 """
 
 from __future__ import annotations
@@ -69,7 +55,7 @@ from genqueue.common.storage.names import pack_tag
 
 log = logging.getLogger(__name__)
 
-# Requeue is the re-claim script's answer (common/keepers/claims.py); named here too for producer/enqueue.py.
+# Requeue is the re-claim script's answer (common/keepers/claims.py); named here too for slices.py.
 __all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 
 COMMIT_ATTEMPTS = defaults.JOBWRITER_COMMIT_ATTEMPTS

@@ -1,44 +1,22 @@
 """What `producer enqueue` knows of a run's items beyond its item table: the reconcile.
 
 Re-running `producer enqueue` on a run enqueues exactly the items of its input that have no
-shipped result and are not queued, held or scheduled in rq. For each item it reads (one round
-trip per chunk of records) whether it is in the run (its item table), DONE (a shipped shard holds its
-result) or FAILED (only an error record); an item that is in the run and not done is then looked
-up in a view of the queue (QueueView), taken once, under the run's lock (common/keepers/runlock.py):
+shipped result and are not queued, held or scheduled in rq. An item in the run (its item table)
+and not DONE is looked up in a view of the queue (QueueView), taken once, under the run's lock:
+  live       the items of every live job (queued, started, scheduled, deferred, ...), from the
+             jobs' payloads (by reference: their packs), and of other producers' claim sets
+             younger than CLAIM_GRACE (about to be enqueued);
+  failed     the items of the jobs in rq's failed registry, as FAILED as an error record;
+  taken over claim sets older than CLAIM_GRACE (their producer died between claim and enqueue:
+             jobwriter.py): deleted, their items queued again like any lost item.
+The view stays true while the lock is held: new items are claimed only while no other producer
+holds it (the claim script refuses), so an item in no live job and no claim set can get into
+one only through this producer.
 
-  live       the items of every live job (queued, being dequeued, started, scheduled, deferred,
-             ready), read from the jobs' JSON payloads, plus the items of other producers'
-             claim sets younger than CLAIM_GRACE (they are about to be enqueued);
-  failed     the items of jobs rq gave up on (its failed registry), as FAILED as an error record;
-  taken over claim sets older than CLAIM_GRACE: their producer died between claiming and
-             enqueueing (jobwriter.py), so they are deleted and their items, in the run and in
-             no job, are queued again like any lost item.
-
-Why the view stays true while the lock is held: new items are claimed only while no other
-producer holds the lock (the claim script refuses), so once the lock is taken every claim set
-that can still end in jobs already exists, and an item that is in no live job and in no claim
-set can only get into one through this producer. An item in a live job may finish meanwhile
-(then it is DONE: the re-claim script checks that again) or fail in rq (it is counted as queued
-this time, and as failed by the next reconcile).
-
-After a Redis loss the marks are rebuilt from the shipped shards first
-(common/keepers/marks.py Marks.rebuild): every record's key, streamed shard by shard; error records are FAILED;
-each item newly marked bumps its counters (outcome, turns, tool turns) as when its shard shipped.
-
-And when nothing can need doing, the input is not read at all: the same bytes as its source's
-last complete enqueue, made into items the same way (`same_input`), and either every item of the
-run done (`unchanged_input`: no lock, no view), or, under the lock, every item of the run done,
-queued or failed as the view and the item table say (`items_in_run`: none lost, issue 34 step 6;
-where an item is a record: the only source of the run, no duplicates, as many items as records).
-Only an item that is in the run, not done and in no job needs the input (its prompt is there):
-then the input is read as above.
-
-And an input that is not the file the run was made from is refused before it is read
-(`other_input`): the run keeps, for each source, the digest of its first records (`input_head`);
-a source enqueued again must begin with them (a file grown at its end does), and a
-`--retry-failed` must name one of the run's inputs (or a copy of one). Otherwise the file would
-add its own records to the run as new items: an export written over the input, read back as
-input, grows the run and leaves its failed items out of reach.
+`same_input` and `items_in_run` let a re-run skip an input that cannot change anything
+(unchanged.py). `other_input` refuses, before it is read, an input that is not a file the run
+was made from (each source keeps the digest of its first records: `input_head`): an export
+written over the input, read back, would grow the run and leave its failed items out of reach.
 """
 
 from __future__ import annotations
@@ -67,7 +45,7 @@ from genqueue.producer.ingest.reader import RawRecord
 
 log = logging.getLogger(__name__)
 
-# The item state bits are the mark store's (common/keepers/marks.py); named here too for producer/enqueue.py.
+# The item state bits are the mark store's (common/keepers/marks.py); named here too for settle.py.
 __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "derivation", "input_digest",
            "input_head", "other_input", "take_view", "unchanged_input"]
 
@@ -108,7 +86,7 @@ def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = de
     OWN_PREFIX are this producer's own (all of them ended in their transaction). ITEMS_OF reads
     the items of jobs by reference from their packs (producer/packitems.py); without it, a run
     with such jobs is refused (UserError): the view would take them for lost and queue their
-    items twice (issue 34)."""
+    items twice."""
     if items_of is None and PackTable(conn, run).count():
         raise UserError(f"run {run} has jobs by reference (`--prompts reference`), whose items this reader cannot "
                         "read: nothing more was queued")
@@ -248,10 +226,9 @@ def unchanged_input(conn: redis.Redis, run: str, source: str, digest: str | None
 
 @dataclass(slots=True)
 class ItemsInRun:
-    """The run's items as its item table and a queue view say, without the input (issue 34,
-    step 6): done; queued (in a live job or another producer's young claim); failed (an error
-    record or a failed job, and not retried); lost (none of those: only the input can queue
-    them again)."""
+    """The run's items as its item table and a queue view say, without the input: done; queued
+    (in a live job or another producer's young claim); failed (an error record or a failed job,
+    and not retried); lost (none of those: only the input can queue them again)."""
 
     done: int = 0
     queued: int = 0
@@ -262,7 +239,7 @@ class ItemsInRun:
 
 def items_in_run(conn: redis.Redis, run: str, view: QueueView) -> ItemsInRun:
     """Every item of RUN (IN_RUN in its item table) sorted by the view, as the reconcile would
-    sort it reading the input (Enqueuer._settle): the table is read a range of buckets a round
+    sort it reading the input (settle.py): the table is read a range of buckets a round
     trip, memory holds the view only."""
     t0 = time.perf_counter()
     out = ItemsInRun()

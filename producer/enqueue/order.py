@@ -7,10 +7,12 @@ input size; within a class they keep input order.
 
 The unit ordered is a record's items together (the turns of one conversation in `each` mode,
 the samples of one prompt), at the sum of their costs: they share a prompt prefix, so they stay
-side by side, in their own order, and land in one job (producer/jobwriter.py), where one engine's
-prefix cache serves them. Ordering turns apart would scatter a conversation over the run. The files go to TMP_DIR (enqueue's --tmp-dir,
-else TMPDIR); a place that cannot take one block is refused before anything is enqueued, and a
-write that fails later (a full disk) raises WriteFailedError naming the directory.
+side by side, in their own order, and land in one job (jobwriter.py), where one engine's
+prefix cache serves them. Ordering turns apart would scatter a conversation over the run.
+
+The files go to TMP_DIR (enqueue's --tmp-dir, else TMPDIR); a place that cannot take one block
+is refused before anything is enqueued, and a write that fails later (a full disk) raises
+WriteFailedError naming the directory.
 """
 
 from __future__ import annotations
