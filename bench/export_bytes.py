@@ -42,9 +42,10 @@ EXPORTS = [("openai", "", "jsonl"), ("sharegpt", "", "jsonl"), ("specforge", "",
            ("openai", "conversation", "jsonl"), ("sharegpt", "conversation", "jsonl"),
            ("specforge", "conversation", "jsonl"), ("parquet", "conversation", "parquet")]
 
-#: Fields that say when, where or by which code a record was made, not what it holds.
+#: Fields that say when, where or by which code a record was made, not what it holds (the files
+#: manifest's mtime_ns and inode: when and where a file was written).
 VOLATILE = frozenset({"created", "created_at", "finished_at", "started_at", "timings", "worker", "host",
-                      "elapsed", "latency", "version", "request_id", "shard", "attempt"})
+                      "elapsed", "latency", "version", "request_id", "shard", "attempt", "mtime_ns", "inode"})
 
 
 #: In the text files (the dataset card): when the run was made.
