@@ -2,7 +2,8 @@
 
 One module per Redis noun, and in it one class that is built with the connection (and the run,
 or the worker, it is about), owns the noun's keys and holds its operations, as rq keeps one
-registry class per noun: runs.py RunStore (a run's hash, sources and counters; its items: items.py ItemTable),
+registry class per noun; a run's noun is a keeper.py RunKeeper, its key named once in its
+`key_template`, as rq's registries share BaseRegistry: runs.py RunStore (a run's hash, sources and counters; its items: items.py ItemTable),
 marks.py Marks (done and failed marks, their counters and Lua), claims.py Claims (a producer's
 claim sets: their keys and every write to them), checkpoints.py CheckpointStore, flights.py
 Flights, hungry.py Hungry, pause.py Pause, runlock.py RunLock, runsources.py RunSources,

@@ -66,7 +66,7 @@ from typing import NamedTuple
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 
 #: An item's state bits.
 IN_RUN, DONE, FAILED = 1, 2, 4
@@ -473,16 +473,6 @@ class ItemCounts(NamedTuple):
     in_run_done: int
 
 
-def run_key(run: str, suffix: str) -> str:
-    """A key of RUN's, as common/keepers/runs.py builds them (not imported: runs.py reads the
-    table, so importing it back would be a cycle)."""
-    return f"{KEY_PREFIX}:run:{run}:{suffix}"
-
-
-def table_key(run: str) -> str:
-    return run_key(run, "itemtable")
-
-
 def bucket_key(run: str, bucket: int) -> str:
     return run_key(run, f"items:{bucket:x}")
 
@@ -543,14 +533,11 @@ def counts_of(raw: object) -> ItemCounts:
     return ItemCounts(*(got.get(f, 0) for f in COUNTS))
 
 
-class ItemTable:
-    """RUN's item table on CONN: its size, the states of items, setting and clearing their bits
-    outside the claim and mark scripts, the counts, and the digests it holds."""
+class ItemTable(RunKeeper):
+    """RUN's item table on CONN: its key, its size, the states of items, setting and clearing
+    their bits outside the claim and mark scripts, the counts, and the digests it holds."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-        self.key = table_key(run)
+    key_template = RUN_KEY + ":itemtable"
 
     def ensure(self, expected_items: int, *, hashes: bool = False) -> int:
         """Fix the number of buckets for a run of about EXPECTED_ITEMS items, unless it is fixed
@@ -558,12 +545,12 @@ class ItemTable:
         HASHES, for tests, a hash a bucket as an earlier genqueue made them); returns the number
         in force."""
         layout = "" if hashes else BLOBS
-        return int(self.conn.register_script(_ENSURE)(keys=[self.key], args=[buckets_for(expected_items), layout]))
+        return int(self.conn.register_script(_ENSURE)(keys=[self.key(self.run)], args=[buckets_for(expected_items), layout]))
 
     def blobs(self) -> bool:
         """Whether the table keeps its buckets as strings of records (False: hashes, a table an
         earlier genqueue made, or none yet)."""
-        return self.conn.hget(self.key, LAYOUT) in (BLOBS, BLOBS.encode())
+        return self.conn.hget(self.key(self.run), LAYOUT) in (BLOBS, BLOBS.encode())
 
     def entry(self, digest: bytes) -> int:
         """DIGEST's entry as stored (state bits, or its place; 0: none), in either layout."""
@@ -610,7 +597,7 @@ class ItemTable:
 
     def buckets(self) -> int:
         """How many buckets the table has (0: none fixed yet, nothing written)."""
-        raw = self.conn.hget(self.key, "buckets")
+        raw = self.conn.hget(self.key(self.run), "buckets")
         try:
             return int(raw) if raw is not None else 0
         except ValueError:
@@ -623,7 +610,7 @@ class ItemTable:
         look at each (one command for the job instead of one an item)."""
         if not digests:
             return b""
-        raw = self.conn.register_script(_STATES)(keys=[self.key], args=["1" if first_take else "0", *digests])
+        raw = self.conn.register_script(_STATES)(keys=[self.key(self.run)], args=["1" if first_take else "0", *digests])
         if not raw:
             return bytes(len(digests))
         return bytes(b - 48 for b in raw)
@@ -631,23 +618,23 @@ class ItemTable:
     def note_rebuilt(self) -> None:
         """Count a writing of marks other than by shipping (before it starts): from then on a
         job's first take reads its items' states too (`states`)."""
-        self.conn.hincrby(self.key, REBUILT, 1)
+        self.conn.hincrby(self.key(self.run), REBUILT, 1)
 
     def distrust(self, packs: list[int]) -> None:
         """Mark PACKS (numbers) as packs whose slots the items' entries no longer vouch for (a
         re-claim moved items out of them, or they were named again after their entries were
         lost): a shard of their jobs is marked by each item's entry (the marking script)."""
         if packs:
-            self.conn.hset(self.key, mapping={f"{MOVED}{n}": 1 for n in packs})
+            self.conn.hset(self.key(self.run), mapping={f"{MOVED}{n}": 1 for n in packs})
 
     def change(self, digests: list[bytes], *, add: int = 0, clear: int = 0) -> int:
         """Set ADD's bits and clear CLEAR's in each of DIGESTS (counts kept); how many changed."""
         if not digests:
             return 0
-        return int(self.conn.register_script(_CHANGE)(keys=[self.key], args=[add, clear, *digests]))
+        return int(self.conn.register_script(_CHANGE)(keys=[self.key(self.run)], args=[add, clear, *digests]))
 
     def counts(self) -> ItemCounts:
-        return counts_of(self.conn.hgetall(self.key))
+        return counts_of(self.conn.hgetall(self.key(self.run)))
 
     def each(self) -> Iterator[tuple[bytes, int]]:
         """Every (digest, state) the table holds, a range of buckets a round trip (and, for the
@@ -702,5 +689,5 @@ class ItemTable:
         n, added = self.buckets(), 0
         script = self.conn.register_script(_MISSING)
         for lo in range(0, n, _MISSING_BUCKETS):
-            added += int(script(keys=[self.key, seen_key, missing_key], args=[lo, min(n, lo + _MISSING_BUCKETS), ttl]))
+            added += int(script(keys=[self.key(self.run), seen_key, missing_key], args=[lo, min(n, lo + _MISSING_BUCKETS), ttl]))
         return added

@@ -63,11 +63,11 @@ from genqueue.common.keepers.items import (
     REBUILT,
     ItemTable,
     counts_of,
-    table_key,
 )
+from genqueue.common.keepers.keeper import RunKeeper, run_key
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.redismem import pipeline_read
-from genqueue.common.keepers.runs import key_digest, run_key
+from genqueue.common.keepers.runs import key_digest
 from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -423,14 +423,13 @@ class Rebuilt:
         return text + (f", {self.unreadable:,} unreadable lines skipped" if self.unreadable else "")
 
 
-class Marks:
+class Marks(RunKeeper):
     """RUN's done and failed marks on CONN (in its item table, common/keepers/items.py): the
     marking of a shipped shard, the look-ups, the producer's reads and the rebuild from the
     shipped shards."""
 
     def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
+        super().__init__(conn, run)
         self.table = ItemTable(conn, run)
 
     # --- the consumers' writes and look-ups ------------------------------------------------
@@ -439,7 +438,7 @@ class Marks:
         error records (one of an item with a result counts nowhere). IN_RUN: put the items in
         the run too (a rebuild)."""
         run, also = self.run, IN_RUN if in_run else 0
-        keys = (table_key(run), run_key(run, "stats"), SpecTallies.key(run), PackTable.key(run))
+        keys = (ItemTable.key(run), run_key(run, "stats"), SpecTallies.key(run), PackTable.key(run))
         if marks.done:
             p.eval(_MARK, 4, *keys, DONE | also, *_packs(marks.packs, marks.done_place),
                    *_args(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec,
@@ -480,7 +479,7 @@ class Marks:
             first = places[item_keys[0]]
             if all(places[k].pack == first.pack and places[k].name == first.name for k in item_keys):
                 raw = self.conn.register_script(_DONE_AT)(
-                    keys=[table_key(self.run), PackTable.key(self.run)],
+                    keys=[ItemTable.key(self.run), PackTable.key(self.run)],
                     args=["1" if first_take else "0", first.pack, first.name, *(places[k].slot for k in item_keys)])
                 if raw is not None:
                     return {k for k, c in zip(item_keys, bytes(raw), strict=False) if c == ord("1")}
@@ -506,7 +505,7 @@ class Marks:
     def stage_progress(self, p: Any) -> None:
         """Queue the reads of the run's Progress on P (two replies, for progress_of): a caller
         reads it in one transaction with its other reads (common/keepers/runstate.py)."""
-        p.hgetall(table_key(self.run))
+        p.hgetall(ItemTable.key(self.run))
         p.hgetall(run_key(self.run, "stats"))
 
     @staticmethod

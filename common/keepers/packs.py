@@ -21,23 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import redis
 from redis.client import Pipeline
 
 from genqueue.common.keepers.items import ItemTable
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 
 
-class PackTable:
+class PackTable(RunKeeper):
     """RUN's pack table on CONN: giving out pack numbers, naming them, reading them back."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def key(run: str) -> str:
-        return run_key(run, "packs")
+    key_template = RUN_KEY + ":packs"
 
     @staticmethod
     def seq_key(run: str) -> str:

@@ -44,6 +44,7 @@ from genqueue.common import __version__
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.keepers.checkpoints import CheckpointStore
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.redisconn import redis_location
 from genqueue.common.placement import Placement
 from genqueue.common.redact import redact
@@ -70,14 +71,6 @@ CONSUMERS = f"{KEY_PREFIX}:consumers"
 
 def consumer_key(worker: str) -> str:
     return f"{KEY_PREFIX}:consumer:{worker}"
-
-
-def run_key(run: str, suffix: str = "") -> str:
-    return f"{KEY_PREFIX}:run:{run}" + (f":{suffix}" if suffix else "")
-
-
-def lock_key(run: str) -> str:
-    return run_key(run, "lock")
 
 
 class RunLockedError(GenqueueError):

@@ -39,8 +39,9 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView, SpecTotals
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
-from genqueue.common.keepers.runs import CONSUMERS, consumer_key, run_key
+from genqueue.common.keepers.runs import CONSUMERS, consumer_key
 
 SNAPSHOT_TTL = defaults.SNAPSHOTS_SNAPSHOT_TTL
 

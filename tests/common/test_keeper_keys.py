@@ -17,12 +17,13 @@ from genqueue.common.keepers.featurecounts import counted_key, pending_key
 from genqueue.common.keepers.flights import Flights
 from genqueue.common.keepers.hungry import Hungry
 from genqueue.common.keepers.items import ItemTable, bucket_key, place_key
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import queue_name, refused_key
 from genqueue.common.keepers.runlock import RunLock
-from genqueue.common.keepers.runs import CONSUMERS, RUNS, consumer_key, lock_key, run_key
+from genqueue.common.keepers.runs import CONSUMERS, RUNS, consumer_key
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.keepers.snapshots import Snapshots
 from genqueue.common.keepers.spectally import SpecTallies
@@ -36,10 +37,10 @@ KEYS: dict[str, tuple[Callable[[], str], str]] = {
     "consumer": (lambda: consumer_key("w1"), "genqueue:consumer:w1"),
     "run": (lambda: run_key("r1"), "genqueue:run:r1"),
     "stats": (lambda: run_key("r1", "stats"), "genqueue:run:r1:stats"),
-    "lock": (lambda: lock_key("r1"), "genqueue:run:r1:lock"),
-    "runlock": (lambda: RunLock(_CONN, "r1").key, "genqueue:run:r1:lock"),
+    "lock": (lambda: RunLock.key("r1"), "genqueue:run:r1:lock"),
+    "runlock": (lambda: RunLock(_CONN, "r1").key("r1"), "genqueue:run:r1:lock"),
     "claim": (lambda: claim_key("r1", "c1"), "genqueue:run:r1:claim:c1"),
-    "itemtable": (lambda: ItemTable(_CONN, "r1").key, "genqueue:run:r1:itemtable"),
+    "itemtable": (lambda: ItemTable.key("r1"), "genqueue:run:r1:itemtable"),
     "bucket": (lambda: bucket_key("r1", 10), "genqueue:run:r1:items:a"),
     "place": (lambda: place_key("r1", 3), "genqueue:run:r1:pk:3"),
     "flights": (lambda: Flights.key("r1"), "genqueue:run:r1:flights"),
@@ -48,7 +49,7 @@ KEYS: dict[str, tuple[Callable[[], str], str]] = {
     "packs": (lambda: PackTable.key("r1"), "genqueue:run:r1:packs"),
     "packs_seq": (lambda: PackTable.seq_key("r1"), "genqueue:run:r1:packs:seq"),
     "paused": (lambda: Pause.key("r1"), "genqueue:run:r1:paused"),
-    "source_order": (lambda: RunSources.order_key("r1"), "genqueue:run:r1:source-order"),
+    "source_order": (lambda: RunSources.key("r1"), "genqueue:run:r1:source-order"),
     "reading": (lambda: RunSources.reading_key("r1"), "genqueue:run:r1:reading"),
     "rebuild": (lambda: RebuildState.key("r1"), "genqueue:run:r1:rebuild"),
     "marks_stamp": (lambda: MarkStamp.key("w1"), "genqueue:marks_stamp:w1"),
