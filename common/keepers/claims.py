@@ -27,7 +27,8 @@ from rq.queue import EnqueueData
 
 from genqueue.common import defaults
 from genqueue.common.eta import format_duration
-from genqueue.common.keepers.items import LUA_ITEMS, MOVED, PACK_SLOTS, ItemTable
+from genqueue.common.keepers.itemlayout import LUA_ITEMS, MOVED, PACK_SLOTS
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import drained, queue_name
 from genqueue.common.keepers.runlock import RunLock

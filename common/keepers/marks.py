@@ -52,18 +52,8 @@ from genqueue.common import defaults
 from genqueue.common.contracts import Note, ToolTurns
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.keepers.featurecounts import FeatureCounts, Recounted
-from genqueue.common.keepers.items import (
-    DONE,
-    FAILED,
-    IN_RUN,
-    LUA_ITEMS,
-    MOVED,
-    PACK_SLOTS,
-    PLACED_FROM,
-    REBUILT,
-    ItemTable,
-    counts_of,
-)
+from genqueue.common.keepers.itemlayout import LUA_ITEMS, MOVED, PACK_SLOTS, PLACED_FROM, REBUILT
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable, counts_of
 from genqueue.common.keepers.keeper import RunKeeper, run_key
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.redismem import pipeline_read

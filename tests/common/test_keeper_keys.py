@@ -16,7 +16,8 @@ from genqueue.common.keepers.exportsets import ExportSets
 from genqueue.common.keepers.featurecounts import counted_key, pending_key
 from genqueue.common.keepers.flights import Flights
 from genqueue.common.keepers.hungry import Hungry
-from genqueue.common.keepers.items import ItemTable, bucket_key, place_key
+from genqueue.common.keepers.itemlayout import bucket_key, place_key
+from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
 from genqueue.common.keepers.packs import PackTable

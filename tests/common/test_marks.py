@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeue, claim_key
-from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, RECORD_BYTES, ItemTable
+from genqueue.common.keepers.itemlayout import RECORD_BYTES
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.marks import LAST_MARK_AT, Marks, ShardMarks, marks_of_file
 from genqueue.common.keepers.runlock import RunLock

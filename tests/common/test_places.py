@@ -15,15 +15,8 @@ import redis
 
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, Requeue, claim_key
-from genqueue.common.keepers.items import (
-    DONE,
-    FAILED,
-    IN_RUN,
-    PACK_SLOTS,
-    ItemCounts,
-    ItemTable,
-    placed,
-)
+from genqueue.common.keepers.itemlayout import PACK_SLOTS
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemCounts, ItemTable, placed
 from genqueue.common.keepers.marks import Marks, Place, ShardMarks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import job_reference, queue_for
