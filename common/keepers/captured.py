@@ -31,7 +31,8 @@ from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
 from genqueue.common.keepers.featurecounts import SPENT, pending_key
 from genqueue.common.keepers.keeper import run_key
-from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Marks, Progress
+from genqueue.common.keepers.marks import Marks, Progress
+from genqueue.common.keepers.markscript import SHIPPED_FEATURES, SHIPPED_TURNS
 from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS
 from genqueue.common.prefill import PrefillChoice
 from genqueue.common.settings import RunSettings

@@ -14,7 +14,7 @@ from typing import TypedDict
 import redis
 
 from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
-from genqueue.common.keepers.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
+from genqueue.common.keepers.markscript import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqjobs import FailedJob, failed_jobs
 

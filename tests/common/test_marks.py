@@ -14,7 +14,8 @@ from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeu
 from genqueue.common.keepers.itemlayout import RECORD_BYTES
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.keeper import run_key
-from genqueue.common.keepers.marks import LAST_MARK_AT, Marks, ShardMarks, marks_of_file
+from genqueue.common.keepers.marks import Marks, ShardMarks, marks_of_file
+from genqueue.common.keepers.markscript import LAST_MARK_AT
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import key_digest
 
