@@ -88,16 +88,8 @@ from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.marks import record_tool_turns
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import JobPlace, PackRef, refused_jobs
-from genqueue.common.keepers.rqjobs import (
-    FailedJob,
-    ItemsOf,
-    JobScan,
-    failed_jobs,
-    failed_reason,
-    failure_class,
-    placed_keys,
-    read_jobs,
-)
+from genqueue.common.keepers.rqfailed import FailedJob, failed_jobs, failed_reason, failure_class, placed_keys
+from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage
