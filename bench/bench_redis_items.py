@@ -44,6 +44,7 @@ from bench.bench_packs import SYSTEM, corpus
 from bench.common import BIN, start_redis, start_sim, table
 from genqueue.common import defaults
 from genqueue.common.keepers.marks import Marks, Place, ShardMarks
+from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import (
     TASK,
     JobPlace,
@@ -52,7 +53,6 @@ from genqueue.common.keepers.rqaccess import (
     queue_for,
     use_fast_job_compression,
 )
-from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqjobs import JobScan, RunJob, read_jobs
 from genqueue.common.storage import pack_name
 from genqueue.producer.packitems import PackItems

@@ -15,7 +15,7 @@ import aiohttp
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
 from genqueue.common.capture_model import check_model
-from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
+from genqueue.common.contracts import ExitCode, ReasoningForm
 from genqueue.common.errors import (
     CorruptStateError,
     GenqueueError,
@@ -29,6 +29,7 @@ from genqueue.common.eta import format_duration
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts
 from genqueue.common.keepers.runs import RunInfo, RunStore
+from genqueue.common.records import ConsumerInfo, SpecFigures
 from genqueue.common.requests import RequestShape
 from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.common.variants import Variant

@@ -28,23 +28,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from genqueue.common import __version__, defaults
 from genqueue.common.acceptance import AcceptanceTable, Answer, Facet, Tally, answers_of, weakest_line
-from genqueue.common.contracts import (
-    ENGINE_READINGS,
-    ConsumerInfo,
-    ConsumerSnapshot,
-    EngineBound,
-    ErrorClass,
-    Mode,
-    Outcome,
-    Record,
-    ResultRecord,
-    RunCounters,
-    SpecTotals,
-    is_error,
-)
+from genqueue.common.contracts import ErrorClass, Mode, Outcome
+from genqueue.common.engineview import ENGINE_READINGS, EngineBound
 from genqueue.common.errors import UserError
 from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.keepers.snapshots import Snapshots, Spent
+from genqueue.common.records import ConsumerInfo, Record, ResultRecord, is_error
+from genqueue.common.snapshot import ConsumerSnapshot, RunCounters, SpecTotals
 from genqueue.consumer.answer.faults import RetryKind
 from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.engine.doctor import Doctor

@@ -1,7 +1,7 @@
 """The consumer snapshot in Redis: written by every consumer every few seconds (its telemetry),
 read back by `producer status`. Its keys, its lifetime and its shape are spelled here only.
 
-Keys: genqueue:consumer:<worker>  str   the snapshot (JSON, a contracts.ConsumerSnapshot), for a day
+Keys: genqueue:consumer:<worker>  str   the snapshot (JSON, a snapshot.ConsumerSnapshot), for a day
       genqueue:consumers          zset  worker -> last seen (Redis time, as the leases keep it)
       genqueue:run:<run>:spent    hash  what the run's consumers generated and the GPU time they
                                         spent on it: a field a consumer process (its worker name
@@ -32,61 +32,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Required, TypedDict, cast
+from typing import Any, Required, cast
 
 import orjson
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView, SpecTotals
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
 from genqueue.common.keepers.runs import CONSUMERS, consumer_key
+from genqueue.common.snapshot import ConsumerFields, ConsumerSnapshot
 
 SNAPSHOT_TTL = defaults.SNAPSHOTS_SNAPSHOT_TTL
 
 STALE_AFTER = defaults.SNAPSHOTS_STALE_AFTER
 
 
-class ConsumerReport(TypedDict, total=False):
+class ConsumerReport(ConsumerFields, total=False):
     """A consumer's snapshot as read back: the fields of a ConsumerSnapshot it holds, checked
     where they are read without a default (`worker` a text, `runs` a dict of dicts, `last_seen`
     a number, `engine`, `paused`, `shipping` and `jobs` dicts), and the reader's age and
     liveness. `gpus`: the GPUs the consumer fronts, where it says (producer/cost.py)."""
 
-    worker: Required[str]
-    runs: Required[dict[str, RunCounters]]  # {} when the snapshot has none
+    paused: dict[str, str | bool]  # consumers of the first shape wrote every reason, False when not in force
     age_s: Required[float]  # seconds since its last report (never negative)
     live: Required[bool]  # reported within STALE_AFTER and did not exit
-    host: str
-    gpu: int | None
-    gpus: int
-    pid: int
-    endpoint: str
-    version: str
-    started_at: float
-    last_seen: float
-    exited: bool
-    concurrency: int
-    concurrency_mode: str
-    in_flight: int
-    pending_items: int
-    held_jobs: int
-    stopping: bool
-    paused: dict[str, str | bool]  # consumers of the first shape wrote every reason, False when not in force
-    models: list[str]
-    max_model_len: dict[str, int | None]
-    engine: EngineView
-    shipping: ShippingView
-    jobs: dict[str, int]
-    copies: dict[str, int]
-    redis_unreachable_since: float | None
-    clock_offset: float | None
-    phase: str | None
-    phase_s: float
-    only_run: str | None
-    spool: str | None
-    spec: SpecTotals
 
 
 class ConsumerState(StrEnum):

@@ -39,23 +39,17 @@ from typing import TypeVar
 
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision
-from genqueue.common.contracts import (
-    ChatMessage,
+from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Mode, Note, Outcome, Truncation
+from genqueue.common.errors import BadResponseError, PermanentError, TransientError
+from genqueue.common.records import (
     ConsumerInfo,
-    ErrorClass,
     ErrorRecord,
-    Item,
-    Mode,
-    Note,
-    Outcome,
     ResultRecord,
     Stopped,
-    Truncation,
     TruncationNote,
     TurnRecord,
     error_info,
 )
-from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant

@@ -21,21 +21,16 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from genqueue.common import __version__, defaults
-from genqueue.common.contracts import (
+from genqueue.common.contracts import ChatMessage, ErrorClass, HistoryReasoning, Item, Note, Outcome, ReasoningForm
+from genqueue.common.errors import EndpointError
+from genqueue.common.records import (
     CallSummary,
-    ChatMessage,
     ConsumerInfo,
-    ErrorClass,
     ErrorInfo,
     ErrorRecord,
     FeatureRef,
-    HistoryReasoning,
-    Item,
     LogprobsRef,
-    Note,
-    Outcome,
     PartialAnswer,
-    ReasoningForm,
     RecordBase,
     ResultRecord,
     Stopped,
@@ -47,7 +42,6 @@ from genqueue.common.contracts import (
     share_prompts,
     sum_spec,
 )
-from genqueue.common.errors import EndpointError
 from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer.completion import Turn

@@ -28,7 +28,8 @@ from enum import StrEnum
 from typing import Any
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView, SpecPays
+from genqueue.common.engineview import EngineBound, EngineView, SpecPays
+from genqueue.common.snapshot import ConsumerSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -72,16 +72,7 @@ from genqueue.common.acceptance import (
     figures,
     weakest_line,
 )
-from genqueue.common.contracts import (
-    ErrorInfo,
-    Item,
-    JobFailedRecord,
-    Outcome,
-    Record,
-    ResultRecord,
-    ToolTurns,
-    error_info,
-)
+from genqueue.common.contracts import Item, Outcome, ToolTurns
 from genqueue.common.errors import JobItemsUnreadableError, UserError
 from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
 from genqueue.common.keepers.items import ItemTable
@@ -90,6 +81,7 @@ from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import JobPlace, PackRef, refused_jobs
 from genqueue.common.keepers.rqfailed import FailedJob, failed_jobs, failed_reason, failure_class, placed_keys
 from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs
+from genqueue.common.records import ErrorInfo, JobFailedRecord, Record, ResultRecord, error_info
 from genqueue.common.storage import ShardInfo
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.coverage import coverage

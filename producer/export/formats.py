@@ -103,18 +103,9 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.acceptance import Tally
-from genqueue.common.contracts import (
-    ChatMessage,
-    ErrorRecord,
-    JobFailedRecord,
-    Outcome,
-    Record,
-    ResultRecord,
-    SpecFigures,
-    ToolSpec,
-    Usage,
-)
+from genqueue.common.contracts import ChatMessage, Outcome, ToolSpec
 from genqueue.common.errors import UserError
+from genqueue.common.records import ErrorRecord, JobFailedRecord, Record, ResultRecord, SpecFigures, Usage
 from genqueue.producer.export.generations import answer_outcomes, generations, single_answer
 
 #: One line of the export as a converter builds it: a JSON object, serialised as it is.

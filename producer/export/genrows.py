@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import cast
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.formats import (
     ExportFormat,
     Line,

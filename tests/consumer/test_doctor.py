@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from genqueue.common.contracts import EngineBound, EngineView
+from genqueue.common.engineview import EngineBound, EngineView
 from genqueue.consumer.engine.doctor import (
     ConsumerView,
     Doctor,
@@ -338,7 +338,7 @@ def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monk
 
 
 # --- does speculation pay (issue 33) -------------------------------------------------------
-from genqueue.common.contracts import SpecPays  # noqa: E402
+from genqueue.common.engineview import SpecPays
 from genqueue.consumer.engine.doctor import (  # noqa: E402
     SpecRegime,
     draft_acceptance,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Note, Outcome, ReasoningForm, TurnRecord
+from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Note, Outcome, ReasoningForm
 from genqueue.common.errors import BadResponseError, PermanentError
+from genqueue.common.records import TurnRecord
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer import records
 from genqueue.consumer.answer.completion import Turn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from genqueue.common.contracts import RunCounters
+from genqueue.common.snapshot import RunCounters
 from genqueue.consumer.telemetry import RUN_GAUGES, set_run_gauges
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.formats import ExportFormat, RowLayout, record_outcome, to_openai
 from genqueue.producer.export.genrows import record_rows
 from genqueue.producer.export.parquet import SCHEMAS
