@@ -16,15 +16,7 @@ from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
 from genqueue.common.capture_model import check_model
 from genqueue.common.contracts import ExitCode, ReasoningForm
-from genqueue.common.errors import (
-    CorruptStateError,
-    GenqueueError,
-    ModelNotServedError,
-    PermanentError,
-    TransientError,
-    UserError,
-    as_clause,
-)
+from genqueue.common.errors import CorruptStateError, GenqueueError, ModelNotServedError, UserError, as_clause
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts
@@ -34,7 +26,7 @@ from genqueue.common.requests import RequestShape
 from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer.client import EndpointClient
-from genqueue.consumer.answer.faults import classify_status
+from genqueue.consumer.answer.faults import PermanentError, TransientError, classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
 from genqueue.consumer.capture import probe as capture_probe

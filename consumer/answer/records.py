@@ -22,7 +22,6 @@ from typing import Any, Literal, Protocol, cast
 
 from genqueue.common import __version__, defaults
 from genqueue.common.contracts import ChatMessage, ErrorClass, HistoryReasoning, Item, Note, Outcome, ReasoningForm
-from genqueue.common.errors import EndpointError
 from genqueue.common.records import (
     CallSummary,
     ConsumerInfo,
@@ -45,7 +44,7 @@ from genqueue.common.records import (
 from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer.completion import Turn
-from genqueue.consumer.answer.faults import error_class
+from genqueue.consumer.answer.faults import EndpointError, error_class
 
 __all__ = ["Answered", "Conversation", "Crashed", "Cut", "Ending", "Failed", "Prefilled", "Refused", "RunFacts",
            "answered_turn", "assistant_message", "conversation_record", "error_record", "fault_error", "fault_info",
