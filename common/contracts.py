@@ -61,7 +61,7 @@ class ReasoningForm(StrEnum):
 
 
 class PromptMode(StrEnum):
-    """Where a run's jobs keep their items (`producer enqueue --prompts`, issue 34)."""
+    """Where a run's jobs keep their items (`producer enqueue --prompts`)."""
 
     INLINE = "inline"  # in the job's argument, in Redis (rq's job hash)
     REFERENCE = "reference"  # in packs in the run's output store; the job's meta names pack and block

@@ -130,7 +130,7 @@ class ShardStore(Protocol):
 
 
 class PackStore(Protocol):
-    """Where a run's packs of prompts live (issue 34: names.pack_name, common/packs.py). A pack
+    """Where a run's packs of prompts live (names.pack_name, common/packs.py). A pack
     is put once, whole, and read back whole or by byte range. Blocking: run it in a thread."""
 
     def pack_location(self, run: str, name: str) -> str:
