@@ -32,9 +32,8 @@ def main() -> None:
     env = {**os.environ, "REDIS_URL": url}
     data = work / "data.jsonl"
     with open(data, "w") as fh:
-        for i in range(args.items):
-            fh.write('{"conversations":[{"from":"human","value":"Question %d: explain the idea of item %d '
-                     'in a few paragraphs, with an example."}]}\n' % (i, i))
+        fh.writelines('{"conversations":[{"from":"human","value":"Question %d: explain the idea of item %d '
+                     'in a few paragraphs, with an example."}]}\n' % (i, i) for i in range(args.items))
     try:
         for c in args.concurrency:
             run = f"c{c}"

@@ -30,9 +30,7 @@ import redis
 from bench.common import BIN, start_redis, table
 from genqueue.common.keepers.items import IN_RUN, ItemTable
 
-WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but which "
-         "model data system function value error output input process memory network query result token "
-         "gradient layer batch sequence attention vector matrix python server request response").split()
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "from", "at", "or", "an", "have", "not", "but", "which", "model", "data", "system", "function", "value", "error", "output", "input", "process", "memory", "network", "query", "result", "token", "gradient", "layer", "batch", "sequence", "attention", "vector", "matrix", "python", "server", "request", "response"]
 SHARD_BYTES = 64 * 1024 * 1024
 RUN = "bench"
 

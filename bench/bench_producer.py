@@ -24,9 +24,7 @@ import redis
 
 from bench.common import start_redis
 
-WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but which "
-         "model data system function value error output input process memory network query result token "
-         "gradient layer batch sequence attention vector matrix python server request response").split()
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "from", "at", "or", "an", "have", "not", "but", "which", "model", "data", "system", "function", "value", "error", "output", "input", "process", "memory", "network", "query", "result", "token", "gradient", "layer", "batch", "sequence", "attention", "vector", "matrix", "python", "server", "request", "response"]
 
 
 def make_records(path: Path, n: int, seed: int = 0) -> int:

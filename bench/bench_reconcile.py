@@ -31,7 +31,8 @@ import redis
 
 from bench.bench_producer import make_records, producer
 from bench.common import start_redis
-from genqueue.common.keepers.items import DONE, ItemTable, bucket_key
+from genqueue.common.keepers.itemlayout import bucket_key
+from genqueue.common.keepers.items import DONE, ItemTable
 
 
 def main() -> None:

@@ -109,8 +109,7 @@ def main() -> None:
             n_items = args.items_per_slot * slots
             data = work / f"data{slots}.jsonl"
             with open(data, "w") as fh:
-                for i in range(n_items):
-                    fh.write(json.dumps({"messages": [{"role": "user", "content": QUESTION % (i, i)}]}) + "\n")
+                fh.writelines(json.dumps({"messages": [{"role": "user", "content": QUESTION % (i, i)}]}) + "\n" for i in range(n_items))
             sim, url = start_sim(["--slots", str(slots), "--step-time", str(args.step_time),
                                   "--mean-tokens", str(args.mean_tokens), "--max-model-len", "100000"])
             ideal_c = slots + max(4, slots // 10)

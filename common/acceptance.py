@@ -1,6 +1,6 @@
 """Speculative-decoding acceptance by category: where the drafter is strong and where it fails.
 
-Every answer whose record carries the engine's figures (`spec`, common/contracts.py SpecFigures)
+Every answer whose record carries the engine's figures (`spec`, common/records.py SpecFigures)
 counts in one category of each facet: the source file it came from, the request variant it was
 sent with, its user turn (1-based; turns from SPEC_TURN_CAP on are one), and its length bucket
 (completion tokens, SPEC_LENGTH_BUCKETS). A regenerated conversation counts each of its turns on
@@ -21,7 +21,7 @@ from itertools import pairwise
 from typing import Any, TypedDict
 
 from genqueue.common import defaults
-from genqueue.common.contracts import SpecFigures
+from genqueue.common.records import SpecFigures
 
 
 class Facet(StrEnum):

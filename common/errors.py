@@ -2,9 +2,9 @@
 
 `GenqueueError` is the root. Below it, `UserError` covers everything a user can fix
 (bad options, unreadable files, a conflicting run): the CLIs print its message on one line
-and exit non-zero, never a traceback. `TransientError` and `PermanentError` classify
-trouble with the generation endpoint: the first is retried with backoff, the second becomes
-an error record and is not retried.
+and exit non-zero, never a traceback. Trouble with the generation endpoint (`EndpointError`:
+retried or recorded) is the consumer's answering wing's, beside the faults it maps to
+(consumer/answer/faults.py).
 """
 
 from __future__ import annotations
@@ -115,48 +115,6 @@ class JobItemsUnreadableError(GenqueueError):
     store does not answer), for a reader that can go on without them: export notes the job among
     the entries it could not read (their items stay missing, never silently counted), where the
     reconcile, which would queue them twice, stops instead (a UserError)."""
-
-
-class EndpointError(GenqueueError):
-    """Trouble talking to the generation endpoint."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class TransientError(EndpointError):
-    """Connection refused or reset, timeout, 408/429/5xx: retried with jittered backoff."""
-
-
-class BadResponseError(TransientError):
-    """A 200 whose body is not a usable chat completion (empty, not JSON, cut short, or missing
-    or mistyped fields): never counted as an answer. Retried like any transient fault, since a
-    proxy or a restarting server can garble one response; recorded as `bad_response` once the
-    attempts are spent, with `snippet` (at most 200 characters of the body) in the message."""
-
-    def __init__(self, reason: str, *, snippet: str, status: int | None = 200) -> None:
-        super().__init__(f"{reason}: {snippet!r}" if snippet else reason, status=status)
-        self.reason = reason
-        self.snippet = snippet
-
-
-class PermanentError(EndpointError):
-    """400/404/413/422 and the like: the request itself is wrong; recorded, never retried."""
-
-
-class BadCaptureError(PermanentError):
-    """--capture: the hidden states the engine captured for an answer do not fit it (their token
-    ids are not the answer's prompt and completion ids but the last, their layers or width are
-    not the capture's, or the file cannot be read). Never stored as a row: the item's record is
-    an error of class bad_capture, and the request is not sent again."""
-
-
-class BadLogprobsError(PermanentError):
-    """--logprobs: the log-probability tables the engine returned for an answer do not fit it (none,
-    sampled ids that are not its completion ids, a table of another width, unsorted, NaN, or
-    summing past 1). Never stored as a row: the item's record is an error of class
-    bad_logprobs, and the request is not sent again."""
 
 
 class ModelNotServedError(UserError):

@@ -31,11 +31,12 @@ from collections.abc import Awaitable, Callable
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Item, Mode, Record, is_error
+from genqueue.common.contracts import Item, Mode
 from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.hungry import HungryLook
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.rqaccess import PackRef, job_payload, job_reference
+from genqueue.common.records import Record, is_error
 from genqueue.common.storage import StoreError
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.dispatch import Dispatcher

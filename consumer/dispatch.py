@@ -15,8 +15,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from genqueue.common.contracts import Item, Record, is_error
+from genqueue.common.contracts import Item
 from genqueue.common.keepers.flights import Flight
+from genqueue.common.records import Record, is_error
 from genqueue.consumer.answer.generate import Gate, Generator, RunContext
 from genqueue.consumer.answer.records import internal_error
 from genqueue.consumer.engine.admission import Limiter

@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Generic, ParamSpec
 
-from genqueue.common.contracts import Record
 from genqueue.common.features import ShardIndex
 from genqueue.common.keepers.marks import ShardMarks
+from genqueue.common.records import Record
 from genqueue.consumer.metrics import OBSERVER_FAILURES
 
 log = logging.getLogger(__name__)

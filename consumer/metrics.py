@@ -18,8 +18,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from genqueue.common import defaults
 from genqueue.common.acceptance import AcceptanceTable, Answer, Facet, Tally, weakest_line
-from genqueue.common.contracts import ENGINE_READINGS, RunCounters, SpecTotals
+from genqueue.common.engineview import ENGINE_READINGS
 from genqueue.common.errors import UserError
+from genqueue.common.snapshot import RunCounters, SpecTotals
 
 log = logging.getLogger(__name__)
 

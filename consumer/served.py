@@ -15,25 +15,18 @@ import aiohttp
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
 from genqueue.common.capture_model import check_model
-from genqueue.common.contracts import ConsumerInfo, ExitCode, ReasoningForm, SpecFigures
-from genqueue.common.errors import (
-    CorruptStateError,
-    GenqueueError,
-    ModelNotServedError,
-    PermanentError,
-    TransientError,
-    UserError,
-    as_clause,
-)
+from genqueue.common.contracts import ExitCode, ReasoningForm
+from genqueue.common.errors import CorruptStateError, GenqueueError, ModelNotServedError, UserError, as_clause
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import job_counts
 from genqueue.common.keepers.runs import RunInfo, RunStore
+from genqueue.common.records import ConsumerInfo, SpecFigures
 from genqueue.common.requests import RequestShape
 from genqueue.common.storage import OutputProbeError, probe_output
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer.client import EndpointClient
-from genqueue.consumer.answer.faults import classify_status
+from genqueue.consumer.answer.faults import PermanentError, TransientError, classify_status
 from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
 from genqueue.consumer.capture import probe as capture_probe

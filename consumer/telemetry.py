@@ -27,20 +27,12 @@ from prometheus_client import Counter as PCounter
 
 from genqueue.common import __version__, defaults
 from genqueue.common.acceptance import answers_of
-from genqueue.common.contracts import (
-    ConsumerInfo,
-    ConsumerSnapshot,
-    EngineBound,
-    ErrorClass,
-    Mode,
-    Outcome,
-    Record,
-    ResultRecord,
-    RunCounters,
-    is_error,
-)
+from genqueue.common.contracts import ErrorClass, Mode, Outcome
+from genqueue.common.engineview import EngineBound
 from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.keepers.snapshots import Snapshots, Spent
+from genqueue.common.records import ConsumerInfo, Record, ResultRecord, is_error
+from genqueue.common.snapshot import ConsumerSnapshot, RunCounters
 from genqueue.consumer.answer.client import Gate
 from genqueue.consumer.answer.faults import RetryKind
 from genqueue.consumer.engine.admission import AdmissionSnapshot

@@ -33,7 +33,7 @@ from typing import IO
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerInfo, ExitCode, Record
+from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.features import ShardIndex
 from genqueue.common.keepers.captured import CaptureBudget
@@ -44,6 +44,7 @@ from genqueue.common.keepers.redismem import RedisEvictsError, check_policy
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
+from genqueue.common.records import ConsumerInfo, Record
 from genqueue.common.storage import ShardStore
 from genqueue.common.storage import store_for as default_store_for
 from genqueue.common.storage.packcache import PackCache

@@ -122,18 +122,7 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
-WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have "
-    "an they you were her she there been one all we their has would when if so no will more can about "
-    "what up said out into them time some could very my other only new these two may first then do any "
-    "like our now over such after also most made many before must through back years where much your way "
-    "well down should because each just those people how too little state good very make world still own "
-    "see men work long get here between both life being under never day same another know while last might "
-    "us great old year off come since against go came right used take three small large number water "
-    "answer question reason think step model token data train value system function result example explain "
-    "first second third because therefore however consider suppose check compute sum list item order count "
-    "zero one two three four five six seven eight nine ten hundred thousand"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "will", "more", "can", "about", "what", "up", "said", "out", "into", "them", "time", "some", "could", "very", "my", "other", "only", "new", "these", "two", "may", "first", "then", "do", "any", "like", "our", "now", "over", "such", "after", "also", "most", "made", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "small", "large", "number", "water", "answer", "question", "reason", "think", "step", "model", "token", "data", "train", "value", "system", "function", "result", "example", "explain", "first", "second", "third", "because", "therefore", "however", "consider", "suppose", "check", "compute", "sum", "list", "item", "order", "count", "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "hundred", "thousand"]
 
 
 def stamp_value(mode: str = "scripted") -> str:
@@ -199,7 +188,7 @@ def token_classes(tok) -> dict[str, list[int]]:
 
 def build(out: Path, mode: str = "scripted") -> None:
     import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     tok = build_tokenizer()

@@ -257,7 +257,7 @@ def _no_leftover_processes() -> Iterator[None]:
     was running before the test) is left to that fixture."""
     before = {id(p) for p in LIVE_PROCS}
     yield
-    for proc in list(LIVE_PROCS):
+    for proc in LIVE_PROCS:
         if id(proc) not in before and proc.p.poll() is None:
             proc.kill()
     LIVE_PROCS[:] = [p for p in LIVE_PROCS if p.p.poll() is None]  # the ended ones are let go

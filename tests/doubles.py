@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from genqueue.common.contracts import ConsumerInfo, Item, ResultRecord
+from genqueue.common.contracts import Item
+from genqueue.common.records import ConsumerInfo, ResultRecord
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.generate import RunContext
 from genqueue.consumer.work.book import Book, JobState

@@ -1,6 +1,6 @@
 """The reference pages in docs/ say what the code has, so they cannot drift from it.
 
-- docs/records.md: the record fields, against the record types of common/contracts.py, and its
+- docs/records.md: the record fields, against the record types of common/records.py, and its
   outcome and error-class tables against the enums;
 - docs/metrics.md: every metric the consumer registers with prometheus_client, with its type
   and labels, and no other;
@@ -21,7 +21,9 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 import genqueue.consumer.worker  # noqa: F401 - the composition root: every metric is registered once it is imported
-from genqueue.common.contracts import EngineBound, ErrorClass, ErrorRecord, Outcome, RejectReason, ResultRecord
+from genqueue.common.contracts import ErrorClass, Outcome, RejectReason
+from genqueue.common.engineview import EngineBound
+from genqueue.common.records import ErrorRecord, ResultRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

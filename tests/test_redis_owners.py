@@ -260,6 +260,7 @@ FREE_FUNCTIONS_ALLOWED = {
     "common/keepers/redismem.py": "Redis's INFO memory and policy, no key of ours",
     "common/keepers/rqaccess.py": "rq's own keys, whose classes are rq's registries and queues",
     "common/keepers/rqjobs.py": "the typed reader of rq's jobs, over rqaccess",
+    "common/keepers/rqfailed.py": "the reader of the jobs rq gave up on, over rqaccess",
     "common/keepers/rundelete.py": "deleting a run: every noun's keys and rq's, no noun of its own",
 }
 

@@ -37,17 +37,7 @@ DATE = re.compile(rf"\b20\d\d[-/](?:0[1-9]|1[0-2])[-/](?:0[1-9]|[12]\d|3[01])\b"
 #: ("lines", "docstring", "history"): the helpers of "Rooms, round three" are rewriting these
 #: (and common/defaults.py is split next). Empty it as each one lands.
 SPLIT_IN_PROGRESS: dict[str, str] = {
-    "common/contracts.py": "split in progress (common-rooms): lines, history",
     "common/defaults.py": "split in progress (the defaults split): lines, history",
-    "common/keepers/__init__.py": "split in progress (common-rooms): docstring",
-    "common/keepers/captured.py": "split in progress (common-rooms): docstring",
-    "common/keepers/items.py": "split in progress (common-rooms): lines, docstring, history",
-    "common/keepers/marks.py": "split in progress (common-rooms): lines, docstring, history",
-    "common/keepers/packs.py": "split in progress (common-rooms): history",
-    "common/keepers/rqaccess.py": "split in progress (common-rooms): history",
-    "common/keepers/rqjobs.py": "split in progress (common-rooms): lines, docstring, history",
-    "common/keepers/runs.py": "split in progress (common-rooms): docstring",
-    "common/keepers/snapshots.py": "split in progress (common-rooms): docstring, history",
 }
 
 

@@ -1,24 +1,19 @@
 """What a --capture run has captured: the budget's count, and the figures every screen shows.
 
-Key: genqueue:run:<run>:stats  field SPENT (with the run's other counters, so status reads it in
-its one read of them)
+Key: genqueue:run:<run>:stats  field SPENT (with the run's other counters: status reads it in
+its one read of them; deleting the run deletes it)
 
 The budget (--capture-budget) is checked, then added to: before an answer asks for its hidden
-states, its consumer reads SPENT and asks only while it is below the budget; once the answer's row
-is stored on the consumer's spool, the row's bytes are added (HINCRBY; featurecounts.py keeps them
-under the row's shard too, until the shard is counted). A row's size is known only
-after the answer, so nothing is reserved ahead: every answer that asked while SPENT was below the
-budget is kept, and the budget is overshot by at most the rows in flight when it was reached (the
-answers that passed the check before the last rows were added), never by rows started after. Rows
-not chosen ask nothing and add nothing; a redone answer's second row is stored, so it counts too.
-SPENT goes with the run's counters: deleting the run deletes it. A Redis that loses the run loses
-it, and the run brought back gets it again from its output (featurecounts.py: every shard's rows
-counted once, those on a spool then as their shard is stored), so a budget is not spent twice.
+states, its consumer reads SPENT and asks only while it is below the budget; once the answer's
+row is stored on the consumer's spool, the row's bytes are added (featurecounts.py keeps them
+under the row's shard too, until the shard is counted). Nothing is reserved ahead (a row's size
+is known only after the answer): the budget is overshot by at most the rows in flight when it
+was reached, never by rows started after. A redone answer's second row counts too. A run that
+Redis lost gets SPENT back from its output (featurecounts.py), so a budget is not spent twice.
 
 `capture_figures` is the one computation of a capture's figures from one read of the run's
-counters (a marks.Progress): `producer status` (text and --json) and the export's card show them.
-`logprobs_figures` is its sibling for a --logprobs run's tables (rows, tokens, bytes and the
-projection for the run), from the same one read, for the same screens.
+counters (a marks.Progress), for `producer status` (text and --json) and the export's card;
+`logprobs_figures` is its sibling for a --logprobs run's tables, from the same read.
 """
 
 from __future__ import annotations
@@ -30,8 +25,10 @@ import redis
 from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
 from genqueue.common.keepers.featurecounts import SPENT, pending_key
-from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Marks, Progress
-from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS, run_key
+from genqueue.common.keepers.keeper import run_key
+from genqueue.common.keepers.marks import Marks, Progress
+from genqueue.common.keepers.markscript import SHIPPED_FEATURES, SHIPPED_TURNS
+from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS
 from genqueue.common.prefill import PrefillChoice
 from genqueue.common.settings import RunSettings
 

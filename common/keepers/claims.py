@@ -27,9 +27,12 @@ from rq.queue import EnqueueData
 
 from genqueue.common import defaults
 from genqueue.common.eta import format_duration
-from genqueue.common.keepers.items import LUA_ITEMS, MOVED, PACK_SLOTS, table_key
+from genqueue.common.keepers.itemlayout import LUA_ITEMS, MOVED, PACK_SLOTS
+from genqueue.common.keepers.items import ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import drained, queue_name
-from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError, lock_key, run_key
+from genqueue.common.keepers.runlock import RunLock
+from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError
 from genqueue.common.retryhint import enqueue_again_command
 
 
@@ -195,7 +198,7 @@ class Reclaim:
         """What became of each digest, and the slot of PACK each one taken has (0 inline), -1
         for the others (one round trip, safe to send twice). Raises
         ReclaimLockLostError, writing nothing, when the lock no longer holds TOKEN."""
-        keys = [table_key(run), claim_key(run, claim_id), lock_key(run)]
+        keys = [ItemTable.key(run), claim_key(run, claim_id), RunLock.key(run)]
         try:
             codes, slots = self._script(keys=keys, args=[ttl, token, int(retry_failed), pack, *digests])
         except redis.exceptions.ResponseError as e:
@@ -305,7 +308,7 @@ class Claims:
         if not digests:
             return []
         try:
-            won = self._claim(keys=[table_key(run), claim_key(run, claim_id), lock_key(run)],
+            won = self._claim(keys=[ItemTable.key(run), claim_key(run, claim_id), RunLock.key(run)],
                               args=[defaults.CLAIM_TTL, token or "", pack, *digests])
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(LOCKED):
@@ -320,7 +323,7 @@ class Claims:
         the release only frees memory, so it is sent again allowed to run then (Redis 7's
         `allow-oom`): left unreleased, the claim's items would sit in the run and in no job until
         a reconcile after CLAIM_GRACE, and the enqueue run again at once would count them queued."""
-        keys = [table_key(run), claim_key(run, claim_id)]
+        keys = [ItemTable.key(run), claim_key(run, claim_id)]
         try:
             return int(self._release(keys=keys))
         except redis.exceptions.OutOfMemoryError:
@@ -391,8 +394,8 @@ class Claims:
         # instead of re-sending a transaction whose reply it lost, which would queue every job twice.
         with self.conn.pipeline(transaction=True) as pipe:
             if token is not None:
-                pipe.watch(ckey, lock_key(run))  # type: ignore[no-untyped-call]
-                if _text(pipe.get(lock_key(run))) != token:
+                pipe.watch(ckey, RunLock.key(run))  # type: ignore[no-untyped-call]
+                if _text(pipe.get(RunLock.key(run))) != token:
                     return False
             else:
                 pipe.watch(ckey)  # type: ignore[no-untyped-call]

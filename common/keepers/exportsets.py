@@ -17,7 +17,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.keepers.items import ItemTable
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RunKeeper, run_key
 
 TEMP_KEY_TTL = defaults.EXPORTSETS_TEMP_KEY_TTL
 _SCAN = defaults.EXPORTSETS_SCAN
@@ -64,13 +64,12 @@ class ScratchSet:
             yield bytes(d)
 
 
-class ExportSets:
+class ExportSets(RunKeeper):
     """One export's two scratch sets of RUN on CONN: their keys (new ones unless KEYS is given),
     the coverage they compute, and their end."""
 
     def __init__(self, conn: redis.Redis, run: str, keys: ScratchKeys | None = None) -> None:
-        self.conn = conn
-        self.run = run
+        super().__init__(conn, run)
         self.keys = self.new_keys(run) if keys is None else keys
 
     @staticmethod

@@ -28,7 +28,8 @@ from redis.commands.core import Script
 from genqueue.common.features.shard import ShardIndex
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.features.tables import TableDtype
-from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS, run_key
+from genqueue.common.keepers.keeper import RunKeeper, run_key
+from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS
 
 #: The field of the run's stats hash that counts the bytes of the hidden-state rows captured (as stored).
 SPENT = "capture_spent_bytes"
@@ -84,12 +85,11 @@ class Recounted:
         return f"{self.rows:,} feature rows in {self.shards:,} feature shards ({self.added:,} of them not counted before)"
 
 
-class FeatureCounts:
+class FeatureCounts(RunKeeper):
     """RUN's feature counters on CONN. Raises what redis-py raises."""
 
     def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
+        super().__init__(conn, run)
         self._script: Script = conn.register_script(_COUNT)
 
     def _keys(self) -> list[str]:

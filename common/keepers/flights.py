@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 
 import orjson
-import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.runs import CONSUMERS, run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
+from genqueue.common.keepers.runs import CONSUMERS
 from genqueue.common.keepers.snapshots import STALE_AFTER
 
 OFFER_TTL = defaults.FLIGHTS_OFFER_TTL
@@ -90,16 +90,10 @@ return out
 _RELEASE = "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) end return 0"
 
 
-class Flights:
+class Flights(RunKeeper):
     """The end of RUN's offers on CONN: its two keys, the consumers' offers and the copies' claims."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def key(run: str) -> str:
-        return run_key(run, "flights")
+    key_template = RUN_KEY + ":flights"
 
     @staticmethod
     def hedges_key(run: str) -> str:

@@ -15,21 +15,15 @@ import time
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
 
 LOOK_EVERY = defaults.HUNGRY_LOOK_EVERY
 
 
-class Hungry:
+class Hungry(RunKeeper):
     """RUN's call for work on CONN: its key, the call, and who calls."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def key(run: str) -> str:
-        return run_key(run, "hungry")
+    key_template = RUN_KEY + ":hungry"
 
     def call(self, worker: str, ttl: float) -> None:
         """WORKER calls for work of the run, for TTL seconds."""

@@ -1,61 +1,19 @@
 """A run's item table: which items are in the run, done and failed, in a few bytes an item.
 
-Every item of a run has one entry, its 16-byte digest (common/keepers/runs.py `key_digest`) ->
-its state bits (IN_RUN: a producer claimed it; DONE: a shipped shard holds its result; FAILED:
-a shipped shard holds an error record of it), in one of the run's buckets:
+Every item of a run has one entry, its 16-byte digest (runs.py `key_digest`) -> its state bits
+(IN_RUN: a producer claimed it; DONE: a shipped shard holds its result; FAILED: a shipped shard
+holds an error record of it), or for an item by reference its place in its pack; how the entries
+are kept in Redis, and the Lua every script of the table shares, is itemlayout.py's. The table
+holds the counts of the states, kept by the same scripts that change the states, in the same
+call, so they agree at every moment (status reads them in O(1)).
 
-  genqueue:run:<run>:items:<bucket hex>  string  records of 22 bytes: a digest, then its entry
-                                               (state bits 1-7, or the item's place) in 6
-                                               big-endian bytes; in a table an earlier
-                                               genqueue made (no `layout` in the table's
-                                               hash), a hash digest -> entry
-  genqueue:run:<run>:pk:<pack number>    string  the done and failed bits of the items placed
-                                               in that pack, two a slot
-  genqueue:run:<run>:itemtable           hash  buckets: how many bucket hashes (set once), and
-                                               the counts of the states: in_run, done, failed,
-                                               failed_done, in_run_done; rebuilt: how many times
-                                               marks were written other than by shipping (a
-                                               rebuild from the output, a move from older sets);
-                                               moved:<pack>: a pack whose slots the entries no
-                                               longer vouch for (`distrust`); layout: `blobs`
-                                               (buckets as strings of records)
+ItemTable is the table's reader, and its writer outside the claim script (claims.py) and the
+marking script (marks.py): its size, fixed once by the first writer from the run's expected
+items (about ITEMS_PER_BUCKET items a bucket); the states of digests; setting and clearing
+bits; the counts; every digest it holds; an export's coverage (`fill_missing`).
 
-Why strings of records (issue 34, 2026-12-06): every script reads the buckets its digests fall
-in with one MGET at its start (`preload`) and writes those it changed with one MSET at its end
-(`flush`), finding and changing an entry in Lua; a slice's claim of 1,024 items or a shard's
-marks by entry cost a handful of Redis commands instead of one an item (each digest has its own
-bucket, so a hash a bucket needs an HSETNX, HGET or HINCRBY an item, which is what
-`total_commands_processed` counts, Lua's calls included). A record is 22 bytes, about 24 of
-Redis an item with the bucket's key (28 in the listpacks of hashes with places). A table made
-by an earlier genqueue keeps its hashes: `LAYOUT` is set only with a new table's `buckets`
-(`ensure`, or a writer's fallback), and every primitive below reads and writes either layout.
-
-Items by reference have a place (issue 34, step 8): the claim that wins an item for pack number
-P gives it slot S (0, 1, ... in the slice's order; the pack holds the items in that order) and
-writes (P x PACK_SLOTS + S) x 8 + IN_RUN as its entry, an integer of at least 8 (a state is at
-most 7). Such an item is in the run; its DONE and FAILED bits are bits 2S and 2S + 1 of the
-string `pk:<P>`, so a shipped shard marks a pack's items with one BITFIELD (the marking script,
-common/keepers/marks.py) instead of one command an item. Every reader by digest (`state_of`,
-`each`) reads a placed entry's state there; every writer by digest (`change`, `mark_one`,
-`add_in_run`) writes it there. An entry costs about 4 bytes more (a 32-bit integer in the
-listpack instead of a small one).
-
-Why buckets and not three sets (the run's keys, done and failed sets until issue 34):
-a set of 16-byte members costs about 80 bytes of Redis a member, three of them 240 an item once
-done; a small hash is stored as a listpack, its entries packed one after another, about 23 bytes
-an item for all three states (measured: BENCHMARKS.md, "Redis bytes per item"). A hash stays a
-listpack while it holds at most `hash-max-listpack-entries` entries (128 by default), so a run
-has about one bucket per ITEMS_PER_BUCKET items, their number chosen once, from the size the
-first writer expects (ItemTable.ensure; ITEMS_DEFAULT_BUCKETS when nobody said), and never
-changed: an item's bucket is its digest's first four bytes modulo that number. A run that grows
-far past what it expected keeps working; its buckets become hashtables (the memory of sets).
-
-The counts are kept by the same scripts that change the states, in the same call, so they agree
-with the states at every moment (status reads them in O(1) instead of counting the sets). Every
-script that reads or writes the table includes LUA_ITEMS (the bucket of a digest, a state, a
-change of state with its counts); the claims keeper's and the marks keeper's scripts are the
-writers, this module's the readers. The scripts reach the bucket hashes by names they build
-from the table's key, which a single Redis allows (rq needs one Redis, not a cluster, too).
+Earlier layouts read here: a table without `layout` keeps a hash a bucket (every primitive reads
+and writes both), and a run made before the table has its three sets moved in (`migrate_sets`).
 """
 
 from __future__ import annotations
@@ -66,331 +24,30 @@ from typing import NamedTuple
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.keepers.itemlayout import (
+    BLOBS,
+    DEFAULT_BUCKETS,
+    LAYOUT,
+    LUA_FIX,
+    LUA_ITEMS,
+    MOVED,
+    PACK_SLOTS,
+    REBUILT,
+    bucket_key,
+    place_key,
+    records,
+)
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 
 #: An item's state bits.
 IN_RUN, DONE, FAILED = 1, 2, 4
 
 ITEMS_PER_BUCKET = defaults.ITEMS_PER_BUCKET
-DEFAULT_BUCKETS = defaults.ITEMS_DEFAULT_BUCKETS
 MAX_BUCKETS = defaults.ITEMS_MAX_BUCKETS
-PACK_SLOTS = defaults.PACK_SLOTS
 
 #: The table's fields that count states (the scripts keep them).
 COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
 
-#: The table's fields naming the packs whose slots the entries do not vouch for: `moved:<pack>`.
-MOVED = "moved:"
-#: The table's field holding the lowest pack number a claim placed items in: a pack numbered
-#: below it was written before items had places (an upgrade in the middle of a run), and its
-#: items are marked by entry.
-PLACED_FROM = "placed_from"
-#: The table's field naming how its buckets are kept: BLOBS (a string of records a bucket, read
-#: and written a call's buckets at a time) for a table made by this genqueue; none for a table
-#: an earlier one made (a hash a bucket, digest -> entry), which keeps that layout.
-LAYOUT = "layout"
-BLOBS = "blobs"
-DIGEST_BYTES = defaults.ITEMS_DIGEST_BYTES
-VALUE_BYTES = defaults.ITEMS_VALUE_BYTES
-RECORD_BYTES = DIGEST_BYTES + VALUE_BYTES
-#: A bucket a call looks up or changes more often than this is decoded into a Lua table for the
-#: rest of the call (many digests of one bucket in one call), so each look-up and change is O(1)
-#: instead of a search and a copy of its string.
-DECODE_AFTER = defaults.ITEMS_DECODE_AFTER
-
-# The Lua shared by every script of the table. T is the table's key (the script's KEYS[n]); the
-# bucket hashes are named from it. B is read once per call; a writer that finds none sets
-# DEFAULT_BUCKETS (`ensure` first, with a size, is the rule; this is the fallback). `change`
-# sets ADD's bits and clears CLEAR's, deleting an entry left with none, and keeps the counts in
-# `delta`, which `flush` writes in one HINCRBY each at the end of the call; `mark_one` is
-# `change(tab, d, M, 0)` for one bit M in one HINCRBY (the old state is the new one less M; the
-# rare item that had M already gets a second HINCRBY that takes it back, and an entry that is
-# not an integer, which HINCRBY refuses, goes through `change`, which reads it as 0; a placed
-# entry, whose HINCRBY is taken back, too); `add_in_run` is `change(tab, d, IN_RUN, 0)` in one
-# HSETNX for an item new to the table (the claim's case), writing PV, its place, when given.
-# A placed entry's state is read at its place (`read_entry`, `state_at`) and written there
-# (`set_state_at`) while it stays in the run; cleared out of the run, it becomes a plain state
-# again (0: deleted). `place_of` and `placed_value` are the entry's encoding (module docstring).
-# `entry_get` and `entry_set` read and write an entry in either layout: in strings of records,
-# in the bucket's string as `preload` (one MGET for a call's digests) or a GET read it, written
-# back by `flush` (one MSET); a digest that is not 16 bytes is no item of genqueue's there
-# (`foreign`: never in the run, never changed).
-# Fixes a new table's size and layout together, once (the first writer's): `ensure`, or a
-# writer's fallback in `items_table`. LAYOUT '' leaves a table of hashes (tests of old tables).
-_LUA_FIX = """
-local function fix_size(T, n, layout)
-  if redis.call('HSETNX', T, 'buckets', n) == 1 and layout ~= '' then
-    redis.call('HSET', T, '""" + LAYOUT + """', layout)
-  end
-end
-"""
-
-LUA_ITEMS = _LUA_FIX + """
-local function items_table(T, write)
-  local run = string.sub(T, 1, #T - 9)
-  local tab = {key = T, prefix = run .. 'items:', pk = run .. 'pk:', blobs = {}, maps = {}, adds = {}, ops = {},
-               dirty = {}}
-  local got = redis.call('HMGET', T, 'buckets', '""" + LAYOUT + """')
-  local b = got[1]
-  if not b and write then
-    fix_size(T, '""" + str(DEFAULT_BUCKETS) + """', '""" + BLOBS + """')
-    got = redis.call('HMGET', T, 'buckets', '""" + LAYOUT + """')
-    b = got[1]
-  end
-  tab.n = tonumber(b or '0') or 0
-  tab.blob = got[2] == '""" + BLOBS + """'
-  tab.delta = {in_run = 0, done = 0, failed = 0, failed_done = 0, in_run_done = 0}
-  return tab
-end
-local function bucket_of(tab, d)
-  local b1, b2, b3, b4 = string.byte(d, 1, 4)
-  return tab.prefix .. string.format('%x', ((((b1 or 0) * 256 + (b2 or 0)) * 256 + (b3 or 0)) * 256 + (b4 or 0)) % tab.n)
-end
-local function foreign(tab, d)
-  return tab.blob and #d ~= """ + str(DIGEST_BYTES) + """
-end
-local function record_at(b, d)
-  local i = 1
-  while true do
-    local s = string.find(b, d, i, true)
-    if not s then return nil end
-    if (s - 1) % """ + str(RECORD_BYTES) + """ == 0 then return s end
-    i = s + 1
-  end
-end
-local function value_at(b, s)
-  local v = 0
-  for _, x in ipairs({string.byte(b, s + """ + str(DIGEST_BYTES) + """, s + """ + str(RECORD_BYTES - 1) + """)}) do
-    v = v * 256 + x
-  end
-  return v
-end
-local function value_bytes(v)
-  local out = {}
-  for i = """ + str(VALUE_BYTES) + """, 1, -1 do
-    out[i] = v % 256
-    v = math.floor(v / 256)
-  end
-  return string.char(unpack(out))
-end
-local function decoded(b)
-  local map = {}
-  for s = 1, #b - """ + str(RECORD_BYTES - 1) + """, """ + str(RECORD_BYTES) + """ do
-    map[string.sub(b, s, s + """ + str(DIGEST_BYTES - 1) + """)] = value_at(b, s)
-  end
-  return map
-end
-local function loaded(tab, k, b)
-  if type(b) ~= 'string' then b = '' end
-  tab.blobs[k] = string.sub(b, 1, #b - #b % """ + str(RECORD_BYTES) + """)
-  tab.adds[k] = {}
-  tab.ops[k] = 0
-end
-local function preload(tab, digests)
-  if not tab.blob or tab.n == 0 then return end
-  local want, asked = {}, {}
-  for _, d in ipairs(digests) do
-    local k = bucket_of(tab, d)
-    if tab.blobs[k] == nil and tab.maps[k] == nil and not asked[k] then
-      asked[k] = true
-      want[#want + 1] = k
-    end
-  end
-  for i = 1, #want, 4096 do
-    local part = redis.call('MGET', unpack(want, i, math.min(i + 4095, #want)))
-    for j = 1, math.min(4096, #want - i + 1) do loaded(tab, want[i + j - 1], part[j]) end
-  end
-end
-local function load(tab, k)
-  if tab.blobs[k] == nil and tab.maps[k] == nil then loaded(tab, k, redis.pcall('GET', k)) end
-  if tab.maps[k] == nil then
-    tab.ops[k] = tab.ops[k] + 1
-    if tab.ops[k] > """ + str(DECODE_AFTER) + """ then
-      local m = decoded(tab.blobs[k])
-      for x, y in pairs(tab.adds[k]) do m[x] = y end
-      tab.maps[k], tab.blobs[k], tab.adds[k] = m, nil, nil
-    end
-  end
-end
-local function entry_get(tab, k, d)
-  if not tab.blob then return tonumber(redis.call('HGET', k, d) or '0') or 0 end
-  if foreign(tab, d) then return 0 end
-  load(tab, k)
-  local map = tab.maps[k]
-  if map then return map[d] or 0 end
-  local added = tab.adds[k][d]
-  if added then return added end
-  local b = tab.blobs[k]
-  local s = record_at(b, d)
-  if s then return value_at(b, s) end
-  return 0
-end
-local function entry_set(tab, k, d, v)
-  if not tab.blob then
-    if v == 0 then redis.call('HDEL', k, d) else redis.call('HSET', k, d, v) end
-    return
-  end
-  if foreign(tab, d) then return end
-  load(tab, k)
-  tab.dirty[k] = true
-  local map = tab.maps[k]
-  if map then
-    if v == 0 then map[d] = nil else map[d] = v end
-    return
-  end
-  local adds = tab.adds[k]
-  if adds[d] then
-    if v == 0 then adds[d] = nil else adds[d] = v end
-    return
-  end
-  local b = tab.blobs[k]
-  local s = record_at(b, d)
-  if s then
-    if v == 0 then
-      tab.blobs[k] = string.sub(b, 1, s - 1) .. string.sub(b, s + """ + str(RECORD_BYTES) + """)
-    else
-      tab.blobs[k] = string.sub(b, 1, s + """ + str(DIGEST_BYTES - 1) + """) .. value_bytes(v) .. string.sub(b, s + """ + str(RECORD_BYTES) + """)
-    end
-  elseif v ~= 0 then
-    adds[d] = v
-  end
-end
-local function encoded(tab, k)
-  local out = {}
-  local map = tab.maps[k]
-  if map then
-    for d, v in pairs(map) do out[#out + 1] = d .. value_bytes(v) end
-  else
-    out[1] = tab.blobs[k]
-    for d, v in pairs(tab.adds[k]) do out[#out + 1] = d .. value_bytes(v) end
-  end
-  return table.concat(out)
-end
-local function place_of(v)
-  local p = math.floor(v / 8)
-  return math.floor(p / """ + str(PACK_SLOTS) + """), p % """ + str(PACK_SLOTS) + """
-end
-local function placed_value(pack, slot)
-  return (pack * """ + str(PACK_SLOTS) + """ + slot) * 8 + 1
-end
-local function state_at(tab, pack, slot)
-  local x = redis.call('BITFIELD', tab.pk .. pack, 'GET', 'u2', slot * 2)[1]
-  local s = 1
-  if x >= 2 then s = s + 2 end
-  if x % 2 == 1 then s = s + 4 end
-  return s
-end
-local function set_state_at(tab, pack, slot, s)
-  local x = 0
-  if bit.band(s, 2) ~= 0 then x = x + 2 end
-  if bit.band(s, 4) ~= 0 then x = x + 1 end
-  redis.call('BITFIELD', tab.pk .. pack, 'SET', 'u2', slot * 2, x)
-end
-local function read_entry(tab, k, d)
-  local v = entry_get(tab, k, d)
-  if v >= 8 then
-    local p, sl = place_of(v)
-    return v, state_at(tab, p, sl)
-  end
-  return v, v
-end
-local function state_of(tab, d)
-  if tab.n == 0 then return 0 end
-  local _, s = read_entry(tab, bucket_of(tab, d), d)
-  return s
-end
-local function count(tab, s, n)
-  local dl = tab.delta
-  local inr, dn, fl = bit.band(s, 1) ~= 0, bit.band(s, 2) ~= 0, bit.band(s, 4) ~= 0
-  if inr then dl.in_run = dl.in_run + n end
-  if dn then dl.done = dl.done + n end
-  if fl then dl.failed = dl.failed + n end
-  if fl and dn then dl.failed_done = dl.failed_done + n end
-  if inr and dn then dl.in_run_done = dl.in_run_done + n end
-end
-local function change(tab, d, add, clear)
-  if foreign(tab, d) then return 0 end
-  local k = bucket_of(tab, d)
-  local v, old = read_entry(tab, k, d)
-  local new = bit.bor(bit.band(old, bit.bnot(clear)), add)
-  if new ~= old then
-    if v >= 8 and bit.band(new, 1) ~= 0 then
-      local p, sl = place_of(v)
-      set_state_at(tab, p, sl, new)
-    else entry_set(tab, k, d, new) end
-    count(tab, old, -1)
-    count(tab, new, 1)
-  end
-  return old
-end
-local function mark_one(tab, d, m)
-  if tab.blob then return change(tab, d, m, 0) end
-  local k = bucket_of(tab, d)
-  local new = redis.pcall('HINCRBY', k, d, m)
-  if type(new) ~= 'number' then return change(tab, d, m, 0) end
-  local old = new - m
-  if old >= 8 then
-    redis.call('HINCRBY', k, d, -m)
-    return change(tab, d, m, 0)
-  end
-  if bit.band(old, m) ~= 0 then
-    redis.call('HINCRBY', k, d, -m)
-    return old
-  end
-  count(tab, old, -1)
-  count(tab, new, 1)
-  return old
-end
-local function add_in_run(tab, d, pv)
-  if foreign(tab, d) then return 1 end
-  local k = bucket_of(tab, d)
-  if tab.blob then
-    if entry_get(tab, k, d) == 0 then
-      entry_set(tab, k, d, pv or 1)
-      count(tab, 1, 1)
-      return 0
-    end
-  elseif redis.call('HSETNX', k, d, pv or 1) == 1 then
-    count(tab, 1, 1)
-    return 0
-  end
-  local v, old = read_entry(tab, k, d)
-  if bit.band(old, 1) == 0 then
-    local new = bit.bor(old, 1)
-    if pv then
-      entry_set(tab, k, d, pv)
-      local p, sl = place_of(pv)
-      set_state_at(tab, p, sl, new)
-    else
-      entry_set(tab, k, d, new)
-    end
-    count(tab, old, -1)
-    count(tab, new, 1)
-  end
-  return old
-end
-local function placing(tab, pack)
-  local f = tonumber(redis.call('HGET', tab.key, '""" + PLACED_FROM + """') or '0') or 0
-  if f == 0 or pack < f then redis.call('HSET', tab.key, '""" + PLACED_FROM + """', pack) end
-end
-local function flush(tab)
-  for f, n in pairs(tab.delta) do
-    if n ~= 0 then redis.call('HINCRBY', tab.key, f, n) end
-  end
-  tab.delta = {in_run = 0, done = 0, failed = 0, failed_done = 0, in_run_done = 0}
-  local set, gone = {}, {}
-  for k, _ in pairs(tab.dirty) do
-    local b = encoded(tab, k)
-    if b == '' then gone[#gone + 1] = k else set[#set + 1] = k; set[#set + 1] = b end
-  end
-  tab.dirty = {}
-  for i = 1, #set, 4096 do redis.call('MSET', unpack(set, i, math.min(i + 4095, #set))) end
-  for i = 1, #gone, 4096 do redis.call('DEL', unpack(gone, i, math.min(i + 4095, #gone))) end
-end
-"""
-
-#: The table's field counting the times marks were written other than by a consumer shipping.
-REBUILT = "rebuilt"
 
 # KEYS: the table. ARGV: '1' to read nothing unless the table's marks were ever rebuilt (a job's
 # first take: `ItemTable.states`), '0' to read; then digests. One byte per digest, '0' + its state
@@ -454,7 +111,7 @@ return added
 
 # KEYS: the table. ARGV: the buckets for a new table, its layout ('' for hashes). Fixes both
 # once, together; returns the buckets in force.
-_ENSURE = _LUA_FIX + """
+_ENSURE = LUA_FIX + """
 fix_size(KEYS[1], ARGV[1], ARGV[2])
 return redis.call('HGET', KEYS[1], 'buckets')
 """
@@ -473,25 +130,6 @@ class ItemCounts(NamedTuple):
     in_run_done: int
 
 
-def run_key(run: str, suffix: str) -> str:
-    """A key of RUN's, as common/keepers/runs.py builds them (not imported: runs.py reads the
-    table, so importing it back would be a cycle)."""
-    return f"{KEY_PREFIX}:run:{run}:{suffix}"
-
-
-def table_key(run: str) -> str:
-    return run_key(run, "itemtable")
-
-
-def bucket_key(run: str, bucket: int) -> str:
-    return run_key(run, f"items:{bucket:x}")
-
-
-def place_key(run: str, pack: int) -> str:
-    """The done and failed bits of the items placed in pack number PACK of RUN (two a slot)."""
-    return run_key(run, f"pk:{pack}")
-
-
 #: An entry at least this is an item's place, not its state bits (see LUA_ITEMS).
 _PLACED = (IN_RUN | DONE | FAILED) + 1
 
@@ -508,14 +146,6 @@ def state_at(bits: bytes, slot: int) -> int:
     shift = 6 - (slot * 2 % 8)
     x = (byte >> shift) & 3
     return IN_RUN | (DONE if x & 2 else 0) | (FAILED if x & 1 else 0)
-
-
-def records(blob: bytes) -> list[tuple[bytes, int]]:
-    """The (digest, entry) records of a bucket kept as a string (a torn tail left out)."""
-    out = []
-    for at in range(0, len(blob) - RECORD_BYTES + 1, RECORD_BYTES):
-        out.append((blob[at:at + DIGEST_BYTES], int.from_bytes(blob[at + DIGEST_BYTES:at + RECORD_BYTES], "big")))
-    return out
 
 
 def _blob(raw: object) -> bytes:
@@ -543,14 +173,11 @@ def counts_of(raw: object) -> ItemCounts:
     return ItemCounts(*(got.get(f, 0) for f in COUNTS))
 
 
-class ItemTable:
-    """RUN's item table on CONN: its size, the states of items, setting and clearing their bits
-    outside the claim and mark scripts, the counts, and the digests it holds."""
+class ItemTable(RunKeeper):
+    """RUN's item table on CONN: its key, its size, the states of items, setting and clearing
+    their bits outside the claim and mark scripts, the counts, and the digests it holds."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-        self.key = table_key(run)
+    key_template = RUN_KEY + ":itemtable"
 
     def ensure(self, expected_items: int, *, hashes: bool = False) -> int:
         """Fix the number of buckets for a run of about EXPECTED_ITEMS items, unless it is fixed
@@ -558,12 +185,12 @@ class ItemTable:
         HASHES, for tests, a hash a bucket as an earlier genqueue made them); returns the number
         in force."""
         layout = "" if hashes else BLOBS
-        return int(self.conn.register_script(_ENSURE)(keys=[self.key], args=[buckets_for(expected_items), layout]))
+        return int(self.conn.register_script(_ENSURE)(keys=[self.key(self.run)], args=[buckets_for(expected_items), layout]))
 
     def blobs(self) -> bool:
         """Whether the table keeps its buckets as strings of records (False: hashes, a table an
         earlier genqueue made, or none yet)."""
-        return self.conn.hget(self.key, LAYOUT) in (BLOBS, BLOBS.encode())
+        return self.conn.hget(self.key(self.run), LAYOUT) in (BLOBS, BLOBS.encode())
 
     def entry(self, digest: bytes) -> int:
         """DIGEST's entry as stored (state bits, or its place; 0: none), in either layout."""
@@ -610,7 +237,7 @@ class ItemTable:
 
     def buckets(self) -> int:
         """How many buckets the table has (0: none fixed yet, nothing written)."""
-        raw = self.conn.hget(self.key, "buckets")
+        raw = self.conn.hget(self.key(self.run), "buckets")
         try:
             return int(raw) if raw is not None else 0
         except ValueError:
@@ -623,7 +250,7 @@ class ItemTable:
         look at each (one command for the job instead of one an item)."""
         if not digests:
             return b""
-        raw = self.conn.register_script(_STATES)(keys=[self.key], args=["1" if first_take else "0", *digests])
+        raw = self.conn.register_script(_STATES)(keys=[self.key(self.run)], args=["1" if first_take else "0", *digests])
         if not raw:
             return bytes(len(digests))
         return bytes(b - 48 for b in raw)
@@ -631,23 +258,23 @@ class ItemTable:
     def note_rebuilt(self) -> None:
         """Count a writing of marks other than by shipping (before it starts): from then on a
         job's first take reads its items' states too (`states`)."""
-        self.conn.hincrby(self.key, REBUILT, 1)
+        self.conn.hincrby(self.key(self.run), REBUILT, 1)
 
     def distrust(self, packs: list[int]) -> None:
         """Mark PACKS (numbers) as packs whose slots the items' entries no longer vouch for (a
         re-claim moved items out of them, or they were named again after their entries were
         lost): a shard of their jobs is marked by each item's entry (the marking script)."""
         if packs:
-            self.conn.hset(self.key, mapping={f"{MOVED}{n}": 1 for n in packs})
+            self.conn.hset(self.key(self.run), mapping={f"{MOVED}{n}": 1 for n in packs})
 
     def change(self, digests: list[bytes], *, add: int = 0, clear: int = 0) -> int:
         """Set ADD's bits and clear CLEAR's in each of DIGESTS (counts kept); how many changed."""
         if not digests:
             return 0
-        return int(self.conn.register_script(_CHANGE)(keys=[self.key], args=[add, clear, *digests]))
+        return int(self.conn.register_script(_CHANGE)(keys=[self.key(self.run)], args=[add, clear, *digests]))
 
     def counts(self) -> ItemCounts:
-        return counts_of(self.conn.hgetall(self.key))
+        return counts_of(self.conn.hgetall(self.key(self.run)))
 
     def each(self) -> Iterator[tuple[bytes, int]]:
         """Every (digest, state) the table holds, a range of buckets a round trip (and, for the
@@ -702,5 +329,5 @@ class ItemTable:
         n, added = self.buckets(), 0
         script = self.conn.register_script(_MISSING)
         for lo in range(0, n, _MISSING_BUCKETS):
-            added += int(script(keys=[self.key, seen_key, missing_key], args=[lo, min(n, lo + _MISSING_BUCKETS), ttl]))
+            added += int(script(keys=[self.key(self.run), seen_key, missing_key], args=[lo, min(n, lo + _MISSING_BUCKETS), ttl]))
         return added

@@ -1,38 +1,20 @@
 """The mark store: the one owner of which items of a run have a record in a shipped shard.
 
-Every read and write of the done and failed marks goes through its class, Marks(conn, run), Lua included
-(they are bits of the run's item table, common/keepers/items.py, whose layout that module owns):
-marking a shipped shard (and bumping its per-outcome counters), the consumer's look-up of a
-job's items, the producer's item states and re-claim, the counts, and the rebuild from the
-shards. Nothing outside it spells the keys' layout or the counters' names in a command, so a
-change of how the marks are stored is a change of this file (and its tests) alone: status
-reads `Marks.progress`, `producer runs` reads `Marks.totals`, and the counters' names are SHIPPED_*.
+Every read and write of the done and failed marks goes through Marks(conn, run): marking a
+shipped shard (the marking script, markscript.py, which bumps the run's per-outcome counters
+in the same call), the consumer's look-up of a job's items, the producer's item states, the
+counts (`Marks.progress` for status, `Marks.totals` for `producer runs`), and the rebuild from
+the shipped shards. The marks are two bits of an item's entry in the run's item table (items.py;
+for an item by reference, of its pack's string, at the `Place` its job names). Nothing outside
+this module and markscript.py spells the marks' layout or the counters' names in a command.
 
-When a shard is shipped, the items of the records it holds are marked DONE (results) or FAILED
-(error records) in the run's item table, in one round trip, before any job is acked on it.
-A job that runs again (after a crash, a sweep, a requeue) skips the items already marked:
-their records are shipped already. The marks are an optimisation over the truth, which stays
-in the shipped shards: if they are lost (Redis flushed), nothing breaks, work is only redone.
-
-Until issue 34 the marks were two sets of 16-byte digests (`genqueue:run:<run>:done` and
-`:failed`), 80 bytes of Redis an item each; they are two bits of an item's entry now, and the
-counts status reads are kept beside them by the same scripts. An item by reference has a place
-(its pack, its slot: items.py), which its job tells the consumer (`Place`, carried with each
-record to the shard's marks), and its marks are two bits of its pack's string: a shard's items
-are marked with a few BITFIELDs a pack, not a command an item (the marking script says when a
-place is trusted, and what is marked by entry instead).
-
-With the marks, in the same script, each item newly marked adds one to its outcome's counter
-(`shipped_outcome_<outcome>`, `shipped_failed_<class>` in the run's stats; the time, LAST_MARK_AT), and a regenerate
-conversation with recorded tool turns one to what became of them (`shipped_tools_<ToolTurns>`):
-so the outcomes `producer status` shows always sum to the items it calls done, at every moment,
-and its tool-turn counts are export's (`record_tool_turns` is the one rule for both). A result's
-speculative-decoding figures by category go to the run's tallies the same way, once per item
-(common/keepers/spectally.py).
-
-The producer's reads (`Marks.item_states`, `Marks.all_done`) read the item table in one call
-each; its re-claim, which reads the marks too but writes a claim set, is the claims keeper's
-(common/keepers/claims.py `Reclaim`).
+When a shard is shipped, the items of its records are marked DONE (results) or FAILED (error
+records), in one round trip, before any job is acked on it; a job that runs again skips the
+items already marked. The marks are an optimisation over the truth, which stays in the shipped
+shards: if they are lost (Redis flushed), nothing breaks, work is only redone, and `rebuild`
+puts them back with the counters they bumped. ShardMarks is what one shard marks: each record's
+kind, turns, tool turns (`record_tool_turns`: the one rule status and export count by),
+acceptance tallies and feature rows. The re-claim is the claims keeper's (claims.py `Reclaim`).
 """
 
 from __future__ import annotations
@@ -52,23 +34,23 @@ from genqueue.common import defaults
 from genqueue.common.contracts import ToolTurns
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.keepers.featurecounts import FeatureCounts, Recounted
-from genqueue.common.keepers.items import (
-    DONE,
-    FAILED,
-    IN_RUN,
-    LUA_ITEMS,
-    MOVED,
-    PACK_SLOTS,
-    PLACED_FROM,
-    REBUILT,
-    ItemTable,
-    counts_of,
-    table_key,
+from genqueue.common.keepers.itemlayout import PACK_SLOTS
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable, counts_of
+from genqueue.common.keepers.keeper import RunKeeper, run_key
+from genqueue.common.keepers.markscript import (
+    DONE_AT,
+    LAST_MARK_AT,
+    MARK,
+    SHIPPED_FAILED,
+    SHIPPED_OUTCOME,
+    SHIPPED_TOOLS,
+    item_args,
+    pack_args,
 )
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.redismem import pipeline_read
-from genqueue.common.keepers.runs import key_digest, run_key
-from genqueue.common.keepers.spectally import LUA_ADD, LUA_FLUSH, LUA_INIT, SpecTallies
+from genqueue.common.keepers.runs import key_digest
+from genqueue.common.keepers.spectally import SpecTallies
 from genqueue.common.records import record_feature_rows, record_kind, record_tool_turns, record_turns
 from genqueue.common.storage import ShardStore, read_manifest
 
@@ -77,171 +59,12 @@ log = logging.getLogger(__name__)
 REBUILD_BATCH = defaults.MARKS_REBUILD_BATCH
 
 
-#: The run's counters (in genqueue:run:<run>:stats) the marking script bumps: one per outcome of
-#: a newly done item, one per class of a newly failed one, the turns regenerated, and one per
-#: ToolTurns of a newly done conversation with recorded tool turns.
-SHIPPED_OUTCOME = "shipped_outcome_"
-SHIPPED_FAILED = "shipped_failed_"
-SHIPPED_TURNS = "shipped_turns"
-SHIPPED_TOOLS = "shipped_tools_"
-#: The feature rows (--capture, --logprobs) the results of newly done items name: a run's distinct rows, each
-#: counted once as its item is done once (a redone answer's second row, or a row whose record was
-#: lost with its consumer, counts nowhere here).
-SHIPPED_FEATURES = "shipped_feature_rows"
-#: When an item was last newly marked by a shipped shard (Redis's clock, whole seconds; a rebuild
-#: from the shards does not move it): a run that is over ended then, and its rate is over the
-#: time it ran, not until now.
-LAST_MARK_AT = "last_mark_at"
-
-
-# Whether the slots of pack number N (named NAME in the pack table P) are vouched for by the
-# entries of the item table T: numbered from `placed_from` (FROM, read once a call with
-# `placed_from`; 0: no pack has places), named NAME in the pack table, and no re-claim moved
-# items out of it (`moved:<n>`). The marking script and the look-up by place share this rule.
-_LUA_TRUSTED = """
-local function placed_from(T)
-  return tonumber(redis.call('HGET', T, '""" + PLACED_FROM + """') or '0') or 0
-end
-local function trusted(T, P, from, n, name)
-  return from > 0 and tonumber(n) >= from and redis.call('HGET', P, n) == name
-    and redis.call('HEXISTS', T, '""" + MOVED + """' .. n) == 0
-end
-"""
-
-
-#: Marks the items in ARGV: ARGV[1] the state bits to set (DONE or FAILED, with IN_RUN when a
-#: rebuild puts the items in the run too), ARGV[2] how many packs follow, then each pack's
-#: (number, name), then per item (digest, counter name, turns, tool-turns counter name,
-#: acceptance tallies, place: its pack's number x PACK_SLOTS + its slot + 1, 0 for none, feature
-#: rows), in the run's item table KEYS[1]; each item newly marked adds 1 to its counter in KEYS[2]
-#: (unless it is an error record of an item with a result already: that counts nowhere), its
-#: regenerated turns to `shipped_turns`, its feature rows to SHIPPED_FEATURES, 1 to its
-#: tool-turns counter, if any, and its tallies to KEYS[3]
-#: (common/keepers/spectally.py). The sums are written at the end, one HINCRBY a counter (a
-#: shard's items share a handful).
-#:
-#: An item with a place is marked at its place: its pack's bits (`pk:<number>`), a few BITFIELDs
-#: a pack for the whole shard, the old bits answered so the counts stay exact (issue 34, step 8:
-#: no Redis command an item). That holds while the run's pack table (KEYS[4]) names that pack
-#: under that number, no re-queue moved items out of it (`moved:<number>` in the table's hash),
-#: and it is numbered from `placed_from` on (a pack written before items had places, by an
-#: earlier genqueue, is not): the items' entries then hold those places, as the claim wrote them. Otherwise, and for
-#: an item without a place (inline, a leftover shard read back from disk, a rebuild), it is
-#: marked by its entry (the buckets they touch read with one MGET and written with one MSET; in a
-#: table an earlier genqueue made, one HINCRBY an item, `mark_one`), or its entry's place when it has one.
-_MARK = LUA_ITEMS + _LUA_TRUSTED + """
-local added = 0
-""" + LUA_INIT + """local tab = items_table(KEYS[1], true)
-local bits = tonumber(ARGV[1])
-local mark = bit.band(bits, 6)
-local sums = {}
-local function bump(f, n) sums[f] = (sums[f] or 0) + n end
-local npacks = tonumber(ARGV[2])
-local first = 3 + 2 * npacks
-local good = {}
-local from = 0
-if npacks > 0 then from = placed_from(KEYS[1]) end
-for j = 0, npacks - 1 do
-  local n, name = ARGV[3 + 2 * j], ARGV[4 + 2 * j]
-  if trusted(KEYS[1], KEYS[4], from, n, name) then
-    good[tonumber(n)] = {}
-  end
-end
-local olds = {}
-if bits == mark then
-  for i = first, #ARGV, 7 do
-    local place = tonumber(ARGV[i + 5]) or 0
-    if place > 0 then
-      local group = good[math.floor((place - 1) / """ + str(PACK_SLOTS) + """)]
-      if group then group[#group + 1] = i end
-    end
-  end
-  local mine, other = 0, 1
-  if mark == 4 then mine, other = 1, 0 end
-  for n, group in pairs(good) do
-    for lo = 1, #group, 500 do
-      local args = {}
-      for g = lo, math.min(lo + 499, #group) do
-        local slot = (tonumber(ARGV[group[g] + 5]) - 1) % """ + str(PACK_SLOTS) + """
-        args[#args + 1] = 'GET'; args[#args + 1] = 'u1'; args[#args + 1] = slot * 2 + other
-        args[#args + 1] = 'SET'; args[#args + 1] = 'u1'; args[#args + 1] = slot * 2 + mine; args[#args + 1] = 1
-      end
-      local r = redis.call('BITFIELD', tab.pk .. n, unpack(args))
-      for g = lo, math.min(lo + 499, #group) do
-        local k = (g - lo) * 2
-        local o, m = r[k + 1], r[k + 2]
-        local old = 1
-        if mark == 2 then old = old + 2 * m + 4 * o else old = old + 4 * m + 2 * o end
-        if m == 0 then
-          count(tab, old, -1)
-          count(tab, bit.bor(old, mark), 1)
-        end
-        olds[group[g]] = old
-      end
-    end
-  end
-end
-local rest = {}
-for i = first, #ARGV, 7 do
-  if olds[i] == nil then rest[#rest + 1] = ARGV[i] end
-end
-preload(tab, rest)
-for i = first, #ARGV, 7 do
-  local old = olds[i]
-  if old == nil then
-    if bits == mark then old = mark_one(tab, ARGV[i], mark) else old = change(tab, ARGV[i], bits, 0) end
-  end
-  if bit.band(old, mark) == 0 then
-    added = added + 1""" + LUA_ADD.format(arg="ARGV[i + 4]") + """
-    if ARGV[i + 1] ~= '' and (mark == 2 or bit.band(old, 2) == 0) then
-      bump(ARGV[i + 1], 1)
-      if ARGV[i + 2] ~= '0' then bump('""" + SHIPPED_TURNS + """', tonumber(ARGV[i + 2]) or 0) end
-      if ARGV[i + 3] ~= '' then bump(ARGV[i + 3], 1) end
-      if ARGV[i + 6] ~= '0' then bump('""" + SHIPPED_FEATURES + """', tonumber(ARGV[i + 6]) or 0) end
-    end
-  end
-end
-flush(tab)
-for f, n in pairs(sums) do redis.call('HINCRBY', KEYS[2], f, string.format('%.0f', n)) end
-if added > 0 and bits == mark then
-  -- in whole seconds (the stats are integers), rounded up: the run's start (a fraction of a second)
-  -- is never after its end, so a run shorter than a second still shows its rate
-  local now = redis.call('TIME')
-  redis.call('HSET', KEYS[2], '""" + LAST_MARK_AT + """', tonumber(now[1]) + (tonumber(now[2]) > 0 and 1 or 0))
-end
-""" + LUA_FLUSH + """return added
-"""
-
-
 class Place(NamedTuple):
     """Where an item by reference is in its run: slot SLOT of pack number PACK, named NAME."""
 
     pack: int
     name: str
     slot: int
-
-
-#: The consumer's look-up of a job's items by their places. KEYS: the item table, the pack table.
-#: ARGV: '1' for a job's first take (`ItemTable.states`: nothing read unless the marks were ever
-#: rebuilt), the pack's number and name, then the items' slots. One byte an item, '1' when its
-#: DONE bit is set; an empty answer when nothing was read; nil when the pack's slots are not
-#: trusted (the marking script's rule), and the caller reads each item's entry instead.
-_DONE_AT = LUA_ITEMS + _LUA_TRUSTED + """
-if ARGV[1] == '1' and redis.call('HEXISTS', KEYS[1], '""" + REBUILT + """') == 0 then return '' end
-local n = ARGV[2]
-if not trusted(KEYS[1], KEYS[2], placed_from(KEYS[1]), n, ARGV[3]) then return false end
-local tab = items_table(KEYS[1], false)
-local out = {}
-for lo = 4, #ARGV, 500 do
-  local args = {}
-  for i = lo, math.min(lo + 499, #ARGV) do
-    args[#args + 1] = 'GET'; args[#args + 1] = 'u1'; args[#args + 1] = tonumber(ARGV[i]) * 2
-  end
-  local r = redis.call('BITFIELD', tab.pk .. n, unpack(args))
-  for _, b in ipairs(r) do out[#out + 1] = tostring(b) end
-end
-return table.concat(out)
-"""
 
 
 @dataclass(slots=True)
@@ -307,32 +130,6 @@ def marks_of_file(path: Path) -> ShardMarks:
     return marks
 
 
-def _args(digests: list[bytes], kinds: list[str], turns: list[int] | None = None,
-          tools: list[str] | None = None, spec: list[str] | None = None,
-          places: list[int] | None = None, features: list[int] | None = None) -> list[bytes | str | int]:
-    """The marking script's items: (digest, counter, turns, tool-turns counter, tallies, place,
-    feature rows) each."""
-    if len(kinds) != len(digests):  # marks built without kinds: nothing to count
-        kinds = [""] * len(digests)
-    if turns is None or len(turns) != len(digests):
-        turns = [0] * len(digests)
-    if tools is None or len(tools) != len(digests):
-        tools = [""] * len(digests)
-    if spec is None or len(spec) != len(digests):
-        spec = [""] * len(digests)
-    if places is None or len(places) != len(digests):
-        places = [0] * len(digests)
-    if features is None or len(features) != len(digests):
-        features = [0] * len(digests)
-    return [x for t in zip(digests, kinds, turns, tools, spec, places, features, strict=True) for x in t]
-
-
-def _packs(packs: dict[int, str], places: list[int]) -> list[str | int]:
-    """The marking script's packs: how many, then (number, name) each, of those PLACES name."""
-    used = sorted({(p - 1) // PACK_SLOTS for p in places if p > 0} & packs.keys())
-    return [len(used), *(x for n in used for x in (n, packs[n]))]
-
-
 class Mark(StrEnum):
     DONE = "done"
     FAILED = "failed"
@@ -381,14 +178,13 @@ class Rebuilt:
         return text + (f", {self.unreadable:,} unreadable lines skipped" if self.unreadable else "")
 
 
-class Marks:
+class Marks(RunKeeper):
     """RUN's done and failed marks on CONN (in its item table, common/keepers/items.py): the
     marking of a shipped shard, the look-ups, the producer's reads and the rebuild from the
     shipped shards."""
 
     def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
+        super().__init__(conn, run)
         self.table = ItemTable(conn, run)
 
     # --- the consumers' writes and look-ups ------------------------------------------------
@@ -397,14 +193,14 @@ class Marks:
         error records (one of an item with a result counts nowhere). IN_RUN: put the items in
         the run too (a rebuild)."""
         run, also = self.run, IN_RUN if in_run else 0
-        keys = (table_key(run), run_key(run, "stats"), SpecTallies.key(run), PackTable.key(run))
+        keys = (ItemTable.key(run), run_key(run, "stats"), SpecTallies.key(run), PackTable.key(run))
         if marks.done:
-            p.eval(_MARK, 4, *keys, DONE | also, *_packs(marks.packs, marks.done_place),
-                   *_args(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec,
+            p.eval(MARK, 4, *keys, DONE | also, *pack_args(marks.packs, marks.done_place),
+                   *item_args(marks.done, marks.done_kind, marks.done_turns, marks.done_tools, marks.done_spec,
                           marks.done_place, marks.done_features))
         if marks.failed:
-            p.eval(_MARK, 4, *keys, FAILED | also, *_packs(marks.packs, marks.failed_place),
-                   *_args(marks.failed, marks.failed_kind, places=marks.failed_place))
+            p.eval(MARK, 4, *keys, FAILED | also, *pack_args(marks.packs, marks.failed_place),
+                   *item_args(marks.failed, marks.failed_kind, places=marks.failed_place))
 
     def mark_shipped(self, marks: ShardMarks, *, stamp: tuple[str, int, int] | None = None) -> int | None:
         """Record MARKS of a shipped shard of the run (one round trip). STAMP (key, value, expiry
@@ -437,8 +233,8 @@ class Marks:
         if item_keys and places and all(k in places for k in item_keys):
             first = places[item_keys[0]]
             if all(places[k].pack == first.pack and places[k].name == first.name for k in item_keys):
-                raw = self.conn.register_script(_DONE_AT)(
-                    keys=[table_key(self.run), PackTable.key(self.run)],
+                raw = self.conn.register_script(DONE_AT)(
+                    keys=[ItemTable.key(self.run), PackTable.key(self.run)],
                     args=["1" if first_take else "0", first.pack, first.name, *(places[k].slot for k in item_keys)])
                 if raw is not None:
                     return {k for k, c in zip(item_keys, bytes(raw), strict=False) if c == ord("1")}
@@ -464,7 +260,7 @@ class Marks:
     def stage_progress(self, p: Any) -> None:
         """Queue the reads of the run's Progress on P (two replies, for progress_of): a caller
         reads it in one transaction with its other reads (common/keepers/runstate.py)."""
-        p.hgetall(table_key(self.run))
+        p.hgetall(ItemTable.key(self.run))
         p.hgetall(run_key(self.run, "stats"))
 
     @staticmethod

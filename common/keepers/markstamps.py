@@ -16,7 +16,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
 
 KEEP = defaults.MARKSTAMPS_KEEP
 
@@ -71,16 +71,10 @@ class MarkStamp:
             p.execute()
 
 
-class RebuildState:
+class RebuildState(RunKeeper):
     """RUN's rebuild state on CONN: "pending:<nonce>", "done:<nonce>" or none."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def key(run: str) -> str:
-        return run_key(run, "rebuild")
+    key_template = RUN_KEY + ":rebuild"
 
     def get(self) -> str:
         """The run's rebuild state ("" for none)."""

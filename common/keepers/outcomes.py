@@ -14,9 +14,9 @@ from typing import TypedDict
 import redis
 
 from genqueue.common.contracts import ErrorClass, Outcome, ToolTurns
-from genqueue.common.keepers.marks import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
+from genqueue.common.keepers.markscript import SHIPPED_FAILED, SHIPPED_OUTCOME, SHIPPED_TOOLS
 from genqueue.common.keepers.packs import PackTable
-from genqueue.common.keepers.rqjobs import FailedJob, failed_jobs
+from genqueue.common.keepers.rqfailed import FailedJob, failed_jobs
 
 #: The outcomes export counts as `cut`: the answer did not end on its own.
 CUT = (Outcome.CUT_IN_ANSWER.value, Outcome.CUT_IN_THINKING.value, Outcome.NO_ANSWER.value)

@@ -1,4 +1,4 @@
-"""A run's pack table: which pack of prompts each pack number names (issue 34, by reference).
+"""A run's pack table: which pack of prompts each pack number names (jobs by reference).
 
 A job by reference carries its pack's number in the run and its block's number in that pack
 (common/keepers/rqaccess.py's PackRef, in the job's `meta`); this table turns the number into
@@ -13,31 +13,24 @@ Keys:
                                       in the run however many producers race on it
 
 The producer writes a pack to the store before the transaction that names it: a number given
-out whose transaction never landed names no job, and its pack (if written) is garbage a later
-step of issue 34 may remove.
+out whose transaction never landed names no job, and its pack (if written) is left in the store,
+named by no job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import redis
 from redis.client import Pipeline
 
 from genqueue.common.keepers.items import ItemTable
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 
 
-class PackTable:
+class PackTable(RunKeeper):
     """RUN's pack table on CONN: giving out pack numbers, naming them, reading them back."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def key(run: str) -> str:
-        return run_key(run, "packs")
+    key_template = RUN_KEY + ":packs"
 
     @staticmethod
     def seq_key(run: str) -> str:

@@ -12,7 +12,7 @@ import orjson
 import redis
 
 from genqueue.common.keepers.clock import redis_time
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
 
 
 class PauseInfo(TypedDict):
@@ -21,16 +21,10 @@ class PauseInfo(TypedDict):
     at: float  # epoch seconds, Redis's clock (common/keepers/clock.py): status on any node says how long ago
 
 
-class Pause:
+class Pause(RunKeeper):
     """RUN's paused state on CONN: its key, pausing, the reason, resuming."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def key(run: str) -> str:
-        return run_key(run, "paused")
+    key_template = RUN_KEY + ":paused"
 
     def pause(self, reason: str, by: str) -> bool:
         """Pause the run with REASON; True if this call paused it (False: it was paused already)."""

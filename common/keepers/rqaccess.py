@@ -93,7 +93,7 @@ def job_items(job_args: Any) -> list[Item]:
     return items
 
 
-# --- jobs by reference (issue 34) --------------------------------------------------------
+# --- jobs by reference --------------------------------------------------------------------
 #: The fields of a job's `meta` that name its items by reference: the pack's number in the
 #: run (common/keepers/packs.py's table names it) and the block's number in the pack. In `meta`,
 #: not the argument: rq keeps a job's hash compact only while each field is at most 64 bytes,

@@ -1,33 +1,20 @@
 """Reading a run's rq jobs, whatever Redis holds: good jobs out, bad ones counted and named.
 
-Anything can sit under a run's rq keys: a job put there by hand or by another tool, a pickle,
-compressed garbage, a hash without data, an id in a list or registry whose hash is gone, a
-date or status rq does not parse, items that are not a list, items that are not objects or
-lack fields. Every reader of a run's jobs (export, status, the reconcile, delete, the
-dashboard) goes through `read_jobs`: it yields the jobs genqueue can use, typed (`RunJob`, its
-items checked field by field), and notes every other entry in a `JobScan` (`BadJob`: id,
-place, reason), which the command prints (`N malformed job(s) skipped: <id> (<reason>), ...`)
-and puts in its --json. No caller sees an exception for what Redis holds.
+Anything can sit under a run's rq keys (a job put there by hand or by another tool, a pickle,
+garbage, a hash without data, an id whose hash is gone, fields rq does not parse, items that are
+not items). Every reader of a run's jobs (export, status, the reconcile, delete, the dashboard)
+goes through `read_jobs`: it yields the jobs genqueue can use (`RunJob`, its items checked field
+by field) and notes every other entry in a `JobScan` (`BadJob`: id, place, reason), which the
+command prints and puts in its --json. No caller sees an exception for what Redis holds.
 
-Two depths. HEADERS checks what rq needs to load a job (its hash, data, status, dates and
-numbers) without moving payloads; ITEMS decodes the payload too (zlib'd JSON; a pickle is named
-as one), its function and every item. Status and delete read headers (10,000 jobs in ~0.3 s,
-cheap at every poll); export and the reconcile read the payloads they need anyway (10,000 jobs
-of 32 items in ~1.1 s, against ~0.6 s for the bare payloads). The header check runs in Redis
-(_FAST: one round trip per batch, each job's data sent back only at ITEMS); a field not in the
-exact shape rq writes it is handed to rq's own Job.restore, which decides (the test
-test_the_fast_check_agrees_with_rqs_own_loader holds the two together).
-
-rq's normal life is not a defect: a job rq has ended keeps its hash only for its TTL (a finished
-job's result_ttl, a failed job's failure_ttl), while its id stays in the finished or failed
-registry until a cleanup (a live consumer's sweep, `rq info`). Such an id is EXPIRED, kept apart in
-`JobScan.expired` and never called malformed: a finished one's items are done by their marks, a
-failed one's count as missing (no job holds them now), as the commands already say.
-
-A job by reference (issue 34: no argument, its pack and block in its `meta`) has its items in a
-pack of the run's output, which no Redis read reaches: at ITEMS, a reader that passes
-`items_of` (a PackRef -> the block's items, producer/packitems.py) gets them checked like inline
-ones; one that does not gets the job noted ("a job by reference ..."), never silently empty.
+Two depths: HEADERS checks what rq needs to load a job without moving payloads (status, delete);
+ITEMS decodes the payload too, its function and every item (export, the reconcile). The header
+check runs in Redis (_FAST, one round trip a batch); a field not in the exact shape rq writes is
+handed to rq's own Job.restore, which decides. An ended job whose hash rq expired (its TTL) while
+its id stays in a registry is EXPIRED, kept apart in `JobScan.expired`, never malformed. A job by
+reference (no argument; its pack and block in its `meta`) has its items in a pack: a reader that
+passes `items_of` (producer/packitems.py) gets them checked like inline ones; one that does not
+gets the job noted, never silently empty. Jobs rq gave up on are rqfailed.py's.
 """
 
 from __future__ import annotations
@@ -43,21 +30,16 @@ from typing import Any
 import orjson
 import redis
 from rq.job import Job, JobStatus
-from rq.results import Result
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ErrorClass, Item
+from genqueue.common.contracts import Item
 from genqueue.common.errors import JobItemsUnreadableError
 from genqueue.common.keepers.rqaccess import (
-    META_ITEMS,
-    META_PACK,
     REASON_CHARS,
     SERIALIZER,
     TASKS,
     JobPlace,
     PackRef,
-    job_failure,
-    job_id,
     job_reference,
     place_members,
 )
@@ -313,96 +295,6 @@ def job_kind(conn: redis.Redis, job_id: str, place: JobPlace | None = None) -> t
 def _pack_not_read(ref: PackRef) -> list[Item]:
     """The items of a job by reference for a reader that judges the job, not its pack: none read."""
     return []
-
-
-def failed_reason(conn: redis.Redis, job_id: str) -> str:
-    """Why rq gave up on the job JOB_ID, its last line (rq keeps whole tracebacks); a result
-    stream that cannot be read says so instead."""
-    try:
-        text = job_failure(Job(job_id, connection=conn, serializer=SERIALIZER)) or "failed in rq"
-    except Exception as e:  # noqa: BLE001 - a garbage result stream must not hide the job's items
-        text = f"failed in rq (its result is unreadable: {type(e).__name__})"
-    lines = text.strip().splitlines() or ["failed in rq"]
-    return lines[-1][:REASON_CHARS]
-
-
-@dataclass(frozen=True, slots=True)
-class FailedJob:
-    """A job of the run that rq gave up on, as its failed registry, meta and last result say."""
-
-    id: str
-    reason: str  # the last line of rq's failure (failed_reason's)
-    items: int  # the items its meta counts (0: its meta does not say)
-    ref: PackRef | None  # a job by reference: its pack and block
-
-    @property
-    def cls(self) -> ErrorClass:
-        return failure_class(self.reason)
-
-
-def failure_class(reason: str) -> ErrorClass:
-    """The error class of the items of a job rq gave up on for REASON (its failed_reason):
-    pack_unreadable when a consumer could not read the job's pack, else job_failed."""
-    return ErrorClass.PACK_UNREADABLE if reason.startswith(ErrorClass.PACK_UNREADABLE.value) else ErrorClass.JOB_FAILED
-
-
-def failed_jobs(conn: redis.Redis, run: str) -> list[FailedJob]:
-    """RUN's jobs in rq's failed registry, each with why rq gave up on it, its item count and its
-    reference: meta and last result read a batch of jobs a round trip, no payload moved (cheap
-    enough for every status poll). An id whose hash rq expired is left out (EXPIRED_WHY)."""
-    ((_, members),) = place_members(conn, run, [JobPlace.FAILED])
-    ids = [m.decode(errors="replace") if isinstance(m, bytes) else str(m) for m in members]
-    out: list[FailedJob] = []
-    for start in range(0, len(ids), _FETCH_BATCH):
-        batch = ids[start:start + _FETCH_BATCH]
-        with conn.pipeline(transaction=False) as p:
-            for jid in batch:
-                p.exists(Job.key_for(jid))
-                p.hget(Job.key_for(jid), "meta")
-                p.xrevrange(str(Result.get_key(jid)), "+", "-", count=1)  # type: ignore[no-untyped-call]  # rq's key
-            got = p.execute(raise_on_error=False)
-        for jid, there, meta, last in zip(batch, got[::3], got[1::3], got[2::3], strict=True):
-            if there == 1:
-                out.append(_failed_job(conn, jid, meta, last))
-    return out
-
-
-def _failed_job(conn: redis.Redis, jid: str, raw_meta: object, last: object) -> FailedJob:
-    try:
-        meta = orjson.loads(raw_meta) if isinstance(raw_meta, bytes) else {}
-        ref = job_reference([], {}, meta) if isinstance(meta, dict) and META_PACK in meta else None
-    except (orjson.JSONDecodeError, ValueError):
-        meta, ref = {}, None
-    n = meta.get(META_ITEMS) if isinstance(meta, dict) else None
-    text = "failed in rq"
-    if isinstance(last, list) and last:
-        try:
-            result_id, payload = last[0]
-            res = Result.restore(jid, result_id.decode(), payload, connection=conn, serializer=SERIALIZER)
-            text = res.exc_string or text
-        except Exception as e:  # noqa: BLE001 - a garbage result stream must not hide the job
-            text = f"failed in rq (its result is unreadable: {type(e).__name__})"
-    lines = text.strip().splitlines() or ["failed in rq"]
-    count = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
-    return FailedJob(jid, lines[-1][:REASON_CHARS], count, ref)
-
-
-def placed_keys(run: str, job: FailedJob, slots: dict[int, bytes]) -> list[str] | None:
-    """The item keys of JOB, a job by reference whose pack cannot be read, from SLOTS (its pack's
-    items by slot, ItemTable.placed_in): the pack holds its blocks' items one after another in
-    slot order, so the job's are the run of JOB.items slots whose keys make its id (job_id). The
-    start where every earlier block is as long as this one is tried first. None: no run makes it
-    (its items were placed elsewhere since)."""
-    keys = [slots[n].hex() for n in sorted(slots)]
-    n = job.items
-    if job.ref is None or not n or n > len(keys):
-        return None
-    aligned = job.ref.block * n
-    for start in [aligned, *(i for i in range(len(keys) - n + 1) if i != aligned)]:
-        window = keys[start:start + n]
-        if len(window) == n and job_id(run, window) == job.id:
-            return window
-    return None
 
 
 # --- checks ------------------------------------------------------------------------------

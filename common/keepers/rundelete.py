@@ -5,9 +5,10 @@ from __future__ import annotations
 import redis
 
 from genqueue.common import defaults
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import forget_queue, queue_name, refused_key, run_rq_keys
-from genqueue.common.keepers.runs import RUNS, run_key
+from genqueue.common.keepers.runs import RUNS
 
 _BATCH = defaults.RUNDELETE_BATCH
 

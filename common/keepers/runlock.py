@@ -28,7 +28,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError
-from genqueue.common.keepers.runs import lock_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,13 @@ return 0
 """
 
 
-class RunLock:
-    """One producer's handle on a run's lock. Not held until acquire()."""
+class RunLock(RunKeeper):
+    """One producer's handle on a run's lock (its key). Not held until acquire()."""
+
+    key_template = RUN_KEY + ":lock"
 
     def __init__(self, conn: redis.Redis, run: str, *, ttl: float = defaults.LOCK_SECONDS) -> None:
-        self.conn = conn
-        self.run = run
-        self.key = lock_key(run)
+        super().__init__(conn, run)
         self.ttl_ms = int(ttl * 1000)
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.held = False
@@ -74,7 +74,7 @@ class RunLock:
         self._thread: threading.Thread | None = None
 
     def holder(self) -> str | None:
-        raw = self.conn.get(self.key)
+        raw = self.conn.get(self.key(self.run))
         return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 
     def acquire(self) -> None:
@@ -82,7 +82,7 @@ class RunLock:
         if self.held:
             return
         delay, said = POLL_MIN, False
-        while not self.conn.set(self.key, self.token, nx=True, px=self.ttl_ms):
+        while not self.conn.set(self.key(self.run), self.token, nx=True, px=self.ttl_ms):
             holder = self.holder()
             if holder is not None and not said:
                 log.warning("run %s: waiting for the producer that holds its lock (%s) to finish", self.run, holder)
@@ -116,7 +116,7 @@ class RunLock:
         period = self.ttl_ms / 3000
         while not self._stop.wait(period):
             try:
-                if not self._renew(keys=[self.key], args=[self.token, self.ttl_ms]):
+                if not self._renew(keys=[self.key(self.run)], args=[self.token, self.ttl_ms]):
                     self.lost = True
                     log.error("run %s: this producer's lock expired before it was renewed", self.run)
                     return
@@ -132,7 +132,7 @@ class RunLock:
             self._thread.join(timeout=5)
         self.held = False
         try:
-            self._release(keys=[self.key], args=[self.token])
+            self._release(keys=[self.key(self.run)], args=[self.token])
         except redis.exceptions.RedisError as e:
             log.warning("run %s: could not release the run's lock (%s); it expires in %.0f s", self.run,
                         type(e).__name__, self.ttl_ms / 1000)

@@ -1,31 +1,21 @@
-"""Runs in Redis: settings, the set of enqueued item keys, per-source summaries, counters.
+"""Runs in Redis: a run's record (settings, recipes, placement, priority), sources and counters.
 
 Keys (all under genqueue:, rq's own keys keep rq's prefix):
   genqueue:runs                 zset  run -> creation time
-  genqueue:run:<run>            hash  settings (JSON), fingerprint, created_at, version, and
-                                      fingerprints: every recipe the run has had (JSON list of
-                                      settings.FingerprintEntry, oldest first; `--update-settings`
-                                      adds one). Consumers watch `fingerprint`: when it changes they
-                                      re-read `settings` for the jobs they take from then on;
+  genqueue:run:<run>            hash  settings (JSON), fingerprint, created_at, version,
+                                      started_at; fingerprints: every recipe the run has had
+                                      (JSON list of settings.FingerprintEntry, oldest first);
                                       output_host and shared_fs: where a local output lives
-                                      (common/placement.py); priority: the run's share of the fleet
-                                      (an integer, higher first, absent = 0; not part of the recipe,
-                                      so not in the fingerprint; consumers read it every few seconds)
-  genqueue:run:<run>:itemtable  hash  the run's item table: its items, done and failed, as state
-  genqueue:run:<run>:items:<b>  str   bits of their 16-byte digests, in buckets of 22-byte records
-                                      (common/keepers/items.py; a hash in a run an earlier genqueue made)
-  genqueue:run:<run>:claim:<id> set   digests one producer claimed and has not yet put in jobs;
-                                      the transaction that enqueues them deletes it (below)
+                                      (common/placement.py); priority: the run's share of the
+                                      fleet (an integer, higher first, absent = 0; not part of
+                                      the recipe, so not in the fingerprint)
   genqueue:run:<run>:sources    hash  source id -> JSON summary of its last enqueue
   genqueue:run:<run>:stats      hash  counters the consumers increment (items done, errors...)
-  genqueue:run:<run>:lock       str   the producer that holds the run's lock (common/keepers/runlock.py)
+  genqueue:run:<run>:warnings   hash  worker -> what that consumer warned of the run
 
-Claims: producers racing on one run (the same input started twice) must queue each item once.
-An item belongs to the producer that put it in the run's item table (its IN_RUN bit); the claim
-script does that for a whole slice of items at once and notes what it won in the claim set, so a
-client that re-sends the script after a lost reply gets the same answer. A producer killed
-between its claim and the transaction that enqueues the claimed items (and deletes the claim
-set) leaves those items in the run and in no job: the claim set names them until CLAIM_TTL.
+Consumers watch `fingerprint`: when it changes they re-read `settings` for the jobs they take
+from then on, and read `priority` every few seconds. A run's other keys are its keepers' (the
+item table, its claim sets, its lock...: this package's docstring names them).
 """
 
 from __future__ import annotations
@@ -44,6 +34,8 @@ from genqueue.common import __version__
 from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.keepers.checkpoints import CheckpointStore
+from genqueue.common.keepers.items import IN_RUN, ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.redisconn import redis_location
 from genqueue.common.placement import Placement
 from genqueue.common.redact import redact
@@ -70,14 +62,6 @@ CONSUMERS = f"{KEY_PREFIX}:consumers"
 
 def consumer_key(worker: str) -> str:
     return f"{KEY_PREFIX}:consumer:{worker}"
-
-
-def run_key(run: str, suffix: str = "") -> str:
-    return f"{KEY_PREFIX}:run:{run}" + (f":{suffix}" if suffix else "")
-
-
-def lock_key(run: str) -> str:
-    return run_key(run, "lock")
 
 
 class RunLockedError(GenqueueError):
@@ -260,8 +244,6 @@ class RunStore:
         return [_text(n) for n in self.conn.zrange(RUNS, 0, -1)]
 
     def item_count(self, run: str) -> int:
-        from genqueue.common.keepers.items import ItemTable  # items.py builds on this module's keys
-
         return ItemTable(self.conn, run).counts().in_run
 
     def record_source(self, run: str, source: str, summary: dict[str, Any]) -> None:
@@ -303,8 +285,6 @@ class RunStore:
     # --- reads and writes of a run's record for the producer's reconcile and the consumers -----
     def add_keys(self, run: str, digests: list[bytes]) -> None:
         """Put DIGESTS in RUN (items a consumer marked that this producer had not claimed)."""
-        from genqueue.common.keepers.items import IN_RUN, ItemTable
-
         ItemTable(self.conn, run).change(digests, add=IN_RUN)
 
     def source_summary(self, run: str, source: str) -> object:

@@ -12,10 +12,8 @@ Keys: genqueue:run:<run>:source-order  zset  source id (see enqueue.source_id) -
 
 from __future__ import annotations
 
-import redis
-
 from genqueue.common import defaults
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 
 # KEYS: the zset. ARGV: the source id. Its place, given now if it had none.
 _ASSIGN = """
@@ -29,16 +27,10 @@ return n
 READING_TTL = defaults.RUNSOURCES_READING_TTL
 
 
-class RunSources:
-    """RUN's sources on CONN: their order and the inputs being read, keys and operations."""
+class RunSources(RunKeeper):
+    """RUN's sources on CONN: their order (its key) and the inputs being read, keys and operations."""
 
-    def __init__(self, conn: redis.Redis, run: str) -> None:
-        self.conn = conn
-        self.run = run
-
-    @staticmethod
-    def order_key(run: str) -> str:
-        return run_key(run, "source-order")
+    key_template = RUN_KEY + ":source-order"
 
     @staticmethod
     def reading_key(run: str) -> str:
@@ -46,12 +38,12 @@ class RunSources:
 
     def assign(self, source_id: str) -> int:
         """SOURCE_ID's place among the run's sources (given now when it is new)."""
-        return int(self.conn.eval(_ASSIGN, 1, self.order_key(self.run), source_id))
+        return int(self.conn.eval(_ASSIGN, 1, self.key(self.run), source_id))
 
     def places(self) -> dict[str, int]:
         """Every source id of the run with its place."""
         pairs: list[tuple[bytes, float]] = self.conn.zrange(  # type: ignore[assignment]
-            self.order_key(self.run), 0, -1, withscores=True)
+            self.key(self.run), 0, -1, withscores=True)
         return {k.decode(): int(v) for k, v in pairs}
 
     def start_reading(self, source_id: str, at: float) -> None:

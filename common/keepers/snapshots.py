@@ -1,30 +1,21 @@
 """The consumer snapshot in Redis: written by every consumer every few seconds (its telemetry),
-read back by `producer status`. Its keys, its lifetime and its shape are spelled here only.
+read back by `producer status`. Its keys and its lifetime are spelled here only (its shape:
+common/snapshot.py).
 
-Keys: genqueue:consumer:<worker>  str   the snapshot (JSON, a contracts.ConsumerSnapshot), for a day
+Keys: genqueue:consumer:<worker>  str   the snapshot (JSON, a snapshot.ConsumerSnapshot), for a day
       genqueue:consumers          zset  worker -> last seen (Redis time, as the leases keep it)
-      genqueue:run:<run>:spent    hash  what the run's consumers generated and the GPU time they
-                                        spent on it: a field a consumer process (its worker name
-                                        and a tag of its own) holding its totals, a JSON list in the
-                                        order of SPENT_FIELDS; consumers before 2026-12-06 added to
-                                        one field a counter instead (SPENT_FIELDS), read all the same
+      genqueue:run:<run>:spent    hash  a consumer process (its worker name and a tag of its
+                                        own) -> its totals for the run: records written, tokens,
+                                        GPU-seconds (a JSON list in the order of SPENT_FIELDS)
 
-A snapshot is live figures: it is gone with its consumer. What was spent is not: each publish
-tells the run's spent hash what its consumer generated (records written, tokens) and the
-GPU-seconds it held the run's work for, since it started, when they changed, so `producer
-status` shows tokens generated before they ship and GPU-hours that never go down when
-consumers drain, crash or give their jobs back. Totals, not additions: a publish retried after
-an answer lost on the way (Redis had done it) tells the same totals again and counts nothing
-twice, and a publish is one pipeline without MULTI, one HSET a run whose totals changed.
-
-Times a consumer stamps with its own clock (when it started, its shipping times) are moved to
-Redis time on reading, by the snapshot's `clock_offset` (Redis - node): last_seen is Redis time
-already, and status judges every age against Redis's clock.
-
-A snapshot is read back as a ConsumerReport: what the consumer wrote, which may be less than a
-ConsumerSnapshot (consumers of an earlier shape wrote fewer fields; tools and hand edits may
-write anything), with its age and whether it is live. One that is not a snapshot where status
-reads it without a default (garbage under its key) is left out: there is nothing to show.
+A snapshot is live figures, gone with its consumer; what was spent is not: each publish sets
+its consumer's totals in each run's spent hash when they changed, so status shows tokens
+generated before they ship and GPU-hours that never go down. Totals, not additions: a publish
+retried after a lost answer counts nothing twice. Times a consumer stamps with its own clock
+are moved to Redis time on reading, by the snapshot's `clock_offset`. A snapshot is read back as
+a ConsumerReport, with its age and liveness; one that is not a snapshot where status reads it
+without a default is left out. Earlier layouts read here: a spent field named as a counter of
+SPENT_FIELDS (an earlier consumer added to it), and `paused` holding False (ConsumerReport).
 """
 
 from __future__ import annotations
@@ -32,60 +23,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Required, TypedDict, cast
+from typing import Any, Required, cast
 
 import orjson
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerSnapshot, EngineView, RunCounters, ShippingView, SpecTotals
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
-from genqueue.common.keepers.runs import CONSUMERS, consumer_key, run_key
+from genqueue.common.keepers.runs import CONSUMERS, consumer_key
+from genqueue.common.snapshot import ConsumerFields, ConsumerSnapshot
 
 SNAPSHOT_TTL = defaults.SNAPSHOTS_SNAPSHOT_TTL
 
 STALE_AFTER = defaults.SNAPSHOTS_STALE_AFTER
 
 
-class ConsumerReport(TypedDict, total=False):
+class ConsumerReport(ConsumerFields, total=False):
     """A consumer's snapshot as read back: the fields of a ConsumerSnapshot it holds, checked
     where they are read without a default (`worker` a text, `runs` a dict of dicts, `last_seen`
     a number, `engine`, `paused`, `shipping` and `jobs` dicts), and the reader's age and
     liveness. `gpus`: the GPUs the consumer fronts, where it says (producer/cost.py)."""
 
-    worker: Required[str]
-    runs: Required[dict[str, RunCounters]]  # {} when the snapshot has none
+    paused: dict[str, str | bool]  # consumers of the first shape wrote every reason, False when not in force
     age_s: Required[float]  # seconds since its last report (never negative)
     live: Required[bool]  # reported within STALE_AFTER and did not exit
-    host: str
-    gpu: int | None
-    gpus: int
-    pid: int
-    endpoint: str
-    version: str
-    started_at: float
-    last_seen: float
-    exited: bool
-    concurrency: int
-    concurrency_mode: str
-    in_flight: int
-    pending_items: int
-    held_jobs: int
-    stopping: bool
-    paused: dict[str, str | bool]  # consumers of the first shape wrote every reason, False when not in force
-    models: list[str]
-    max_model_len: dict[str, int | None]
-    engine: EngineView
-    shipping: ShippingView
-    jobs: dict[str, int]
-    copies: dict[str, int]
-    redis_unreachable_since: float | None
-    clock_offset: float | None
-    phase: str | None
-    phase_s: float
-    only_run: str | None
-    spool: str | None
-    spec: SpecTotals
 
 
 class ConsumerState(StrEnum):
@@ -180,7 +142,7 @@ class Snapshots:
         got = dict.fromkeys(SPENT_FIELDS, 0.0)
         for k, v in raw.items():
             name = _text(k)
-            if name in SPENT_FIELDS:  # a counter, as consumers before 2026-12-06 added to
+            if name in SPENT_FIELDS:  # a counter, as an earlier consumer added to
                 try:
                     got[name] += float(v)
                 except ValueError:

@@ -21,7 +21,7 @@ from typing import Any, cast
 import redis
 
 from genqueue.common.acceptance import AcceptanceTable, table_of_fields, tally_fields
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import run_key
 
 #: Splits a field's facet, label and count name (labels have it replaced: acceptance.clean_label).
 FIELD_SEP = "\x1f"

@@ -18,8 +18,8 @@ from typing import IO, Protocol, cast
 
 import orjson
 
-from genqueue.common.contracts import ShardManifest
 from genqueue.common.errors import GenqueueError, UserError
+from genqueue.common.records import ShardManifest
 
 log = logging.getLogger(__name__)
 

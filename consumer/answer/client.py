@@ -21,9 +21,15 @@ import aiohttp
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.answer.completion import decode_body, snippet
-from genqueue.consumer.answer.faults import DeadlineExceeded, EndpointDown, EndpointRefused, classify_status
+from genqueue.consumer.answer.faults import (
+    BadResponseError,
+    DeadlineExceeded,
+    EndpointDown,
+    EndpointRefused,
+    TransientError,
+    classify_status,
+)
 
 log = logging.getLogger(__name__)
 

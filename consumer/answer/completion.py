@@ -20,17 +20,9 @@ from typing import Required, TypedDict, cast
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import (
-    FeatureRef,
-    LogprobsRef,
-    Outcome,
-    ReasoningForm,
-    SpecFigures,
-    TokenIds,
-    ToolCall,
-    Usage,
-)
-from genqueue.common.errors import BadResponseError, TransientError
+from genqueue.common.contracts import Outcome, ReasoningForm, ToolCall
+from genqueue.common.records import FeatureRef, LogprobsRef, SpecFigures, TokenIds, Usage
+from genqueue.consumer.answer.faults import BadResponseError, TransientError
 from genqueue.consumer.answer.spec import read_spec
 
 OPEN, CLOSE = "<think>", "</think>"

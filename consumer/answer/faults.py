@@ -1,13 +1,14 @@
 """Faults of the generation endpoint and what to do about each (pure policy, no I/O).
 
-The one room for a rule about a failed request: the HTTP status table, the exceptions the
-client raises beyond common/errors.py's tree, the name a failed attempt is counted under
-(`RetryKind`, the `genqueue_request_retries` series), the decision after a failed attempt
-(retry or give up, how long to wait, whether to ask the Gate), the `ErrorClass` an item's
-error record gets once the attempts are spent, and which classes the failure-storm breaker
-counts. client.py raises what is defined here, generate.py asks `RetryPolicy` what to do,
-records.py writes `error_class`, consumer/guards/breaker.py counts `STORM_CLASSES`,
-consumer/telemetry.py names `RetryKind`.
+The one room for a rule about a failed request: the endpoint's exceptions (EndpointError:
+TransientError, retried; PermanentError, recorded; and their kinds), the HTTP status table, the
+name a failed attempt is counted under (`RetryKind`, the `genqueue_request_retries` series),
+the decision after a failed attempt (retry or give up, how long to wait, whether to ask the
+Gate), the `ErrorClass` an item's error record gets once the attempts are spent, and which
+classes the failure-storm breaker counts. client.py raises what is defined here, generate.py
+asks `RetryPolicy` what to do, records.py writes `error_class`, consumer/guards/breaker.py
+counts `STORM_CLASSES`, consumer/telemetry.py names `RetryKind`; the capture wing raises the
+capture's and the tables' kinds (BadCaptureError, BadLogprobsError).
 
 Fail closed: every failed attempt (refused, reset, deadline, 5xx, a 200 that is not a usable
 completion) spends one of `max_attempts` and backs off with jitter, whatever /health says, so
@@ -22,17 +23,53 @@ from enum import StrEnum
 from genqueue.common import defaults
 from genqueue.common.backoff import compute_backoff
 from genqueue.common.contracts import ErrorClass
-from genqueue.common.errors import (
-    BadCaptureError,
-    BadLogprobsError,
-    BadResponseError,
-    EndpointError,
-    PermanentError,
-    TransientError,
-)
+from genqueue.common.errors import GenqueueError
 
-__all__ = ["PERMANENT_STATUSES", "STORM_CLASSES", "DeadlineExceeded", "EndpointDown", "NextStep",
-           "RetryKind", "RetryPolicy", "classify_status", "error_class", "retry_kind"]
+__all__ = ["PERMANENT_STATUSES", "STORM_CLASSES", "BadCaptureError", "BadLogprobsError", "BadResponseError",
+           "DeadlineExceeded", "EndpointDown", "EndpointError", "NextStep", "PermanentError", "RetryKind",
+           "RetryPolicy", "TransientError", "classify_status", "error_class", "retry_kind"]
+
+
+class EndpointError(GenqueueError):
+    """Trouble talking to the generation endpoint."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TransientError(EndpointError):
+    """Connection refused or reset, timeout, 408/429/5xx: retried with jittered backoff."""
+
+
+class BadResponseError(TransientError):
+    """A 200 whose body is not a usable chat completion (empty, not JSON, cut short, or missing
+    or mistyped fields): never counted as an answer. Retried like any transient fault, since a
+    proxy or a restarting server can garble one response; recorded as `bad_response` once the
+    attempts are spent, with `snippet` (at most 200 characters of the body) in the message."""
+
+    def __init__(self, reason: str, *, snippet: str, status: int | None = 200) -> None:
+        super().__init__(f"{reason}: {snippet!r}" if snippet else reason, status=status)
+        self.reason = reason
+        self.snippet = snippet
+
+
+class PermanentError(EndpointError):
+    """400/404/413/422 and the like: the request itself is wrong; recorded, never retried."""
+
+
+class BadCaptureError(PermanentError):
+    """--capture: the hidden states the engine captured for an answer do not fit it (their token
+    ids are not the answer's prompt and completion ids but the last, their layers or width are
+    not the capture's, or the file cannot be read). Never stored as a row: the item's record is
+    an error of class bad_capture, and the request is not sent again."""
+
+
+class BadLogprobsError(PermanentError):
+    """--logprobs: the log-probability tables the engine returned for an answer do not fit it (none,
+    sampled ids that are not its completion ids, a table of another width, unsorted, NaN, or
+    summing past 1). Never stored as a row: the item's record is an error of class
+    bad_logprobs, and the request is not sent again."""
 
 #: Statuses that say the request itself is wrong: retrying cannot help.
 PERMANENT_STATUSES = frozenset({400, 404, 413, 422})

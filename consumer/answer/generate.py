@@ -31,23 +31,16 @@ from typing import TypeVar
 
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision
-from genqueue.common.contracts import (
-    ChatMessage,
+from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Mode, Note, Outcome, Truncation
+from genqueue.common.records import (
     ConsumerInfo,
-    ErrorClass,
     ErrorRecord,
-    Item,
-    Mode,
-    Note,
-    Outcome,
     ResultRecord,
     Stopped,
-    Truncation,
     TruncationNote,
     TurnRecord,
     error_info,
 )
-from genqueue.common.errors import BadResponseError, PermanentError, TransientError
 from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.settings import RunSettings
 from genqueue.common.variants import Variant
@@ -55,7 +48,14 @@ from genqueue.consumer.answer import records
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
 from genqueue.consumer.answer.completion import Turn, parse_completion
-from genqueue.consumer.answer.faults import EndpointRefused, RetryKind, RetryPolicy
+from genqueue.consumer.answer.faults import (
+    BadResponseError,
+    EndpointRefused,
+    PermanentError,
+    RetryKind,
+    RetryPolicy,
+    TransientError,
+)
 from genqueue.consumer.answer.prefill import prefill
 from genqueue.consumer.answer.sinks import FeatureSink, TableSink
 from genqueue.consumer.answer.tool_turns import call_summary, match_calls, splice_results

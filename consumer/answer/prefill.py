@@ -26,12 +26,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from genqueue.common.contracts import ErrorClass, Item, error_info
-from genqueue.common.errors import BadLogprobsError, BadResponseError, PermanentError, TransientError
+from genqueue.common.contracts import ErrorClass, Item
 from genqueue.common.prefill import PREFILL_FIELDS, prompt_fields
+from genqueue.common.records import error_info
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer import records
 from genqueue.consumer.answer.completion import snippet
+from genqueue.consumer.answer.faults import BadLogprobsError, BadResponseError, PermanentError, TransientError
 from genqueue.consumer.answer.sinks import FeatureSink, TableSink
 
 #: Why a prefill answer is not usable when the server named no capture file.

@@ -21,21 +21,15 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from genqueue.common import __version__, defaults
-from genqueue.common.contracts import (
+from genqueue.common.contracts import ChatMessage, ErrorClass, HistoryReasoning, Item, Note, Outcome, ReasoningForm
+from genqueue.common.records import (
     CallSummary,
-    ChatMessage,
     ConsumerInfo,
-    ErrorClass,
     ErrorInfo,
     ErrorRecord,
     FeatureRef,
-    HistoryReasoning,
-    Item,
     LogprobsRef,
-    Note,
-    Outcome,
     PartialAnswer,
-    ReasoningForm,
     RecordBase,
     ResultRecord,
     Stopped,
@@ -47,11 +41,10 @@ from genqueue.common.contracts import (
     share_prompts,
     sum_spec,
 )
-from genqueue.common.errors import EndpointError
 from genqueue.common.requests import RequestShape, item_seed
 from genqueue.common.variants import Variant
 from genqueue.consumer.answer.completion import Turn
-from genqueue.consumer.answer.faults import error_class
+from genqueue.consumer.answer.faults import EndpointError, error_class
 
 __all__ = ["Answered", "Conversation", "Crashed", "Cut", "Ending", "Failed", "Prefilled", "Refused", "RunFacts",
            "answered_turn", "assistant_message", "conversation_record", "error_record", "fault_error", "fault_info",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from genqueue.common.capture import CaptureSettings
-from genqueue.common.contracts import FeatureRef, LogprobsRef
+from genqueue.common.records import FeatureRef, LogprobsRef
 from genqueue.common.settings import RunSettings
 
 

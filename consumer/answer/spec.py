@@ -18,7 +18,7 @@ Only counts are kept (common.contracts.SpecFigures); the engine's floats are der
 from __future__ import annotations
 
 from genqueue.common import defaults
-from genqueue.common.contracts import SpecFigures
+from genqueue.common.records import SpecFigures
 
 __all__ = ["SpecFigures", "read_spec"]
 

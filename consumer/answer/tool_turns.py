@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from genqueue.common.contracts import CallSummary, ChatMessage, ToolCall
+from genqueue.common.contracts import ChatMessage, ToolCall
+from genqueue.common.records import CallSummary
 
 __all__ = ["call_summary", "match_calls", "splice_results"]
 

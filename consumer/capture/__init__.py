@@ -13,5 +13,5 @@ teacher's log-probability tables (--logprobs).
 - owner.py: whose capture file is whose on the engine's disk (a request id naming the spool), and
   a dead predecessor's files removed.
 
-May import: genqueue.common
+May import: genqueue.common, genqueue.consumer.answer.faults
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from genqueue.common.errors import PermanentError
+from genqueue.consumer.answer.faults import PermanentError
 
 _DTYPES: dict[str, str] = {"BF16": "<u2", "F16": "<f2", "F32": "<f4", "F64": "<f8", "I64": "<i8", "I32": "<i4",
                            "U8": "u1"}

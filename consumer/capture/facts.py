@@ -31,7 +31,7 @@ from typing import Any
 
 from genqueue.common import defaults
 from genqueue.common.capture_model import hub_cache
-from genqueue.common.errors import BadCaptureError
+from genqueue.consumer.answer.faults import BadCaptureError
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,13 @@ import redis
 from genqueue.common import __version__
 from genqueue.common.backoff import store_backoff
 from genqueue.common.capture import CaptureBudgetSpent, CaptureDtype, CaptureSettings
-from genqueue.common.contracts import FeatureRef
-from genqueue.common.errors import BadCaptureError, FeatureManifestConflictError, FeatureValueError, PermanentError
+from genqueue.common.errors import FeatureManifestConflictError, FeatureValueError
 from genqueue.common.features import FeatureDtype, FeatureManifest, IndexEntry
 from genqueue.common.features.manifest import check_manifest
 from genqueue.common.features.store import feature_store_for
 from genqueue.common.keepers.captured import CaptureBudget
+from genqueue.common.records import FeatureRef
+from genqueue.consumer.answer.faults import BadCaptureError, PermanentError
 from genqueue.consumer.capture.captured import read_capture, remove_capture
 from genqueue.consumer.capture.facts import EngineFacts
 

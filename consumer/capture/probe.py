@@ -14,7 +14,7 @@ import numpy as np
 
 from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
-from genqueue.common.errors import PermanentError
+from genqueue.consumer.answer.faults import PermanentError
 from genqueue.consumer.capture.captured import read_capture, remove_capture
 from genqueue.consumer.capture.engine_args import start_with
 from genqueue.consumer.capture.features import first_difference

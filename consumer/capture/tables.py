@@ -30,12 +30,13 @@ import numpy.typing as npt
 
 from genqueue.common import __version__, defaults
 from genqueue.common.backoff import store_backoff
-from genqueue.common.contracts import LogprobsRef, TokenIds
-from genqueue.common.errors import BadLogprobsError, FeatureValueError
+from genqueue.common.errors import FeatureValueError
 from genqueue.common.features import IndexEntry
 from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, check_table
 from genqueue.common.logprobs import RUN_MODE, asked
+from genqueue.common.records import LogprobsRef, TokenIds
 from genqueue.common.settings import RunSettings
+from genqueue.consumer.answer.faults import BadLogprobsError
 
 #: Stores one row: (run, manifest, row id, table) -> its index entry.
 AppendTable = Callable[[str, LogprobsManifest, str, LogprobsTable], IndexEntry]

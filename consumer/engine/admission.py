@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from genqueue.common import defaults
-from genqueue.common.contracts import EngineView
+from genqueue.common.engineview import EngineView
 from genqueue.consumer.engine.readings import engine_view
 
 log = logging.getLogger(__name__)

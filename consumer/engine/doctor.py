@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ConsumerSnapshot, EngineBound, EngineView, SpecPays
+from genqueue.common.engineview import EngineBound, EngineView, SpecPays
+from genqueue.common.snapshot import ConsumerSnapshot
 from genqueue.consumer.engine.speculation import Numbers, SpecJudgement, judge_spec
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import cast
 
-from genqueue.common.contracts import CACHE_CONFIG_INFO, ENGINE_READINGS, EngineView, ReadingKind
+from genqueue.common.engineview import CACHE_CONFIG_INFO, ENGINE_READINGS, EngineView, ReadingKind
 
 _LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 CACHE_CONFIG = CACHE_CONFIG_INFO

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from genqueue.common.contracts import SpecPays
+from genqueue.common.engineview import SpecPays
 
 Numbers = dict[str, float | int | str | None]
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ErrorRecord, Record, is_error
+from genqueue.common.records import ErrorRecord, Record, is_error
 from genqueue.consumer.answer.faults import STORM_CLASSES
 
 _DIGITS = re.compile(r"\d+")

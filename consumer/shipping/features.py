@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy.typing as npt
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Record
 from genqueue.common.errors import FeatureError, FeatureValueError
 from genqueue.common.features import (
     FeatureManifest,
@@ -45,6 +44,7 @@ from genqueue.common.features import (
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, parse_feature_shard_name
 from genqueue.common.features.shard import HEADER
 from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, manifest_from_json
+from genqueue.common.records import Record
 from genqueue.common.storage.local import fsync_dir
 
 log = logging.getLogger(__name__)

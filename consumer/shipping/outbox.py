@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from genqueue.common.backoff import store_backoff
-from genqueue.common.contracts import Record
 from genqueue.common.features import FeatureStore, SealedFeatureShard, ShardIndex, feature_store_for
 from genqueue.common.keepers.marks import Place, ShardMarks, marks_of_file
 from genqueue.common.keepers.runs import key_digest
+from genqueue.common.records import Record
 from genqueue.common.redact import redact
 from genqueue.common.storage import SealedShard, ShardStore
 from genqueue.consumer.shipping.features import FeatureOutputs, FeatureSpool, disk_error_message, feature_shards_of

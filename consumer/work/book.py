@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
-from genqueue.common.contracts import ErrorClass, Item, Outcome, Record, ResultRecord, is_error
+from genqueue.common.contracts import ErrorClass, Item, Outcome
 from genqueue.common.keepers.marks import Place
+from genqueue.common.records import Record, ResultRecord, is_error
 
 if TYPE_CHECKING:
     from genqueue.consumer.answer.generate import RunContext

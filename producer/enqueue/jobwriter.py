@@ -35,7 +35,7 @@ from rq.queue import EnqueueData
 from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, ReclaimLockLostError, Requeue
-from genqueue.common.keepers.items import PACK_SLOTS
+from genqueue.common.keepers.itemlayout import PACK_SLOTS
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import (
     TASK,

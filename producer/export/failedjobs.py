@@ -18,22 +18,15 @@ from typing import IO, TypedDict, cast
 import orjson
 import redis
 
-from genqueue.common.contracts import ErrorInfo, Item, JobFailedRecord, error_info
+from genqueue.common.contracts import Item
 from genqueue.common.errors import JobItemsUnreadableError
 from genqueue.common.keepers.exportsets import ScratchSet
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import JobPlace, PackRef
-from genqueue.common.keepers.rqjobs import (
-    FailedJob,
-    ItemsOf,
-    JobScan,
-    failed_jobs,
-    failed_reason,
-    failure_class,
-    placed_keys,
-    read_jobs,
-)
+from genqueue.common.keepers.rqfailed import FailedJob, failed_jobs, failed_reason, failure_class, placed_keys
+from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs
+from genqueue.common.records import ErrorInfo, JobFailedRecord, error_info
 from genqueue.common.variants import Variant, draw
 from genqueue.producer.export.formats import error_converter
 from genqueue.producer.export.plan import ExportPlan, ExportResult

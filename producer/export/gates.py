@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from enum import StrEnum
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 
 
 class FlagReason(StrEnum):

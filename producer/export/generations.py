@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
-from genqueue.common.contracts import ChatMessage, Outcome, ResultRecord, SpecFigures, TokenIds, Usage, full_prompts
+from genqueue.common.contracts import ChatMessage, Outcome
+from genqueue.common.records import ResultRecord, SpecFigures, TokenIds, Usage, full_prompts
 
 #: Outcomes whose answer never ended on its own.
 UNCLOSED = frozenset({Outcome.CUT_IN_THINKING, Outcome.NO_ANSWER})

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import cast
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.formats import FORMATS, ExportFormat
 from genqueue.producer.export.formats.lines import line_id, target_turns
 from genqueue.producer.export.formats.spec import Line, RowLayout

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.generations import generations
 
 CONTEXT_TOKENS = defaults.PARITY_CONTEXT_TOKENS

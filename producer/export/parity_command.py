@@ -21,11 +21,11 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
-from genqueue.common.contracts import ResultRecord
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.placement import this_host
+from genqueue.common.records import ResultRecord
 from genqueue.common.settings import check_run_name
 from genqueue.producer.export.formats.lines import record_outcome
 from genqueue.producer.export.parity import MAX_SHOWN, ParityReport, RecordParity, Renderer, check_record

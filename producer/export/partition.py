@@ -24,7 +24,7 @@ from typing import IO
 import orjson
 
 from genqueue.common import defaults
-from genqueue.common.contracts import Record, ResultRecord
+from genqueue.common.records import Record, ResultRecord
 from genqueue.common.storage import ShardInfo
 from genqueue.producer.export.formats import FORMATS, ExportFormat, converter, error_converter, rows_converter
 from genqueue.producer.export.formats.lines import has_original_turns, record_outcome

@@ -17,8 +17,8 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.acceptance import Answer, answers_of
-from genqueue.common.contracts import Outcome, ResultRecord, ToolTurns
-from genqueue.common.records import record_tool_turns
+from genqueue.common.contracts import Outcome, ToolTurns
+from genqueue.common.records import ResultRecord, record_tool_turns
 
 #: What a kept record becomes; also its rank among copies of one key (lower wins), in the kind
 #: byte's bits 0-1. OTHER: a record of another variant than the one exported (written nowhere).

@@ -11,7 +11,7 @@ import math
 
 import orjson
 
-from genqueue.common.contracts import Record
+from genqueue.common.records import Record
 
 #: What reading (or converting) a line that is no usable record raises.
 BAD_LINE = (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError)

@@ -16,7 +16,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import IO
 
-from genqueue.common.contracts import ShardManifest
+from genqueue.common.records import ShardManifest
 from genqueue.common.storage import ShardInfo, ShardStore, read_manifest, store_for
 
 

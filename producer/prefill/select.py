@@ -20,8 +20,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from genqueue.common.contracts import Outcome, SpecFigures, TokenIds, full_prompts
+from genqueue.common.contracts import Outcome
 from genqueue.common.prefill import PrefillChoice
+from genqueue.common.records import SpecFigures, TokenIds, full_prompts
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ import click
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.contracts import ENGINE_READINGS, Shown
+from genqueue.common.engineview import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.captured import capture_figures, logprobs_figures
 from genqueue.common.keepers.claims import Claims, HeldClaims

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Required, TypedDict
 
 from genqueue.common.acceptance import Figures
-from genqueue.common.contracts import EngineView
+from genqueue.common.engineview import EngineView
 from genqueue.common.keepers.captured import CaptureFigures
 from genqueue.common.keepers.outcomes import FailedJobsView, OutcomeView
 from genqueue.common.keepers.pause import PauseInfo

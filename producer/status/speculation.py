@@ -14,7 +14,7 @@ from genqueue.common.acceptance import (
     figures,
     weakest_line,
 )
-from genqueue.common.contracts import SpecTotals
+from genqueue.common.snapshot import SpecTotals
 from genqueue.producer.status.report import SpecCategory, SpecEngine, SpeculationView, SpecWeakest
 
 SHOWN_CATEGORIES = defaults.STATUS_SPEC_SHOWN_CATEGORIES

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from genqueue.common.acceptance import Facet, Tally, answers_of, length_bucket, record_rate, table_of, turn_label
-from genqueue.common.contracts import SpecFigures
+from genqueue.common.records import SpecFigures
 
 
 def fig(drafted: int, accepted: int, steps: int = 10) -> SpecFigures:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from genqueue.common.capture import CaptureSettings, format_size, parse_capture
 from genqueue.common.contracts import Mode
 from genqueue.common.keepers.captured import SPENT, capture_figures
-from genqueue.common.keepers.marks import SHIPPED_FEATURES, SHIPPED_TURNS, Progress
+from genqueue.common.keepers.marks import Progress
+from genqueue.common.keepers.markscript import SHIPPED_FEATURES, SHIPPED_TURNS
 from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS
 from genqueue.common.settings import RunSettings
 from genqueue.producer.status.screen import capture_rows

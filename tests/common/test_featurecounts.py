@@ -13,7 +13,8 @@ from genqueue.common.features.shard import IndexEntry
 from genqueue.common.features.tables import TableDtype
 from genqueue.common.keepers.captured import SPENT, CaptureBudget
 from genqueue.common.keepers.featurecounts import FeatureCounts, ShardCount
-from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS, run_key
+from genqueue.common.keepers.keeper import run_key
+from genqueue.common.keepers.runs import FEATURE_BYTES, FEATURE_ROWS, FEATURE_TOKENS
 
 pytestmark = pytest.mark.integration
 

@@ -11,19 +11,8 @@ import pytest
 import redis
 
 from genqueue.common.keepers.claims import Claims, claim_key
-from genqueue.common.keepers.items import (
-    DECODE_AFTER,
-    DEFAULT_BUCKETS,
-    DONE,
-    FAILED,
-    IN_RUN,
-    ITEMS_PER_BUCKET,
-    RECORD_BYTES,
-    ItemCounts,
-    ItemTable,
-    bucket_key,
-    buckets_for,
-)
+from genqueue.common.keepers.itemlayout import DECODE_AFTER, DEFAULT_BUCKETS, RECORD_BYTES, bucket_key
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ITEMS_PER_BUCKET, ItemCounts, ItemTable, buckets_for
 from genqueue.common.keepers.marks import Marks, ShardMarks
 
 RUN = "it"
@@ -191,11 +180,11 @@ def test_a_run_made_before_the_item_table_has_its_sets_moved_into_it(conn: redis
 
 
 def test_the_table_builds_its_keys_as_the_runs_keeper_does() -> None:
-    """items.py builds its keys itself (importing runs.py would be a cycle): they stay the run's."""
-    from genqueue.common.keepers import items, runs
+    """The table's keys are the run's: built on keeper.py's run_key, as every keeper's are."""
+    from genqueue.common.keepers import itemlayout, items, keeper
 
-    assert items.run_key("r1", "itemtable") == runs.run_key("r1", "itemtable") == "genqueue:run:r1:itemtable"
-    assert items.bucket_key("r1", 255) == runs.run_key("r1", "items:ff")
+    assert items.ItemTable.key("r1") == keeper.run_key("r1", "itemtable") == "genqueue:run:r1:itemtable"
+    assert itemlayout.bucket_key("r1", 255) == keeper.run_key("r1", "items:ff")
 
 
 def test_held_claims_count_genqueues_claims_and_leave_out_other_keys(conn: redis.Redis) -> None:

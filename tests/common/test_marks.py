@@ -11,9 +11,13 @@ import pytest
 import redis
 
 from genqueue.common.keepers.claims import Reclaim, ReclaimLockLostError, Requeue, claim_key
-from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, RECORD_BYTES, ItemTable
-from genqueue.common.keepers.marks import LAST_MARK_AT, Marks, ShardMarks, marks_of_file
-from genqueue.common.keepers.runs import key_digest, lock_key, run_key
+from genqueue.common.keepers.itemlayout import RECORD_BYTES
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
+from genqueue.common.keepers.keeper import run_key
+from genqueue.common.keepers.marks import Marks, ShardMarks, marks_of_file
+from genqueue.common.keepers.markscript import LAST_MARK_AT
+from genqueue.common.keepers.runlock import RunLock
+from genqueue.common.keepers.runs import key_digest
 
 RUN = "m"
 
@@ -60,7 +64,7 @@ def test_progress_reads_the_marks_with_their_counters(conn: redis.Redis) -> None
 def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
     ItemTable(conn, RUN).change([*(key_digest(key(i)) for i in range(4))], add=IN_RUN)
     shipped(conn, done=[0], failed=[1])
-    conn.set(lock_key(RUN), "tok")
+    conn.set(RunLock.key(RUN), "tok")
     reclaim = Reclaim(conn)
     digests = [key_digest(key(i)) for i in (0, 1, 2, 2, 9)]
     assert reclaim(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=digests)[0] == [
@@ -74,7 +78,7 @@ def test_the_reclaim_takes_what_has_no_result(conn: redis.Redis) -> None:
 
 def test_the_reclaim_writes_nothing_without_the_lock(conn: redis.Redis) -> None:
     ItemTable(conn, RUN).change([key_digest(key(1))], add=IN_RUN)
-    conn.set(lock_key(RUN), "someone else")
+    conn.set(RunLock.key(RUN), "someone else")
     with pytest.raises(ReclaimLockLostError):
         Reclaim(conn)(RUN, "c", ttl=60, token="tok", retry_failed=False, digests=[key_digest(key(1))])
     assert not conn.exists(claim_key(RUN, "c"))

@@ -15,19 +15,13 @@ import redis
 
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, Requeue, claim_key
-from genqueue.common.keepers.items import (
-    DONE,
-    FAILED,
-    IN_RUN,
-    PACK_SLOTS,
-    ItemCounts,
-    ItemTable,
-    placed,
-)
+from genqueue.common.keepers.itemlayout import PACK_SLOTS
+from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemCounts, ItemTable, placed
 from genqueue.common.keepers.marks import Marks, Place, ShardMarks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import job_reference, queue_for
-from genqueue.common.keepers.runs import key_digest, lock_key
+from genqueue.common.keepers.runlock import RunLock
+from genqueue.common.keepers.runs import key_digest
 from genqueue.common.storage import store_for
 from genqueue.common.storage.packreader import PackReader
 from genqueue.producer.enqueue.jobwriter import JobWriter, pack_parts
@@ -147,7 +141,7 @@ def test_a_place_the_pack_table_does_not_vouch_for_is_marked_by_its_entry(conn: 
     assert ItemTable(conn, RUN).counts() == ItemCounts(4, 2, 0, 0, 2)
     assert entry(conn, ds[0]) == placed(3, 0)  # the entry keeps its place: the bits are there
     # the items 2 and 3 moved to pack 4 by a re-claim: pack 3's slots are not trusted any more
-    conn.set(lock_key(RUN), "tok")
+    conn.set(RunLock.key(RUN), "tok")
     codes, slots = claims.reclaim(RUN, "r", ttl=60, token="tok", retry_failed=False, digests=ds, pack=4)
     assert codes == [Requeue.DONE, Requeue.DONE, Requeue.QUEUED, Requeue.QUEUED] and slots == [-1, -1, 0, 1]
     assert [entry(conn, d) for d in ds[2:]] == [placed(4, 0), placed(4, 1)]
@@ -170,7 +164,7 @@ def test_counts_and_states_follow_every_change_with_places(conn: redis.Redis) ->
     rng = random.Random(11)
     table, claims, marks, packs = ItemTable(conn, RUN), Claims(conn), Marks(conn, RUN), PackTable(conn, RUN)
     table.ensure(300)
-    conn.set(lock_key(RUN), "tok")
+    conn.set(RunLock.key(RUN), "tok")
     pool = [key_digest(key(i)) for i in range(300)]
     model: dict[bytes, int] = {}
     where: dict[bytes, Place] = {}  # each item's place as its queued job says

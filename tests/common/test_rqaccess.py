@@ -23,7 +23,8 @@ from genqueue.common.keepers.rqaccess import (
     use_fast_job_compression,
     worker_executions,
 )
-from genqueue.common.keepers.rqjobs import JobScan, failed_reason, read_jobs
+from genqueue.common.keepers.rqfailed import failed_reason
+from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.consumer.rqcompat import GenWorker
 
 pytestmark = pytest.mark.integration

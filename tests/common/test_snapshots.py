@@ -66,14 +66,14 @@ def test_what_is_not_a_snapshot_is_left_out(conn: redis.Redis, raw: bytes) -> No
 
 
 def test_a_report_reads_every_field_a_snapshot_writes_with_its_type() -> None:
-    """ConsumerReport repeats ConsumerSnapshot's fields (total=False: a consumer of an earlier
-    shape wrote fewer): a field added to one and not the other would be written and never read
-    typed, or read and never written. They differ only where the docstring says: `paused`
-    (the first shape wrote every reason, False when not in force) and the reader's own two."""
+    """ConsumerReport and ConsumerSnapshot stand on one ConsumerFields (total=False: a consumer
+    of an earlier shape wrote fewer): a field added to one and not the other would be written and
+    never read typed, or read and never written. They differ only where the docstring says:
+    `paused` (the first shape wrote every reason, False when not in force) and the reader's own two."""
     import typing
 
-    from genqueue.common.contracts import ConsumerSnapshot
     from genqueue.common.keepers.snapshots import ConsumerReport
+    from genqueue.common.snapshot import ConsumerSnapshot
 
     wrote, read = typing.get_type_hints(ConsumerSnapshot), typing.get_type_hints(ConsumerReport)
     assert set(read) - set(wrote) == {"age_s", "live"}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from genqueue.common.contracts import TurnRecord, full_prompts, share_prompts
+from genqueue.common.records import TurnRecord, full_prompts, share_prompts
 
 
 def turn(k: int, prompt: list[int] | None, **ids: Any) -> TurnRecord:

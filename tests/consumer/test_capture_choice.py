@@ -22,7 +22,7 @@ from genqueue.common.capture import CaptureDecision, capture_fraction, parse_cap
 from genqueue.common.errors import UserError
 from genqueue.common.features import feature_store_for
 from genqueue.common.keepers.captured import SPENT
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.settings import RunSettings
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results, run_keys

@@ -14,9 +14,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from genqueue.common.contracts import full_prompts
-from genqueue.common.features import FP8_ERROR, FeatureDtype, FeatureReader, feature_store_for, read_row, standin_features
+from genqueue.common.features import (
+    FP8_ERROR,
+    FeatureDtype,
+    FeatureReader,
+    feature_store_for,
+    read_row,
+    standin_features,
+)
 from genqueue.common.features.store import FeatureStore
+from genqueue.common.records import full_prompts
 from genqueue.consumer.capture import probe as capture_probe
 from genqueue.consumer.capture.captured import read_capture
 from genqueue.consumer.sim.capture import CaptureConfig, save

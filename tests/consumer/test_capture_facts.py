@@ -13,8 +13,8 @@ import pytest
 
 from genqueue.common.capture import parse_capture
 from genqueue.common.contracts import ExitCode
-from genqueue.common.errors import BadCaptureError
 from genqueue.common.features import FeatureReader, LocalFeatureStore
+from genqueue.consumer.answer.faults import BadCaptureError
 from genqueue.consumer.capture.facts import EngineFacts, EngineFactsReader, model_folder, revision_of, template_hash
 from genqueue.consumer.capture.features import manifest_for, other_capture
 from genqueue.consumer.sim.engine import SIM_VERSION

@@ -31,7 +31,6 @@ import redis
 from rq.job import Job
 
 from genqueue.common.capture import CaptureDtype, CaptureKind, CaptureSettings
-from genqueue.common.contracts import full_prompts
 from genqueue.common.features import (
     FP8_ERROR,
     FeatureDtype,
@@ -47,6 +46,7 @@ from genqueue.common.features.names import SHARD_SUFFIX, index_name
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.keepers.rqaccess import SERIALIZER, queue_for
+from genqueue.common.records import full_prompts
 from genqueue.common.storage import LocalStore
 from genqueue.consumer.capture.features import CaptureKeeper, manifest_for
 from genqueue.consumer.shipping.features import FeatureSpool

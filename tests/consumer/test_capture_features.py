@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from genqueue.common.contracts import ErrorClass, FeatureRef, ResultRecord
-from genqueue.common.errors import BadCaptureError
+from genqueue.common.capture import CaptureDtype, CaptureKind, CaptureSettings
+from genqueue.common.contracts import ErrorClass
 from genqueue.common.features import FP8_ERROR, FeatureReader, LocalFeatureStore, ShardIndex, standin_features
 from genqueue.common.keepers.marks import ShardMarks
-from genqueue.common.capture import CaptureDtype, CaptureKind, CaptureSettings
+from genqueue.common.records import FeatureRef, ResultRecord
 from genqueue.common.storage import LocalStore
-from genqueue.consumer.answer.faults import error_class
+from genqueue.consumer.answer.faults import BadCaptureError, error_class
 from genqueue.consumer.capture.features import CaptureKeeper
 from genqueue.consumer.guards.breaker import signature
 from genqueue.consumer.shipping.features import FeatureSpool

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Outcome, ReasoningForm
-from genqueue.common.errors import BadResponseError, TransientError
 from genqueue.consumer.answer.completion import SNIPPET_CHARS, decode_body, parse_completion, split_inline
+from genqueue.consumer.answer.faults import BadResponseError, TransientError
 
 
 def resp(message: Any, finish: Any = "stop", usage: Any = None) -> dict[str, Any]:

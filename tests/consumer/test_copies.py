@@ -24,9 +24,9 @@ from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.runs import CONSUMERS
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.generate import RunContext
+from genqueue.consumer.copies import FASTER, Rate, choose, copies_clause, copyable
 from genqueue.consumer.dispatch import Dispatcher
 from genqueue.consumer.engine.admission import Limiter
-from genqueue.consumer.copies import FASTER, Rate, choose, copies_clause, copyable
 from genqueue.consumer.work.book import Book
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim, read_results

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from genqueue.common.contracts import EngineBound, EngineView
+from genqueue.common.engineview import EngineBound, EngineView
 from genqueue.consumer.engine.doctor import (
     ConsumerView,
     Doctor,
@@ -337,9 +337,9 @@ def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monk
     assert d.observe(Sample(2.0, engine(), consumer(paused=("endpoint_down",)))).bound == U
 
 
-# --- does speculation pay (issue 33) -------------------------------------------------------
-from genqueue.common.contracts import SpecPays  # noqa: E402
-from genqueue.consumer.engine.speculation import (  # noqa: E402
+# --- does speculation pay -------------------------------------------------------
+from genqueue.common.engineview import SpecPays
+from genqueue.consumer.engine.speculation import (
     SpecRegime,
     draft_acceptance,
     judge_spec,

@@ -13,8 +13,8 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from genqueue.common.contracts import Record
 from genqueue.common.keepers.marks import ShardMarks
+from genqueue.common.records import Record
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.config import ConsumerConfig

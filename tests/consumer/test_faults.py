@@ -7,13 +7,16 @@ import random
 import pytest
 
 from genqueue.common.contracts import ErrorClass
-from genqueue.common.errors import BadResponseError, EndpointError, PermanentError, TransientError
 from genqueue.consumer.answer.faults import (
     STORM_CLASSES,
+    BadResponseError,
     DeadlineExceeded,
     EndpointDown,
+    EndpointError,
+    PermanentError,
     RetryKind,
     RetryPolicy,
+    TransientError,
     classify_status,
     error_class,
     retry_kind,

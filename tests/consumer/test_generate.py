@@ -10,8 +10,9 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.contracts import ErrorRecord, Item, ResultRecord
+from genqueue.common.contracts import Item
 from genqueue.common.keepers.checkpoints import checkpoint_key
+from genqueue.common.records import ErrorRecord, ResultRecord
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from genqueue.consumer.answer.client import EndpointClient

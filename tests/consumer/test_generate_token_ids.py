@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from genqueue.common.contracts import ErrorRecord, Item, ResultRecord, full_prompts
+from genqueue.common.contracts import Item
+from genqueue.common.records import ErrorRecord, ResultRecord, full_prompts
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.consumer.answer.client import EndpointClient
 from genqueue.consumer.answer.generate import NO_TOKEN_IDS, Gate, Generator, RunContext

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from genqueue.common.contracts import ErrorClass, ErrorInfo, ErrorRecord, Item, Mode, Outcome, ResultRecord, is_error
+from genqueue.common.contracts import ErrorClass, Item, Mode, Outcome
+from genqueue.common.records import ErrorInfo, ErrorRecord, ResultRecord, is_error
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.consumer.answer.client import EndpointClient, Gate, RepeatedLog
 from genqueue.consumer.answer.generate import Generator, RunContext

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from genqueue.common.errors import BadLogprobsError, FeatureValueError
+from genqueue.common.errors import FeatureValueError
 from genqueue.common.features.tables import LogprobsTable
 from genqueue.common.logprobs import asked, request_fields
+from genqueue.consumer.answer.faults import BadLogprobsError
 from genqueue.consumer.capture import tables
 from genqueue.consumer.sim.logprobs import content as standin_content
 

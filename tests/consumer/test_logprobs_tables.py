@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from genqueue.common.errors import BadLogprobsError
 from genqueue.common.logprobs import asked, request_fields
+from genqueue.consumer.answer.faults import BadLogprobsError
 from genqueue.consumer.capture.tables import parse_tables, refused
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from genqueue.common.errors import BadLogprobsError, BadResponseError
 from genqueue.common.features.tables import check_table
 from genqueue.common.logprobs import RUN_MODE
 from genqueue.common.prefill import prompt_fields
+from genqueue.consumer.answer.faults import BadLogprobsError, BadResponseError
 from genqueue.consumer.answer.prefill import prefill_body, prompt_content, prompt_logprobs
 from genqueue.consumer.capture.tables import parse_tables
 from genqueue.consumer.sim.logprobs import prompt_tables, standin_tables

@@ -1,4 +1,4 @@
-"""The table of engine readings (common.contracts.ENGINE_READINGS) is what the parse, the
+"""The table of engine readings (common.engineview.ENGINE_READINGS) is what the parse, the
 consumer's gauges and status' engine line follow: held equal to EngineView, and each part shown
 to follow a row it is given."""
 
@@ -8,14 +8,7 @@ import typing
 
 import pytest
 
-from genqueue.common.contracts import (
-    ENGINE_READINGS,
-    EngineReading,
-    EngineView,
-    Exported,
-    ReadingKind,
-    Shown,
-)
+from genqueue.common.engineview import ENGINE_READINGS, EngineReading, EngineView, Exported, ReadingKind, Shown
 from genqueue.consumer.engine import readings
 
 #: EngineView's fields that are not readings of /metrics: derived from them, or the doctor's

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Note, Outcome, ReasoningForm, TurnRecord
-from genqueue.common.errors import BadResponseError, PermanentError
+from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Note, Outcome, ReasoningForm
+from genqueue.common.records import TurnRecord
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer import records
 from genqueue.consumer.answer.completion import Turn
+from genqueue.consumer.answer.faults import BadResponseError, PermanentError
 from genqueue.consumer.answer.generate import RunContext
 
 CTX = RunContext("r", RunSettings(), "m", {"host": "h", "gpu": None, "worker": "w", "endpoint": "e"})

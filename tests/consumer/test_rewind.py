@@ -20,11 +20,11 @@ import pytest
 import redis
 
 from genqueue.common.keepers.items import ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.marks import ShardMarks
 from genqueue.common.keepers.markstamps import MarkStamp, RebuildState
 from genqueue.common.keepers.rqaccess import JobPlace, place_members
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
-from genqueue.common.keepers.runs import run_key
 from genqueue.consumer.guards.rewind import Rebuild, Rewind
 from genqueue.consumer.rqthread import RqThread
 from genqueue.producer.packitems import PackItems
@@ -88,14 +88,14 @@ def test_redis_back_from_an_old_snapshot_regenerates_only_what_was_in_flight(tmp
         procs = [_consumer(tmp_path, server.url, sim, name) for name in ("c1", "c2")]
         wait_for(lambda: ItemTable(conn, "rw").counts().done >= 600, 60, "600 items shipped")
         with conn.pipeline() as p:  # one MULTI: the count is the snapshot's
-            p.hget(ItemTable(conn, "rw").key, "done")
+            p.hget(ItemTable.key("rw"), "done")
             p.bgsave()
             at_snapshot = int(p.execute()[0] or 0)
         wait_for(lambda: conn.info("persistence")["rdb_bgsave_in_progress"] == 0, 30, "the snapshot")
         assert conn.info("persistence")["rdb_last_bgsave_status"] == "ok"
         time.sleep(WINDOW)
         with conn.pipeline() as p:
-            p.hget(ItemTable(conn, "rw").key, "done")
+            p.hget(ItemTable.key("rw"), "done")
             p.lastsave()
             at_crash = int(p.execute()[0] or 0)
         held_jobs = _held_jobs(conn)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from genqueue.common.errors import TransientError, as_clause
+from genqueue.common.errors import as_clause
+from genqueue.consumer.answer.faults import TransientError
 from genqueue.consumer.served import ServedRuns
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from genqueue.common.contracts import ChatMessage, SpecFigures, TurnRecord, spec_mean_length, spec_rate, sum_spec
+from genqueue.common.contracts import ChatMessage
+from genqueue.common.records import SpecFigures, TurnRecord, spec_mean_length, spec_rate, sum_spec
 from genqueue.consumer.answer import records
 from genqueue.consumer.answer.completion import parse_completion
 from genqueue.consumer.answer.spec import read_spec, speculation_note

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from genqueue.common.contracts import spec_rate, sum_spec
+from genqueue.common.records import spec_rate, sum_spec
 from genqueue.consumer.sim.kv import spec_yield
 from tests.consumer.e2e import Sim
 from tests.vllm.pipeline import assert_all_done, consume, enqueue, results

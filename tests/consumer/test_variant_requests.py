@@ -11,7 +11,8 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common.contracts import ErrorRecord, ExitCode, Item, ResultRecord
+from genqueue.common.contracts import ExitCode, Item
+from genqueue.common.records import ErrorRecord, ResultRecord
 from genqueue.common.settings import RunSettings, Sampling
 from genqueue.common.variants import Variant, normalised
 from genqueue.consumer.answer.client import EndpointClient

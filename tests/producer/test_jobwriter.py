@@ -18,9 +18,10 @@ from redis.retry import Retry
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.claims import Claims, claim_key
 from genqueue.common.keepers.items import ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.keepers.rqaccess import queue_for
-from genqueue.common.keepers.runs import key_digest, run_key
+from genqueue.common.keepers.runs import key_digest
 from genqueue.producer.enqueue.jobwriter import JobWriter
 from tests.conftest import ROOT, RedisServer
 from tests.netproxy import accept_pairs

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from genqueue.common.capture import CaptureDtype
-from genqueue.common.contracts import ItemError, parse_item, share_prompts
+from genqueue.common.contracts import ItemError, parse_item
 from genqueue.common.errors import UserError
 from genqueue.common.prefill import PrefillChoice, PrefillSettings, bytes_per_token, prefill_key
+from genqueue.common.records import share_prompts
 from genqueue.producer.prefill.select import choose, one_per_key, source_rows
 
 

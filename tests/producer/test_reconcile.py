@@ -20,10 +20,11 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.keepers.items import DONE, FAILED, ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, queue_for
 from genqueue.common.keepers.rqjobs import JobScan, read_jobs
 from genqueue.common.keepers.runlock import LockLostError, RunLock
-from genqueue.common.keepers.runs import key_digest, lock_key, run_key
+from genqueue.common.keepers.runs import key_digest
 from genqueue.producer.enqueue.jobwriter import JobWriter
 from genqueue.producer.packitems import PackItems
 from tests.conftest import BIN, Prompts, both_modes_reference_slow, cli, sharegpt, write_jsonl
@@ -87,7 +88,7 @@ def test_rq_empty_then_enqueue_queues_the_lost_items_once(tmp_path: Path, redis_
     assert s["items"] == s["requeued"] == 190 and s["queue_view"]["live_jobs"] == 0
     queued = queued_item_keys(conn, "empty", out)
     assert len(queued) == len(set(queued)) == 190 and set(queued) == set(keys[110:])
-    assert conn.get(lock_key("empty")) is None, "the lock is released"
+    assert conn.get(RunLock.key("empty")) is None, "the lock is released"
     # --retry-failed takes the ten back, once; a run with nothing to do queues nothing
     r = enqueue(redis_url, data, "empty", "--retry-failed", *prompts_mode.args, output=out)
     assert (r["retried_failed"], r["retried"], r["already_queued"], r["already_done"]) == (10, 10, 190, 100), r
@@ -252,7 +253,7 @@ def test_reconciles_racing_each_other_queue_each_lost_item_once(tmp_path: Path, 
     assert sum(s["items"] for s in summaries) == 4000
     queued = queued_item_keys(conn, "rrace", output)
     assert len(queued) == len(set(queued)) == 4000
-    assert conn.keys(run_key("rrace", "claim:*")) == [] and conn.get(lock_key("rrace")) is None
+    assert conn.keys(run_key("rrace", "claim:*")) == [] and conn.get(RunLock.key("rrace")) is None
     print(f"items queued per producer ({prompts_mode}):", sorted(s["items"] for s in summaries))
 
 
@@ -291,14 +292,14 @@ def test_producers_wait_for_the_lock_and_a_lost_lock_requeues_nothing(tmp_path: 
     lock = RunLock(conn, "locked", ttl=1)
     lock.acquire()
     writer = JobWriter("locked", conn, batch_size=8, lock=lock)
-    conn.set(lock_key("locked"), "someone-else")  # as if it expired and another took it
+    conn.set(RunLock.key("locked"), "someone-else")  # as if it expired and another took it
     items = [{"key": k, "index": i, "turn": None, "messages": [{"role": "user", "content": "q"}]}
              for i, k in enumerate(sorted(item_keys(conn, "locked")))]
     with pytest.raises(LockLostError):
         writer.requeue(items, retry_failed=False)  # type: ignore[arg-type]
     assert queued_item_keys(conn, "locked") == [] and conn.keys(run_key("locked", "claim:*")) == []
     lock.held = False  # not ours any more: nothing to release
-    conn.delete(lock_key("locked"))
+    conn.delete(RunLock.key("locked"))
     s = enqueue(redis_url, data, "locked")
     assert s["requeued"] == 50 and collections.Counter(queued_item_keys(conn, "locked")).most_common(1)[0][1] == 1
 

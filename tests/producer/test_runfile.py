@@ -15,10 +15,11 @@ import pytest
 import redis
 
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.pause import Pause
-from genqueue.common.keepers.runs import RunStore, key_digest, run_key
+from genqueue.common.keepers.runs import RunStore, key_digest
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import LocalStore, SealedShard, shard_name
 from genqueue.producer.status import format_status, run_status

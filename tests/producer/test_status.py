@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from genqueue.common import __version__
 from genqueue.common.eta import RateWindow, Sample, format_duration
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
+from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.outcomes import outcome_view
-from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest, run_key
+from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest
 from genqueue.common.keepers.runsources import RunSources
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.readings import engine_view, parse_prometheus

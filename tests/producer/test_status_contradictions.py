@@ -11,10 +11,10 @@ import orjson
 import redis
 
 from genqueue.common import __version__
-from genqueue.common.contracts import ConsumerInfo
 from genqueue.common.keepers.items import FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.runs import CONSUMERS, RunStore, consumer_key, key_digest
+from genqueue.common.records import ConsumerInfo
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.doctor import ConsumerView, Sample, diagnose
 from genqueue.consumer.telemetry import Telemetry, progress_line

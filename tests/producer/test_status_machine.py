@@ -38,12 +38,13 @@ from hypothesis.stateful import (
 from rq.queue import Queue
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 
-from genqueue.common.contracts import ConsumerInfo, ErrorClass, Outcome, Record
+from genqueue.common.contracts import ErrorClass, Outcome
 from genqueue.common.keepers.items import IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.rqaccess import queue_name
 from genqueue.common.keepers.runs import RunStore, key_digest
 from genqueue.common.keepers.snapshots import STALE_AFTER
+from genqueue.common.records import ConsumerInfo, Record
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.engine.admission import AdmissionSnapshot
 from genqueue.consumer.rqthread import RqSnapshot

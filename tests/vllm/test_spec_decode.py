@@ -10,8 +10,8 @@ import re
 
 import orjson
 
-from genqueue.common.contracts import spec_mean_length, spec_rate, sum_spec
 from genqueue.common.keepers.spectally import SpecTallies
+from genqueue.common.records import spec_mean_length, spec_rate, sum_spec
 from genqueue.consumer.engine.readings import parse_prometheus
 from tests.conftest import cli, sharegpt
 from tests.vllm.conftest import VllmPool, VllmServer

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from enum import StrEnum
 
-from genqueue.common.contracts import ErrorRecord, JobFailedRecord, ResultRecord
+from genqueue.common.records import ErrorRecord, JobFailedRecord, ResultRecord
 from genqueue.producer.export.formats import batch, openai, sharegpt, specforge, tokens
 from genqueue.producer.export.formats.spec import FormatSpec, Line
 

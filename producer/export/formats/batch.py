@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from genqueue.common.contracts import ErrorRecord, JobFailedRecord, ResultRecord, Usage
+from genqueue.common.records import ErrorRecord, JobFailedRecord, ResultRecord, Usage
 from genqueue.producer.export.formats.lines import META, line_id, record_figures, with_acceptance, with_meta
 from genqueue.producer.export.formats.spec import FormatSpec, Line
 

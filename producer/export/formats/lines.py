@@ -29,7 +29,8 @@ import orjson
 
 from genqueue.common import defaults
 from genqueue.common.acceptance import Tally
-from genqueue.common.contracts import ChatMessage, JobFailedRecord, Outcome, Record, ResultRecord, SpecFigures, ToolSpec
+from genqueue.common.contracts import ChatMessage, Outcome, ToolSpec
+from genqueue.common.records import JobFailedRecord, Record, ResultRecord, SpecFigures
 from genqueue.producer.export.formats.spec import Line
 from genqueue.producer.export.generations import UNCLOSED, single_answer
 

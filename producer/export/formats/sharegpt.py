@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from genqueue.common.contracts import ChatMessage, ResultRecord
+from genqueue.common.contracts import ChatMessage
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.formats.lines import (
     conversation_turns,
     line_id,

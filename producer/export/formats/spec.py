@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-from genqueue.common.contracts import ErrorRecord, JobFailedRecord, ResultRecord
+from genqueue.common.records import ErrorRecord, JobFailedRecord, ResultRecord
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from genqueue.common.contracts import ResultRecord
 from genqueue.common.errors import UserError
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.formats.lines import META, line_id, with_acceptance, with_meta
 from genqueue.producer.export.formats.spec import FormatSpec, Line
 from genqueue.producer.export.generations import answer_outcomes, generations

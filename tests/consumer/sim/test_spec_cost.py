@@ -56,7 +56,7 @@ def test_the_options_reach_the_config() -> None:
     async def fake(config: SimConfig, host: str, port: int) -> None:
         seen.append(config)
 
-    import genqueue.consumer.sim.server as server
+    from genqueue.consumer.sim import server
     mp = pytest.MonkeyPatch()
     mp.setattr(server, "_serve_forever", fake)
     try:

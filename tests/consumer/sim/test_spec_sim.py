@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from genqueue.common.contracts import SpecFigures, spec_mean_length, spec_rate, sum_spec
+from genqueue.common.records import SpecFigures, spec_mean_length, spec_rate, sum_spec
 from genqueue.consumer.answer import records
 from genqueue.consumer.answer.completion import parse_completion
 from genqueue.consumer.sim.kv import spec_yield

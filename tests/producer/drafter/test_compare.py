@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from genqueue.common.contracts import SpecFigures
+from genqueue.common.records import SpecFigures
 from genqueue.producer.drafter.compare import NONE, UNDECLARED, collect, report, report_lines
 
 

@@ -15,7 +15,8 @@ from click.testing import CliRunner, Result
 
 from genqueue.common.contracts import Mode
 from genqueue.common.keepers.items import IN_RUN, ItemTable
-from genqueue.common.keepers.runs import RunStore, run_key
+from genqueue.common.keepers.keeper import run_key
+from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.producer.export.command import export_command
 from genqueue.producer.export.core import Exporter

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.gates import (
     BIT,
     MIN_REPEATS,

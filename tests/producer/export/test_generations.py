@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.generations import generations
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.formats import ExportFormat
 from genqueue.producer.export.formats.lines import record_outcome
 from genqueue.producer.export.formats.openai import to_openai

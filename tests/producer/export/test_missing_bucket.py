@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from genqueue.common.keepers.runs import run_key
+from genqueue.common.keepers.keeper import run_key
 from tests import s3server
 from tests.conftest import cli, sharegpt, write_jsonl
 from tests.s3server import S3Server

@@ -16,7 +16,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from genqueue.common.contracts import ResultRecord
+from genqueue.common.records import ResultRecord
 from genqueue.producer.export.parity import first_difference
 from tests.conftest import cli, sharegpt, write_jsonl
 
