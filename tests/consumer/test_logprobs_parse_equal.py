@@ -164,7 +164,7 @@ BREAKS = ["drop key", "token", "value", "repeat id", "sampled listed", "shorter"
           "entry not a dict", "top not a list", "empty"]
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(answers(), st.lists(st.tuples(st.sampled_from(BREAKS), st.integers(0, 10**6)), max_size=2), st.randoms(),
        st.sampled_from([0, 0, 0, 0, 0, 0, -1, 1, -5]), st.booleans())
 def test_the_array_pass_gives_the_entry_by_entry_table_or_refusal(
@@ -180,7 +180,7 @@ def test_the_array_pass_gives_the_entry_by_entry_table_or_refusal(
     assert outcome(tables.parse_tables, content, k) == outcome(reference_parse, content, k)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(answers())
 def test_an_answer_as_vllm_writes_it_is_read_by_the_array_pass(answer: tuple[list[Any], int]) -> None:
     """(ids of up to 18 figures: longer ones are read entry by entry)"""
