@@ -102,6 +102,7 @@ def dashboard_requirements(requires_dist: list[str]) -> set[str]:
     return names
 
 
+@pytest.mark.slow  # pip resolves every dependency: ~30 CPU-s, on a 2-core machine whose default tier is CPU-bound
 def test_dashboard_install_line_from_a_checkout(tmp_path):
     line = readme_line("pip install")
     assert line == INSTALL_LINE, "the dashboard's install line must work from a checkout (genqueue is on no index)"
@@ -116,6 +117,7 @@ def test_dashboard_install_line_from_a_checkout(tmp_path):
     assert {"rq-dashboard", "six"} <= dashboard_requirements(me["metadata"]["requires_dist"])
 
 
+@pytest.mark.slow  # builds the wheel and resolves it with pip: ~30 CPU-s
 def test_the_wheel_carries_the_dashboard_extra_and_command(tmp_path):
     # built from what the Dockerfile copies, in a scratch folder (setuptools writes build/ beside the sources)
     src = tmp_path / "src"
