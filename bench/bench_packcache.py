@@ -119,7 +119,7 @@ def main() -> None:
         os.environ.update(env)
         output = server.url("out")
         store = store_for(output)
-        block = defaults.PACK_BLOCK_ITEMS
+        block = packs.PACK_BLOCK_ITEMS
         all_items = make_items(args.packs * args.items_per_pack, args.seed)
         jobs: list[tuple[str, int]] = []
         pack_bytes = 0

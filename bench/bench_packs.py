@@ -41,7 +41,8 @@ import pyarrow.parquet as pq
 from pyarrow import ipc
 
 from bench.common import table
-from genqueue.common import defaults, packs
+from genqueue.common import packs
+from genqueue.common.storage.packreader import TAIL_BYTES
 
 SYSTEM = "You are a careful assistant. Answer precisely and show your reasoning when it helps."
 
@@ -236,7 +237,7 @@ class ArrowPack(Format):
 
 
 JOB = 32
-TAIL = defaults.PACK_TAIL_BYTES
+TAIL = TAIL_BYTES
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:

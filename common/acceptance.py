@@ -20,8 +20,19 @@ from enum import StrEnum
 from itertools import pairwise
 from typing import Any, TypedDict
 
-from genqueue.common import defaults
 from genqueue.common.records import SpecFigures
+
+#: Answer-length buckets (completion tokens, each from its bound), a factor 4 apart: a drafter's acceptance falls
+#: with distance from the prompt, and these split a reasoning dataset's answers into groups of comparable size.
+SPEC_LENGTH_BUCKETS = (0, 256, 1024, 4096)
+#: Turns from this one on (1-based user turns) are one category: few conversations go deeper.
+SPEC_TURN_CAP = 4
+#: Answers a category needs before it is named the weakest: below that one unlucky conversation decides.
+SPEC_MIN_ANSWERS = 25
+#: How far below the overall rate the weakest category must be: a drafter's real weak spots sit 10+ points below.
+SPEC_WEAKEST_MIN_GAP = 0.05
+#: The vLLM server flag that makes each answer carry its speculative-decoding figures (the records' `spec`).
+PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
 
 
 class Facet(StrEnum):
@@ -40,7 +51,7 @@ NONE_LABEL = "-"
 def length_bucket(completion_tokens: int) -> str:
     """The answer-length bucket of an answer of COMPLETION_TOKENS: `<256`, `256-1k`, `1k-4k`, `4k+`
     with the default bounds."""
-    bounds = defaults.SPEC_LENGTH_BUCKETS
+    bounds = SPEC_LENGTH_BUCKETS
     for lo, hi in pairwise(bounds):
         if completion_tokens < hi:
             return f"<{_k(hi)}" if lo == 0 else f"{_k(lo)}-{_k(hi)}"
@@ -53,7 +64,7 @@ def _k(n: int) -> str:
 
 def turn_label(turn: int) -> str:
     """The category of 1-based user turn TURN."""
-    return f"{defaults.SPEC_TURN_CAP}+" if turn >= defaults.SPEC_TURN_CAP else str(max(turn, 1))
+    return f"{SPEC_TURN_CAP}+" if turn >= SPEC_TURN_CAP else str(max(turn, 1))
 
 
 @dataclass(slots=True)
@@ -184,8 +195,8 @@ class AcceptanceTable:
             for label, t in other.by[facet].items():
                 self.by[facet].setdefault(label, Tally()).merge(t)
 
-    def weakest(self, min_answers: int = defaults.SPEC_MIN_ANSWERS,
-                min_gap: float = defaults.SPEC_WEAKEST_MIN_GAP) -> tuple[Facet, str, Tally] | None:
+    def weakest(self, min_answers: int = SPEC_MIN_ANSWERS,
+                min_gap: float = SPEC_WEAKEST_MIN_GAP) -> tuple[Facet, str, Tally] | None:
         """The category furthest below the overall rate, among facets with more than one category
         and categories of at least MIN_ANSWERS answers (None: no such category at least MIN_GAP
         below overall)."""
@@ -207,7 +218,7 @@ class AcceptanceTable:
 
 
 #: The length buckets in their own order (shortest first), as length_bucket names them.
-_LENGTHS = {length_bucket(bound): i for i, bound in enumerate(defaults.SPEC_LENGTH_BUCKETS)}
+_LENGTHS = {length_bucket(bound): i for i, bound in enumerate(SPEC_LENGTH_BUCKETS)}
 
 
 def category_order(facet: Facet, labels: Iterable[str], *tables: AcceptanceTable | None) -> list[str]:
@@ -299,7 +310,7 @@ def table_of_fields(fields: Mapping[str, int], sep: str = "\x1f") -> AcceptanceT
     return table
 
 
-def weakest_line(table: AcceptanceTable, min_answers: int = defaults.SPEC_MIN_ANSWERS) -> str | None:
+def weakest_line(table: AcceptanceTable, min_answers: int = SPEC_MIN_ANSWERS) -> str | None:
     """The drafter's weakest category in words ("drafter weakest on source weak.jsonl: 35% vs 70%
     overall"), None when no category of enough answers is below the overall rate."""
     found = table.weakest(min_answers)

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import random
 
-from genqueue.common import defaults
+#: Seconds of a request's first full-jitter wait: attempt N waits uniform in [0, min(BACKOFF_CAP, BASE * 2**N)].
+BACKOFF_BASE = 0.5
+#: The longest wait between a request's attempts (seconds).
+BACKOFF_CAP = 30.0
+#: Seconds of a failed ship's first wait (and of a run whose packs the store cannot serve now), full jitter.
+STORE_BACKOFF_BASE = 0.5
+#: The longest wait before a ship is tried again (seconds).
+STORE_BACKOFF_CAP = 15.0
+#: Doublings of the store's wait at most: 0.5 s reaches 15 s after five.
+STORE_BACKOFF_DOUBLINGS = 6
 
 
-def compute_backoff(attempt: int, *, base: float = defaults.BACKOFF_BASE, cap: float = defaults.BACKOFF_CAP,
+def compute_backoff(attempt: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP,
                     rng: random.Random | None = None) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
 
@@ -24,5 +33,5 @@ def store_backoff(failures: int, *, rng: random.Random | None = None) -> float:
     """The wait after FAILURES failed tries in a row at an output store (>= 1): shipping a shard
     (consumer/shipping/outbox.py) and asking a run whose packs cannot be read now again
     (consumer/work/intake.py) back off alike, up to STORE_BACKOFF_CAP."""
-    return compute_backoff(min(max(failures - 1, 0), defaults.STORE_BACKOFF_DOUBLINGS),
-                           base=defaults.STORE_BACKOFF_BASE, cap=defaults.STORE_BACKOFF_CAP, rng=rng)
+    return compute_backoff(min(max(failures - 1, 0), STORE_BACKOFF_DOUBLINGS),
+                           base=STORE_BACKOFF_BASE, cap=STORE_BACKOFF_CAP, rng=rng)

@@ -35,6 +35,11 @@ from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.errors import PackCorruptError, PackRangeError, PackTruncatedError, PackVersionError
 
+#: zstd level of a pack's blocks: zstd's default, faster than rq's zlib 1 and 11% smaller (BENCHMARKS.md, "Packs").
+PACK_ZSTD_LEVEL = 3
+#: Items per block, the unit a reader fetches: an inline job's worth, so a job's range is one ranged GET (~36 KB).
+PACK_BLOCK_ITEMS = defaults.BATCH_SIZE
+
 
 class PackFormat(IntEnum):
     """The format versions this genqueue reads (a header's and a footer's u16); it writes the
@@ -127,7 +132,7 @@ class PackWriter:
     """Builds one pack in memory, a block at a time: `add_block` per block (a job's items, or
     any run of items), then `finish` for the pack's bytes. One writer, one pack."""
 
-    def __init__(self, *, level: int = defaults.PACK_ZSTD_LEVEL) -> None:
+    def __init__(self, *, level: int = PACK_ZSTD_LEVEL) -> None:
         self._zstd = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
         self._buf = bytearray(HEADER.pack(MAGIC, VERSION, 0))
         self._entries: list[BlockEntry] = []
@@ -167,8 +172,8 @@ class PackWriter:
         return bytes(self._buf)
 
 
-def write_pack(items: Iterable[Item], *, block_items: int = defaults.PACK_BLOCK_ITEMS,
-               level: int = defaults.PACK_ZSTD_LEVEL) -> bytes:
+def write_pack(items: Iterable[Item], *, block_items: int = PACK_BLOCK_ITEMS,
+               level: int = PACK_ZSTD_LEVEL) -> bytes:
     """A pack of ITEMS in blocks of BLOCK_ITEMS (the last may be shorter)."""
     if block_items < 1:
         raise ValueError(f"blocks of at least one item, not {block_items}")

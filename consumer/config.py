@@ -14,6 +14,7 @@ from genqueue.common import defaults
 from genqueue.common.cli import ConsumerArgs
 from genqueue.common.errors import UserError
 from genqueue.common.settings import check_run_name, parse_concurrency
+from genqueue.consumer.work.leases import renew_every, shortest_lease
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def lease_too_short(lease: float, redis_url: str) -> str | None:
     """The one-line warning for a LEASE shorter than the Redis socket timeout allows (the URL's
     own `?socket_timeout=` or genqueue's default), None when it is long enough: a Redis command
     that hangs until the socket timeout must surface within one renewal period, or a stalled
-    Redis costs the consumer its leases (defaults.shortest_lease). A warning, not a refusal:
+    Redis costs the consumer its leases (shortest_lease). A warning, not a refusal:
     short leases are for tests and fast failovers, and a healthy Redis answers in milliseconds."""
     timeout = defaults.REDIS_SOCKET_TIMEOUT
     given = parse_qs(urlparse(redis_url).query).get("socket_timeout")
@@ -130,9 +131,9 @@ def lease_too_short(lease: float, redis_url: str) -> str | None:
             timeout = float(given[-1])
         except ValueError:
             pass  # redis-py refuses it when it connects, with its own message
-    need = defaults.shortest_lease(timeout)
+    need = shortest_lease(timeout)
     if lease >= need:
         return None
     return (f"--lease {lease:g} s is shorter than the {need:g} s a Redis socket timeout of {timeout:g} s needs "
-            f"(a hung command must end within one renewal, every {defaults.renew_every(lease):g} s): a stalled "
+            f"(a hung command must end within one renewal, every {renew_every(lease):g} s): a stalled "
             f"Redis can cost held leases; raise --lease or lower ?socket_timeout= in the Redis URL")

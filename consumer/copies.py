@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item, Mode
 from genqueue.common.keepers.flights import Flight, Flights, Offer
 from genqueue.common.keepers.hungry import HungryLook
@@ -48,12 +47,18 @@ from genqueue.consumer.work.packs import PackUnreadable
 
 log = logging.getLogger(__name__)
 
-LOOK_EVERY = defaults.HEDGE_LOOK_EVERY
-RETAKEN_LOOK_EVERY = defaults.HEDGE_RETAKEN_LOOK_EVERY
-FASTER = defaults.HEDGE_FASTER
-UNSENT_FASTER = defaults.HEDGE_UNSENT_FASTER
-MAX_OFFER = defaults.HEDGE_MAX_OFFER
-RATE_WINDOW = defaults.HEDGE_RATE_WINDOW
+#: Seconds between looks at the end of a run: marks of what is held, offers, copies.
+LOOK_EVERY = 0.25
+#: Seconds between looks at the marks of items of jobs taken again mid-run, dropping what another shipped.
+RETAKEN_LOOK_EVERY = 0.5
+#: A copy of an item in flight elsewhere is sent only by a consumer this many times faster per request.
+FASTER = 1.5
+#: An item waiting unsent elsewhere is copied by an idle consumer at least this fast relative to its holder.
+UNSENT_FASTER = 0.5
+#: Items an offer lists at most (the youngest in flight and the unsent first).
+MAX_OFFER = 512
+#: Results the rate per request is measured over.
+RATE_WINDOW = 64
 COPIES = os.environ.get("GENQUEUE_TAIL_COPIES", "1") != "0"
 
 

@@ -24,6 +24,9 @@ from genqueue.common.snapshot import RunCounters, SpecTotals
 
 log = logging.getLogger(__name__)
 
+#: Categories of one facet with their own acceptance series per run: every label value is a series Prometheus keeps.
+SPEC_METRIC_CATEGORIES = 50
+
 
 class ReadingGauge:
     """A gauge with no sample until there is a reading: `set(None)` (the engine gave none)
@@ -109,7 +112,7 @@ SPEC_ANSWERS = PCounter("genqueue_spec_answers", "Answers with speculative-decod
 SPEC_STEPS = PCounter("genqueue_spec_steps", "Speculative-decoding verify steps of the answers", SPEC_LABELS)
 SPEC_DRAFTED = PCounter("genqueue_spec_drafted_tokens", "Draft tokens proposed for the answers", SPEC_LABELS)
 SPEC_ACCEPTED = PCounter("genqueue_spec_accepted_tokens", "Draft tokens accepted in the answers", SPEC_LABELS)
-#: The category of the categories of one facet past defaults.SPEC_METRIC_CATEGORIES.
+#: The category of the categories of one facet past SPEC_METRIC_CATEGORIES.
 OTHER_CATEGORY = "other"
 
 
@@ -123,7 +126,7 @@ class SpecCounts:
     doctor's note on the weakest category) and the genqueue_spec_* counters, with at most
     CAP categories of a facet per run (the rest count as "other")."""
 
-    def __init__(self, cap: int = defaults.SPEC_METRIC_CATEGORIES) -> None:
+    def __init__(self, cap: int = SPEC_METRIC_CATEGORIES) -> None:
         self.cap = cap
         self.tables: dict[str, AcceptanceTable] = {}
         self._labels: dict[tuple[str, Facet], set[str]] = {}

@@ -31,12 +31,18 @@ from rq.registry import StartedJobRegistry
 from rq.worker import BaseWorker, WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from genqueue.common import defaults
 from genqueue.common.defaults import JOB_RETRIES, KEY_PREFIX
 from genqueue.common.keepers.clock import RedisClock
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, TASKS, refused_key
 
 log = logging.getLogger(__name__)
+
+#: rq's worker_ttl is the lease, but never under this (seconds): rq refuses very short ones.
+RQ_WORKER_TTL_MIN = 10
+#: A clock off Redis's by more than this share of the lease would lose leases: it is warned about.
+LEASE_CLOCK_WARN_FRACTION = 1 / 4
+#: Seconds rq keeps an execution and the worker's heartbeat past the lease: rq's tools list a consumer through a miss.
+LEASE_RQ_SLACK = 60
 
 #: A field of the rq job's hash: how many times the job was given back to its queue (a drain,
 #: a pause, the end of a run). A give-back spends no retry, but the next take is another
@@ -91,10 +97,10 @@ class GenWorker(BaseWorker):
         # expires, and a restart must not collide with it.
         name = name or f"gq-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         _skew_for_tests()
-        super().__init__(queues, name=name, connection=conn, serializer=SERIALIZER, worker_ttl=max(lease, defaults.RQ_WORKER_TTL_MIN))
+        super().__init__(queues, name=name, connection=conn, serializer=SERIALIZER, worker_ttl=max(lease, RQ_WORKER_TTL_MIN))
         self.lease = lease
         # A clock off by more than a quarter lease would already lose leases without this.
-        self.clock = RedisClock(conn, warn_above=lease * defaults.LEASE_CLOCK_WARN_FRACTION, name=name)
+        self.clock = RedisClock(conn, warn_above=lease * LEASE_CLOCK_WARN_FRACTION, name=name)
         # Whether a job of the queue named may be taken now (consumer/guards/rewind.py holds a run back
         # while its marks are rebuilt).
         self.gate: Callable[[str], bool] = lambda queue_name: True
@@ -216,7 +222,7 @@ class GenWorker(BaseWorker):
         registry's score, and the job's execution registry's (rq keeps it a minute longer)."""
         expiry = self.clock.now() + self.lease
         p.zadd(job.started_job_registry.key, {execution.composite_key: expiry}, xx=True)
-        p.zadd(ExecutionRegistry.key_template.format(job.id), {execution.id: expiry + defaults.LEASE_RQ_SLACK}, xx=True)
+        p.zadd(ExecutionRegistry.key_template.format(job.id), {execution.id: expiry + LEASE_RQ_SLACK}, xx=True)
 
     def _fail_foreign(self, queue: Queue, job: Job, reason: str) -> None:
         log.warning("job %s on %s: %s", job.id, queue.name, reason)
@@ -256,7 +262,7 @@ class GenWorker(BaseWorker):
                         "back from an older snapshot, a sweep while this consumer stood still): taken back",
                         len(missing) - len(lost))
         with self.connection.pipeline() as p:
-            self.heartbeat(self.lease + defaults.LEASE_RQ_SLACK, pipeline=p)
+            self.heartbeat(self.lease + LEASE_RQ_SLACK, pipeline=p)
             # Put back what a cleaner took while this worker's hash had expired (Redis out of
             # reach for a lease and a minute): a live consumer stays listed by rq's tools.
             if self._registered:

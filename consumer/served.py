@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 
-from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
 from genqueue.common.capture_model import check_model
 from genqueue.common.contracts import ExitCode, ReasoningForm
@@ -31,7 +30,7 @@ from genqueue.consumer.answer.generate import Generator, RunContext
 from genqueue.consumer.answer.spec import speculation_note
 from genqueue.consumer.capture import probe as capture_probe
 from genqueue.consumer.capture import tables
-from genqueue.consumer.capture.facts import EngineFactsReader
+from genqueue.consumer.capture.facts import PROBE_TIMEOUT, EngineFactsReader
 from genqueue.consumer.capture.features import other_capture
 from genqueue.consumer.capture.owner import CaptureOwner
 from genqueue.consumer.engine.readings import engine_view
@@ -39,10 +38,8 @@ from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT = defaults.SERVED_PROBE_TIMEOUT
-
-
-PREFLIGHT_RETRY = defaults.SERVED_PREFLIGHT_RETRY
+#: Seconds before a run that failed this consumer's pre-flight is checked again (its settings or engine may change).
+PREFLIGHT_RETRY = 300.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,9 @@ from genqueue.consumer.work.packs import PackOutages
 
 log = logging.getLogger(__name__)
 
+#: Seconds between the wake-ups that measure the event loop's lag.
+LOOP_LAG_EVERY = 0.05
+
 
 class PauseReason(StrEnum):
     """Why a consumer is paused (its snapshot's `paused`, `genqueue_paused{reason}`; docs/metrics.md).
@@ -125,8 +128,10 @@ class PauseReasons:
         return reasons
 
 
-PROGRESS_EVERY = defaults.TELEMETRY_PROGRESS_EVERY
-PRUNE_EVERY = defaults.TELEMETRY_PRUNE_EVERY
+#: Seconds between two progress lines in the consumer's log.
+PROGRESS_EVERY = 60.0
+#: Seconds between prunes of the consumers' set (reports gone silent): any live consumer's prune does for all.
+PRUNE_EVERY = 60.0
 
 
 class LoopLag:
@@ -134,7 +139,7 @@ class LoopLag:
     and keeps the most it overslept. A loop that wakes late is not scheduled (the host's cores
     are taken) or is blocked by a long step; either way what the consumer holds waits."""
 
-    def __init__(self, every: float = defaults.LOOP_LAG_EVERY) -> None:
+    def __init__(self, every: float = LOOP_LAG_EVERY) -> None:
         self.every = every
         self._max = 0.0
 

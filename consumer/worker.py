@@ -32,7 +32,6 @@ from typing import IO
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import CorruptStateError, UserError
 from genqueue.common.features import ShardIndex
@@ -58,7 +57,7 @@ from genqueue.consumer.capture.tables import TableKeeper
 from genqueue.consumer.config import ConsumerConfig
 from genqueue.consumer.copies import Copier, copies_clause
 from genqueue.consumer.dispatch import Dispatcher
-from genqueue.consumer.engine.admission import Limiter, Steering
+from genqueue.consumer.engine.admission import AUTO_START, Limiter, Steering
 from genqueue.consumer.events import Events
 from genqueue.consumer.guards.breaker import Breaker
 from genqueue.consumer.guards.ended import unfinished_runs
@@ -74,13 +73,14 @@ from genqueue.consumer.telemetry import Parts, PauseReasons, Telemetry
 from genqueue.consumer.work.acker import Acker
 from genqueue.consumer.work.book import Book
 from genqueue.consumer.work.intake import Intake
-from genqueue.consumer.work.leases import Leases
+from genqueue.consumer.work.leases import Leases, renew_every
 from genqueue.consumer.work.packs import PackOutages
 from genqueue.consumer.work.settle import Settler
 
 log = logging.getLogger(__name__)
 
-LEFTOVER_WAIT = defaults.WORKER_LEFTOVER_WAIT
+#: Seconds a starting consumer waits for an earlier one's leftover shards to ship (the jobs swept back skip them).
+LEFTOVER_WAIT = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,7 @@ class Consumer:
         self.stopping = self.stop.stopping
         self.stop.on_hard(self._go_hard)
         self.wake = asyncio.Event()
-        self.limiter = Limiter(min(defaults.AUTO_START, cfg.max_concurrency) if cfg.auto_concurrency
+        self.limiter = Limiter(min(AUTO_START, cfg.max_concurrency) if cfg.auto_concurrency
                                else cfg.concurrency)
         ev = self.events = Events()
         self.outbox = Outbox(cfg.spool, self.worker.name, max_bytes=cfg.shard_max_bytes,
@@ -135,7 +135,7 @@ class Consumer:
         self._spool_lock: IO[str] | None = None
         # A Redis that rewinds (consumer/guards/rewind.py): stamped marks, held runs, rebuilt marks.
         self._rewind = Rewind(self.rq, conn, self.worker.name, runs=lambda: self._served.names(),
-                              store_for=store_for or default_store_for, hold=defaults.renew_every(cfg.lease))
+                              store_for=store_for or default_store_for, hold=renew_every(cfg.lease))
         self.worker.gate = self._rewind.allows
         # the consumer's own handling of what its parts report (consumer/events.py)
         settle = Settler(self.rq, self._rewind, self.acker, self.book, self.wake)

@@ -34,12 +34,12 @@ from typing import IO, Any, Self
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.errors import UserError, WriteFailedError
 
 log = logging.getLogger(__name__)
 
-PROBE_BYTES = defaults.OUTFILES_PROBE_BYTES
+#: Bytes `probe` writes: one page, what a full tmpfs or ext4 refuses at once.
+PROBE_BYTES = 4096
 #: The hidden file, in each folder genqueue writes to, that lists the files it wrote there.
 MANIFEST = ".genqueue-files.json"
 

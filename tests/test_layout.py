@@ -392,12 +392,13 @@ def test_the_rq_patch_finder_finds_patches() -> None:
     assert rq_patches(tree) == [7, 8, 9, 13]
 
 
-# Tunables: module-level numbers that set behaviour (timeouts, intervals, sizes, counts, ratios)
-# live in common/defaults.py, each with its reason.
+# Tunables: module-level numbers that set behaviour (timeouts, intervals, sizes, counts, ratios).
+# What a user may tune (an option's or a variable's default) lives in common/defaults.py, which
+# tests/common/test_defaults_once.py holds; any other number lives beside the code it governs,
+# with its one-line reason in a `#:` comment directly above it.
 #: Modules whose numbers are not genqueue's tunables: the stand-in vLLM may import nothing (its
 #: numbers are the model of an engine, not settings of genqueue).
 NOT_TUNABLES = ("consumer/sim/",)
-
 
 
 def _numeric(node: ast.expr) -> bool:
@@ -411,20 +412,20 @@ def _numeric(node: ast.expr) -> bool:
     return False
 
 
-def literal_tunables(tree: ast.Module) -> list[str]:
-    """Names bound at module level in TREE (under if/try too) to a number written out. The rule:
-    a module-level name whose value is a numeric literal sets behaviour, so it is a tunable;
-    annotations without a value, class bodies (Enum members, protocol tables), __all__ and
-    non-numeric values are not looked at."""
-    found: list[str] = []
+def literal_tunables(tree: ast.Module) -> list[tuple[str, int]]:
+    """(name, line) of each name bound at module level in TREE (under if/try too) to a number
+    written out. The rule: a module-level name whose value is a numeric literal sets behaviour,
+    so it is a tunable; annotations without a value, class bodies (Enum members, protocol
+    tables), __all__ and non-numeric values are not looked at."""
+    found: list[tuple[str, int]] = []
 
     def body(stmts: list[ast.stmt]) -> None:
         for s in stmts:
             if isinstance(s, ast.Assign) and _numeric(s.value):
-                found.extend(t.id for t in s.targets if isinstance(t, ast.Name) and t.id != "__all__")
+                found.extend((t.id, s.lineno) for t in s.targets if isinstance(t, ast.Name) and t.id != "__all__")
             elif isinstance(s, ast.AnnAssign) and s.value is not None and _numeric(s.value) \
                     and isinstance(s.target, ast.Name):
-                found.append(s.target.id)
+                found.append((s.target.id, s.lineno))
             elif isinstance(s, ast.If | ast.Try):
                 body(s.body)
                 body(s.orelse)
@@ -433,20 +434,44 @@ def literal_tunables(tree: ast.Module) -> list[str]:
     return found
 
 
+def unexplained_tunables(source: str) -> list[str]:
+    """The literal tunables of SOURCE without a `#:` reason on the line directly above them."""
+    lines = source.splitlines()
+    return [name for name, line in literal_tunables(ast.parse(source))
+            if line < 2 or not lines[line - 2].lstrip().startswith("#:")]
+
+
 def test_no_new_literal_tunable_outside_defaults() -> None:
     found = sorted(f"{rel}:{name}" for path in (ROOT / pkg for pkg in PACKAGES)
                    for file in sorted(path.rglob("*.py"))
                    if (rel := str(file.relative_to(ROOT))) != "common/defaults.py"
                    and not rel.startswith(NOT_TUNABLES)
-                   for name in literal_tunables(ast.parse(file.read_text())))
-    assert found == [], "numbers to move to common/defaults.py with their reason"
+                   for name in unexplained_tunables(file.read_text()))
+    assert found == [], "numbers without their reason: a `#:` line above each (a user's default: common/defaults.py)"
 
 
 def test_the_tunable_finder_finds_tunables() -> None:
     tree = ast.parse("import enum\nTIMEOUT = 5.0\nSIZE: int = 16 * 1024\nFLAG = True\nNAME = 'x'\n"
                      "__all__ = ['f']\nLIMIT: int\nclass C(enum.IntEnum):\n    A = 1\n"
                      "if X:\n    RETRY = -3\nfrom genqueue.common import defaults\nD = defaults.LEASE_SECONDS\n")
-    assert literal_tunables(tree) == ["TIMEOUT", "SIZE", "RETRY"]
+    assert [name for name, _ in literal_tunables(tree)] == ["TIMEOUT", "SIZE", "RETRY"]
+
+
+def test_a_planted_bare_literal_fails_the_rule() -> None:
+    """A number with its reason directly above passes; one without, or with a plain comment, or
+    with its reason a line away, does not."""
+    source = ("#: Seconds a look waits: the reason.\nEXPLAINED = 2.0\n"
+              "BARE = 30\n"
+              "# a plain comment is no reason\nPLAIN = 1 << 20\n"
+              "#: a reason a blank line away\n\nAWAY = 0.5\n"
+              "#: two lines of reason,\n#: the last one directly above\nLONG: int = 64 * 1024\n"
+              "if X:\n    NESTED = 3\n")
+    assert unexplained_tunables(source) == ["BARE", "PLAIN", "AWAY", "NESTED"]
+    real = (ROOT / "consumer" / "engine" / "doctor.py").read_text()
+    assert unexplained_tunables(real) == [] and literal_tunables(ast.parse(real)), "the rule reads real modules"
+    log_line = "\nlog = logging.getLogger(__name__)\n"
+    planted = real.replace(log_line, f"{log_line}PLANTED = 7\n", 1)
+    assert unexplained_tunables(planted) == ["PLANTED"]
 
 
 # Claim sets have one keeper: common/keepers/claims.py builds their keys and writes them.

@@ -20,13 +20,21 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from genqueue.common import defaults
 from genqueue.common.errors import FeatureCorruptError, FeatureError
 from genqueue.common.features.manifest import FeatureManifest
 from genqueue.common.features.row import FeatureRow, RowFormatError, unpack_row
 from genqueue.common.features.shard import IndexEntry, ReadRange
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.features.tables import LogprobsManifest
+
+#: Rows read together share one read (a ranged GET) up to this span: a GET's cost spread, its memory bounded.
+FEATURE_READ_SPAN_BYTES = 64 * 1024 * 1024
+#: ... and while they are at most this far apart: bytes read and thrown away cost about a GET at ~1 GB/s.
+FEATURE_READ_GAP_BYTES = 1024 * 1024
+#: The bytes of the rows an export reads at once.
+FEATURE_READ_WINDOW_BYTES = 128 * 1024 * 1024
+#: The rows an export reads at once (a tokens row's ids are Python ints, ~36 B each, held until written).
+FEATURE_READ_WINDOW_ROWS = 1024
 
 T = TypeVar("T")
 #: A row's bytes and its entry -> the row, checked. Raises FeatureCorruptError.
@@ -81,8 +89,8 @@ class SpanRead:
     entries: tuple[IndexEntry, ...]
 
 
-def plan_reads(entries: Iterable[IndexEntry], *, max_bytes: int = defaults.FEATURE_READ_SPAN_BYTES,
-               max_gap: int = defaults.FEATURE_READ_GAP_BYTES) -> list[SpanRead]:
+def plan_reads(entries: Iterable[IndexEntry], *, max_bytes: int = FEATURE_READ_SPAN_BYTES,
+               max_gap: int = FEATURE_READ_GAP_BYTES) -> list[SpanRead]:
     """The reads of ENTRIES (each once), in shard then offset order: rows at most MAX_GAP bytes
     apart share a read while it spans at most MAX_BYTES (a larger row is read alone)."""
     by_shard: dict[str, set[IndexEntry]] = {}
@@ -107,8 +115,8 @@ def plan_reads(entries: Iterable[IndexEntry], *, max_bytes: int = defaults.FEATU
 
 
 def read_entries(store: FeatureStore, run: str, entries: Iterable[IndexEntry], check: Check[T], *,
-                 max_bytes: int = defaults.FEATURE_READ_SPAN_BYTES,
-                 max_gap: int = defaults.FEATURE_READ_GAP_BYTES) -> dict[IndexEntry, T | FeatureCorruptError]:
+                 max_bytes: int = FEATURE_READ_SPAN_BYTES,
+                 max_gap: int = FEATURE_READ_GAP_BYTES) -> dict[IndexEntry, T | FeatureCorruptError]:
     """Each of ENTRIES' rows in RUN's shards in STORE, read in plan_reads' spans and each cut out
     and checked by CHECK: the row, or its FeatureCorruptError (naming its row, shard and offset).
     Raises StoreError when a read fails."""
@@ -138,8 +146,8 @@ def read_by_id(store: FeatureStore, run: str, entries: Mapping[str, IndexEntry],
     return {r: got[e] for r, e in wanted.items()}
 
 
-def windows(items: Iterable[T], size: Callable[[T], int], *, max_bytes: int = defaults.FEATURE_READ_WINDOW_BYTES,
-            max_items: int = defaults.FEATURE_READ_WINDOW_ROWS) -> Iterator[list[T]]:
+def windows(items: Iterable[T], size: Callable[[T], int], *, max_bytes: int = FEATURE_READ_WINDOW_BYTES,
+            max_items: int = FEATURE_READ_WINDOW_ROWS) -> Iterator[list[T]]:
     """ITEMS in order, in lists of at most MAX_ITEMS whose SIZEs sum to at most MAX_BYTES (an
     item larger than that alone): what an export reads at once."""
     window: list[T] = []

@@ -20,14 +20,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from genqueue.common import defaults
 from genqueue.common.features.manifest import FeatureManifest
 from genqueue.common.features.names import MANIFEST, features_prefix, index_name, shard_of_index
 from genqueue.common.features.shard import ReadRange, SealedFeatureShard, ShardIndex, file_range, pread_all
 from genqueue.common.features.tables import MANIFEST_NAME as LOGPROBS_MANIFEST
 from genqueue.common.features.tables import LogprobsManifest, check_any_manifest, manifest_name
 from genqueue.common.storage.base import StoreError
-from genqueue.common.storage.local import fsync_dir, fsync_file
+from genqueue.common.storage.local import READ_BUFFER, fsync_dir, fsync_file
 
 
 class FeatureStore(Protocol):
@@ -176,7 +175,7 @@ def _copy_hashed(src: Path, dest: Path) -> str:
     """Copy SRC to DEST; the sha256 of the bytes copied."""
     h = hashlib.sha256()
     with open(src, "rb") as fin, open(dest, "wb") as fout:
-        while chunk := fin.read(defaults.LOCAL_READ_BUFFER):
+        while chunk := fin.read(READ_BUFFER):
             h.update(chunk)
             fout.write(chunk)
     return h.hexdigest()

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from genqueue.common import defaults
 from genqueue.common.errors import FeatureError, FeatureManifestConflictError, FeatureValueError
 from genqueue.common.features.manifest import FeatureManifest, check_manifest, digest_of, identity_of
 from genqueue.common.features.names import MANIFEST as HIDDEN_MANIFEST_NAME
@@ -30,8 +29,10 @@ FORMAT_VERSION = "1"
 KIND = "logprobs"
 #: Where a run's table manifest is kept, in its features folder.
 MANIFEST_NAME = "logprobs.json"
-SUM_EPS = defaults.LOGPROBS_SUM_EPS
-ZERO_EPS = defaults.LOGPROBS_ZERO_EPS
+#: A table's probabilities may sum past 1 by this much: float32 log-softmax and rounding (measured: under 1e-6).
+SUM_EPS = 1e-3
+#: A log-probability may be above 0 by this much (float32 rounding of a probability of ~1).
+ZERO_EPS = 1e-4
 
 SAMPLED_IDS = "sampled_ids"
 SAMPLED_LOGPROBS = "sampled_logprobs"

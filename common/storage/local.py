@@ -17,7 +17,6 @@ from typing import IO
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.storage.base import (
     OutputMissingError,
     OutputProbeError,
@@ -43,7 +42,12 @@ from genqueue.common.storage.names import (
 
 log = logging.getLogger(__name__)
 
-READ_BUFFER = defaults.LOCAL_READ_BUFFER
+#: Tries of a local output's probe: consumers starting together probe one directory, and a probe's directory
+#: made and removed by another can vanish under it; a real fault fails every try.
+OUTPUT_PROBE_TRIES = 3
+
+#: Bytes read at a time from a local shard: one syscall per MiB, small beside an export's partitions.
+READ_BUFFER = 1 << 20
 
 
 class LocalStore:
@@ -175,11 +179,11 @@ class LocalStore:
         behind (the consumer makes them when it ships its first shard). Consumers starting
         together probe the same place at once: a directory another probe made (or removed)
         under this one is no fault, and the probe is tried again (OUTPUT_PROBE_TRIES)."""
-        for attempt in range(1, defaults.OUTPUT_PROBE_TRIES + 1):
+        for attempt in range(1, OUTPUT_PROBE_TRIES + 1):
             try:
                 back, body, path = self._probe_once(run)
             except FileNotFoundError as e:  # another probe removed a directory it had made
-                if attempt == defaults.OUTPUT_PROBE_TRIES:
+                if attempt == OUTPUT_PROBE_TRIES:
                     raise self._probe_failed(e) from None
                 continue
             except OSError as e:
@@ -277,13 +281,13 @@ def _put_whole(path: Path, data: bytes) -> str:
     exists holds the whole file); StoreError, in one line, when it cannot be."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        for attempt in range(1, defaults.OUTPUT_PROBE_TRIES + 1):
+        for attempt in range(1, OUTPUT_PROBE_TRIES + 1):
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 tmp.write_bytes(data)
                 break
             except FileNotFoundError:  # another command's probe removed the directory it had made
-                if attempt == defaults.OUTPUT_PROBE_TRIES:
+                if attempt == OUTPUT_PROBE_TRIES:
                     raise
         fsync_file(tmp)
         os.replace(tmp, path)

@@ -40,15 +40,17 @@ from genqueue.common.storage.base import PackStore
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR = defaults.PACK_CACHE_DIR
-CACHE_BYTES = defaults.PACK_CACHE_BYTES
-TEMP_AGE = defaults.PACK_CACHE_TEMP_AGE
-LOCK_WAIT = defaults.PACK_CACHE_LOCK_WAIT
-_STRIPES = defaults.PACK_CACHE_STRIPES
+#: Seconds after which a dead fetcher's half-written file is swept away: no live fetch takes this long.
+TEMP_AGE = 600.0
+#: Seconds to wait for another consumer of the host fetching the same pack before fetching it too (a fetch: < 1 s).
+LOCK_WAIT = 30.0
+#: Locks a process's threads stripe their packs over: bounded; two packs of a stripe only wait on each other.
+_STRIPES = 64
 _SUFFIX = ".gqpack"
 _TEMP = ".tmp-"
 _LOCK = ".lock-"
-_POLL = defaults.PACK_CACHE_LOCK_POLL
+#: Seconds between looks for a pack another consumer is fetching (a near store fetches in tens of ms).
+_POLL = 0.01
 
 
 def verify_pack(data: bytes, where: str) -> PackIndex:
@@ -91,8 +93,9 @@ def _origin(store: PackStore) -> str:
 class PackCache:
     """Whole packs in the directory ROOT, at most MAX_BYTES of them (module docstring)."""
 
-    def __init__(self, root: str | os.PathLike[str] = CACHE_DIR, *, max_bytes: int = CACHE_BYTES,
-                 temp_age: float = TEMP_AGE, lock_wait: float = LOCK_WAIT) -> None:
+    def __init__(self, root: str | os.PathLike[str] = defaults.PACK_CACHE_DIR, *,
+                 max_bytes: int = defaults.PACK_CACHE_BYTES, temp_age: float = TEMP_AGE,
+                 lock_wait: float = LOCK_WAIT) -> None:
         if max_bytes <= 0:
             raise ValueError(f"a pack cache of {max_bytes} bytes keeps nothing: pass no cache instead")
         self.root = Path(os.path.expanduser(os.fspath(root)))

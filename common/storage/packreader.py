@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.errors import PackError, PackRangeError
 from genqueue.common.packs import BlockEntry, PackIndex, decode_block, index_from_tail, parse_index, read_index
@@ -38,8 +37,10 @@ from genqueue.common.storage.packcache import PackCache
 
 log = logging.getLogger(__name__)
 
-TAIL_BYTES = defaults.PACK_TAIL_BYTES
-INDEX_CACHE = defaults.PACK_INDEX_CACHE
+#: Bytes of a pack's end fetched first: 64 KiB holds its footer and an index of 3,000 blocks (~100,000 items).
+TAIL_BYTES = 64 * 1024
+#: Pack indexes kept in memory (~20 KB each): the jobs a consumer holds come from a few packs.
+INDEX_CACHE = 8
 
 
 @dataclass(slots=True)

@@ -77,13 +77,18 @@ from genqueue.common.storage.names import (
 
 log = logging.getLogger(__name__)
 
-MULTIPART_THRESHOLD = defaults.S3_MULTIPART_THRESHOLD
-MULTIPART_CHUNKSIZE = defaults.S3_MULTIPART_CHUNKSIZE
-S3_TRANSFER_CONCURRENCY = defaults.S3_TRANSFER_CONCURRENCY
-STALE_UPLOAD_SECONDS = defaults.S3_STALE_UPLOAD_SECONDS
-CONNECT_TIMEOUT = defaults.S3_CONNECT_TIMEOUT
-READ_TIMEOUT = defaults.S3_READ_TIMEOUT
-BOTO_ATTEMPTS = defaults.S3_BOTO_ATTEMPTS
+#: Shards above this size go up as multipart uploads, in parts of MULTIPART_CHUNKSIZE.
+MULTIPART_THRESHOLD = 16 * 1024 * 1024
+#: Bytes per part: S3's 10,000 parts take an object to 160 GB, and a retried part resends 16 MiB at most.
+MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
+#: Parallel part uploads of one shard (a consumer ships at most two shards at once).
+S3_TRANSFER_CONCURRENCY = 4
+#: Seconds to connect to S3: short, since the consumer retries a failed ship with backoff.
+CONNECT_TIMEOUT = 5.0
+#: Seconds without a byte from S3 before a request is retried: a healthy store answers in under a second.
+READ_TIMEOUT = 60.0
+#: botocore's attempts of one request before genqueue's backoff and spool take over: a blip absorbed, an outage seen.
+BOTO_ATTEMPTS = 3
 
 ENDPOINT_ENV = "GENQUEUE_S3_ENDPOINT"
 ABORT_AFTER_ENV = "GENQUEUE_S3_ABORT_AFTER"
@@ -168,7 +173,7 @@ class S3Store:
         if stale_after_s is None:
             raw = os.environ.get(ABORT_AFTER_ENV, "")
             try:
-                stale_after_s = float(raw) if raw else STALE_UPLOAD_SECONDS
+                stale_after_s = float(raw) if raw else defaults.S3_STALE_UPLOAD_SECONDS
             except ValueError:
                 raise UserError(f"{ABORT_AFTER_ENV}={raw!r} is not a number of seconds") from None
         self.stale_after_s = stale_after_s

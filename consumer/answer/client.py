@@ -48,7 +48,8 @@ def _error_message(body: bytes) -> str:
     return body[:300].decode("utf-8", "replace")
 
 
-KEEPALIVE_SECONDS = defaults.CLIENT_KEEPALIVE_SECONDS
+#: Seconds an idle connection is kept: under vLLM's and uvicorn's keep-alive (5 s), so none is reused as it closes.
+KEEPALIVE_SECONDS = 4.0
 
 
 class EndpointClient:

@@ -19,7 +19,6 @@ from typing import Required, TypedDict, cast
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Outcome, ReasoningForm, ToolCall
 from genqueue.common.records import FeatureRef, LogprobsRef, SpecFigures, TokenIds, Usage
 from genqueue.consumer.answer.faults import BadResponseError, TransientError
@@ -35,7 +34,8 @@ FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "f
 #: but the text is a fragment, so it is a transient failure, retried like a 503.
 ABORT = "abort"
 
-SNIPPET_CHARS = defaults.COMPLETION_SNIPPET_CHARS
+#: Characters of an engine's unexpected reply quoted in the error record: enough to tell what it said.
+SNIPPET_CHARS = 200
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from genqueue.common import defaults
-from genqueue.common.backoff import compute_backoff
+from genqueue.common.backoff import BACKOFF_BASE, BACKOFF_CAP, compute_backoff
 from genqueue.common.contracts import ErrorClass
 from genqueue.common.errors import GenqueueError
 
@@ -154,8 +153,8 @@ class RetryPolicy:
     """Bounded retries with full-jitter exponential backoff (common/backoff.py)."""
 
     max_attempts: int
-    backoff_base: float = defaults.BACKOFF_BASE
-    backoff_cap: float = defaults.BACKOFF_CAP
+    backoff_base: float = BACKOFF_BASE
+    backoff_cap: float = BACKOFF_CAP
 
     def after(self, e: TransientError, attempt: int) -> NextStep:
         """The step after ATTEMPT (counted from 1) failed with E. Every failed attempt asks

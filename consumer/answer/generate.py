@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from genqueue.common import defaults
+from genqueue.common.backoff import BACKOFF_BASE, BACKOFF_CAP
 from genqueue.common.capture import CaptureBudgetSpent, CaptureDecision
 from genqueue.common.contracts import ChatMessage, ErrorClass, Item, Mode, Note, Outcome, Truncation
 from genqueue.common.records import (
@@ -119,8 +120,8 @@ class Generator:
     cancellation)."""
 
     def __init__(self, client: EndpointClient, gate: Gate, *, max_attempts: int = defaults.MAX_ATTEMPTS,
-                 checkpoints: Checkpoints | None = None, backoff_base: float = defaults.BACKOFF_BASE,
-                 backoff_cap: float = defaults.BACKOFF_CAP, features: FeatureSink | None = None,
+                 checkpoints: Checkpoints | None = None, backoff_base: float = BACKOFF_BASE,
+                 backoff_cap: float = BACKOFF_CAP, features: FeatureSink | None = None,
                  tables: TableSink | None = None) -> None:
         self.client = client
         self.gate = gate

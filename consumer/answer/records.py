@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
-from genqueue.common import __version__, defaults
+from genqueue.common import __version__
 from genqueue.common.contracts import ChatMessage, ErrorClass, HistoryReasoning, Item, Note, Outcome, ReasoningForm
 from genqueue.common.records import (
     CallSummary,
@@ -51,7 +51,8 @@ __all__ = ["Answered", "Conversation", "Crashed", "Cut", "Ending", "Failed", "Pr
            "internal_error", "messages_of", "record", "record_base", "result_record", "stop", "timings",
            "truncated_error", "truncated_info", "turn_record"]
 
-INTERNAL_MESSAGE_CHARS = defaults.RECORDS_INTERNAL_MESSAGE_CHARS
+#: An internal error's message is cut to this many characters (a repr can be huge).
+INTERNAL_MESSAGE_CHARS = 1000
 
 
 class RunFacts(Protocol):

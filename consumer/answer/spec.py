@@ -17,12 +17,13 @@ Only counts are kept (common.contracts.SpecFigures); the engine's floats are der
 
 from __future__ import annotations
 
-from genqueue.common import defaults
+from genqueue.common.acceptance import PER_REQUEST_SPEC_FLAG
 from genqueue.common.records import SpecFigures
 
 __all__ = ["SpecFigures", "read_spec"]
 
-MAX_SPEC_TOKENS = defaults.SPEC_MAX_SPEC_TOKENS
+#: A k past this is not a real engine's (vLLM's drafters propose a handful of tokens per step).
+MAX_SPEC_TOKENS = 64
 
 
 def read_spec(body: dict[str, object]) -> tuple[SpecFigures | None, str | None]:
@@ -68,10 +69,6 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-#: The vLLM server flag that makes each answer carry its figures.
-PER_REQUEST_FLAG = defaults.PER_REQUEST_SPEC_FLAG
-
-
 def speculation_note(probe: SpecFigures | None, engine_metrics: bool, engine_spec: bool, *,
                      capturing: bool = False) -> tuple[bool, str]:
     """The pre-flight's line on the engine's speculation: (a warning?, the line). PROBE: the
@@ -88,7 +85,7 @@ def speculation_note(probe: SpecFigures | None, engine_metrics: bool, engine_spe
                        f"{probe['drafted']} draft tokens accepted in {probe['steps']} steps)")
     if engine_spec:
         return True, (f"the engine speculates (its /metrics has spec_decode counters) but its answers carry no "
-                      f"per-request figures, so none is recorded: start vLLM with {PER_REQUEST_FLAG} summary")
+                      f"per-request figures, so none is recorded: start vLLM with {PER_REQUEST_SPEC_FLAG} summary")
     if engine_metrics:
         return False, "the engine does not speculate (no spec_decode counters on its /metrics)"
     return False, "whether the engine speculates is unknown (its /metrics did not answer, its answer has no figures)"

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genqueue.common import defaults
 from genqueue.common.capture_model import hub_cache
 from genqueue.consumer.answer.faults import BadCaptureError
 
 log = logging.getLogger(__name__)
+
+#: Seconds a pre-flight probe may take: it asks for a short answer, but a thinking model may think a while.
+PROBE_TIMEOUT = 300.0
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -93,7 +95,7 @@ class EngineFactsReader:
     """The facts of ENDPOINT's models, read once per model (blocking: called from the capture
     thread) and kept."""
 
-    def __init__(self, endpoint: str, timeout: float = defaults.SERVED_PROBE_TIMEOUT) -> None:
+    def __init__(self, endpoint: str, timeout: float = PROBE_TIMEOUT) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.base = self.endpoint.removesuffix("/v1")
         self.timeout = timeout

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from genqueue.common import defaults
 from genqueue.common.capture import CaptureSettings
 from genqueue.consumer.answer.faults import PermanentError
 from genqueue.consumer.capture.captured import read_capture, remove_capture
@@ -25,8 +24,8 @@ log = logging.getLogger(__name__)
 #: when the first request after its start has fewer than 5 prompt tokens).
 MESSAGES = [{"role": "user", "content": "This request checks that the engine captures hidden states. "
                                         "Count from one to ten in words, please."}]
-#: The probe's completion budget (defaults.CAPTURE_PROBE_MAX_TOKENS).
-MAX_TOKENS = defaults.CAPTURE_PROBE_MAX_TOKENS
+#: Tokens the capture probe generates, so generated tokens' capture is checked too (capped by max_tokens).
+MAX_TOKENS = 8
 
 
 def judge(capture: CaptureSettings, endpoint: str, path: str | None, expected: list[int] | None) -> str | None:

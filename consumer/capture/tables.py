@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import numpy.typing as npt
 
-from genqueue.common import __version__, defaults
+from genqueue.common import __version__
 from genqueue.common.backoff import store_backoff
 from genqueue.common.errors import FeatureValueError
 from genqueue.common.features import IndexEntry
@@ -37,6 +37,9 @@ from genqueue.common.logprobs import RUN_MODE, asked
 from genqueue.common.records import LogprobsRef, TokenIds
 from genqueue.common.settings import RunSettings
 from genqueue.consumer.answer.faults import BadLogprobsError
+
+#: A table moving more than this between temperatures 1 and 0.25 is processed: raw values move by rounding only.
+LOGPROBS_MODE_GAP = 0.25
 
 #: Stores one row: (run, manifest, row id, table) -> its index entry.
 AppendTable = Callable[[str, LogprobsManifest, str, LogprobsTable], IndexEntry]
@@ -82,7 +85,8 @@ def parse_tables(content: object, k: int) -> LogprobsTable:
 _ENTRY_KEYS = (operator.itemgetter("token"), operator.itemgetter("logprob"), operator.itemgetter("top_logprobs"))
 _PREFIX = TOKEN_PREFIX.encode()
 _COMMA, _ZERO, _NINE = ord(","), ord("0"), ord("9")
-_MAX_DIGITS = defaults.LOGPROBS_ID_MAX_DIGITS
+#: Digits of an id on the fast path: 18 always fit int64 (a longer one goes through the slow parse and its refusal).
+_MAX_DIGITS = 18
 
 
 def _parse_arrays(content: object, k: int) -> LogprobsTable | None:
@@ -245,7 +249,8 @@ class TableKeeper:
 
 #: The pre-flight's probe of a --logprobs run: a short answer whose tables are judged.
 PROBE_MESSAGES = [{"role": "user", "content": "Count from 1 to 5."}]
-PROBE_TOKENS = defaults.LOGPROBS_PROBE_TOKENS
+#: Tokens the --logprobs pre-flight generates: enough tables to judge ids, order and sums (capped by max_tokens).
+PROBE_TOKENS = 16
 _BOUND = re.compile(r"logprobs of (\d+)\D+?(\d+)")
 
 
@@ -303,7 +308,7 @@ async def probe_mode(chat: Callable[[dict[str, object]], Awaitable[dict[str, obj
         except BadLogprobsError as e:
             return f"the engine at {endpoint} returns no usable log-probability table to the mode probe: {e}"
     gap = float(abs(tables[0].topk_logprobs[0] - tables[1].topk_logprobs[0]).max())
-    if gap > defaults.LOGPROBS_MODE_GAP:
+    if gap > LOGPROBS_MODE_GAP:
         return (f"the engine at {endpoint} returns log-probabilities that change with the temperature (by {gap:.2f} "
                 f"between {MODE_TEMPERATURES[0]} and {MODE_TEMPERATURES[1]}): its --logprobs-mode is a processed "
                 f"one, the run stores {RUN_MODE.value}; start vLLM with --logprobs-mode {RUN_MODE.value} (its default)")

@@ -20,7 +20,15 @@ from genqueue.consumer.engine.readings import engine_view
 
 log = logging.getLogger(__name__)
 
-ENGINE_POLL_SECONDS = defaults.ADMISSION_ENGINE_POLL_SECONDS
+#: --concurrency auto: the in-flight limit it starts from.
+AUTO_START = 256
+#: --concurrency auto: seconds between its reads of the engine's /metrics.
+AUTO_INTERVAL = 0.5
+#: --concurrency auto: the lowest limit it steers to.
+AUTO_MIN = 8
+
+#: Without --concurrency auto, the engine's /metrics are still read this often, for telemetry.
+ENGINE_POLL_SECONDS = 5.0
 
 
 class Limiter:
@@ -110,7 +118,7 @@ class Steering:
             return
         old = self.limiter.limit
         new = next_limit(old, self._in_flight(), running, waiting, view.get("kv_cache_usage"),
-                         lo=defaults.AUTO_MIN, hi=self.max_concurrency)
+                         lo=AUTO_MIN, hi=self.max_concurrency)
         if new != old:
             self.limiter.set_limit(new)
             log.debug("concurrency %d -> %d (engine running %d, waiting %d)", old, new, running, waiting)
@@ -118,7 +126,7 @@ class Steering:
                 self._on_grow()
 
     async def run(self) -> None:
-        interval = defaults.AUTO_INTERVAL if self.auto else ENGINE_POLL_SECONDS
+        interval = AUTO_INTERVAL if self.auto else ENGINE_POLL_SECONDS
         while True:
             await asyncio.sleep(interval)
             await self.step()

@@ -26,32 +26,64 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from genqueue.common import defaults
 from genqueue.common.engineview import EngineBound, EngineView, SpecPays
 from genqueue.common.snapshot import ConsumerSnapshot
 from genqueue.consumer.engine.speculation import Numbers, SpecJudgement, judge_spec
 
 log = logging.getLogger(__name__)
 
+#: Seconds of engine samples judged: one moment's dip is no verdict, and a run's tail is still followed.
+DOCTOR_WINDOW = 10.0
+#: Looks in a row a new verdict must hold before it is said (the stand-in flapped within 8 s; a down engine: at once).
+DOCTOR_HOLD = 3
+#: Seconds of samples kept for the tail's length and the batch's peak.
+DOCTOR_HISTORY = 600.0
+#: KV usage at which preemptions mean memory binds (vLLM preempts only with no block free; usage is sampled).
+DOCTOR_KV_FULL = 0.9
+#: KV usage below which a capped batch has room to grow.
+DOCTOR_KV_ROOM = 0.8
+#: The suggested --max-num-seqs is running / kv_usage times this: contexts grow as they generate.
+DOCTOR_SAFETY = 0.8
+#: Running counts within this fraction of their peak (or 1 request) are a plateau.
+DOCTOR_PLATEAU = 0.05
+#: A tail: the queue is empty and at most this fraction of the peak batch still runs.
+DOCTOR_TAIL_FRACTION = 0.25
+#: A consumer using this much of one core is CPU-bound (its event loop is one thread).
+DOCTOR_CPU_BOUND = 0.9
+#: An event loop this many seconds late in half the looks or more is starved of CPU by other processes.
+DOCTOR_LOOP_LAG = 0.25
+#: A prefix-cache hit rate below this while prompts share prefixes is a warning.
+DOCTOR_PREFIX_WARN = 0.05
+#: Requests wait when they wait in this share of the looks: one look in five can catch `-c auto`'s queue empty.
+DOCTOR_WAITS = 0.75
+#: A plateau holds in this share of the looks where requests waited (some fall between two requests).
+DOCTOR_AT_TOP = 0.5
+#: Tokens a step computes past which the engine is compute-bound (docs/decisions.md, "Measured tunables").
+DOCTOR_SPEC_KNEE = 64
+#: A draft token's cost as a share of a target step: a one-layer drafter beside a target of ~40 layers.
+DOCTOR_SPEC_DRAFT_COST = 0.02
+#: Within this share of throughput speculation neither pays nor costs: the rule is an estimate.
+DOCTOR_SPEC_MARGIN = 0.05
+
 
 @dataclass(frozen=True, slots=True)
 class DoctorSettings:
-    window: float = defaults.DOCTOR_WINDOW
-    hold: int = defaults.DOCTOR_HOLD
-    history: float = defaults.DOCTOR_HISTORY
-    kv_full: float = defaults.DOCTOR_KV_FULL
-    kv_room: float = defaults.DOCTOR_KV_ROOM
-    safety: float = defaults.DOCTOR_SAFETY
-    plateau: float = defaults.DOCTOR_PLATEAU
-    tail_fraction: float = defaults.DOCTOR_TAIL_FRACTION
-    cpu_bound: float = defaults.DOCTOR_CPU_BOUND
-    loop_lag: float = defaults.DOCTOR_LOOP_LAG
-    prefix_warn: float = defaults.DOCTOR_PREFIX_WARN
-    waits: float = defaults.DOCTOR_WAITS
-    at_top: float = defaults.DOCTOR_AT_TOP
-    spec_knee: int = defaults.DOCTOR_SPEC_KNEE
-    spec_draft_cost: float = defaults.DOCTOR_SPEC_DRAFT_COST
-    spec_margin: float = defaults.DOCTOR_SPEC_MARGIN
+    window: float = DOCTOR_WINDOW
+    hold: int = DOCTOR_HOLD
+    history: float = DOCTOR_HISTORY
+    kv_full: float = DOCTOR_KV_FULL
+    kv_room: float = DOCTOR_KV_ROOM
+    safety: float = DOCTOR_SAFETY
+    plateau: float = DOCTOR_PLATEAU
+    tail_fraction: float = DOCTOR_TAIL_FRACTION
+    cpu_bound: float = DOCTOR_CPU_BOUND
+    loop_lag: float = DOCTOR_LOOP_LAG
+    prefix_warn: float = DOCTOR_PREFIX_WARN
+    waits: float = DOCTOR_WAITS
+    at_top: float = DOCTOR_AT_TOP
+    spec_knee: int = DOCTOR_SPEC_KNEE
+    spec_draft_cost: float = DOCTOR_SPEC_DRAFT_COST
+    spec_margin: float = DOCTOR_SPEC_MARGIN
 
 
 @dataclass(frozen=True, slots=True)

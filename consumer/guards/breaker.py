@@ -19,20 +19,30 @@ import collections
 import re
 from dataclasses import dataclass
 
-from genqueue.common import defaults
 from genqueue.common.records import ErrorRecord, Record, is_error
 from genqueue.consumer.answer.faults import STORM_CLASSES
+
+#: A run pauses when its first this many items all fail with one message (by chance at 5% failing: 4e-11).
+BREAKER_FIRST_N = 8
+#: ... or when this many items in a row fail, whatever they say: an engine broken mid-run (6e-32 by chance).
+BREAKER_IN_A_ROW = 24
+#: ... or when, of the last this many items, BREAKER_RATE fail and BREAKER_SAME of those say the same:
+BREAKER_WINDOW = 100
+#: ... the share failing (50 of 100: a binomial tail below 1e-40 for a healthy run at 5%),
+BREAKER_RATE = 0.5
+#: ... and the share of those with one message (a healthy run's failures carry many messages).
+BREAKER_SAME = 0.8
 
 _DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
-    first_n: int = defaults.BREAKER_FIRST_N
-    in_a_row: int = defaults.BREAKER_IN_A_ROW
-    window: int = defaults.BREAKER_WINDOW
-    rate: float = defaults.BREAKER_RATE
-    same: float = defaults.BREAKER_SAME
+    first_n: int = BREAKER_FIRST_N
+    in_a_row: int = BREAKER_IN_A_ROW
+    window: int = BREAKER_WINDOW
+    rate: float = BREAKER_RATE
+    same: float = BREAKER_SAME
 
 
 def signature(rec: Record) -> str | None:

@@ -31,7 +31,6 @@ from enum import StrEnum
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.features import feature_store_for
 from genqueue.common.keepers.marks import Marks, ShardMarks
 from genqueue.common.keepers.markstamps import KEEP, MarkStamp, RebuildState
@@ -43,10 +42,14 @@ from genqueue.consumer.rqthread import RqThread
 
 log = logging.getLogger(__name__)
 
-CHECK_EVERY = defaults.REWIND_CHECK_EVERY
-WATCH_EVERY = defaults.REWIND_WATCH_EVERY
-SERVER_EVERY = defaults.REWIND_SERVER_EVERY
-LOCK_WAIT = defaults.REWIND_LOCK_WAIT
+#: Seconds a dequeue lets pass between two looks at Redis (this consumer's stamp, the rebuild states).
+CHECK_EVERY = 1.0
+#: Seconds between those looks while nothing is dequeued: a stamp gone back is found by the next write anyway.
+WATCH_EVERY = 5.0
+#: Seconds between reads of Redis's run_id, which only tell the log Redis restarted (read at once after an outage).
+SERVER_EVERY = 30.0
+#: Seconds a rebuild waits for the run's lock before the loop looks again (a reconcile may hold it long).
+LOCK_WAIT = 10.0
 
 
 class Rebuild(StrEnum):

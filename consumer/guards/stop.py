@@ -23,10 +23,14 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TypeVar
 
-from genqueue.common import defaults
 from genqueue.common.contracts import ExitCode
 
 log = logging.getLogger(__name__)
+
+#: Seconds after --drain-timeout to ship what is complete, give back the rest and report the stop; then exit anyway.
+STOP_GRACE = 10.0
+#: Seconds after a second signal to give back the jobs held (one round trip each) before exiting.
+HARD_STOP_GRACE = 2.0
 
 T = TypeVar("T")
 
@@ -62,7 +66,7 @@ async def until(stopping: asyncio.Event, aw: Awaitable[T]) -> T:
 class Stop:
     """The consumer's stop: one per process, from the CLI's first line to its exit."""
 
-    def __init__(self, drain_timeout: float, *, grace: float = defaults.STOP_GRACE) -> None:
+    def __init__(self, drain_timeout: float, *, grace: float = STOP_GRACE) -> None:
         self.drain_timeout = drain_timeout
         self.grace = grace
         self.stopping = asyncio.Event()
@@ -127,7 +131,7 @@ class Stop:
         self.hard = True
         for fn in self._on_hard:
             fn()
-        self._arm(time.monotonic() + defaults.HARD_STOP_GRACE)
+        self._arm(time.monotonic() + HARD_STOP_GRACE)
 
     @property
     def drain_deadline(self) -> float:

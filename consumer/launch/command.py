@@ -22,7 +22,8 @@ from genqueue.common import defaults
 from genqueue.common.cli import consumer_options, friendly_errors, redis_option, setup_logging
 from genqueue.consumer.launch.plan import DEVICES, ENGINES, LaunchConfig, LaunchOptions, parse_gpus, resolve_engine_cmd
 
-MODULE_CHECK_TIMEOUT = defaults.LAUNCH_MODULE_CHECK_TIMEOUT
+#: Seconds a Python named by --vllm-cmd gets to say whether it has vLLM (it only looks, imports nothing).
+MODULE_CHECK_TIMEOUT = 60.0
 
 
 def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:

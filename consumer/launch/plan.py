@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genqueue.common import defaults
+from genqueue.common.acceptance import PER_REQUEST_SPEC_FLAG
 from genqueue.common.capture_model import captured_layers, check_model, engine_refusal
 from genqueue.common.cli import ConsumerArgs, consumer_defaults, consumer_run_args, pick_consumer_args
 from genqueue.common.errors import UserError
@@ -25,15 +26,20 @@ DEVICES = ("gpu", "cpu")
 #: builds need it: their `vllm serve` entry point fails on the package name).
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
-RESTART_CAP = defaults.LAUNCH_RESTART_CAP
+#: Restart backoff: 1, 2, 4 ... seconds, never more than this.
+RESTART_CAP = 60.0
 
-STABLE_AFTER = defaults.LAUNCH_STABLE_AFTER
+#: A process up this long is healthy again: its next crash restarts at once.
+STABLE_AFTER = 120.0
 
-MAX_START_FAILURES = defaults.LAUNCH_MAX_START_FAILURES
+#: An engine that never answered /health and failed this many starts in a row is given up.
+MAX_START_FAILURES = 5
 
-ENGINE_STOP_GRACE = defaults.LAUNCH_ENGINE_STOP_GRACE
+#: Seconds engines get between SIGTERM and SIGKILL once the consumers are done.
+ENGINE_STOP_GRACE = 30.0
 
-DRAIN_SLACK = defaults.LAUNCH_DRAIN_SLACK
+#: Seconds launch waits for its consumers on SIGTERM on top of their own --drain-timeout.
+DRAIN_SLACK = 30.0
 
 #: Engine arguments launch sets itself (it must, to match CUDA_VISIBLE_DEVICES), with the
 #: launch option that sets each.
@@ -316,7 +322,7 @@ def spec_metrics_args(engine_args: list[str], drafter: str) -> list[str]:
         return any(a == name or a.startswith(name + "=") for a in engine_args)
     if captured_layers(engine_args) is not None:  # extract_hidden_states holds the slot: no drafter
         return []
-    return [defaults.PER_REQUEST_SPEC_FLAG, "summary"] if given(drafter) and not given(defaults.PER_REQUEST_SPEC_FLAG) else []
+    return [PER_REQUEST_SPEC_FLAG, "summary"] if given(drafter) and not given(PER_REQUEST_SPEC_FLAG) else []
 
 
 def engine_env(cfg: LaunchConfig, group: Group, base: dict[str, str]) -> dict[str, str]:

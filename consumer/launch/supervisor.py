@@ -30,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from genqueue.common import defaults
 from genqueue.common.contracts import ExitCode
 from genqueue.common.errors import UserError
 from genqueue.consumer.launch.children import Child, Probe, health_ok, last_line, port_in_use
@@ -50,8 +49,10 @@ from genqueue.consumer.launch.plan import (
 
 log = logging.getLogger("genqueue.consumer.launch")
 
-POLL = defaults.LAUNCH_POLL
-HEALTH_EVERY = defaults.LAUNCH_HEALTH_EVERY
+#: Seconds between looks at the children: an exit is seen within a fifth of a second, at negligible CPU.
+POLL = 0.2
+#: Seconds between health checks of a launched engine: a dead engine is found within a second.
+HEALTH_EVERY = 1.0
 
 #: Consumer exits that no restart can change (consumer/cli.py's codes), and what each means.
 NOT_RESTARTED = {

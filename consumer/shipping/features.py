@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy.typing as npt
 
-from genqueue.common import defaults
 from genqueue.common.errors import FeatureError, FeatureValueError
 from genqueue.common.features import (
     FeatureManifest,
@@ -42,7 +41,7 @@ from genqueue.common.features import (
     leftover_feature_shards,
 )
 from genqueue.common.features.names import FEATURES_DIR, OPEN_SUFFIX, SEALED_DIR, parse_feature_shard_name
-from genqueue.common.features.shard import HEADER
+from genqueue.common.features.shard import FEATURE_SHARD_MAX_BYTES, HEADER
 from genqueue.common.features.tables import LogprobsManifest, LogprobsTable, manifest_from_json
 from genqueue.common.records import Record
 from genqueue.common.storage.local import fsync_dir
@@ -67,7 +66,7 @@ def disk_error_message(spool: str | Path, e: OSError) -> str:
 class FeatureSpool:
     """The feature shards of one consumer's spool: the open one per run, and the manifests."""
 
-    def __init__(self, spool: str, worker: str, *, max_bytes: int = defaults.FEATURE_SHARD_MAX_BYTES) -> None:
+    def __init__(self, spool: str, worker: str, *, max_bytes: int = FEATURE_SHARD_MAX_BYTES) -> None:
         self.spool = Path(spool)
         self.worker = worker
         self.max_bytes = max_bytes

@@ -21,7 +21,6 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item, ItemError, parse_item
 from genqueue.common.errors import PackError
 from genqueue.common.keepers.hungry import Hungry, HungryLook
@@ -44,15 +43,25 @@ from genqueue.consumer.work.shares import RunDemand, fetch_order, targets
 
 log = logging.getLogger(__name__)
 
-FETCH_GRACE = defaults.INTAKE_FETCH_GRACE
+#: A job with an item of more message characters than this is refused: far above any model's context, low enough
+#: that a hand-made or corrupted job cannot make a consumer hold gigabytes.
+MAX_ITEM_CHARS = 16 * 1024 * 1024
 
-RESOLVE_EVERY = defaults.INTAKE_RESOLVE_EVERY
-NEW_RUN_EVERY = defaults.INTAKE_NEW_RUN_EVERY
+#: Seconds a dequeue under way when a stop comes may take to land in the book.
+FETCH_GRACE = 1.0
 
-DRY_RETRY = defaults.INTAKE_DRY_RETRY
+#: Seconds between full looks at the runs in Redis (served, paused, settings changed).
+RESOLVE_EVERY = 5.0
+#: Seconds between looks for newly enqueued runs: a new run is served within a second, at one small read.
+NEW_RUN_EVERY = 1.0
 
-HUNGRY_TTL = defaults.INTAKE_HUNGRY_TTL
-TAIL_WINDOW = defaults.INTAKE_TAIL_WINDOW
+#: Seconds before a run whose queue was empty is asked again (at least the poll interval); its share goes elsewhere.
+DRY_RETRY = 0.5
+
+#: Seconds a consumer with a free slot and nothing of its run waiting calls for that run's work (docs/consumer.md).
+HUNGRY_TTL = 2.0
+#: Seconds after a run's queue was seen empty in which its jobs are taken only by a consumer with a free slot.
+TAIL_WINDOW = 5.0
 #: GENQUEUE_TAIL_BALANCE=0 turns both off, to measure what they buy (bench/bench_fleet.py).
 TAIL_BALANCE = os.environ.get("GENQUEUE_TAIL_BALANCE", "1") != "0"
 
@@ -60,7 +69,7 @@ class InvalidJob(ValueError):
     """A job naming genqueue's task whose arguments are not a list of valid items."""
 
 
-def parse_items(args: object, kwargs: object, *, max_chars: int = defaults.MAX_ITEM_CHARS) -> list[Item]:
+def parse_items(args: object, kwargs: object, *, max_chars: int = MAX_ITEM_CHARS) -> list[Item]:
     """The items a job carries, each read through the contract's typed reader (contracts.parse_item:
     the producer writes them; anything else put on the queue by hand is checked here, once,
     before any request is made)."""

@@ -27,6 +27,33 @@ from genqueue.consumer.work.book import Book
 
 log = logging.getLogger(__name__)
 
+#: Leases the sweeper waits, once Redis has memory again, before it sweeps: live holders renew theirs first.
+REDIS_FULL_SWEEP_HOLD = 1.0
+#: Held jobs are renewed this often, as a share of the lease: two renewals can fail before the lease runs out.
+LEASE_RENEW_FRACTION = 1 / 3
+#: A renewal never runs more often than this (seconds), whatever the lease.
+LEASE_RENEW_FLOOR = 0.5
+#: Expired leases are swept this often, as a share of the lease: an abandoned job waits at most half a lease more.
+LEASE_SWEEP_FRACTION = 1 / 2
+#: A sweep never runs more often than this (seconds).
+LEASE_SWEEP_FLOOR = 1.0
+
+
+def renew_every(lease: float) -> float:
+    """Seconds between renewals of leases of LEASE seconds."""
+    return max(lease * LEASE_RENEW_FRACTION, LEASE_RENEW_FLOOR)
+
+
+def sweep_every(lease: float) -> float:
+    """Seconds between sweeps of leases of LEASE seconds."""
+    return max(lease * LEASE_SWEEP_FRACTION, LEASE_SWEEP_FLOOR)
+
+
+def shortest_lease(socket_timeout: float = defaults.REDIS_SOCKET_TIMEOUT) -> float:
+    """The shortest lease a Redis command's SOCKET_TIMEOUT allows: a hung command must surface
+    within one renewal period (REDIS_SOCKET_TIMEOUT < lease * LEASE_RENEW_FRACTION)."""
+    return socket_timeout / LEASE_RENEW_FRACTION
+
 
 @dataclass(frozen=True, slots=True)
 class LeaseSnapshot:
@@ -71,7 +98,7 @@ class Leases:
         """Renew every lease/3 seconds, and at once when Redis answers again after an outage:
         a Redis back from an older snapshot put the jobs taken since in their queue, and the
         renewal takes them back (GenWorker.take_back) before another consumer takes them."""
-        interval = defaults.renew_every(self.lease)
+        interval = renew_every(self.lease)
         back = self.rq.answers_again
         while True:
             with contextlib.suppress(TimeoutError):
@@ -82,7 +109,7 @@ class Leases:
     async def sweep_once(self) -> int:
         rq = self.rq.snapshot()
         if rq.full_since is not None or (rq.full_ended is not None and time.monotonic() - rq.full_ended
-                                         < self.lease * defaults.REDIS_FULL_SWEEP_HOLD):
+                                         < self.lease * REDIS_FULL_SWEEP_HOLD):
             # Every lease ran out while Redis refused writes (renewals too): their live holders
             # renew first, or a live consumer's jobs would be taken for a dead one's and done twice.
             return 0
@@ -95,7 +122,7 @@ class Leases:
         return n
 
     async def sweep_forever(self) -> None:
-        interval = defaults.sweep_every(self.lease)
+        interval = sweep_every(self.lease)
         while True:
             await self.sweep_once()
             await asyncio.sleep(interval)

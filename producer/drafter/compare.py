@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from genqueue.common import defaults
 from genqueue.common.acceptance import (
+    PER_REQUEST_SPEC_FLAG,
+    SPEC_MIN_ANSWERS,
     AcceptanceTable,
     Answer,
     Facet,
@@ -188,7 +189,7 @@ def nothing_in_common(candidate: RunAnswers, baseline: RunAnswers) -> str | None
 
 
 def report(candidate: RunAnswers, baseline: RunAnswers | None = None,
-           min_answers: int = defaults.SPEC_MIN_ANSWERS) -> DrafterReport:
+           min_answers: int = SPEC_MIN_ANSWERS) -> DrafterReport:
     """The CANDIDATE run's acceptance by category, beside BASELINE's over the items both
     answered (all the candidate's items without a baseline). A category of fewer than
     MIN_ANSWERS answers is never named the weakest."""
@@ -257,7 +258,7 @@ def report_lines(r: DrafterReport) -> list[str]:
         out.append(f"items      {r['items_compared']:,} (no baseline: --against names one)")
     if not c["speculates"]:
         out.append("the candidate's records carry no speculative-decoding figures (served without speculation, or "
-                   f"without the engine's {defaults.PER_REQUEST_SPEC_FLAG})")
+                   f"without the engine's {PER_REQUEST_SPEC_FLAG})")
     if r["weakest"] is not None:
         out.append(r["weakest"]["line"])
     rows: list[tuple[str, Row]] = [("overall", r["overall"])]

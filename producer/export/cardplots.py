@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from genqueue.common import defaults
 from genqueue.producer.export.tempnames import sweep_dead, temp_beside
 
 if TYPE_CHECKING:
@@ -36,10 +35,13 @@ class RowStats(Protocol):
 
 __all__ = ["KINDS", "available", "draw", "picture"]
 
-BINS = defaults.CARD_BINS
-LOG_SPAN = defaults.CARD_LOG_SPAN
+#: Histogram bins per panel.
+BINS = 40
+#: Lengths whose largest is this many times their smallest get a log axis (a linear one would fill two bars).
+LOG_SPAN = 25
 PANEL_INCHES = (4.2, 3.2)
-DPI = defaults.CARD_DPI
+#: Dots per inch of the card's histograms: sharp on the Hub's page at ~700 px wide, a few tens of KB each.
+DPI = 110
 #: One colour per quantity, the same in every card (prompt, thinking, answer, thinking + answer).
 COLOURS = {"prompt": "#4C72B0", "thinking": "#DD8452", "answer": "#55A868", "thinking + answer": "#8172B3"}
 

@@ -40,7 +40,7 @@ from genqueue.producer.export.card import CARD, PICTURE, CardResult, card_files,
 from genqueue.producer.export.core import Exporter
 from genqueue.producer.export.formats import FORMATS, ExportFormat, format_help, shape_of
 from genqueue.producer.export.formats.spec import RowLayout, SideFile
-from genqueue.producer.export.plan import DEFAULT_OUTCOMES, PARTITION_BYTES, ExportPlan, ExportResult
+from genqueue.producer.export.plan import DEFAULT_OUTCOMES, ExportPlan, ExportResult
 from genqueue.producer.export.sinks import beside, stem
 from genqueue.producer.export.sources import source_for
 from genqueue.producer.export.stage import WEIGHT_COLUMN
@@ -324,7 +324,7 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
 @click.option("--weight-by-acceptance", is_flag=True,
               help="Runs whose engine speculated (records with speculative-decoding figures): give every dataset "
                    f"row a `{WEIGHT_COLUMN}`, higher where the drafter accepted less (1 - rate + "
-                   f"{defaults.SELECTION_WEIGHT_FLOOR}, averaging 1 over the rows with figures; 1 for a row "
+                   f"{selection.EPS}, averaging 1 over the rows with figures; 1 for a row "
                    "without), so a trainer samples the drafter's weak rows more often. Refused on a run without "
                    "figures.")
 @click.option("--keep-lowest-acceptance", "keep_lowest_acceptance", default=None, metavar="SHARE",
@@ -339,8 +339,8 @@ def export_plan(options: ExportArgs, info: RunInfo, files: _Files, outcomes: fro
 @click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
               help="Where the temporary partition files go (default: beside the output; needs about "
                    "the dataset's size free).")
-@click.option("--partition-mb", type=click.IntRange(1), default=PARTITION_BYTES // 2**20, show_default=True,
-              help="Shard data per in-memory partition: roughly the export's peak memory.")
+@click.option("--partition-mb", type=click.IntRange(1), default=defaults.EXPORT_PARTITION_BYTES // 2**20,
+              show_default=True, help="Shard data per in-memory partition: roughly the export's peak memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--card/--no-card", "card", default=True, show_default=True,
               help="Write a dataset card beside the dataset: README.md in the Hugging Face Hub's convention "

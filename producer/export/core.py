@@ -31,7 +31,7 @@ from typing import IO
 
 import redis
 
-from genqueue.common import defaults
+from genqueue.common.acceptance import PER_REQUEST_SPEC_FLAG
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.exportsets import ExportSets, ScratchSet
 from genqueue.common.keepers.rqaccess import refused_jobs
@@ -211,5 +211,5 @@ def _nothing_to_select(plan: ExportPlan, run: str, *, rows: bool = False) -> Use
                                         ("--keep-lowest-acceptance", plan.keep_lowest_acceptance is not None)) if on)
     where = "no row bound for the dataset" if rows else "no record"
     return UserError(f"{what}: {where} of run {run} carries speculative-decoding figures (the engine did not "
-                     f"speculate, or was not started with {defaults.PER_REQUEST_SPEC_FLAG}): nothing to select by; "
+                     f"speculate, or was not started with {PER_REQUEST_SPEC_FLAG}): nothing to select by; "
                      "export without it")

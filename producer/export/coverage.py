@@ -14,12 +14,12 @@ from typing import IO
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.exportsets import ExportSets, ScratchKeys, ScratchSet
 from genqueue.common.keepers.rqaccess import JobPlace
 from genqueue.common.keepers.rqjobs import ItemsOf, JobScan, read_jobs, scan_jobs
 
-_WRITE_BUFFER = defaults.COVERAGE_WRITE_BUFFER
+#: Bytes buffered before the coverage files are written: one write per 256 KB, not per line.
+_WRITE_BUFFER = 256 * 1024
 
 
 def coverage(conn: redis.Redis, run: str, seen_key: str, missing_key: str, missing_path: Path,

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from genqueue.common import defaults
 from genqueue.common.features.codec import Float32Array, error_bound
 from genqueue.common.features.row import FeatureRow
 
-NORM_FLOOR = defaults.CHECK_FEATURES_NORM_FLOOR
+#: A reference vector shorter than this is taken as this long (an all-zero state: no division by 0).
+NORM_FLOOR = 1e-6
 
 
 def rank(row: str) -> float:

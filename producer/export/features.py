@@ -33,7 +33,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from genqueue.common import defaults
 from genqueue.common.errors import FeatureCorruptError, UserError
 from genqueue.common.features import FeatureRow, FeatureStore, IndexEntry, read_row
 from genqueue.common.features.manifest import FeatureManifest
@@ -48,8 +47,10 @@ SUMMARY_FILE = "genqueue-features.json"
 TOKEN_FREQ_JSON = "token_freq.json"
 #: The generic layout's row table.
 ROW_TABLE = "rows.parquet"
-NAMED = defaults.EXPORT_FEATURES_NAMED
-COPY_CHUNK = defaults.EXPORT_FEATURES_COPY_BYTES
+#: Unmatched rows and features the summary names per reason (all are in genqueue-unmatched.jsonl).
+NAMED = 5
+#: Bytes per read when the generic layout copies a feature shard (a ranged GET each from S3).
+COPY_CHUNK = 8 * 1024 * 1024
 
 
 class FeatureLayout(StrEnum):

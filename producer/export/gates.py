@@ -25,7 +25,6 @@ from array import array
 from collections.abc import Iterator
 from enum import StrEnum
 
-from genqueue.common import defaults
 from genqueue.common.records import ResultRecord
 
 
@@ -45,9 +44,12 @@ BIT = {reason: 1 << i for i, reason in enumerate(REASONS)}
 
 _MARKER = re.compile(r"</?(?:think|thinking|reasoning|seed:think)>|<\|channel\|>", re.IGNORECASE)
 
-MIN_REPEATS = defaults.GATES_MIN_REPEATS
+#: A repetition: a tail made of one unit seen at least this many times.
+MIN_REPEATS = 4
+#: (span, longest unit): short loops ("the the the", "!!!!") over 256 characters, sentence or paragraph loops over 2048.
 REPETITION_SCALES = ((256, 256 // MIN_REPEATS), (2048, 2048 // MIN_REPEATS))
-_CUE = defaults.GATES_CUE
+#: Characters of an answer's end looked for earlier in it first: 16 rarely repeat by chance, so most skip the check.
+_CUE = 16
 
 
 def reasons(flags: int) -> list[str]:

@@ -31,12 +31,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from genqueue.common import defaults
 from genqueue.producer.export import distillkit as dk
 from genqueue.producer.export.features import TokenRow, feature_row_id
 
 IGNORE = dk.Theirs.IGNORE
-PLACEHOLDER_LOGPROB = defaults.EXPORT_LOGPROBS_PLACEHOLDER
+#: The other entries of DistillKit's one-hot table at a prompt position: finite (its fit takes no -inf), exp(-100) ~ 0.
+PLACEHOLDER_LOGPROB = -100.0
 
 
 class Layout(StrEnum):

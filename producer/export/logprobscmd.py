@@ -28,7 +28,6 @@ import orjson
 import pyarrow.parquet as pq
 import yaml
 
-from genqueue.common import defaults
 from genqueue.common.cli import friendly_errors, redis_option
 from genqueue.common.contracts import Mode
 from genqueue.common.errors import FeatureCorruptError, FeatureError, UserError
@@ -68,8 +67,10 @@ UNMATCHED_FILE = "genqueue-unmatched.jsonl"
 SUMMARY_FILE = "genqueue-logprobs.json"
 CONFIG_FILE = "compression_config.yaml"  # where sample_logits_vllm.py writes it
 DATA_DIR = "data"
-ROWS_PER_FILE = defaults.EXPORT_LOGPROBS_ROWS_PER_FILE
-ROWS_PER_GROUP = defaults.EXPORT_LOGPROBS_ROWS_PER_GROUP
+#: Rows per Parquet file (DistillKit's sample_logits_vllm.py writes 256); a new file past it.
+ROWS_PER_FILE = 4096
+#: Rows per row group: a loader reads a group at once, and 256 rows of 2,000 tokens at K = 128 are ~100 MB.
+ROWS_PER_GROUP = 256
 
 
 class TableSource(Protocol):

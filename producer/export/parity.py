@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from genqueue.common import defaults
 from genqueue.common.records import ResultRecord
 from genqueue.producer.export.generations import generations
 
-CONTEXT_TOKENS = defaults.PARITY_CONTEXT_TOKENS
-MAX_SHOWN = defaults.PARITY_MAX_SHOWN
+#: Tokens of context shown each side of the first difference.
+CONTEXT_TOKENS = 8
+#: Mismatches kept with their detail (the rest are counted): a report stays readable.
+MAX_SHOWN = 50
 
 Decode = Callable[[Sequence[int]], str]
 

@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from genqueue.common import defaults
 from genqueue.common.errors import WriteFailedError
 from genqueue.producer.export.formats import FORMATS, ExportFormat
 from genqueue.producer.export.formats.arrow import USAGE
@@ -25,7 +24,8 @@ from genqueue.producer.export.formats.spec import Line
 from genqueue.producer.export.stage import WEIGHT_COLUMN
 from genqueue.producer.outfiles import OUTPUT, write_failed
 
-ROW_GROUP_BYTES = defaults.PARQUET_ROW_GROUP_BYTES
+#: JSON bytes per row group, held in Arrow form at once (docs/decisions.md, "Measured tunables").
+ROW_GROUP_BYTES = 16 * 1024 * 1024
 
 
 def schema_for(shape: ExportFormat, grouped: bool = False, *, weighted: bool = False) -> pa.Schema:

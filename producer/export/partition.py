@@ -23,7 +23,6 @@ from typing import IO
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.records import Record, ResultRecord
 from genqueue.common.storage import ShardInfo
 from genqueue.producer.export.formats import FORMATS, ExportFormat, converter, error_converter, rows_converter
@@ -52,7 +51,8 @@ from genqueue.producer.outfiles import PARTITIONS, disk_full, write_failed
 
 log = logging.getLogger(__name__)
 
-MAX_PARTITIONS = defaults.EXPORT_MAX_PARTITIONS
+#: The most partitions an export splits the shards into: each an open file, well under 1,024 descriptors.
+MAX_PARTITIONS = 512
 
 
 class _PartitionWriteError(Exception):

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.acceptance import Answer, answers_of
 from genqueue.common.contracts import Outcome, ToolTurns
 from genqueue.common.records import ResultRecord, record_tool_turns
@@ -32,7 +31,7 @@ OUTCOME_CODE = {name: code for code, name in enumerate(OUTCOME_NAMES)}
 TOOLS_TO_END, TOOLS_DIVERGED, TOOLS_STOPPED = 1, 2, 3
 TOOLS_CODE = {ToolTurns.TO_END: TOOLS_TO_END, ToolTurns.DIVERGED: TOOLS_DIVERGED, ToolTurns.STOPPED: TOOLS_STOPPED}
 #: Bit 7: an end-of-run copy's record (it ranks after the original among one key's).
-COPY = defaults.EXPORT_COPY
+COPY = 1 << 7
 if len(OUTCOME_NAMES) > 8:  # pragma: no cover - a new outcome must not spill into the tool bits
     raise RuntimeError("outcome codes need more than 3 bits of the partition header's kind byte")
 

@@ -18,7 +18,6 @@ from genqueue.common.variants import Variant
 from genqueue.producer.export.formats import FORMATS, ExportFormat
 from genqueue.producer.export.formats.spec import RowLayout
 
-PARTITION_BYTES = defaults.EXPORT_PARTITION_BYTES
 #: What the dataset holds by default: complete conversations whose every answer ended on its
 #: own. A cut answer (every trainer closes each assistant turn with an end-of-turn token, so a
 #: drafter would learn to stop mid-sentence) and a partial conversation go to the truncated
@@ -122,7 +121,7 @@ class ExportPlan:
     include: frozenset[str] = DEFAULT_OUTCOMES
     parquet: bool = False
     group_samples: bool = False
-    partition_bytes: int = PARTITION_BYTES
+    partition_bytes: int = defaults.EXPORT_PARTITION_BYTES
     #: mode each: a line's id names its turn (lines.line_id)
     per_turn_ids: bool = False
     #: the run's request variants, and the one whose records are kept (None: all)

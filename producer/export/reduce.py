@@ -22,7 +22,6 @@ from typing import IO
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.acceptance import AcceptanceTable, Facet, category_order, figures, weakest_line
 from genqueue.common.contracts import Outcome
 from genqueue.common.keepers.exportsets import ScratchSet
@@ -42,7 +41,8 @@ from genqueue.producer.export.parts import (
 from genqueue.producer.export.plan import ExportPlan, ExportResult
 from genqueue.producer.export.sinks import Sink
 
-SADD_BATCH = defaults.EXPORT_SADD_BATCH
+#: Digests per SADD when export records what it wrote: ~160 KB a command, so Redis never blocks long.
+SADD_BATCH = 10_000
 
 
 class Reducer:

@@ -22,12 +22,12 @@ from typing import IO, Any, cast
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.producer.export.formats.sharegpt import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["RowStats", "read_rows", "row_stats"]
 
-PARQUET_BATCH = defaults.CARD_PARQUET_BATCH
+#: Rows per Parquet batch in the card's pass (bounded memory).
+PARQUET_BATCH = 4096
 
 
 def _ints() -> array.array[int]:

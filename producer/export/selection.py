@@ -24,10 +24,10 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from genqueue.common import defaults
 from genqueue.common.errors import UserError
 
-EPS = defaults.SELECTION_WEIGHT_FLOOR
+#: A row the drafter accepts wholly keeps this small sampling weight, never zero: the next round still sees it.
+EPS = 0.05
 
 
 def weights(rates: Sequence[float | None]) -> list[float]:

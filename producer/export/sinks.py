@@ -9,12 +9,12 @@ from typing import IO, Protocol, cast
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.producer.export.formats.spec import Line
 from genqueue.producer.export.rowstats import RowStats
 from genqueue.producer.outfiles import OUTPUT, GuardedWriter, Target, write_failed
 
-WRITE_BUFFER = defaults.SINKS_WRITE_BUFFER
+#: Bytes buffered before a dataset file is written: one write per 256 KB, not per row.
+WRITE_BUFFER = 256 * 1024
 _DATA_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".json", ".ndjson", ".parquet")
 
 #: What identifies the prompt of a sample: (source place, position, turn).

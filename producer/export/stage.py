@@ -16,7 +16,7 @@ once more, in --tmp-dir.
 The weight's name is `sample_weight`: `weight` is already the per-message field OpenAI
 fine-tuning and LLaMA-Factory/OpenHermes-style data read (genrows.py puts it on turns), and a
 row-level key of the same name would be read as something else. Rows without figures weigh 1.
-A weight is rounded (defaults.EXPORT_ACCEPTANCE_DIGITS) like the rates.
+A weight is rounded (ACCEPTANCE_DIGITS) like the rates.
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ from typing import IO, Any
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.producer.export import selection
-from genqueue.producer.export.formats.lines import ACCEPTANCE
+from genqueue.producer.export.formats.lines import ACCEPTANCE, ACCEPTANCE_DIGITS
 from genqueue.producer.export.sinks import WRITE_BUFFER, Group, GroupingSink, Sink
 from genqueue.producer.outfiles import PARTITIONS, write_failed
 
 #: The per-row sampling weight's name (see the module docstring).
 WEIGHT_COLUMN = "sample_weight"
-_DIGITS = defaults.EXPORT_ACCEPTANCE_DIGITS
 #: Each staged row: its prompt group (source place, position, turn), its length; then the line.
 _ROW = struct.Struct("<qqqI")
 _NO_SOURCE = "-"
@@ -145,7 +143,7 @@ class StageSink:
                         lo = rate if lo is None else min(lo, rate)
                         hi = rate if hi is None else max(hi, rate)
                     if weigh:
-                        w = round(selection.weight(rate, scale), _DIGITS)
+                        w = round(selection.weight(rate, scale), ACCEPTANCE_DIGITS)
                         w_lo = w if w_lo is None else min(w_lo, w)
                         w_hi = w if w_hi is None else max(w_hi, w)
                         row = orjson.loads(line)
@@ -165,4 +163,4 @@ class StageSink:
 
 
 def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, _DIGITS)
+    return None if x is None else round(x, ACCEPTANCE_DIGITS)

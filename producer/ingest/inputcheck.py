@@ -18,12 +18,15 @@ import collections
 import itertools
 from collections.abc import Iterator
 
-from genqueue.common import defaults
 from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import InputError
 from genqueue.producer.ingest.reader import RawRecord
 
-SNIFF_RECORDS = defaults.INPUTCHECK_SNIFF_RECORDS
+#: Keys named of JSON objects of an unknown format: enough to recognise it by, short enough for one line.
+INPUTCHECK_KEYS_SHOWN = 6
+
+#: Records read ahead, at most, to find one that holds a conversation.
+SNIFF_RECORDS = 100
 
 EXPECTED = "JSONL of ShareGPT/OpenAI chat records, a .json array of them, or Parquet (each may be .gz/.zst)"
 
@@ -89,8 +92,8 @@ def object_format(objects: list[dict[str, object]]) -> str:
             return kind
     if not seen:
         return "empty JSON objects"
-    shown = [k for k, _ in seen.most_common(defaults.INPUTCHECK_KEYS_SHOWN)]
-    more = ", ..." if len(seen) > defaults.INPUTCHECK_KEYS_SHOWN else ""
+    shown = [k for k, _ in seen.most_common(INPUTCHECK_KEYS_SHOWN)]
+    more = ", ..." if len(seen) > INPUTCHECK_KEYS_SHOWN else ""
     return f"JSON objects with the keys {', '.join(repr(k) for k in shown)}{more}"
 
 

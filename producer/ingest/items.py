@@ -163,7 +163,8 @@ def record_id(value: object, id_field: str | None = None) -> str | None:
     return None
 
 
-_MAX_ID_CHARS = defaults.ITEMS_MAX_ID_CHARS
+#: The longest input id kept: ids are keys for humans and joins; a longer one is a column mistaken for an id.
+_MAX_ID_CHARS = 1024
 
 
 def _id_text(raw: object) -> str | None:

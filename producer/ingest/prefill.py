@@ -7,14 +7,13 @@ table, the reconcile) is the enqueue's own.
 
 from __future__ import annotations
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item, RejectReason
 from genqueue.common.prefill import prefill_key
 from genqueue.producer.ingest.items import Provenance
 from genqueue.producer.ingest.rejects import Rejected
 
 #: The characters a token id takes in an item's JSON, about: the memory plan's size of a pass's item.
-ID_CHARS = defaults.PREFILL_ID_CHARS
+ID_CHARS = 6
 
 
 def prefill_item(value: object, index: int, prov: Provenance) -> Item:

@@ -44,11 +44,11 @@ from genqueue.producer.ingest.streams import (
     strip_bom,
 )
 
-CHUNK_SIZE = defaults.READER_CHUNK_SIZE
-"""Bytes read from the input at a time."""
+#: Bytes read from the input at a time: one syscall per MiB, memory bounded whatever the file's size.
+CHUNK_SIZE = 1 << 20
 
-PARQUET_BATCH_ROWS = defaults.READER_PARQUET_BATCH_ROWS
-"""Rows converted to Python at a time; small enough that wide rows stay cheap in memory."""
+#: Rows read per batch of a Parquet input: a few MB of conversations, wide rows stay cheap in memory.
+PARQUET_BATCH_ROWS = 1024
 
 _PARQUET_MAGIC = b"PAR1"
 _COMPRESSED_SUFFIXES = ((".gz", "gzip"), (".gzip", "gzip"), (".zst", "zstd"), (".zstd", "zstd"))

@@ -12,7 +12,6 @@ from typing import IO
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.contracts import RejectReason
 from genqueue.common.errors import GenqueueError, WriteFailedError
 from genqueue.producer.outfiles import REJECTS, probe, record_written, write_failed
@@ -20,7 +19,8 @@ from genqueue.producer.outfiles import REJECTS, probe, record_written, write_fai
 REJECT_REASONS: tuple[RejectReason, ...] = tuple(RejectReason)
 """Every reason a record can be rejected for."""
 
-DETAIL_CHARS = defaults.REJECTS_DETAIL_CHARS
+#: Characters of a reject's detail kept in the rejects file.
+DETAIL_CHARS = 200
 
 
 class Rejected(GenqueueError):

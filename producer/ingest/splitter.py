@@ -15,8 +15,6 @@ import logging
 import re
 from collections.abc import Iterable, Iterator
 
-from genqueue.common import defaults
-
 log = logging.getLogger(__name__)
 
 NON_SPACE = re.compile(rb"\S")
@@ -28,7 +26,8 @@ _NESTED_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}"]', re.DOTALL)
 _IN_STRING = re.compile(rb'["\\]')
 _QUOTE, _BACKSLASH, _COMMA = 0x22, 0x5C, 0x2C
 _OPENERS = (0x5B, 0x7B)
-SNIPPET_BYTES = defaults.SPLITTER_SNIPPET_BYTES
+#: Bytes of a bad input line quoted in its reject reason: enough to find it, short enough for one terminal line.
+SNIPPET_BYTES = 300
 """How much of a raw record is kept for the rejects file."""
 
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 #: The line above each frame of a piped `producer status --watch` (then ` at <time> ---`).
 WATCH_MARK = "--- producer status"
-MIN_WIDTH = defaults.STATUS_MIN_WIDTH
+#: The narrowest terminal status draws for (down to it lines wrap to the terminal; narrower, the terminal wraps).
+MIN_WIDTH = 80
 
 
 @click.command()

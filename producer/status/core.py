@@ -10,7 +10,7 @@ it has had.
 
 Shipping trouble is shown where it is felt: each consumer's last shipping error (its class,
 message and age) under the shipping line, and the line turns red (on a terminal) once a shard
-has waited longer than defaults.SHIP_WAIT_WARN: results that sit on a GPU node's disk are not
+has waited longer than SHIP_WAIT_WARN: results that sit on a GPU node's disk are not
 durable yet, and their jobs are not acked. Every free text a consumer or rq reported passes
 through genqueue.common.redact before it is shown or printed as JSON.
 """
@@ -24,7 +24,6 @@ from typing import Any
 import click
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.engineview import ENGINE_READINGS, Shown
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.captured import capture_figures, logprobs_figures
@@ -65,6 +64,10 @@ from genqueue.producer.status.report import (
 )
 from genqueue.producer.status.screen import DETAIL, WIDTH, fit, num, screen_rows, wrap, wrap_keeping_command
 from genqueue.producer.status.speculation import engine_totals, speculation_lines, speculation_view
+
+#: Seconds a consumer's oldest unshipped shard may wait before the shipping line is red: shards seal every
+#: --shard-max-age, so minutes mean the store refuses them.
+SHIP_WAIT_WARN = 300.0
 
 
 def run_status(conn: redis.Redis, run: str, now: float | None = None, *,
@@ -443,8 +446,8 @@ def shipping_view(shares: list[tuple[ConsumerReport, ShareShipping]], now: float
         "unshipped_records": sum(int(s.get("unshipped_records", 0) or 0) for _, s in spools),
         "last_upload_at": max(uploads) if uploads else None,
         "oldest_waiting_s": waited,
-        "warn_after_s": defaults.SHIP_WAIT_WARN,
-        "stalled": waited is not None and waited > defaults.SHIP_WAIT_WARN,
+        "warn_after_s": SHIP_WAIT_WARN,
+        "stalled": waited is not None and waited > SHIP_WAIT_WARN,
         "errors": errors,
     }
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.capture import format_size
 from genqueue.common.contracts import Mode
 from genqueue.common.eta import format_duration
@@ -35,7 +34,8 @@ from genqueue.producer.status.report import (
 )
 from genqueue.producer.status.tables import logprobs_rows
 
-WIDTH = defaults.STATUS_WIDTH
+#: Columns a screen line may take (`--wide`: no limit).
+WIDTH = 100
 #: The rows that are cut to the screen's width rather than wrapped: a consumer's last shipping
 #: error, whose class and age come first and whose message (whole in --wide and --json) is detail.
 DETAIL = "last shipping error"

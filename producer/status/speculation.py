@@ -5,7 +5,6 @@ figures come in read, the view and its lines go out."""
 
 from __future__ import annotations
 
-from genqueue.common import defaults
 from genqueue.common.acceptance import (
     AcceptanceTable,
     Facet,
@@ -17,13 +16,15 @@ from genqueue.common.acceptance import (
 from genqueue.common.snapshot import SpecTotals
 from genqueue.producer.status.report import SpecCategory, SpecEngine, SpeculationView, SpecWeakest
 
-SHOWN_CATEGORIES = defaults.STATUS_SPEC_SHOWN_CATEGORIES
+#: Categories of one facet on the screen (`--wide`: all), the most answers first.
+SHOWN_CATEGORIES = 8
 #: Each acceptance figure on the screen says whose it is: the run's answers shipped by every
 #: consumer (the tallies), or each consumer's written on this run (its snapshot). The engine's
 #: own figure, over all it served, is the doctor's (under each consumer, `engine: ...`).
 RUN_SCOPE = "acceptance (run, all consumers)"
 CONSUMER_SCOPE = "acceptance (each consumer, this run)"
-NAME_WIDTH = defaults.STATUS_SPEC_NAME_WIDTH
+#: Columns of a category's name on the screen (`--wide`: its whole name); a longer one keeps its tail.
+NAME_WIDTH = 40
 
 
 def _figures(label: str, t: Tally) -> SpecCategory:

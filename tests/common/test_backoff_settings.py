@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from genqueue.common import defaults
+from genqueue.common import backoff
 from genqueue.common.backoff import compute_backoff, store_backoff
 from genqueue.common.errors import UserError
 from genqueue.common.keepers.redisconn import redact_url
@@ -21,12 +21,12 @@ def test_the_store_backoff_doubles_from_its_base_to_its_cap() -> None:
     """Shipping and the intake's pack outage wait alike: after N failures in a row, at most
     base * 2**(N-1), never above the cap, which the doublings reach."""
     rng = random.Random(2)
-    base, cap = defaults.STORE_BACKOFF_BASE, defaults.STORE_BACKOFF_CAP
+    base, cap = backoff.STORE_BACKOFF_BASE, backoff.STORE_BACKOFF_CAP
     for n in range(1, 12):
         waits = [store_backoff(n, rng=rng) for _ in range(200)]
-        ceiling = min(cap, base * 2 ** min(n - 1, defaults.STORE_BACKOFF_DOUBLINGS))
+        ceiling = min(cap, base * 2 ** min(n - 1, backoff.STORE_BACKOFF_DOUBLINGS))
         assert 0 <= min(waits) and max(waits) <= ceiling and max(waits) > ceiling / 2
-    assert base * 2 ** defaults.STORE_BACKOFF_DOUBLINGS >= cap
+    assert base * 2 ** backoff.STORE_BACKOFF_DOUBLINGS >= cap
 
 
 def test_fingerprint_changes_with_recipe_only() -> None:

@@ -26,6 +26,7 @@ from genqueue.common.settings import SETTING_NAMES, RunSettings, Sampling, parse
 from genqueue.consumer.cli import main as consumer_main
 from genqueue.consumer.config import ConsumerConfig, RunOptions
 from genqueue.consumer.launch.plan import LaunchConfig, LaunchOptions
+from genqueue.consumer.work import leases
 from genqueue.producer.cli import SETTING_OPTIONS, EnqueueArgs, enqueue_options, run_settings, settings_given
 from genqueue.producer.cli import main as producer_main
 from genqueue.producer.enqueue.core import EnqueueOptions
@@ -47,10 +48,6 @@ COINCIDENCES = {
     "connect_timeout=10.0": "a TCP connect to the engine, not a shard's age or a stop grace",
     "timeout=5.0": "one GET of the engine's /health or /v1/models, not a Redis timeout",
     "chunk=4096": "items per slice of the longest-first order, not a token count",
-    "status=200": "an HTTP status (a 200 whose body is garbage), not a count of characters",
-    "restarts=5": "restarts of one of the consumer's loops in a window, not the launcher's start failures",
-    "limit=200": "characters of one line status clips, not a snippet of an error",
-    "capacity=65536": "slots of export's duplicate table (producer/export/gates.py), not a pack's tail in bytes",
 }
 
 
@@ -168,7 +165,7 @@ def test_the_source_checks_find_what_they_look_for() -> None:
     assert repeats("samples", 1, "SAMPLES", defaults.SAMPLES)  # trivial, but named as the constant
     assert not repeats("n", 1, "SAMPLES", defaults.SAMPLES)
     assert not repeats("request_timeout", 1800, "REQUEST_TIMEOUT", defaults.REQUEST_TIMEOUT)  # an int: not 1800.0
-    assert not repeats("connect_timeout", 10.0, "STOP_GRACE", defaults.STOP_GRACE)  # a known coincidence
+    assert not repeats("connect_timeout", 10.0, "SHARD_MAX_AGE", defaults.SHARD_MAX_AGE)  # a known coincidence
     assert any(p.name == "worker.py" for p in scanned_modules())
 
 
@@ -376,12 +373,12 @@ def test_producer_enqueue_names_the_settings_its_command_line_gives(monkeypatch:
 
 
 def test_the_lease_ratios_follow_the_lease() -> None:
-    assert defaults.renew_every(30) == 10.0 and defaults.sweep_every(30) == 15.0  # as they were: /3, /2
-    assert defaults.renew_every(1) == defaults.LEASE_RENEW_FLOOR and defaults.sweep_every(1) == defaults.LEASE_SWEEP_FLOOR
+    assert leases.renew_every(30) == 10.0 and leases.sweep_every(30) == 15.0  # as they were: /3, /2
+    assert leases.renew_every(1) == leases.LEASE_RENEW_FLOOR and leases.sweep_every(1) == leases.LEASE_SWEEP_FLOOR
 
 
 def test_the_default_lease_leaves_room_for_a_hung_redis_command() -> None:
     """REDIS_SOCKET_TIMEOUT < lease / 3: a hung command surfaces within one renewal period."""
-    assert defaults.LEASE_SECONDS > defaults.shortest_lease()
-    assert defaults.REDIS_SOCKET_TIMEOUT < defaults.renew_every(defaults.LEASE_SECONDS)
-    assert defaults.shortest_lease(5.0) == 15.0
+    assert defaults.LEASE_SECONDS > leases.shortest_lease()
+    assert defaults.REDIS_SOCKET_TIMEOUT < leases.renew_every(defaults.LEASE_SECONDS)
+    assert leases.shortest_lease(5.0) == 15.0

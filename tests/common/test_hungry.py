@@ -9,6 +9,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.keepers.hungry import Hungry, HungryLook
+from genqueue.consumer.work import intake
 
 
 def gets(conn: redis.Redis) -> int:
@@ -31,4 +32,4 @@ def test_the_look_reads_each_run_once_an_interval_and_sees_only_the_others_calls
 
 
 def test_the_interval_is_half_the_calls_life_so_none_is_missed() -> None:
-    assert 2 * defaults.HUNGRY_LOOK_EVERY <= defaults.INTAKE_HUNGRY_TTL
+    assert 2 * defaults.HUNGRY_LOOK_EVERY <= intake.HUNGRY_TTL

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genqueue.common import defaults, packs
+from genqueue.common import packs
 from genqueue.common.contracts import Item
 from genqueue.common.errors import PackTruncatedError
 from genqueue.common.storage import (
@@ -27,6 +27,7 @@ from genqueue.common.storage import (
     shards_prefix,
     store_for,
 )
+from genqueue.common.storage.packreader import TAIL_BYTES
 from genqueue.common.storage.s3 import S3Store
 from tests import s3server
 from tests.s3server import S3Server
@@ -80,7 +81,7 @@ def test_a_pack_goes_in_whole_and_a_job_reads_its_range_by_one_ranged_get(store:
     assert where.endswith("r1/packs/w1-000001.gqpack")
     assert store.get_pack("r1", name) == data
     # the tail: footer and index in one read, with the pack's size
-    tail, size = store.get_pack_tail("r1", name, defaults.PACK_TAIL_BYTES)
+    tail, size = store.get_pack_tail("r1", name, TAIL_BYTES)
     assert size == len(data) and tail == data  # a small pack: all of it
     tail, size = store.get_pack_tail("r1", name, 400)
     assert size == len(data) and tail == data[-400:]

@@ -327,9 +327,9 @@ def test_a_verdict_changes_only_after_the_new_one_held_several_looks(monkeypatch
 
 
 def test_the_hold_defaults_to_defaults_and_an_endpoint_down_is_said_at_once(monkeypatch):
-    from genqueue.common import defaults
+    from genqueue.consumer.engine.doctor import DOCTOR_HOLD
 
-    assert DoctorSettings().hold == defaults.DOCTOR_HOLD >= 2
+    assert DoctorSettings().hold == DOCTOR_HOLD >= 2
     B, U = EngineBound.BATCH_CAP, EngineBound.UNKNOWN
     _scripted(monkeypatch, [B, U])
     d = Doctor("e")

@@ -25,7 +25,7 @@ from tests.consumer.e2e import Proc, Sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.slow]
 
-SAFETY = 0.8  # defaults.DOCTOR_SAFETY
+SAFETY = 0.8  # consumer/engine/doctor.py DOCTOR_SAFETY
 
 METRICS_PORT = free_port()
 

@@ -22,7 +22,7 @@ import redis
 from rq import Retry
 from rq.job import Job
 
-from genqueue.common import defaults, packs
+from genqueue.common import backoff, defaults, packs
 from genqueue.common.contracts import Item
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, PackRef, job_reference, queue_for, reference_meta
@@ -34,7 +34,7 @@ from genqueue.consumer.rqcompat import GenWorker, Held
 from genqueue.consumer.rqthread import RqThread
 from genqueue.consumer.work.acker import Acker
 from genqueue.consumer.work.book import Book
-from genqueue.consumer.work.intake import Intake
+from genqueue.consumer.work.intake import DRY_RETRY, Intake
 from genqueue.consumer.work.packs import PackOutages, PackUnreadable
 from tests.doubles import IDENT
 
@@ -183,7 +183,7 @@ def test_a_store_outage_gives_the_job_back_pauses_with_its_reason_and_ends_at_th
         for n in (1, 2, 3):
             assert await i.fetch_one([RUN]) is True
             outage = i.outages.runs[RUN]
-            assert outage.failures == n and 0.0 <= outage.retry_in <= defaults.STORE_BACKOFF_CAP
+            assert outage.failures == n and 0.0 <= outage.retry_in <= backoff.STORE_BACKOFF_CAP
             assert not parts.book.pending, "nothing held"
             assert q.count == 4 and q.failed_job_registry.count == 0, "given back, none failed"
             assert Job.fetch("gq-ref-0", connection=conn, serializer=SERIALIZER).retries_left == 3, "no retry spent"
@@ -193,7 +193,7 @@ def test_a_store_outage_gives_the_job_back_pauses_with_its_reason_and_ends_at_th
         # the run is asked again after the store backoff, not at the next poll
         outage = i.outages.runs[RUN]
         outage.retry_in = 30.0
-        await asyncio.sleep(max(defaults.INTAKE_DRY_RETRY, 0.05) + 0.1)  # past the poll and the dry retry
+        await asyncio.sleep(max(DRY_RETRY, 0.05) + 0.1)  # past the poll and the dry retry
         assert i.wanted([RUN]) == [], "asked again only after the store backoff"
         outage.retry_in = 0.0
         assert i.wanted([RUN]) == [RUN]

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 DRAIN = 3.0
 #: What a stop may take past --drain-timeout in these tests: shipping, giving back and the stop
-#: report each get a moment (the stop's hard ceiling, common/defaults.STOP_GRACE, is 10 s more).
+#: report each get a moment (the stop's hard ceiling, consumer/guards/stop.py STOP_GRACE, is 10 s more).
 SLACK = 5.0
 
 

@@ -6,7 +6,6 @@ from prometheus_client import REGISTRY
 
 from genqueue.common.snapshot import RunCounters
 from genqueue.consumer.metrics import RUN_GAUGES, set_run_gauges
-from genqueue.consumer.telemetry import set_run_gauges
 
 
 def value(name: str, run: str) -> float | None:

@@ -20,8 +20,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common import defaults
-from genqueue.consumer.engine.doctor import suggested_max_num_seqs
+from genqueue.consumer.engine.doctor import DOCTOR_SAFETY, suggested_max_num_seqs
 from tests.conftest import cli
 from tests.consumer.e2e import Proc
 from tests.vllm.conftest import MAX_MODEL_LEN, VllmPool, VllmServer
@@ -32,7 +31,7 @@ BLOCK = 32  # the CPU attention takes multiples of 32 only
 CACHE_BLOCKS = 128  # 4,096 tokens: 2 running requests of <= 512 fill at most a quarter
 FLAGS = ("--max-num-seqs", str(MAX_NUM_SEQS), "--enable-prefix-caching", "--block-size", str(BLOCK),
          "--num-gpu-blocks-override", str(CACHE_BLOCKS))
-SAFETY = defaults.DOCTOR_SAFETY
+SAFETY = DOCTOR_SAFETY
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from genqueue.common import defaults
+from genqueue.common.acceptance import PER_REQUEST_SPEC_FLAG
 from genqueue.common.cli import ConsumerArgs
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.keepers.snapshots import Snapshots
@@ -602,7 +603,7 @@ def test_a_capturing_engine_gets_no_per_request_spec_flag():
     """extract_hidden_states holds the speculative slot but runs no drafter: no figures to ask for."""
     for args in (["--speculative-config", CAPTURE_SPEC], [f"--speculative-config={CAPTURE_SPEC}"]):
         argv = engine_argv(LaunchConfig(gpus=[0], model="/m", engine_args=args), g(0))
-        assert defaults.PER_REQUEST_SPEC_FLAG not in argv and argv[-len(args):] == args
+        assert PER_REQUEST_SPEC_FLAG not in argv and argv[-len(args):] == args
 
 
 def write_model(tmp_path: Path, **config: object) -> str:
