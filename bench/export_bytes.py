@@ -67,6 +67,8 @@ def _rows(path: Path) -> list[Any]:
         return list(pq.read_table(path).to_pylist())
     if path.suffix == ".jsonl":
         return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    if path.suffix == ".json":  # the files manifest: one object
+        return [orjson.loads(path.read_bytes())]
     try:
         text = path.read_text()  # the missing file, the dataset card
         return MOMENT.sub("<moment>", text).splitlines()
