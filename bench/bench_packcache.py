@@ -43,6 +43,7 @@ from genqueue.common import defaults, packs
 from genqueue.common.storage import store_for
 from genqueue.common.storage.packcache import PackCache
 from genqueue.common.storage.packreader import PackReader
+from genqueue.producer.enqueue.slices import SLICE_ITEMS
 
 RUN = "bench"
 CONSUMERS = 4
@@ -101,7 +102,7 @@ def measure(output: str, env: dict[str, str], jobs: list[tuple[str, int]], cache
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--packs", type=int, default=16, help="packs written (jobs: 32 a pack)")
-    ap.add_argument("--items-per-pack", type=int, default=defaults.ENQUEUE_SLICE_ITEMS)
+    ap.add_argument("--items-per-pack", type=int, default=SLICE_ITEMS)
     ap.add_argument("--rounds", type=int, default=1, help="runs of each case; the best jobs/s is shown")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()

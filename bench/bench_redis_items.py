@@ -46,6 +46,7 @@ from genqueue.common import defaults
 from genqueue.common.keepers.marks import Marks, Place, ShardMarks
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import (
+    JOB_RETRIES,
     TASK,
     JobPlace,
     job_description,
@@ -55,6 +56,7 @@ from genqueue.common.keepers.rqaccess import (
 )
 from genqueue.common.keepers.rqjobs import JobScan, RunJob, read_jobs
 from genqueue.common.storage import pack_name
+from genqueue.producer.enqueue.jobwriter import RESULT_TTL
 from genqueue.producer.packitems import PackItems
 
 
@@ -181,8 +183,8 @@ def reference_jobs(url: str, jobs: int = 2000) -> list[tuple[str, ...]]:
                     args, meta = ref(writer, j)
                     datas.append(queue.prepare_data(TASK, args=args, job_id=job_id("ref", keys),
                                                     description=job_description("ref", [{"index": j * n}]),
-                                                    retry=Retry(max=defaults.JOB_RETRIES),
-                                                    result_ttl=defaults.RESULT_TTL, timeout=-1, meta=meta))
+                                                    retry=Retry(max=JOB_RETRIES),
+                                                    result_ttl=RESULT_TTL, timeout=-1, meta=meta))
                 queue.enqueue_many(datas)
             per_job = (used(conn) - base) / jobs
             one = conn.lindex(queue.key, 0)
@@ -268,7 +270,7 @@ def measure(work: Path, data: Path, mode: str, finish: str, batch: list[str]) ->
                 conn.delete(key)
             for key in conn.scan_iter(match="rq:results:*", count=10_000):
                 conn.delete(key)
-            queue_for("bench", conn).finished_job_registry.cleanup(time.time() + 2 * defaults.RESULT_TTL)
+            queue_for("bench", conn).finished_job_registry.cleanup(time.time() + 2 * RESULT_TTL)
             label = f"finished, after RESULT_TTL ({mode})"
         elif finish == "emulated":
             t0 = time.perf_counter()
@@ -315,7 +317,7 @@ def main() -> None:
             rows += r
             parts += p
         print(f"{items:,} items ({chars / args.items:,.0f} characters of user text per record), jobs of "
-              f"{args.batch_size or 'the default'}; Redis {empty:,} bytes empty; RESULT_TTL {defaults.RESULT_TTL} s")
+              f"{args.batch_size or 'the default'}; Redis {empty:,} bytes empty; RESULT_TTL {RESULT_TTL} s")
         print(table(rows))
         for phase, kinds in parts:
             print(f"\nwhere the bytes go, {phase} (MEMORY USAGE; job hashes and result streams sampled)")

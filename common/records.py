@@ -262,7 +262,7 @@ class RecordBase(TypedDict, total=False):
     seed: int
     variant: str  # the request variant the item was sent with, when its run declares a mix
     drafter: str  # the drafter the run evaluates, when it declares one (`producer enqueue --drafter`)
-    copy: bool  # True on a result of an end-of-run copy (consumer/hedge.py): another consumer held the item
+    copy: bool  # True on a result of an end-of-run copy (consumer/copies.py): another consumer held the item
 
 
 @final  # a shard line is one or the other: `"error" in rec` tells them apart

@@ -96,7 +96,7 @@ class ConsumerFields(TypedDict, total=False):
     engine: EngineView
     shipping: ShippingView
     jobs: dict[str, int]  # acked, lease_lost, redone, refused, given_back, swept
-    copies: dict[str, int]  # the end of a run's copies (consumer/hedge.py): sent, shipped, dropped, yielded, ended_elsewhere
+    copies: dict[str, int]  # the end of a run's copies (consumer/copies.py): sent, shipped, dropped, yielded, ended_elsewhere
     redis_unreachable_since: float | None
     clock_offset: float | None  # Redis's clock - this node's, seconds; leases use Redis's
     phase: str | None  # what a starting consumer waits on ("pre-flight: waiting on the engine"); None once serving

@@ -31,9 +31,9 @@ from rq.registry import StartedJobRegistry
 from rq.worker import BaseWorker, WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from genqueue.common.defaults import JOB_RETRIES, KEY_PREFIX
 from genqueue.common.keepers.clock import RedisClock
-from genqueue.common.keepers.rqaccess import SERIALIZER, TASK, TASKS, refused_key
+from genqueue.common.keepers.keeper import KEY_PREFIX
+from genqueue.common.keepers.rqaccess import JOB_RETRIES, SERIALIZER, TASK, TASKS, refused_key
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ dashboard names genqueue's jobs by run, items and pack or first key, not by a ca
 
 Real redis-server, the consumer CLI against the stand-in vLLM, the producer's commands and
 `consumer dashboard` as subprocesses, rq's own `rq info`. Time moves on by a shortened result
-TTL (rq expires the hashes itself) rather than by waiting defaults.RESULT_TTL.
+TTL (rq expires the hashes itself) rather than by waiting RESULT_TTL (producer/enqueue/jobwriter.py).
 """
 
 from __future__ import annotations

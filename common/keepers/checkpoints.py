@@ -13,17 +13,23 @@ import orjson
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.keepers.keeper import KEY_PREFIX
 from genqueue.common.keepers.redisconn import async_connect
 
-TTL_SECONDS = defaults.CHECKPOINTS_TTL_SECONDS
+#: A checkpoint outlives any plausible job retry, then expires by itself.
+TTL_SECONDS = 7 * 24 * 3600
+#: Connections a consumer's checkpoint pool opens at most (a request past them waits): a fleet stays
+#: far under Redis's maxclients.
+POOL_MAX = 64
+#: Seconds a checkpoint read or write waits for a connection before it is given up (best effort).
+POOL_WAIT = 20.0
 
 
 def pool_size(in_flight: int) -> int:
     """Connections for the checkpoints of IN_FLIGHT requests at once: one each (an item reads its
-    checkpoint as it starts and writes one after each turn), up to defaults.CHECKPOINTS_POOL_MAX;
+    checkpoint as it starts and writes one after each turn), up to POOL_MAX;
     past that a read or write waits a moment for one."""
-    return max(1, min(in_flight, defaults.CHECKPOINTS_POOL_MAX))
+    return max(1, min(in_flight, POOL_MAX))
 
 
 def checkpoint_key(run: str, item_key: str) -> str:
@@ -36,7 +42,7 @@ class CheckpointStore:
     a failure costs."""
 
     def __init__(self, url: str, in_flight: int = defaults.CONCURRENCY) -> None:
-        self._conn = async_connect(url, max_connections=pool_size(in_flight), wait=defaults.CHECKPOINTS_POOL_WAIT)
+        self._conn = async_connect(url, max_connections=pool_size(in_flight), wait=POOL_WAIT)
 
     async def load(self, run: str, item_key: str) -> bytes | str | None:
         """The checkpoint of ITEM_KEY, as stored (None when there is none)."""

@@ -25,7 +25,6 @@ from redis.client import Pipeline
 from rq import Queue
 from rq.queue import EnqueueData
 
-from genqueue.common import defaults
 from genqueue.common.eta import format_duration
 from genqueue.common.keepers.itemlayout import LUA_ITEMS, MOVED, PACK_SLOTS
 from genqueue.common.keepers.items import ItemTable
@@ -34,6 +33,13 @@ from genqueue.common.keepers.rqaccess import drained, queue_name
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import LUA_CALL_IN_PARTS, RunLockedError
 from genqueue.common.retryhint import enqueue_again_command
+
+#: A crashed producer's claim set expires after this long: time for a reconcile to find its items.
+CLAIM_TTL = 7 * 24 * 3600
+#: A claim set older than this is a dead producer's (a live one enqueues within milliseconds): a reconcile takes it.
+CLAIM_GRACE = 600
+#: Keys per SCAN when a reconcile looks for other producers' claim sets.
+_SCAN = 10_000
 
 
 def claim_key(run: str, claim_id: str) -> str:
@@ -52,7 +58,7 @@ class Claim:
     @property
     def age(self) -> int:
         """Seconds since it was made (its TTL is set once, to CLAIM_TTL)."""
-        return max(defaults.CLAIM_TTL - self.ttl, 0)
+        return max(CLAIM_TTL - self.ttl, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +82,7 @@ class HeldClaims:
             return (f"{what}: it stopped between claiming them and queueing them ({format_duration(self.oldest_s)} "
                     f"ago); {command} takes them over and queues them")
         return (f"{what} (the oldest {format_duration(self.oldest_s)} old): an enqueue still running queues them; "
-                f"if it was stopped, {command} from {format_duration(defaults.CLAIM_GRACE - self.oldest_s)} on "
+                f"if it was stopped, {command} from {format_duration(CLAIM_GRACE - self.oldest_s)} on "
                 "takes them over and queues them")
 
 
@@ -309,7 +315,7 @@ class Claims:
             return []
         try:
             won = self._claim(keys=[ItemTable.key(run), claim_key(run, claim_id), RunLock.key(run)],
-                              args=[defaults.CLAIM_TTL, token or "", pack, *digests])
+                              args=[CLAIM_TTL, token or "", pack, *digests])
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(LOCKED):
                 raise RunLockedError(str(e)[len(LOCKED):].strip()) from None
@@ -342,7 +348,7 @@ class Claims:
         keyspace: not for every poll."""
         conn = self.conn
         prefix = claim_key(run, "")
-        for raw in conn.scan_iter(match=prefix + "*", count=defaults.CLAIMS_SCAN):
+        for raw in conn.scan_iter(match=prefix + "*", count=_SCAN):
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             if own_prefix is not None and key[len(prefix):].startswith(own_prefix):
                 continue
@@ -359,7 +365,7 @@ class Claims:
             if not n:
                 continue
             claims, items, oldest = claims + 1, items + n, max(oldest, claim.age)
-            stale += claim.age > defaults.CLAIM_GRACE
+            stale += claim.age > CLAIM_GRACE
         return HeldClaims(claims, items, oldest, stale)
 
     def take_over(self, claim: Claim) -> int | None:

@@ -15,11 +15,10 @@ import time
 
 import redis
 
-from genqueue.common import defaults
-
 log = logging.getLogger(__name__)
 
-MAX_TRUSTED_RTT = defaults.CLOCK_MAX_TRUSTED_RTT
+#: A round trip longer than this (seconds) says little about the clock offset.
+MAX_TRUSTED_RTT = 0.5
 
 
 def redis_time(conn: redis.Redis) -> float:

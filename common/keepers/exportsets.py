@@ -15,12 +15,13 @@ from typing import NamedTuple
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.keeper import RunKeeper, run_key
 
-TEMP_KEY_TTL = defaults.EXPORTSETS_TEMP_KEY_TTL
-_SCAN = defaults.EXPORTSETS_SCAN
+#: Seconds an export's temporary sets live: a day outlasts any export.
+TEMP_KEY_TTL = 24 * 3600
+#: Members per SSCAN of an export set (~160 KB a round trip).
+_SCAN = 10_000
 
 
 class ScratchKeys(NamedTuple):

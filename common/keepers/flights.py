@@ -4,7 +4,7 @@ When a run's queue is empty, an idle consumer can do nothing for the items anoth
 has in flight or waiting, except run them too. Each consumer that holds items of a run at its
 end publishes them here (an offer: its rate per request and, per item, its job and how long it
 has been in flight, or that it waits unsent); an idle consumer whose engine would finish one
-sooner claims it and sends a copy (consumer/hedge.py). Whichever answer ships first marks the
+sooner claims it and sends a copy (consumer/copies.py). Whichever answer ships first marks the
 item done (common/keepers/marks.py); the other consumer sees the mark and cancels its copy.
 
 Keys:
@@ -24,13 +24,14 @@ from dataclasses import dataclass
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 from genqueue.common.keepers.runs import CONSUMERS
 from genqueue.common.keepers.snapshots import STALE_AFTER
 
-OFFER_TTL = defaults.FLIGHTS_OFFER_TTL
-CLAIMS_TTL = defaults.FLIGHTS_CLAIMS_TTL
+#: Seconds an offer of end-of-run copies counts (refreshed twice a second).
+OFFER_TTL = 3.0
+#: Seconds the claims of a run's copies are kept after the last claim.
+CLAIMS_TTL = 600
 
 
 @dataclass(frozen=True, slots=True)

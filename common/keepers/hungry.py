@@ -4,7 +4,7 @@ Key: genqueue:run:<run>:hungry  (the calling consumer's rq worker name), kept a 
 Other consumers read it and give back the jobs of the run they hold with nothing sent yet
 (consumer/work/intake.py), so the run's last jobs go where they can start at once. A consumer
 reads each run's key at most once every LOOK_EVERY seconds (HungryLook), whoever of it asks:
-the call lives INTAKE_HUNGRY_TTL seconds after each empty dequeue, so a look every half of that
+the call lives intake.py HUNGRY_TTL seconds after each empty dequeue, so a look every half of that
 misses none, and a busy consumer does not ask Redis several times a second for each run it holds.
 """
 
@@ -14,10 +14,10 @@ import time
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
 
-LOOK_EVERY = defaults.HUNGRY_LOOK_EVERY
+#: Seconds between reads of a run's call for work: half its life (consumer/work/intake.py HUNGRY_TTL).
+LOOK_EVERY = 1.0
 
 
 class Hungry(RunKeeper):
@@ -48,8 +48,8 @@ class HungryLook:
 
     def other_caller(self, run: str) -> str | None:
         """The consumer other than ME calling for work of RUN, as last read, if any: what it
-        holds of the run, ME gives back (intake) or offers for copies (hedge), since that one
-        would start it sooner."""
+        holds of the run, ME gives back (consumer/work/intake.py) or offers for copies
+        (consumer/copies.py), since that one would start it sooner."""
         now = time.monotonic()
         seen = self._seen.get(run)
         if seen is None or now - seen[0] >= self.every:

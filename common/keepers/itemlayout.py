@@ -17,11 +17,12 @@ buckets from the table's key, which one Redis allows (rq needs one Redis, not a 
 
 from __future__ import annotations
 
-from genqueue.common import defaults
 from genqueue.common.keepers.keeper import run_key
 
-DEFAULT_BUCKETS = defaults.ITEMS_DEFAULT_BUCKETS
-PACK_SLOTS = defaults.PACK_SLOTS
+#: Buckets of a run whose first writer did not say its size, and the fewest any run gets.
+DEFAULT_BUCKETS = 1024
+#: Items a pack holds at most: an item's place (pack x PACK_SLOTS + slot) fits a 32-bit listpack integer.
+PACK_SLOTS = 2048
 
 #: The table's fields naming the packs whose slots the entries do not vouch for: `moved:<pack>`.
 MOVED = "moved:"
@@ -34,13 +35,15 @@ PLACED_FROM = "placed_from"
 #: an earlier one made (a hash a bucket, digest -> entry), which keeps that layout.
 LAYOUT = "layout"
 BLOBS = "blobs"
-DIGEST_BYTES = defaults.ITEMS_DIGEST_BYTES
-VALUE_BYTES = defaults.ITEMS_VALUE_BYTES
+#: Bytes of an item's digest in a bucket's records.
+DIGEST_BYTES = 16
+#: Bytes of an item's entry (state bits, or its place): a place up to pack 2**34.
+VALUE_BYTES = 6
 RECORD_BYTES = DIGEST_BYTES + VALUE_BYTES
 #: A bucket a call looks up or changes more often than this is decoded into a Lua table for the
 #: rest of the call (many digests of one bucket in one call), so each look-up and change is O(1)
 #: instead of a search and a copy of its string.
-DECODE_AFTER = defaults.ITEMS_DECODE_AFTER
+DECODE_AFTER = 32
 
 #: The table's field counting the times marks were written other than by a consumer shipping.
 REBUILT = "rebuilt"

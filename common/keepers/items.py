@@ -23,7 +23,6 @@ from typing import NamedTuple
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.itemlayout import (
     BLOBS,
     DEFAULT_BUCKETS,
@@ -42,8 +41,12 @@ from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 #: An item's state bits.
 IN_RUN, DONE, FAILED = 1, 2, 4
 
-ITEMS_PER_BUCKET = defaults.ITEMS_PER_BUCKET
-MAX_BUCKETS = defaults.ITEMS_MAX_BUCKETS
+#: Items per bucket of a run's item table: a listpack of 128 entries with room for a fuller bucket.
+ITEMS_PER_BUCKET = 64
+#: The most buckets a run's table gets (a billion items); a larger run's buckets grow instead.
+MAX_BUCKETS = 1 << 24
+#: Entries a bucket holds as a listpack when CONFIG GET does not say (Redis's default).
+LISTPACK_ENTRIES = 128
 
 #: The table's fields that count states (the scripts keep them).
 COUNTS = ("in_run", "done", "failed", "failed_done", "in_run_done")
@@ -116,8 +119,10 @@ fix_size(KEYS[1], ARGV[1], ARGV[2])
 return redis.call('HGET', KEYS[1], 'buckets')
 """
 
-_MISSING_BUCKETS = defaults.ITEMS_SCAN_BUCKETS
-_MIGRATE_PART = defaults.ITEMS_MIGRATE_PART
+#: Buckets an export's coverage reads per script call (Redis is never held long).
+_MISSING_BUCKETS = 64
+#: Set members moved per round trip when an old run's sets are migrated into its item table.
+_MIGRATE_PART = 4096
 
 
 class ItemCounts(NamedTuple):
@@ -205,12 +210,12 @@ class ItemTable(RunKeeper):
 
     def listpack_entries(self) -> int:
         """The entries a bucket holds in Redis's compact encoding (CONFIG GET
-        hash-max-listpack-entries; defaults.ITEMS_LISTPACK_ENTRIES when CONFIG is refused)."""
+        hash-max-listpack-entries; LISTPACK_ENTRIES when CONFIG is refused)."""
         try:
             got = (self.conn.config_get("hash-max-listpack-entries") or {}).get("hash-max-listpack-entries")
-            return defaults.ITEMS_LISTPACK_ENTRIES if got is None else int(got)
+            return LISTPACK_ENTRIES if got is None else int(got)
         except (redis.exceptions.ResponseError, ValueError):
-            return defaults.ITEMS_LISTPACK_ENTRIES
+            return LISTPACK_ENTRIES
 
     def migrate_sets(self) -> int:
         """Move the marks of a run made before the item table (its `keys`, `done` and `failed`

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import redis
 
-from genqueue.common.defaults import KEY_PREFIX
-
+#: Prefix of every Redis key genqueue owns (rq's own keys keep rq's prefix).
+KEY_PREFIX = "genqueue"
 #: The start of every key of a run, `{run}` for its name: a keeper's key_template adds its noun.
 RUN_KEY = f"{KEY_PREFIX}:run:{{run}}"
 

@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 import orjson
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.contracts import ToolTurns
 from genqueue.common.features.store import FeatureStore
 from genqueue.common.keepers.featurecounts import FeatureCounts, Recounted
@@ -56,7 +55,8 @@ from genqueue.common.storage import ShardStore, read_manifest
 
 log = logging.getLogger(__name__)
 
-REBUILD_BATCH = defaults.MARKS_REBUILD_BATCH
+#: Digests written per round trip when marks are rebuilt.
+REBUILD_BATCH = 10_000
 
 
 class Place(NamedTuple):

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import redis
 
-from genqueue.common import defaults
-from genqueue.common.defaults import KEY_PREFIX
-from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
+from genqueue.common.keepers.keeper import KEY_PREFIX, RUN_KEY, RunKeeper
 
-KEEP = defaults.MARKSTAMPS_KEEP
+#: Seconds the stamp and a finished rebuild's state are kept.
+KEEP = 7 * 24 * 3600
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Every Redis connection genqueue makes: one place that sets its timeouts, health checks,
-keepalive and retries (common/defaults.py says why each value), for the sync and the asyncio
-client alike, and keeps the password out of every message.
+keepalive and retries (each value's reason beside it: here, or common/defaults.py for what a user
+may set), for the sync and the asyncio client alike, and keeps the password out of every message.
 
 Left to the client's defaults these change between redis-py releases, and a connection to a
 server that vanished without a FIN (a rebooted node, a partition, a NAT that forgot the flow)
@@ -9,10 +9,10 @@ A URL's own query options (`?socket_timeout=30`) still win, for one deployment's
 
 Retries: redis-py, when told to retry, re-sends a command, a pipeline or a MULTI/EXEC
 transaction on a fresh connection after a connection error or a timeout, even when the server
-had applied it and only the reply was lost. genqueue's connections do not retry
-(defaults.REDIS_RETRIES); a caller retries what it knows to be safe. Writes that must not
-happen twice are idempotent anyway (the producer's claim script) or run under WATCH, under
-which redis-py raises instead of re-sending.
+had applied it and only the reply was lost. genqueue's connections do not retry (RETRIES); a
+caller retries what it knows to be safe. Writes that must not happen twice are idempotent anyway
+(the producer's claim script) or run under WATCH, under which redis-py raises instead of
+re-sending.
 """
 
 from __future__ import annotations
@@ -34,6 +34,16 @@ from genqueue.common.errors import RedisUnavailableError, as_clause
 from genqueue.common.eta import format_duration
 from genqueue.common.redact import redact
 
+#: TCP keepalive: probe after this many seconds idle, so NATs (which drop idle flows in 4-6 min) keep it.
+KEEPALIVE_IDLE = 60
+#: Seconds between keepalive probes.
+KEEPALIVE_INTERVAL = 10
+#: Probes missed before a peer is dead: found in ~90 s, not the kernel's 2 h.
+KEEPALIVE_COUNT = 3
+#: The client sends a command once: a re-send after a lost reply can apply a write twice; callers
+#: that know a call is safe retry it themselves, with a log line.
+RETRIES = 0
+
 #: Old name of genqueue.common.redact.redact, kept while callers move.
 redact_url = redact
 
@@ -41,9 +51,9 @@ redact_url = redact
 def keepalive_options() -> dict[int, int]:
     """TCP keepalive timing for this platform (Linux names; macOS calls the idle time TCP_KEEPALIVE)."""
     names = (
-        (("TCP_KEEPIDLE", "TCP_KEEPALIVE"), defaults.REDIS_KEEPALIVE_IDLE),
-        (("TCP_KEEPINTVL",), defaults.REDIS_KEEPALIVE_INTERVAL),
-        (("TCP_KEEPCNT",), defaults.REDIS_KEEPALIVE_COUNT),
+        (("TCP_KEEPIDLE", "TCP_KEEPALIVE"), KEEPALIVE_IDLE),
+        (("TCP_KEEPINTVL",), KEEPALIVE_INTERVAL),
+        (("TCP_KEEPCNT",), KEEPALIVE_COUNT),
     )
     options: dict[int, int] = {}
     for candidates, value in names:
@@ -89,7 +99,7 @@ def redis_location(conn: redis.Redis | aioredis.Redis) -> str:
 def connect(url: str, *, check: bool = True) -> redis.Redis:
     """A Redis client for URL (redis://, rediss://, unix://); pings it unless check is false."""
     try:
-        conn = redis.Redis.from_url(url, retry=Retry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url))
+        conn = redis.Redis.from_url(url, retry=Retry(NoBackoff(), RETRIES), **connection_kwargs(url))
     except ValueError as e:
         raise RedisUnavailableError(f"invalid Redis URL {redact(url)}: {redact(str(e))}") from None
     if check:
@@ -130,11 +140,11 @@ def async_connect(url: str, *, max_connections: int | None = None, wait: float |
     try:
         if max_connections is None:
             return aioredis.Redis.from_url(
-                url, retry=AsyncRetry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url)
+                url, retry=AsyncRetry(NoBackoff(), RETRIES), **connection_kwargs(url)
             )
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=wait,
-            retry=AsyncRetry(NoBackoff(), defaults.REDIS_RETRIES), **connection_kwargs(url))
+            retry=AsyncRetry(NoBackoff(), RETRIES), **connection_kwargs(url))
         return aioredis.Redis.from_pool(pool)
     except ValueError as e:
         raise RedisUnavailableError(f"invalid Redis URL {redact(url)}: {redact(str(e))}") from None

@@ -24,8 +24,14 @@ from typing import Any
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError, UserError
+
+#: Bytes of Redis a queued item takes besides its prompt (docs/decisions.md, "Measured tunables").
+BYTES_PER_ITEM = 120
+#: Bytes of Redis a byte of prompt takes inline: the upper end measured, prose compresses less.
+BYTES_PER_PROMPT_BYTE = 0.5
+#: Share of maxmemory a new run may not take: leases, snapshots and registries grow with the run.
+MEMORY_HEADROOM = 0.1
 
 #: The one policy under which Redis never drops a key to make room.
 NOEVICTION = "noeviction"
@@ -112,8 +118,8 @@ def check_policy(conn: redis.Redis, *, warn: Callable[[str], None]) -> Memory | 
 
 def run_bytes(items: int, prompt_bytes: int) -> int:
     """Redis bytes ITEMS queued items of PROMPT_BYTES prompt text in all take, once done."""
-    per_item = defaults.REDIS_BYTES_PER_ITEM
-    return int(items * per_item + prompt_bytes * defaults.REDIS_BYTES_PER_PROMPT_BYTE)
+    per_item = BYTES_PER_ITEM
+    return int(items * per_item + prompt_bytes * BYTES_PER_PROMPT_BYTE)
 
 
 def room(mem: Memory) -> int | None:
@@ -121,7 +127,7 @@ def room(mem: Memory) -> int | None:
     consumers' leases, snapshots and rq's registries (None: no limit)."""
     if not mem.limited:
         return None
-    return max(mem.maxmemory - int(mem.maxmemory * defaults.REDIS_MEMORY_HEADROOM) - mem.used, 0)
+    return max(mem.maxmemory - int(mem.maxmemory * MEMORY_HEADROOM) - mem.used, 0)
 
 
 def size(n: float) -> str:

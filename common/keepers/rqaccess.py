@@ -39,9 +39,8 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import utcparse
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
-from genqueue.common.defaults import KEY_PREFIX
+from genqueue.common.keepers.keeper import KEY_PREFIX
 from genqueue.common.keepers.redismem import pipeline_read
 from genqueue.common.storage.names import pack_tag
 
@@ -55,7 +54,11 @@ TASKS = frozenset({TASK}) | LEGACY_TASKS
 
 SERIALIZER = JSONSerializer
 
-REASON_CHARS = defaults.RQACCESS_REASON_CHARS
+#: Retry budget of a job: how many times an abandoned or failed job goes back to the queue.
+JOB_RETRIES = 3
+
+#: Failed-job reasons longer than this are cut (rq keeps whole tracebacks).
+REASON_CHARS = 500
 
 
 # --- queues and jobs ---------------------------------------------------------------------
@@ -124,7 +127,7 @@ class PackRef(NamedTuple):
 
 def reference_meta(items: int, ref: PackRef) -> dict[str, int | str]:
     """The `meta` of a job by reference of ITEMS items at REF (as rq writes it, JSON under the
-    64 bytes a compact hash field holds: defaults.PACK_TAG_CHARS)."""
+    64 bytes a compact hash field holds: storage/names.py PACK_TAG_CHARS)."""
     meta: dict[str, int | str] = {META_ITEMS: items, META_PACK: ref.pack, META_BLOCK: ref.block}
     if ref.writer:
         meta[META_WRITER] = ref.writer

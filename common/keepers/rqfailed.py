@@ -17,7 +17,6 @@ import redis
 from rq.job import Job
 from rq.results import Result
 
-from genqueue.common import defaults
 from genqueue.common.contracts import ErrorClass
 from genqueue.common.keepers.rqaccess import (
     META_ITEMS,
@@ -31,8 +30,7 @@ from genqueue.common.keepers.rqaccess import (
     job_reference,
     place_members,
 )
-
-_FETCH_BATCH = defaults.RQJOBS_FETCH_BATCH
+from genqueue.common.keepers.rqjobs import FETCH_BATCH
 
 
 def failed_reason(conn: redis.Redis, job_id: str) -> str:
@@ -73,8 +71,8 @@ def failed_jobs(conn: redis.Redis, run: str) -> list[FailedJob]:
     ((_, members),) = place_members(conn, run, [JobPlace.FAILED])
     ids = [m.decode(errors="replace") if isinstance(m, bytes) else str(m) for m in members]
     out: list[FailedJob] = []
-    for start in range(0, len(ids), _FETCH_BATCH):
-        batch = ids[start:start + _FETCH_BATCH]
+    for start in range(0, len(ids), FETCH_BATCH):
+        batch = ids[start:start + FETCH_BATCH]
         with conn.pipeline(transaction=False) as p:
             for jid in batch:
                 p.exists(Job.key_for(jid))

@@ -31,7 +31,6 @@ import orjson
 import redis
 from rq.job import Job, JobStatus
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.common.errors import JobItemsUnreadableError
 from genqueue.common.keepers.rqaccess import (
@@ -46,8 +45,10 @@ from genqueue.common.keepers.rqaccess import (
 
 log = logging.getLogger(__name__)
 
-_FETCH_BATCH = defaults.RQJOBS_FETCH_BATCH
-NAMED = defaults.RQJOBS_NAMED
+#: Jobs read per round trip when a run's jobs are scanned: a few MB at most.
+FETCH_BATCH = 500
+#: Bad entries a one-line summary names (--json lists them all).
+NAMED = 10
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _PICKLE = b"\x80"
 #: _payload's answer for a payload with no argument: a job by reference, whose meta says the rest.
@@ -245,8 +246,8 @@ def read_jobs(conn: redis.Redis, run: str, places: Iterable[JobPlace], *, scan: 
             if jid is not None and jid not in seen:
                 seen.add(jid)
                 ids.append(jid)
-        for start in range(0, len(ids), _FETCH_BATCH):
-            batch = ids[start:start + _FETCH_BATCH]
+        for start in range(0, len(ids), FETCH_BATCH):
+            batch = ids[start:start + FETCH_BATCH]
             out = fast(keys=[Job.key_for(j) for j in batch], args=args)
             for jid, verdict, data in zip(batch, out[::2], out[1::2], strict=True):
                 good = _verdict(conn, jid, place, verdict, data, depth, scan, items_of)

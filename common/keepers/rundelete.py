@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.pause import Pause
 from genqueue.common.keepers.rqaccess import forget_queue, queue_name, refused_key, run_rq_keys
 from genqueue.common.keepers.runs import RUNS
 
-_BATCH = defaults.RUNDELETE_BATCH
+#: Keys deleted per DEL.
+_BATCH = 500
 
 
 def delete_run(conn: redis.Redis, run: str) -> int:

@@ -26,14 +26,17 @@ import uuid
 
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.errors import GenqueueError
 from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper
 
 log = logging.getLogger(__name__)
 
-POLL_MIN = defaults.RUNLOCK_POLL_MIN
-POLL_MAX = defaults.RUNLOCK_POLL_MAX
+#: Seconds a run's lock outlives a producer killed with SIGKILL (the holder renews it every third).
+LOCK_SECONDS = 30
+#: Polling a held lock starts at this many seconds, doubling up to POLL_MAX.
+POLL_MIN = 0.05
+#: The longest wait between two looks at a held lock: a freed lock is taken within a second.
+POLL_MAX = 1.0
 
 
 class LockLostError(GenqueueError):
@@ -62,7 +65,7 @@ class RunLock(RunKeeper):
 
     key_template = RUN_KEY + ":lock"
 
-    def __init__(self, conn: redis.Redis, run: str, *, ttl: float = defaults.LOCK_SECONDS) -> None:
+    def __init__(self, conn: redis.Redis, run: str, *, ttl: float = LOCK_SECONDS) -> None:
         super().__init__(conn, run)
         self.ttl_ms = int(ttl * 1000)
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"

@@ -31,11 +31,10 @@ import redis
 from redis.commands.core import Script
 
 from genqueue.common import __version__
-from genqueue.common.defaults import KEY_PREFIX
 from genqueue.common.errors import CorruptStateError, GenqueueError, RunConflictError, RunNotFoundError
 from genqueue.common.keepers.checkpoints import CheckpointStore
 from genqueue.common.keepers.items import IN_RUN, ItemTable
-from genqueue.common.keepers.keeper import run_key
+from genqueue.common.keepers.keeper import KEY_PREFIX, run_key
 from genqueue.common.keepers.redisconn import redis_location
 from genqueue.common.placement import Placement
 from genqueue.common.redact import redact

@@ -12,7 +12,6 @@ Keys: genqueue:run:<run>:source-order  zset  source id (see enqueue.source_id) -
 
 from __future__ import annotations
 
-from genqueue.common import defaults
 from genqueue.common.keepers.keeper import RUN_KEY, RunKeeper, run_key
 
 # KEYS: the zset. ARGV: the source id. Its place, given now if it had none.
@@ -24,7 +23,8 @@ redis.call('ZADD', KEYS[1], n, ARGV[1])
 return n
 """
 
-READING_TTL = defaults.RUNSOURCES_READING_TTL
+#: A reading mark outlives a producer killed mid-read by at most this long.
+READING_TTL = 24 * 3600
 
 
 class RunSources(RunKeeper):

@@ -28,15 +28,16 @@ from typing import Any, Required, cast
 import orjson
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import QueueLength, queue_lengths_of, stage_queue_lengths
 from genqueue.common.keepers.runs import CONSUMERS, consumer_key
 from genqueue.common.snapshot import ConsumerFields, ConsumerSnapshot
 
-SNAPSHOT_TTL = defaults.SNAPSHOTS_SNAPSHOT_TTL
+#: A snapshot lives this long after its consumer's last report; status reads the last day's.
+SNAPSHOT_TTL = 24 * 3600
 
-STALE_AFTER = defaults.SNAPSHOTS_STALE_AFTER
+#: A consumer silent this long (seconds) is not live.
+STALE_AFTER = 15.0
 
 
 class ConsumerReport(ConsumerFields, total=False):

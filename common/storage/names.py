@@ -21,8 +21,6 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from genqueue.common.defaults import PACK_TAG_CHARS
-
 SHARD_SUFFIX = ".jsonl"
 MANIFEST_SUFFIX = ".manifest.json"
 SHARDS_DIR = "shards"
@@ -30,6 +28,8 @@ RUN_SETTINGS = "run.json"
 PROBE_PREFIX = ".genqueue-probe-"
 PACKS_DIR = "packs"
 PACK_SUFFIX = ".gqpack"
+#: Characters of a pack's writer a job carries: 24 bits tell packs apart, and the job's meta stays compact.
+PACK_TAG_CHARS = 6
 
 # A worker name: anything a file or object name can hold, without a path separator.
 _SHARD = re.compile(r"(?P<owner>[^/\\\x00]+)-(?P<seq>[0-9]{6,})" + re.escape(SHARD_SUFFIX))

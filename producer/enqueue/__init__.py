@@ -9,8 +9,7 @@ record and puts the items a run still needs into rq jobs, exactly once across ra
   lost; longest first through order.py), slices.py (the writer threads: jobwriter.py claims,
   packs and queues a slice in one transaction);
 - summary.py: each record's bucket, the counts, and the Summary `--json` prints;
-- reconcile.py / unchanged.py: the queue view a re-run reads, and an input it need not read;
-- estimate.py: the run's output tokens as the input's original answers say.
+- reconcile.py / unchanged.py: the queue view a re-run reads, and an input it need not read.
 
 Others import the wing's modules directly: this file imports nothing (`producer --help` loads
 no rq). Only producer/cli.py and the capture pass (prefill/command.py) import the wing.

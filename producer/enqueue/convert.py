@@ -12,8 +12,8 @@ it is in is settled.
 from __future__ import annotations
 
 from genqueue.common.contracts import Item, RejectReason
+from genqueue.common.estimate import output_chars
 from genqueue.common.settings import RunSettings
-from genqueue.producer.enqueue.estimate import output_chars
 from genqueue.producer.enqueue.summary import Tally
 from genqueue.producer.ingest.conversation import Conversation
 from genqueue.producer.ingest.convert import normalize

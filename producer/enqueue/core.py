@@ -32,7 +32,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import PromptMode
 from genqueue.common.errors import InputError, UserError, WriteFailedError
-from genqueue.common.keepers.items import ItemTable, buckets_for
+from genqueue.common.keepers.items import ITEMS_PER_BUCKET, ItemTable, buckets_for
 from genqueue.common.keepers.redismem import RedisFilledError, check_policy, full_line, is_oom, read_memory
 from genqueue.common.keepers.runlock import RunLock
 from genqueue.common.keepers.runs import RunStore
@@ -56,6 +56,9 @@ from genqueue.producer.ingest.sources import bind
 from genqueue.producer.outfiles import OUTPUT_DIR, REJECTS, probe, refuse_replacing
 
 log = logging.getLogger(__name__)
+
+#: Items a run is sized for when its input's size is unknown (stdin, a compressed file).
+ITEMS_UNKNOWN_SIZE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,12 +203,12 @@ def _item_table(conn: redis.Redis, run: str, mem: memplan.MemoryPlan, *, expect:
     gets the size of one whose first records were all it held), and the sets of a run queued by
     a genqueue before the table moved into it."""
     table = ItemTable(conn, run)
-    wanted = mem.items if mem.whole else max(mem.items, defaults.ITEMS_UNKNOWN_SIZE)
+    wanted = mem.items if mem.whole else max(mem.items, ITEMS_UNKNOWN_SIZE)
     buckets = table.ensure(max(wanted, expect or 0))
     held, entries = table.counts().in_run, table.listpack_entries()
     if expect is not None and buckets < buckets_for(expect):
         line = (f"note: run {run}: --expect-items {expect:,} does not change its item table, sized by its first "
-                f"enqueue ({buckets:,} buckets, for about {buckets * defaults.ITEMS_PER_BUCKET:,} items); give it "
+                f"enqueue ({buckets:,} buckets, for about {buckets * ITEMS_PER_BUCKET:,} items); give it "
                 "to a run's first enqueue")
         (note or log.warning)(line)
     if held + mem.items > buckets * entries:

@@ -1,7 +1,7 @@
 """The Enqueuer: one input's records through the enqueue's phases, a chunk of records at a time.
 
 Each record is converted and counted (convert.py), its flags kept in the Tally (summary.py);
-every ENQUEUE_CHUNK converted records, their items are settled (settle.py: done, new, queued,
+every CHUNK converted records, their items are settled (settle.py: done, new, queued,
 failed or lost, in one Redis round trip) and the whole slices of what is to be queued handed to
 the writers (slices.py) while the input is read on. Once the input is read, what longest-first
 ordering held back is written, longest first, then the rest. An input that breaks part way
@@ -28,7 +28,8 @@ from genqueue.producer.ingest.items import Origin
 from genqueue.producer.ingest.reader import RawRecord
 from genqueue.producer.ingest.rejects import RejectsWriter
 
-CHUNK = defaults.ENQUEUE_CHUNK
+#: Records examined per Redis round trip for the already-enqueued check.
+CHUNK = 4096
 
 
 class Enqueuer:

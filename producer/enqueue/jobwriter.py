@@ -32,12 +32,12 @@ from redis.client import Pipeline
 from rq import Retry
 from rq.queue import EnqueueData
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
-from genqueue.common.keepers.claims import Claims, ReclaimLockLostError, Requeue
+from genqueue.common.keepers.claims import CLAIM_GRACE, CLAIM_TTL, Claims, ReclaimLockLostError, Requeue
 from genqueue.common.keepers.itemlayout import PACK_SLOTS
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import (
+    JOB_RETRIES,
     TASK,
     PackRef,
     job_description,
@@ -58,7 +58,10 @@ log = logging.getLogger(__name__)
 # Requeue is the re-claim script's answer (common/keepers/claims.py); named here too for slices.py.
 __all__ = ["COMMIT_ATTEMPTS", "JobWriter", "Requeue"]
 
-COMMIT_ATTEMPTS = defaults.JOBWRITER_COMMIT_ATTEMPTS
+#: Tries, in all, of a transaction whose reply was lost (did its DEL of the claim set land?).
+COMMIT_ATTEMPTS = 3
+#: Seconds rq keeps a finished job (docs/decisions.md, "rq keeps a finished job ten minutes").
+RESULT_TTL = 600
 
 
 def same_record(a: Item, b: Item) -> bool:
@@ -116,7 +119,7 @@ def _by_slot(items: Sequence[Item], slots: Sequence[int]) -> list[Item]:
 class JobWriter:
     """Claims and enqueues the items of one producer invocation."""
 
-    def __init__(self, run: str, conn: redis.Redis, *, batch_size: int, retries: int = defaults.JOB_RETRIES,
+    def __init__(self, run: str, conn: redis.Redis, *, batch_size: int, retries: int = JOB_RETRIES,
                  lock: RunLock | None = None, pack_store: PackStore | None = None) -> None:
         self.run = run
         # By reference when given: where the slices' packs go (the run's output store).
@@ -197,7 +200,7 @@ class JobWriter:
         number = self.packs.allocate() if self.pack_store is not None else 0
         try:
             try:
-                codes, slots = self.claims.reclaim(self.run, claim_id, ttl=defaults.CLAIM_TTL, token=self.lock.token,
+                codes, slots = self.claims.reclaim(self.run, claim_id, ttl=CLAIM_TTL, token=self.lock.token,
                                                    retry_failed=retry_failed, pack=number,
                                                    digests=[key_digest(it["key"]) for it in items])
             except ReclaimLockLostError:
@@ -223,7 +226,7 @@ class JobWriter:
                     job_id=job_id(self.run, [it["key"] for it in items]),
                     description=job_description(self.run, items),
                     retry=Retry(max=self.retries),
-                    result_ttl=defaults.RESULT_TTL,
+                    result_ttl=RESULT_TTL,
                     timeout=-1,
                     meta={"items": len(items)},
                 )
@@ -239,7 +242,7 @@ class JobWriter:
                 job_id=job_id(self.run, [it["key"] for it in items]),
                 description=job_description(self.run, items),
                 retry=Retry(max=self.retries),
-                result_ttl=defaults.RESULT_TTL,
+                result_ttl=RESULT_TTL,
                 timeout=-1,
                 meta=reference_meta(len(items), PackRef(number, block, pack_tag(name))),
             )
@@ -286,7 +289,7 @@ class JobWriter:
             self.claims.drop(self.run, claim_id)
         except redis.exceptions.RedisError as e:
             log.warning("could not drop re-claim %s of run %s (%s): a reconcile takes it over after %d s",
-                        claim_id, self.run, redact(str(e)), defaults.CLAIM_GRACE)
+                        claim_id, self.run, redact(str(e)), CLAIM_GRACE)
 
     def _release(self, claim_id: str) -> None:
         """Give a failed slice's claim back, if its transaction did not land; best effort."""

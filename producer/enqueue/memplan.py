@@ -4,8 +4,8 @@ take, and where its jobs keep their items (`--prompts auto`).
 The input's first records are converted as the enqueue will convert them (nothing is written),
 which gives items per input byte and prompt bytes per item; the input's whole size (a plain
 file's bytes, a Parquet file's rows) scales that to the whole input (`estimate`); the items the
-run holds already are taken off; common/redismem.run_bytes turns items and prompt bytes into Redis bytes
-(the per-item figures measured in common/defaults.py). A compressed file or stdin has no size
+run holds already are taken off; common/keepers/redismem.run_bytes turns items and prompt bytes
+into Redis bytes (with the per-item figures measured). A compressed file or stdin has no size
 to scale by: the estimate is then of the records looked at only, and says so.
 
 `choose_prompts`: `--prompts inline|reference` is taken as given; `auto` (the default) keeps
@@ -30,7 +30,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.contracts import PromptMode
 from genqueue.common.keepers.packs import PackTable
-from genqueue.common.keepers.redismem import Memory, RedisFullError, read_memory, room, run_bytes, size
+from genqueue.common.keepers.redismem import MEMORY_HEADROOM, Memory, RedisFullError, read_memory, room, run_bytes, size
 from genqueue.common.keepers.runs import RunStore
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage.runfile import RunFile
@@ -42,8 +42,10 @@ from genqueue.producer.ingest.rejects import Rejected
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RECORDS = defaults.MEMPLAN_SAMPLE_RECORDS
-SAMPLE_BYTES = defaults.MEMPLAN_SAMPLE_BYTES
+#: Records looked at for the memory estimate: a stable mean, a moment to convert.
+SAMPLE_RECORDS = 4096
+#: Bytes of input looked at for it at most.
+SAMPLE_BYTES = 16 << 20
 
 _COMPRESSED = (b"\x1f\x8b", b"\x28\xb5\x2f\xfd")
 _PARQUET = b"PAR1"
@@ -347,6 +349,6 @@ def refuse_unfit(p: MemoryPlan, run: str) -> None:
     raise RedisFullError(
         f"run {run} needs about {size(p.bytes)} of Redis ({p.items:,} items), but Redis has {size(free)} to give "
         f"(used {size(p.memory.used)} of maxmemory {size(p.memory.maxmemory)}, "
-        f"{defaults.REDIS_MEMORY_HEADROOM:.0%} kept for the consumers): "
+        f"{MEMORY_HEADROOM:.0%} kept for the consumers): "
         f"nothing was written; raise maxmemory (`redis-cli CONFIG SET maxmemory ...`), free memory{other}, or "
         "enqueue a smaller input")

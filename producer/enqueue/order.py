@@ -26,11 +26,11 @@ from typing import IO
 
 import orjson
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.producer.outfiles import HOLD, probe, write_failed
 
-STEP = defaults.ORDER_STEP
+#: Cost classes of the longest-first order are this factor apart.
+STEP = 1.2
 
 
 def cost_class(cost: int) -> int:

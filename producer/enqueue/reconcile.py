@@ -32,9 +32,8 @@ from typing import Any
 import orjson
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.errors import UserError
-from genqueue.common.keepers.claims import Claims
+from genqueue.common.keepers.claims import CLAIM_GRACE, Claims
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ItemTable
 from genqueue.common.keepers.marks import Marks
 from genqueue.common.keepers.packs import PackTable
@@ -49,7 +48,8 @@ log = logging.getLogger(__name__)
 __all__ = ["DONE", "FAILED", "IN_RUN", "QueueView", "add_to_run", "as_int", "derivation", "input_digest",
            "input_head", "other_input", "take_view", "unchanged_input"]
 
-HEAD_RECORDS = defaults.RECONCILE_HEAD_RECORDS
+#: Records of an input's head whose digest a run keeps: a retry whose file does not begin with them is refused.
+HEAD_RECORDS = 64
 
 def add_to_run(conn: redis.Redis, run: str, digests: list[bytes]) -> None:
     """Put items that have marks but are not in the run into it (marks shipped by
@@ -80,7 +80,7 @@ class QueueView:
     malformed_jobs: list[dict[str, str]] = field(default_factory=list)
 
 
-def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = defaults.CLAIM_GRACE,
+def take_view(conn: redis.Redis, run: str, own_prefix: str, *, grace: float = CLAIM_GRACE,
               items_of: ItemsOf | None = None) -> QueueView:
     """The view of RUN's queue. Call it holding the run's lock. Claim sets whose id starts with
     OWN_PREFIX are this producer's own (all of them ended in their transaction). ITEMS_OF reads

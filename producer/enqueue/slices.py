@@ -1,7 +1,7 @@
 """The slice pipeline: the items to queue, cut into slices and written while the input is read on.
 
 A slice is SLICE_ITEMS items at most (a whole number of jobs), never splitting a record's items
-(they stay in one job: jobwriter.py). New items are written by ENQUEUE_WRITERS threads, at most
+(they stay in one job: jobwriter.py). New items are written by WRITERS threads, at most
 WRITES_IN_FLIGHT slices at once: each claims its items, writes its pack, and queues its jobs in
 its turn (the order the slices were handed out, each waiting on the event of the one before).
 Once a slice fails, the ones after it are not tried, and those not yet claimed when the reading
@@ -19,15 +19,17 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
 from genqueue.producer.enqueue.jobwriter import JobWriter, Requeue, record_batches, same_record
 from genqueue.producer.enqueue.reconcile import as_int
 from genqueue.producer.enqueue.summary import Flag, Tally
 
-SLICE_ITEMS = defaults.ENQUEUE_SLICE_ITEMS
-WRITES_IN_FLIGHT = defaults.ENQUEUE_WRITES_IN_FLIGHT
-WRITERS = defaults.ENQUEUE_WRITERS
+#: Items claimed and enqueued per slice: bounds what a producer killed between the two leaves behind.
+SLICE_ITEMS = 1024
+#: Slices handed to the writers before the reader waits: a chunk's PUTs overlap the next chunk's reading.
+WRITES_IN_FLIGHT = 8
+#: Threads writing slices at once: a far store's PUTs overlap; transactions stay in queue order.
+WRITERS = 4
 
 #: The flag a record gets for an item a requeue did not put in a job.
 _REQUEUE_OUTCOME = {Requeue.SKIPPED: Flag.QUEUED, Requeue.DONE: Flag.DONE, Requeue.FAILED: Flag.FAILED}

@@ -23,7 +23,7 @@ from typing import Any
 
 from genqueue.common import defaults
 from genqueue.common.contracts import Item, PromptMode, RejectReason
-from genqueue.producer.enqueue.estimate import estimated_tokens
+from genqueue.common.estimate import estimated_tokens
 from genqueue.producer.enqueue.reconcile import QueueView
 
 
@@ -85,7 +85,7 @@ class Summary:
     user_turns: int = 0  # user turns in the records converted (status: the multi-turn rule's input)
     multi_turn_records: int = 0  # of those records: with more than one user turn
     stopped_at_tool_turn: int = 0  # items cut at a tool turn (regenerate)
-    # the run's output tokens as the input's original answers say (estimate.py): of every
+    # the run's output tokens as the input's original answers say (common/estimate.py): of every
     # item converted from this input, not only those queued now; None when it has no answers
     estimated_output_tokens: int | None = None
     # Redis memory, estimated before anything was written (memplan.py)

@@ -228,7 +228,7 @@ def starting_rows(snaps: list[ConsumerReport], run: str) -> list[StartingRow]:
 
 
 def _estimate(sources: dict[str, dict[str, Any]]) -> int | None:
-    """The run's estimated output tokens: the sum of its inputs' (producer/enqueue/estimate.py);
+    """The run's estimated output tokens: the sum of its inputs' (common/estimate.py);
     None when no input recorded one."""
     found = [e for s in sources.values()
              if isinstance(e := s.get("estimated_output_tokens"), int) and not isinstance(e, bool)]
@@ -388,7 +388,7 @@ def _consumer_line(c: ConsumerRow) -> str:
 
 
 def copies_text(copies: dict[str, int]) -> str:
-    """A consumer's end-of-run copies (consumer/hedge.py), or "" when it has made none."""
+    """A consumer's end-of-run copies (consumer/copies.py), or "" when it has made none."""
     sent, ended = copies.get("sent", 0), copies.get("ended_elsewhere", 0)
     if not sent and not ended:
         return ""

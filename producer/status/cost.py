@@ -11,14 +11,14 @@ last report). A consumer's GPUs are its snapshot's `gpus` (`consumer run --engin
 counts one.
 Projected: spent, plus the live consumers' GPUs for as long as the remaining tokens take at the
 fleet's completion-token rate of the last minute. The input's estimate of the run's output
-tokens is the enqueue's (producer/enqueue/estimate.py).
+tokens is the enqueue's (common/estimate.py).
 """
 
 from __future__ import annotations
 
 from typing import TypedDict
 
-from genqueue.common import defaults
+from genqueue.common.estimate import CHARS_PER_TOKEN
 from genqueue.common.keepers.snapshots import ConsumerReport
 
 
@@ -123,7 +123,7 @@ def run_cost(consumers: list[ConsumerReport], run: str, *, run_started_at: float
                                  + ("; 1 GPU per consumer assumed (its report does not say)" if assumed else ""))),
             "gpu_hours_projected": how,
             "price": "--gpu-hour-price / GENQUEUE_GPU_HOUR_PRICE" if price is not None else "not given",
-            "estimated_output_tokens": (f"the original answers' characters / {defaults.COST_CHARS_PER_TOKEN:g}, recorded by "
+            "estimated_output_tokens": (f"the original answers' characters / {CHARS_PER_TOKEN:g}, recorded by "
                                         "`producer enqueue`" if estimate is not None else
                                         "none: the input has no original answers (or was enqueued before estimates)"),
         },

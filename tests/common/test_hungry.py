@@ -1,5 +1,5 @@
 """A consumer's look at the calls for work (common/keepers/hungry.py): read at most once a
-LOOK_EVERY a run, whoever asks, and never missing a call that lives INTAKE_HUNGRY_TTL."""
+LOOK_EVERY a run, whoever asks, and never missing a call that lives intake.HUNGRY_TTL."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import time
 
 import redis
 
-from genqueue.common import defaults
-from genqueue.common.keepers.hungry import Hungry, HungryLook
+from genqueue.common.keepers.hungry import LOOK_EVERY, Hungry, HungryLook
 from genqueue.consumer.work import intake
 
 
@@ -32,4 +31,4 @@ def test_the_look_reads_each_run_once_an_interval_and_sees_only_the_others_calls
 
 
 def test_the_interval_is_half_the_calls_life_so_none_is_missed() -> None:
-    assert 2 * defaults.HUNGRY_LOOK_EVERY <= intake.HUNGRY_TTL
+    assert 2 * LOOK_EVERY <= intake.HUNGRY_TTL

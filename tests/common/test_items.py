@@ -10,7 +10,7 @@ import random
 import pytest
 import redis
 
-from genqueue.common.keepers.claims import Claims, claim_key
+from genqueue.common.keepers.claims import CLAIM_GRACE, CLAIM_TTL, Claims, claim_key
 from genqueue.common.keepers.itemlayout import DECODE_AFTER, DEFAULT_BUCKETS, RECORD_BYTES, bucket_key
 from genqueue.common.keepers.items import DONE, FAILED, IN_RUN, ITEMS_PER_BUCKET, ItemCounts, ItemTable, buckets_for
 from genqueue.common.keepers.marks import Marks, ShardMarks
@@ -191,16 +191,14 @@ def test_held_claims_count_genqueues_claims_and_leave_out_other_keys(conn: redis
     """What status and `producer runs` read of a run's claims: a key under the claim prefix that
     is no set with a TTL (not one of genqueue's) is left out, never read as one (a string there
     made SCARD fail with WRONGTYPE, a traceback on `producer status`)."""
-    from genqueue.common import defaults
-
     claims = Claims(conn)
     digests = [os.urandom(16) for _ in range(5)]
     assert claims.claim("hc", "p1-a", digests[:3]) == [True] * 3
     assert claims.claim("hc", "p2-b", digests[3:]) == [True] * 2
-    conn.expire(claim_key("hc", "p2-b"), defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)  # its producer is gone
+    conn.expire(claim_key("hc", "p2-b"), CLAIM_TTL - CLAIM_GRACE - 5)  # its producer is gone
     conn.set(claim_key("hc", "junk"), "x", ex=100)
     conn.sadd(claim_key("hc", "no-ttl"), b"y")
     held = claims.held("hc")
-    assert (held.claims, held.items, held.stale) == (2, 5, 1) and held.oldest_s >= defaults.CLAIM_GRACE + 5
+    assert (held.claims, held.items, held.stale) == (2, 5, 1) and held.oldest_s >= CLAIM_GRACE + 5
     assert {c.id for c in claims.others("hc", "p1")} == {"p2-b"}
     assert claims.held("none") == type(held)()

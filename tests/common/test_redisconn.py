@@ -17,6 +17,7 @@ import redis
 
 from genqueue.common import defaults
 from genqueue.common.errors import RedisUnavailableError
+from genqueue.common.keepers import redisconn
 from genqueue.common.keepers.redisconn import async_check, async_connect, connect, keepalive_options
 
 
@@ -34,7 +35,7 @@ def test_sync_and_async_clients_get_the_same_options() -> None:
     for client in (connect("redis://127.0.0.1:1/0", check=False), async_connect("redis://127.0.0.1:1/0")):
         kw = client.connection_pool.connection_kwargs
         assert {k: kw.get(k) for k in expected_kwargs()} == expected_kwargs()
-        assert kw["retry"].get_retries() == defaults.REDIS_RETRIES == 0
+        assert kw["retry"].get_retries() == redisconn.RETRIES == 0
         made: Any = client.connection_pool.make_connection()
         assert made.retry.get_retries() == 0  # a command is sent once
 
@@ -43,9 +44,9 @@ def test_keepalive_is_set_on_linux() -> None:
     if not hasattr(socket, "TCP_KEEPIDLE"):
         pytest.skip("not a Linux socket API")
     assert keepalive_options() == {
-        socket.TCP_KEEPIDLE: defaults.REDIS_KEEPALIVE_IDLE,
-        socket.TCP_KEEPINTVL: defaults.REDIS_KEEPALIVE_INTERVAL,
-        socket.TCP_KEEPCNT: defaults.REDIS_KEEPALIVE_COUNT,
+        socket.TCP_KEEPIDLE: redisconn.KEEPALIVE_IDLE,
+        socket.TCP_KEEPINTVL: redisconn.KEEPALIVE_INTERVAL,
+        socket.TCP_KEEPCNT: redisconn.KEEPALIVE_COUNT,
     }
 
 

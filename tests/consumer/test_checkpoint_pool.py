@@ -1,7 +1,7 @@
 """Pools sized to the work (issue 46): a consumer's checkpoint reads and writes (multi-turn
 regeneration) never fail with redis-py's "Too many connections", at any documented concurrency,
 in either prompt mode; and they open no more connections than the work needs, up to
-defaults.CHECKPOINTS_POOL_MAX (a fleet stays far under Redis's maxclients).
+checkpoints.POOL_MAX (a fleet stays far under Redis's maxclients).
 
 was: `checkpoint of <key> not read (Too many connections); starting at turn 1`, 16 and 7 times in
 two by-reference runs (1,394 times in 3,000 two-turn items at -c 1024 here): redis-py's asyncio
@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from genqueue.common import defaults
-from genqueue.common.keepers.checkpoints import checkpoint_key, pool_size
+from genqueue.common.keepers.checkpoints import POOL_MAX, checkpoint_key, pool_size
 from genqueue.consumer.answer.checkpoints import Checkpoints
 from tests.conftest import Prompts, cli, sharegpt, write_jsonl
 from tests.consumer.e2e import Proc, Sim
@@ -32,15 +32,15 @@ TOO_MANY = "Too many connections"
 
 def test_the_pool_is_sized_to_the_requests_in_flight_up_to_its_ceiling() -> None:
     assert pool_size(8) == 8 and pool_size(0) == 1
-    assert pool_size(defaults.CONCURRENCY) == pool_size(HIGHEST) == defaults.CHECKPOINTS_POOL_MAX
-    assert defaults.CHECKPOINTS_POOL_MAX < 100  # redis-py's own pool raised past 100
+    assert pool_size(defaults.CONCURRENCY) == pool_size(HIGHEST) == POOL_MAX
+    assert POOL_MAX < 100  # redis-py's own pool raised past 100
 
 
 def test_as_many_checkpoint_reads_and_writes_at_once_as_requests_in_flight_never_fail(
         redis_url: str, conn: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
     """HIGHEST reads then HIGHEST writes at once, as HIGHEST items starting together do: every
     one answered (was: all but 100 `not read (Too many connections)`), through at most
-    CHECKPOINTS_POOL_MAX connections."""
+    POOL_MAX connections."""
     keys = [f"{n:032x}" for n in range(HIGHEST)]
     conn.set(checkpoint_key("r", keys[0]), orjson.dumps({"history": [], "turns": [{}], "pos": 1}))
     before = int(conn.info("clients")["connected_clients"])
@@ -61,7 +61,7 @@ def test_as_many_checkpoint_reads_and_writes_at_once_as_requests_in_flight_never
         first, saved = asyncio.run(go())
     assert TOO_MANY not in caplog.text and "not read" not in caplog.text and "not saved" not in caplog.text
     assert first == {"history": [], "turns": [{}], "pos": 1} and saved == HIGHEST
-    assert max(seen) - before <= defaults.CHECKPOINTS_POOL_MAX, seen
+    assert max(seen) - before <= POOL_MAX, seen
 
 
 @pytest.mark.integration

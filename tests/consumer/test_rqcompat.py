@@ -53,7 +53,7 @@ def test_give_back_goes_to_front_without_spending_a_retry(conn):
 
 def test_a_job_taken_again_after_a_give_back_is_its_next_attempt(conn):
     """A give-back spends no retry, yet the next take is another attempt: it logged "attempt 1"."""
-    from genqueue.common.defaults import JOB_RETRIES
+    from genqueue.common.keepers.rqaccess import JOB_RETRIES
 
     q, _ = enqueue(conn, 1, retries=JOB_RETRIES)
     w = GenWorker([q], conn, lease=30)

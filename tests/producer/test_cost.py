@@ -1,4 +1,4 @@
-"""The cost of a run: the input's estimate of output tokens (producer/enqueue/estimate.py),
+"""The cost of a run: the input's estimate of output tokens (common/estimate.py),
 GPU-hours spent and projected, and the same in money (producer/status/cost.py), and what enqueue
 and status say of them."""
 
@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from genqueue.common.contracts import Item
-from genqueue.producer.enqueue.estimate import estimated_tokens, output_chars
+from genqueue.common.estimate import estimated_tokens, output_chars
 from genqueue.producer.status import WIDTH
 from genqueue.producer.status.cost import consumer_hours, remaining_tokens, run_cost
 from tests.conftest import cli, wait_for, write_jsonl

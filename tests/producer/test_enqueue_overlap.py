@@ -18,11 +18,11 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common import defaults
 from genqueue.common.keepers.items import ItemTable
 from genqueue.common.keepers.rqaccess import queue_for
 from genqueue.common.settings import RunSettings
 from genqueue.common.storage import StoreError, store_for
+from genqueue.producer.enqueue import enqueuer, slices
 from genqueue.producer.enqueue.enqueuer import Enqueuer
 from genqueue.producer.enqueue.jobwriter import JobWriter
 from genqueue.producer.enqueue.summary import Flag
@@ -31,8 +31,8 @@ from tests.conftest import BIN, cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
 
-SLICE = defaults.ENQUEUE_SLICE_ITEMS  # one pack a slice
-CHUNK = defaults.ENQUEUE_CHUNK  # records read between two looks at Redis
+SLICE = slices.SLICE_ITEMS  # one pack a slice
+CHUNK = enqueuer.CHUNK  # records read between two looks at Redis
 
 
 class Store:
@@ -109,7 +109,7 @@ def test_a_failed_pack_counts_nothing_of_its_slice_or_after_it_and_gives_their_c
             e.close()
     landed = e.tally.counts["items"]
     assert landed == jobs_items(conn, "ov") == ItemTable(conn, "ov").counts().in_run
-    assert landed % SLICE == 0 and landed < (defaults.ENQUEUE_WRITERS + 1) * SLICE
+    assert landed % SLICE == 0 and landed < (slices.WRITERS + 1) * SLICE
     assert not list(conn.scan_iter(match="genqueue:run:ov:claim:*"))
     # the slices queued are the first ones handed out: the first records of the input
     assert [i for i, f in enumerate(e.tally.flags) if f & Flag.NEW] == list(range(landed))

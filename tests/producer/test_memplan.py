@@ -9,7 +9,13 @@ import pytest
 
 from genqueue.common import defaults
 from genqueue.common.contracts import PromptMode
-from genqueue.common.keepers.redismem import Memory, RedisFullError
+from genqueue.common.keepers.redismem import (
+    BYTES_PER_ITEM,
+    BYTES_PER_PROMPT_BYTE,
+    MEMORY_HEADROOM,
+    Memory,
+    RedisFullError,
+)
 from genqueue.common.settings import RunSettings
 from genqueue.producer.enqueue import memplan
 from genqueue.producer.ingest.reader import iter_records
@@ -23,9 +29,9 @@ def test_by_reference_the_estimate_counts_no_prompt_text(tmp_path: Path) -> None
     settings = RunSettings(output=str(tmp_path / "out"))
     inline = memplan.plan(str(data), head, "r", settings, None, None, complete=complete)
     ref = memplan.plan(str(data), head, "r", settings, None, None, complete=complete, by_reference=True)
-    per_item = defaults.REDIS_BYTES_PER_ITEM
+    per_item = BYTES_PER_ITEM
     assert inline.items == ref.items == 50
-    assert ref.bytes == 50 * per_item and inline.bytes > ref.bytes + 50 * 3000 * defaults.REDIS_BYTES_PER_PROMPT_BYTE - 1
+    assert ref.bytes == 50 * per_item and inline.bytes > ref.bytes + 50 * 3000 * BYTES_PER_PROMPT_BYTE - 1
 
 
 def test_a_run_that_fits_only_by_reference_is_refused_saying_so(tmp_path: Path) -> None:
@@ -37,7 +43,7 @@ def test_a_run_that_fits_only_by_reference_is_refused_saying_so(tmp_path: Path) 
     settings = RunSettings(output=str(tmp_path / "out"))
     inline = memplan.plan(str(data), head, "r", settings, None, None, complete=complete)
     ref = memplan.plan(str(data), head, "r", settings, None, None, complete=complete, by_reference=True)
-    mem = Memory(used=0, maxmemory=int((ref.bytes + inline.bytes) / 2 / (1 - defaults.REDIS_MEMORY_HEADROOM)),
+    mem = Memory(used=0, maxmemory=int((ref.bytes + inline.bytes) / 2 / (1 - MEMORY_HEADROOM)),
                  policy="noeviction")
     fits_by_ref = memplan.MemoryPlan(inline.items, inline.bytes, True, mem)
     with pytest.raises(RedisFullError, match=r"free memory, or queue it by reference \(`--prompts reference`"):

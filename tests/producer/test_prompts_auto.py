@@ -18,6 +18,7 @@ import redis
 from genqueue.common import defaults
 from genqueue.common.keepers.packs import PackTable
 from genqueue.common.keepers.rqaccess import queue_for
+from genqueue.producer.enqueue import memplan
 from tests.conftest import cli, sharegpt, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,7 @@ def test_a_large_run_is_by_reference(tmp_path: Path, redis_url: str, conn: redis
     assert "reference (auto: ~48 items >= 48; 1 pack(s) written to the run's output" in row, row
 
     # more records than memplan looks at: the rest is estimated from the file's size
-    n = defaults.MEMPLAN_SAMPLE_RECORDS + 1500
+    n = memplan.SAMPLE_RECORDS + 1500
     big = write_jsonl(tmp_path / "big.jsonl", [sharegpt(i) for i in range(n)])
     est = summary(tmp_path, redis_url, big, "big", "--dry-run")["prompts_choice"]["estimated_items"]
     assert est != n and abs(est - n) < n * 0.05, est  # estimated, not counted
@@ -132,13 +133,13 @@ def test_a_run_keeps_its_mode_across_enqueues(tmp_path: Path, redis_url: str, co
 def test_an_input_of_unknown_size_is_inline_unless_told(tmp_path: Path, redis_url: str, conn: redis.Redis) -> None:
     """A compressed file or stdin longer than the records looked at has no size to scale by:
     inline, whatever the threshold; one read whole (a short stdin) is counted."""
-    n = defaults.MEMPLAN_SAMPLE_RECORDS + 200
+    n = memplan.SAMPLE_RECORDS + 200
     raw = b"".join(orjson.dumps(sharegpt(i)) + b"\n" for i in range(n))
     gz = tmp_path / "big.jsonl.gz"
     gz.write_bytes(gzip.compress(raw))
     s = summary(tmp_path, redis_url, gz, "gz", "--prompts-reference-from", "1", "--dry-run")
     assert s["prompts"] == "inline" and s["prompts_choice"]["reason"] == "size_unknown"
-    assert s["prompts_choice"]["estimated_items"] == defaults.MEMPLAN_SAMPLE_RECORDS
+    assert s["prompts_choice"]["estimated_items"] == memplan.SAMPLE_RECORDS
     assert "inline unless --prompts reference" in s["prompts_choice"]["why"]
     short = b"".join(orjson.dumps(sharegpt(i)) + b"\n" for i in range(20))
     s = orjson.loads(enqueue(tmp_path, redis_url, "-", "stdin", "--prompts-reference-from", "20", input=short).stdout)

@@ -18,7 +18,7 @@ import orjson
 import pytest
 import redis
 
-from genqueue.common import defaults
+from genqueue.common.keepers.claims import CLAIM_GRACE, CLAIM_TTL
 from genqueue.common.keepers.items import DONE, FAILED, ItemTable
 from genqueue.common.keepers.keeper import run_key
 from genqueue.common.keepers.rqaccess import LIVE_PLACES, queue_for
@@ -144,7 +144,7 @@ main(["enqueue", {str(data)!r}, "--run", "killed", "--batch-size", "8", "--rejec
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "REDIS_URL": redis_url})
     assert proc.returncode == 9, proc.stderr
-    # The slices being written when it died (ENQUEUE_WRITERS at once) left their claims; which
+    # The slices being written when it died (slices.py WRITERS at once) left their claims; which
     # of them had queued their jobs first depends on the writers' race.
     claims = conn.keys(run_key("killed", "claim:*"))
     claimed = {d.hex() for c in claims for d in conn.smembers(c)}
@@ -157,7 +157,7 @@ main(["enqueue", {str(data)!r}, "--run", "killed", "--batch-size", "8", "--rejec
     assert s["queue_view"]["claims_held_by_others"] == len(claims) and all(conn.exists(c) for c in claims)
     # Past the grace period they are orphans: taken over, their items queued, once.
     for c in claims:
-        conn.expire(c, defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)
+        conn.expire(c, CLAIM_TTL - CLAIM_GRACE - 5)
     s = enqueue(redis_url, data, "killed", *prompts_mode.args, output=out)
     assert (s["enqueued"], s["requeued"], s["already_queued"]) == (len(claimed), len(claimed), 3000 - len(claimed)), s
     assert s["queue_view"]["claims_taken_over"] == len(claims) and not any(conn.exists(c) for c in claims)
@@ -218,7 +218,7 @@ main(["enqueue", {str(data)!r}, "--run", "dead", "--batch-size", "8", "--rejects
         sim.stop()
     assert "run dead was not served to the end: 8 of 8 items not done: 8 items in 1 claim(s)" in c.output()
 
-    conn.expire(claim, defaults.CLAIM_TTL - defaults.CLAIM_GRACE - 5)  # its producer is gone for good
+    conn.expire(claim, CLAIM_TTL - CLAIM_GRACE - 5)  # its producer is gone for good
     r = run_status(conn, "dead")
     assert r["claimed"]["stale"] == 1 and f"`producer enqueue {data} --run dead` takes them over" in r["claimed"]["line"]
     assert format_status(r, color=False).startswith("STALLED  8 items in 1 claim(s) of a producer"), r["claimed"]

@@ -8,10 +8,10 @@ of those with one: a dataset of bare prompts has no estimate (None).
 
 from __future__ import annotations
 
-from genqueue.common import defaults
 from genqueue.common.contracts import Item
 
-CHARS_PER_TOKEN = defaults.COST_CHARS_PER_TOKEN
+#: Characters a token, for the estimate from the original answers.
+CHARS_PER_TOKEN = 4.0
 
 
 def output_chars(item: Item, answers: list[int]) -> int:
