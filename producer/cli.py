@@ -16,6 +16,7 @@ from genqueue.common.capture import CaptureDtype, CaptureKind, parse_capture
 from genqueue.common.cli import LazyGroup, friendly_errors, redis_option, setup_logging
 from genqueue.common.contracts import HistoryReasoning, Mode, PromptMode, Truncation
 from genqueue.common.errors import UserError
+from genqueue.common.estimate import CHARS_PER_TOKEN
 from genqueue.common.keepers.redisconn import connect
 from genqueue.common.settings import RunSettings, Sampling, check_run_name, check_variant_params, run_name_from_path
 from genqueue.common.variants import normalised, parse_variant
@@ -408,7 +409,7 @@ def format_summary(s: Summary) -> str:
         ("items queued", queued),
         ("jobs", _jobs_row(s)),
         ("prompts", _prompts_row(s)),
-        ("estimated output", f"{s.estimated_output_tokens:,} tokens (the original answers' characters / 4)"
+        ("estimated output", f"{s.estimated_output_tokens:,} tokens (the original answers' characters / {CHARS_PER_TOKEN:g})"
          if s.estimated_output_tokens is not None else "- (the input has no original answers)"),
         ("time", f"{s.seconds:.1f} s"),
     ]
