@@ -56,7 +56,7 @@ class ConsumerConfig:
     spool: str = defaults.SPOOL_ROOT
     lease: int = defaults.LEASE_SECONDS
     gpu: int | None = None
-    gpus: int = defaults.GPUS_PER_ENGINE  # --engine-gpus: GPU-hours count by it (producer/cost.py)
+    gpus: int = defaults.GPUS_PER_ENGINE  # --engine-gpus: GPU-hours count by it (producer/status/cost.py)
     drain_timeout: float = defaults.DRAIN_TIMEOUT
     request_timeout: float = defaults.REQUEST_TIMEOUT
     max_attempts: int = defaults.MAX_ATTEMPTS

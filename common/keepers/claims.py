@@ -5,9 +5,9 @@ yet put in jobs. It is made by the claim script (`Claims.claim`) or the re-claim
 (`Claims.reclaim`, the producer's requeue), and ends one of four ways, all written here:
 
 - `Claims.enqueue`: the transaction that enqueues the claimed items' jobs deletes the claim set
-  in the same MULTI/EXEC, so its absence proves the jobs are in (producer/jobwriter.py);
+  in the same MULTI/EXEC, so its absence proves the jobs are in (producer/enqueue/jobwriter.py);
 - `Claims.take_over`: a claim set older than CLAIM_GRACE was left by a producer that died between
-  its claim and its transaction; the reconcile deletes it and queues its items (producer/reconcile.py);
+  its claim and its transaction; the reconcile deletes it and queues its items (producer/enqueue/reconcile.py);
 - `Claims.release`: a claim whose items could not be enqueued gives them back to the run;
 - `Claims.drop`: a re-claim that did not end in its transaction is dropped (it expires anyway).
 

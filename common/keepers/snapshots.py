@@ -44,7 +44,7 @@ class ConsumerReport(ConsumerFields, total=False):
     """A consumer's snapshot as read back: the fields of a ConsumerSnapshot it holds, checked
     where they are read without a default (`worker` a text, `runs` a dict of dicts, `last_seen`
     a number, `engine`, `paused`, `shipping` and `jobs` dicts), and the reader's age and
-    liveness. `gpus`: the GPUs the consumer fronts, where it says (producer/cost.py)."""
+    liveness. `gpus`: the GPUs the consumer fronts, where it says (producer/status/cost.py)."""
 
     paused: dict[str, str | bool]  # consumers of the first shape wrote every reason, False when not in force
     age_s: Required[float]  # seconds since its last report (never negative)

@@ -17,7 +17,7 @@ run.json written before it had one reads 0); `prompts` where the run's jobs keep
 inline) and `packs` the packs its jobs by reference name, by pack number (as the run's pack
 table in Redis, common/keepers/packs.py), so a run re-created after a Redis loss knows its packs.
 The shards beside it hold every record's key, so the done and failed marks
-can be rebuilt from them (producer/reconcile.py).
+can be rebuilt from them (producer/enqueue/reconcile.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ parquet); the answers that never ended on their own to a truncated file; the ite
 failed for good to an errors file; and the enqueued items with no record at all to a missing
 file. Exits 1 when anything is missing, or when more items failed for good or are partial
 (a regenerated conversation whose later turn failed) than --max-failed, unless
---allow-partial. See producer/export/core.py for the method.
+--allow-partial. See producer/export/core.py (and its phases: partition.py, reduce.py) for the method.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which of a source run's answers a capture pass captures (pure: records in, rows out).
 
-One copy per item key is read, as the export keeps one (producer/export/core.py's rank, short of
+One copy per item key is read, as the export keeps one (producer/export/reduce.py's rank, short of
 its quality gates: a result whose outcome is finished beats another result, which beats an error;
 then the original beats an end-of-run copy, then the lowest attempt, the earliest finish, the
 first read). Every answer of it that finished (export's answer_outcomes: it and every answer
