@@ -26,6 +26,7 @@ from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from genqueue.common.contracts import PromptMode
+from tests import inproc
 
 BIN = Path(sys.executable).parent
 #: The checkout: the working directory of a command that imports its own modules (bench, scripts, tests).
@@ -283,14 +284,20 @@ def conn(redis_url: str) -> redis.Redis:
 
 
 def cli(name: str, *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 120,
-        input: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a genqueue command as a user runs it (a subprocess of the installed script), in CWD
-    (default: this process's)."""
-    exe = BIN / name
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", name]
-    full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([*cmd, *args], capture_output=True, timeout=timeout, env=full_env, cwd=cwd,
-                          input=input.decode() if input is not None else None, text=True)
+        input: bytes | None = None, cwd: Path | None = None, subprocess_: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run a genqueue command as a user runs it, in CWD (default: this process's). A `producer`
+    command runs in this process, isolated as a fresh process (tests/inproc.py: a subprocess costs
+    ~0.3 s of CPU to start); every other command, and any with SUBPROCESS_ (a test about the
+    process itself: signals, a terminal, a timeout that must stop it) or while
+    GENQUEUE_TEST_CLI=subprocess, is a subprocess of the installed script."""
+    if inproc.wanted(name, subprocess_, env):
+        proc = inproc.run(name, args, env=env, timeout=timeout, input=input, cwd=cwd)
+    else:
+        exe = BIN / name
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", name]
+        full_env = {**os.environ, **(env or {})}
+        proc = subprocess.run([*cmd, *args], check=False, capture_output=True, timeout=timeout, env=full_env, cwd=cwd,
+                              input=input.decode() if input is not None else None, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc

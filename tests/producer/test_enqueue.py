@@ -140,7 +140,8 @@ def test_status_of_a_fresh_run(tmp_path: Path, redis_url: str, prompts_mode: Pro
 
 
 def test_version_and_help() -> None:
-    assert "genqueue producer" in cli("producer", "--version").stdout
+    # the installed script itself, as a subprocess (every other producer call here runs in-process)
+    assert "genqueue producer" in cli("producer", "--version", subprocess_=True).stdout
     assert "--multi-turn" in cli("producer", "enqueue", "--help").stdout
     assert "--concurrency" in cli("consumer", "run", "--help").stdout
     assert "stand-in" in cli("consumer", "simulate", "--help").stdout
