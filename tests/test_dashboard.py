@@ -59,7 +59,9 @@ class Dashboard:
 @pytest.mark.integration
 def test_dashboard_shows_genqueue_queues_jobs_and_busy_workers(tmp_path, redis_url, conn):
     env = {"REDIS_URL": redis_url}
-    data = write_jsonl(tmp_path / "dash.jsonl", [sharegpt(i) for i in range(60)])
+    # ~100 s of work at 4 in flight: jobs are still queued when the two dashboards are up on a loaded machine
+    # (at 60 items the run was done before they were), and the consumer is killed once the pages are read
+    data = write_jsonl(tmp_path / "dash.jsonl", [sharegpt(i) for i in range(400)])
     cli("producer", "enqueue", str(data), "--batch-size", "4", "--output", str(tmp_path / "out"),
         "--rejects", str(tmp_path / "r"), env=env)
     q = queue_for("dash", conn)
